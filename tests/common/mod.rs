@@ -1,0 +1,201 @@
+//! Helpers shared by the integration tests: loading example variants, random
+//! inputs, and the finite-difference gradient check.
+#![allow(dead_code)]
+
+use aec::frontend::ir::Axis;
+use aec::frontend::reference::{self, Gradients, Inputs, Options, Tensor};
+use aec::frontend::{Variant, parse_file};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+
+pub fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+/// The single variant declared in `examples/<name>.rs`, parsed from the file
+/// exactly as the CLI reads it.
+pub fn example(name: &str) -> Variant {
+    let path = examples_dir().join(format!("{name}.rs"));
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut found = parse_file(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        found.len(),
+        1,
+        "{} should declare exactly one variant",
+        path.display()
+    );
+    found.remove(0).variant.unwrap_or_else(|e| {
+        let (l, c) = e.line_col();
+        panic!("{}:{l}:{c}: {e}", path.display())
+    })
+}
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+pub fn random(shape: &[usize], rng: &mut StdRng, lo: f64, hi: f64) -> Tensor {
+    Tensor::from_fn(shape, |_| rng.random_range(lo..hi))
+}
+
+/// Random inputs for `v` with the given axis sizes (fixed sizes of the variant
+/// win); q, k, v in (-1, 1), custom inputs in `custom_range`.
+pub fn inputs(
+    v: &Variant,
+    sizes: &[(Axis, usize)],
+    rng: &mut StdRng,
+    custom_range: (f64, f64),
+) -> Inputs {
+    let size = |a: Axis| -> usize {
+        if let Some((_, n)) = v.fixed_sizes.iter().find(|(x, _)| *x == a) {
+            return *n;
+        }
+        if a == Axis::Hkv && !sizes.iter().any(|(x, _)| *x == Axis::Hkv) {
+            return sizes
+                .iter()
+                .find(|(x, _)| *x == Axis::H)
+                .map(|s| s.1)
+                .expect("H given");
+        }
+        sizes
+            .iter()
+            .find(|(x, _)| *x == a)
+            .unwrap_or_else(|| panic!("no size for axis {a}"))
+            .1
+    };
+    let shape = |axes: &[Axis]| axes.iter().map(|a| size(*a)).collect::<Vec<_>>();
+    let q = random(&shape(&v.q.axes), rng, -1.0, 1.0);
+    let k = random(&shape(&v.k.axes), rng, -1.0, 1.0);
+    let vv = random(&shape(&v.v.axes), rng, -1.0, 1.0);
+    let customs = v
+        .customs
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                random(&shape(&c.axes), rng, custom_range.0, custom_range.1),
+            )
+        })
+        .collect();
+    Inputs {
+        q,
+        k,
+        v: vv,
+        customs,
+        initial_state: None,
+    }
+}
+
+/// `Σ o · d_o` for the reference forward.
+pub fn loss(v: &Variant, inputs: &Inputs, d_o: &Tensor) -> f64 {
+    let o = reference::forward(v, inputs, Options::default())
+        .expect("forward")
+        .o;
+    o.data.iter().zip(&d_o.data).map(|(a, b)| a * b).sum()
+}
+
+/// Checks every gradient of the reference backward (q, k, v, each custom input,
+/// the initial state) against central finite differences of the reference
+/// forward, on `samples` random coordinates per tensor. Asserts the relative
+/// error ‖fd − grad‖ / ‖fd‖ over the sampled coordinates is below `tol`.
+pub fn check_gradients(v: &Variant, inputs: &Inputs, samples: usize, tol: f64, rng: &mut StdRng) {
+    let out_shape = reference::forward(v, inputs, Options::default())
+        .expect("forward")
+        .o
+        .shape;
+    let d_o = random(&out_shape, rng, -1.0, 1.0);
+    let grads = reference::backward(v, inputs, &d_o).expect("backward");
+    let mut names: Vec<String> = vec!["q".into(), "k".into(), "v".into()];
+    names.extend(inputs.customs.keys().cloned());
+    if inputs.initial_state.is_some() {
+        names.push("initial_state".into());
+    }
+    for name in names {
+        let analytic = grad_of(&grads, &name);
+        let len = tensor_of(inputs, &name).data.len();
+        let coords: Vec<usize> = if len <= samples {
+            (0..len).collect()
+        } else {
+            (0..samples).map(|_| rng.random_range(0..len)).collect()
+        };
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        let mut worst = String::new();
+        for &c in &coords {
+            let x = tensor_of(inputs, &name).data[c];
+            let eps = 1e-5 * x.abs().max(1.0);
+            let mut plus = inputs.clone();
+            tensor_mut(&mut plus, &name).data[c] = x + eps;
+            let mut minus = inputs.clone();
+            tensor_mut(&mut minus, &name).data[c] = x - eps;
+            let fd = (loss(v, &plus, &d_o) - loss(v, &minus, &d_o)) / (2.0 * eps);
+            let an = analytic.data[c];
+            num += (fd - an) * (fd - an);
+            den += fd * fd;
+            if (fd - an).abs() > 1e-7 * fd.abs().max(1.0) && worst.is_empty() {
+                worst =
+                    format!(" (e.g. at flat index {c}: finite difference {fd:e}, backward {an:e})");
+            }
+        }
+        let rel = if den > 0.0 {
+            (num / den).sqrt()
+        } else {
+            num.sqrt()
+        };
+        assert!(
+            rel < tol,
+            "{}: gradient of `{name}` disagrees with finite differences: relative error {rel:e} ≥ {tol:e}{worst}",
+            v.name
+        );
+        assert!(
+            den > 0.0 || coords.is_empty(),
+            "{}: all sampled finite differences of `{name}` are zero; the check would not catch a wrong gradient",
+            v.name
+        );
+    }
+}
+
+fn tensor_of<'a>(inputs: &'a Inputs, name: &str) -> &'a Tensor {
+    match name {
+        "q" => &inputs.q,
+        "k" => &inputs.k,
+        "v" => &inputs.v,
+        "initial_state" => inputs.initial_state.as_ref().expect("initial state"),
+        c => &inputs.customs[c],
+    }
+}
+
+fn tensor_mut<'a>(inputs: &'a mut Inputs, name: &str) -> &'a mut Tensor {
+    match name {
+        "q" => &mut inputs.q,
+        "k" => &mut inputs.k,
+        "v" => &mut inputs.v,
+        "initial_state" => inputs.initial_state.as_mut().expect("initial state"),
+        c => inputs.customs.get_mut(c).expect("custom input"),
+    }
+}
+
+fn grad_of<'a>(g: &'a Gradients, name: &str) -> &'a Tensor {
+    match name {
+        "q" => &g.dq,
+        "k" => &g.dk,
+        "v" => &g.dv,
+        "initial_state" => g.initial_state.as_ref().expect("initial state gradient"),
+        c => &g.customs[c],
+    }
+}
+
+/// Asserts `got` matches `want` to a relative error below `tol`.
+pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
+    assert_eq!(got.shape, want.shape, "{what}: shapes differ");
+    assert!(
+        got.data.iter().all(|x| x.is_finite()),
+        "{what}: non-finite values"
+    );
+    assert!(
+        want.norm() > 0.0,
+        "{what}: the expected tensor is all zeros, the comparison would prove nothing"
+    );
+    let err = got.rel_err(want);
+    assert!(err < tol, "{what}: relative error {err:e} ≥ {tol:e}");
+}
