@@ -9,9 +9,27 @@ use crate::ir::{Binary, DType, Graph, NodeId, Op, Reduce, Unary};
 use std::collections::HashMap;
 use std::f64::consts::LN_2;
 
+/// How one evaluation of the graph sees the reduction axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eval {
+    /// Every value is one number (a closure evaluated per element): a forward
+    /// broadcast needs no sum in the graph, the caller accumulates per point.
+    Pointwise,
+    /// Values are rows along the graph's reduction axis (the online `fwd`, the
+    /// normalisation backward): a forward broadcast along the row becomes a
+    /// row sum of the adjoint.
+    Row,
+}
+
 /// Gradients of `y` (seeded with the adjoint `seed`) with respect to `wrt`.
 /// `None` means the gradient is identically zero.
-pub fn grad(g: &mut Graph, y: NodeId, seed: NodeId, wrt: &[NodeId]) -> Vec<Option<NodeId>> {
+pub fn grad(
+    g: &mut Graph,
+    y: NodeId,
+    seed: NodeId,
+    wrt: &[NodeId],
+    eval: Eval,
+) -> Vec<Option<NodeId>> {
     let mut adj: HashMap<NodeId, NodeId> = HashMap::new();
     adj.insert(y, seed);
     let live = g.live(&[y]);
@@ -80,16 +98,16 @@ pub fn grad(g: &mut Graph, y: NodeId, seed: NodeId, wrt: &[NodeId]) -> Vec<Optio
                     Unary::Sign | Unary::Not => None,
                 };
                 if let Some(d) = d {
-                    accumulate(g, &mut adj, x0, d);
+                    accumulate(g, eval, &mut adj, x0, d);
                 }
             }
-            Op::Binary(b) => binary_rule(g, &mut adj, b, id, x(0), x(1), a),
+            Op::Binary(b) => binary_rule(g, eval, &mut adj, b, id, x(0), x(1), a),
             Op::Select => {
                 let zero = g.f32(0.0);
                 let t = g.select(x(0), a, zero);
                 let f = g.select(x(0), zero, a);
-                accumulate(g, &mut adj, x(1), t);
-                accumulate(g, &mut adj, x(2), f);
+                accumulate(g, eval, &mut adj, x(1), t);
+                accumulate(g, eval, &mut adj, x(2), f);
             }
             Op::Reduce(r) => {
                 let x0 = x(0);
@@ -109,15 +127,17 @@ pub fn grad(g: &mut Graph, y: NodeId, seed: NodeId, wrt: &[NodeId]) -> Vec<Optio
                         g.select(at_max, share, zero)
                     }
                 };
-                accumulate(g, &mut adj, x0, d);
+                accumulate(g, eval, &mut adj, x0, d);
             }
         }
     }
     wrt.iter().map(|w| adj.get(w).copied()).collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn binary_rule(
     g: &mut Graph,
+    eval: Eval,
     adj: &mut HashMap<NodeId, NodeId>,
     b: Binary,
     out: NodeId,
@@ -127,28 +147,28 @@ fn binary_rule(
 ) {
     match b {
         Binary::Add => {
-            accumulate(g, adj, x, a);
-            accumulate(g, adj, y, a);
+            accumulate(g, eval, adj, x, a);
+            accumulate(g, eval, adj, y, a);
         }
         Binary::Sub => {
-            accumulate(g, adj, x, a);
+            accumulate(g, eval, adj, x, a);
             let n = g.unary(Unary::Neg, a);
-            accumulate(g, adj, y, n);
+            accumulate(g, eval, adj, y, n);
         }
         Binary::Mul => {
             let dx = g.binary(Binary::Mul, a, y);
             let dy = g.binary(Binary::Mul, a, x);
-            accumulate(g, adj, x, dx);
-            accumulate(g, adj, y, dy);
+            accumulate(g, eval, adj, x, dx);
+            accumulate(g, eval, adj, y, dy);
         }
         Binary::Div => {
             let dx = g.binary(Binary::Div, a, y);
-            accumulate(g, adj, x, dx);
+            accumulate(g, eval, adj, x, dx);
             // d(x/y)/dy = -(x/y)/y
             let t = g.binary(Binary::Div, out, y);
             let t = g.binary(Binary::Mul, a, t);
             let dy = g.unary(Unary::Neg, t);
-            accumulate(g, adj, y, dy);
+            accumulate(g, eval, adj, y, dy);
         }
         Binary::Max | Binary::Min => {
             let cmp = if b == Binary::Max {
@@ -160,8 +180,8 @@ fn binary_rule(
             let first = g.binary(cmp, x, y);
             let dx = g.select(first, a, zero);
             let dy = g.select(first, zero, a);
-            accumulate(g, adj, x, dx);
-            accumulate(g, adj, y, dy);
+            accumulate(g, eval, adj, x, dx);
+            accumulate(g, eval, adj, y, dy);
         }
         Binary::Pow => {
             // The exponent is a constant: d/dx x^c = c · x^(c-1).
@@ -171,7 +191,7 @@ fn binary_rule(
                 let cc = g.f32(c);
                 let t = g.binary(Binary::Mul, cc, p);
                 let dx = g.binary(Binary::Mul, a, t);
-                accumulate(g, adj, x, dx);
+                accumulate(g, eval, adj, x, dx);
             } else {
                 let dx = {
                     let one = g.f32(1.0);
@@ -180,11 +200,11 @@ fn binary_rule(
                     let t = g.binary(Binary::Mul, y, p);
                     g.binary(Binary::Mul, a, t)
                 };
-                accumulate(g, adj, x, dx);
+                accumulate(g, eval, adj, x, dx);
                 let l = g.unary(Unary::Log, x);
                 let t = g.binary(Binary::Mul, out, l);
                 let dy = g.binary(Binary::Mul, a, t);
-                accumulate(g, adj, y, dy);
+                accumulate(g, eval, adj, y, dy);
             }
         }
         Binary::Lt
@@ -198,15 +218,16 @@ fn binary_rule(
     }
 }
 
-/// Adds `d` to the adjoint of `x`. A contribution that varies along the row
-/// while `x` does not (broadcast in the forward) is summed over the row.
-fn accumulate(g: &mut Graph, adj: &mut HashMap<NodeId, NodeId>, x: NodeId, d: NodeId) {
+/// Adds `d` to the adjoint of `x`. In row evaluation, a contribution that
+/// varies along the row while `x` does not (broadcast in the forward) is
+/// summed over the row.
+fn accumulate(g: &mut Graph, eval: Eval, adj: &mut HashMap<NodeId, NodeId>, x: NodeId, d: NodeId) {
     let xn = g.node(x);
     if xn.dtype != DType::F32 || matches!(xn.op, Op::Const(_)) {
         return;
     }
     let ra = g.reduce_axis();
-    let d = if g.node(d).axes.contains(ra) && !xn.axes.contains(ra) {
+    let d = if eval == Eval::Row && g.node(d).axes.contains(ra) && !xn.axes.contains(ra) {
         g.reduce(Reduce::Sum, d)
     } else {
         d

@@ -10,13 +10,14 @@
 //! needs only `s` (recomputed), `dP` and the saved state, plus row reductions
 //! of `dP`-terms (for softmax, `Σ_k dP_ik P_ik = rowsum(dO∘O)`).
 
-use crate::autodiff::grad;
+use crate::autodiff::{Eval, grad};
 use crate::ir::{Axis, AxisSet, DType, Fold, Graph, NodeId, Op, Output, Param, ParamRole, Region};
 use crate::variant::{Decay, Online, ParallelBackward, RecurrentBackward};
 
 /// The backward of an elementwise closure: params as the forward plus the seed
-/// `d<out>`; outputs `d<param>` for its element/row params and `d<input>` for
-/// every custom input it reads.
+/// `d<out>`; outputs `d<param>` for its element/row params and `grad.<input>`
+/// for every custom input it reads (the contribution at one point: summing
+/// over the input's broadcast axes is the evaluator's job).
 pub fn closure_backward(fwd: &Region, out: &str, customs: &[String]) -> Region {
     let mut g = Graph::new(Fold::Exact, fwd.graph.reduce_axis());
     let y = g.import(
@@ -52,7 +53,7 @@ pub fn closure_backward(fwd: &Region, out: &str, customs: &[String]) -> Region {
         }
     }
     let wrt: Vec<NodeId> = targets.iter().map(|t| t.1).collect();
-    let grads = grad(&mut g, y, seed, &wrt);
+    let grads = grad(&mut g, y, seed, &wrt, Eval::Pointwise);
     let zero = g.f32(0.0);
     let outputs = targets
         .into_iter()
@@ -160,7 +161,7 @@ fn normalisation_backward(online: &Online) -> Result<(Region, Region), String> {
     )[0];
     let weights = g.binary(crate::ir::Binary::Mul, p, c);
     let dp = g.leaf(Op::Param(1), DType::F32, s_axes);
-    let ds = grad(&mut g, weights, dp, &[s])[0].unwrap_or_else(|| g.f32(0.0));
+    let ds = grad(&mut g, weights, dp, &[s], Eval::Row)[0].unwrap_or_else(|| g.f32(0.0));
 
     let state_params = || -> Vec<Param> {
         online

@@ -91,12 +91,11 @@ fn saved_state(recompute: &Region, norm: &Region) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in [recompute, norm] {
         for id in r.graph.ids() {
-            if let Op::Param(p) = r.graph.node(id).op {
-                if let crate::ir::ParamRole::State(f) = &r.params[p as usize].role {
-                    if !out.contains(f) {
-                        out.push(f.clone());
-                    }
-                }
+            if let Op::Param(p) = r.graph.node(id).op
+                && let crate::ir::ParamRole::State(f) = &r.params[p as usize].role
+                && !out.contains(f)
+            {
+                out.push(f.clone());
             }
         }
     }

@@ -51,16 +51,14 @@ impl VariantSyntax {
     pub fn doc(&self) -> String {
         let mut lines = Vec::new();
         for a in &self.attrs {
-            if let syn::Meta::NameValue(nv) = &a.meta {
-                if nv.path.is_ident("doc") {
-                    if let Expr::Lit(syn::ExprLit {
-                        lit: syn::Lit::Str(s),
-                        ..
-                    }) = &nv.value
-                    {
-                        lines.push(s.value().trim().to_string());
-                    }
-                }
+            if let syn::Meta::NameValue(nv) = &a.meta
+                && nv.path.is_ident("doc")
+                && let Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }) = &nv.value
+            {
+                lines.push(s.value().trim().to_string());
             }
         }
         lines.join("\n")

@@ -36,6 +36,9 @@ pub const PARALLEL_CLOSURES: [&str; 5] =
 pub const RECURRENT_CLOSURES: [&str; 5] =
     ["modify_q", "modify_k", "modify_v", "decay", "normalize"];
 
+/// Names with a fixed meaning that a custom input may not take.
+const RESERVED: [&str; 6] = ["inf", "State", "Scales", "online", "state", "st"];
+
 /// Names the DSL calls as functions.
 pub const FUNCTIONS: [&str; 20] = [
     "exp",
@@ -192,6 +195,17 @@ impl Decls {
                 "k" => &mut k,
                 "v" => &mut v,
                 _ => {
+                    let n = decl.name.as_str();
+                    if Axis::from_name(n).is_some()
+                        || FUNCTIONS.contains(&n)
+                        || RESERVED.contains(&n)
+                    {
+                        return Err(Diagnostic::new(
+                            name.span(),
+                            format!("`{n}` cannot name a custom input: it is an axis, a function or a DSL keyword"),
+                        )
+                        .help("pick another name, e.g. `bias` or `slopes`"));
+                    }
                     if customs.iter().any(|c| c.name == decl.name) {
                         return Err(Diagnostic::new(
                             name.span(),
@@ -971,22 +985,26 @@ impl<'d> RegionTracer<'d> {
     }
 }
 
-/// Traces an elementwise closure with one output.
-fn trace_elementwise(
-    decls: &Decls,
-    c: &ExprClosure,
+/// What an elementwise closure is: its name, iteration space, accepted
+/// parameter lists, how to write it (for errors) and its output.
+struct Elementwise<'a> {
     name: &'static str,
     iter_axes: AxisSet,
-    signatures: &[&[Slot]],
-    shape: &str,
-    out: &str,
-    want_bool: bool,
-) -> Result<Region> {
-    let mut t = RegionTracer::new(decls, name, iter_axes);
-    t.bind(c, signatures, shape)?;
+    signatures: &'a [&'a [Slot]],
+    shape: &'a str,
+    out: &'a str,
+    /// A mask returns a boolean, everything else a number.
+    boolean: bool,
+}
+
+/// Traces an elementwise closure with one output.
+fn trace_elementwise(decls: &Decls, c: &ExprClosure, spec: Elementwise) -> Result<Region> {
+    let name = spec.name;
+    let mut t = RegionTracer::new(decls, name, spec.iter_axes);
+    t.bind(c, spec.signatures, spec.shape)?;
     let v = t.expr(&c.body)?;
     let span = c.body.span();
-    if want_bool {
+    if spec.boolean {
         t.boolean(v, span).map_err(|d| {
             Diagnostic::new(
                 span,
@@ -997,7 +1015,7 @@ fn trace_elementwise(
     } else {
         t.numeric(v, span)?;
     }
-    Ok(t.finish(vec![(out.to_string(), v)]))
+    Ok(t.finish(vec![(spec.out.to_string(), v)]))
 }
 
 fn trace_parallel(syntax: &VariantSyntax, decls: &Decls, cl: &Closures) -> Result<Parallel> {
@@ -1021,7 +1039,19 @@ fn trace_parallel(syntax: &VariantSyntax, decls: &Decls, cl: &Closures) -> Resul
         let one: &[Slot] = &[Slot::Element(elem, axes)];
         let mut full = vec![Slot::Element(elem, axes)];
         full.extend_from_slice(idx);
-        trace_elementwise(decls, c, key, axes, &[one, &full], shape, elem, false).map(Some)
+        trace_elementwise(
+            decls,
+            c,
+            Elementwise {
+                name: key,
+                iter_axes: axes,
+                signatures: &[one, &full],
+                shape,
+                out: elem,
+                boolean: false,
+            },
+        )
+        .map(Some)
     };
     let modify_q = modify(
         "modify_q",
@@ -1061,17 +1091,19 @@ fn trace_parallel(syntax: &VariantSyntax, decls: &Decls, cl: &Closures) -> Resul
         Some(c) => Some(trace_elementwise(
             decls,
             c,
-            "mask",
-            s_axes,
-            &[&[
-                Slot::Index(B),
-                Slot::Index(H),
-                Slot::Index(Sq),
-                Slot::Index(Skv),
-            ]],
-            "|b, h, i, j| i >= j",
-            "mask",
-            true,
+            Elementwise {
+                name: "mask",
+                iter_axes: s_axes,
+                signatures: &[&[
+                    Slot::Index(B),
+                    Slot::Index(H),
+                    Slot::Index(Sq),
+                    Slot::Index(Skv),
+                ]],
+                shape: "|b, h, i, j| i >= j",
+                out: "mask",
+                boolean: true,
+            },
         )?),
     };
     let online = match cl.online {
@@ -1131,10 +1163,7 @@ fn trace_online(
     // Prologue: constant initial values.
     let mut state = Vec::new();
     for (name, init) in &o.state {
-        if state
-            .iter()
-            .any(|f: &StateField| f.name == name.to_string())
-        {
+        if state.iter().any(|f: &StateField| *name == f.name) {
             return Err(Diagnostic::new(
                 name.span(),
                 format!("state field `{name}` is declared twice"),
@@ -1307,24 +1336,24 @@ fn state_literal(
             return Err(Diagnostic::new(fv.member.span(), "expected a field name"));
         };
         let n = name.to_string();
-        if let Some(exp) = expect {
-            if !exp.contains(&n) {
-                let mut d = Diagnostic::new(
-                    name.span(),
-                    format!(
-                        "`{n}` is not a state field; the state declares {}",
-                        if exp.is_empty() {
-                            "none".to_string()
-                        } else {
-                            exp.join(", ")
-                        }
-                    ),
-                );
-                if let Some(sg) = suggest(&n, exp.iter().map(String::as_str)) {
-                    d = d.help(format!("did you mean `{sg}`?"));
-                }
-                return Err(d);
+        if let Some(exp) = expect
+            && !exp.contains(&n)
+        {
+            let mut d = Diagnostic::new(
+                name.span(),
+                format!(
+                    "`{n}` is not a state field; the state declares {}",
+                    if exp.is_empty() {
+                        "none".to_string()
+                    } else {
+                        exp.join(", ")
+                    }
+                ),
+            );
+            if let Some(sg) = suggest(&n, exp.iter().map(String::as_str)) {
+                d = d.help(format!("did you mean `{sg}`?"));
             }
+            return Err(d);
         }
         if out.iter().any(|(o, ..)| *o == n) {
             return Err(Diagnostic::new(
@@ -1425,7 +1454,19 @@ fn trace_recurrent(decls: &Decls, cl: &Closures) -> Result<Recurrent> {
         let one: &[Slot] = &[Slot::Element(elem, axes)];
         let mut full = vec![Slot::Element(elem, axes)];
         full.extend_from_slice(idx);
-        trace_elementwise(decls, c, key, axes, &[one, &full], shape, elem, false).map(Some)
+        trace_elementwise(
+            decls,
+            c,
+            Elementwise {
+                name: key,
+                iter_axes: axes,
+                signatures: &[one, &full],
+                shape,
+                out: elem,
+                boolean: false,
+            },
+        )
+        .map(Some)
     };
     let modify_q = modify("modify_q", "q", qk_axes, "|q| … or |q, b, h, t| …")?;
     let modify_k = modify("modify_k", "k", qk_axes, "|k| … or |k, b, h, t| …")?;
@@ -1449,12 +1490,14 @@ fn trace_recurrent(decls: &Decls, cl: &Closures) -> Result<Recurrent> {
             let region = trace_elementwise(
                 decls,
                 c,
-                "decay",
-                axes,
-                &[scalar, per_dim],
-                "|b, h, t| … (per head and step) or |b, h, t, d| … (per key dimension)",
-                "decay",
-                false,
+                Elementwise {
+                    name: "decay",
+                    iter_axes: axes,
+                    signatures: &[scalar, per_dim],
+                    shape: "|b, h, t| … (per head and step) or |b, h, t, d| … (per key dimension)",
+                    out: "decay",
+                    boolean: false,
+                },
             )?;
             Some(Decay {
                 region,
@@ -1467,15 +1510,17 @@ fn trace_recurrent(decls: &Decls, cl: &Closures) -> Result<Recurrent> {
         Some(c) => Some(trace_elementwise(
             decls,
             c,
-            "normalize",
-            v_axes,
-            &[&[
-                Slot::Element("o", v_axes),
-                Slot::Row("n", AxisSet::of(&[B, H, S])),
-            ]],
-            "|o, n| o / n  (o: the output row q·S, n: q·z with z the decayed key sum)",
-            "o",
-            false,
+            Elementwise {
+                name: "normalize",
+                iter_axes: v_axes,
+                signatures: &[&[
+                    Slot::Element("o", v_axes),
+                    Slot::Row("n", AxisSet::of(&[B, H, S])),
+                ]],
+                shape: "|o, n| o / n  (o: the output row q·S, n: q·z with z the decayed key sum)",
+                out: "o",
+                boolean: false,
+            },
         )?),
     };
     let customs: Vec<String> = decls.customs.iter().map(|c| c.name.clone()).collect();

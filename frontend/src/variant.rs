@@ -53,7 +53,9 @@ pub struct ParallelBackward {
     /// reductions in it run over the row's unmasked keys.
     pub norm: Region,
     /// For each modification closure: params as forward plus the seed `d<out>`;
-    /// outputs `d<element>` and `d<custom input>` for each custom input used.
+    /// outputs `d<element>` and `grad.<input>` for each custom input it reads.
+    /// A `grad.<input>` output is the contribution at one point; the evaluator
+    /// (reference or kernel) sums it over the axes the input is broadcast along.
     pub modify_q: Option<Region>,
     pub modify_k: Option<Region>,
     pub modify_v: Option<Region>,

@@ -160,12 +160,12 @@ impl Graph {
         if let Some(c) = self.const_value(x) {
             return self.constant(u.apply(c), dtype);
         }
-        if u == Unary::Neg {
-            if let Op::Unary(Unary::Neg) = self.node(x).op {
-                let inner = self.node(x).args[0];
-                if self.node(inner).dtype == dtype {
-                    return inner;
-                }
+        if u == Unary::Neg
+            && let Op::Unary(Unary::Neg) = self.node(x).op
+        {
+            let inner = self.node(x).args[0];
+            if self.node(inner).dtype == dtype {
+                return inner;
             }
         }
         self.intern(Op::Unary(u), smallvec::smallvec![x], dtype, axes)
@@ -211,11 +211,11 @@ impl Graph {
         let axes = self.node(x).axes.union(self.node(y).axes);
         let keeps = |g: &Graph, id: NodeId| g.node(id).dtype == dtype && g.node(id).axes == axes;
         let exact = match (b, cx, cy) {
-            (Binary::Add, Some(c), _) if c == 0.0 => Some(y),
-            (Binary::Add | Binary::Sub, _, Some(c)) if c == 0.0 => Some(x),
-            (Binary::Mul, Some(c), _) if c == 1.0 => Some(y),
-            (Binary::Mul | Binary::Div, _, Some(c)) if c == 1.0 => Some(x),
-            (Binary::Sub, Some(c), _) if c == 0.0 => return Some(self.unary(Unary::Neg, y)),
+            (Binary::Add, Some(0.0), _) => Some(y),
+            (Binary::Add | Binary::Sub, _, Some(0.0)) => Some(x),
+            (Binary::Mul, Some(1.0), _) => Some(y),
+            (Binary::Mul | Binary::Div, _, Some(1.0)) => Some(x),
+            (Binary::Sub, Some(0.0), _) => return Some(self.unary(Unary::Neg, y)),
             _ => None,
         };
         if let Some(id) = exact.filter(|&id| keeps(self, id)) {
@@ -230,7 +230,7 @@ impl Graph {
             (Binary::Mul, Some(c), _) | (Binary::Mul, _, Some(c)) if c == 0.0 => {
                 return Some(self.constant(0.0, dtype));
             }
-            (Binary::Div, Some(c), _) if c == 0.0 => return Some(self.constant(0.0, dtype)),
+            (Binary::Div, Some(0.0), _) => return Some(self.constant(0.0, dtype)),
             (Binary::Max, Some(c), _) if c == ninf => Some(y),
             (Binary::Max, _, Some(c)) if c == ninf => Some(x),
             (Binary::Min, Some(c), _) if c == inf => Some(y),
@@ -359,13 +359,13 @@ impl Graph {
             if n.args.len() != arity {
                 return Err(format!("{id}: {:?} takes {arity} operands", n.op));
             }
-            if let Op::Reduce(_) = n.op {
-                if !self.node(n.args[0]).axes.contains(self.reduce_axis) {
-                    return Err(format!(
-                        "{id}: reduces a value that does not vary over {}",
-                        self.reduce_axis
-                    ));
-                }
+            if let Op::Reduce(_) = n.op
+                && !self.node(n.args[0]).axes.contains(self.reduce_axis)
+            {
+                return Err(format!(
+                    "{id}: reduces a value that does not vary over {}",
+                    self.reduce_axis
+                ));
             }
             // Recompute the type on fresh leaves carrying the operands' types.
             let args: Args = n

@@ -81,13 +81,13 @@ impl Region {
             .validate()
             .map_err(|e| format!("region {}: {e}", self.name))?;
         for id in self.graph.ids() {
-            if let Op::Param(p) = self.graph.node(id).op {
-                if p as usize >= self.params.len() {
-                    return Err(format!(
-                        "region {}: {id} uses missing parameter {p}",
-                        self.name
-                    ));
-                }
+            if let Op::Param(p) = self.graph.node(id).op
+                && p as usize >= self.params.len()
+            {
+                return Err(format!(
+                    "region {}: {id} uses missing parameter {p}",
+                    self.name
+                ));
             }
         }
         for o in &self.outputs {

@@ -219,11 +219,11 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, opts: Options)
                 for (f, t) in fields.iter().zip(&state) {
                     row_state[f].set(&[b, h, i], *t);
                 }
-                for e in 0..dv {
+                for (e, &acc_e) in acc.iter().enumerate() {
                     let pe = p.with(Axis::Dv, e);
                     let outs = eval_scalar(&online.epilogue, &mut |op| match op {
                         Op::Param(k) => match &online.epilogue.params[*k as usize].role {
-                            ParamRole::Element => acc[e],
+                            ParamRole::Element => acc_e,
                             _ => state_of(&online.epilogue, &state, &fields, *k),
                         },
                         other => leaf_value(other, &pe, sizes, variant, inputs),

@@ -9,6 +9,7 @@
 //! backward runs the recurrence in reverse (back-propagation through time).
 
 use super::eval::eval_scalar;
+use super::tensor::for_each_index;
 use super::{
     Forward, Gradients, Inputs, Point, Sizes, Tensor, accumulate_customs, leaf_value,
     zero_custom_grads,
@@ -182,8 +183,8 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes) -> Forward {
                 }
             }
             let last = traj.s.last().expect("states");
-            for x in 0..dk * dv {
-                fin.set(&[b, h, x / dv, x % dv], last[x]);
+            for (x, &value) in last.iter().enumerate() {
+                fin.set(&[b, h, x / dv, x % dv], value);
             }
         }
     }
@@ -345,8 +346,8 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
                 }
             }
             if let Some(di) = d_init.as_mut() {
-                for x in 0..dk * dv {
-                    di.set(&[b, h, x / dv, x % dv], ds[x]);
+                for (x, &value) in ds.iter().enumerate() {
+                    di.set(&[b, h, x / dv, x % dv], value);
                 }
             }
         }
@@ -357,7 +358,7 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
         } else {
             dg.shape[..3].to_vec()
         };
-        Tensor::from_fn(&shape, |idx| {
+        for_each_index(&shape, |idx| {
             let mut p = point(idx[0], idx[1], idx[2]);
             let seed = if decay.per_key_dim {
                 p = p.with(Axis::Dk, idx[3]);
@@ -370,7 +371,6 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
                 other => leaf_value(other, &p, sizes, variant, inputs),
             });
             accumulate_customs(r, &outs, &p, variant, &mut customs);
-            0.0
         });
     }
     let mut through = |r: Option<&Region>, x: &Tensor, dx_m: &Tensor, last: Axis| -> Tensor {

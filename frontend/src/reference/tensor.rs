@@ -17,19 +17,20 @@ impl Tensor {
     }
 
     pub fn from_fn(shape: &[usize], mut f: impl FnMut(&[usize]) -> f64) -> Tensor {
-        let mut t = Tensor::zeros(shape);
-        let mut idx = vec![0usize; shape.len()];
-        for k in 0..t.data.len() {
-            t.data[k] = f(&idx);
-            for d in (0..shape.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < shape[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
+        let mut data = Vec::with_capacity(shape.iter().product());
+        for_each_index(shape, |idx| data.push(f(idx)));
+        Tensor {
+            shape: shape.to_vec(),
+            data,
         }
-        t
+    }
+
+    /// The same shape with `f` applied to every element.
+    pub fn map(&self, f: impl Fn(f64) -> f64) -> Tensor {
+        Tensor {
+            shape: self.shape.clone(),
+            data: self.data.iter().map(|&x| f(x)).collect(),
+        }
     }
 
     pub fn offset(&self, idx: &[usize]) -> usize {
@@ -73,6 +74,22 @@ impl Tensor {
             .sqrt();
         let n = other.norm();
         if n == 0.0 { diff } else { diff / n }
+    }
+}
+
+/// Calls `f` on every index of `shape`, in row-major order.
+pub fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
+    let count: usize = shape.iter().product();
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..count {
+        f(&idx);
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
     }
 }
 

@@ -1,0 +1,16 @@
+//! Broken on purpose (tests/cli.rs): not valid Rust.
+
+use aec::prelude::*;
+
+attention! {
+    pub struct Relu: parallel {
+        q: [B, H, Sq, Dqk];
+        k: [B, H, Skv, Dqk];
+        v: [B, H, Skv, Dv];
+        modify_scores = |s| relu(s);
+    }
+}
+
+fn main() {
+    let x = ;
+}
