@@ -436,9 +436,9 @@ fn prefix_continuation(m: &Model) {
             TOL,
         );
     } else {
-        // The normaliser z restarts at 0 in every call (only S is carried), so
-        // the continued outputs are those of the closed form with z_{-1} = 0,
-        // not those of the full run.
+        // Without `initial_normalizer` the key sum z restarts at 0, so the
+        // continued outputs are those of the closed form with z_{-1} = 0, not
+        // those of the full run (carrying z is tested separately).
         let pre_want = (m.closed)(&steps(&v, &x, 0, SPLIT));
         assert_close(
             &format!("{}: prefix outputs", m.name),
@@ -711,5 +711,74 @@ fn gla_bad_inputs() {
     assert_eq!(
         forward_err(&v, &x),
         "tensor `alpha` has shape [2, 3, 9, 4]: axis Dk is 4, but `q` gives Dk = 5"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Carrying the normaliser z across calls (variants with `normalize`).
+
+#[test]
+fn rfa_prefix_continuation_carrying_normaliser() {
+    let (v, x, _) = setup(&RFA, 43, true);
+    let ns = x.q.shape[2];
+    let full = run(&v, &x);
+    let pre = run(&v, &steps(&v, &x, 0, SPLIT));
+    let mut rest = steps(&v, &x, SPLIT, ns);
+    rest.initial_state = pre.final_state.clone();
+    rest.initial_normalizer = pre.final_normalizer.clone();
+    let post = run(&v, &rest);
+    assert_close(
+        "rfa: prefix + rest outputs with z carried",
+        &concat_steps(&pre.o, &post.o),
+        &full.o,
+        TOL,
+    );
+    assert_close(
+        "rfa: final normaliser after prefix + rest",
+        post.final_normalizer.as_ref().expect("final normaliser"),
+        full.final_normalizer.as_ref().expect("final normaliser"),
+        TOL,
+    );
+}
+
+#[test]
+fn rfa_initial_normaliser_in_both_forms_and_gradients() {
+    let (v, mut x, mut r) = setup(&RFA, 47, true);
+    let (nb, nh, _, dk, _) = dims(&x);
+    // z sums positive features, so a realistic initial one is positive.
+    x.initial_normalizer = Some(random(&[nb, nh, dk], &mut r, 0.5, 2.0));
+    let step = run(&v, &x).o;
+    let parallel = forward_parallel_form(&v, &x).expect("parallel form");
+    assert_close(
+        "rfa: step vs parallel form with an initial normaliser",
+        &step,
+        &parallel,
+        TOL,
+    );
+    let without = {
+        let mut y = x.clone();
+        y.initial_normalizer = None;
+        run(&v, &y).o
+    };
+    assert!(
+        step.rel_err(&without) > 1e-6,
+        "the initial normaliser must change the output"
+    );
+    check_gradients(&v, &x, 10, 1e-6, &mut r);
+}
+
+#[test]
+fn initial_normaliser_bad_inputs() {
+    let (v, mut x, _) = setup(&RFA, 53, false);
+    x.initial_normalizer = Some(Tensor::zeros(&[2, 3, 4]));
+    assert_eq!(
+        all_errors(&v, &x),
+        "tensor `initial_normalizer` has shape [2, 3, 4], expected [B, H, Dk] = [2, 3, 5]"
+    );
+    let (v, mut x, _) = setup(&RETNET, 53, false);
+    x.initial_normalizer = Some(Tensor::zeros(&[2, 3, 5]));
+    assert_eq!(
+        all_errors(&v, &x),
+        "an initial normaliser is only taken by recurrent variants with `normalize`; `RetNetRecurrent` has none"
     );
 }

@@ -178,5 +178,6 @@ fn sample_inputs(v: &Variant) -> Inputs {
         v: vv,
         customs,
         initial_state: None,
+        initial_normalizer: None,
     }
 }

@@ -84,6 +84,7 @@ pub fn inputs(
         v: vv,
         customs,
         initial_state: None,
+        initial_normalizer: None,
     }
 }
 
@@ -110,6 +111,9 @@ pub fn check_gradients(v: &Variant, inputs: &Inputs, samples: usize, tol: f64, r
     names.extend(inputs.customs.keys().cloned());
     if inputs.initial_state.is_some() {
         names.push("initial_state".into());
+    }
+    if inputs.initial_normalizer.is_some() {
+        names.push("initial_normalizer".into());
     }
     for name in names {
         let analytic = grad_of(&grads, &name);
@@ -161,6 +165,10 @@ fn tensor_of<'a>(inputs: &'a Inputs, name: &str) -> &'a Tensor {
         "k" => &inputs.k,
         "v" => &inputs.v,
         "initial_state" => inputs.initial_state.as_ref().expect("initial state"),
+        "initial_normalizer" => inputs
+            .initial_normalizer
+            .as_ref()
+            .expect("initial normaliser"),
         c => &inputs.customs[c],
     }
 }
@@ -171,6 +179,10 @@ fn tensor_mut<'a>(inputs: &'a mut Inputs, name: &str) -> &'a mut Tensor {
         "k" => &mut inputs.k,
         "v" => &mut inputs.v,
         "initial_state" => inputs.initial_state.as_mut().expect("initial state"),
+        "initial_normalizer" => inputs
+            .initial_normalizer
+            .as_mut()
+            .expect("initial normaliser"),
         c => inputs.customs.get_mut(c).expect("custom input"),
     }
 }
@@ -181,6 +193,10 @@ fn grad_of<'a>(g: &'a Gradients, name: &str) -> &'a Tensor {
         "k" => &g.dk,
         "v" => &g.dv,
         "initial_state" => g.initial_state.as_ref().expect("initial state gradient"),
+        "initial_normalizer" => g
+            .initial_normalizer
+            .as_ref()
+            .expect("initial normaliser gradient"),
         c => &g.customs[c],
     }
 }

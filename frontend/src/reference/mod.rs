@@ -34,6 +34,9 @@ pub struct Inputs {
     pub customs: IndexMap<String, Tensor>,
     /// Recurrent pattern: the hidden state before the first step, `[B, H, Dk, Dv]`.
     pub initial_state: Option<Tensor>,
+    /// Recurrent with `normalize`: the key sum `z` before the first step,
+    /// `[B, H, Dk]` (0 when absent).
+    pub initial_normalizer: Option<Tensor>,
 }
 
 #[derive(Clone, Debug)]
@@ -46,6 +49,8 @@ pub struct Forward {
     pub row_state: IndexMap<String, Tensor>,
     /// Recurrent: the hidden state after the last step, `[B, H, Dk, Dv]`.
     pub final_state: Option<Tensor>,
+    /// Recurrent with `normalize`: the key sum `z` after the last step, `[B, H, Dk]`.
+    pub final_normalizer: Option<Tensor>,
 }
 
 #[derive(Clone, Debug)]
@@ -56,6 +61,8 @@ pub struct Gradients {
     pub customs: IndexMap<String, Tensor>,
     /// Recurrent: gradient of the initial state when one was given.
     pub initial_state: Option<Tensor>,
+    /// Recurrent: gradient of the initial normaliser when one was given.
+    pub initial_normalizer: Option<Tensor>,
 }
 
 /// Options of the forward evaluation.
@@ -201,6 +208,21 @@ impl Sizes {
             if h % hkv != 0 {
                 return Err(ShapeError(format!(
                     "`q` has {h} heads and `k` has {hkv}: the query heads must be a multiple of the key/value heads"
+                )));
+            }
+        }
+        if let Some(z) = &inputs.initial_normalizer {
+            if !variant.recurrent().is_some_and(|r| r.normalize.is_some()) {
+                return Err(ShapeError(format!(
+                    "an initial normaliser is only taken by recurrent variants with `normalize`; `{}` has none",
+                    variant.name
+                )));
+            }
+            let want = [s.get(Axis::B), s.get(Axis::H), s.get(Axis::Dk)];
+            if z.shape != want {
+                return Err(ShapeError(format!(
+                    "tensor `initial_normalizer` has shape {:?}, expected [B, H, Dk] = {:?}",
+                    z.shape, want
                 )));
             }
         }

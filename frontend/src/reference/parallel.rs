@@ -243,6 +243,7 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, opts: Options)
         scales,
         row_state,
         final_state: None,
+        final_normalizer: None,
     }
 }
 
@@ -383,5 +384,6 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
         dv: dv_t,
         customs,
         initial_state: None,
+        initial_normalizer: None,
     }
 }

@@ -131,9 +131,13 @@ fn run(prep: &Prepared, inputs: &Inputs, b: usize, h: usize, sizes: &Sizes) -> T
             .collect(),
         None => vec![0.0; dk * dv],
     };
+    let z0 = match &inputs.initial_normalizer {
+        Some(z) => (0..dk).map(|d| z.get(&[b, h, d])).collect(),
+        None => vec![0.0; dk],
+    };
     let mut traj = Trajectory {
         s: vec![s0],
-        z: vec![vec![0.0; dk]],
+        z: vec![z0],
     };
     for t in 0..sl {
         let (prev_s, prev_z) = (traj.s.last().expect("s0"), traj.z.last().expect("z0"));
@@ -165,6 +169,7 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes) -> Forward {
     );
     let mut o = Tensor::zeros(&[b_n, h_n, sl, dv]);
     let mut fin = Tensor::zeros(&[b_n, h_n, dk, dv]);
+    let mut fin_z = Tensor::zeros(&[b_n, h_n, dk]);
     for b in 0..b_n {
         for h in 0..h_n {
             let traj = run(&prep, inputs, b, h, sizes);
@@ -186,6 +191,9 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes) -> Forward {
             for (x, &value) in last.iter().enumerate() {
                 fin.set(&[b, h, x / dv, x % dv], value);
             }
+            for (d, &value) in traj.z.last().expect("key sums").iter().enumerate() {
+                fin_z.set(&[b, h, d], value);
+            }
         }
     }
     Forward {
@@ -193,6 +201,7 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes) -> Forward {
         scales: IndexMap::new(),
         row_state: IndexMap::new(),
         final_state: Some(fin),
+        final_normalizer: rec.normalize.as_ref().map(|_| fin_z),
     }
 }
 
@@ -235,6 +244,13 @@ pub fn forward_parallel_form(
                         *r += w * prep.v.get(&[b, h, s, e]);
                     }
                 }
+                if let Some(z0) = &inputs.initial_normalizer {
+                    n += (0..dk)
+                        .map(|d| {
+                            prep.q.get(&[b, h, t, d]) * decay(b, h, 0, t, d) * z0.get(&[b, h, d])
+                        })
+                        .sum::<f64>();
+                }
                 if let Some(st) = &inputs.initial_state {
                     for d in 0..dk {
                         let qd = prep.q.get(&[b, h, t, d]) * decay(b, h, 0, t, d);
@@ -276,6 +292,10 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
         .initial_state
         .as_ref()
         .map(|s| Tensor::zeros(&s.shape));
+    let mut d_init_z = inputs
+        .initial_normalizer
+        .as_ref()
+        .map(|z| Tensor::zeros(&z.shape));
     for b in 0..b_n {
         for h in 0..h_n {
             let traj = run(&prep, inputs, b, h, sizes);
@@ -350,6 +370,11 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
                     di.set(&[b, h, x / dv, x % dv], value);
                 }
             }
+            if let Some(dz0) = d_init_z.as_mut() {
+                for (d, &value) in dz.iter().enumerate() {
+                    dz0.set(&[b, h, d], value);
+                }
+            }
         }
     }
     if let (Some(r), Some(decay)) = (&bwd.decay, &rec.decay) {
@@ -397,5 +422,6 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
         dv: dv_t,
         customs,
         initial_state: d_init,
+        initial_normalizer: d_init_z,
     }
 }
