@@ -159,7 +159,7 @@ const CASES: &[Case] = &[
     Case {
         file: "mask_arity.rs",
         context: "mask = |b, h, i| i >= 0",
-        token: "b, h, i",
+        token: "|",
         message: "wrong closure arity: `mask` takes 4 parameter(s), found 3",
         help: Some("write it as `mask = |b, h, i, j| i >= j`"),
     },
@@ -523,14 +523,10 @@ fn read_snapshot(stderr: &str, rs: &str) -> Snapshot {
 }
 
 /// The `attention!` macro and `aec check` share the frontend: on every UI case
-/// the CLI must report the snapshot's message and help at the same line (and,
-/// but for the known exceptions below, the same column).
+/// the CLI must report the snapshot's message and help at the same line and
+/// column.
 #[test]
 fn cli_agrees_with_the_macro_on_ui_cases() {
-    // Multi-token spans: proc macros cannot join spans on stable Rust, so the
-    // macro points at the closure's opening `|` where the CLI points at the
-    // parameter list.
-    const COLUMN_DIFFERS: &[&str] = &["tests/ui/mask_arity.rs"];
     let mut entries: Vec<PathBuf> = std::fs::read_dir(root().join("tests/ui"))
         .expect("read tests/ui")
         .map(|e| e.unwrap().path())
@@ -573,11 +569,74 @@ fn cli_agrees_with_the_macro_on_ui_cases() {
             line, want.line,
             "{rs}: the CLI and the macro disagree on the line"
         );
-        if !COLUMN_DIFFERS.contains(&rs.as_str()) {
-            assert_eq!(
-                col, want.col,
-                "{rs}: the CLI and the macro disagree on the column"
-            );
-        }
+        assert_eq!(
+            col, want.col,
+            "{rs}: the CLI and the macro disagree on the column"
+        );
     }
+}
+
+/// Writes `body` to a scratch file and checks it with the CLI.
+fn check_text(name: &str, body: &str) -> (Run, String) {
+    let path = scratch(name).join("variant.rs");
+    std::fs::write(&path, body).expect("write variant");
+    let shown = path.display().to_string();
+    (aec(&["check", &shown]), shown)
+}
+
+#[test]
+fn end_of_input_points_at_the_closing_delimiter() {
+    let (run, shown) = check_text(
+        "eof",
+        "use aec::prelude::*;\n\n\nattention! { pub struct Z: parallel }\n",
+    );
+    assert_eq!(run.code, Some(EXIT_INPUT), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("--> {shown}:4:37")),
+        "the error must point at the closing brace on line 4:\n{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn grouped_query_heads_must_divide() {
+    let body = "use aec::prelude::*;\nattention! { pub struct G: parallel { q: [B, H = 3, Sq, Dqk]; k: [B, Hkv = 2, Skv, Dqk]; v: [B, Hkv, Skv, Dv]; } }\n";
+    let (run, shown) = check_text("gqa", body);
+    assert_eq!(run.code, Some(EXIT_INPUT), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("H = 3 query heads cannot be shared by Hkv = 2"),
+        "{}",
+        run.stderr
+    );
+    let (line, col) = locate(body, "Hkv = 2", "2");
+    assert!(
+        run.stderr.contains(&format!("--> {shown}:{line}:{col}")),
+        "{}",
+        run.stderr
+    );
+    // With only H fixed, the numeric check picks a key/value head count that divides it.
+    let (run, _) = check_text("gqa-free", &body.replace("Hkv = 2", "Hkv"));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+}
+
+#[test]
+fn huge_fixed_sizes_are_refused_or_not_sampled() {
+    let body = "use aec::prelude::*;\nattention! { pub struct G: parallel { q: [B, H, Sq, Dqk = 100000000000]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv]; } }\n";
+    let (run, _) = check_text("huge", body);
+    assert_eq!(run.code, Some(EXIT_INPUT), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("an axis size must be between 1 and 2^31 - 1"),
+        "{}",
+        run.stderr
+    );
+    let (run, _) = check_text("large", &body.replace("100000000000", "100000000"));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("numeric check skipped"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.contains("forward graph:"), "{}", run.stdout);
 }

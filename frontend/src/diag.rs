@@ -52,11 +52,11 @@ impl Diagnostic {
         let start = self.span.start();
         let end = self.span.end();
         let mut out = String::new();
+        let gutter = start.line.to_string();
+        let pad = " ".repeat(gutter.len());
         let _ = writeln!(out, "error: {}", self.message);
-        let _ = writeln!(out, "  --> {file}:{}:{}", start.line, start.column + 1);
+        let _ = writeln!(out, "{pad}--> {file}:{}:{}", start.line, start.column + 1);
         if let Some(text) = source.lines().nth(start.line.saturating_sub(1)) {
-            let gutter = start.line.to_string();
-            let pad = " ".repeat(gutter.len());
             let width = if end.line == start.line && end.column > start.column {
                 end.column - start.column
             } else {

@@ -70,9 +70,40 @@ pub fn parse_file(source: &str) -> Result<Vec<Invocation>, Diagnostic> {
                 .last()
                 .map(|s| s.ident.span().start().line)
                 .unwrap_or(0),
-            variant: parse_tokens(m.tokens.clone()),
+            variant: parse_macro_body(m),
         })
         .collect())
+}
+
+/// Parses a macro's body inside its delimiters, so that "unexpected end of
+/// input" points at the closing delimiter rather than the start of the file.
+fn parse_macro_body(m: &syn::Macro) -> Result<Variant, Diagnostic> {
+    use proc_macro2::{Delimiter, Group, TokenTree};
+    use syn::parse::{ParseStream, Parser};
+    let (delimiter, span) = match &m.delimiter {
+        syn::MacroDelimiter::Paren(p) => (Delimiter::Parenthesis, p.span.join()),
+        syn::MacroDelimiter::Brace(b) => (Delimiter::Brace, b.span.join()),
+        syn::MacroDelimiter::Bracket(b) => (Delimiter::Bracket, b.span.join()),
+    };
+    let mut group = Group::new(delimiter, m.tokens.clone());
+    group.set_span(span);
+    let body = |input: ParseStream| -> syn::Result<syntax::VariantSyntax> {
+        let content;
+        match delimiter {
+            Delimiter::Parenthesis => {
+                syn::parenthesized!(content in input);
+            }
+            Delimiter::Bracket => {
+                syn::bracketed!(content in input);
+            }
+            _ => {
+                syn::braced!(content in input);
+            }
+        }
+        content.parse()
+    };
+    let syntax = body.parse2(TokenTree::Group(group).into())?;
+    trace::trace(&syntax)
 }
 
 fn is_attention(m: &syn::Macro) -> bool {

@@ -40,7 +40,7 @@ pub const RECURRENT_CLOSURES: [&str; 5] =
 const RESERVED: [&str; 6] = ["inf", "State", "Scales", "online", "state", "st"];
 
 /// Names the DSL calls as functions.
-pub const FUNCTIONS: [&str; 20] = [
+pub const FUNCTIONS: [&str; 19] = [
     "exp",
     "exp2",
     "log",
@@ -57,7 +57,6 @@ pub const FUNCTIONS: [&str; 20] = [
     "min",
     "pow",
     "select",
-    "where",
     "rowsum",
     "rowmax",
     "rowabssum",
@@ -164,10 +163,10 @@ impl Decls {
                 }
                 if let Some(lit) = &a.size {
                     let size: usize = lit.base10_parse().map_err(Diagnostic::from)?;
-                    if size == 0 {
+                    if size == 0 || size > i32::MAX as usize {
                         return Err(Diagnostic::new(
                             lit.span(),
-                            "an axis size must be at least 1",
+                            "an axis size must be between 1 and 2^31 - 1 (kernels index with 32-bit integers)",
                         ));
                     }
                     if let Some((_, prev, _)) = fixed.iter().find(|(x, ..)| *x == axis) {
@@ -335,7 +334,25 @@ impl Decls {
             k: k.0,
             v: v.0,
             customs,
-            fixed: fixed.into_iter().map(|(a, s, _)| (a, s)).collect(),
+            fixed: {
+                let size = |a: Axis| {
+                    fixed
+                        .iter()
+                        .find(|(x, ..)| *x == a)
+                        .map(|(_, n, span)| (*n, *span))
+                };
+                if let (Some((h, _)), Some((hkv, span))) = (size(Axis::H), size(Axis::Hkv))
+                    && h % hkv != 0
+                {
+                    return Err(Diagnostic::new(
+                        span,
+                        format!(
+                            "H = {h} query heads cannot be shared by Hkv = {hkv} key/value heads: H must be a multiple of Hkv"
+                        ),
+                    ));
+                }
+                fixed.into_iter().map(|(a, s, _)| (a, s)).collect()
+            },
             kv_heads,
         })
     }
@@ -495,10 +512,7 @@ impl<'d> RegionTracer<'d> {
         let Some(sig) = signatures.iter().find(|s| s.len() == c.inputs.len()) else {
             let arities: Vec<String> = signatures.iter().map(|s| s.len().to_string()).collect();
             return Err(Diagnostic::new(
-                c.inputs
-                    .span()
-                    .join(c.or2_token.span)
-                    .unwrap_or(closure_span(c)),
+                closure_span(c),
                 format!(
                     "wrong closure arity: `{}` takes {} parameter(s), found {}",
                     self.name,
@@ -799,7 +813,7 @@ impl<'d> RegionTracer<'d> {
         let fspan = fname.span();
         let arity = match name.as_str() {
             "max" | "min" | "pow" => 2,
-            "select" | "where" => 3,
+            "select" => 3,
             n if FUNCTIONS.contains(&n) => 1,
             _ => {
                 let mut d = Diagnostic::new(fspan, format!("unknown function `{name}`"));
@@ -848,7 +862,7 @@ impl<'d> RegionTracer<'d> {
             return Ok(self.graph.reduce(r, x));
         }
         match name.as_str() {
-            "select" | "where" => {
+            "select" => {
                 let c0 = self.boolean(args[0].0, args[0].1)?;
                 let a = self.numeric(args[1].0, args[1].1)?;
                 let b = self.numeric(args[2].0, args[2].1)?;

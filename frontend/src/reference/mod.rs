@@ -212,7 +212,7 @@ impl Sizes {
             }
         }
         if let Some(z) = &inputs.initial_normalizer {
-            if !variant.recurrent().is_some_and(|r| r.normalize.is_some()) {
+            if variant.recurrent().is_none_or(|r| r.normalize.is_none()) {
                 return Err(ShapeError(format!(
                     "an initial normaliser is only taken by recurrent variants with `normalize`; `{}` has none",
                     variant.name
