@@ -233,10 +233,10 @@ fn at_node(
             return true;
         }
         *target -= 1;
-        if let Node::Group(_, inner) = &mut nodes[i] {
-            if at_node(inner, target, f) {
-                return true;
-            }
+        if let Node::Group(_, inner) = &mut nodes[i]
+            && at_node(inner, target, f)
+        {
+            return true;
         }
     }
     false
