@@ -1,9 +1,11 @@
 //! Project tasks: `cargo xtask test` is the one command that runs every check
 //! CI runs (formatting, lints, the whole test suite).
 //!
-//! Later stages add their toolchain steps here (pinned NVRTC/ptxas wheels for
-//! the CUDA compile checks, Debian's hipcc for the HIP ones), so the command
-//! stays the same.
+//! Toolchains the checks need are installed here too (`toolchains`: the pinned
+//! CUDA wheels for the NVRTC/ptxas compile checks), so the command stays the
+//! same as they are added.
+
+mod toolchains;
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -12,6 +14,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
+        Some("toolchains") => install_toolchains(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -26,8 +29,39 @@ fn main() -> ExitCode {
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
-  test [--quick]   formatting check, clippy (-D warnings) and every test of the
-                   workspace; --quick skips formatting and clippy";
+  test [--quick]   installs the toolchains (below), then the formatting check,
+                   clippy (-D warnings) and every test of the workspace, with
+                   the toolchain checks required (AEC_REQUIRE_TOOLCHAINS=1);
+                   --quick skips formatting and clippy, and skips checking the
+                   toolchains when they were installed before
+  toolchains       installs the pinned CUDA 13.0 wheels (NVRTC, headers, ptxas,
+                   cuobjdump, nvdisasm; ~480 MB) with `python3 -m pip` into
+                   target/toolchains/cuda; instant when already installed";
+
+fn install_toolchains(flags: &[String]) -> ExitCode {
+    if let Some(bad) = flags.first() {
+        eprintln!("error: unknown flag `{bad}` for `toolchains`\n\n{USAGE}");
+        return ExitCode::from(2);
+    }
+    let dir = toolchains::install_dir();
+    match toolchains::ensure(&dir) {
+        Ok(cuda) => {
+            eprintln!("==> toolchains: to use them outside `cargo xtask test`, set");
+            for (k, v) in cuda.env() {
+                if k == "LD_LIBRARY_PATH" {
+                    eprintln!("      {k}={}:$LD_LIBRARY_PATH", cuda.lib.display());
+                } else {
+                    eprintln!("      {k}={v}");
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("==> toolchains: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 fn test(flags: &[String]) -> ExitCode {
     let quick = flags.iter().any(|f| f == "--quick");
@@ -35,6 +69,20 @@ fn test(flags: &[String]) -> ExitCode {
         eprintln!("error: unknown flag `{bad}` for `test`\n\n{USAGE}");
         return ExitCode::from(2);
     }
+    let dir = toolchains::install_dir();
+    let cuda = match toolchains::stamped(&dir).filter(|_| quick) {
+        Some(cuda) => {
+            eprintln!("==> toolchains: --quick: using {} unchecked", dir.display());
+            cuda
+        }
+        None => match toolchains::ensure(&dir) {
+            Ok(cuda) => cuda,
+            Err(e) => {
+                eprintln!("==> toolchains: FAILED: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let mut steps: Vec<(&str, Vec<&str>)> = Vec::new();
     if !quick {
         steps.push(("formatting", vec!["fmt", "--all", "--check"]));
@@ -55,7 +103,14 @@ fn test(flags: &[String]) -> ExitCode {
     for (name, args) in steps {
         let start = Instant::now();
         eprintln!("==> {name}: cargo {}", args.join(" "));
-        let status = Command::new(&cargo).args(&args).status();
+        let mut command = Command::new(&cargo);
+        command.args(&args);
+        if name == "tests" {
+            // The runtime's compile checks fail (instead of skipping) without
+            // these; see runtime/README.md.
+            command.envs(cuda.env());
+        }
+        let status = command.status();
         match status {
             Ok(s) if s.success() => {
                 eprintln!("==> {name}: ok ({:.0} s)", start.elapsed().as_secs_f64());

@@ -1,0 +1,41 @@
+//! `aec-runtime`: everything that touches the GPU, its driver and the CUDA
+//! tools, so the frontend and compiler never do.
+//!
+//! - [`Device`]: a CUDA device and its limits; without a driver every entry
+//!   point returns [`RuntimeError::NoDriver`] (cudarc would panic).
+//! - [`compile`]: CUDA C++ → CUBIN + PTX with NVRTC; needs no GPU.
+//! - [`KernelCache`]: compiled modules in memory and on disk.
+//! - [`Module`], [`Kernel`], [`Arg`]: loading and checked launches.
+//! - [`Stream`], [`DeviceBuffer`]: copies; [`time_ms`]: event timing.
+//! - [`ptxas_resources`], [`sass`]: the compile checks' view of a kernel.
+//!
+//! Where the CUDA pieces come from (`AEC_CUDA_INCLUDE`, `AEC_CUDA_BIN`,
+//! `LD_LIBRARY_PATH`, `AEC_CACHE_DIR`) is described in `runtime/README.md`.
+
+mod cache;
+mod device;
+mod error;
+mod hash;
+mod launch;
+mod memory;
+mod nvrtc;
+mod resources;
+mod stream;
+mod timer;
+mod tools;
+
+pub use cache::{CacheKey, KernelCache, default_dir as default_cache_dir};
+pub use device::{Device, DeviceInfo, arch_for, driver_present};
+pub use error::{Result, RuntimeError};
+pub use launch::{Arg, Kernel, Module, Param};
+pub use memory::{DType, DeviceBuffer, Element};
+pub use nvrtc::{
+    CompileOptions, Compiled, compile, cuda_include_dirs, nvrtc_present, nvrtc_version,
+};
+pub use resources::{ResourceUsage, parse_ptxas_verbose};
+pub use stream::Stream;
+pub use timer::{Timing, time_ms};
+pub use tools::{find_tool, ptxas_resources, sass, toolchains_required};
+
+/// The element types device buffers hold.
+pub use half::{bf16, f16};
