@@ -20,9 +20,11 @@
 //! assert_eq!(Relu::definition().pattern, Pattern::Parallel);
 //! ```
 
+pub use aec_compiler as compiler;
 pub use aec_frontend as frontend;
 pub use aec_frontend::reference;
 pub use aec_macros::attention;
+pub use aec_runtime as runtime;
 
 /// A variant declared with [`attention!`].
 pub trait Variant {

@@ -1,0 +1,157 @@
+//! Expression generation: a region's graph as CUDA statements.
+//!
+//! Nodes are emitted once each, in arena (topological) order, as `const`
+//! locals named after their node id, so shared subexpressions are computed
+//! once. Two forms:
+//! - pointwise: every value is one number (modification closures, masks, the
+//!   epilogue);
+//! - row: values that vary along the key axis are arrays over the thread's
+//!   `NE` keys of the row; reductions fold the valid keys and then combine the
+//!   four lanes (a quad) that share the row.
+
+use super::dialect::{binary, c_scalar, float_lit, reduce, unary};
+use aec_frontend::ir::{Axis, DType, NodeId, Op, Region};
+use std::fmt::Write;
+
+/// How the kernel reads a region's leaves: `Param`, `Index`, `Shape`, `Custom`.
+pub type LeafFn<'a> = dyn Fn(&Op) -> String + 'a;
+
+fn var(prefix: &str, id: NodeId) -> String {
+    format!("{prefix}{}", id.0)
+}
+
+fn live_nodes(region: &Region) -> Vec<bool> {
+    let roots: Vec<NodeId> = region.outputs.iter().map(|o| o.node).collect();
+    region.graph.live(&roots)
+}
+
+/// Statements computing every output of a pointwise region; returns the code
+/// and one C expression per output.
+pub fn pointwise(region: &Region, prefix: &str, leaf: &LeafFn) -> (String, Vec<String>) {
+    let g = &region.graph;
+    let live = live_nodes(region);
+    let mut code = String::new();
+    for id in g.ids() {
+        if !live[id.index()] {
+            continue;
+        }
+        let n = g.node(id);
+        let a = |k: usize| var(prefix, n.args[k]);
+        let rhs = match n.op {
+            Op::Const(c) => match n.dtype {
+                DType::F32 => float_lit(c.get()),
+                DType::Int => format!("{}", c.get() as i64),
+                DType::Bool => (if c.get() != 0.0 { "true" } else { "false" }).to_string(),
+            },
+            Op::Param(_) | Op::Index(_) | Op::Shape(_) | Op::Custom(_) => leaf(&n.op),
+            Op::Unary(u) => unary(u, &a(0), n.dtype),
+            Op::Binary(b) => binary(b, &a(0), &a(1), n.dtype),
+            Op::Select => format!("({} ? {} : {})", a(0), a(1), a(2)),
+            Op::Reduce(_) => {
+                unreachable!("pointwise regions have no reductions (checked by the tracer)")
+            }
+        };
+        let _ = writeln!(
+            code,
+            "    const {} {} = {rhs};",
+            c_scalar(n.dtype),
+            var(prefix, id)
+        );
+    }
+    let outs = region.outputs.iter().map(|o| var(prefix, o.node)).collect();
+    (code, outs)
+}
+
+/// Statements computing every output of a row region over `ne` keys per thread.
+/// `leaf` gives scalar leaves; a leaf that varies along the row must be given
+/// as an array expression indexable by `[e]`. `valid` names the `bool[ne]`
+/// array of keys that exist for this row. Returns the code and, per output,
+/// its expression and whether it is a per-key array.
+pub fn row(
+    region: &Region,
+    prefix: &str,
+    valid: &str,
+    leaf: &LeafFn,
+) -> (String, Vec<(String, bool)>) {
+    let g = &region.graph;
+    let ra = g.reduce_axis();
+    let live = live_nodes(region);
+    let mut code = String::new();
+    let is_row = |id: NodeId| g.node(id).axes.contains(ra);
+    for id in g.ids() {
+        if !live[id.index()] {
+            continue;
+        }
+        let n = g.node(id);
+        let name = var(prefix, id);
+        let ty = c_scalar(n.dtype);
+        // Operand `k` read at key `e` (arrays) or as is (scalars).
+        let a = |k: usize| {
+            let arg = n.args[k];
+            if is_row(arg) {
+                format!("{}[e]", var(prefix, arg))
+            } else {
+                var(prefix, arg)
+            }
+        };
+        if let Op::Reduce(r) = n.op {
+            let (identity, combine, quad) = reduce(r);
+            let x = a(0);
+            let _ = writeln!(
+                code,
+                "    float {name} = {identity};\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) if ({valid}[e]) {name} = {};\n    {name} = {quad}({name});",
+                combine(&name, &x)
+            );
+            continue;
+        }
+        let rhs = match n.op {
+            Op::Const(c) => match n.dtype {
+                DType::F32 => float_lit(c.get()),
+                DType::Int => format!("{}", c.get() as i64),
+                DType::Bool => (if c.get() != 0.0 { "true" } else { "false" }).to_string(),
+            },
+            Op::Param(_) | Op::Index(_) | Op::Shape(_) | Op::Custom(_) => {
+                let l = leaf(&n.op);
+                if is_row(id) { format!("{l}[e]") } else { l }
+            }
+            Op::Unary(u) => unary(u, &a(0), n.dtype),
+            Op::Binary(b) => binary(b, &a(0), &a(1), n.dtype),
+            Op::Select => format!("({} ? {} : {})", a(0), a(1), a(2)),
+            Op::Reduce(_) => unreachable!("handled above"),
+        };
+        if is_row(id) {
+            let _ = writeln!(
+                code,
+                "    {ty} {name}[NE];\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) {name}[e] = {rhs};"
+            );
+        } else {
+            let _ = writeln!(code, "    const {ty} {name} = {rhs};");
+        }
+    }
+    let outs = region
+        .outputs
+        .iter()
+        .map(|o| (var(prefix, o.node), is_row(o.node)))
+        .collect();
+    (code, outs)
+}
+
+/// The C expression of a custom input's element at the current point: inputs
+/// are contiguous in their declared axis order, and `coord`/`size` name each
+/// axis's coordinate and extent in the kernel.
+pub fn custom_element(
+    pointer: &str,
+    axes: &[Axis],
+    coord: &dyn Fn(Axis) -> String,
+    size: &dyn Fn(Axis) -> String,
+) -> String {
+    let mut offset = String::from("0");
+    for (n, a) in axes.iter().enumerate() {
+        offset = if n == 0 {
+            format!("(long long)({})", coord(*a))
+        } else {
+            format!("({offset} * {} + {})", size(*a), coord(*a))
+        };
+    }
+    format!("{pointer}[{offset}]")
+}

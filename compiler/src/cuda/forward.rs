@@ -1,0 +1,473 @@
+//! The parallel forward kernel: the template's fixed skeleton (tiles, copies,
+//! `mma.sync`, the online loop) filled with a variant's regions.
+
+use super::dialect::{Elem, WARP_SIZE, float_lit};
+use super::expr::{custom_element, pointwise, row};
+use crate::CompileError;
+use aec_frontend::Variant;
+use aec_frontend::ir::{Axis, Op, ParamRole, Region};
+use askama::Template;
+use std::fmt::Write;
+
+/// Tile configuration of the forward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ForwardConfig {
+    /// Query rows per thread block.
+    pub block_m: u32,
+    /// Keys per inner-loop step.
+    pub block_n: u32,
+    /// Warps per block; each owns `block_m / warps` rows (16 or 32: one or
+    /// two MMA row tiles sharing every K and V fragment).
+    pub warps: u32,
+    pub elem: Elem,
+}
+
+impl ForwardConfig {
+    /// The configuration used when none is tuned: two 16-row tiles per warp
+    /// (K/V fragments reused twice) where the registers allow it — plain
+    /// scores and Dqk, Dv ≤ 128 — else one tile per warp.
+    pub fn default_for(variant: &Variant, dqk: u32, dv: u32, elem: Elem) -> ForwardConfig {
+        let plain = variant
+            .parallel()
+            .is_some_and(|p| p.mask.is_none() && p.modify_scores.is_none());
+        if dv > 128 {
+            ForwardConfig {
+                block_m: 64,
+                block_n: 32,
+                warps: 4,
+                elem,
+            }
+        } else if plain && dqk <= 128 {
+            ForwardConfig {
+                block_m: 128,
+                block_n: 64,
+                warps: 4,
+                elem,
+            }
+        } else {
+            ForwardConfig {
+                block_m: 128,
+                block_n: 64,
+                warps: 8,
+                elem,
+            }
+        }
+    }
+
+    pub fn warps(&self) -> u32 {
+        self.warps
+    }
+
+    /// 16-row MMA tiles per warp.
+    pub fn m_tiles(&self) -> u32 {
+        self.block_m / (16 * self.warps)
+    }
+}
+
+/// One kernel argument, in launch order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgKind {
+    /// q, k, v (read) or o (written), in the element type, `[B, heads, S, D]` contiguous.
+    Tensor(&'static str),
+    /// `rowout`: `[row_outputs.len(), B, H, Sq]` f32.
+    RowOut,
+    /// A custom input, f32, contiguous in its declared axis order.
+    Custom(String),
+    /// An `i32` size: B, H, Hkv, Sq or Skv.
+    Size(Axis),
+}
+
+/// Generated source and everything needed to launch it.
+#[derive(Clone, Debug)]
+pub struct KernelSource {
+    pub name: String,
+    pub source: String,
+    /// Threads per block.
+    pub threads: u32,
+    pub block_m: u32,
+    pub smem_bytes: u32,
+    pub args: Vec<ArgKind>,
+    /// What `rowout` holds, in order: `scale.<name>` then `state.<field>`.
+    pub row_outputs: Vec<String>,
+    pub dqk: u32,
+    pub dv: u32,
+}
+
+#[derive(Template)]
+#[template(path = "cuda/parallel_fwd.cu", escape = "none")]
+struct ForwardTemplate<'a> {
+    version: &'a str,
+    variant: &'a str,
+    kernel_name: &'a str,
+    header: &'a str,
+    elem: &'a str,
+    mma_type: &'a str,
+    pack2_body: &'a str,
+    to_f32: &'a str,
+    from_f32: &'a str,
+    bm: u32,
+    bn: u32,
+    warps: u32,
+    m_tiles: u32,
+    warp_size: u32,
+    dqk: u32,
+    dv: u32,
+    nstate: usize,
+    nstate_arr: usize,
+    nscales: usize,
+    nscales_arr: usize,
+    params_fields: String,
+    custom_args: String,
+    params_init: String,
+    state_init: String,
+    kv_bound: String,
+    regions: String,
+    modify_q: bool,
+    modify_k: bool,
+    modify_v: bool,
+    modify_scores: bool,
+    mask: bool,
+}
+
+/// Generates the parallel forward kernel of `variant` for head dims `dqk`, `dv`.
+pub fn parallel_forward(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &ForwardConfig,
+) -> Result<KernelSource, CompileError> {
+    let par = variant.parallel().ok_or_else(|| {
+        CompileError(format!(
+            "`{}` is a recurrent variant; the parallel forward needs a parallel one",
+            variant.name
+        ))
+    })?;
+    check_config(variant, dqk, dv, cfg)?;
+    let online = &par.online;
+    let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
+    let nstate = fields.len();
+    let nscales = online.scales.len();
+
+    let size = |a: Axis| -> String {
+        match a {
+            Axis::B => "P.B".into(),
+            Axis::H => "P.H".into(),
+            Axis::Hkv => "P.Hkv".into(),
+            Axis::Sq => "P.Sq".into(),
+            Axis::Skv => "P.Skv".into(),
+            Axis::Dqk => "DQK".into(),
+            Axis::Dv => "DV".into(),
+            Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
+        }
+    };
+    let coord = |a: Axis| -> String {
+        match a {
+            Axis::B => "pt.b".into(),
+            Axis::H => "pt.h".into(),
+            Axis::Hkv => "pt.hk".into(),
+            Axis::Sq => "pt.i".into(),
+            Axis::Skv => "pt.j".into(),
+            Axis::Dqk | Axis::Dv => "pt.d".into(),
+            Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
+        }
+    };
+    let custom = |c: u32| {
+        custom_element(
+            &format!("P.in{c}"),
+            &variant.customs[c as usize].axes,
+            &coord,
+            &size,
+        )
+    };
+    let state_index = |region: &Region, p: u32| -> usize {
+        match &region.params[p as usize].role {
+            ParamRole::State(f) => fields
+                .iter()
+                .position(|x| x == f)
+                .expect("declared state field"),
+            other => unreachable!("not a state parameter: {other:?}"),
+        }
+    };
+
+    let mut regions = String::new();
+    // Elementwise closures: fn(x, point, params).
+    for (region, name, ret) in [
+        (&par.modify_q, "modify_q", "float"),
+        (&par.modify_k, "modify_k", "float"),
+        (&par.modify_v, "modify_v", "float"),
+        (&par.modify_scores, "modify_scores", "float"),
+        (&par.mask, "mask_fn", "bool"),
+    ] {
+        let Some(r) = region else { continue };
+        let leaf = |op: &Op| -> String {
+            match op {
+                Op::Param(_) => "x".into(),
+                Op::Index(a) => coord(*a),
+                Op::Shape(a) => size(*a),
+                Op::Custom(c) => custom(*c),
+                other => unreachable!("not a leaf: {other:?}"),
+            }
+        };
+        let (code, outs) = pointwise(r, "n", &leaf);
+        let arg = if name == "mask_fn" { "" } else { "float x, " };
+        let _ = writeln!(
+            regions,
+            "__device__ __forceinline__ {ret} {name}({arg}const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
+            outs[0]
+        );
+    }
+
+    // The online block update of one row.
+    {
+        let fwd = &online.fwd;
+        let leaf = |op: &Op| -> String {
+            match op {
+                Op::Param(p) => match &fwd.params[*p as usize].role {
+                    ParamRole::Element => "s".into(),
+                    ParamRole::State(_) => format!("st[{}]", state_index(fwd, *p)),
+                    ParamRole::Seed(_) => unreachable!("forward regions have no seeds"),
+                },
+                Op::Shape(a) => size(*a),
+                other => {
+                    unreachable!("the online block reads only s, the state and sizes: {other:?}")
+                }
+            }
+        };
+        let (code, outs) = row(fwd, "n", "valid", &leaf);
+        let mut tail = String::new();
+        for (o, (expr, is_row)) in fwd.outputs.iter().zip(&outs) {
+            if o.name == "p" {
+                let at = if *is_row {
+                    format!("{expr}[e]")
+                } else {
+                    expr.clone()
+                };
+                let _ = writeln!(
+                    tail,
+                    "    #pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = valid[e] ? {at} : 0.0f;"
+                );
+            } else if o.name == "alpha" {
+                let _ = writeln!(tail, "    alpha = any ? {expr} : 1.0f;");
+            } else if let Some(f) = o.name.strip_prefix("state.") {
+                let k = fields.iter().position(|x| x == f).expect("declared field");
+                let _ = writeln!(tail, "    nst[{k}] = any ? {expr} : st[{k}];");
+            }
+        }
+        if nstate == 0 {
+            tail.push_str("    nst[0] = 0.0f;\n");
+        }
+        let _ = writeln!(
+            regions,
+            "__device__ __forceinline__ void online_fwd(const float (&s)[NE], const bool (&valid)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any, const Params& P) {{\n    any = false;\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) any = any || valid[e];\n    any = quad_any(any);\n{code}{tail}}}\n"
+        );
+    }
+
+    // The epilogue: the output element and the final row scales.
+    {
+        let epi = &online.epilogue;
+        let leaf = |op: &Op| -> String {
+            match op {
+                Op::Param(p) => match &epi.params[*p as usize].role {
+                    ParamRole::Element => "x".into(),
+                    _ => format!("st[{}]", state_index(epi, *p)),
+                },
+                Op::Shape(a) => size(*a),
+                other => unreachable!("the epilogue reads only o, the state and sizes: {other:?}"),
+            }
+        };
+        let only = |pred: &dyn Fn(&str) -> bool| Region {
+            outputs: epi
+                .outputs
+                .iter()
+                .filter(|o| pred(&o.name))
+                .cloned()
+                .collect(),
+            ..epi.clone()
+        };
+        let (code, outs) = pointwise(&only(&|n| n == "o"), "n", &leaf);
+        let _ = writeln!(
+            regions,
+            "__device__ __forceinline__ float epilogue_o(float x, const float (&st)[NSTATE_ARR], const Params& P) {{\n{code}    return {};\n}}\n",
+            outs[0]
+        );
+        let scales = only(&|n| n.starts_with("scale."));
+        let (code, outs) = pointwise(&scales, "n", &leaf);
+        let mut body = code;
+        for (k, e) in outs.iter().enumerate() {
+            let _ = writeln!(body, "    sc[{k}] = {e};");
+        }
+        if nscales == 0 {
+            body.push_str("    sc[0] = 0.0f;\n");
+        }
+        let _ = writeln!(
+            regions,
+            "__device__ __forceinline__ void epilogue_scales(const float (&st)[NSTATE_ARR], float (&sc)[NSCALES_ARR], const Params& P) {{\n{body}}}\n"
+        );
+    }
+
+    let mut params_fields = String::new();
+    let mut custom_args = String::new();
+    let mut params_init = String::new();
+    for c in 0..variant.customs.len() {
+        let _ = writeln!(params_fields, "    const float* __restrict__ in{c};");
+        let _ = writeln!(custom_args, "    const float* __restrict__ in{c},");
+        let _ = writeln!(params_init, "    P.in{c} = in{c};");
+    }
+    let mut state_init = String::new();
+    for (k, f) in online.state.iter().enumerate() {
+        let _ = writeln!(state_init, "        st[r][{k}] = {};", float_lit(f.init));
+    }
+    if nstate == 0 {
+        state_init.push_str("        st[r][0] = 0.0f;\n");
+    }
+    // A mask that implies `i >= j` ends the KV loop at the diagonal block.
+    let kv_bound = if par.mask.as_ref().is_some_and(implies_causal) {
+        "    const int n_blocks = min((Skv + BN - 1) / BN, (min(m0 + BM, Sq) + BN - 1) / BN);"
+            .to_string()
+    } else {
+        "    const int n_blocks = (Skv + BN - 1) / BN;".to_string()
+    };
+
+    let kernel_name = format!(
+        "aec_fwd_{}_{}_d{dqk}x{dv}_m{}n{}w{}",
+        variant.name.to_lowercase(),
+        cfg.elem.name(),
+        cfg.block_m,
+        cfg.block_n,
+        cfg.warps
+    );
+    let (header, pack2_body, to_f32, from_f32) = match cfg.elem {
+        Elem::Bf16 => (
+            "cuda_bf16.h",
+            "__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
+            "__bfloat162float",
+            "__float2bfloat16",
+        ),
+        Elem::F16 => (
+            "cuda_fp16.h",
+            "__half2 v = __floats2half2_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
+            "__half2float",
+            "__float2half",
+        ),
+    };
+    let t = ForwardTemplate {
+        version: env!("CARGO_PKG_VERSION"),
+        variant: &variant.name,
+        kernel_name: &kernel_name,
+        header,
+        elem: cfg.elem.c_type(),
+        mma_type: cfg.elem.mma_type(),
+        pack2_body,
+        to_f32,
+        from_f32,
+        bm: cfg.block_m,
+        bn: cfg.block_n,
+        warps: cfg.warps(),
+        m_tiles: cfg.m_tiles(),
+        warp_size: WARP_SIZE,
+        dqk,
+        dv,
+        nstate,
+        nstate_arr: nstate.max(1),
+        nscales,
+        nscales_arr: nscales.max(1),
+        params_fields,
+        custom_args,
+        params_init,
+        state_init,
+        kv_bound,
+        regions,
+        modify_q: par.modify_q.is_some(),
+        modify_k: par.modify_k.is_some(),
+        modify_v: par.modify_v.is_some(),
+        modify_scores: par.modify_scores.is_some(),
+        mask: par.mask.is_some(),
+    };
+    let source = t
+        .render()
+        .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
+    let mut args = vec![
+        ArgKind::Tensor("q"),
+        ArgKind::Tensor("k"),
+        ArgKind::Tensor("v"),
+        ArgKind::Tensor("o"),
+        ArgKind::RowOut,
+    ];
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::Custom(c.name.clone())),
+    );
+    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    let row_outputs = online
+        .scales
+        .iter()
+        .map(|s| format!("scale.{s}"))
+        .chain(fields.iter().map(|f| format!("state.{f}")))
+        .collect();
+    let elems = cfg.block_m * (dqk + 8) + 2 * cfg.block_n * (dqk + 8) + 2 * cfg.block_n * (dv + 8);
+    Ok(KernelSource {
+        name: kernel_name,
+        source,
+        threads: cfg.warps() * WARP_SIZE,
+        block_m: cfg.block_m,
+        smem_bytes: elems * 2,
+        args,
+        row_outputs,
+        dqk,
+        dv,
+    })
+}
+
+/// Whether a mask is false wherever `j > i` (causal, or causal and more): then
+/// no key past the block's last query row needs to be visited.
+pub fn implies_causal(mask: &Region) -> bool {
+    use aec_frontend::ir::{Binary, NodeId};
+    fn go(r: &Region, id: NodeId) -> bool {
+        let n = r.graph.node(id);
+        let is = |k: usize, axis: Axis| r.graph.node(n.args[k]).op == Op::Index(axis);
+        match n.op {
+            Op::Binary(Binary::Ge) => is(0, Axis::Sq) && is(1, Axis::Skv),
+            Op::Binary(Binary::Le) => is(0, Axis::Skv) && is(1, Axis::Sq),
+            Op::Binary(Binary::And) => go(r, n.args[0]) || go(r, n.args[1]),
+            _ => false,
+        }
+    }
+    mask.output("mask").is_some_and(|m| go(mask, m))
+}
+
+fn check_config(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &ForwardConfig,
+) -> Result<(), CompileError> {
+    for (axis, d) in [(Axis::Dqk, dqk), (Axis::Dv, dv)] {
+        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
+            && *fixed != d as usize
+        {
+            return Err(CompileError(format!(
+                "`{}` fixes {axis} = {fixed}, asked for {d}",
+                variant.name
+            )));
+        }
+        if d == 0 || d % 16 != 0 || d > 256 {
+            return Err(CompileError(format!(
+                "head dimension {axis} = {d} is not supported by the sm_80 forward template: it needs a multiple of 16 up to 256"
+            )));
+        }
+    }
+    if !matches!(cfg.block_m, 64 | 128)
+        || !matches!(cfg.block_n, 32 | 64 | 128)
+        || cfg.warps == 0
+        || !matches!(cfg.block_m.checked_div(cfg.warps), Some(16 | 32))
+        || !cfg.block_m.is_multiple_of(cfg.warps)
+    {
+        return Err(CompileError(format!(
+            "tile {}x{} with {} warps is not supported: block_m must be 64 or 128, block_n 32, 64 or 128, and each warp must own 16 or 32 rows",
+            cfg.block_m, cfg.block_n, cfg.warps
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,5 @@
+//! CUDA code generation.
+
+pub mod dialect;
+pub mod expr;
+pub mod forward;

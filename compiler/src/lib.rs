@@ -1,0 +1,22 @@
+//! aec compiler: lowers traced attention variants to GPU kernel sources.
+//!
+//! Like the frontend it does no I/O and needs no GPU: it turns a
+//! [`aec_frontend::Variant`] and a kernel configuration into source text plus
+//! the launch facts a runtime needs.
+
+pub mod cuda;
+
+pub use cuda::dialect::Elem;
+pub use cuda::forward::{ArgKind, ForwardConfig, KernelSource, parallel_forward};
+
+/// Why a variant cannot be compiled with a given configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompileError(pub String);
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CompileError {}

@@ -1,0 +1,236 @@
+//! The parallel forward generator on every parallel example: it renders, the
+//! variant's regions land in the kernel, configuration errors are clear.
+
+use aec_compiler::cuda::forward::implies_causal;
+use aec_compiler::{ArgKind, Elem, ForwardConfig, parallel_forward};
+use aec_frontend::{Variant, parse_file, parse_str};
+use std::path::PathBuf;
+
+fn examples() -> Vec<(String, Variant)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        let src = std::fs::read_to_string(&path).expect("read example");
+        for inv in parse_file(&src).expect("rust file") {
+            let v = inv
+                .variant
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn dims(v: &Variant) -> (u32, u32) {
+    let fixed = |a: aec_frontend::ir::Axis, d: u32| {
+        v.fixed_sizes
+            .iter()
+            .find(|(x, _)| *x == a)
+            .map(|(_, n)| *n as u32)
+            .unwrap_or(d)
+    };
+    (
+        fixed(aec_frontend::ir::Axis::Dqk, 128),
+        fixed(aec_frontend::ir::Axis::Dv, 128),
+    )
+}
+
+const CFG: ForwardConfig = ForwardConfig {
+    block_m: 64,
+    block_n: 64,
+    warps: 4,
+    elem: Elem::Bf16,
+};
+
+#[test]
+fn every_parallel_example_generates_a_kernel() {
+    let mut n = 0;
+    for (name, v) in examples() {
+        let Some(par) = v.parallel() else { continue };
+        let (dqk, dv) = dims(&v);
+        let k = parallel_forward(&v, dqk, dv, &CFG).unwrap_or_else(|e| panic!("{name}: {e}"));
+        n += 1;
+        assert!(
+            k.source
+                .contains(&format!("void __launch_bounds__(NT, 1) {}(", k.name)),
+            "{name}: entry point"
+        );
+        assert!(
+            k.source
+                .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+            "{name}: tensor-core MMA"
+        );
+        assert!(
+            k.source.contains("ldmatrix.sync.aligned.m8n8.x4.trans"),
+            "{name}: V through ldmatrix.trans"
+        );
+        assert!(
+            k.source.contains("cp.async.cg.shared.global"),
+            "{name}: async copies"
+        );
+        assert_eq!(
+            k.source.contains("modify_scores(s[mt][nt][c]"),
+            par.modify_scores.is_some(),
+            "{name}: modify_scores call"
+        );
+        assert_eq!(
+            k.source.contains("mask_fn(pt, P)"),
+            par.mask.is_some(),
+            "{name}: mask call"
+        );
+        assert_eq!(k.threads, 128);
+        // The row outputs: the epilogue's scales, then the final state fields.
+        let want: Vec<String> = par
+            .online
+            .scales
+            .iter()
+            .map(|s| format!("scale.{s}"))
+            .chain(par.online.state.iter().map(|f| format!("state.{}", f.name)))
+            .collect();
+        assert_eq!(k.row_outputs, want, "{name}");
+        let customs: Vec<&ArgKind> = k
+            .args
+            .iter()
+            .filter(|a| matches!(a, ArgKind::Custom(_)))
+            .collect();
+        assert_eq!(
+            customs.len(),
+            v.customs.len(),
+            "{name}: one argument per custom input"
+        );
+        // No template placeholder survives rendering.
+        assert!(
+            !k.source.contains("{{") && !k.source.contains("{%"),
+            "{name}: unrendered template syntax"
+        );
+    }
+    assert!(n >= 13, "expected the 13 parallel examples, found {n}");
+}
+
+#[test]
+fn online_reductions_become_quad_shuffles_and_skip_masked_keys() {
+    let v = examples()
+        .into_iter()
+        .find(|(n, _)| n == "softmax")
+        .expect("softmax example")
+        .1;
+    let k = parallel_forward(&v, 128, 128, &CFG).expect("softmax kernel");
+    let fwd = &k.source[k.source.find("void online_fwd").expect("online_fwd")..];
+    let fwd = &fwd[..fwd.find("\n}\n").expect("end of online_fwd")];
+    assert!(fwd.contains("quad_max("), "rowmax → quad max:\n{fwd}");
+    assert!(fwd.contains("quad_sum("), "rowsum → quad sum:\n{fwd}");
+    assert!(
+        fwd.contains("if (valid[e])"),
+        "reductions fold only visible keys:\n{fwd}"
+    );
+    assert!(
+        fwd.contains("p[e] = valid[e] ?"),
+        "masked keys get weight 0:\n{fwd}"
+    );
+    assert!(
+        fwd.contains("alpha = any ?"),
+        "a block with no visible key leaves the state alone:\n{fwd}"
+    );
+}
+
+#[test]
+fn causal_masks_bound_the_kv_loop() {
+    let by_name = |n: &str| {
+        examples()
+            .into_iter()
+            .find(|(x, _)| x == n)
+            .expect("example")
+            .1
+    };
+    for (name, causal) in [
+        ("softmax_causal", true),
+        ("sliding_window", true),
+        ("document_mask", true),
+        ("alibi", true),
+        ("softmax", false),
+        ("decode", false),
+    ] {
+        let v = by_name(name);
+        let is = v
+            .parallel()
+            .and_then(|p| p.mask.as_ref())
+            .is_some_and(implies_causal);
+        assert_eq!(is, causal, "{name}");
+        let (dqk, dv) = dims(&v);
+        let k = parallel_forward(&v, dqk, dv, &CFG).expect("kernel");
+        assert_eq!(
+            k.source.contains("min(m0 + BM, Sq)"),
+            causal,
+            "{name}: loop bound"
+        );
+    }
+    // `j <= i` is the same mask written the other way round.
+    let v = parse_str(
+        "pub struct C: parallel { q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv]; mask = |b, h, i, j| j <= i; }",
+    )
+    .expect("variant");
+    assert!(implies_causal(v.parallel().unwrap().mask.as_ref().unwrap()));
+    let v = parse_str(
+        "pub struct C: parallel { q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv]; mask = |b, h, i, j| i >= j || j == 0; }",
+    )
+    .expect("variant");
+    assert!(
+        !implies_causal(v.parallel().unwrap().mask.as_ref().unwrap()),
+        "a disjunction can see past the diagonal"
+    );
+}
+
+#[test]
+fn unsupported_configurations_are_refused_with_reasons() {
+    let v = examples()
+        .into_iter()
+        .find(|(n, _)| n == "softmax")
+        .expect("softmax")
+        .1;
+    let err = parallel_forward(&v, 72, 128, &CFG).unwrap_err().to_string();
+    assert!(
+        err.contains("Dqk = 72") && err.contains("multiple of 16"),
+        "{err}"
+    );
+    let err = parallel_forward(&v, 128, 512, &CFG)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Dv = 512"), "{err}");
+    let err = parallel_forward(&v, 128, 128, &ForwardConfig { block_m: 96, ..CFG })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("block_m must be 64 or 128"), "{err}");
+    let ds = examples()
+        .into_iter()
+        .find(|(n, _)| n == "deepseek")
+        .expect("deepseek")
+        .1;
+    let err = parallel_forward(&ds, 128, 128, &CFG)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fixes Dqk = 192"), "{err}");
+    let rec = examples()
+        .into_iter()
+        .find(|(n, _)| n == "mamba2")
+        .expect("mamba2")
+        .1;
+    let err = parallel_forward(&rec, 128, 128, &CFG)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("recurrent"), "{err}");
+}
+
+#[test]
+fn generation_is_deterministic() {
+    for (name, v) in examples() {
+        if v.parallel().is_none() {
+            continue;
+        }
+        let (dqk, dv) = dims(&v);
+        let a = parallel_forward(&v, dqk, dv, &CFG).expect("kernel").source;
+        let b = parallel_forward(&v, dqk, dv, &CFG).expect("kernel").source;
+        assert_eq!(a, b, "{name}: two generations differ");
+    }
+}

@@ -1,0 +1,178 @@
+//! Compile checks without a GPU (design §9, layer 2): the parallel forward
+//! kernel of every parallel example, compiled by NVRTC for sm_80 and sm_90a,
+//! with its registers and spills read back from `ptxas -v` and tensor-core
+//! instructions (HMMA) confirmed in the SASS.
+//!
+//! Needs the pinned toolchain (`cargo xtask toolchains`; `cargo xtask test`
+//! installs it and sets `AEC_REQUIRE_TOOLCHAINS=1`, so in CI a missing piece
+//! fails the test instead of skipping it).
+
+mod common;
+
+use aec::compiler::{Elem, ForwardConfig, parallel_forward};
+use aec::frontend::ir::Axis;
+use aec::frontend::{Variant, parse_file};
+use aec::runtime::{
+    CompileOptions, compile, find_tool, nvrtc_present, ptxas_resources, sass, toolchains_required,
+};
+
+fn toolchain_ready() -> bool {
+    let missing: Vec<&str> = [
+        (!nvrtc_present()).then_some("NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH)"),
+        find_tool("ptxas").is_err().then_some("ptxas"),
+        find_tool("cuobjdump").is_err().then_some("cuobjdump"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "CUDA toolchain missing: {}; run `cargo xtask toolchains` (or `cargo xtask test`)",
+        missing.join(", ")
+    );
+    assert!(!toolchains_required(), "{msg}");
+    eprintln!("skipped: {msg}");
+    false
+}
+
+fn parallel_examples() -> Vec<(String, Variant)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(common::examples_dir()).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        let src = std::fs::read_to_string(&path).expect("read example");
+        for inv in parse_file(&src).expect("rust file") {
+            let v = inv.variant.expect("valid example");
+            if v.parallel().is_some() {
+                out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn head_dims(v: &Variant) -> (u32, u32) {
+    let fixed = |a: Axis| {
+        v.fixed_sizes
+            .iter()
+            .find(|(x, _)| *x == a)
+            .map(|(_, n)| *n as u32)
+            .unwrap_or(128)
+    };
+    (fixed(Axis::Dqk), fixed(Axis::Dv))
+}
+
+#[test]
+fn every_parallel_forward_compiles_for_sm80_and_sm90a() {
+    if !toolchain_ready() {
+        return;
+    }
+    let examples = parallel_examples();
+    assert!(
+        examples.len() >= 13,
+        "expected the parallel examples, found {}",
+        examples.len()
+    );
+    let jobs: Vec<(String, Variant, &str)> = examples
+        .into_iter()
+        .flat_map(|(n, v)| ["sm_80", "sm_90a"].map(|a| (n.clone(), v.clone(), a)))
+        .collect();
+    // Two workers: CI has two cores, and each NVRTC run is single-threaded.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let reports: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut lines = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let Some((name, v, arch)) = jobs.get(k) else {
+                            break;
+                        };
+                        lines.push(check_one(name, v, arch));
+                    }
+                    lines
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("worker"))
+            .collect()
+    });
+    for line in reports {
+        eprintln!("{line}");
+    }
+}
+
+/// Spill stores allowed per configuration, just above what NVRTC 13.0.88
+/// produces today (bench/NOTES.md), so a regression fails. One 16-row tile
+/// per warp with Dqk ≤ 128 must not spill. nvcc builds the same sources with
+/// fewer registers: its two-tile kernels do not spill at all.
+fn spill_budget(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
+    if dv > 128 {
+        64
+    } else if cfg.m_tiles() > 1 {
+        192
+    } else if dqk > 128 {
+        128
+    } else {
+        0
+    }
+}
+
+fn check_one(name: &str, v: &Variant, arch: &str) -> String {
+    let (dqk, dv) = head_dims(v);
+    let cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16);
+    let kernel = parallel_forward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let compiled = compile(&kernel.source, &CompileOptions::new(arch))
+        .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
+    assert!(!compiled.cubin.is_empty(), "{name} ({arch}): empty CUBIN");
+    assert!(
+        compiled.ptx.contains("mma.sync.aligned.m16n8k16"),
+        "{name} ({arch}): no mma.sync in the PTX"
+    );
+    let usage = ptxas_resources(&compiled.ptx, arch)
+        .unwrap_or_else(|e| panic!("{name} ({arch}): ptxas: {e}"));
+    let entry = usage
+        .iter()
+        .find(|u| u.function == kernel.name)
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} ({arch}): ptxas reported no entry `{}`: {usage:?}",
+                kernel.name
+            )
+        });
+    let allowed = spill_budget(&cfg, dqk, dv);
+    assert!(
+        entry.spill_store_bytes <= allowed,
+        "{name} ({arch}): {} bytes of spill stores (allowed {allowed}): {entry:?}",
+        entry.spill_store_bytes
+    );
+    assert!(
+        entry.registers <= 255,
+        "{name} ({arch}): {} registers",
+        entry.registers
+    );
+    let smem_limit = if arch == "sm_80" {
+        163 * 1024
+    } else {
+        227 * 1024
+    };
+    assert!(
+        kernel.smem_bytes <= smem_limit,
+        "{name} ({arch}): {} bytes of shared memory",
+        kernel.smem_bytes
+    );
+    let text = sass(&compiled.cubin).unwrap_or_else(|e| panic!("{name} ({arch}): cuobjdump: {e}"));
+    assert!(
+        text.contains("HMMA"),
+        "{name} ({arch}): no HMMA in the SASS"
+    );
+    format!(
+        "{name:18} {arch:7} {:>3} regs, {:>3} B spilled, {:>6} B smem, {}",
+        entry.registers, entry.spill_store_bytes, kernel.smem_bytes, kernel.name
+    )
+}
