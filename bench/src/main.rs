@@ -1,0 +1,419 @@
+//! `gpu-cases <out_dir> [--nvcc <path>]`: writes what `bench/gpu_check.py`
+//! needs on a GPU machine that has no Rust:
+//! - correctness cases: generated kernel source, random bf16 inputs (never
+//!   zeros, sizes that are not tile multiples) and the f64 reference
+//!   interpreter's outputs on exactly those inputs;
+//! - benchmark kernels for the workloads of `shared/reference/workloads.json`.
+//!
+//! With `--nvcc`, every kernel is compiled to an sm_90a cubin here (with
+//! `-Xptxas -v`, whose register/spill report lands in the case's JSON), so the
+//! GPU machine only loads and launches.
+
+use aec_compiler::{ArgKind, Elem, ForwardConfig, KernelSource, parallel_forward};
+use aec_frontend::ir::Axis;
+use aec_frontend::reference::{self, Inputs, Options, Tensor};
+use aec_frontend::{Variant, parse_file};
+use indexmap::IndexMap;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Case {
+    id: &'static str,
+    example: &'static str,
+    /// B, H, Hkv, Sq, Skv, Dqk, Dv
+    sizes: [usize; 7],
+    custom_range: (f64, f64),
+}
+
+const CASES: &[Case] = &[
+    Case {
+        id: "softmax",
+        example: "softmax",
+        sizes: [2, 4, 4, 197, 253, 128, 128],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "softmax_gqa",
+        example: "softmax_gqa",
+        sizes: [2, 4, 2, 197, 253, 128, 128],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "softmax_causal",
+        example: "softmax_causal",
+        sizes: [2, 4, 4, 250, 250, 128, 128],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "softmax_d64",
+        example: "softmax",
+        sizes: [2, 3, 3, 77, 301, 64, 64],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "decode",
+        example: "decode",
+        sizes: [3, 4, 2, 1, 301, 128, 128],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "deepseek",
+        example: "deepseek",
+        sizes: [1, 2, 2, 150, 150, 192, 128],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "diff_transformer",
+        example: "diff_transformer",
+        sizes: [1, 2, 2, 150, 150, 128, 256],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "sigmoid",
+        example: "sigmoid",
+        sizes: [2, 2, 2, 131, 199, 64, 64],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "relu",
+        example: "relu",
+        sizes: [2, 2, 2, 131, 199, 64, 64],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "retnet_parallel",
+        example: "retnet_parallel",
+        sizes: [1, 4, 4, 200, 200, 128, 128],
+        custom_range: (0.8, 0.99),
+    },
+    Case {
+        id: "sliding_window",
+        example: "sliding_window",
+        sizes: [1, 2, 2, 300, 300, 64, 64],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "alibi",
+        example: "alibi",
+        sizes: [2, 4, 4, 200, 200, 64, 64],
+        custom_range: (0.01, 0.3),
+    },
+    Case {
+        id: "softcap",
+        example: "softcap",
+        sizes: [2, 2, 2, 180, 180, 128, 128],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "document_mask",
+        example: "document_mask",
+        sizes: [2, 2, 2, 170, 170, 64, 64],
+        custom_range: (0.0, 1.0),
+    },
+];
+
+/// Benchmark kernels: (workload id from workloads.json, example, dqk, dv).
+const BENCH: &[(&str, &str, u32, u32)] = &[
+    ("softmax-b8-h32-s2048-d128", "softmax", 128, 128),
+    ("softmax-b1-h32-s8192-d128", "softmax", 128, 128),
+    (
+        "softmax-causal-b8-h32-s2048-d128",
+        "softmax_causal",
+        128,
+        128,
+    ),
+    (
+        "softmax-causal-b1-h32-s8192-d128",
+        "softmax_causal",
+        128,
+        128,
+    ),
+    (
+        "softmax-gqa-causal-b8-h32-kv8-s2048-d128",
+        "softmax_gqa_causal",
+        128,
+        128,
+    ),
+    (
+        "deepseek-causal-b8-h16-s2048-d192-v128",
+        "deepseek",
+        192,
+        128,
+    ),
+    (
+        "diff-causal-b8-h12-s2048-d128-v256",
+        "diff_transformer",
+        128,
+        256,
+    ),
+    ("sigmoid-b8-h32-s2048-d128", "sigmoid", 128, 128),
+    ("relu-b64-h6-s1024-d64", "relu", 64, 64),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(out) = args.first() else {
+        eprintln!("usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]...");
+        std::process::exit(2);
+    };
+    let nvcc = flag_values(&args, "--nvcc").into_iter().next();
+    let includes = flag_values(&args, "-I");
+    let out = PathBuf::from(out);
+    std::fs::create_dir_all(&out).expect("create output directory");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut index = Vec::new();
+    for case in CASES {
+        eprintln!("case {} …", case.id);
+        let v = load(&root, case.example);
+        let meta = write_case(&out, case, &v, nvcc.as_deref(), &includes);
+        index.push(meta);
+    }
+    let mut bench = Vec::new();
+    for (workload, example, dqk, dv) in BENCH {
+        eprintln!("bench kernel {workload} …");
+        let v = match *example {
+            // GQA + causal: the GQA example with the causal mask, declared here.
+            "softmax_gqa_causal" => gqa_causal(&root),
+            e => load(&root, e),
+        };
+        let cfg = ForwardConfig::default_for(&v, *dqk, *dv, Elem::Bf16);
+        let entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
+            Ok(k) => {
+                let file = format!("bench_{}", workload.replace('-', "_"));
+                json!({ "workload": workload, "kernel": kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes) })
+            }
+            Err(e) => json!({ "workload": workload, "error": e.to_string() }),
+        };
+        bench.push(entry);
+    }
+    let all = json!({ "cases": index, "bench": bench });
+    std::fs::write(
+        out.join("index.json"),
+        serde_json::to_string_pretty(&all).expect("json"),
+    )
+    .expect("write index");
+    eprintln!("wrote {}", out.join("index.json").display());
+}
+
+fn flag_values(args: &[String], flag: &str) -> Vec<String> {
+    args.windows(2)
+        .filter(|w| w[0] == flag)
+        .map(|w| w[1].clone())
+        .collect()
+}
+
+fn load(root: &Path, example: &str) -> Variant {
+    let path = root.join("examples").join(format!("{example}.rs"));
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parse_file(&src)
+        .expect("rust file")
+        .remove(0)
+        .variant
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn gqa_causal(root: &Path) -> Variant {
+    let path = root.join("examples/softmax_gqa.rs");
+    let src = std::fs::read_to_string(&path).expect("softmax_gqa example");
+    let src = src.replacen(
+        "modify_q = |q| q * rsqrt(Dqk);",
+        "modify_q = |q| q * rsqrt(Dqk);\n        mask = |b, h, i, j| i >= j;",
+        1,
+    );
+    assert!(
+        src.contains("mask ="),
+        "softmax_gqa.rs changed shape; update gqa_causal()"
+    );
+    let mut v = parse_file(&src)
+        .expect("rust file")
+        .remove(0)
+        .variant
+        .expect("valid variant");
+    v.name = "SoftmaxGqaCausal".into();
+    v
+}
+
+fn normal(rng: &mut StdRng) -> f64 {
+    let u1: f64 = rng.random_range(1e-12..1.0);
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+fn bf16_round(x: f64) -> f64 {
+    half::bf16::from_f64(x).to_f64()
+}
+
+fn write_case(
+    out: &Path,
+    case: &Case,
+    v: &Variant,
+    nvcc: Option<&str>,
+    includes: &[String],
+) -> Value {
+    let [b, h, hkv, sq, skv, dqk, dv] = case.sizes;
+    let mut rng = StdRng::seed_from_u64(case.id.len() as u64 * 977 + 13);
+    let size = |a: Axis| match a {
+        Axis::B => b,
+        Axis::H => h,
+        Axis::Hkv => hkv,
+        Axis::Sq => sq,
+        Axis::Skv => skv,
+        Axis::Dqk => dqk,
+        Axis::Dv => dv,
+        _ => unreachable!("parallel axes only"),
+    };
+    let shape = |axes: &[Axis]| axes.iter().map(|a| size(*a)).collect::<Vec<_>>();
+    let tensor = |axes: &[Axis], rng: &mut StdRng| {
+        Tensor::from_fn(&shape(axes), |_| bf16_round(normal(rng)))
+    };
+    let q = tensor(&v.q.axes, &mut rng);
+    let k = tensor(&v.k.axes, &mut rng);
+    let vv = tensor(&v.v.axes, &mut rng);
+    let mut customs = IndexMap::new();
+    for c in &v.customs {
+        let t = if c.name.starts_with("doc_") {
+            // Document ids: three documents; the last query row sits in a
+            // document no key has, so that row is fully masked.
+            let n = shape(&c.axes)[1];
+            let last_alone = c.name == "doc_q";
+            Tensor::from_fn(&shape(&c.axes), |idx| {
+                if last_alone && idx[1] == n - 1 {
+                    9.0
+                } else {
+                    (idx[1] * 3 / n) as f64
+                }
+            })
+        } else {
+            Tensor::from_fn(&shape(&c.axes), |_| {
+                rng.random_range(case.custom_range.0..case.custom_range.1)
+            })
+        };
+        customs.insert(c.name.clone(), t);
+    }
+    let inputs = Inputs {
+        q,
+        k,
+        v: vv,
+        customs,
+        initial_state: None,
+        initial_normalizer: None,
+    };
+    let fwd = reference::forward(v, &inputs, Options::default()).expect("reference forward");
+    let kernel = parallel_forward(
+        v,
+        dqk as u32,
+        dv as u32,
+        &ForwardConfig::default_for(v, dqk as u32, dv as u32, Elem::Bf16),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", case.id));
+    let km = kernel_meta(out, case.id, &kernel, nvcc, includes);
+    let write = |name: &str, data: Vec<u8>| {
+        std::fs::write(out.join(format!("{}.{name}", case.id)), data).expect("write tensor")
+    };
+    let as_bf16 = |t: &Tensor| {
+        t.data
+            .iter()
+            .flat_map(|x| half::bf16::from_f64(*x).to_bits().to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    let as_f32 = |t: &Tensor| {
+        t.data
+            .iter()
+            .flat_map(|x| (*x as f32).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    write("q.bin", as_bf16(&inputs.q));
+    write("k.bin", as_bf16(&inputs.k));
+    write("v.bin", as_bf16(&inputs.v));
+    for (name, t) in &inputs.customs {
+        write(&format!("in_{name}.bin"), as_f32(t));
+    }
+    write("o_ref.bin", as_f32(&fwd.o));
+    let mut rows = Vec::new();
+    for r in &kernel.row_outputs {
+        let t = if let Some(s) = r.strip_prefix("scale.") {
+            &fwd.scales[s]
+        } else {
+            &fwd.row_state[r.trim_start_matches("state.")]
+        };
+        rows.extend(as_f32(t));
+    }
+    write("rows_ref.bin", rows);
+    json!({
+        "id": case.id,
+        "variant": v.name,
+        "sizes": { "B": b, "H": h, "Hkv": hkv, "Sq": sq, "Skv": skv, "Dqk": dqk, "Dv": dv },
+        "shapes": { "q": inputs.q.shape, "k": inputs.k.shape, "v": inputs.v.shape },
+        "customs": v.customs.iter().map(|c| json!({ "name": c.name, "shape": shape(&c.axes) })).collect::<Vec<_>>(),
+        "kernel": km,
+    })
+}
+
+fn kernel_meta(
+    out: &Path,
+    file: &str,
+    k: &KernelSource,
+    nvcc: Option<&str>,
+    includes: &[String],
+) -> Value {
+    let cu = out.join(format!("{file}.cu"));
+    std::fs::write(&cu, &k.source).expect("write kernel source");
+    let mut ptxas = Value::Null;
+    let mut cubin = Value::Null;
+    if let Some(nvcc) = nvcc {
+        let target = out.join(format!("{file}.sm_90a.cubin"));
+        let mut cmd = Command::new(nvcc);
+        cmd.args([
+            "-arch=sm_90a",
+            "-cubin",
+            "-O3",
+            "-Xptxas",
+            "-v",
+            "-diag-suppress",
+            "177",
+            "-o",
+        ])
+        .arg(&target)
+        .arg(&cu);
+        for i in includes {
+            cmd.arg("-I").arg(i);
+        }
+        let res = cmd.output().expect("run nvcc");
+        let log = String::from_utf8_lossy(&res.stderr).to_string();
+        assert!(
+            res.status.success(),
+            "nvcc failed on {}:\n{log}",
+            cu.display()
+        );
+        ptxas = json!(
+            log.lines()
+                .filter(|l| l.contains("registers") || l.contains("spill"))
+                .collect::<Vec<_>>()
+        );
+        cubin = json!(target.file_name().and_then(|f| f.to_str()));
+    }
+    let args: Vec<Value> = k
+        .args
+        .iter()
+        .map(|a| match a {
+            ArgKind::Tensor(t) => json!({ "kind": "tensor", "name": t }),
+            ArgKind::RowOut => json!({ "kind": "rowout" }),
+            ArgKind::Custom(c) => json!({ "kind": "custom", "name": c }),
+            ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name() }),
+        })
+        .collect();
+    json!({
+        "name": k.name,
+        "source": cu.file_name().and_then(|f| f.to_str()),
+        "cubin": cubin,
+        "threads": k.threads,
+        "block_m": k.block_m,
+        "smem_bytes": k.smem_bytes,
+        "args": args,
+        "row_outputs": k.row_outputs,
+        "ptxas": ptxas,
+    })
+}
