@@ -5,6 +5,7 @@
 //! the launch facts a runtime needs.
 
 pub mod cuda;
+pub mod simplify;
 
 pub use cuda::dialect::Elem;
 pub use cuda::forward::{ArgKind, ForwardConfig, KernelSource, parallel_forward};

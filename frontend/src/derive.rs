@@ -224,15 +224,42 @@ fn normalisation_backward(online: &Online) -> Result<(Region, Region), String> {
         dtype: DType::F32,
         axes: s_axes,
     };
+    // Facts for the simplifier: each final state field as the row program
+    // computes it from `s` and the other fields (e.g. `st.l = rowsum(exp(s -
+    // st.m))`). They hold at run time because the state was saved from exactly
+    // this computation; outputs after `ds` are never evaluated by kernels.
+    let mut norm_graph = norm_graph;
+    let mut outputs = vec![Output {
+        name: "ds".into(),
+        node: norm_graph.1,
+    }];
+    for (k, f) in online.state.iter().enumerate() {
+        let root = finals[k];
+        if finals.iter().filter(|x| **x == root).count() > 1 {
+            continue;
+        }
+        let fact = norm_graph.0.import(&g, &[root], |o, id, n| {
+            if id == root {
+                return None;
+            }
+            if let Some(j) = finals.iter().position(|x| *x == id) {
+                return Some(o.leaf(Op::Param(2 + j as u32), DType::F32, row_axes));
+            }
+            (id == s).then(|| o.leaf(Op::Param(0), n.dtype, n.axes))
+        })[0];
+        if !matches!(norm_graph.0.node(fact).op, Op::Param(_) | Op::Const(_)) {
+            outputs.push(Output {
+                name: format!("fact.{}", f.name),
+                node: fact,
+            });
+        }
+    }
     let mut norm = Region {
         name: "norm_bwd".into(),
         iter_axes: row_axes,
         params: [vec![s_decl, dp_decl], state_params()].concat(),
         graph: norm_graph.0,
-        outputs: vec![Output {
-            name: "ds".into(),
-            node: norm_graph.1,
-        }],
+        outputs,
     };
     norm.compact();
     Ok((recompute, norm))

@@ -106,7 +106,11 @@ fn saved_state(recompute: &Region, norm: &Region) -> Vec<String> {
 fn row_passes(norm: &Region) -> String {
     let seed = norm.param_index(&crate::ir::ParamRole::Seed("p".into()));
     let (mut with_dp, mut without) = (0, 0);
-    for id in norm.graph.ids() {
+    // Only what `ds` needs: the `fact.*` outputs are equalities, not work.
+    let live = norm
+        .graph
+        .live(&norm.output("ds").into_iter().collect::<Vec<_>>());
+    for id in norm.graph.ids().filter(|id| live[id.index()]) {
         if let Op::Reduce(_) = norm.graph.node(id).op {
             let uses_dp = norm
                 .graph

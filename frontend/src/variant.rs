@@ -50,7 +50,9 @@ pub struct ParallelBackward {
     /// final row state. Params `s`, state fields; output `p`.
     pub recompute: Region,
     /// `dS` from `dP`: params `s`, `dp`, state fields; output `ds`. Row
-    /// reductions in it run over the row's unmasked keys.
+    /// reductions in it run over the row's unmasked keys. Further outputs
+    /// `fact.<field>` state how the forward computed each saved field from
+    /// `s` (equalities for the simplifier, not values to compute).
     pub norm: Region,
     /// For each modification closure: params as forward plus the seed `d<out>`;
     /// outputs `d<element>` and `grad.<input>` for each custom input it reads.
