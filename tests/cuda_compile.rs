@@ -44,7 +44,8 @@ fn parallel_examples() -> Vec<(String, Variant)> {
         let src = std::fs::read_to_string(&path).expect("read example");
         for inv in parse_file(&src).expect("rust file") {
             let v = inv.variant.expect("valid example");
-            if v.parallel().is_some() {
+            let indexed = v.customs.iter().any(|c| !c.user_axes.is_empty());
+            if v.parallel().is_some() && !indexed {
                 out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
             }
         }

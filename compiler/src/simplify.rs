@@ -420,7 +420,7 @@ fn to_math(n: &aec_frontend::ir::Node, class_of: &HashMap<NodeId, Id>) -> Option
     let a = |k: usize| class_of.get(&n.args[k]).copied();
     Some(match n.op {
         Op::Const(c) => Math::Num(Constant::new(c.get())),
-        Op::Param(_) | Op::Index(_) | Op::Shape(_) | Op::Custom(_) => return None,
+        Op::Param(_) | Op::Index(_) | Op::Shape(_) | Op::Custom(_) | Op::Gather(_) => return None,
         Op::Unary(u) => {
             let x = [a(0)?];
             match u {

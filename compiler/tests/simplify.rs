@@ -4,7 +4,7 @@
 
 use aec_compiler::simplify::{Assumes, Limits, Math, rules, simplify_region};
 use aec_frontend::ir::{Op, ParamRole, Region};
-use aec_frontend::reference::eval::eval_region;
+use aec_frontend::reference::eval::eval_region_with;
 use aec_frontend::{Variant, parse_file};
 use egg::{ENodeOrVar, Language, Pattern};
 use rand::rngs::StdRng;
@@ -183,13 +183,18 @@ fn random_point(r: &Region, seed: u64) -> (Vec<Vec<f64>>, Vec<f64>) {
 }
 
 fn eval_at(r: &Region, vals: &[Vec<f64>], customs: &[f64]) -> Vec<Vec<f64>> {
-    eval_region(r, &mut |op| match op {
-        Op::Param(k) => vals[*k as usize].clone(),
-        Op::Index(_) => vec![3.0],
-        Op::Shape(_) => vec![7.0],
-        Op::Custom(c) => vec![customs[*c as usize]],
-        _ => unreachable!(),
-    })
+    eval_region_with(
+        r,
+        &mut |op| match op {
+            Op::Param(k) => vals[*k as usize].clone(),
+            Op::Index(_) => vec![3.0],
+            Op::Shape(_) => vec![7.0],
+            Op::Custom(c) => vec![customs[*c as usize]],
+            _ => unreachable!(),
+        },
+        // Indexed inputs: a deterministic table.
+        &mut |c, idx| customs[c as usize] + 0.01 * idx.iter().sum::<i64>() as f64,
+    )
 }
 
 /// The non-fact outputs of `r` at `point`.

@@ -44,7 +44,13 @@ pub fn grad(
         }
         let x = |k: usize| node.args[k];
         match node.op {
-            Op::Const(_) | Op::Param(_) | Op::Index(_) | Op::Shape(_) | Op::Custom(_) => {}
+            // Gathers are leaves for the gradient: their operands are integer indices.
+            Op::Const(_)
+            | Op::Param(_)
+            | Op::Index(_)
+            | Op::Shape(_)
+            | Op::Custom(_)
+            | Op::Gather(_) => {}
             Op::Unary(u) => {
                 let x0 = x(0);
                 let d = match u {

@@ -52,10 +52,28 @@ pub fn closure_backward(fwd: &Region, out: &str, customs: &[String]) -> Region {
             ));
         }
     }
+    // Each read of an indexed input is its own target: `grad.<input>#<k>`,
+    // with its indices as outputs `grad.<input>#<k>.<axis>` so the evaluator
+    // knows where the contribution goes.
+    let mut index_outputs: Vec<Output> = Vec::new();
+    let mut reads = 0;
+    for id in g.ids().collect::<Vec<_>>() {
+        if let Op::Gather(c) = g.node(id).op {
+            let name = format!("grad.{}#{reads}", customs[c as usize]);
+            for (a, idx) in g.node(id).args.clone().iter().enumerate() {
+                index_outputs.push(Output {
+                    name: format!("{name}.{a}"),
+                    node: *idx,
+                });
+            }
+            targets.push((name, id));
+            reads += 1;
+        }
+    }
     let wrt: Vec<NodeId> = targets.iter().map(|t| t.1).collect();
     let grads = grad(&mut g, y, seed, &wrt, Eval::Pointwise);
     let zero = g.f32(0.0);
-    let outputs = targets
+    let mut outputs: Vec<Output> = targets
         .into_iter()
         .zip(grads)
         .map(|((name, _), d)| Output {
@@ -63,6 +81,7 @@ pub fn closure_backward(fwd: &Region, out: &str, customs: &[String]) -> Region {
             node: d.unwrap_or(zero),
         })
         .collect();
+    outputs.extend(index_outputs);
     let mut r = Region {
         name: format!("{}_bwd", fwd.name),
         iter_axes: fwd.iter_axes,

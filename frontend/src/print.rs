@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use std::fmt::Write;
 
 fn decl(t: &TensorDecl, fixed: &[(crate::ir::Axis, usize)]) -> String {
-    let axes: Vec<String> = t
+    let mut axes: Vec<String> = t
         .axes
         .iter()
         .map(|a| match fixed.iter().find(|(x, _)| x == a) {
@@ -14,6 +14,10 @@ fn decl(t: &TensorDecl, fixed: &[(crate::ir::Axis, usize)]) -> String {
             None => a.to_string(),
         })
         .collect();
+    axes.extend(t.user_axes.iter().map(|(u, n)| match n {
+        Some(n) => format!("{u} = {n} (indexed)"),
+        None => format!("{u} (indexed)"),
+    }));
     format!("{}: [{}]", t.name, axes.join(", "))
 }
 
@@ -137,6 +141,7 @@ fn region_json(r: &Region, customs: &[String]) -> Value {
                 Op::Binary(b) => (b.name(), json!({})),
                 Op::Select => ("select", json!({})),
                 Op::Reduce(x) => (x.name(), json!({})),
+                Op::Gather(c) => ("gather", json!({ "input": customs.get(c as usize) })),
             };
             let mut o = json!({
                 "id": id.0,

@@ -141,10 +141,46 @@ impl Decls {
                 continue;
             };
             let mut resolved = Vec::new();
+            let mut user_axes: Vec<(String, Option<usize>)> = Vec::new();
             let mut axis_spans = Vec::new();
+            let is_custom = !matches!(name.to_string().as_str(), "q" | "k" | "v");
             for a in axes {
                 let an = a.name.to_string();
-                let Some(axis) = Axis::from_name(&an).filter(|x| known.contains(x)) else {
+                let standard = Axis::from_name(&an).filter(|x| known.contains(x));
+                if standard.is_none() && is_custom {
+                    // A user axis: indexed explicitly (`name[i - j]`), never broadcast.
+                    if user_axes.iter().any(|(u, _)| *u == an) {
+                        return Err(Diagnostic::new(
+                            a.name.span(),
+                            format!("axis `{an}` appears twice in `{name}`"),
+                        ));
+                    }
+                    let size = match &a.size {
+                        Some(lit) => Some(lit.base10_parse::<usize>().map_err(Diagnostic::from)?),
+                        None => None,
+                    };
+                    if size == Some(0) {
+                        return Err(Diagnostic::new(
+                            a.name.span(),
+                            "an axis size must be at least 1",
+                        ));
+                    }
+                    user_axes.push((an, size));
+                    continue;
+                }
+                if !user_axes.is_empty() {
+                    return Err(Diagnostic::new(
+                        a.name.span(),
+                        format!(
+                            "the broadcast axis `{an}` must come before the user axes of `{name}`"
+                        ),
+                    )
+                    .help(format!(
+                        "write `{name}: [<axes of {}>…, <user axes>…]`",
+                        known_names()
+                    )));
+                }
+                let Some(axis) = standard else {
                     let mut d = Diagnostic::new(
                         a.name.span(),
                         format!("unknown axis `{an}`; the {} pattern's axes are {}", pattern_name(pattern), known_names()),
@@ -188,6 +224,7 @@ impl Decls {
             let decl = TensorDecl {
                 name: name.to_string(),
                 axes: resolved,
+                user_axes,
             };
             let slot = match decl.name.as_str() {
                 "q" => &mut q,
@@ -662,6 +699,29 @@ impl<'d> RegionTracer<'d> {
                 )
                 .help("a closure reads custom inputs broadcast over its own axes; declare the input with a subset of them"));
             }
+            if !decl.user_axes.is_empty() {
+                let users: Vec<&str> = decl.user_axes.iter().map(|(u, _)| u.as_str()).collect();
+                let mut d = Diagnostic::new(
+                    span,
+                    format!(
+                        "`{name}` has user axes [{}]: read it with an index, e.g. `{name}[i - j]`",
+                        users.join(", ")
+                    ),
+                );
+                if let Some(s) = suggest(
+                    users[0],
+                    PARALLEL_AXES
+                        .iter()
+                        .chain(&RECURRENT_AXES)
+                        .map(|a| a.name()),
+                ) {
+                    d = d.help(format!(
+                        "if `{}` was meant to be the broadcast axis `{s}`, fix the declaration",
+                        users[0]
+                    ));
+                }
+                return Err(d);
+            }
             return Ok(self.graph.leaf(Op::Custom(idx), DType::F32, axes));
         }
         if let Some(axis) = self.decls.shape_axis(name) {
@@ -692,6 +752,7 @@ impl<'d> RegionTracer<'d> {
             }
             Expr::Paren(p) => self.expr(&p.expr),
             Expr::Group(g) => self.expr(&g.expr),
+            Expr::Index(ix) => self.index(ix),
             Expr::Field(f) => {
                 let base_is_state = matches!(&*f.base, Expr::Path(p) if p.path.get_ident()
                     .is_some_and(|i| matches!(self.lookup(&i.to_string()), Some(Binding::State))));
@@ -742,6 +803,82 @@ impl<'d> RegionTracer<'d> {
             other => Err(Diagnostic::new(other.span(), "this kind of expression is not supported in the attention DSL")
                 .help("closures use numbers, names, `+ - * /`, comparisons, `&& || !`, `if … else …`, `let` and calls such as `exp(x)`")),
         }
+    }
+
+    /// `name[i1][i2]…`: a custom input read at integer indices on its user axes.
+    fn index(&mut self, ix: &syn::ExprIndex) -> Result<NodeId> {
+        let mut indices = vec![&*ix.index];
+        let mut base = &*ix.expr;
+        while let Expr::Index(inner) = base {
+            indices.push(&*inner.index);
+            base = &*inner.expr;
+        }
+        indices.reverse();
+        let name = match base {
+            Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => {
+                p.path.get_ident().expect("ident")
+            }
+            other => {
+                return Err(Diagnostic::new(
+                    other.span(),
+                    "only custom inputs can be indexed",
+                ));
+            }
+        };
+        let n = name.to_string();
+        let Some((c, decl)) = self.decls.custom(&n) else {
+            return Err(Diagnostic::new(
+                name.span(),
+                format!(
+                    "`{n}` is not a custom input; only custom inputs with user axes can be indexed"
+                ),
+            ));
+        };
+        if !self.allow_customs {
+            return Err(Diagnostic::new(
+                name.span(),
+                format!("custom input `{n}` cannot be read in `{}`", self.name),
+            ));
+        }
+        if decl.user_axes.len() != indices.len() {
+            return Err(Diagnostic::new(
+                ix.bracket_token.span.join(),
+                format!(
+                    "`{n}` has {} user ax{} but is indexed with {}",
+                    decl.user_axes.len(),
+                    if decl.user_axes.len() == 1 {
+                        "is"
+                    } else {
+                        "es"
+                    },
+                    indices.len()
+                ),
+            )
+            .help("give one index per user axis, in declaration order: `name[a][b]`"));
+        }
+        let axes = AxisSet::of(&decl.axes);
+        if !axes.is_subset(self.iter_axes) {
+            return Err(Diagnostic::new(
+                name.span(),
+                format!(
+                    "axis mismatch: input `{n}` varies over {}, which `{}` does not iterate over",
+                    axes.minus(self.iter_axes),
+                    self.name
+                ),
+            ));
+        }
+        let mut args = Vec::new();
+        for e in indices {
+            let id = self.expr(e)?;
+            if self.graph.node(id).dtype != DType::Int {
+                return Err(Diagnostic::new(
+                    e.span(),
+                    "an index must be an integer expression (index variables, integer constants, + - *)",
+                ));
+            }
+            args.push(id);
+        }
+        Ok(self.graph.gather(c, axes, &args))
     }
 
     fn literal(&mut self, l: &syn::Lit) -> Result<NodeId> {

@@ -13,11 +13,15 @@ pub enum Pattern {
     Recurrent,
 }
 
-/// A declared input tensor and its axes, outermost first.
+/// A declared input tensor. Memory layout: `axes` (broadcast over the reading
+/// closure's point), then `user_axes` (read by explicit index, `rel[i - j]`),
+/// outermost first, contiguous.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TensorDecl {
     pub name: String,
     pub axes: Vec<Axis>,
+    /// Axes no closure iterates, with their fixed size if declared.
+    pub user_axes: Vec<(String, Option<usize>)>,
 }
 
 /// An online-normalisation state field and its initial value (the prologue).

@@ -24,7 +24,7 @@ fn eval(g: &Graph, y: NodeId, xs: &[f64]) -> f64 {
                     a(2)
                 }
             }
-            Op::Reduce(_) | Op::Index(_) | Op::Shape(_) | Op::Custom(_) => {
+            Op::Reduce(_) | Op::Index(_) | Op::Shape(_) | Op::Custom(_) | Op::Gather(_) => {
                 unreachable!("scalar test graphs only")
             }
         };

@@ -165,25 +165,30 @@ fn sample_inputs(v: &Variant) -> Inputs {
             Axis::Dv => 3,
         }
     };
-    let mut tensor = |axes: &[Axis], lo: f64, hi: f64| {
-        let shape: Vec<usize> = axes.iter().map(|a| size(*a)).collect();
-        Tensor::from_fn(&shape, |_| lo + (hi - lo) * next())
-    };
+    let mut draw =
+        |shape: &[usize], lo: f64, hi: f64| Tensor::from_fn(shape, |_| lo + (hi - lo) * next());
+    let shape = |axes: &[Axis]| axes.iter().map(|a| size(*a)).collect::<Vec<usize>>();
     let (q, k, vv) = (
-        tensor(&v.q.axes, -1.0, 1.0),
-        tensor(&v.k.axes, -1.0, 1.0),
-        tensor(&v.v.axes, -1.0, 1.0),
+        draw(&shape(&v.q.axes), -1.0, 1.0),
+        draw(&shape(&v.k.axes), -1.0, 1.0),
+        draw(&shape(&v.v.axes), -1.0, 1.0),
     );
+    // Custom inputs: broadcast axes sized like the problem, user axes as
+    // declared (or 9); a few values in (0, 1) — valid for gates, decays and
+    // slopes alike, and equal often enough that masks comparing ids
+    // (documents) see matches.
     let customs = v
         .customs
         .iter()
-        // A few values in (0, 1): valid for gates, decays and slopes alike, and
-        // equal often enough that masks comparing ids (documents) see matches.
         .map(|c| {
-            (
-                c.name.clone(),
-                tensor(&c.axes, 0.0, 1.0).map(|x| [0.25, 0.5, 0.75][(x * 3.0) as usize % 3]),
-            )
+            let mut dims = shape(&c.axes);
+            dims.extend(
+                c.user_axes
+                    .iter()
+                    .map(|(_, n)| n.unwrap_or(9).min(MAX_SAMPLED_SIZE)),
+            );
+            let t = draw(&dims, 0.0, 1.0).map(|x| [0.25, 0.5, 0.75][(x * 3.0) as usize % 3]);
+            (c.name.clone(), t)
         })
         .collect();
     Inputs {

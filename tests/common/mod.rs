@@ -74,7 +74,15 @@ pub fn inputs(
         .map(|c| {
             (
                 c.name.clone(),
-                random(&shape(&c.axes), rng, custom_range.0, custom_range.1),
+                random(
+                    &shape(&c.axes)
+                        .into_iter()
+                        .chain(c.user_axes.iter().map(|(_, n)| n.unwrap_or(9)))
+                        .collect::<Vec<_>>(),
+                    rng,
+                    custom_range.0,
+                    custom_range.1,
+                ),
             )
         })
         .collect();

@@ -50,6 +50,7 @@ pub fn pointwise(region: &Region, prefix: &str, leaf: &LeafFn) -> (String, Vec<S
             Op::Reduce(_) => {
                 unreachable!("pointwise regions have no reductions (checked by the tracer)")
             }
+            Op::Gather(_) => unreachable!("indexed inputs are refused before code generation"),
         };
         let _ = writeln!(
             code,
@@ -118,6 +119,7 @@ pub fn row(
             Op::Binary(b) => binary(b, &a(0), &a(1), n.dtype),
             Op::Select => format!("({} ? {} : {})", a(0), a(1), a(2)),
             Op::Reduce(_) => unreachable!("handled above"),
+            Op::Gather(_) => unreachable!("indexed inputs are refused before code generation"),
         };
         if is_row(id) {
             let _ = writeln!(

@@ -143,6 +143,12 @@ pub fn parallel_forward(
         ))
     })?;
     check_config(variant, dqk, dv, cfg)?;
+    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
+        return Err(CompileError(format!(
+            "custom input `{}` has user axes (read by index); the CUDA templates do not support indexed inputs yet",
+            c.name
+        )));
+    }
     let online = &par.online;
     let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
     let nstate = fields.len();

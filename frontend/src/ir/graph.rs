@@ -265,6 +265,19 @@ impl Graph {
         self.intern(Op::Select, smallvec::smallvec![c, a, b], dtype, axes)
     }
 
+    /// Reads custom input `custom` (broadcast over `axes`) at integer indices.
+    pub fn gather(&mut self, custom: u32, axes: AxisSet, indices: &[NodeId]) -> NodeId {
+        let axes = indices
+            .iter()
+            .fold(axes, |acc, i| acc.union(self.node(*i).axes));
+        self.intern(
+            Op::Gather(custom),
+            indices.iter().copied().collect(),
+            DType::F32,
+            axes,
+        )
+    }
+
     pub fn reduce(&mut self, r: Reduce, x: NodeId) -> NodeId {
         let axes = self.node(x).axes.without(self.reduce_axis);
         self.intern(Op::Reduce(r), smallvec::smallvec![x], DType::F32, axes)
@@ -281,6 +294,7 @@ impl Graph {
             Op::Binary(b) => self.binary(b, args[0], args[1]),
             Op::Select => self.select(args[0], args[1], args[2]),
             Op::Reduce(r) => self.reduce(r, args[0]),
+            Op::Gather(c) => self.gather(c, node.axes, args),
         }
     }
 
@@ -355,6 +369,7 @@ impl Graph {
                 Op::Unary(_) | Op::Reduce(_) => 1,
                 Op::Binary(_) => 2,
                 Op::Select => 3,
+                Op::Gather(_) => n.args.len().max(1),
             };
             if n.args.len() != arity {
                 return Err(format!("{id}: {:?} takes {arity} operands", n.op));

@@ -108,6 +108,9 @@ pub enum Op {
     Shape(Axis),
     /// Element of a custom input tensor, broadcast over the closure's axes.
     Custom(u32),
+    /// Element of a custom input with user axes: broadcast over its named
+    /// axes, its user axes indexed by the (integer) operands, clamped into range.
+    Gather(u32),
     Unary(Unary),
     Binary(Binary),
     /// `select(cond, a, b)`.

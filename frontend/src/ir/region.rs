@@ -128,6 +128,11 @@ impl Region {
                 Op::Binary(b) => format!("{} {}", b.name(), args.join(", ")),
                 Op::Select => format!("select {}", args.join(", ")),
                 Op::Reduce(r) => format!("{} {}", r.name(), args.join(", ")),
+                Op::Gather(c) => format!(
+                    "input {}[{}]",
+                    customs.get(c as usize).map(String::as_str).unwrap_or("?"),
+                    args.join(", ")
+                ),
             };
             let _ = writeln!(
                 s,

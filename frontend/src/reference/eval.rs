@@ -9,8 +9,24 @@ use crate::ir::{Op, Region};
 pub type Row = Vec<f64>;
 
 /// Evaluates every output of `region`. `leaf` gives the value of each leaf
-/// (`Param`, `Index`, `Shape`, `Custom`) as a row.
+/// (`Param`, `Index`, `Shape`, `Custom`) as a row. For regions that read
+/// indexed inputs (`Gather`), use [`eval_region_with`].
 pub fn eval_region(region: &Region, leaf: &mut dyn FnMut(&Op) -> Row) -> Vec<Row> {
+    eval_region_with(region, leaf, &mut |c, _| {
+        unreachable!(
+            "region `{}` reads indexed input #{c}: evaluate it with eval_region_with",
+            region.name
+        )
+    })
+}
+
+/// Like [`eval_region`]; `gather(custom, indices)` reads an indexed input at
+/// integer indices (pointwise regions only).
+pub fn eval_region_with(
+    region: &Region,
+    leaf: &mut dyn FnMut(&Op) -> Row,
+    gather: &mut dyn FnMut(u32, &[i64]) -> f64,
+) -> Vec<Row> {
     let g = &region.graph;
     let live = g.live(&region.outputs.iter().map(|o| o.node).collect::<Vec<_>>());
     let mut vals: Vec<Row> = vec![Vec::new(); g.len()];
@@ -37,6 +53,10 @@ pub fn eval_region(region: &Region, leaf: &mut dyn FnMut(&Op) -> Row) -> Vec<Row
                     .iter()
                     .fold(r.identity(), |acc, &x| r.combine(acc, x)),
             ],
+            Op::Gather(c) => {
+                let idx: Vec<i64> = (0..n.args.len()).map(|k| arg(k)[0] as i64).collect();
+                vec![gather(c, &idx)]
+            }
         };
         vals[id.index()] = v;
     }
@@ -50,6 +70,18 @@ pub fn eval_region(region: &Region, leaf: &mut dyn FnMut(&Op) -> Row) -> Vec<Row
 /// Evaluates a region whose values are all single numbers.
 pub fn eval_scalar(region: &Region, leaf: &mut dyn FnMut(&Op) -> f64) -> Vec<f64> {
     eval_region(region, &mut |op| vec![leaf(op)])
+        .into_iter()
+        .map(|r| r[0])
+        .collect()
+}
+
+/// [`eval_scalar`] for regions that may read indexed inputs.
+pub fn eval_scalar_with(
+    region: &Region,
+    leaf: &mut dyn FnMut(&Op) -> f64,
+    gather: &mut dyn FnMut(u32, &[i64]) -> f64,
+) -> Vec<f64> {
+    eval_region_with(region, &mut |op| vec![leaf(op)], gather)
         .into_iter()
         .map(|r| r[0])
         .collect()

@@ -137,7 +137,7 @@ impl Sizes {
                 ShapeError(format!(
                     "missing custom input `{}` (declared as {})",
                     c.name,
-                    axes_str(&c.axes)
+                    decl_str(c)
                 ))
             })?;
             tensors.push((c, t));
@@ -155,14 +155,14 @@ impl Sizes {
             }
         }
         for (decl, t) in tensors {
-            if t.shape.len() != decl.axes.len() {
+            let rank = decl.axes.len() + decl.user_axes.len();
+            if t.shape.len() != rank {
                 return Err(ShapeError(format!(
-                    "tensor `{}` has shape {:?} ({} axes) but is declared {} ({} axes)",
+                    "tensor `{}` has shape {:?} ({} axes) but is declared {} ({rank} axes)",
                     decl.name,
                     t.shape,
                     t.shape.len(),
-                    axes_str(&decl.axes),
-                    decl.axes.len()
+                    decl_str(decl),
                 )));
             }
             if t.data.len() != t.shape.iter().product::<usize>() {
@@ -172,6 +172,16 @@ impl Sizes {
                     t.data.len(),
                     t.shape
                 )));
+            }
+            for ((u, fixed), &n) in decl.user_axes.iter().zip(&t.shape[decl.axes.len()..]) {
+                if fixed.is_some_and(|f| f != n) || n == 0 {
+                    return Err(ShapeError(format!(
+                        "tensor `{}` has shape {:?}: user axis {u} is {n}, declared {}",
+                        decl.name,
+                        t.shape,
+                        decl_str(decl)
+                    )));
+                }
             }
             for (a, &n) in decl.axes.iter().zip(&t.shape) {
                 match s.size[*a as usize] {
@@ -266,6 +276,16 @@ impl Sizes {
     }
 }
 
+fn decl_str(d: &TensorDecl) -> String {
+    let mut parts: Vec<String> = d.axes.iter().map(|a| a.name().to_string()).collect();
+    parts.extend(d.user_axes.iter().map(|(u, n)| match n {
+        Some(n) => format!("{u} = {n}"),
+        None => u.clone(),
+    }));
+    format!("[{}]", parts.join(", "))
+}
+
+#[allow(dead_code)]
 fn axes_str(axes: &[Axis]) -> String {
     format!(
         "[{}]",
@@ -312,6 +332,29 @@ pub(crate) fn leaf_value(
     }
 }
 
+/// An indexed input's element: broadcast coordinates from the point, user-axis
+/// indices clamped into range (so `rel[i - j + 16]` saturates at the table's ends).
+pub(crate) fn gather_value(
+    c: u32,
+    idx: &[i64],
+    p: &Point,
+    variant: &Variant,
+    inputs: &Inputs,
+) -> f64 {
+    let decl = &variant.customs[c as usize];
+    let t = &inputs.customs[&decl.name];
+    t.get(&gather_index(decl, t, idx, p))
+}
+
+fn gather_index(decl: &TensorDecl, t: &Tensor, idx: &[i64], p: &Point) -> Vec<usize> {
+    let mut full: Vec<usize> = decl.axes.iter().map(|a| p.at(*a)).collect();
+    for (k, &i) in idx.iter().enumerate() {
+        let n = t.shape[decl.axes.len() + k] as i64;
+        full.push(i.clamp(0, n - 1) as usize);
+    }
+    full
+}
+
 /// Adds a closure backward's custom-input gradients at a point.
 pub(crate) fn accumulate_customs(
     region: &crate::ir::Region,
@@ -324,14 +367,46 @@ pub(crate) fn accumulate_customs(
         let Some(name) = o.name.strip_prefix("grad.") else {
             continue;
         };
-        let Some(decl) = variant.customs.iter().find(|c| c.name == name) else {
+        // `grad.<input>#<k>`: the k-th indexed read; its indices are the
+        // outputs `grad.<input>#<k>.<axis>`. (Names with a `.` after `#` are
+        // those indices, not gradients.)
+        let (input, read) = match name.split_once('#') {
+            Some((_, rest)) if rest.contains('.') => continue,
+            Some((input, _)) => (input, Some(name)),
+            None => (name, None),
+        };
+        let Some(decl) = variant.customs.iter().find(|c| c.name == input) else {
             continue;
         };
-        let idx: Vec<usize> = decl.axes.iter().map(|a| p.at(*a)).collect();
-        grads
-            .get_mut(name)
-            .expect("gradient tensor per custom input")
-            .add(&idx, *v);
+        let grad = grads
+            .get_mut(input)
+            .expect("gradient tensor per custom input");
+        let idx = match read {
+            None => decl.axes.iter().map(|a| p.at(*a)).collect(),
+            Some(read) => {
+                let user: Vec<i64> = (0..decl.user_axes.len())
+                    .map(|a| {
+                        let want = format!("grad.{read}.{a}");
+                        let k = region
+                            .outputs
+                            .iter()
+                            .position(|o| o.name == want)
+                            .expect("index output");
+                        outs[k] as i64
+                    })
+                    .collect();
+                gather_index(decl, &inputs_shape(grad), &user, p)
+            }
+        };
+        grad.add(&idx, *v);
+    }
+}
+
+/// A zero-sized stand-in carrying a tensor's shape (for index clamping).
+fn inputs_shape(t: &Tensor) -> Tensor {
+    Tensor {
+        shape: t.shape.clone(),
+        data: Vec::new(),
     }
 }
 

@@ -2,10 +2,10 @@
 //! normalisation over KV blocks, the epilogue; and the backward through the
 //! derived regions.
 
-use super::eval::{eval_region, eval_scalar};
+use super::eval::{eval_region, eval_scalar_with};
 use super::{
-    Forward, Gradients, Inputs, Options, Point, Sizes, Tensor, accumulate_customs, leaf_value,
-    zero_custom_grads,
+    Forward, Gradients, Inputs, Options, Point, Sizes, Tensor, accumulate_customs, gather_value,
+    leaf_value, zero_custom_grads,
 };
 use crate::ir::{Axis, Op, ParamRole, Region};
 use crate::variant::{Parallel, Variant};
@@ -24,10 +24,14 @@ fn modified(
     let Some(r) = region else { return t.clone() };
     Tensor::from_fn(&t.shape, |idx| {
         let p = point4(axes, idx);
-        eval_scalar(r, &mut |op| match op {
-            Op::Param(_) => t.get(idx),
-            other => leaf_value(other, &p, sizes, variant, inputs),
-        })[0]
+        eval_scalar_with(
+            r,
+            &mut |op| match op {
+                Op::Param(_) => t.get(idx),
+                other => leaf_value(other, &p, sizes, variant, inputs),
+            },
+            &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
+        )[0]
     })
 }
 
@@ -106,15 +110,23 @@ fn row_scores(
             .map(|d| prep.q.get(&[b, h, i, d]) * prep.k.get(&[b, hk, j, d]))
             .sum();
         let s = match &par.modify_scores {
-            Some(r) => eval_scalar(r, &mut |op| match op {
-                Op::Param(_) => raw,
-                other => leaf_value(other, &pj, sizes, variant, inputs),
-            })[0],
+            Some(r) => eval_scalar_with(
+                r,
+                &mut |op| match op {
+                    Op::Param(_) => raw,
+                    other => leaf_value(other, &pj, sizes, variant, inputs),
+                },
+                &mut |c, idx| gather_value(c, idx, &pj, variant, inputs),
+            )[0],
             None => raw,
         };
         let visible = match &par.mask {
             Some(r) => {
-                eval_scalar(r, &mut |op| leaf_value(op, &pj, sizes, variant, inputs))[0] != 0.0
+                eval_scalar_with(
+                    r,
+                    &mut |op| leaf_value(op, &pj, sizes, variant, inputs),
+                    &mut |c, idx| gather_value(c, idx, &pj, variant, inputs),
+                )[0] != 0.0
             }
             None => true,
         };
@@ -221,13 +233,17 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, opts: Options)
                 }
                 for (e, &acc_e) in acc.iter().enumerate() {
                     let pe = p.with(Axis::Dv, e);
-                    let outs = eval_scalar(&online.epilogue, &mut |op| match op {
-                        Op::Param(k) => match &online.epilogue.params[*k as usize].role {
-                            ParamRole::Element => acc_e,
-                            _ => state_of(&online.epilogue, &state, &fields, *k),
+                    let outs = eval_scalar_with(
+                        &online.epilogue,
+                        &mut |op| match op {
+                            Op::Param(k) => match &online.epilogue.params[*k as usize].role {
+                                ParamRole::Element => acc_e,
+                                _ => state_of(&online.epilogue, &state, &fields, *k),
+                            },
+                            other => leaf_value(other, &pe, sizes, variant, inputs),
                         },
-                        other => leaf_value(other, &pe, sizes, variant, inputs),
-                    });
+                        &mut |c, idx| gather_value(c, idx, &pe, variant, inputs),
+                    );
                     o.set(&[b, h, i, e], if any { outs[0] } else { 0.0 });
                     if e == 0 {
                         for (name, v) in online.scales.iter().zip(&outs[1..]) {
@@ -325,13 +341,17 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
                     let pj = p.with(Axis::Skv, j);
                     let ds_raw = match &bwd.modify_scores {
                         Some(r) => {
-                            let outs = eval_scalar(r, &mut |op| match op {
-                                Op::Param(k) => match r.params[*k as usize].role {
-                                    ParamRole::Seed(_) => dsj,
-                                    _ => row.raw[j],
+                            let outs = eval_scalar_with(
+                                r,
+                                &mut |op| match op {
+                                    Op::Param(k) => match r.params[*k as usize].role {
+                                        ParamRole::Seed(_) => dsj,
+                                        _ => row.raw[j],
+                                    },
+                                    other => leaf_value(other, &pj, sizes, variant, inputs),
                                 },
-                                other => leaf_value(other, &pj, sizes, variant, inputs),
-                            });
+                                &mut |c, idx| gather_value(c, idx, &pj, variant, inputs),
+                            );
                             accumulate_customs(r, &outs, &pj, variant, &mut customs);
                             outs[0]
                         }
@@ -349,13 +369,17 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
         let Some(r) = r else { return dx_m.clone() };
         Tensor::from_fn(&x.shape, |idx| {
             let p = point4(axes, idx);
-            let outs = eval_scalar(r, &mut |op| match op {
-                Op::Param(k) => match r.params[*k as usize].role {
-                    ParamRole::Seed(_) => dx_m.get(idx),
-                    _ => x.get(idx),
+            let outs = eval_scalar_with(
+                r,
+                &mut |op| match op {
+                    Op::Param(k) => match r.params[*k as usize].role {
+                        ParamRole::Seed(_) => dx_m.get(idx),
+                        _ => x.get(idx),
+                    },
+                    other => leaf_value(other, &p, sizes, variant, inputs),
                 },
-                other => leaf_value(other, &p, sizes, variant, inputs),
-            });
+                &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
+            );
             accumulate_customs(r, &outs, &p, variant, &mut customs);
             outs[0]
         })

@@ -8,10 +8,10 @@
 //! `q, k, v` are the modified ones and `g` the decay (1 without one). The
 //! backward runs the recurrence in reverse (back-propagation through time).
 
-use super::eval::eval_scalar;
+use super::eval::eval_scalar_with;
 use super::tensor::for_each_index;
 use super::{
-    Forward, Gradients, Inputs, Point, Sizes, Tensor, accumulate_customs, leaf_value,
+    Forward, Gradients, Inputs, Point, Sizes, Tensor, accumulate_customs, gather_value, leaf_value,
     zero_custom_grads,
 };
 use crate::ir::{Axis, Op, ParamRole, Region};
@@ -44,10 +44,14 @@ fn modified(
     let Some(r) = region else { return t.clone() };
     Tensor::from_fn(&t.shape, |idx| {
         let p = point(idx[0], idx[1], idx[2]).with(last, idx[3]);
-        eval_scalar(r, &mut |op| match op {
-            Op::Param(_) => t.get(idx),
-            other => leaf_value(other, &p, sizes, variant, inputs),
-        })[0]
+        eval_scalar_with(
+            r,
+            &mut |op| match op {
+                Op::Param(_) => t.get(idx),
+                other => leaf_value(other, &p, sizes, variant, inputs),
+            },
+            &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
+        )[0]
     })
 }
 
@@ -62,9 +66,11 @@ fn prepare(rec: &Recurrent, variant: &Variant, inputs: &Inputs, sizes: &Sizes) -
         None => Tensor::from_fn(&shape, |_| 1.0),
         Some(d) => Tensor::from_fn(&shape, |idx| {
             let p = point(idx[0], idx[1], idx[2]).with(Axis::Dk, idx[3]);
-            eval_scalar(&d.region, &mut |op| {
-                leaf_value(op, &p, sizes, variant, inputs)
-            })[0]
+            eval_scalar_with(
+                &d.region,
+                &mut |op| leaf_value(op, &p, sizes, variant, inputs),
+                &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
+            )[0]
         }),
     };
     Prepared {
@@ -107,13 +113,17 @@ fn normalized(
 ) -> f64 {
     match &rec.normalize {
         None => o,
-        Some(r) => eval_scalar(r, &mut |op| match op {
-            Op::Param(k) => match r.params[*k as usize].role {
-                ParamRole::Element => o,
-                _ => n,
+        Some(r) => eval_scalar_with(
+            r,
+            &mut |op| match op {
+                Op::Param(k) => match r.params[*k as usize].role {
+                    ParamRole::Element => o,
+                    _ => n,
+                },
+                other => leaf_value(other, p, sizes, variant, inputs),
             },
-            other => leaf_value(other, p, sizes, variant, inputs),
-        })[0],
+            &mut |c, idx| gather_value(c, idx, p, variant, inputs),
+        )[0],
     }
 }
 
@@ -315,14 +325,18 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
                         Some(r) => {
                             let ot: f64 = (0..dk).map(|d| q(d) * s[d * dv + e]).sum();
                             let p = point(b, h, t).with(Axis::Dv, e);
-                            let outs = eval_scalar(r, &mut |op| match op {
-                                Op::Param(k) => match &r.params[*k as usize].role {
-                                    ParamRole::Element => ot,
-                                    ParamRole::Seed(_) => seed,
-                                    ParamRole::State(_) => n,
+                            let outs = eval_scalar_with(
+                                r,
+                                &mut |op| match op {
+                                    Op::Param(k) => match &r.params[*k as usize].role {
+                                        ParamRole::Element => ot,
+                                        ParamRole::Seed(_) => seed,
+                                        ParamRole::State(_) => n,
+                                    },
+                                    other => leaf_value(other, &p, sizes, variant, inputs),
                                 },
-                                other => leaf_value(other, &p, sizes, variant, inputs),
-                            });
+                                &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
+                            );
                             *de = outs[r.outputs.iter().position(|o| o.name == "do").expect("do")];
                             dn += outs[r.outputs.iter().position(|o| o.name == "dn").expect("dn")];
                             accumulate_customs(r, &outs, &p, variant, &mut customs);
@@ -391,10 +405,14 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
             } else {
                 (0..dk).map(|d| dg.get(&[idx[0], idx[1], idx[2], d])).sum()
             };
-            let outs = eval_scalar(r, &mut |op| match op {
-                Op::Param(_) => seed,
-                other => leaf_value(other, &p, sizes, variant, inputs),
-            });
+            let outs = eval_scalar_with(
+                r,
+                &mut |op| match op {
+                    Op::Param(_) => seed,
+                    other => leaf_value(other, &p, sizes, variant, inputs),
+                },
+                &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
+            );
             accumulate_customs(r, &outs, &p, variant, &mut customs);
         });
     }
@@ -402,13 +420,17 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
         let Some(r) = r else { return dx_m.clone() };
         Tensor::from_fn(&x.shape, |idx| {
             let p = point(idx[0], idx[1], idx[2]).with(last, idx[3]);
-            let outs = eval_scalar(r, &mut |op| match op {
-                Op::Param(k) => match r.params[*k as usize].role {
-                    ParamRole::Seed(_) => dx_m.get(idx),
-                    _ => x.get(idx),
+            let outs = eval_scalar_with(
+                r,
+                &mut |op| match op {
+                    Op::Param(k) => match r.params[*k as usize].role {
+                        ParamRole::Seed(_) => dx_m.get(idx),
+                        _ => x.get(idx),
+                    },
+                    other => leaf_value(other, &p, sizes, variant, inputs),
                 },
-                other => leaf_value(other, &p, sizes, variant, inputs),
-            });
+                &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
+            );
             accumulate_customs(r, &outs, &p, variant, &mut customs);
             outs[0]
         })
