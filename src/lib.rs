@@ -1,9 +1,11 @@
 //! aec — an attention compiler.
 //!
 //! Describe an attention variant once with [`attention!`]; aec traces it into a
-//! graph, derives its backward pass, and (in later stages) generates GPU
-//! kernels. Today the frontend is complete: parsing, tracing, validation,
-//! autodiff and the f64 reference interpreter ([`reference`]).
+//! graph, derives its backward pass, checks it against the f64 reference
+//! interpreter ([`frontend::reference`]), and generates the CUDA forward kernel
+//! of parallel variants ([`Variant::compile`], [`ParallelKernels::forward`]).
+//! Backward, decode, recurrent and HIP kernels come later (see the README's
+//! status table).
 //!
 //! ```
 //! use aec::prelude::*;
@@ -26,6 +28,12 @@ pub use aec_frontend::reference;
 pub use aec_macros::attention;
 pub use aec_runtime as runtime;
 
+pub mod run;
+pub use run::{
+    Error, ForwardOutput, HeadDims, KernelOptions, ParallelKernels, Shape, check_shapes,
+    forward_source,
+};
+
 /// A variant declared with [`attention!`].
 pub trait Variant {
     /// The struct's name.
@@ -34,11 +42,27 @@ pub trait Variant {
     const SOURCE: &'static str;
     /// The traced and validated definition (forward and derived backward graphs).
     fn definition() -> &'static frontend::Variant;
+
+    /// Generates, compiles (NVRTC, for `device.arch()`, through the kernel
+    /// cache) and loads this variant's forward kernel for head dims `dims`:
+    /// [`ParallelKernels::compile`] with [`definition`](Self::definition).
+    /// Run it with [`ParallelKernels::forward`]. A recurrent variant returns
+    /// [`Error::NotImplemented`]: only parallel kernels exist today, and only
+    /// the forward (no backward kernels yet). See [`run`] for an example.
+    fn compile(
+        device: &runtime::Device,
+        dims: HeadDims,
+        options: &KernelOptions,
+    ) -> Result<ParallelKernels, Error> {
+        ParallelKernels::compile(Self::definition(), device, dims, options)
+    }
 }
 
 pub mod prelude {
     pub use crate::Variant;
     pub use crate::attention;
+    pub use crate::run::{ForwardOutput, HeadDims, KernelOptions, ParallelKernels, Shape};
     pub use aec_frontend::Pattern;
     pub use aec_frontend::reference::{Inputs, Options, Tensor};
+    pub use aec_runtime::{Device, DeviceBuffer, Stream, bf16};
 }

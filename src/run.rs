@@ -1,0 +1,769 @@
+//! Running a variant's forward kernel on an NVIDIA GPU.
+//!
+//! [`ParallelKernels::compile`] (or [`Variant::compile`](crate::Variant::compile)
+//! for a variant declared with [`attention!`](crate::attention)) generates the
+//! parallel forward kernel of a variant for given head dims, compiles it with
+//! NVRTC for the device (through a process-wide [`KernelCache`] in
+//! [`KernelCache::from_env`]'s directory) and loads it.
+//! [`ParallelKernels::forward`] checks every input against the variant and the
+//! kernel — element counts, custom inputs, head counts, the variant's fixed
+//! sizes, 32-bit and grid limits — and only then allocates the outputs and
+//! launches.
+//!
+//! ```no_run
+//! use aec::prelude::*;
+//!
+//! attention! {
+//!     /// Softmax attention with grouped-query key/value heads.
+//!     pub struct Gqa: parallel {
+//!         q: [B, H, Sq, Dqk], k: [B, Hkv, Skv, Dqk], v: [B, Hkv, Skv, Dv];
+//!         modify_q = |q| q * rsqrt(Dqk);
+//!         online {
+//!             state { m = -inf, l = 0.0 }
+//!             fwd = |s, st| {
+//!                 let m = max(st.m, rowmax(s));
+//!                 let p = exp(s - m);
+//!                 (p, State { m, l: st.l * exp(st.m - m) + rowsum(p) }, exp(st.m - m))
+//!             }
+//!             epilogue = |o, st| (o / st.l, Scales { lse: st.m + log(st.l) })
+//!         }
+//!     }
+//! }
+//!
+//! fn main() -> Result<(), aec::Error> {
+//!     let device = Device::open(0)?;
+//!     let stream = device.stream();
+//!     let kernels = Gqa::compile(&device, HeadDims::new(128, 128), &KernelOptions::default())?;
+//!
+//!     let shape = Shape::new(2, 8, 2, 1000, 1000); // B, H, Hkv, Sq, Skv
+//!     let q = stream.upload(&vec![bf16::from_f32(0.1); 2 * 8 * 1000 * 128])?;
+//!     let k = stream.upload(&vec![bf16::from_f32(0.2); 2 * 2 * 1000 * 128])?;
+//!     let v = stream.upload(&vec![bf16::from_f32(0.3); 2 * 2 * 1000 * 128])?;
+//!     let out = kernels.forward(&stream, &q, &k, &v, &[], shape)?;
+//!
+//!     let o: Vec<bf16> = stream.download(&out.o)?; // [B, H, Sq, Dv]
+//!     let lse: Vec<f32> = out.download_row(&stream, "lse")?; // [B, H, Sq]
+//!     println!("{} outputs, lse[0] = {}", o.len(), lse[0]);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Only the **forward** of **parallel** variants exists today: there is no
+//! `backward` method (the backward kernels are not implemented yet; the f64
+//! reference interpreter, [`reference::backward`](crate::reference::backward),
+//! computes gradients on the CPU), and compiling a recurrent variant returns
+//! [`Error::NotImplemented`].
+
+use std::sync::OnceLock;
+
+use crate::compiler::{ArgKind, CompileError, Elem, ForwardConfig, KernelSource, parallel_forward};
+use crate::frontend::ir::Axis;
+use crate::frontend::variant::TensorDecl;
+use crate::frontend::{self, Pattern};
+use crate::runtime::{
+    Arg, CompileOptions, DType, Device, DeviceBuffer, Kernel, KernelCache, Module, Param,
+    RuntimeError, Stream, bf16,
+};
+
+/// Everything compiling or running a variant's kernels can fail with. Each
+/// message says what is wrong and, where there is something to do, what.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The sizes, head dims or tensors given do not fit the variant or the
+    /// kernel (found before anything is allocated or launched).
+    #[error("{0}")]
+    Shape(String),
+    /// A buffer or stream belongs to another device than the kernel.
+    #[error("{0}")]
+    Device(String),
+    /// The kernel generator rejected the variant or the tile configuration.
+    #[error("cannot generate the forward kernel of `{variant}`: {source}")]
+    Compile {
+        variant: String,
+        #[source]
+        source: CompileError,
+    },
+    /// What was asked for does not exist yet (recurrent kernels, f16 tensors).
+    #[error("{0}")]
+    NotImplemented(String),
+    /// The CUDA driver or NVRTC failed; `during` says at which step.
+    #[error("{during}: {source}")]
+    Runtime {
+        during: String,
+        #[source]
+        source: RuntimeError,
+    },
+}
+
+impl From<RuntimeError> for Error {
+    /// Wraps an error of a direct [`runtime`](crate::runtime) call (an upload,
+    /// a download) so that `?` works in functions returning [`Error`].
+    fn from(source: RuntimeError) -> Self {
+        Error::Runtime {
+            during: "CUDA runtime".into(),
+            source,
+        }
+    }
+}
+
+/// The head dimensions a kernel is generated for: `Dqk` (q and k) and `Dv`
+/// (v and the output). The sm_80 template takes multiples of 16 up to 256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeadDims {
+    pub dqk: u32,
+    pub dv: u32,
+}
+
+impl HeadDims {
+    pub const fn new(dqk: u32, dv: u32) -> HeadDims {
+        HeadDims { dqk, dv }
+    }
+
+    /// `Dqk = Dv = d`.
+    pub const fn square(d: u32) -> HeadDims {
+        HeadDims { dqk: d, dv: d }
+    }
+}
+
+/// The sizes of one forward call (the head dims are the kernel's).
+///
+/// For a variant without grouped-query heads (k and v declared with `H`),
+/// `hkv` must equal `h`: use [`Shape::mha`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Batch.
+    pub b: usize,
+    /// Query heads.
+    pub h: usize,
+    /// Key/value heads; `h` must be a multiple of it.
+    pub hkv: usize,
+    /// Query positions.
+    pub sq: usize,
+    /// Key/value positions.
+    pub skv: usize,
+}
+
+impl Shape {
+    /// `B, H, Hkv, Sq, Skv`.
+    pub const fn new(b: usize, h: usize, hkv: usize, sq: usize, skv: usize) -> Shape {
+        Shape { b, h, hkv, sq, skv }
+    }
+
+    /// Multi-head: `Hkv = H`.
+    pub const fn mha(b: usize, h: usize, sq: usize, skv: usize) -> Shape {
+        Shape::new(b, h, h, sq, skv)
+    }
+
+    /// The size of `axis` (B, H, Hkv, Sq or Skv); `None` for head dims and
+    /// recurrent axes.
+    pub fn size(&self, axis: Axis) -> Option<usize> {
+        match axis {
+            Axis::B => Some(self.b),
+            Axis::H => Some(self.h),
+            Axis::Hkv => Some(self.hkv),
+            Axis::Sq => Some(self.sq),
+            Axis::Skv => Some(self.skv),
+            _ => None,
+        }
+    }
+
+    /// Query rows, `B · H · Sq`: the length of each row output.
+    pub fn rows(&self) -> usize {
+        self.b * self.h * self.sq
+    }
+
+    fn axes(&self) -> [(Axis, usize); 5] {
+        [
+            (Axis::B, self.b),
+            (Axis::H, self.h),
+            (Axis::Hkv, self.hkv),
+            (Axis::Sq, self.sq),
+            (Axis::Skv, self.skv),
+        ]
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "[B = {}, H = {}, Hkv = {}, Sq = {}, Skv = {}]",
+            self.b, self.h, self.hkv, self.sq, self.skv
+        )
+    }
+}
+
+/// How to generate and compile the kernels. `KernelOptions::default()` is
+/// right unless you tune tiles.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// The tile configuration; `None` uses [`ForwardConfig::default_for`].
+    /// Its `elem` must be [`Elem::Bf16`] (the API takes bf16 tensors).
+    pub config: Option<ForwardConfig>,
+    /// Extra NVRTC options appended to `-std=c++17` and the include
+    /// directories (e.g. `-lineinfo`).
+    pub nvrtc_flags: Vec<String>,
+}
+
+/// The process-wide kernel cache: memory, and disk in [`KernelCache::from_env`]'s
+/// directory.
+fn cache() -> &'static KernelCache {
+    static CACHE: OnceLock<KernelCache> = OnceLock::new();
+    CACHE.get_or_init(KernelCache::from_env)
+}
+
+/// Generates the parallel forward kernel of `variant` for `dims` without
+/// compiling it: the CUDA source and its launch facts. Needs no GPU; this is
+/// the first step of [`ParallelKernels::compile`], with the same errors.
+pub fn forward_source(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    options: &KernelOptions,
+) -> Result<KernelSource, Error> {
+    require_parallel(variant)?;
+    check_head_dims(variant, dims)?;
+    let cfg = options
+        .config
+        .unwrap_or_else(|| ForwardConfig::default_for(variant, dims.dqk, dims.dv, Elem::Bf16));
+    if cfg.elem != Elem::Bf16 {
+        return Err(Error::NotImplemented(format!(
+            "the forward API takes bf16 tensors, but the tile configuration asks for {} \
+             elements: set `elem: Elem::Bf16` (f16 kernels can be generated with \
+             aec::compiler::parallel_forward but not run through this API yet)",
+            cfg.elem.name()
+        )));
+    }
+    parallel_forward(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
+        variant: variant.name.clone(),
+        source,
+    })
+}
+
+/// The compiled kernels of one parallel variant for one pair of head dims on
+/// one device. Today that is the forward kernel only; see [`forward`](Self::forward).
+#[derive(Debug)]
+pub struct ParallelKernels {
+    variant: frontend::Variant,
+    dims: HeadDims,
+    source: KernelSource,
+    device: Device,
+    forward: Kernel,
+    _module: Module,
+}
+
+impl ParallelKernels {
+    /// Generates the forward kernel of `variant` for `dims` (with
+    /// `options.config`, else [`ForwardConfig::default_for`]), compiles it
+    /// with NVRTC for `device.arch()` through the kernel cache and loads it
+    /// onto `device`.
+    ///
+    /// Errors: a recurrent variant ([`Error::NotImplemented`]); head dims
+    /// that contradict the variant's fixed `Dqk`/`Dv` ([`Error::Shape`]);
+    /// head dims or tiles the template does not support ([`Error::Compile`]);
+    /// NVRTC or the driver failing ([`Error::Runtime`]).
+    pub fn compile(
+        variant: &frontend::Variant,
+        device: &Device,
+        dims: HeadDims,
+        options: &KernelOptions,
+    ) -> Result<ParallelKernels, Error> {
+        let source = forward_source(variant, dims, options)?;
+        let params = params_of(variant, &source)?;
+        let mut opts = CompileOptions::new(device.arch());
+        opts.flags.extend(options.nvrtc_flags.iter().cloned());
+        let compiled = cache()
+            .compile(&source.source, &opts)
+            .map_err(|e| Error::Runtime {
+                during: format!(
+                    "compiling `{}` (the forward kernel of `{}`) with NVRTC for {}",
+                    source.name,
+                    variant.name,
+                    device.arch()
+                ),
+                source: e,
+            })?;
+        let loading = || {
+            format!(
+                "loading the forward kernel of `{}` onto device {} ({})",
+                variant.name,
+                device.ordinal(),
+                device.name()
+            )
+        };
+        let module = Module::load(device, &compiled.cubin).map_err(|e| Error::Runtime {
+            during: loading(),
+            source: e,
+        })?;
+        let forward = module
+            .kernel(&source.name, &params)
+            .map_err(|e| Error::Runtime {
+                during: loading(),
+                source: e,
+            })?;
+        Ok(ParallelKernels {
+            variant: variant.clone(),
+            dims,
+            source,
+            device: device.clone(),
+            forward,
+            _module: module,
+        })
+    }
+
+    /// The variant the kernels were generated from.
+    pub fn variant(&self) -> &frontend::Variant {
+        &self.variant
+    }
+
+    pub fn dims(&self) -> HeadDims {
+        self.dims
+    }
+
+    /// The device the kernels are loaded on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The generated forward source and its launch facts (kernel name,
+    /// threads, tile rows, shared memory, argument order, row outputs).
+    pub fn forward_source(&self) -> &KernelSource {
+        &self.source
+    }
+
+    /// The names of the forward's row outputs, in the order of
+    /// [`ForwardOutput::row_outputs`]: `scale.<name>` for each final row
+    /// scale of the epilogue (e.g. `scale.lse`), then `state.<field>` for
+    /// each field of the final online state (e.g. `state.m`, `state.l`).
+    pub fn row_output_names(&self) -> &[String] {
+        &self.source.row_outputs
+    }
+
+    /// The launch grid for `shape`: `(ceil(Sq / block_m), H, B)`.
+    pub fn grid(&self, shape: Shape) -> (u32, u32, u32) {
+        let x = shape.sq.div_ceil(self.source.block_m as usize);
+        let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        (u(x), u(shape.h), u(shape.b))
+    }
+
+    /// Checks, without touching the GPU, that tensors with the given element
+    /// counts fit this kernel for `shape`: [`check_shapes`] with the kernel's
+    /// variant and head dims.
+    pub fn check(&self, shape: Shape, tensors: &[(&str, usize)]) -> Result<(), Error> {
+        check_shapes(&self.variant, self.dims, shape, tensors)
+    }
+
+    /// Runs the forward on `stream`: `o = attention(q, k, v)` and the row
+    /// outputs, queued on `stream` (download them on the same stream, or
+    /// synchronise, before reading).
+    ///
+    /// - `q`: `[B, H, Sq, Dqk]`, `k`: `[B, Hkv, Skv, Dqk]`, `v`:
+    ///   `[B, Hkv, Skv, Dv]`, bf16, contiguous (row-major). Query head `h`
+    ///   reads key/value head `h / (H / Hkv)`.
+    /// - `customs`: every custom input the variant declares, by name, f32,
+    ///   contiguous in its declared axis order (`slopes: [H]` has `H`
+    ///   elements).
+    ///
+    /// Every check happens before anything is allocated or launched; a
+    /// failing one returns [`Error::Shape`] (or [`Error::Device`] for a
+    /// buffer of another device) naming the tensor, its expected shape and
+    /// what was given. Masked-out rows (no visible key) output 0.
+    ///
+    /// There is no `backward`: the backward kernels are not implemented yet.
+    pub fn forward(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<bf16>,
+        k: &DeviceBuffer<bf16>,
+        v: &DeviceBuffer<bf16>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        shape: Shape,
+    ) -> Result<ForwardOutput, Error> {
+        let ordinal = self.device.ordinal();
+        if stream.ordinal() != ordinal {
+            return Err(Error::Device(format!(
+                "the stream belongs to device {}, but the kernels of `{}` are loaded on device \
+                 {ordinal}: use a stream of that device (kernels.device().stream())",
+                stream.ordinal(),
+                self.variant.name
+            )));
+        }
+        let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
+            .into_iter()
+            .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
+        for (name, o) in buffers {
+            if o != ordinal {
+                return Err(Error::Device(format!(
+                    "tensor `{name}` lives on device {o}, but the kernels of `{}` are loaded on \
+                     device {ordinal}: upload it with a stream of that device",
+                    self.variant.name
+                )));
+            }
+        }
+        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
+            .into_iter()
+            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
+            .collect();
+        self.check(shape, &lens)?;
+
+        let launching = || format!("launching `{}`", self.source.name);
+        let runtime = |e| Error::Runtime {
+            during: launching(),
+            source: e,
+        };
+        let rows = shape.rows();
+        let n_rows = self.source.row_outputs.len();
+        let mut o = stream
+            .alloc_zeros::<bf16>(rows * self.dims.dv as usize)
+            .map_err(runtime)?;
+        let mut row_outputs = stream
+            .alloc_zeros::<f32>(n_rows.max(1) * rows)
+            .map_err(runtime)?;
+        {
+            let mut o_slot = Some(&mut o);
+            let mut rows_slot = Some(&mut row_outputs);
+            let twice = |what: &str| Error::Compile {
+                variant: self.variant.name.clone(),
+                source: CompileError(format!(
+                    "the generated kernel takes `{what}` twice; this is a bug in aec"
+                )),
+            };
+            let mut args: Vec<Arg<'_>> = Vec::with_capacity(self.source.args.len());
+            for a in &self.source.args {
+                args.push(match a {
+                    ArgKind::Tensor("q") => Arg::from(q),
+                    ArgKind::Tensor("k") => Arg::from(k),
+                    ArgKind::Tensor("v") => Arg::from(v),
+                    ArgKind::Tensor("o") => Arg::from(o_slot.take().ok_or_else(|| twice("o"))?),
+                    ArgKind::RowOut => Arg::from(rows_slot.take().ok_or_else(|| twice("rowout"))?),
+                    ArgKind::Custom(name) => {
+                        let buf = customs
+                            .iter()
+                            .find(|(n, _)| n == name)
+                            .map(|(_, b)| *b)
+                            .expect("check_shapes found every custom input");
+                        Arg::from(buf)
+                    }
+                    ArgKind::Size(axis) => {
+                        let n = match axis {
+                            Axis::Dqk => self.dims.dqk as usize,
+                            Axis::Dv => self.dims.dv as usize,
+                            a => shape.size(*a).expect("params_of accepted the axis"),
+                        };
+                        Arg::from(i32::try_from(n).expect("check_shapes bounded every size"))
+                    }
+                    ArgKind::Tensor(other) => {
+                        unreachable!("params_of rejected tensor argument `{other}`")
+                    }
+                });
+            }
+            self.forward
+                .launch(
+                    stream,
+                    self.grid(shape),
+                    (self.source.threads, 1, 1),
+                    self.source.smem_bytes,
+                    &mut args,
+                )
+                .map_err(runtime)?;
+        }
+        Ok(ForwardOutput {
+            o,
+            row_outputs,
+            row_names: self.source.row_outputs.clone(),
+            shape,
+            dv: self.dims.dv,
+        })
+    }
+}
+
+/// What [`ParallelKernels::forward`] returns. The buffers are filled once the
+/// stream reaches the launch; [`Stream::download`] waits for that.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// The output, `[B, H, Sq, Dv]` bf16.
+    pub o: DeviceBuffer<bf16>,
+    /// The row outputs, f32 `[max(1, row_names.len()), B · H · Sq]`: row `r`
+    /// holds `row_names[r]` for every query row, in `[B, H, Sq]` order. (A
+    /// variant without row outputs still gets one unused row.)
+    pub row_outputs: DeviceBuffer<f32>,
+    /// See [`ParallelKernels::row_output_names`].
+    pub row_names: Vec<String>,
+    pub shape: Shape,
+    pub dv: u32,
+}
+
+impl ForwardOutput {
+    /// The index in [`row_outputs`](Self::row_outputs) of the row output
+    /// `name`: an exact name (`scale.lse`, `state.m`), else a row scale
+    /// (`lse` → `scale.lse`), else a state field (`m` → `state.m`).
+    pub fn row_index(&self, name: &str) -> Option<usize> {
+        let find = |n: &str| self.row_names.iter().position(|x| x == n);
+        find(name)
+            .or_else(|| find(&format!("scale.{name}")))
+            .or_else(|| find(&format!("state.{name}")))
+    }
+
+    /// Downloads one row output (see [`row_index`](Self::row_index)), `B · H · Sq`
+    /// values in `[B, H, Sq]` order.
+    pub fn download_row(&self, stream: &Stream, name: &str) -> Result<Vec<f32>, Error> {
+        let r = self.row_index(name).ok_or_else(|| {
+            Error::Shape(format!(
+                "no row output `{name}`; this kernel has {}",
+                if self.row_names.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.row_names.join(", ")
+                }
+            ))
+        })?;
+        let rows = self.shape.rows();
+        let all = stream.download(&self.row_outputs)?;
+        Ok(all[r * rows..(r + 1) * rows].to_vec())
+    }
+}
+
+fn require_parallel(variant: &frontend::Variant) -> Result<(), Error> {
+    if variant.pattern == Pattern::Recurrent {
+        return Err(Error::NotImplemented(format!(
+            "`{}` is a recurrent variant: recurrent (chunked) kernels are not implemented yet, \
+             only parallel variants can be compiled today; aec::reference::forward runs it on \
+             the CPU",
+            variant.name
+        )));
+    }
+    Ok(())
+}
+
+fn check_head_dims(variant: &frontend::Variant, dims: HeadDims) -> Result<(), Error> {
+    let fixed = |axis: Axis| {
+        variant
+            .fixed_sizes
+            .iter()
+            .find(|(a, _)| *a == axis)
+            .map(|&(_, n)| n)
+    };
+    let want = (
+        fixed(Axis::Dqk).unwrap_or(dims.dqk as usize),
+        fixed(Axis::Dv).unwrap_or(dims.dv as usize),
+    );
+    for (axis, d) in [(Axis::Dqk, dims.dqk), (Axis::Dv, dims.dv)] {
+        if let Some(n) = fixed(axis)
+            && n != d as usize
+        {
+            return Err(Error::Shape(format!(
+                "`{}` fixes {axis} = {n}, but the head dims ask for {axis} = {d}: compile with \
+                 HeadDims {{ dqk: {}, dv: {} }}",
+                variant.name, want.0, want.1
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's parameter list, from its argument kinds.
+fn params_of(variant: &frontend::Variant, source: &KernelSource) -> Result<Vec<Param>, Error> {
+    source
+        .args
+        .iter()
+        .map(|a| match a {
+            ArgKind::Tensor("q" | "k" | "v") => Ok(Param::In(DType::BF16)),
+            ArgKind::Tensor("o") => Ok(Param::Out(DType::BF16)),
+            ArgKind::RowOut => Ok(Param::Out(DType::F32)),
+            ArgKind::Custom(name) if variant.customs.iter().any(|c| &c.name == name) => {
+                Ok(Param::In(DType::F32))
+            }
+            ArgKind::Size(Axis::B | Axis::H | Axis::Hkv | Axis::Sq | Axis::Skv)
+            | ArgKind::Size(Axis::Dqk | Axis::Dv) => Ok(Param::I32),
+            other => Err(Error::Compile {
+                variant: variant.name.clone(),
+                source: CompileError(format!(
+                    "the generated kernel takes an argument this API does not know ({other:?}); \
+                     aec's run module and kernel generator disagree, which is a bug in aec"
+                )),
+            }),
+        })
+        .collect()
+}
+
+/// The largest grid y (heads) and z (batch) dimension CUDA allows.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// Checks, without a GPU, that tensors with the given element counts fit the
+/// forward of `variant` with head dims `dims` for `shape`.
+///
+/// `tensors` lists `q`, `k`, `v` and every custom input by name with its
+/// element count. In order, it checks: the variant is parallel; no size is
+/// 0; sizes fit the kernel's 32-bit sizes and CUDA's grid (`H`, `B` ≤
+/// 65535); the variant's fixed sizes; `Hkv = H` for variants without
+/// grouped-query heads and `H` a multiple of `Hkv`; no tensor given twice,
+/// none unknown, none missing; every element count equal to the product of
+/// its expected shape.
+pub fn check_shapes(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    shape: Shape,
+    tensors: &[(&str, usize)],
+) -> Result<(), Error> {
+    require_parallel(variant)?;
+    let bad = |m: String| Err(Error::Shape(m));
+    for (axis, n) in shape.axes() {
+        if n == 0 {
+            return bad(format!(
+                "{axis} = 0 in the shape {shape}: every size must be at least 1"
+            ));
+        }
+        if i32::try_from(n).is_err() {
+            return bad(format!(
+                "{axis} = {n} in the shape {shape} does not fit the kernel's 32-bit sizes \
+                 (at most {}): split the call",
+                i32::MAX
+            ));
+        }
+    }
+    for (axis, n) in [(Axis::H, shape.h), (Axis::B, shape.b)] {
+        if n > MAX_GRID_YZ {
+            return bad(format!(
+                "{axis} = {n} in the shape {shape} exceeds CUDA's grid limit of {MAX_GRID_YZ} \
+                 (the grid is (ceil(Sq / block_m), H, B)): split the call"
+            ));
+        }
+    }
+    if i32::try_from(shape.b * shape.h).is_err() {
+        return bad(format!(
+            "B · H = {} in the shape {shape} does not fit the kernel's 32-bit row index \
+             (at most {}): split the batch",
+            shape.b * shape.h,
+            i32::MAX
+        ));
+    }
+    for (axis, d) in [(Axis::Dqk, dims.dqk), (Axis::Dv, dims.dv)] {
+        if d == 0 {
+            return bad(format!(
+                "{axis} = 0 in the head dims: every size must be at least 1"
+            ));
+        }
+    }
+    check_head_dims(variant, dims)?;
+    for &(axis, fixed) in &variant.fixed_sizes {
+        if let Some(n) = shape.size(axis)
+            && n != fixed
+        {
+            return bad(format!(
+                "`{}` fixes {axis} = {fixed}, but the shape {shape} has {axis} = {n}",
+                variant.name
+            ));
+        }
+    }
+    let par = variant.parallel().expect("checked parallel above");
+    if par.kv_heads == Axis::H && shape.hkv != shape.h {
+        return bad(format!(
+            "`{}` has no grouped-query heads (k and v are declared with H heads), so Hkv must \
+             equal H, but the shape {shape} has H = {} and Hkv = {}: use Shape::mha",
+            variant.name, shape.h, shape.hkv
+        ));
+    }
+    if !shape.h.is_multiple_of(shape.hkv) {
+        return bad(format!(
+            "H = {} query heads is not a multiple of Hkv = {} key/value heads (shape {shape})",
+            shape.h, shape.hkv
+        ));
+    }
+
+    for (i, (name, _)) in tensors.iter().enumerate() {
+        if tensors[..i].iter().any(|(n, _)| n == name) {
+            return bad(format!("tensor `{name}` is given twice"));
+        }
+    }
+    let declared = || {
+        if variant.customs.is_empty() {
+            "no custom inputs".to_string()
+        } else {
+            let names: Vec<String> = variant
+                .customs
+                .iter()
+                .map(|c| format!("`{}`", c.name))
+                .collect();
+            format!("the custom inputs {}", names.join(", "))
+        }
+    };
+    for (name, _) in tensors {
+        if !matches!(*name, "q" | "k" | "v") && !variant.customs.iter().any(|c| c.name == *name) {
+            return bad(format!(
+                "unknown custom input `{name}`: `{}` declares {}",
+                variant.name,
+                declared()
+            ));
+        }
+    }
+    let size = |a: Axis| -> usize {
+        match a {
+            Axis::Dqk => dims.dqk as usize,
+            Axis::Dv => dims.dv as usize,
+            other => shape
+                .size(other)
+                .expect("parallel variants use B, H, Hkv, Sq, Skv, Dqk, Dv"),
+        }
+    };
+    let decls = [&variant.q, &variant.k, &variant.v]
+        .into_iter()
+        .chain(variant.customs.iter());
+    for decl in decls {
+        let expected: Vec<usize> = decl.axes.iter().map(|a| size(*a)).collect();
+        let what = if matches!(decl.name.as_str(), "q" | "k" | "v") {
+            "tensor"
+        } else {
+            "custom input"
+        };
+        let Some(count) = expected
+            .iter()
+            .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        else {
+            return bad(format!(
+                "{what} `{}` would have {} = {expected:?} elements, more than this machine \
+                 can address: split the call",
+                decl.name,
+                axes_str(decl)
+            ));
+        };
+        let Some(&(_, len)) = tensors.iter().find(|(n, _)| *n == decl.name) else {
+            return bad(if what == "tensor" {
+                format!("tensor `{}` is missing", decl.name)
+            } else {
+                format!(
+                    "missing custom input `{}`: `{}` declares it as {} = {expected:?}; pass \
+                     (\"{}\", buffer) with {count} f32 elements in `customs`",
+                    decl.name,
+                    variant.name,
+                    axes_str(decl),
+                    decl.name
+                )
+            });
+        };
+        if len != count {
+            return bad(format!(
+                "{what} `{}` has {len} elements, expected {} = {expected:?} = {count}",
+                decl.name,
+                axes_str(decl)
+            ));
+        }
+    }
+    // The outputs: `o` is [B, H, Sq, Dv]; the row outputs are smaller.
+    if [shape.b, shape.h, shape.sq, dims.dv as usize]
+        .into_iter()
+        .try_fold(1usize, |acc, n| acc.checked_mul(n))
+        .is_none()
+    {
+        return bad(format!(
+            "the output `o` would have [B, H, Sq, Dv] = {:?} elements, more than this \
+             machine can address: split the call",
+            [shape.b, shape.h, shape.sq, dims.dv as usize]
+        ));
+    }
+    Ok(())
+}
+
+fn axes_str(decl: &TensorDecl) -> String {
+    let names: Vec<&str> = decl.axes.iter().map(|a| a.name()).collect();
+    format!("[{}]", names.join(", "))
+}

@@ -1,0 +1,761 @@
+//! The Rust forward API (`aec::run`): `ParallelKernels::compile` /
+//! `Variant::compile` and `ParallelKernels::forward`.
+//!
+//! - `cpu_*` tests run everywhere: the input checks (exact messages) and
+//!   kernel generation need no GPU.
+//! - `gpu_*` tests compile the forward of an example with NVRTC, run it on
+//!   device 0 with random bf16 inputs (sizes that are not tile multiples) and
+//!   compare the output and the row outputs with the f64 reference
+//!   interpreter on the same inputs. Without a CUDA driver they print a skip
+//!   line, unless `AEC_REQUIRE_GPU=1` (then they fail). The GPU machines have
+//!   no Rust: build with `cargo test --test gpu_forward --no-run --release`
+//!   and run the binary there from the repository root.
+
+use std::path::{Path, PathBuf};
+
+use aec::frontend::ir::Axis;
+use aec::frontend::{Variant as Definition, parse_file};
+use aec::prelude::*;
+use aec::reference;
+use aec::runtime::RuntimeError;
+use aec::{Error, check_shapes, forward_source};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+// ---------------------------------------------------------------- helpers
+
+/// The repository root: where the test was built if that still exists
+/// (`CARGO_MANIFEST_DIR`), else the current directory (a GPU machine running
+/// a copied binary from a copy of the repository).
+fn repo_dir() -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if built.join("examples").is_dir() {
+        built.to_path_buf()
+    } else {
+        std::env::current_dir().expect("current directory")
+    }
+}
+
+/// The single variant of `examples/<name>.rs`, parsed as the CLI reads it.
+fn example(name: &str) -> Definition {
+    let path = repo_dir().join("examples").join(format!("{name}.rs"));
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run the test from the repository root)",
+            path.display()
+        )
+    });
+    let mut found = parse_file(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(found.len(), 1, "{}: one variant expected", path.display());
+    found
+        .remove(0)
+        .variant
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn shape_error(r: Result<(), Error>) -> String {
+    match r {
+        Err(Error::Shape(m)) => m,
+        other => panic!("expected Error::Shape, got {other:?}"),
+    }
+}
+
+// -------------------------------------------------------------- CPU tests
+
+#[test]
+fn cpu_wrong_element_count_names_the_tensor_and_its_shape() {
+    let v = example("softmax");
+    let shape = Shape::mha(2, 4, 37, 37);
+    let n = 2 * 4 * 37 * 128;
+    check_shapes(
+        &v,
+        HeadDims::square(128),
+        shape,
+        &[("q", n), ("k", n), ("v", n)],
+    )
+    .expect("right sizes");
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            HeadDims::square(128),
+            shape,
+            &[("q", n), ("k", 4096), ("v", n)]
+        )),
+        "tensor `k` has 4096 elements, expected [B, H, Skv, Dqk] = [2, 4, 37, 128] = 37888"
+    );
+    // Dv differs from Dqk: v and the output use Dv.
+    let dims = HeadDims::new(128, 64);
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            dims,
+            shape,
+            &[("q", n), ("k", n), ("v", n)]
+        )),
+        "tensor `v` has 37888 elements, expected [B, H, Skv, Dv] = [2, 4, 37, 64] = 18944"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            HeadDims::square(128),
+            shape,
+            &[("q", n), ("v", n)]
+        )),
+        "tensor `k` is missing"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            HeadDims::square(128),
+            shape,
+            &[("q", n), ("k", n), ("q", n), ("v", n)]
+        )),
+        "tensor `q` is given twice"
+    );
+}
+
+#[test]
+fn cpu_grouped_query_sizes() {
+    let v = example("softmax_gqa");
+    let shape = Shape::new(2, 4, 2, 97, 133);
+    let (q, kv) = (2 * 4 * 97 * 64, 2 * 2 * 133 * 64);
+    check_shapes(
+        &v,
+        HeadDims::square(64),
+        shape,
+        &[("q", q), ("k", kv), ("v", kv)],
+    )
+    .expect("right sizes");
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            HeadDims::square(64),
+            shape,
+            &[("q", q), ("k", q), ("v", kv)]
+        )),
+        "tensor `k` has 49664 elements, expected [B, Hkv, Skv, Dqk] = [2, 2, 133, 64] = 34048"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            HeadDims::square(64),
+            Shape::new(2, 4, 3, 97, 133),
+            &[]
+        )),
+        "H = 4 query heads is not a multiple of Hkv = 3 key/value heads \
+         (shape [B = 2, H = 4, Hkv = 3, Sq = 97, Skv = 133])"
+    );
+    // A variant without grouped-query heads needs Hkv = H.
+    assert_eq!(
+        shape_error(check_shapes(
+            &example("softmax"),
+            HeadDims::square(64),
+            shape,
+            &[]
+        )),
+        "`Softmax` has no grouped-query heads (k and v are declared with H heads), so Hkv \
+         must equal H, but the shape [B = 2, H = 4, Hkv = 2, Sq = 97, Skv = 133] has H = 4 \
+         and Hkv = 2: use Shape::mha"
+    );
+}
+
+#[test]
+fn cpu_custom_inputs_are_checked_by_name_with_their_axes() {
+    let v = example("alibi");
+    let shape = Shape::mha(2, 4, 97, 133);
+    let dims = HeadDims::square(64);
+    let (q, kv) = (2 * 4 * 97 * 64, 2 * 4 * 133 * 64);
+    check_shapes(
+        &v,
+        dims,
+        shape,
+        &[("q", q), ("k", kv), ("v", kv), ("slopes", 4)],
+    )
+    .expect("right sizes");
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            dims,
+            shape,
+            &[("q", q), ("k", kv), ("v", kv)]
+        )),
+        "missing custom input `slopes`: `Alibi` declares it as [H] = [4]; pass (\"slopes\", \
+         buffer) with 4 f32 elements in `customs`"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            dims,
+            shape,
+            &[("q", q), ("k", kv), ("v", kv), ("slope", 4)]
+        )),
+        "unknown custom input `slope`: `Alibi` declares the custom inputs `slopes`"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &v,
+            dims,
+            shape,
+            &[("q", q), ("k", kv), ("v", kv), ("slopes", 3)]
+        )),
+        "custom input `slopes` has 3 elements, expected [H] = [4] = 4"
+    );
+    let doc = example("document_mask");
+    assert_eq!(
+        shape_error(check_shapes(
+            &doc,
+            dims,
+            shape,
+            &[
+                ("q", q),
+                ("k", kv),
+                ("v", kv),
+                ("doc_q", 2 * 97),
+                ("doc_k", 97)
+            ]
+        )),
+        "custom input `doc_k` has 97 elements, expected [B, Skv] = [2, 133] = 266"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &example("softmax"),
+            dims,
+            shape,
+            &[("q", q), ("k", kv), ("v", kv), ("slopes", 4)]
+        )),
+        "unknown custom input `slopes`: `Softmax` declares no custom inputs"
+    );
+}
+
+#[test]
+fn cpu_fixed_sizes_and_limits() {
+    let decode = example("decode");
+    assert_eq!(
+        shape_error(check_shapes(
+            &decode,
+            HeadDims::square(128),
+            Shape::new(3, 4, 2, 97, 301),
+            &[]
+        )),
+        "`Decode` fixes Sq = 1, but the shape [B = 3, H = 4, Hkv = 2, Sq = 97, Skv = 301] \
+         has Sq = 97"
+    );
+    let deepseek = example("deepseek");
+    assert_eq!(
+        shape_error(check_shapes(
+            &deepseek,
+            HeadDims::square(128),
+            Shape::mha(1, 2, 10, 10),
+            &[]
+        )),
+        "`Deepseek` fixes Dqk = 192, but the head dims ask for Dqk = 128: compile with \
+         HeadDims { dqk: 192, dv: 128 }"
+    );
+    let softmax = example("softmax");
+    assert_eq!(
+        shape_error(check_shapes(
+            &softmax,
+            HeadDims::square(64),
+            Shape::mha(2, 4, 0, 10),
+            &[]
+        )),
+        "Sq = 0 in the shape [B = 2, H = 4, Hkv = 4, Sq = 0, Skv = 10]: every size must be \
+         at least 1"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &softmax,
+            HeadDims::square(64),
+            Shape::mha(1, 1, 1, 1 << 31),
+            &[]
+        )),
+        "Skv = 2147483648 in the shape [B = 1, H = 1, Hkv = 1, Sq = 1, Skv = 2147483648] \
+         does not fit the kernel's 32-bit sizes (at most 2147483647): split the call"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &softmax,
+            HeadDims::square(64),
+            Shape::mha(70_000, 1, 1, 1),
+            &[]
+        )),
+        "B = 70000 in the shape [B = 70000, H = 1, Hkv = 1, Sq = 1, Skv = 1] exceeds CUDA's \
+         grid limit of 65535 (the grid is (ceil(Sq / block_m), H, B)): split the call"
+    );
+    assert_eq!(
+        shape_error(check_shapes(
+            &softmax,
+            HeadDims::square(64),
+            Shape::mha(65_535, 65_535, 1, 1),
+            &[]
+        )),
+        "B · H = 4294836225 in the shape [B = 65535, H = 65535, Hkv = 65535, Sq = 1, Skv = 1] \
+         does not fit the kernel's 32-bit row index (at most 2147483647): split the batch"
+    );
+}
+
+#[test]
+fn cpu_recurrent_variants_are_not_implemented() {
+    let v = example("retnet_recurrent");
+    let expected = "`RetNetRecurrent` is a recurrent variant: recurrent (chunked) kernels are \
+                    not implemented yet, only parallel variants can be compiled today; \
+                    aec::reference::forward runs it on the CPU";
+    match forward_source(&v, HeadDims::square(64), &KernelOptions::default()) {
+        Err(Error::NotImplemented(m)) => assert_eq!(m, expected),
+        other => panic!("expected Error::NotImplemented, got {other:?}"),
+    }
+    match check_shapes(&v, HeadDims::square(64), Shape::mha(1, 1, 8, 8), &[]) {
+        Err(Error::NotImplemented(m)) => assert_eq!(m, expected),
+        other => panic!("expected Error::NotImplemented, got {other:?}"),
+    }
+}
+
+#[test]
+fn cpu_forward_source_generates_without_a_gpu() {
+    use aec::compiler::{ArgKind, Elem, ForwardConfig};
+    let v = example("alibi");
+    let src = forward_source(&v, HeadDims::square(64), &KernelOptions::default()).unwrap();
+    assert!(src.source.contains(&format!("{}(", src.name)));
+    assert!(src.args.contains(&ArgKind::Custom("slopes".into())));
+    assert_eq!(src.row_outputs, ["scale.lse", "state.m", "state.l"]);
+    assert_eq!((src.dqk, src.dv), (64, 64));
+
+    match forward_source(&v, HeadDims::square(100), &KernelOptions::default()) {
+        Err(e @ Error::Compile { .. }) => assert_eq!(
+            e.to_string(),
+            "cannot generate the forward kernel of `Alibi`: head dimension Dqk = 100 is not \
+             supported by the sm_80 forward template: it needs a multiple of 16 up to 256"
+        ),
+        other => panic!("expected Error::Compile, got {other:?}"),
+    }
+    let f16 = KernelOptions {
+        config: Some(ForwardConfig {
+            elem: Elem::F16,
+            ..ForwardConfig::default_for(&v, 64, 64, Elem::Bf16)
+        }),
+        ..KernelOptions::default()
+    };
+    match forward_source(&v, HeadDims::square(64), &f16) {
+        Err(Error::NotImplemented(m)) => assert!(m.starts_with(
+            "the forward API takes bf16 tensors, but the tile configuration asks for f16"
+        )),
+        other => panic!("expected Error::NotImplemented, got {other:?}"),
+    }
+}
+
+#[test]
+fn cpu_runtime_errors_keep_their_message() {
+    let e = Error::from(RuntimeError::NoDevice {
+        ordinal: 3,
+        count: 1,
+    });
+    assert_eq!(
+        e.to_string(),
+        "CUDA runtime: no CUDA device 3: the driver sees 1 device(s); pick an ordinal below 1 \
+         (and check CUDA_VISIBLE_DEVICES)"
+    );
+    assert!(std::error::Error::source(&e).is_some());
+}
+
+// -------------------------------------------------------------- GPU tests
+
+fn gpu_required() -> bool {
+    std::env::var_os("AEC_REQUIRE_GPU").is_some_and(|v| v == "1")
+}
+
+fn skip(test: &str, what: impl std::fmt::Display) {
+    if gpu_required() {
+        panic!("{test}: {what}\nAEC_REQUIRE_GPU=1 requires a CUDA GPU, its driver and NVRTC");
+    }
+    eprintln!("skipped {test}: {what}");
+}
+
+/// Device 0, or `None` after a skip line.
+fn device(test: &str) -> Option<Device> {
+    match Device::open(0) {
+        Ok(d) => Some(d),
+        Err(e @ (RuntimeError::NoDriver { .. } | RuntimeError::NoDevice { .. })) => {
+            skip(test, e);
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// `compile`'s result, or `None` after a skip line when NVRTC is missing.
+fn compiled(test: &str, r: Result<ParallelKernels, Error>) -> Option<ParallelKernels> {
+    match r {
+        Ok(k) => Some(k),
+        Err(
+            e @ Error::Runtime {
+                source: RuntimeError::NoNvrtc,
+                ..
+            },
+        ) => {
+            skip(test, e);
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+fn normal(rng: &mut StdRng) -> f64 {
+    let u1: f64 = rng.random_range(1e-12..1.0);
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn rel_err(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let norm: f64 = b.iter().map(|y| y * y).sum();
+    (diff / norm.max(1e-60)).sqrt()
+}
+
+/// Runs the forward of `examples/<name>.rs` on the GPU and compares it with
+/// the reference interpreter on the same (bf16) inputs.
+fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example(name);
+    let Some(kernels) = compiled(
+        test,
+        ParallelKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let mut rng = StdRng::seed_from_u64(name.bytes().map(u64::from).sum::<u64>() * 7919 + 1);
+    let size = |a: Axis| match a {
+        Axis::Dqk => dims.dqk as usize,
+        Axis::Dv => dims.dv as usize,
+        other => shape.size(other).expect("parallel axis"),
+    };
+    let dims_of = |axes: &[Axis]| axes.iter().map(|a| size(*a)).collect::<Vec<_>>();
+    // q, k, v: bf16 on the device, the same values as f64 for the reference.
+    let mut tensor = |axes: &[Axis]| {
+        let shape = dims_of(axes);
+        let host: Vec<bf16> = (0..shape.iter().product::<usize>())
+            .map(|_| bf16::from_f64(normal(&mut rng)))
+            .collect();
+        let t = Tensor {
+            shape,
+            data: host.iter().map(|x| x.to_f64()).collect(),
+        };
+        (host, t)
+    };
+    let (q_host, q_ref) = tensor(&def.q.axes);
+    let (k_host, k_ref) = tensor(&def.k.axes);
+    let (v_host, v_ref) = tensor(&def.v.axes);
+    let mut customs_host: Vec<(String, Vec<f32>, Tensor)> = Vec::new();
+    for c in &def.customs {
+        let cshape = dims_of(&c.axes);
+        let host: Vec<f32> = if c.name.starts_with("doc_") {
+            // Three documents per sequence; the last query sits in a document
+            // no key has, so its row is fully masked (output 0).
+            let n = cshape[1];
+            (0..cshape.iter().product::<usize>())
+                .map(|x| {
+                    let pos = x % n;
+                    if c.name == "doc_q" && pos == n - 1 {
+                        9.0
+                    } else {
+                        (pos * 3 / n) as f32
+                    }
+                })
+                .collect()
+        } else {
+            (0..cshape.iter().product::<usize>())
+                .map(|_| rng.random_range(custom_range.0..custom_range.1) as f32)
+                .collect()
+        };
+        let t = Tensor {
+            shape: cshape,
+            data: host.iter().map(|&x| f64::from(x)).collect(),
+        };
+        customs_host.push((c.name.clone(), host, t));
+    }
+
+    let q = stream.upload(&q_host).unwrap();
+    let k = stream.upload(&k_host).unwrap();
+    let v = stream.upload(&v_host).unwrap();
+    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = customs_host
+        .iter()
+        .map(|(n, h, _)| (n.clone(), stream.upload(h).unwrap()))
+        .collect();
+    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
+        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    let out = kernels
+        .forward(&stream, &q, &k, &v, &customs, shape)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let o: Vec<f64> = stream
+        .download(&out.o)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_f64())
+        .collect();
+
+    let inputs = Inputs {
+        q: q_ref,
+        k: k_ref,
+        v: v_ref,
+        customs: customs_host.into_iter().map(|(n, _, t)| (n, t)).collect(),
+        initial_state: None,
+        initial_normalizer: None,
+    };
+    let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference forward");
+    assert_eq!(fwd.o.shape, [shape.b, shape.h, shape.sq, dims.dv as usize]);
+    let nan = o.iter().any(|x| x.is_nan());
+    let err = rel_err(&o, &fwd.o.data);
+
+    let mut row_report = Vec::new();
+    let mut rows_ok = true;
+    for name in kernels.row_output_names() {
+        let reference = match name.split_once('.') {
+            Some(("scale", s)) => &fwd.scales[s],
+            Some(("state", f)) => &fwd.row_state[f],
+            _ => panic!("{test}: unexpected row output `{name}`"),
+        };
+        let got: Vec<f64> = out
+            .download_row(&stream, name)
+            .unwrap()
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        // Infinite where the reference is (fully masked rows), close elsewhere.
+        let (mut g, mut r) = (Vec::new(), Vec::new());
+        let mut same_inf = true;
+        for (x, y) in got.iter().zip(&reference.data) {
+            if y.is_finite() {
+                g.push(*x);
+                r.push(*y);
+            } else {
+                same_inf &= x == y;
+            }
+        }
+        let e = if r.is_empty() { 0.0 } else { rel_err(&g, &r) };
+        rows_ok &= same_inf && e < 1e-2 && !e.is_nan();
+        row_report.push(format!(
+            "{name}={e:.2e}{}",
+            if same_inf { "" } else { " (inf differs)" }
+        ));
+    }
+    let pass = err < 1e-2 && !nan && rows_ok;
+    eprintln!(
+        "{test}: {} `{}` on {} {shape} Dqk={} Dv={}: rel_err(o)={err:.2e} nan={nan} rows[{}]",
+        if pass { "PASS" } else { "FAIL" },
+        kernels.forward_source().name,
+        device.name(),
+        dims.dqk,
+        dims.dv,
+        row_report.join(", ")
+    );
+    assert!(!nan, "{test}: NaN in the output");
+    assert!(err < 1e-2, "{test}: relative error of o {err:.3e}");
+    assert!(
+        rows_ok,
+        "{test}: row outputs differ: {}",
+        row_report.join(", ")
+    );
+}
+
+#[test]
+fn gpu_forward_softmax() {
+    check_example(
+        "gpu_forward_softmax",
+        "softmax",
+        Shape::mha(2, 4, 97, 133),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_forward_softmax_gqa() {
+    check_example(
+        "gpu_forward_softmax_gqa",
+        "softmax_gqa",
+        Shape::new(2, 4, 2, 97, 133),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_forward_softmax_causal() {
+    check_example(
+        "gpu_forward_softmax_causal",
+        "softmax_causal",
+        Shape::mha(2, 4, 150, 150),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_forward_decode() {
+    check_example(
+        "gpu_forward_decode",
+        "decode",
+        Shape::new(3, 4, 2, 1, 301),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_forward_alibi() {
+    check_example(
+        "gpu_forward_alibi",
+        "alibi",
+        Shape::mha(2, 4, 133, 133),
+        HeadDims::square(64),
+        (0.01, 0.3),
+    );
+}
+
+#[test]
+fn gpu_forward_document_mask() {
+    check_example(
+        "gpu_forward_document_mask",
+        "document_mask",
+        Shape::mha(2, 2, 150, 150),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_forward_sigmoid() {
+    check_example(
+        "gpu_forward_sigmoid",
+        "sigmoid",
+        Shape::mha(2, 4, 97, 133),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
+attention! {
+    /// Softmax attention, declared in the test (the `Variant::compile` path).
+    pub struct TestSoftmax: parallel {
+        q: [B, H, Sq, Dqk];
+        k: [B, H, Skv, Dqk];
+        v: [B, H, Skv, Dv];
+        modify_q = |q| q * rsqrt(Dqk);
+        online {
+            state { m = -inf, l = 0.0 }
+            fwd = |s, st| {
+                let m = max(st.m, rowmax(s));
+                let p = exp(s - m);
+                (p, State { m, l: st.l * exp(st.m - m) + rowsum(p) }, exp(st.m - m))
+            }
+            epilogue = |o, st| (o / st.l, Scales { lse: st.m + log(st.l) })
+        }
+    }
+}
+
+attention! {
+    /// RetNet-style retention, declared in the test.
+    pub struct TestRetention: recurrent {
+        q: [B, H, S, Dk];
+        k: [B, H, S, Dk];
+        v: [B, H, S, Dv];
+        decay = |b, h, t| 0.9;
+    }
+}
+
+#[test]
+fn gpu_shape_error_returns_before_launch() {
+    let test = "gpu_shape_error_returns_before_launch";
+    let Some(device) = device(test) else {
+        return;
+    };
+    let Some(kernels) = compiled(
+        test,
+        TestSoftmax::compile(&device, HeadDims::square(64), &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let shape = Shape::mha(2, 4, 37, 37);
+    let n = 2 * 4 * 37 * 64;
+    let host = |len: usize, c: f32| -> Vec<bf16> {
+        (0..len)
+            .map(|i| bf16::from_f32(c * ((i % 13) as f32 - 6.0) / 8.0))
+            .collect()
+    };
+    let (q_host, k_bad_host, v_host) = (host(n, 1.0), host(4096, 0.5), host(n, 0.25));
+    let q = stream.upload(&q_host).unwrap();
+    let k_bad = stream.upload(&k_bad_host).unwrap();
+    let v = stream.upload(&v_host).unwrap();
+    match kernels.forward(&stream, &q, &k_bad, &v, &[], shape) {
+        Err(Error::Shape(m)) => assert_eq!(
+            m,
+            "tensor `k` has 4096 elements, expected [B, H, Skv, Dqk] = [2, 4, 37, 64] = 18944"
+        ),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    let extra = stream.upload(&[0.5f32; 4]).unwrap();
+    match kernels.forward(&stream, &q, &v, &v, &[("slopes", &extra)], shape) {
+        Err(Error::Shape(m)) => assert_eq!(
+            m,
+            "unknown custom input `slopes`: `TestSoftmax` declares no custom inputs"
+        ),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    match kernels.forward(&stream, &q, &v, &v, &[], Shape::new(2, 4, 2, 37, 37)) {
+        Err(Error::Shape(m)) => assert!(m.contains("so Hkv must equal H"), "{m}"),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    // Nothing ran: the stream is clean and the inputs are untouched.
+    stream.synchronize().unwrap();
+    assert_eq!(stream.download(&q).unwrap(), q_host);
+    assert_eq!(stream.download(&k_bad).unwrap(), k_bad_host);
+    assert_eq!(stream.download(&v).unwrap(), v_host);
+    // The same kernels then run a correct call.
+    let k = stream.upload(&host(n, 0.5)).unwrap();
+    let out = kernels.forward(&stream, &q, &k, &v, &[], shape).unwrap();
+    let o = stream.download(&out.o).unwrap();
+    assert_eq!(o.len(), n);
+    assert!(o.iter().all(|x| x.to_f32().is_finite()));
+    let lse = out.download_row(&stream, "lse").unwrap();
+    assert_eq!(lse.len(), shape.rows());
+    assert!(lse.iter().all(|x| x.is_finite()));
+    assert!(matches!(
+        out.download_row(&stream, "nope"),
+        Err(Error::Shape(m)) if m == "no row output `nope`; this kernel has scale.lse, state.m, state.l"
+    ));
+    eprintln!("{test}: PASS (shape errors before launch, then a correct launch)");
+}
+
+#[test]
+fn gpu_recurrent_compile_errors_clearly() {
+    let test = "gpu_recurrent_compile_errors_clearly";
+    let Some(device) = device(test) else {
+        return;
+    };
+    match TestRetention::compile(&device, HeadDims::square(64), &KernelOptions::default()) {
+        Err(Error::NotImplemented(m)) => assert_eq!(
+            m,
+            "`TestRetention` is a recurrent variant: recurrent (chunked) kernels are not \
+             implemented yet, only parallel variants can be compiled today; \
+             aec::reference::forward runs it on the CPU"
+        ),
+        other => panic!("{test}: expected Error::NotImplemented, got {other:?}"),
+    }
+    let parsed = example("gla");
+    let r = ParallelKernels::compile(
+        &parsed,
+        &device,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+    );
+    assert!(
+        matches!(&r, Err(Error::NotImplemented(m)) if m.contains("is a recurrent variant")),
+        "{test}: {r:?}"
+    );
+    eprintln!("{test}: PASS");
+}
