@@ -1,6 +1,7 @@
 //! Command-line interface. Only this layer reads files and sets exit codes.
 
 mod check;
+mod compile;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -19,6 +20,9 @@ enum Command {
     /// Parse, trace, differentiate and validate the variants in a file, and
     /// print their forward and backward graphs.
     Check(check::CheckArgs),
+    /// Generate and compile the variants' kernels into a library directory:
+    /// CUDA sources, cubins (through NVRTC; no GPU needed) and manifest.json.
+    Compile(compile::CompileArgs),
 }
 
 /// Exit code for problems in the user's input (bad file, DSL errors).
@@ -28,5 +32,6 @@ pub fn run() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => check::run(&args),
+        Command::Compile(args) => compile::run(&args),
     }
 }

@@ -1,0 +1,205 @@
+//! `aec compile <variant.rs>… --target <t>… -o <dir>`: generated kernel
+//! sources, cubins (through NVRTC, no GPU needed) and a manifest.
+//!
+//! This is the first part of a kernel library: the C header, the loaders and
+//! the PyTorch module do not exist yet, and the manifest says so.
+
+use super::EXIT_INPUT;
+use aec::compiler::{ArgKind, Elem, ForwardConfig, parallel_forward};
+use aec::frontend::ir::Axis;
+use aec::frontend::{Invocation, Variant};
+use aec::runtime::{CompileOptions, compile, nvrtc_present};
+use clap::{Args, ValueEnum};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// GPUs a library can be built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Target {
+    A100,
+    H100,
+    H200,
+    Mi250,
+    Mi300x,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::A100 => "a100",
+            Target::H100 => "h100",
+            Target::H200 => "h200",
+            Target::Mi250 => "mi250",
+            Target::Mi300x => "mi300x",
+        }
+    }
+
+    /// The NVRTC architecture, or None for AMD targets.
+    fn cuda_arch(self) -> Option<&'static str> {
+        match self {
+            Target::A100 => Some("sm_80"),
+            Target::H100 | Target::H200 => Some("sm_90a"),
+            Target::Mi250 | Target::Mi300x => None,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// Rust files with `attention! { … }` variants (e.g. examples/softmax.rs).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// GPUs to build for (repeat or comma-separate).
+    #[arg(
+        long = "target",
+        short = 't',
+        value_enum,
+        value_delimiter = ',',
+        required = true
+    )]
+    pub targets: Vec<Target>,
+    /// Output directory of the library.
+    #[arg(long, short = 'o', default_value = "aec-lib")]
+    pub out: PathBuf,
+    /// Head dimensions for variants that do not fix them: `128` or `192x128` (Dqk x Dv).
+    #[arg(long, default_value = "128")]
+    pub head_dims: String,
+}
+
+pub fn run(args: &CompileArgs) -> ExitCode {
+    match build(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(EXIT_INPUT)
+        }
+    }
+}
+
+fn parse_dims(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("--head-dims `{s}`: expected `D` or `DQKxDV`, e.g. `128` or `192x128`");
+    let (a, b) = s.split_once('x').unwrap_or((s, s));
+    Ok((
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    ))
+}
+
+fn build(args: &CompileArgs) -> Result<(), String> {
+    let (dqk, dv) = parse_dims(&args.head_dims)?;
+    let mut targets = args.targets.clone();
+    targets.sort();
+    targets.dedup();
+    if let Some(t) = targets.iter().find(|t| t.cuda_arch().is_none()) {
+        return Err(format!(
+            "target `{}`: the HIP backend (AMD GPUs) is not implemented yet; build for a100, h100 or h200",
+            t.name()
+        ));
+    }
+    let mut variants: Vec<(String, Variant)> = Vec::new();
+    for file in &args.files {
+        let shown = file.display().to_string();
+        let source = std::fs::read_to_string(file).map_err(|e| format!("{shown}: {e}"))?;
+        let found = aec::frontend::parse_file(&source).map_err(|d| d.render(&shown, &source))?;
+        if found.is_empty() {
+            return Err(format!("no `attention! {{ … }}` found in {shown}"));
+        }
+        for Invocation { variant, .. } in found {
+            let v = variant.map_err(|d| d.render(&shown, &source).trim_end().to_string())?;
+            variants.push((shown.clone(), v));
+        }
+    }
+    let with_nvrtc = nvrtc_present();
+    if !with_nvrtc {
+        eprintln!(
+            "note: NVRTC (libnvrtc.so.13) not found: writing CUDA sources only, no cubins; run `cargo xtask toolchains` and put its lib/ on LD_LIBRARY_PATH, or build on a machine with CUDA 13"
+        );
+    }
+    let kernels_dir = args.out.join("kernels");
+    std::fs::create_dir_all(&kernels_dir).map_err(|e| format!("{}: {e}", kernels_dir.display()))?;
+    let mut manifest_variants = Vec::new();
+    for (file, v) in &variants {
+        if v.parallel().is_none() {
+            eprintln!(
+                "warning: `{}` ({file}) is recurrent: recurrent kernels are not implemented yet; skipped",
+                v.name
+            );
+            manifest_variants.push(json!({ "name": v.name, "file": file, "pattern": "recurrent", "kernels": [], "skipped": "recurrent kernels are not implemented yet" }));
+            continue;
+        }
+        let fixed = |a: Axis, d: u32| {
+            v.fixed_sizes
+                .iter()
+                .find(|(x, _)| *x == a)
+                .map(|(_, n)| *n as u32)
+                .unwrap_or(d)
+        };
+        let (vq, vv) = (fixed(Axis::Dqk, dqk), fixed(Axis::Dv, dv));
+        let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16);
+        let k =
+            parallel_forward(v, vq, vv, &cfg).map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
+        let source_file = format!("{}.cu", k.name);
+        write(&kernels_dir.join(&source_file), k.source.as_bytes())?;
+        let mut builds = Vec::new();
+        let mut built: Vec<(&str, Value)> = Vec::new();
+        for t in &targets {
+            let arch = t.cuda_arch().expect("CUDA target");
+            // h100 and h200 share sm_90a: one cubin per architecture.
+            let cubin = match built.iter().find(|(a, _)| *a == arch) {
+                Some((_, c)) => c.clone(),
+                None if with_nvrtc => {
+                    eprintln!("compiling {} for {arch} …", k.name);
+                    let compiled = compile(&k.source, &CompileOptions::new(arch))
+                        .map_err(|e| format!("`{}`: {e}", v.name))?;
+                    let name = format!("{}.{arch}.cubin", k.name);
+                    write(&kernels_dir.join(&name), &compiled.cubin)?;
+                    Value::String(format!("kernels/{name}"))
+                }
+                None => Value::Null,
+            };
+            built.push((arch, cubin.clone()));
+            builds.push(json!({ "target": t.name(), "arch": arch, "cubin": cubin }));
+        }
+        let args_json: Vec<Value> = k
+            .args
+            .iter()
+            .map(|a| match a {
+                ArgKind::Tensor(n) => json!({ "kind": "tensor", "name": n, "dtype": "bf16" }),
+                ArgKind::RowOut => json!({ "kind": "row_outputs", "dtype": "f32", "shape": "[row_outputs, B*H*Sq]" }),
+                ArgKind::Custom(n) => json!({ "kind": "custom", "name": n, "dtype": "f32" }),
+                ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name(), "dtype": "i32" }),
+            })
+            .collect();
+        manifest_variants.push(json!({
+            "name": v.name,
+            "file": file,
+            "pattern": "parallel",
+            "inputs": aec::frontend::print::to_json(v)["inputs"].clone(),
+            "kernels": [{
+                "pass": "forward",
+                "entry": k.name,
+                "source": format!("kernels/{source_file}"),
+                "builds": builds,
+                "head_dims": { "Dqk": vq, "Dv": vv },
+                "launch": { "grid": ["ceil(Sq / block_m)", "H", "B"], "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
+                "args": args_json,
+                "row_outputs": k.row_outputs,
+            }],
+        }));
+    }
+    let manifest = json!({
+        "aec_version": env!("CARGO_PKG_VERSION"),
+        "format": 1,
+        "contents": "generated CUDA sources and cubins of the parallel forward kernels; a C header, loaders and a PyTorch module are not generated yet",
+        "variants": manifest_variants,
+    });
+    let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
+    write(&args.out.join("manifest.json"), text.as_bytes())?;
+    eprintln!("wrote {}", args.out.join("manifest.json").display());
+    Ok(())
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+}

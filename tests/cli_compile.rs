@@ -1,0 +1,200 @@
+//! `aec compile`: library layout, manifest, determinism, refusals.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("compile-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn aec(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_aec"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run aec");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !stderr.contains("panicked"),
+        "aec {args:?} panicked:\n{stderr}"
+    );
+    (out.status.code(), stderr)
+}
+
+fn manifest(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(dir.join("manifest.json")).expect("manifest.json"),
+    )
+    .expect("valid JSON")
+}
+
+#[test]
+fn compiles_an_example_into_a_library_deterministically() {
+    let (a, b) = (scratch("a"), scratch("b"));
+    for dir in [&a, &b] {
+        let (code, err) = aec(&[
+            "compile",
+            "examples/softmax.rs",
+            "examples/alibi.rs",
+            "-t",
+            "h100,a100",
+            "-o",
+            dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let m = manifest(&a);
+    let variants = m["variants"].as_array().expect("variants");
+    assert_eq!(variants.len(), 2);
+    let k = &variants[0]["kernels"][0];
+    assert_eq!(variants[0]["name"], "Softmax");
+    let entry = k["entry"].as_str().expect("entry");
+    let source =
+        std::fs::read_to_string(a.join(k["source"].as_str().unwrap())).expect("kernel source");
+    assert!(
+        source.contains(&format!("{entry}(")),
+        "the source defines the entry point"
+    );
+    assert_eq!(k["launch"]["threads"], 128);
+    assert_eq!(
+        k["row_outputs"],
+        serde_json::json!(["scale.lse", "state.m", "state.l"])
+    );
+    assert_eq!(
+        variants[1]["kernels"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["kind"] == "custom")
+            .count(),
+        1
+    );
+    // Same inputs, byte-identical library.
+    assert_eq!(
+        std::fs::read(a.join("manifest.json")).unwrap(),
+        std::fs::read(b.join("manifest.json")).unwrap()
+    );
+    assert_eq!(
+        source,
+        std::fs::read_to_string(b.join(k["source"].as_str().unwrap())).unwrap()
+    );
+    // With NVRTC (CI installs it), one cubin per architecture; without, sources only.
+    let builds = k["builds"].as_array().expect("builds");
+    assert_eq!(builds.len(), 2);
+    if aec::runtime::nvrtc_present() {
+        for b in builds {
+            let cubin =
+                std::fs::read(a.join(b["cubin"].as_str().expect("cubin path"))).expect("cubin");
+            assert_eq!(
+                &cubin[..4],
+                b"\x7fELF",
+                "{}: a cubin is an ELF file",
+                b["arch"]
+            );
+        }
+    } else {
+        assert!(
+            !aec::runtime::toolchains_required(),
+            "NVRTC must be present when toolchains are required"
+        );
+        assert!(builds.iter().all(|b| b["cubin"].is_null()));
+    }
+}
+
+#[test]
+fn amd_targets_and_bad_dims_are_refused_clearly() {
+    let dir = scratch("amd");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/softmax.rs",
+        "-t",
+        "mi250",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("the HIP backend (AMD GPUs) is not implemented yet"),
+        "{err}"
+    );
+    let (code, err) = aec(&[
+        "compile",
+        "examples/softmax.rs",
+        "-t",
+        "h100",
+        "--head-dims",
+        "12x",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--head-dims `12x`"), "{err}");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/softmax.rs",
+        "-t",
+        "h100",
+        "--head-dims",
+        "72",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("Dqk = 72") && err.contains("multiple of 16"),
+        "{err}"
+    );
+    let (code, err) = aec(&[
+        "compile",
+        "examples/softmax.rs",
+        "-t",
+        "tpu",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("invalid value 'tpu'"), "{err}");
+}
+
+#[test]
+fn recurrent_variants_are_skipped_with_a_warning_and_broken_files_point_at_the_token() {
+    let dir = scratch("rec");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/mamba2.rs",
+        "-t",
+        "h100",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("recurrent kernels are not implemented yet"),
+        "{err}"
+    );
+    assert_eq!(
+        manifest(&dir)["variants"][0]["skipped"],
+        "recurrent kernels are not implemented yet"
+    );
+    let (code, err) = aec(&[
+        "compile",
+        "tests/cli_fixtures/unknown_function.rs",
+        "-t",
+        "h100",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("tests/cli_fixtures/unknown_function.rs:")
+            && err.contains("unknown function `expo`"),
+        "{err}"
+    );
+}
