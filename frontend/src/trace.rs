@@ -1169,6 +1169,34 @@ fn trace_elementwise(decls: &Decls, c: &ExprClosure, spec: Elementwise) -> Resul
     Ok(t.finish(vec![(spec.out.to_string(), v)]))
 }
 
+/// A modification closure (`modify_q`, …) if the variant has one: `|x| …`
+/// or `|x, <index variables idx>| …`.
+fn trace_modification(
+    decls: &Decls,
+    cl: &Closures,
+    key: &'static str,
+    elem: &'static str,
+    axes: AxisSet,
+    idx: &[Slot],
+    shape: &str,
+) -> Result<Option<Region>> {
+    let Some(c) = cl.get(key) else {
+        return Ok(None);
+    };
+    let one: &[Slot] = &[Slot::Element(elem, axes)];
+    let mut full = vec![Slot::Element(elem, axes)];
+    full.extend_from_slice(idx);
+    let spec = Elementwise {
+        name: key,
+        iter_axes: axes,
+        signatures: &[one, &full],
+        shape,
+        out: elem,
+        boolean: false,
+    };
+    trace_elementwise(decls, c, spec).map(Some)
+}
+
 fn trace_parallel(syntax: &VariantSyntax, decls: &Decls, cl: &Closures) -> Result<Parallel> {
     use Axis::*;
     let hk = decls.kv_heads;
@@ -1178,32 +1206,10 @@ fn trace_parallel(syntax: &VariantSyntax, decls: &Decls, cl: &Closures) -> Resul
     let s_axes = AxisSet::of(&[B, H, Sq, Skv]);
     let row_axes = AxisSet::of(&[B, H, Sq]);
     let o_axes = AxisSet::of(&[B, H, Sq, Dv]);
-    let modify = |key: &'static str,
-                  elem: &'static str,
-                  axes: AxisSet,
-                  idx: &[Slot],
-                  shape: &str|
-     -> Result<Option<Region>> {
-        let Some(c) = cl.get(key) else {
-            return Ok(None);
+    let modify =
+        |key: &'static str, elem: &'static str, axes: AxisSet, idx: &[Slot], shape: &str| {
+            trace_modification(decls, cl, key, elem, axes, idx, shape)
         };
-        let one: &[Slot] = &[Slot::Element(elem, axes)];
-        let mut full = vec![Slot::Element(elem, axes)];
-        full.extend_from_slice(idx);
-        trace_elementwise(
-            decls,
-            c,
-            Elementwise {
-                name: key,
-                iter_axes: axes,
-                signatures: &[one, &full],
-                shape,
-                out: elem,
-                boolean: false,
-            },
-        )
-        .map(Some)
-    };
     let modify_q = modify(
         "modify_q",
         "q",
@@ -1594,30 +1600,8 @@ fn trace_recurrent(decls: &Decls, cl: &Closures) -> Result<Recurrent> {
     let qk_axes = AxisSet::of(&[B, H, S, Dk]);
     let v_axes = AxisSet::of(&[B, H, S, Dv]);
     let idx: &[Slot] = &[Slot::Index(B), Slot::Index(H), Slot::Index(S)];
-    let modify = |key: &'static str,
-                  elem: &'static str,
-                  axes: AxisSet,
-                  shape: &str|
-     -> Result<Option<Region>> {
-        let Some(c) = cl.get(key) else {
-            return Ok(None);
-        };
-        let one: &[Slot] = &[Slot::Element(elem, axes)];
-        let mut full = vec![Slot::Element(elem, axes)];
-        full.extend_from_slice(idx);
-        trace_elementwise(
-            decls,
-            c,
-            Elementwise {
-                name: key,
-                iter_axes: axes,
-                signatures: &[one, &full],
-                shape,
-                out: elem,
-                boolean: false,
-            },
-        )
-        .map(Some)
+    let modify = |key: &'static str, elem: &'static str, axes: AxisSet, shape: &str| {
+        trace_modification(decls, cl, key, elem, axes, idx, shape)
     };
     let modify_q = modify("modify_q", "q", qk_axes, "|q| … or |q, b, h, t| …")?;
     let modify_k = modify("modify_k", "k", qk_axes, "|k| … or |k, b, h, t| …")?;

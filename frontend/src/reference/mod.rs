@@ -402,6 +402,42 @@ pub(crate) fn accumulate_customs(
     }
 }
 
+/// `dx` from `dx_m` (the gradient of the modified tensor) through an optional
+/// modification closure's backward region; adds the custom-input gradients.
+/// `axes` names the axes of `x`'s four dimensions.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn modification_backward(
+    r: Option<&crate::ir::Region>,
+    x: &Tensor,
+    dx_m: &Tensor,
+    axes: [Axis; 4],
+    sizes: &Sizes,
+    variant: &Variant,
+    inputs: &Inputs,
+    customs: &mut IndexMap<String, Tensor>,
+) -> Tensor {
+    let Some(r) = r else { return dx_m.clone() };
+    Tensor::from_fn(&x.shape, |idx| {
+        let p = axes
+            .iter()
+            .zip(idx)
+            .fold(Point::default(), |p, (a, i)| p.with(*a, *i));
+        let outs = eval::eval_scalar_with(
+            r,
+            &mut |op| match op {
+                Op::Param(k) => match r.params[*k as usize].role {
+                    crate::ir::ParamRole::Seed(_) => dx_m.get(idx),
+                    _ => x.get(idx),
+                },
+                other => leaf_value(other, &p, sizes, variant, inputs),
+            },
+            &mut |c, i| gather_value(c, i, &p, variant, inputs),
+        );
+        accumulate_customs(r, &outs, &p, variant, customs);
+        outs[0]
+    })
+}
+
 /// A zero-sized stand-in carrying a tensor's shape (for index clamping).
 fn inputs_shape(t: &Tensor) -> Tensor {
     Tensor {

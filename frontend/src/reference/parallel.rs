@@ -5,7 +5,7 @@
 use super::eval::{eval_region, eval_scalar_with};
 use super::{
     Forward, Gradients, Inputs, Options, Point, Sizes, Tensor, accumulate_customs, gather_value,
-    leaf_value, zero_custom_grads,
+    leaf_value, modification_backward, zero_custom_grads,
 };
 use crate::ir::{Axis, Op, ParamRole, Region};
 use crate::variant::{Parallel, Variant};
@@ -365,42 +365,33 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
             }
         }
     }
-    let mut through = |r: Option<&Region>, x: &Tensor, dx_m: &Tensor, axes: [Axis; 4]| -> Tensor {
-        let Some(r) = r else { return dx_m.clone() };
-        Tensor::from_fn(&x.shape, |idx| {
-            let p = point4(axes, idx);
-            let outs = eval_scalar_with(
-                r,
-                &mut |op| match op {
-                    Op::Param(k) => match r.params[*k as usize].role {
-                        ParamRole::Seed(_) => dx_m.get(idx),
-                        _ => x.get(idx),
-                    },
-                    other => leaf_value(other, &p, sizes, variant, inputs),
-                },
-                &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
-            );
-            accumulate_customs(r, &outs, &p, variant, &mut customs);
-            outs[0]
-        })
+    let mb = |r: Option<&Region>,
+              x: &Tensor,
+              dx: &Tensor,
+              axes,
+              customs: &mut IndexMap<String, Tensor>| {
+        modification_backward(r, x, dx, axes, sizes, variant, inputs, customs)
     };
-    let dq = through(
+    let dq = mb(
         bwd.modify_q.as_ref(),
         &inputs.q,
         &dq_m,
         [Axis::B, Axis::H, Axis::Sq, Axis::Dqk],
+        &mut customs,
     );
-    let dk = through(
+    let dk = mb(
         bwd.modify_k.as_ref(),
         &inputs.k,
         &dk_m,
         [Axis::B, hkv, Axis::Skv, Axis::Dqk],
+        &mut customs,
     );
-    let dv_t = through(
+    let dv_t = mb(
         bwd.modify_v.as_ref(),
         &inputs.v,
         &dv_m,
         [Axis::B, hkv, Axis::Skv, Axis::Dv],
+        &mut customs,
     );
     Gradients {
         dq,

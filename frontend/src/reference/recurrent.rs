@@ -12,7 +12,7 @@ use super::eval::eval_scalar_with;
 use super::tensor::for_each_index;
 use super::{
     Forward, Gradients, Inputs, Point, Sizes, Tensor, accumulate_customs, gather_value, leaf_value,
-    zero_custom_grads,
+    modification_backward, zero_custom_grads,
 };
 use crate::ir::{Axis, Op, ParamRole, Region};
 use crate::variant::{Recurrent, Variant};
@@ -416,28 +416,43 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
             accumulate_customs(r, &outs, &p, variant, &mut customs);
         });
     }
-    let mut through = |r: Option<&Region>, x: &Tensor, dx_m: &Tensor, last: Axis| -> Tensor {
-        let Some(r) = r else { return dx_m.clone() };
-        Tensor::from_fn(&x.shape, |idx| {
-            let p = point(idx[0], idx[1], idx[2]).with(last, idx[3]);
-            let outs = eval_scalar_with(
-                r,
-                &mut |op| match op {
-                    Op::Param(k) => match r.params[*k as usize].role {
-                        ParamRole::Seed(_) => dx_m.get(idx),
-                        _ => x.get(idx),
-                    },
-                    other => leaf_value(other, &p, sizes, variant, inputs),
-                },
-                &mut |c, idx| gather_value(c, idx, &p, variant, inputs),
-            );
-            accumulate_customs(r, &outs, &p, variant, &mut customs);
-            outs[0]
-        })
+    let mb = |r: Option<&Region>,
+              x: &Tensor,
+              dx: &Tensor,
+              last,
+              customs: &mut IndexMap<String, Tensor>| {
+        modification_backward(
+            r,
+            x,
+            dx,
+            [Axis::B, Axis::H, Axis::S, last],
+            sizes,
+            variant,
+            inputs,
+            customs,
+        )
     };
-    let dq = through(bwd.modify_q.as_ref(), &inputs.q, &dq_m, Axis::Dk);
-    let dk_t = through(bwd.modify_k.as_ref(), &inputs.k, &dk_m, Axis::Dk);
-    let dv_t = through(bwd.modify_v.as_ref(), &inputs.v, &dv_m, Axis::Dv);
+    let dq = mb(
+        bwd.modify_q.as_ref(),
+        &inputs.q,
+        &dq_m,
+        Axis::Dk,
+        &mut customs,
+    );
+    let dk_t = mb(
+        bwd.modify_k.as_ref(),
+        &inputs.k,
+        &dk_m,
+        Axis::Dk,
+        &mut customs,
+    );
+    let dv_t = mb(
+        bwd.modify_v.as_ref(),
+        &inputs.v,
+        &dv_m,
+        Axis::Dv,
+        &mut customs,
+    );
     Gradients {
         dq,
         dk: dk_t,
