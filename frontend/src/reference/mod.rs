@@ -285,14 +285,6 @@ fn decl_str(d: &TensorDecl) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-#[allow(dead_code)]
-fn axes_str(axes: &[Axis]) -> String {
-    format!(
-        "[{}]",
-        axes.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
-    )
-}
-
 /// Coordinates of one evaluation point, by axis.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Point {
