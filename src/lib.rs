@@ -30,8 +30,8 @@ pub use aec_runtime as runtime;
 
 pub mod run;
 pub use run::{
-    Error, ForwardOutput, HeadDims, KernelOptions, ParallelKernels, Shape, check_shapes,
-    forward_source,
+    Error, ForwardOutput, Gradients, HeadDims, KernelOptions, ParallelKernels, Shape,
+    backward_source, check_shapes, forward_source,
 };
 
 /// A variant declared with [`attention!`].

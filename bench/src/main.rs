@@ -403,6 +403,8 @@ fn kernel_meta(
             ArgKind::RowOut => json!({ "kind": "rowout" }),
             ArgKind::Custom(c) => json!({ "kind": "custom", "name": c }),
             ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name() }),
+            ArgKind::CustomGrad(c) => json!({ "kind": "custom_grad", "name": c }),
+            ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
         })
         .collect();
     json!({

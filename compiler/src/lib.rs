@@ -4,9 +4,11 @@
 //! [`aec_frontend::Variant`] and a kernel configuration into source text plus
 //! the launch facts a runtime needs.
 
+pub mod backward_plan;
 pub mod cuda;
 pub mod simplify;
 
+pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};
 pub use cuda::dialect::Elem;
 pub use cuda::forward::{ArgKind, ForwardConfig, KernelSource, parallel_forward};
 

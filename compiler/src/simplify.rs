@@ -264,6 +264,7 @@ pub fn rules() -> Vec<Rule> {
         "neg-div": "(/ (neg ?a) ?b)" => "(neg (/ ?a ?b))";
         "minus-one-div": "(/ -1.0 ?b)" => "(neg (/ 1.0 ?b))";
         "div-cancel-left": "(/ ?a (* ?a ?b))" => "(/ 1.0 ?b)", assumes Finite;
+        "div-by-ratio": "(/ ?a (/ ?a ?b))" => "?b", assumes Finite;
     }
 }
 
@@ -324,14 +325,18 @@ impl Default for Limits {
     }
 }
 
-/// Simplifies every output of a region; the result evaluates to the same
-/// values (up to rounding, under the region's fold assumptions).
-pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
-    let g = &region.graph;
-    let roots: Vec<NodeId> = region.outputs.iter().map(|o| o.node).collect();
-    let live = g.live(&roots);
+/// The nodes of `g` that `roots` need, as an e-graph: f32 arithmetic as
+/// `Math` nodes, everything else (params, indices, integer and boolean
+/// subexpressions) as opaque leaves named after their node id.
+struct Loaded {
+    egraph: EGraph<Math, Facts>,
+    class_of: HashMap<NodeId, Id>,
+    leaves: HashMap<Symbol, NodeId>,
+}
+
+fn load(g: &Graph, roots: &[NodeId]) -> Loaded {
+    let live = g.live(roots);
     let mut egraph: EGraph<Math, Facts> = EGraph::new(Facts::default());
-    // Nodes that are not f32 arithmetic enter as opaque leaves named after their id.
     let mut class_of: HashMap<NodeId, Id> = HashMap::new();
     let mut leaves: HashMap<Symbol, NodeId> = HashMap::new();
     for id in g.ids() {
@@ -351,12 +356,90 @@ pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
         };
         class_of.insert(id, egraph.add(enode));
     }
-    let assume_finite = g.fold() == Fold::AssumeFinite;
-    let rewrites: Vec<Rewrite<Math, Facts>> = rules()
+    Loaded {
+        egraph,
+        class_of,
+        leaves,
+    }
+}
+
+/// The rules a graph folded with `fold` may use.
+fn rewrites_for(fold: Fold) -> Vec<Rewrite<Math, Facts>> {
+    let assume_finite = fold == Fold::AssumeFinite;
+    rules()
         .into_iter()
         .filter(|r| assume_finite || r.assumes == Assumes::Nothing)
         .map(|r| r.rewrite)
-        .collect();
+        .collect()
+}
+
+fn runner(egraph: EGraph<Math, Facts>, limits: Limits) -> Runner<Math, Facts> {
+    Runner::default()
+        .with_egraph(egraph)
+        .with_node_limit(limits.nodes)
+        .with_iter_limit(limits.iterations)
+        .with_time_limit(limits.time)
+}
+
+/// Prices like [`GpuCost`], but a leaf that varies along the row costs
+/// infinitely much: what it extracts is constant along the row.
+struct RowConstantCost<'a> {
+    leaf_axes: &'a HashMap<Symbol, AxisSet>,
+}
+
+impl CostFunction<Math> for RowConstantCost<'_> {
+    type Cost = f64;
+    fn cost<C: FnMut(Id) -> f64>(&mut self, enode: &Math, costs: C) -> f64 {
+        if let Math::Leaf(s) = enode
+            && self.leaf_axes.get(s).is_some_and(|a| a.contains(Axis::Skv))
+        {
+            return f64::INFINITY;
+        }
+        GpuCost.cost(enode, costs)
+    }
+}
+
+/// If `num / den` (two nodes of `g`) is provably constant along the row under
+/// the rule table (with `g`'s fold assumptions), builds that row constant in
+/// `out` — leaves are copied from `g`, so `out` must number params as `g`
+/// does — and returns it. `None` when no row-constant form was found.
+pub fn row_constant_ratio(
+    g: &Graph,
+    num: NodeId,
+    den: NodeId,
+    out: &mut Graph,
+    limits: Limits,
+) -> Option<NodeId> {
+    let Loaded {
+        mut egraph,
+        class_of,
+        leaves,
+    } = load(g, &[num, den]);
+    let ratio = egraph.add(Math::Div([class_of[&num], class_of[&den]]));
+    let runner = runner(egraph, limits).run(&rewrites_for(g.fold()));
+    let eg = &runner.egraph;
+    if eg[eg.find(ratio)].data.axes.contains(Axis::Skv) {
+        return None;
+    }
+    let cost = RowConstantCost {
+        leaf_axes: &eg.analysis.leaf_axes,
+    };
+    let (c, expr) = Extractor::new(eg, cost).find_best(eg.find(ratio));
+    c.is_finite().then(|| from_math(&expr, out, g, &leaves))
+}
+
+/// Simplifies every output of a region; the result evaluates to the same
+/// values (up to rounding, under the region's fold assumptions).
+pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
+    let g = &region.graph;
+    let roots: Vec<NodeId> = region.outputs.iter().map(|o| o.node).collect();
+    let live = g.live(&roots);
+    let Loaded {
+        mut egraph,
+        class_of,
+        leaves,
+    } = load(g, &roots);
+    let rewrites = rewrites_for(g.fold());
     let root_classes: Vec<Id> = roots.iter().map(|r| class_of[r]).collect();
     // `fact.<field>` outputs equal their state parameter (see the derivation).
     for o in &region.outputs {
@@ -378,12 +461,7 @@ pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
         let ex = Extractor::new(&egraph, GpuCost);
         root_classes.iter().map(|c| ex.find_best_cost(*c)).sum()
     };
-    let runner = Runner::default()
-        .with_egraph(egraph)
-        .with_node_limit(limits.nodes)
-        .with_iter_limit(limits.iterations)
-        .with_time_limit(limits.time)
-        .run(&rewrites);
+    let runner = runner(egraph, limits).run(&rewrites);
     let stop = match &runner.stop_reason {
         Some(StopReason::Saturated) => "saturated".to_string(),
         Some(other) => format!("{other:?}"),

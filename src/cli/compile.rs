@@ -169,6 +169,8 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 ArgKind::RowOut => json!({ "kind": "row_outputs", "dtype": "f32", "shape": "[row_outputs, B*H*Sq]" }),
                 ArgKind::Custom(n) => json!({ "kind": "custom", "name": n, "dtype": "f32" }),
                 ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name(), "dtype": "i32" }),
+                ArgKind::CustomGrad(n) => json!({ "kind": "custom_grad", "name": n, "dtype": "f32" }),
+                ArgKind::Workspace(n) => json!({ "kind": "workspace", "name": n }),
             })
             .collect();
         manifest_variants.push(json!({

@@ -31,81 +31,11 @@ struct Pt {
     int b, h, hk, i, j, d;
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-// d += a · b for one m16n8k16 tile, f32 accumulators.
-__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.{{ mma_type }}.{{ mma_type }}.f32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    {{ pack2_body }}
-}
-
-__device__ __forceinline__ float to_f32(elem_t x) { return {{ to_f32 }}(x); }
-__device__ __forceinline__ elem_t from_f32(float x) { return {{ from_f32 }}(x); }
-
-// The four lanes of a quad hold one row of an mma accumulator tile.
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    x += __shfl_xor_sync(0xffffffffu, x, 2);
-    return x;
-}
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-    return x;
-}
-__device__ __forceinline__ bool quad_any(bool x) {
-    int v = x ? 1 : 0;
-    v |= __shfl_xor_sync(0xffffffffu, v, 1);
-    v |= __shfl_xor_sync(0xffffffffu, v, 2);
-    return v != 0;
-}
+{% include "cuda/prelude.cu" %}
 
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 // ---------------------------------------------------------------------------
-
-// Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix into shared memory
-// (row stride COLS + PAD); rows past `limit` are zero-filled.
-template <int ROWS, int COLS>
-__device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, int limit, int tid) {
-    constexpr int CH = COLS / 8;
-#pragma unroll
-    for (int c = tid; c < ROWS * CH; c += NT) {
-        const int r = c / CH, cc = c % CH;
-        const int gr = row0 + r;
-        const bool ok = gr < limit;
-        const elem_t* src = g + (long long)(ok ? gr : 0) * COLS + cc * 8;
-        cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,

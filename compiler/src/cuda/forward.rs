@@ -1,8 +1,9 @@
 //! The parallel forward kernel: the template's fixed skeleton (tiles, copies,
 //! `mma.sync`, the online loop) filled with a variant's regions.
 
+use super::closures::{axis_size, elem_spelling, forward_closures};
 use super::dialect::{Elem, WARP_SIZE, float_lit};
-use super::expr::{custom_element, pointwise, row};
+use super::expr::{pointwise, row};
 use crate::CompileError;
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op, ParamRole, Region};
@@ -67,12 +68,19 @@ impl ForwardConfig {
 /// One kernel argument, in launch order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgKind {
-    /// q, k, v (read) or o (written), in the element type, `[B, heads, S, D]` contiguous.
+    /// q, k, v, o, dout, dq, dk, dv in the element type, `[B, heads, S, D]`
+    /// contiguous: the forward writes o; the backward reads q, k, v, o, dout
+    /// and writes dq, dk, dv.
     Tensor(&'static str),
     /// `rowout`: `[row_outputs.len(), B, H, Sq]` f32.
     RowOut,
     /// A custom input, f32, contiguous in its declared axis order.
     Custom(String),
+    /// The gradient of a custom input (backward): f32, shaped like the input,
+    /// added to.
+    CustomGrad(String),
+    /// Scratch memory of the backward (`dot`, `qmod`, `dq_acc`).
+    Workspace(&'static str),
     /// An `i32` size: B, H, Hkv, Sq or Skv.
     Size(Axis),
 }
@@ -154,37 +162,7 @@ pub fn parallel_forward(
     let nstate = fields.len();
     let nscales = online.scales.len();
 
-    let size = |a: Axis| -> String {
-        match a {
-            Axis::B => "P.B".into(),
-            Axis::H => "P.H".into(),
-            Axis::Hkv => "P.Hkv".into(),
-            Axis::Sq => "P.Sq".into(),
-            Axis::Skv => "P.Skv".into(),
-            Axis::Dqk => "DQK".into(),
-            Axis::Dv => "DV".into(),
-            Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
-        }
-    };
-    let coord = |a: Axis| -> String {
-        match a {
-            Axis::B => "pt.b".into(),
-            Axis::H => "pt.h".into(),
-            Axis::Hkv => "pt.hk".into(),
-            Axis::Sq => "pt.i".into(),
-            Axis::Skv => "pt.j".into(),
-            Axis::Dqk | Axis::Dv => "pt.d".into(),
-            Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
-        }
-    };
-    let custom = |c: u32| {
-        custom_element(
-            &format!("P.in{c}"),
-            &variant.customs[c as usize].axes,
-            &coord,
-            &size,
-        )
-    };
+    let size = axis_size;
     let state_index = |region: &Region, p: u32| -> usize {
         match &region.params[p as usize].role {
             ParamRole::State(f) => fields
@@ -195,33 +173,7 @@ pub fn parallel_forward(
         }
     };
 
-    let mut regions = String::new();
-    // Elementwise closures: fn(x, point, params).
-    for (region, name, ret) in [
-        (&par.modify_q, "modify_q", "float"),
-        (&par.modify_k, "modify_k", "float"),
-        (&par.modify_v, "modify_v", "float"),
-        (&par.modify_scores, "modify_scores", "float"),
-        (&par.mask, "mask_fn", "bool"),
-    ] {
-        let Some(r) = region else { continue };
-        let leaf = |op: &Op| -> String {
-            match op {
-                Op::Param(_) => "x".into(),
-                Op::Index(a) => coord(*a),
-                Op::Shape(a) => size(*a),
-                Op::Custom(c) => custom(*c),
-                other => unreachable!("not a leaf: {other:?}"),
-            }
-        };
-        let (code, outs) = pointwise(r, "n", &leaf);
-        let arg = if name == "mask_fn" { "" } else { "float x, " };
-        let _ = writeln!(
-            regions,
-            "__device__ __forceinline__ {ret} {name}({arg}const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
-            outs[0]
-        );
-    }
+    let mut regions = forward_closures(variant);
 
     // The online block update of one row.
     {
@@ -342,30 +294,17 @@ pub fn parallel_forward(
         cfg.block_n,
         cfg.warps
     );
-    let (header, pack2_body, to_f32, from_f32) = match cfg.elem {
-        Elem::Bf16 => (
-            "cuda_bf16.h",
-            "__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
-            "__bfloat162float",
-            "__float2bfloat16",
-        ),
-        Elem::F16 => (
-            "cuda_fp16.h",
-            "__half2 v = __floats2half2_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
-            "__half2float",
-            "__float2half",
-        ),
-    };
+    let sp = elem_spelling(cfg.elem);
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
         kernel_name: &kernel_name,
-        header,
+        header: sp.header,
         elem: cfg.elem.c_type(),
         mma_type: cfg.elem.mma_type(),
-        pack2_body,
-        to_f32,
-        from_f32,
+        pack2_body: sp.pack2_body,
+        to_f32: sp.to_f32,
+        from_f32: sp.from_f32,
         bm: cfg.block_m,
         bn: cfg.block_n,
         warps: cfg.warps(),

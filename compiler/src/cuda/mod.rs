@@ -1,5 +1,7 @@
 //! CUDA code generation.
 
+pub mod backward;
+pub mod closures;
 pub mod dialect;
 pub mod expr;
 pub mod forward;

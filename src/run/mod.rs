@@ -54,9 +54,16 @@
 //! computes gradients on the CPU), and compiling a recurrent variant returns
 //! [`Error::NotImplemented`].
 
+mod backward;
+
+pub use backward::Gradients;
+
 use std::sync::OnceLock;
 
-use crate::compiler::{ArgKind, CompileError, Elem, ForwardConfig, KernelSource, parallel_forward};
+use crate::compiler::{
+    ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, KernelSource,
+    parallel_backward, parallel_forward,
+};
 use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
 use crate::frontend::{self, Pattern};
@@ -78,9 +85,11 @@ pub enum Error {
     #[error("{0}")]
     Device(String),
     /// The kernel generator rejected the variant or the tile configuration.
-    #[error("cannot generate the forward kernel of `{variant}`: {source}")]
+    #[error("cannot generate the {kernel} kernel of `{variant}`: {source}")]
     Compile {
         variant: String,
+        /// `forward` or `backward`.
+        kernel: &'static str,
         #[source]
         source: CompileError,
     },
@@ -201,6 +210,9 @@ pub struct KernelOptions {
     /// The tile configuration; `None` uses [`ForwardConfig::default_for`].
     /// Its `elem` must be [`Elem::Bf16`] (the API takes bf16 tensors).
     pub config: Option<ForwardConfig>,
+    /// The backward's tile configuration; `None` uses
+    /// [`BackwardConfig::default_for`]. Its `elem` must be [`Elem::Bf16`].
+    pub backward_config: Option<BackwardConfig>,
     /// Extra NVRTC options appended to `-std=c++17` and the include
     /// directories (e.g. `-lineinfo`).
     pub nvrtc_flags: Vec<String>,
@@ -236,8 +248,46 @@ pub fn forward_source(
     }
     parallel_forward(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
         variant: variant.name.clone(),
+        kernel: "forward",
         source,
     })
+}
+
+/// Generates the parallel backward kernels of `variant` for `dims` without
+/// compiling them. Needs no GPU; the first step of
+/// [`ParallelKernels::backward`]'s compilation, with the same errors.
+pub fn backward_source(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    options: &KernelOptions,
+) -> Result<BackwardSource, Error> {
+    require_parallel(variant)?;
+    check_head_dims(variant, dims)?;
+    let cfg = options
+        .backward_config
+        .unwrap_or_else(|| BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16));
+    if cfg.elem != Elem::Bf16 {
+        return Err(Error::NotImplemented(format!(
+            "the backward API takes bf16 tensors, but the backward tile configuration asks \
+             for {} elements: set `elem: Elem::Bf16`",
+            cfg.elem.name()
+        )));
+    }
+    parallel_backward(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
+        variant: variant.name.clone(),
+        kernel: "backward",
+        source,
+    })
+}
+
+/// The three loaded backward kernels (see [`BackwardSource`]).
+#[derive(Debug)]
+struct BackwardKernels {
+    source: BackwardSource,
+    pre: Kernel,
+    main: Kernel,
+    post: Kernel,
+    _module: Module,
 }
 
 /// The compiled kernels of one parallel variant for one pair of head dims on
@@ -250,6 +300,9 @@ pub struct ParallelKernels {
     device: Device,
     forward: Kernel,
     _module: Module,
+    options: KernelOptions,
+    /// Compiled on the first [`backward`](Self::backward) call.
+    backward: OnceLock<BackwardKernels>,
 }
 
 impl ParallelKernels {
@@ -308,6 +361,8 @@ impl ParallelKernels {
             device: device.clone(),
             forward,
             _module: module,
+            options: options.clone(),
+            backward: OnceLock::new(),
         })
     }
 
@@ -353,6 +408,33 @@ impl ParallelKernels {
         check_shapes(&self.variant, self.dims, shape, tensors)
     }
 
+    /// Checks that the stream and every buffer live on the kernels' device.
+    fn check_devices<'a>(
+        &self,
+        stream: &Stream,
+        buffers: impl IntoIterator<Item = (&'a str, usize)>,
+    ) -> Result<(), Error> {
+        let ordinal = self.device.ordinal();
+        if stream.ordinal() != ordinal {
+            return Err(Error::Device(format!(
+                "the stream belongs to device {}, but the kernels of `{}` are loaded on device \
+                 {ordinal}: use a stream of that device (kernels.device().stream())",
+                stream.ordinal(),
+                self.variant.name
+            )));
+        }
+        for (name, o) in buffers {
+            if o != ordinal {
+                return Err(Error::Device(format!(
+                    "tensor `{name}` lives on device {o}, but the kernels of `{}` are loaded on \
+                     device {ordinal}: upload it with a stream of that device",
+                    self.variant.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs the forward on `stream`: `o = attention(q, k, v)` and the row
     /// outputs, queued on `stream` (download them on the same stream, or
     /// synchronise, before reading).
@@ -369,7 +451,8 @@ impl ParallelKernels {
     /// buffer of another device) naming the tensor, its expected shape and
     /// what was given. Masked-out rows (no visible key) output 0.
     ///
-    /// There is no `backward`: the backward kernels are not implemented yet.
+    /// [`backward`](Self::backward) takes the returned [`ForwardOutput`]
+    /// (its row outputs hold the saved state).
     pub fn forward(
         &self,
         stream: &Stream,
@@ -379,27 +462,10 @@ impl ParallelKernels {
         customs: &[(&str, &DeviceBuffer<f32>)],
         shape: Shape,
     ) -> Result<ForwardOutput, Error> {
-        let ordinal = self.device.ordinal();
-        if stream.ordinal() != ordinal {
-            return Err(Error::Device(format!(
-                "the stream belongs to device {}, but the kernels of `{}` are loaded on device \
-                 {ordinal}: use a stream of that device (kernels.device().stream())",
-                stream.ordinal(),
-                self.variant.name
-            )));
-        }
         let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
             .into_iter()
             .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
-        for (name, o) in buffers {
-            if o != ordinal {
-                return Err(Error::Device(format!(
-                    "tensor `{name}` lives on device {o}, but the kernels of `{}` are loaded on \
-                     device {ordinal}: upload it with a stream of that device",
-                    self.variant.name
-                )));
-            }
-        }
+        self.check_devices(stream, buffers)?;
         let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
             .into_iter()
             .chain(customs.iter().map(|(n, b)| (*n, b.len())))
@@ -424,6 +490,7 @@ impl ParallelKernels {
             let mut rows_slot = Some(&mut row_outputs);
             let twice = |what: &str| Error::Compile {
                 variant: self.variant.name.clone(),
+                kernel: "forward",
                 source: CompileError(format!(
                     "the generated kernel takes `{what}` twice; this is a bug in aec"
                 )),
@@ -452,8 +519,10 @@ impl ParallelKernels {
                         };
                         Arg::from(i32::try_from(n).expect("check_shapes bounded every size"))
                     }
-                    ArgKind::Tensor(other) => {
-                        unreachable!("params_of rejected tensor argument `{other}`")
+                    other @ (ArgKind::Tensor(_)
+                    | ArgKind::CustomGrad(_)
+                    | ArgKind::Workspace(_)) => {
+                        unreachable!("params_of rejected argument {other:?}")
                     }
                 });
             }
@@ -577,6 +646,7 @@ fn params_of(variant: &frontend::Variant, source: &KernelSource) -> Result<Vec<P
             | ArgKind::Size(Axis::Dqk | Axis::Dv) => Ok(Param::I32),
             other => Err(Error::Compile {
                 variant: variant.name.clone(),
+                kernel: "forward",
                 source: CompileError(format!(
                     "the generated kernel takes an argument this API does not know ({other:?}); \
                      aec's run module and kernel generator disagree, which is a bug in aec"
@@ -584,6 +654,19 @@ fn params_of(variant: &frontend::Variant, source: &KernelSource) -> Result<Vec<P
             }),
         })
         .collect()
+}
+
+/// Checks element counts of buffers whose expected length is known:
+/// (name, layout, given, expected, shape).
+fn check_lengths(items: &[(&str, &str, usize, usize, Shape)]) -> Result<(), Error> {
+    for &(name, layout, len, expected, shape) in items {
+        if len != expected {
+            return Err(Error::Shape(format!(
+                "tensor `{name}` has {len} elements, expected {layout} = {expected} for the shape {shape}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The largest grid y (heads) and z (batch) dimension CUDA allows.

@@ -1,0 +1,534 @@
+//! The parallel backward kernels: `templates/cuda/parallel_bwd.cu` filled with
+//! the variant's closures, their derived backward and the lowered
+//! normalisation backward ([`crate::backward_plan`]).
+
+use super::closures::{
+    axis_size, backward_closure, custom_at, elem_spelling, forward_closures, grad_atomics,
+    grad_outputs,
+};
+use super::dialect::{Elem, WARP_SIZE};
+use super::expr::pointwise;
+use super::forward::{ArgKind, implies_causal};
+use crate::CompileError;
+use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
+use aec_frontend::Variant;
+use aec_frontend::ir::{Axis, AxisSet, DType, NodeId, Op, Output, ParamRole, Region};
+use askama::Template;
+use std::fmt::Write;
+
+/// Tile configuration of the backward's main kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackwardConfig {
+    /// Query rows per step of the loop over query blocks.
+    pub block_m: u32,
+    /// Warps per block; each owns 16 keys, so a block holds `16 · warps` keys.
+    pub warps: u32,
+    pub elem: Elem,
+}
+
+impl BackwardConfig {
+    /// 32 query rows per step (the dK and dV accumulators of a warp's 16
+    /// keys stay in registers up to head dims 128) on four warps, 64 keys per
+    /// block; 64 rows where both head dims are ≤ 64 or where Dqk/16 is odd
+    /// (two warps per dQ row tile need an even split).
+    pub fn default_for(dqk: u32, dv: u32, elem: Elem) -> BackwardConfig {
+        let block_m = if (dqk <= 64 && dv <= 64) || (dqk / 16) % 2 != 0 {
+            64
+        } else {
+            32
+        };
+        BackwardConfig {
+            block_m,
+            warps: 4,
+            elem,
+        }
+    }
+
+    pub fn block_n(&self) -> u32 {
+        16 * self.warps
+    }
+}
+
+/// How a kernel's grid follows from the call's sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// `x`: query rows (`B·H·Sq`) over `per_block`.
+    Rows { per_block: u32 },
+    /// `x`: key blocks of `block_n`; `y`: KV heads; `z`: batch.
+    KeyBlocks { block_n: u32 },
+    /// `x`: dQ elements (`B·H·Sq·Dqk`) over `per_block`.
+    Elements { per_block: u32 },
+}
+
+/// One kernel of the backward and how to launch it.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub name: String,
+    pub threads: u32,
+    pub smem_bytes: u32,
+    pub grid: Grid,
+}
+
+impl Launch {
+    /// The grid for sizes `B, H, Hkv, Sq, Skv` and the kernel's `Dqk`, or
+    /// `None` when a dimension exceeds what CUDA launches.
+    pub fn grid_for(&self, [b, h, hkv, sq, skv]: [usize; 5], dqk: u32) -> Option<(u32, u32, u32)> {
+        let (x, y, z) = match self.grid {
+            Grid::Rows { per_block } => ((b * h * sq).div_ceil(per_block as usize), 1, 1),
+            Grid::KeyBlocks { block_n } => (skv.div_ceil(block_n as usize), hkv, b),
+            Grid::Elements { per_block } => (
+                (b * h * sq * dqk as usize).div_ceil(per_block as usize),
+                1,
+                1,
+            ),
+        };
+        let fits = x < (1 << 31) && y < 65536 && z < 65536;
+        fits.then_some((x as u32, y as u32, z as u32))
+    }
+}
+
+/// Generated backward source and everything needed to launch it. The three
+/// kernels take the same arguments, in the order of `args`.
+#[derive(Clone, Debug)]
+pub struct BackwardSource {
+    pub source: String,
+    /// `Tensor`: q, k, v, o and dout (`dO`) are read, dq, dk, dv written;
+    /// `RowOut` is the forward's row output (read); `Workspace`s are scratch
+    /// (see [`BackwardSource::workspace_len`]); `CustomGrad`s are f32 like
+    /// their inputs and are *added to* (pass zeros).
+    pub args: Vec<ArgKind>,
+    /// Per query row: dO·O, the modified q, a zeroed dQ accumulator.
+    pub pre: Launch,
+    /// Per KV block: dK, dV, custom-input gradients of the score closures, dQ accumulation.
+    pub main: Launch,
+    /// Per dQ element: the q modification's backward, dq written.
+    pub post: Launch,
+    pub dqk: u32,
+    pub dv: u32,
+    /// What the forward's `rowout` holds, in order (the backward reads the state).
+    pub row_outputs: Vec<String>,
+    pub config: BackwardConfig,
+}
+
+impl BackwardSource {
+    /// Elements of a workspace argument for `rows = B·H·Sq` query rows.
+    pub fn workspace_len(&self, name: &str, rows: usize) -> usize {
+        match name {
+            "dot" => rows,
+            "qmod" | "dq_acc" => rows * self.dqk as usize,
+            other => unreachable!("unknown workspace `{other}`"),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "cuda/parallel_bwd.cu", escape = "none")]
+struct BackwardTemplate<'a> {
+    version: &'a str,
+    variant: &'a str,
+    kernel_name: &'a str,
+    header: &'a str,
+    elem: &'a str,
+    mma_type: &'a str,
+    pack2_body: &'a str,
+    to_f32: &'a str,
+    from_f32: &'a str,
+    bm: u32,
+    bn: u32,
+    warps: u32,
+    warp_size: u32,
+    dqk: u32,
+    dv: u32,
+    nstate: usize,
+    nscales: usize,
+    nstat: usize,
+    nstat_arr: usize,
+    nrc: usize,
+    nrc_arr: usize,
+    params_fields: String,
+    custom_args: String,
+    params_init: String,
+    m_start: String,
+    regions: String,
+    grad_decl: String,
+    grad_accum: String,
+    grad_flush: String,
+    grad_k: String,
+    grad_v: String,
+    grad_q: String,
+    uses_dot: bool,
+    modify_q: bool,
+    modify_k: bool,
+    modify_v: bool,
+    modify_scores: bool,
+    mask: bool,
+}
+
+/// Generates the parallel backward kernels of `variant` for head dims `dqk`, `dv`.
+pub fn parallel_backward(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &BackwardConfig,
+) -> Result<BackwardSource, CompileError> {
+    let par = variant.parallel().ok_or_else(|| {
+        CompileError(format!(
+            "`{}` is a recurrent variant; the parallel backward needs a parallel one",
+            variant.name
+        ))
+    })?;
+    check(variant, dqk, dv, cfg)?;
+    let plan = backward_plan(variant)?;
+    let online = &par.online;
+    let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
+    let nstate = fields.len();
+    let nstat = nstate + usize::from(plan.uses_dot);
+    let bwd = &par.backward;
+
+    let mut regions = forward_closures(variant);
+    let (row_consts, weight_and_grad, nrc) = row_programs(&plan, &fields);
+    regions.push_str(&row_consts);
+    regions.push_str(&weight_and_grad);
+    for (region, name, define) in [
+        (&bwd.modify_q, "modify_q_bwd", "NGRAD_Q_ARR"),
+        (&bwd.modify_k, "modify_k_bwd", "NGRAD_K_ARR"),
+        (&bwd.modify_v, "modify_v_bwd", "NGRAD_V_ARR"),
+        (&bwd.modify_scores, "modify_scores_bwd", "NGRAD_S_ARR"),
+    ] {
+        let Some(r) = region else { continue };
+        let n = grad_outputs(variant, r).len();
+        let _ = writeln!(regions, "#define {define} {}", n.max(1));
+        regions.push_str(&backward_closure(variant, r, name));
+        regions.push('\n');
+    }
+
+    // Score-closure gradients of custom inputs: inputs constant over a
+    // (batch, head) step are summed in registers and added once per step and
+    // warp; others are added per score.
+    let (mut grad_decl, mut grad_accum, mut grad_flush) =
+        (String::new(), String::new(), String::new());
+    if let Some(r) = &bwd.modify_scores {
+        let per_head = AxisSet::of(&[Axis::B, Axis::H, Axis::Hkv]);
+        for (k, (_, c)) in grad_outputs(variant, r).iter().enumerate() {
+            let axes = &variant.customs[*c as usize].axes;
+            let target = custom_at(variant, *c, "g");
+            if axes.iter().all(|a| per_head.contains(*a)) {
+                let _ = writeln!(grad_decl, "        float gs{k} = 0.0f;");
+                let _ = writeln!(grad_accum, "                gs{k} += ok ? gr[{k}] : 0.0f;");
+                let _ = writeln!(
+                    grad_flush,
+                    "        {{\n            float x = gs{k};\n#pragma unroll\n            for (int off = WARP / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);\n            const Pt pt = {{b, h, hk, 0, 0, 0}};\n            if (lane == 0) atomicAdd(&{target}, x);\n        }}"
+                );
+            } else {
+                let _ = writeln!(
+                    grad_accum,
+                    "                if (ok) atomicAdd(&{target}, gr[{k}]);"
+                );
+            }
+        }
+    }
+    let grads = |r: &Option<Region>, indent: &str| {
+        r.as_ref()
+            .map(|r| grad_atomics(variant, r, "true", indent))
+            .unwrap_or_default()
+    };
+
+    let mut params_fields = String::new();
+    let mut custom_args = String::new();
+    let mut params_init = String::new();
+    for c in 0..variant.customs.len() {
+        let _ = writeln!(params_fields, "    const float* __restrict__ in{c};");
+        let _ = write!(custom_args, "const float* __restrict__ in{c}, ");
+        let _ = write!(params_init, "P.in{c} = in{c}; ");
+    }
+    for c in 0..variant.customs.len() {
+        let _ = writeln!(params_fields, "    float* g{c};");
+        let _ = write!(custom_args, "float* __restrict__ g{c}, ");
+        let _ = write!(params_init, "P.g{c} = g{c}; ");
+    }
+    // A mask that implies `i >= j`: queries before the block's first key see none of it.
+    let m_start = if par.mask.as_ref().is_some_and(implies_causal) {
+        "    const int mb0 = n0 / BM;"
+    } else {
+        "    const int mb0 = 0;"
+    }
+    .to_string();
+
+    let kernel_name = format!(
+        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}",
+        variant.name.to_lowercase(),
+        cfg.elem.name(),
+        cfg.block_m,
+        cfg.warps
+    );
+    let sp = elem_spelling(cfg.elem);
+    let t = BackwardTemplate {
+        version: env!("CARGO_PKG_VERSION"),
+        variant: &variant.name,
+        kernel_name: &kernel_name,
+        header: sp.header,
+        elem: cfg.elem.c_type(),
+        mma_type: cfg.elem.mma_type(),
+        pack2_body: sp.pack2_body,
+        to_f32: sp.to_f32,
+        from_f32: sp.from_f32,
+        bm: cfg.block_m,
+        bn: cfg.block_n(),
+        warps: cfg.warps,
+        warp_size: WARP_SIZE,
+        dqk,
+        dv,
+        nstate,
+        nscales: online.scales.len(),
+        nstat,
+        nstat_arr: nstat.max(1),
+        nrc,
+        nrc_arr: nrc.max(1),
+        params_fields,
+        custom_args,
+        params_init,
+        m_start,
+        regions,
+        grad_decl,
+        grad_accum,
+        grad_flush,
+        grad_k: grads(&bwd.modify_k, "                "),
+        grad_v: grads(&bwd.modify_v, "                "),
+        grad_q: grads(&bwd.modify_q, "        "),
+        uses_dot: plan.uses_dot,
+        modify_q: par.modify_q.is_some(),
+        modify_k: par.modify_k.is_some(),
+        modify_v: par.modify_v.is_some(),
+        modify_scores: par.modify_scores.is_some(),
+        mask: par.mask.is_some(),
+    };
+    let source = t
+        .render()
+        .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
+
+    let mut args: Vec<ArgKind> = ["q", "k", "v", "o", "dout"]
+        .into_iter()
+        .map(ArgKind::Tensor)
+        .collect();
+    args.push(ArgKind::RowOut);
+    args.extend(["dot", "qmod", "dq_acc"].map(ArgKind::Workspace));
+    args.extend(["dq", "dk", "dv"].map(ArgKind::Tensor));
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::Custom(c.name.clone())),
+    );
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::CustomGrad(c.name.clone())),
+    );
+    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+
+    let (bm, bn) = (cfg.block_m, cfg.block_n());
+    let elems =
+        bn * (dqk + 8) + bn * (dv + 8) + 2 * bm * (dqk + 8) + 2 * bm * (dv + 8) + bn * (bm + 8);
+    let smem_bytes = elems * 2 + 4 * 2 * nrc.max(1) as u32 * bm;
+    let threads = cfg.warps * WARP_SIZE;
+    let row_outputs = online
+        .scales
+        .iter()
+        .map(|s| format!("scale.{s}"))
+        .chain(fields.iter().map(|f| format!("state.{f}")))
+        .collect();
+    Ok(BackwardSource {
+        source,
+        args,
+        pre: Launch {
+            name: format!("{kernel_name}_pre"),
+            threads,
+            smem_bytes: 0,
+            grid: Grid::Rows {
+                per_block: cfg.warps,
+            },
+        },
+        main: Launch {
+            name: format!("{kernel_name}_main"),
+            threads,
+            smem_bytes,
+            grid: Grid::KeyBlocks { block_n: bn },
+        },
+        post: Launch {
+            name: format!("{kernel_name}_post"),
+            threads,
+            smem_bytes: 0,
+            grid: Grid::Elements { per_block: threads },
+        },
+        dqk,
+        dv,
+        row_outputs,
+        config: *cfg,
+    })
+}
+
+/// The weight/dS formulas split at the row: `row_consts` computes, once per
+/// query row, every row-constant value the per-score part reads (from the
+/// saved state and dO·O); `weight_and_grad` computes `p` and `ds` of one score
+/// from `s`, `dp` and those constants. Returns both functions and the number
+/// of row constants.
+fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, usize) {
+    // One graph with both outputs, over the ds region's params.
+    let mut combined = plan.ds.clone();
+    let p_root = plan.recompute.output("p").expect("recompute has p");
+    let ds_params = plan.ds.params.clone();
+    let p = combined
+        .graph
+        .import(&plan.recompute.graph, &[p_root], |g, _, n| match n.op {
+            Op::Param(k) => {
+                let role = &plan.recompute.params[k as usize].role;
+                let k2 = ds_params
+                    .iter()
+                    .position(|p| &p.role == role)
+                    .expect("recompute params are ds params");
+                Some(g.leaf(Op::Param(k2 as u32), n.dtype, n.axes))
+            }
+            _ => None,
+        })[0];
+    combined.outputs = vec![
+        Output {
+            name: "p".into(),
+            node: p,
+        },
+        combined.outputs[0].clone(),
+    ];
+    let g = &combined.graph;
+    let ra = g.reduce_axis();
+    let roots: Vec<NodeId> = combined.outputs.iter().map(|o| o.node).collect();
+    let live = g.live(&roots);
+    let along_row = |id: NodeId| g.node(id).axes.contains(ra);
+    // Row constants read by per-score nodes (constants are free to repeat).
+    let mut frontier: Vec<NodeId> = Vec::new();
+    for id in g.ids() {
+        if !live[id.index()] {
+            continue;
+        }
+        let n = g.node(id);
+        if !along_row(id) {
+            continue;
+        }
+        for a in &n.args {
+            if !along_row(*a) && !matches!(g.node(*a).op, Op::Const(_)) && !frontier.contains(a) {
+                frontier.push(*a);
+            }
+        }
+    }
+    for r in &roots {
+        if !along_row(*r) && !frontier.contains(r) {
+            frontier.push(*r);
+        }
+    }
+    frontier.sort();
+
+    let stat_index = |role: &ParamRole| -> usize {
+        match role {
+            ParamRole::State(f) if f == DOT_FIELD => fields.len(),
+            ParamRole::State(f) => fields.iter().position(|x| x == f).expect("state field"),
+            other => unreachable!("row constants read only the state and dO·O, not {other:?}"),
+        }
+    };
+
+    // row_consts: the frontier nodes from the stats.
+    let consts_region = Region {
+        outputs: frontier
+            .iter()
+            .enumerate()
+            .map(|(k, id)| Output {
+                name: format!("rc{k}"),
+                node: *id,
+            })
+            .collect(),
+        ..combined.clone()
+    };
+    let leaf = |op: &Op| -> String {
+        match op {
+            Op::Param(k) => format!("st[{}]", stat_index(&combined.params[*k as usize].role)),
+            Op::Shape(a) => axis_size(*a),
+            other => unreachable!("row constants read only the state and sizes: {other:?}"),
+        }
+    };
+    let (code, outs) = pointwise(&consts_region, "n", &leaf);
+    let mut body = code;
+    for (k, e) in outs.iter().enumerate() {
+        let _ = writeln!(body, "    rc[{k}] = {e};");
+    }
+    let row_consts = format!(
+        "__device__ __forceinline__ void row_consts(const float (&st)[NSTAT_ARR], float (&rc)[NRC_ARR], const Params& P) {{\n{body}}}\n\n"
+    );
+
+    // weight_and_grad: the frontier becomes params rc[k].
+    let np = combined.params.len() as u32;
+    let mut elem = combined.clone();
+    let mut fresh = aec_frontend::ir::Graph::new(g.fold(), ra);
+    let images = fresh.import(g, &roots, |fg, id, _| {
+        frontier
+            .iter()
+            .position(|f| *f == id)
+            .map(|k| fg.leaf(Op::Param(np + k as u32), DType::F32, AxisSet::EMPTY))
+    });
+    elem.graph = fresh;
+    for (o, img) in elem.outputs.iter_mut().zip(images) {
+        o.node = img;
+    }
+    let leaf = |op: &Op| -> String {
+        match op {
+            Op::Param(k) if *k >= np => format!("rc[{}]", k - np),
+            Op::Param(k) => match &combined.params[*k as usize].role {
+                ParamRole::Element => "s".into(),
+                ParamRole::Seed(_) => "dp".into(),
+                other => unreachable!("state {other:?} is a row constant"),
+            },
+            Op::Shape(a) => axis_size(*a),
+            other => unreachable!("the weight and dS read only s, dp and row constants: {other:?}"),
+        }
+    };
+    let (code, outs) = pointwise(&elem, "n", &leaf);
+    let weight_and_grad = format!(
+        "__device__ __forceinline__ void weight_and_grad(float s, float dp, const float (&rc)[NRC_ARR], float& p, float& ds, const Params& P) {{\n{code}    p = {};\n    ds = {};\n}}\n\n",
+        outs[0], outs[1]
+    );
+    (row_consts, weight_and_grad, frontier.len())
+}
+
+fn check(variant: &Variant, dqk: u32, dv: u32, cfg: &BackwardConfig) -> Result<(), CompileError> {
+    for (axis, d) in [(Axis::Dqk, dqk), (Axis::Dv, dv)] {
+        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
+            && *fixed != d as usize
+        {
+            return Err(CompileError(format!(
+                "`{}` fixes {axis} = {fixed}, asked for {d}",
+                variant.name
+            )));
+        }
+        if d == 0 || d % 16 != 0 || d > 256 {
+            return Err(CompileError(format!(
+                "head dimension {axis} = {d} is not supported by the sm_80 backward template: it needs a multiple of 16 up to 256"
+            )));
+        }
+    }
+    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
+        return Err(CompileError(format!(
+            "custom input `{}` has user axes (read by index); the CUDA templates do not support indexed inputs yet",
+            c.name
+        )));
+    }
+    let rt = cfg.block_m / 16;
+    let ok = matches!(cfg.block_m, 32 | 64 | 128)
+        && matches!(cfg.warps, 2 | 4 | 8)
+        && rt <= cfg.warps
+        && cfg.warps % rt == 0
+        && (dqk / 16) % (cfg.warps / rt) == 0;
+    if !ok {
+        return Err(CompileError(format!(
+            "backward tile block_m = {} with {} warps does not fit Dqk = {dqk}: block_m must be 32, 64 or 128, at most 16 × warps, and the warps sharing a 16-row dQ tile must split Dqk/16 evenly",
+            cfg.block_m, cfg.warps
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! Pieces every parallel template shares: how kernels name axis coordinates,
+//! sizes and custom inputs, the element type's spellings, and the user's
+//! elementwise closures (and their derived backward) as device functions.
+
+use super::dialect::Elem;
+use super::expr::{custom_element, pointwise};
+use aec_frontend::Variant;
+use aec_frontend::ir::{Axis, Op, Region};
+use std::fmt::Write;
+
+/// The kernel expression of an axis's extent (`Params P` in scope).
+pub fn axis_size(a: Axis) -> String {
+    match a {
+        Axis::B => "P.B".into(),
+        Axis::H => "P.H".into(),
+        Axis::Hkv => "P.Hkv".into(),
+        Axis::Sq => "P.Sq".into(),
+        Axis::Skv => "P.Skv".into(),
+        Axis::Dqk => "DQK".into(),
+        Axis::Dv => "DV".into(),
+        Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
+    }
+}
+
+/// The kernel expression of an axis's coordinate (`Pt pt` in scope).
+pub fn axis_coord(a: Axis) -> String {
+    match a {
+        Axis::B => "pt.b".into(),
+        Axis::H => "pt.h".into(),
+        Axis::Hkv => "pt.hk".into(),
+        Axis::Sq => "pt.i".into(),
+        Axis::Skv => "pt.j".into(),
+        Axis::Dqk | Axis::Dv => "pt.d".into(),
+        Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
+    }
+}
+
+/// `P.<pointer>[offset of the point]` for custom input `c` (axes of its declaration).
+pub fn custom_at(variant: &Variant, c: u32, pointer: &str) -> String {
+    custom_element(
+        &format!("P.{pointer}{c}"),
+        &variant.customs[c as usize].axes,
+        &axis_coord,
+        &axis_size,
+    )
+}
+
+/// Spellings of the element type in the templates' prelude.
+#[derive(Debug, Clone, Copy)]
+pub struct ElemSpelling {
+    pub header: &'static str,
+    pub pack2_body: &'static str,
+    pub to_f32: &'static str,
+    pub from_f32: &'static str,
+}
+
+pub fn elem_spelling(elem: Elem) -> ElemSpelling {
+    match elem {
+        Elem::Bf16 => ElemSpelling {
+            header: "cuda_bf16.h",
+            pack2_body: "__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
+            to_f32: "__bfloat162float",
+            from_f32: "__float2bfloat16",
+        },
+        Elem::F16 => ElemSpelling {
+            header: "cuda_fp16.h",
+            pack2_body: "__half2 v = __floats2half2_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
+            to_f32: "__half2float",
+            from_f32: "__float2half",
+        },
+    }
+}
+
+/// Leaves of an elementwise closure: its element is `x`, the rest come from the point.
+fn closure_leaf(variant: &Variant, seed: Option<u32>) -> impl Fn(&Op) -> String + '_ {
+    move |op: &Op| match op {
+        Op::Param(p) if Some(*p) == seed => "dy".into(),
+        Op::Param(_) => "x".into(),
+        Op::Index(a) => axis_coord(*a),
+        Op::Shape(a) => axis_size(*a),
+        Op::Custom(c) => custom_at(variant, *c, "in"),
+        other => unreachable!("not a leaf of an elementwise closure: {other:?}"),
+    }
+}
+
+/// The forward closures (`modify_q`…, `mask_fn`) as device functions
+/// `float name(float x, const Pt&, const Params&)` (`bool mask_fn(const Pt&, const Params&)`).
+pub fn forward_closures(variant: &Variant) -> String {
+    let par = variant.parallel().expect("parallel variant");
+    let mut out = String::new();
+    for (region, name, ret) in [
+        (&par.modify_q, "modify_q", "float"),
+        (&par.modify_k, "modify_k", "float"),
+        (&par.modify_v, "modify_v", "float"),
+        (&par.modify_scores, "modify_scores", "float"),
+        (&par.mask, "mask_fn", "bool"),
+    ] {
+        let Some(r) = region else { continue };
+        let (code, outs) = pointwise(r, "n", &closure_leaf(variant, None));
+        let arg = if name == "mask_fn" { "" } else { "float x, " };
+        let _ = writeln!(
+            out,
+            "__device__ __forceinline__ {ret} {name}({arg}const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
+            outs[0]
+        );
+    }
+    out
+}
+
+/// A derived closure backward as `float name(float x, float dy, const Pt&,
+/// const Params&, float (&gr)[N])`: returns the element's gradient and puts
+/// the contribution to each custom input's gradient in `gr`, in the order of
+/// [`grad_outputs`].
+pub fn backward_closure(variant: &Variant, region: &Region, name: &str) -> String {
+    let seed = region
+        .params
+        .iter()
+        .position(|p| matches!(p.role, aec_frontend::ir::ParamRole::Seed(_)))
+        .map(|p| p as u32);
+    let grads = grad_outputs(variant, region);
+    let only = Region {
+        outputs: std::iter::once(region.outputs[0].clone())
+            .chain(grads.iter().map(|(k, _)| region.outputs[*k].clone()))
+            .collect(),
+        ..region.clone()
+    };
+    let (code, outs) = pointwise(&only, "n", &closure_leaf(variant, seed));
+    let mut body = code;
+    for (k, e) in outs[1..].iter().enumerate() {
+        let _ = writeln!(body, "    gr[{k}] = {e};");
+    }
+    format!(
+        "__device__ __forceinline__ float {name}(float x, float dy, const Pt& pt, const Params& P, float (&gr)[{}]) {{\n{body}    return {};\n}}\n",
+        grads.len().max(1),
+        outs[0]
+    )
+}
+
+/// The `grad.<input>` outputs of a closure backward: (output index, custom input index).
+pub fn grad_outputs(variant: &Variant, region: &Region) -> Vec<(usize, u32)> {
+    region
+        .outputs
+        .iter()
+        .enumerate()
+        .filter_map(|(k, o)| {
+            let name = o.name.strip_prefix("grad.")?;
+            let c = variant.customs.iter().position(|c| c.name == name)?;
+            Some((k, c as u32))
+        })
+        .collect()
+}
+
+/// Statements adding each `gr[k]` to its custom input's gradient at the point
+/// `pt`, with f32 atomics (contributions from many threads meet there).
+pub fn grad_atomics(variant: &Variant, region: &Region, guard: &str, indent: &str) -> String {
+    let mut s = String::new();
+    for (k, (_, c)) in grad_outputs(variant, region).iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "{indent}if ({guard}) atomicAdd(&{}, gr[{k}]);",
+            custom_at(variant, *c, "g")
+        );
+    }
+    s
+}

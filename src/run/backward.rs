@@ -1,0 +1,296 @@
+//! The backward on the GPU: [`ParallelKernels::backward`].
+
+use super::{
+    BackwardKernels, Error, ForwardOutput, ParallelKernels, backward_source, cache, check_lengths,
+};
+use crate::compiler::{ArgKind, BackwardSource, CompileError};
+use crate::frontend::ir::Axis;
+use crate::runtime::{Arg, CompileOptions, DType, DeviceBuffer, Module, Param, Stream, bf16};
+
+/// What [`ParallelKernels::backward`] returns: the gradients of the loss with
+/// respect to every input, filled once the stream reaches the launches.
+#[derive(Debug)]
+pub struct Gradients {
+    /// `[B, H, Sq, Dqk]` bf16.
+    pub dq: DeviceBuffer<bf16>,
+    /// `[B, Hkv, Skv, Dqk]` bf16, summed over the query heads of each group.
+    pub dk: DeviceBuffer<bf16>,
+    /// `[B, Hkv, Skv, Dv]` bf16.
+    pub dv: DeviceBuffer<bf16>,
+    /// One per custom input of the variant, by name, f32 and shaped like the
+    /// input (zeros for inputs no gradient reaches, such as a mask's).
+    pub customs: Vec<(String, DeviceBuffer<f32>)>,
+}
+
+impl Gradients {
+    /// The gradient of custom input `name`.
+    pub fn custom(&self, name: &str) -> Option<&DeviceBuffer<f32>> {
+        self.customs.iter().find(|(n, _)| n == name).map(|(_, b)| b)
+    }
+}
+
+impl ParallelKernels {
+    /// The backward kernels, generated and compiled on first use.
+    fn backward_kernels(&self) -> Result<&BackwardKernels, Error> {
+        if let Some(k) = self.backward.get() {
+            return Ok(k);
+        }
+        let source = backward_source(&self.variant, self.dims, &self.options)?;
+        let params = backward_params(&self.variant, &source)?;
+        let mut opts = CompileOptions::new(self.device.arch());
+        opts.flags.extend(self.options.nvrtc_flags.iter().cloned());
+        let compiled = cache()
+            .compile(&source.source, &opts)
+            .map_err(|e| Error::Runtime {
+                during: format!(
+                    "compiling the backward kernels of `{}` with NVRTC for {}",
+                    self.variant.name,
+                    self.device.arch()
+                ),
+                source: e,
+            })?;
+        let loading = |e| Error::Runtime {
+            during: format!(
+                "loading the backward kernels of `{}` onto device {} ({})",
+                self.variant.name,
+                self.device.ordinal(),
+                self.device.name()
+            ),
+            source: e,
+        };
+        let module = Module::load(&self.device, &compiled.cubin).map_err(loading)?;
+        let kernel = |name: &str| module.kernel(name, &params).map_err(loading);
+        let kernels = BackwardKernels {
+            pre: kernel(&source.pre.name)?,
+            main: kernel(&source.main.name)?,
+            post: kernel(&source.post.name)?,
+            source,
+            _module: module,
+        };
+        // Another thread may have won the race; its kernels are as good.
+        let _ = self.backward.set(kernels);
+        Ok(self.backward.get().expect("set above"))
+    }
+
+    /// The generated backward source and its launch facts (compiles the
+    /// backward if no call has yet).
+    pub fn backward_source(&self) -> Result<&BackwardSource, Error> {
+        Ok(&self.backward_kernels()?.source)
+    }
+
+    /// Runs the backward on `stream`: given the inputs of a
+    /// [`forward`](Self::forward) call, its output and `d_o` (the gradient
+    /// of the loss with respect to `o`, `[B, H, Sq, Dv]` bf16), computes the
+    /// gradients of q, k, v and every custom input.
+    ///
+    /// The first call generates and compiles the backward kernels (through
+    /// the kernel cache). Every check happens before anything is allocated
+    /// or launched: the inputs as in `forward`, for `forward.shape`; `d_o`
+    /// and the forward output's buffers by length. The weights are
+    /// recomputed from the saved row state, so `forward` must be the output
+    /// of these kernels on these inputs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<bf16>,
+        k: &DeviceBuffer<bf16>,
+        v: &DeviceBuffer<bf16>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        forward: &ForwardOutput,
+        d_o: &DeviceBuffer<bf16>,
+    ) -> Result<Gradients, Error> {
+        let buffers = [
+            ("q", q.ordinal()),
+            ("k", k.ordinal()),
+            ("v", v.ordinal()),
+            ("o", forward.o.ordinal()),
+            ("d_o", d_o.ordinal()),
+        ]
+        .into_iter()
+        .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
+        self.check_devices(stream, buffers)?;
+        let shape = forward.shape;
+        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
+            .into_iter()
+            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
+            .collect();
+        self.check(shape, &lens)?;
+        let rows = shape.rows();
+        let (dqk, dv) = (self.dims.dqk as usize, self.dims.dv as usize);
+        check_lengths(&[
+            ("d_o", "[B, H, Sq, Dv]", d_o.len(), rows * dv, shape),
+            (
+                "forward.o",
+                "[B, H, Sq, Dv]",
+                forward.o.len(),
+                rows * dv,
+                shape,
+            ),
+            (
+                "forward.row_outputs",
+                "[row outputs, B·H·Sq]",
+                forward.row_outputs.len(),
+                self.source.row_outputs.len().max(1) * rows,
+                shape,
+            ),
+        ])?;
+        let kernels = self.backward_kernels()?;
+        let src = &kernels.source;
+        let grid = |l: &crate::compiler::Launch| {
+            l.grid_for([shape.b, shape.h, shape.hkv, shape.sq, shape.skv], self.dims.dqk)
+                .ok_or_else(|| {
+                    Error::Shape(format!(
+                        "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",
+                        l.name
+                    ))
+                })
+        };
+        let grids = [grid(&src.pre)?, grid(&src.main)?, grid(&src.post)?];
+
+        let runtime = |e| Error::Runtime {
+            during: format!("running the backward of `{}`", self.variant.name),
+            source: e,
+        };
+        let modifies_q = self
+            .variant
+            .parallel()
+            .is_some_and(|p| p.modify_q.is_some());
+        let kv_rows = shape.b * shape.hkv * shape.skv;
+        let mut dot = stream.alloc_zeros::<f32>(rows).map_err(runtime)?;
+        let mut qmod = stream
+            .alloc_zeros::<bf16>(if modifies_q { rows * dqk } else { 1 })
+            .map_err(runtime)?;
+        let mut dq_acc = stream.alloc_zeros::<f32>(rows * dqk).map_err(runtime)?;
+        let mut dq = stream.alloc_zeros::<bf16>(rows * dqk).map_err(runtime)?;
+        let mut dk = stream.alloc_zeros::<bf16>(kv_rows * dqk).map_err(runtime)?;
+        let mut dvb = stream.alloc_zeros::<bf16>(kv_rows * dv).map_err(runtime)?;
+        let mut grads: Vec<(String, DeviceBuffer<f32>)> = Vec::new();
+        for (name, buf) in customs {
+            grads.push((
+                name.to_string(),
+                stream.alloc_zeros::<f32>(buf.len()).map_err(runtime)?,
+            ));
+        }
+        {
+            let mut outs_dot = Some(&mut dot);
+            let mut outs_qmod = Some(&mut qmod);
+            let mut outs_acc = Some(&mut dq_acc);
+            let mut outs_dq = Some(&mut dq);
+            let mut outs_dk = Some(&mut dk);
+            let mut outs_dv = Some(&mut dvb);
+            let mut grad_slots: Vec<(&str, Option<&mut DeviceBuffer<f32>>)> = grads
+                .iter_mut()
+                .map(|(n, b)| (n.as_str(), Some(b)))
+                .collect();
+            let twice = |what: &str| Error::Compile {
+                variant: self.variant.name.clone(),
+                kernel: "backward",
+                source: CompileError(format!(
+                    "the generated kernels take `{what}` twice; this is a bug in aec"
+                )),
+            };
+            let mut args: Vec<Arg<'_>> = Vec::with_capacity(src.args.len());
+            for a in &src.args {
+                args.push(match a {
+                    ArgKind::Tensor("q") => Arg::from(q),
+                    ArgKind::Tensor("k") => Arg::from(k),
+                    ArgKind::Tensor("v") => Arg::from(v),
+                    ArgKind::Tensor("o") => Arg::from(&forward.o),
+                    ArgKind::Tensor("dout") => Arg::from(d_o),
+                    ArgKind::RowOut => Arg::from(&forward.row_outputs),
+                    ArgKind::Workspace("dot") => {
+                        Arg::from(outs_dot.take().ok_or_else(|| twice("dot"))?)
+                    }
+                    ArgKind::Workspace("qmod") => {
+                        Arg::from(outs_qmod.take().ok_or_else(|| twice("qmod"))?)
+                    }
+                    ArgKind::Workspace("dq_acc") => {
+                        Arg::from(outs_acc.take().ok_or_else(|| twice("dq_acc"))?)
+                    }
+                    ArgKind::Tensor("dq") => Arg::from(outs_dq.take().ok_or_else(|| twice("dq"))?),
+                    ArgKind::Tensor("dk") => Arg::from(outs_dk.take().ok_or_else(|| twice("dk"))?),
+                    ArgKind::Tensor("dv") => Arg::from(outs_dv.take().ok_or_else(|| twice("dv"))?),
+                    ArgKind::Custom(name) => Arg::from(
+                        customs
+                            .iter()
+                            .find(|(n, _)| n == name)
+                            .map(|(_, b)| *b)
+                            .expect("check_shapes found every custom input"),
+                    ),
+                    ArgKind::CustomGrad(name) => {
+                        let slot = grad_slots
+                            .iter_mut()
+                            .find(|(n, _)| n == name)
+                            .expect("one gradient per custom input");
+                        Arg::from(slot.1.take().ok_or_else(|| twice(name))?)
+                    }
+                    ArgKind::Size(axis) => {
+                        let n = match axis {
+                            Axis::Dqk => dqk,
+                            Axis::Dv => dv,
+                            a => shape.size(*a).expect("backward_params accepted the axis"),
+                        };
+                        Arg::from(i32::try_from(n).expect("check_shapes bounded every size"))
+                    }
+                    other => unreachable!("backward_params rejected {other:?}"),
+                });
+            }
+            for (kernel, launch, g) in [
+                (&kernels.pre, &src.pre, grids[0]),
+                (&kernels.main, &src.main, grids[1]),
+                (&kernels.post, &src.post, grids[2]),
+            ] {
+                kernel
+                    .launch(
+                        stream,
+                        g,
+                        (launch.threads, 1, 1),
+                        launch.smem_bytes,
+                        &mut args,
+                    )
+                    .map_err(runtime)?;
+            }
+        }
+        Ok(Gradients {
+            dq,
+            dk,
+            dv: dvb,
+            customs: grads,
+        })
+    }
+}
+
+/// The backward kernels' parameter list, from their argument kinds.
+fn backward_params(
+    variant: &crate::frontend::Variant,
+    source: &BackwardSource,
+) -> Result<Vec<Param>, Error> {
+    source
+        .args
+        .iter()
+        .map(|a| match a {
+            ArgKind::Tensor("q" | "k" | "v" | "o" | "dout") => Ok(Param::In(DType::BF16)),
+            ArgKind::Tensor("dq" | "dk" | "dv") | ArgKind::Workspace("qmod") => {
+                Ok(Param::Out(DType::BF16))
+            }
+            ArgKind::RowOut => Ok(Param::In(DType::F32)),
+            ArgKind::Workspace("dot" | "dq_acc") => Ok(Param::Out(DType::F32)),
+            ArgKind::Custom(name) if variant.customs.iter().any(|c| &c.name == name) => {
+                Ok(Param::In(DType::F32))
+            }
+            ArgKind::CustomGrad(name) if variant.customs.iter().any(|c| &c.name == name) => {
+                Ok(Param::Out(DType::F32))
+            }
+            ArgKind::Size(Axis::B | Axis::H | Axis::Hkv | Axis::Sq | Axis::Skv) => Ok(Param::I32),
+            other => Err(Error::Compile {
+                variant: variant.name.clone(),
+                kernel: "backward",
+                source: CompileError(format!(
+                    "the generated backward takes an argument this API does not know ({other:?}); \
+                     aec's run module and kernel generator disagree, which is a bug in aec"
+                )),
+            }),
+        })
+        .collect()
+}
