@@ -72,6 +72,64 @@ class Kernel:
         return o, rowout
 
 
+class BackwardKernel:
+    """The three generated backward kernels (pre, main, post) of one cubin."""
+
+    def __init__(self, cases_dir, meta):
+        self.meta = meta
+        data = open(os.path.join(cases_dir, meta["cubin"]), "rb").read()
+        self.module = ctypes.c_void_p()
+        check(libcuda.cuModuleLoadData(ctypes.byref(self.module), data), "cuModuleLoadData")
+        self.fns = []
+        for l in meta["launches"]:
+            fn = ctypes.c_void_p()
+            check(libcuda.cuModuleGetFunction(ctypes.byref(fn), self.module, l["name"].encode()),
+                  "cuModuleGetFunction " + l["name"])
+            if l["smem_bytes"] > 0:
+                check(libcuda.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                 l["smem_bytes"]), "cuFuncSetAttribute")
+            self.fns.append((fn, l))
+
+    def __call__(self, q, k, v, o, dout, rowout, customs, sizes):
+        b, h, hkv, sq, skv = sizes["B"], sizes["H"], sizes["Hkv"], sizes["Sq"], sizes["Skv"]
+        dqk, dv = self.meta["dqk"], self.meta["dv"]
+        rows = b * h * sq
+        bufs = dict(q=q, k=k, v=v, o=o, dout=dout,
+                    dot=torch.empty(rows, device=dev, dtype=torch.float32),
+                    qmod=torch.empty(rows * dqk, device=dev, dtype=torch.bfloat16),
+                    dq_acc=torch.empty(rows * dqk, device=dev, dtype=torch.float32),
+                    dq=torch.empty(b, h, sq, dqk, device=dev, dtype=torch.bfloat16),
+                    dk=torch.empty(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16),
+                    dv=torch.empty(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16))
+        grads = {n: torch.zeros_like(t) for n, t in customs.items()}
+        vals = []
+        for a in self.meta["args"]:
+            kind = a["kind"]
+            if kind in ("tensor", "workspace"):
+                vals.append(ctypes.c_uint64(bufs[a["name"]].data_ptr()))
+            elif kind == "rowout":
+                vals.append(ctypes.c_uint64(rowout.data_ptr()))
+            elif kind == "custom":
+                vals.append(ctypes.c_uint64(customs[a["name"]].data_ptr()))
+            elif kind == "custom_grad":
+                vals.append(ctypes.c_uint64(grads[a["name"]].data_ptr()))
+            else:
+                vals.append(ctypes.c_int32(sizes[a["axis"]]))
+        params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
+        stream = torch.cuda.current_stream().cuda_stream
+        for fn, l in self.fns:
+            g = l["grid"]
+            if g["kind"] == "rows":
+                grid = ((rows + g["per_block"] - 1) // g["per_block"], 1, 1)
+            elif g["kind"] == "key_blocks":
+                grid = ((skv + g["block_n"] - 1) // g["block_n"], hkv, b)
+            else:
+                grid = ((rows * dqk + g["per_block"] - 1) // g["per_block"], 1, 1)
+            check(libcuda.cuLaunchKernel(fn, *grid, l["threads"], 1, 1, l["smem_bytes"], ctypes.c_void_p(stream),
+                                         params, None), "cuLaunchKernel " + l["name"])
+        return bufs["dq"], bufs["dk"], bufs["dv"], grads
+
+
 def load_bin(path, dtype, shape):
     data = bytearray(open(path, "rb").read())
     return torch.frombuffer(data, dtype=dtype).reshape(shape).to(dev)
@@ -142,18 +200,18 @@ def run_bench(cases_dir, index, workloads):
     rows = []
     wl = {w["id"]: w for w in workloads["workloads"]}
 
-    def record(work, impl, ms, fl, err=None, template=None, error=None):
-        row = dict(workload=work, **{"pass": "fwd"}, impl=impl)
+    def record(work, impl, ms, fl, err=None, template=None, error=None, pas="fwd"):
+        row = dict(workload=work, **{"pass": pas}, impl=impl)
         if template:
             row["template"] = template
         if error is not None:
             row["error"] = error
-            print(f"bench {work:42s} {impl:14s} ERROR {error}", flush=True)
+            print(f"bench {work:42s} {pas:7s} {impl:14s} ERROR {error}", flush=True)
         else:
             row.update(ms=ms, tflops=fl / (ms * 1e-3) / 1e12)
             if err is not None:
                 row["max_rel_err"] = err
-            print(f"bench {work:42s} {impl:14s} {ms:8.4f} ms {row['tflops']:7.1f} TF/s"
+            print(f"bench {work:42s} {pas:7s} {impl:14s} {ms:8.4f} ms {row['tflops']:7.1f} TF/s"
                   + (f" err={err:.2e}" if err is not None else ""), flush=True)
         rows.append(row)
         return row
@@ -172,17 +230,18 @@ def run_bench(cases_dir, index, workloads):
         anchors = {}
         if w["variant"] == "softmax":
             for nm, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
-                def f(be=be):
+                def f(qq=q, kk=k, vv=v, be=be):
                     with sdpa_kernel([be]):
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=hkv != h)
+                        return F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale,
+                                                              enable_gqa=hkv != h)
                 anchors[nm] = f
         else:
             kind = w["variant"]
 
-            def eager():
-                sc = (q @ k.transpose(-1, -2)) * scale
+            def eager(qq=q, kk=k, vv=v):
+                sc = (qq @ kk.transpose(-1, -2)) * scale
                 p = torch.sigmoid(sc - math.log(skv)) if kind == "sigmoid" else torch.relu(sc) / skv
-                return p @ v
+                return p @ vv
             anchors["eager"] = eager
             anchors["torch.compile"] = torch.compile(eager)
         ref = None
@@ -206,8 +265,111 @@ def run_bench(cases_dir, index, workloads):
             record(work, "aec", bench(lambda: kern(q, k, v, {}, sizes)), fl, err=err, template="sm80")
         except Exception as e:
             record(work, "aec", None, fl, template="sm80", error=f"{type(e).__name__}: {e}")
+        if "fwd+bwd" in w.get("passes", []):
+            bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl * 3.5)
         del q, k, v
         torch.cuda.empty_cache()
+    return rows
+
+
+def bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl):
+    """fwd+bwd rows: the anchors through autograd, ours as forward + the three
+    backward kernels; our gradients are compared with the first anchor's."""
+    b, h, hkv, sq, skv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"]
+    torch.manual_seed(1)
+    do = torch.randn(b, h, sq, w["dv"], device=dev, dtype=torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = None
+    for nm, f in anchors.items():
+        if nm == "eager" and "torch.compile" in anchors:
+            continue
+        def fb(f=f):
+            out = f(*leaves)
+            out.backward(do)
+        try:
+            fb()
+            grads = [t.grad.float().clone() for t in leaves]
+            if ref is None:
+                ref = grads
+            import triton
+            ms = triton.testing.do_bench(fb, warmup=20, rep=100, return_mode="median", grad_to_none=leaves)
+            record(work, nm, ms, fl, pas="fwd+bwd")
+        except Exception as e:
+            record(work, nm, None, fl, pas="fwd+bwd", error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        for t in leaves:
+            t.grad = None
+    bm = entry.get("backward", {})
+    if "error" in entry or "error" in bm or not bm.get("cubin"):
+        record(work, "aec", None, fl, template="sm80", pas="fwd+bwd",
+               error=entry.get("error") or bm.get("error") or "no backward cubin")
+        return
+    try:
+        fk = Kernel(cases_dir, entry["kernel"])
+        bk = BackwardKernel(cases_dir, bm)
+        sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
+
+        def ours():
+            o, rowout = fk(q, k, v, {}, sizes)
+            return bk(q, k, v, o, do, rowout, {}, sizes)
+        dq, dk, dv, _ = ours()
+        torch.cuda.synchronize()
+        err = None
+        if ref is not None:
+            err = max(rel_err(x.float(), y) for x, y in zip((dq, dk, dv), ref))
+        record(work, "aec", bench(ours), fl, err=err, template="sm80", pas="fwd+bwd")
+    except Exception as e:
+        record(work, "aec", None, fl, template="sm80", pas="fwd+bwd", error=f"{type(e).__name__}: {e}")
+
+
+def run_bwd_sweep(cases_dir, index, workloads):
+    """Backward alone, per tile configuration, next to FA2's and cuDNN's
+    backward alone (autograd.grad on a kept forward) in the same process."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    rows = []
+    wl = {w["id"]: w for w in workloads["workloads"]}
+    fwd_entry = {e["workload"]: e for e in index["bench"]}
+    for work in sorted({e["workload"] for e in index.get("bwd_sweep", [])}):
+        w = wl[work]
+        b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
+        fl = 2.5 * flops_fwd(w)
+        torch.manual_seed(0)
+        q = torch.randn(b, h, sq, dqk, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
+        do = torch.randn(b, h, sq, dv, device=dev, dtype=torch.bfloat16)
+        ref = None
+        for nm, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            with sdpa_kernel([be]):
+                out = F.scaled_dot_product_attention(*leaves, is_causal=w["causal"], scale=1 / math.sqrt(dqk))
+            grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
+            if ref is None:
+                ref = [g.float() for g in grads]
+            ms = bench(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+            rows.append(dict(workload=work, **{"pass": "bwd"}, impl=nm, ms=ms, tflops=fl / (ms * 1e-3) / 1e12))
+            print(f"sweep {work:34s} bwd {nm:14s} {ms:8.4f} ms {rows[-1]['tflops']:7.1f} TF/s", flush=True)
+        fk = Kernel(cases_dir, fwd_entry[work]["kernel"])
+        sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
+        o, rowout = fk(q, k, v, {}, sizes)
+        for e in index["bwd_sweep"]:
+            if e["workload"] != work:
+                continue
+            impl = "aec " + e["config"]
+            try:
+                if "error" in e["backward"]:
+                    raise RuntimeError(e["backward"]["error"])
+                bk = BackwardKernel(cases_dir, e["backward"])
+                dq, dk, dvv, _ = bk(q, k, v, o, do, rowout, {}, sizes)
+                torch.cuda.synchronize()
+                err = max(rel_err(x.float(), y) for x, y in zip((dq, dk, dvv), ref))
+                ms = bench(lambda: bk(q, k, v, o, do, rowout, {}, sizes))
+                rows.append(dict(workload=work, **{"pass": "bwd"}, impl=impl, template="sm80", ms=ms,
+                                 tflops=fl / (ms * 1e-3) / 1e12, max_rel_err=err, ptxas=e["backward"].get("ptxas")))
+                print(f"sweep {work:34s} bwd {impl:14s} {ms:8.4f} ms {rows[-1]['tflops']:7.1f} TF/s err={err:.2e}",
+                      flush=True)
+            except Exception as ex:
+                rows.append(dict(workload=work, **{"pass": "bwd"}, impl=impl, error=f"{type(ex).__name__}: {ex}"))
+                print(f"sweep {work:34s} bwd {impl:14s} ERROR {type(ex).__name__}: {ex}", flush=True)
     return rows
 
 
@@ -217,6 +379,13 @@ def main():
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else None
     index = json.load(open(os.path.join(cases_dir, "index.json")))
     torch.zeros(1, device=dev)  # create PyTorch's context; our modules load into it
+    if "--bwd-sweep" in args:
+        workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
+        rows = run_bwd_sweep(cases_dir, index, workloads)
+        with open(os.path.join(OUT, "bwd_sweep.json"), "w") as fh:
+            json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                           torch=torch.__version__, rows=rows), fh, indent=1)
+        return
     ok, checks = run_cases(cases_dir, index, only)
     rows = []
     if "--no-bench" not in args:

@@ -11,47 +11,16 @@
 //!   no Rust: build with `cargo test --test gpu_forward --no-run --release`
 //!   and run the binary there from the repository root.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use aec::frontend::ir::Axis;
-use aec::frontend::{Variant as Definition, parse_file};
 use aec::prelude::*;
 use aec::reference;
 use aec::runtime::RuntimeError;
 use aec::{Error, check_shapes, forward_source};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use common::example;
+use common::gpu::{RandomCall, compiled, device, random_call, rel_err};
 
 // ---------------------------------------------------------------- helpers
-
-/// The repository root: where the test was built if that still exists
-/// (`CARGO_MANIFEST_DIR`), else the current directory (a GPU machine running
-/// a copied binary from a copy of the repository).
-fn repo_dir() -> PathBuf {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR"));
-    if built.join("examples").is_dir() {
-        built.to_path_buf()
-    } else {
-        std::env::current_dir().expect("current directory")
-    }
-}
-
-/// The single variant of `examples/<name>.rs`, parsed as the CLI reads it.
-fn example(name: &str) -> Definition {
-    let path = repo_dir().join("examples").join(format!("{name}.rs"));
-    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run the test from the repository root)",
-            path.display()
-        )
-    });
-    let mut found = parse_file(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(found.len(), 1, "{}: one variant expected", path.display());
-    found
-        .remove(0)
-        .variant
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 fn shape_error(r: Result<(), Error>) -> String {
     match r {
@@ -359,60 +328,6 @@ fn cpu_runtime_errors_keep_their_message() {
 
 // -------------------------------------------------------------- GPU tests
 
-fn gpu_required() -> bool {
-    std::env::var_os("AEC_REQUIRE_GPU").is_some_and(|v| v == "1")
-}
-
-fn skip(test: &str, what: impl std::fmt::Display) {
-    if gpu_required() {
-        panic!("{test}: {what}\nAEC_REQUIRE_GPU=1 requires a CUDA GPU, its driver and NVRTC");
-    }
-    eprintln!("skipped {test}: {what}");
-}
-
-/// Device 0, or `None` after a skip line.
-fn device(test: &str) -> Option<Device> {
-    match Device::open(0) {
-        Ok(d) => Some(d),
-        Err(e @ (RuntimeError::NoDriver { .. } | RuntimeError::NoDevice { .. })) => {
-            skip(test, e);
-            None
-        }
-        Err(e) => panic!("{test}: {e}"),
-    }
-}
-
-/// `compile`'s result, or `None` after a skip line when NVRTC is missing.
-fn compiled(test: &str, r: Result<ParallelKernels, Error>) -> Option<ParallelKernels> {
-    match r {
-        Ok(k) => Some(k),
-        Err(
-            e @ Error::Runtime {
-                source: RuntimeError::NoNvrtc,
-                ..
-            },
-        ) => {
-            skip(test, e);
-            None
-        }
-        Err(e) => panic!("{test}: {e}"),
-    }
-}
-
-fn normal(rng: &mut StdRng) -> f64 {
-    let u1: f64 = rng.random_range(1e-12..1.0);
-    let u2: f64 = rng.random();
-    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-}
-
-/// ‖a − b‖ / ‖b‖.
-fn rel_err(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let norm: f64 = b.iter().map(|y| y * y).sum();
-    (diff / norm.max(1e-60)).sqrt()
-}
-
 /// Runs the forward of `examples/<name>.rs` on the GPU and compares it with
 /// the reference interpreter on the same (bf16) inputs.
 fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
@@ -427,63 +342,19 @@ fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_ra
         return;
     };
     let stream = device.stream();
-    let mut rng = StdRng::seed_from_u64(name.bytes().map(u64::from).sum::<u64>() * 7919 + 1);
-    let size = |a: Axis| match a {
-        Axis::Dqk => dims.dqk as usize,
-        Axis::Dv => dims.dv as usize,
-        other => shape.size(other).expect("parallel axis"),
-    };
-    let dims_of = |axes: &[Axis]| axes.iter().map(|a| size(*a)).collect::<Vec<_>>();
-    // q, k, v: bf16 on the device, the same values as f64 for the reference.
-    let mut tensor = |axes: &[Axis]| {
-        let shape = dims_of(axes);
-        let host: Vec<bf16> = (0..shape.iter().product::<usize>())
-            .map(|_| bf16::from_f64(normal(&mut rng)))
-            .collect();
-        let t = Tensor {
-            shape,
-            data: host.iter().map(|x| x.to_f64()).collect(),
-        };
-        (host, t)
-    };
-    let (q_host, q_ref) = tensor(&def.q.axes);
-    let (k_host, k_ref) = tensor(&def.k.axes);
-    let (v_host, v_ref) = tensor(&def.v.axes);
-    let mut customs_host: Vec<(String, Vec<f32>, Tensor)> = Vec::new();
-    for c in &def.customs {
-        let cshape = dims_of(&c.axes);
-        let host: Vec<f32> = if c.name.starts_with("doc_") {
-            // Three documents per sequence; the last query sits in a document
-            // no key has, so its row is fully masked (output 0).
-            let n = cshape[1];
-            (0..cshape.iter().product::<usize>())
-                .map(|x| {
-                    let pos = x % n;
-                    if c.name == "doc_q" && pos == n - 1 {
-                        9.0
-                    } else {
-                        (pos * 3 / n) as f32
-                    }
-                })
-                .collect()
-        } else {
-            (0..cshape.iter().product::<usize>())
-                .map(|_| rng.random_range(custom_range.0..custom_range.1) as f32)
-                .collect()
-        };
-        let t = Tensor {
-            shape: cshape,
-            data: host.iter().map(|&x| f64::from(x)).collect(),
-        };
-        customs_host.push((c.name.clone(), host, t));
-    }
-
+    let RandomCall {
+        q_host,
+        k_host,
+        v_host,
+        customs_host,
+        inputs,
+    } = random_call(&def, shape, dims, custom_range, name);
     let q = stream.upload(&q_host).unwrap();
     let k = stream.upload(&k_host).unwrap();
     let v = stream.upload(&v_host).unwrap();
     let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = customs_host
         .iter()
-        .map(|(n, h, _)| (n.clone(), stream.upload(h).unwrap()))
+        .map(|(n, h)| (n.clone(), stream.upload(h).unwrap()))
         .collect();
     let customs: Vec<(&str, &DeviceBuffer<f32>)> =
         custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
@@ -497,14 +368,6 @@ fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_ra
         .map(|x| x.to_f64())
         .collect();
 
-    let inputs = Inputs {
-        q: q_ref,
-        k: k_ref,
-        v: v_ref,
-        customs: customs_host.into_iter().map(|(n, _, t)| (n, t)).collect(),
-        initial_state: None,
-        initial_normalizer: None,
-    };
     let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference forward");
     assert_eq!(fwd.o.shape, [shape.b, shape.h, shape.sq, dims.dv as usize]);
     let nan = o.iter().any(|x| x.is_nan());

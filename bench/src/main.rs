@@ -9,7 +9,10 @@
 //! `-Xptxas -v`, whose register/spill report lands in the case's JSON), so the
 //! GPU machine only loads and launches.
 
-use aec_compiler::{ArgKind, Elem, ForwardConfig, KernelSource, parallel_forward};
+use aec_compiler::{
+    ArgKind, BackwardConfig, BackwardSource, Elem, ForwardConfig, Grid, KernelSource,
+    parallel_backward, parallel_forward,
+};
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
 use aec_frontend::{Variant, parse_file};
@@ -180,16 +183,41 @@ fn main() {
             e => load(&root, e),
         };
         let cfg = ForwardConfig::default_for(&v, *dqk, *dv, Elem::Bf16);
-        let entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
+        let file = format!("bench_{}", workload.replace('-', "_"));
+        let mut entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
             Ok(k) => {
-                let file = format!("bench_{}", workload.replace('-', "_"));
                 json!({ "workload": workload, "kernel": kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes) })
             }
             Err(e) => json!({ "workload": workload, "error": e.to_string() }),
         };
+        let bcfg = BackwardConfig::default_for(*dqk, *dv, Elem::Bf16);
+        entry["backward"] = match parallel_backward(&v, *dqk, *dv, &bcfg) {
+            Ok(b) => backward_meta(&out, &format!("{file}_bwd"), &b, nvcc.as_deref(), &includes),
+            Err(e) => json!({ "error": e.to_string() }),
+        };
         bench.push(entry);
     }
-    let all = json!({ "cases": index, "bench": bench });
+    // Backward tile sweep: every supported configuration on the first
+    // softmax workload, timed alone by `gpu_check.py --bwd-sweep`.
+    let mut sweep = Vec::new();
+    if args.iter().any(|a| a == "--bwd-sweep") {
+        let v = load(&root, "softmax");
+        for (bm, warps) in [(32, 4), (64, 4), (32, 8), (64, 8), (128, 8)] {
+            let cfg = BackwardConfig {
+                block_m: bm,
+                warps,
+                elem: Elem::Bf16,
+            };
+            eprintln!("backward sweep m{bm} w{warps} …");
+            let file = format!("sweep_bwd_m{bm}w{warps}");
+            let meta = match parallel_backward(&v, 128, 128, &cfg) {
+                Ok(b) => backward_meta(&out, &file, &b, nvcc.as_deref(), &includes),
+                Err(e) => json!({ "error": e.to_string() }),
+            };
+            sweep.push(json!({ "workload": BENCH[0].0, "config": format!("m{bm}w{warps}"), "backward": meta }));
+        }
+    }
+    let all = json!({ "cases": index, "bench": bench, "bwd_sweep": sweep });
     std::fs::write(
         out.join("index.json"),
         serde_json::to_string_pretty(&all).expect("json"),
@@ -359,8 +387,61 @@ fn kernel_meta(
     nvcc: Option<&str>,
     includes: &[String],
 ) -> Value {
+    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
+    let args = args_meta(&k.args);
+    json!({
+        "name": k.name,
+        "source": cu,
+        "cubin": cubin,
+        "threads": k.threads,
+        "block_m": k.block_m,
+        "smem_bytes": k.smem_bytes,
+        "args": args,
+        "row_outputs": k.row_outputs,
+        "ptxas": ptxas,
+    })
+}
+
+/// The backward's three kernels (one cubin) and how to launch them.
+fn backward_meta(
+    out: &Path,
+    file: &str,
+    b: &BackwardSource,
+    nvcc: Option<&str>,
+    includes: &[String],
+) -> Value {
+    let (cu, cubin, ptxas) = compile_source(out, file, &b.source, nvcc, includes);
+    let launch = |l: &aec_compiler::Launch| {
+        let grid = match l.grid {
+            Grid::Rows { per_block } => json!({ "kind": "rows", "per_block": per_block }),
+            Grid::KeyBlocks { block_n } => json!({ "kind": "key_blocks", "block_n": block_n }),
+            Grid::Elements { per_block } => json!({ "kind": "elements", "per_block": per_block }),
+        };
+        json!({ "name": l.name, "threads": l.threads, "smem_bytes": l.smem_bytes, "grid": grid })
+    };
+    json!({
+        "source": cu,
+        "cubin": cubin,
+        "args": args_meta(&b.args),
+        "launches": [launch(&b.pre), launch(&b.main), launch(&b.post)],
+        "dqk": b.dqk,
+        "dv": b.dv,
+        "config": { "block_m": b.config.block_m, "warps": b.config.warps },
+        "ptxas": ptxas,
+    })
+}
+
+/// Writes `<file>.cu` and, with nvcc, compiles it to `<file>.sm_90a.cubin`;
+/// returns the source and cubin names and ptxas's resource lines.
+fn compile_source(
+    out: &Path,
+    file: &str,
+    source: &str,
+    nvcc: Option<&str>,
+    includes: &[String],
+) -> (Value, Value, Value) {
     let cu = out.join(format!("{file}.cu"));
-    std::fs::write(&cu, &k.source).expect("write kernel source");
+    std::fs::write(&cu, source).expect("write kernel source");
     let mut ptxas = Value::Null;
     let mut cubin = Value::Null;
     if let Some(nvcc) = nvcc {
@@ -395,9 +476,11 @@ fn kernel_meta(
         );
         cubin = json!(target.file_name().and_then(|f| f.to_str()));
     }
-    let args: Vec<Value> = k
-        .args
-        .iter()
+    (json!(cu.file_name().and_then(|f| f.to_str())), cubin, ptxas)
+}
+
+fn args_meta(args: &[ArgKind]) -> Vec<Value> {
+    args.iter()
         .map(|a| match a {
             ArgKind::Tensor(t) => json!({ "kind": "tensor", "name": t }),
             ArgKind::RowOut => json!({ "kind": "rowout" }),
@@ -406,16 +489,5 @@ fn kernel_meta(
             ArgKind::CustomGrad(c) => json!({ "kind": "custom_grad", "name": c }),
             ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
         })
-        .collect();
-    json!({
-        "name": k.name,
-        "source": cu.file_name().and_then(|f| f.to_str()),
-        "cubin": cubin,
-        "threads": k.threads,
-        "block_m": k.block_m,
-        "smem_bytes": k.smem_bytes,
-        "args": args,
-        "row_outputs": k.row_outputs,
-        "ptxas": ptxas,
-    })
+        .collect()
 }

@@ -265,6 +265,7 @@ pub fn rules() -> Vec<Rule> {
         "minus-one-div": "(/ -1.0 ?b)" => "(neg (/ 1.0 ?b))";
         "div-cancel-left": "(/ ?a (* ?a ?b))" => "(/ 1.0 ?b)", assumes Finite;
         "div-by-ratio": "(/ ?a (/ ?a ?b))" => "?b", assumes Finite;
+        "div-as-recip": "(/ ?a ?b)" => "(* ?a (/ 1.0 ?b))", row_constant "?b";
     }
 }
 
@@ -290,6 +291,41 @@ impl CostFunction<Math> for GpuCost {
             Math::Tanh(_) | Math::Sigmoid(_) => 8.0,
             Math::Pow(_) => 12.0,
             Math::RowSum(_) | Math::RowMax(_) | Math::RowAbsSum(_) => 12.0,
+        };
+        enode.fold(own, |acc, id| acc + costs(id))
+    }
+}
+
+/// [`GpuCost`] with hoisting: an operation whose value does not vary along
+/// the row (`Skv`) runs once per row, not once per score, so it costs a
+/// twentieth. This is what makes `x / l` → `x · (1 / l)` pay: the reciprocal
+/// is a row constant.
+struct HoistCost<'a> {
+    egraph: &'a EGraph<Math, Facts>,
+}
+
+impl CostFunction<Math> for HoistCost<'_> {
+    type Cost = f64;
+    fn cost<C: FnMut(Id) -> f64>(&mut self, enode: &Math, mut costs: C) -> f64 {
+        let axes = match enode {
+            Math::Leaf(s) => self
+                .egraph
+                .analysis
+                .leaf_axes
+                .get(s)
+                .copied()
+                .unwrap_or_default(),
+            Math::Num(_) => AxisSet::EMPTY,
+            Math::RowSum(_) | Math::RowMax(_) | Math::RowAbsSum(_) => AxisSet::EMPTY,
+            other => other.children().iter().fold(AxisSet::EMPTY, |acc, c| {
+                acc.union(self.egraph[*c].data.axes)
+            }),
+        };
+        let own = GpuCost.cost(enode, |_| 0.0);
+        let own = if axes.contains(Axis::Skv) {
+            own
+        } else {
+            own / 20.0
         };
         enode.fold(own, |acc, id| acc + costs(id))
     }
@@ -458,7 +494,7 @@ pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
     egraph.rebuild();
     // Tree costs before and after, by the same extractor, so they compare.
     let cost_before: f64 = {
-        let ex = Extractor::new(&egraph, GpuCost);
+        let ex = Extractor::new(&egraph, HoistCost { egraph: &egraph });
         root_classes.iter().map(|c| ex.find_best_cost(*c)).sum()
     };
     let runner = runner(egraph, limits).run(&rewrites);
@@ -467,7 +503,12 @@ pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
         Some(other) => format!("{other:?}"),
         None => "not run".to_string(),
     };
-    let extractor = Extractor::new(&runner.egraph, GpuCost);
+    let extractor = Extractor::new(
+        &runner.egraph,
+        HoistCost {
+            egraph: &runner.egraph,
+        },
+    );
     let mut out = Graph::new(g.fold(), g.reduce_axis());
     let mut cost_after = 0.0;
     let mut images = Vec::new();

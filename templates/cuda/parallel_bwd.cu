@@ -250,7 +250,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             for (int c = 0; c < 4; ++c) {
                 const int il = t * 8 + 2 * t4 + (c & 1);
                 const int i = m0 + il, j = n0 + jr + g + (c >> 1) * 8;
-                const Pt pt = {b, h, hk, i, j, 0};
+                // Closures that read custom inputs by position get the point
+                // clamped into the tensors for padding rows and keys (masked out).
+                {% if clamp %}const Pt pt = {b, h, hk, min(i, Sq - 1), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, h, hk, i, j, 0};{% endif %}
                 bool ok = i < Sq && j < Skv;
 {% if mask %}                ok = ok && mask_fn(pt, P);
 {% endif %}                const float raw = sacc[t][c];
@@ -329,9 +331,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 #pragma unroll
             for (int t = 0; t < DQW / 8; ++t) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) {
+                for (int c = 0; c < 4; c += 2) {
                     const int r = rt * 16 + g + (c >> 1) * 8;
-                    if (m0 + r < Sq) atomicAdd(dqg + r * DQK + c0 + t * 8 + 2 * t4 + (c & 1), dq_part[t][c]);
+                    float* dst = dqg + r * DQK + c0 + t * 8 + 2 * t4;
+                    if (m0 + r < Sq) {
+#if __CUDA_ARCH__ >= 900
+                        // One vector atomic for the two adjacent columns (sm_90).
+                        atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_part[t][c], dq_part[t][c + 1]));
+#else
+                        atomicAdd(dst, dq_part[t][c]);
+                        atomicAdd(dst + 1, dq_part[t][c + 1]);
+#endif
+                    }
                 }
             }
         }
@@ -341,7 +352,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     }
 
     // dK and dV of this warp's keys, through the k and v modifications' backward.
-    const int h0 = hk * group;
 #pragma unroll
     for (int c2 = 0; c2 < 2; ++c2) {
         const int j = n0 + jr + g + c2 * 8;
@@ -353,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             float x0 = dk_acc[t][2 * c2], x1 = dk_acc[t][2 * c2 + 1];
 {% if modify_k %}            {
                 float gr[NGRAD_K_ARR];
-                Pt pt = {b, h0, hk, 0, j, d};
+                Pt pt = {b, hk * group, hk, 0, j, d};
                 x0 = modify_k_bwd(to_f32(k[krow * DQK + d]), x0, pt, P, gr);
 {{ grad_k }}                pt.d = d + 1;
                 x1 = modify_k_bwd(to_f32(k[krow * DQK + d + 1]), x1, pt, P, gr);
@@ -366,7 +376,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             float x0 = dv_acc[t][2 * c2], x1 = dv_acc[t][2 * c2 + 1];
 {% if modify_v %}            {
                 float gr[NGRAD_V_ARR];
-                Pt pt = {b, h0, hk, 0, j, d};
+                Pt pt = {b, hk * group, hk, 0, j, d};
                 x0 = modify_v_bwd(to_f32(v[krow * DV + d]), x0, pt, P, gr);
 {{ grad_v }}                pt.d = d + 1;
                 x1 = modify_v_bwd(to_f32(v[krow * DV + d + 1]), x1, pt, P, gr);

@@ -163,7 +163,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             for (int c = 0; c < 4; ++c) {
                 const int r = 2 * mt + c / 2, e = nt * 2 + c % 2;
                 const int j = n0 + nt * 8 + 2 * t4 + c % 2;
-                const Pt pt = {b, h, hk, row_i[r], j, 0};
+                // Closures that read custom inputs by position get the point
+                // clamped into the tensors for padding rows and keys (padding
+                // rows are never written, padding keys are masked out).
+                {% if clamp %}const Pt pt = {b, h, hk, min(row_i[r], Sq - 1), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, h, hk, row_i[r], j, 0};{% endif %}
                 bool ok = j < Skv;
 {% if mask %}                ok = ok && mask_fn(pt, P);
 {% endif %}{% if modify_scores %}                sr[r][e] = modify_scores(s[mt][nt][c], pt, P);

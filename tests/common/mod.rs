@@ -9,8 +9,19 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
+pub mod gpu;
+
+/// `examples/` where the test was built, else under the current directory
+/// (a GPU machine running a copied test binary from a copy of the repository).
 pub fn examples_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples")
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples");
+    if built.is_dir() {
+        built
+    } else {
+        std::env::current_dir()
+            .expect("current directory")
+            .join("examples")
+    }
 }
 
 /// The single variant declared in `examples/<name>.rs`, parsed from the file

@@ -4,13 +4,14 @@
 
 use super::closures::{
     axis_size, backward_closure, custom_at, elem_spelling, forward_closures, grad_atomics,
-    grad_outputs,
+    grad_outputs, scores_read_customs_by_position,
 };
 use super::dialect::{Elem, WARP_SIZE};
 use super::expr::pointwise;
 use super::forward::{ArgKind, implies_causal};
 use crate::CompileError;
 use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
+use crate::simplify::{Limits, simplify_region};
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, AxisSet, DType, NodeId, Op, Output, ParamRole, Region};
 use askama::Template;
@@ -27,19 +28,25 @@ pub struct BackwardConfig {
 }
 
 impl BackwardConfig {
-    /// 32 query rows per step (the dK and dV accumulators of a warp's 16
-    /// keys stay in registers up to head dims 128) on four warps, 64 keys per
-    /// block; 64 rows where both head dims are ≤ 64 or where Dqk/16 is odd
-    /// (two warps per dQ row tile need an even split).
+    /// Measured on an H200 (bench/NOTES.md): for head dims up to 128, 32
+    /// query rows per step on eight warps (128 keys per block: half the dQ
+    /// atomics of 64 keys; 64 rows was 2% faster but spills under NVRTC);
+    /// four warps with 64 rows where both dims are ≤ 64 or Dqk/16 is odd
+    /// (the two warps sharing a dQ row tile split Dqk/16); 32 rows on four
+    /// warps above 128, where a warp's dK and dV accumulators fill the
+    /// registers.
     pub fn default_for(dqk: u32, dv: u32, elem: Elem) -> BackwardConfig {
-        let block_m = if (dqk <= 64 && dv <= 64) || (dqk / 16) % 2 != 0 {
-            64
+        let even = (dqk / 16).is_multiple_of(2);
+        let (block_m, warps) = if (dqk <= 64 && dv <= 64) || !even {
+            (64, 4)
+        } else if dqk <= 128 && dv <= 128 {
+            (32, 8)
         } else {
-            32
+            (32, 4)
         };
         BackwardConfig {
             block_m,
-            warps: 4,
+            warps,
             elem,
         }
     }
@@ -162,6 +169,7 @@ struct BackwardTemplate<'a> {
     modify_v: bool,
     modify_scores: bool,
     mask: bool,
+    clamp: bool,
 }
 
 /// Generates the parallel backward kernels of `variant` for head dims `dqk`, `dv`.
@@ -301,6 +309,7 @@ pub fn parallel_backward(
         modify_v: par.modify_v.is_some(),
         modify_scores: par.modify_scores.is_some(),
         mask: par.mask.is_some(),
+        clamp: scores_read_customs_by_position(variant),
     };
     let source = t
         .render()
@@ -398,6 +407,8 @@ fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, usiz
         },
         combined.outputs[0].clone(),
     ];
+    // Simplified together, `p` and `ds` share their common terms (exp(s − m)).
+    let (combined, _) = simplify_region(&combined, Limits::default());
     let g = &combined.graph;
     let ra = g.reduce_axis();
     let roots: Vec<NodeId> = combined.outputs.iter().map(|o| o.node).collect();
@@ -522,8 +533,8 @@ fn check(variant: &Variant, dqk: u32, dv: u32, cfg: &BackwardConfig) -> Result<(
     let ok = matches!(cfg.block_m, 32 | 64 | 128)
         && matches!(cfg.warps, 2 | 4 | 8)
         && rt <= cfg.warps
-        && cfg.warps % rt == 0
-        && (dqk / 16) % (cfg.warps / rt) == 0;
+        && cfg.warps.is_multiple_of(rt)
+        && (dqk / 16).is_multiple_of(cfg.warps / rt);
     if !ok {
         return Err(CompileError(format!(
             "backward tile block_m = {} with {} warps does not fit Dqk = {dqk}: block_m must be 32, 64 or 128, at most 16 × warps, and the warps sharing a 16-row dQ tile must split Dqk/16 evenly",

@@ -163,3 +163,22 @@ pub fn grad_atomics(variant: &Variant, region: &Region, guard: &str, indent: &st
     }
     s
 }
+
+/// Whether the score closures (mask, score modification) read a custom input
+/// along `Sq` or `Skv`: then the templates clamp the point of padding rows
+/// and keys into the tensors (index arithmetic alone needs no clamp).
+pub fn scores_read_customs_by_position(variant: &Variant) -> bool {
+    let par = variant.parallel().expect("parallel variant");
+    [&par.mask, &par.modify_scores]
+        .into_iter()
+        .flatten()
+        .any(|r| {
+            r.graph.nodes().iter().any(|n| match n.op {
+                Op::Custom(c) => variant.customs[c as usize]
+                    .axes
+                    .iter()
+                    .any(|a| matches!(a, Axis::Sq | Axis::Skv)),
+                _ => false,
+            })
+        })
+}

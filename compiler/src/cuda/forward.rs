@@ -1,7 +1,9 @@
 //! The parallel forward kernel: the template's fixed skeleton (tiles, copies,
 //! `mma.sync`, the online loop) filled with a variant's regions.
 
-use super::closures::{axis_size, elem_spelling, forward_closures};
+use super::closures::{
+    axis_size, elem_spelling, forward_closures, scores_read_customs_by_position,
+};
 use super::dialect::{Elem, WARP_SIZE, float_lit};
 use super::expr::{pointwise, row};
 use crate::CompileError;
@@ -135,6 +137,7 @@ struct ForwardTemplate<'a> {
     modify_v: bool,
     modify_scores: bool,
     mask: bool,
+    clamp: bool,
 }
 
 /// Generates the parallel forward kernel of `variant` for head dims `dqk`, `dv`.
@@ -327,6 +330,7 @@ pub fn parallel_forward(
         modify_v: par.modify_v.is_some(),
         modify_scores: par.modify_scores.is_some(),
         mask: par.mask.is_some(),
+        clamp: scores_read_customs_by_position(variant),
     };
     let source = t
         .render()

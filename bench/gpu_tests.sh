@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the Rust GPU tests (built here with
+#   cargo test --release --test gpu_forward --test gpu_backward --no-run
+# and copied to target/gpu-bin/) on a GPU machine from the repository root,
+# then compute-sanitizer memcheck and racecheck on small backward cases.
+# Logs go to $OUT (default /tmp/aec-out).
+set -u
+OUT=${OUT:-/tmp/aec-out}
+mkdir -p "$OUT"
+export AEC_REQUIRE_GPU=1 AEC_CACHE_DIR=/tmp/aec-cache
+status=0
+for t in gpu_forward gpu_backward; do
+  [ -x target/gpu-bin/$t ] || { echo "missing target/gpu-bin/$t"; status=1; continue; }
+  target/gpu-bin/$t --test-threads=1 --nocapture "$@" >"$OUT/$t.log" 2>&1 || status=1
+  grep -E "PASS|FAIL|test result|panicked" "$OUT/$t.log"
+done
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ -n "${SAN:-}" ]; then
+  for tool in memcheck racecheck; do
+    for case in gpu_backward_softmax_gqa gpu_backward_alibi gpu_backward_document_mask; do
+      "$SAN" --tool $tool --error-exitcode 9 target/gpu-bin/gpu_backward $case --exact --test-threads=1 \
+        >"$OUT/sanitizer-$tool-$case.log" 2>&1
+      echo "$tool $case: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$case.log" | tail -1)"
+    done
+  done
+else
+  echo "compute-sanitizer not found"
+fi
+exit $status

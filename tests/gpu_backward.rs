@@ -1,0 +1,355 @@
+//! The Rust backward API: `ParallelKernels::backward`.
+//!
+//! - `cpu_*` tests run everywhere: backward generation for every parallel
+//!   example and the errors that need no GPU.
+//! - `gpu_*` tests run the forward and then the backward of an example on
+//!   device 0 with random bf16 inputs and a random bf16 `dO` (lengths that
+//!   are not tile multiples, grouped-query heads, causal and general masks,
+//!   Dqk ≠ Dv, custom inputs with gradients) and compare dq, dk, dv and the
+//!   custom inputs' gradients with the f64 reference interpreter's backward
+//!   on the same inputs: ‖got − ref‖ / ‖ref‖ < 2e-2 and no NaN. Without a
+//!   CUDA driver they print a skip line unless `AEC_REQUIRE_GPU=1`. Build
+//!   with `cargo test --test gpu_backward --no-run --release` and run the
+//!   binary from the repository root on a GPU machine.
+
+mod common;
+
+use aec::frontend::parse_file;
+use aec::frontend::reference::{self, Tensor};
+use aec::prelude::*;
+use aec::{Error, backward_source};
+use common::example;
+use common::gpu::{RandomCall, compiled, device, random_call, rel_err};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+#[test]
+fn cpu_every_parallel_example_has_backward_kernels() {
+    let mut generated = 0;
+    for entry in std::fs::read_dir(common::examples_dir()).expect("examples") {
+        let path = entry.expect("entry").path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let def = example(&name);
+        let indexed = def.customs.iter().any(|c| !c.user_axes.is_empty());
+        if def.parallel().is_none() || indexed {
+            continue;
+        }
+        let fixed = |a: aec::frontend::ir::Axis| {
+            def.fixed_sizes
+                .iter()
+                .find(|(x, _)| *x == a)
+                .map(|(_, n)| *n as u32)
+                .unwrap_or(128)
+        };
+        let dims = HeadDims::new(
+            fixed(aec::frontend::ir::Axis::Dqk),
+            fixed(aec::frontend::ir::Axis::Dv),
+        );
+        let src = backward_source(&def, dims, &KernelOptions::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for k in [&src.pre, &src.main, &src.post] {
+            assert!(
+                src.source.contains(&format!("{}(BWD_ARGS)", k.name)),
+                "{name}: no kernel {}",
+                k.name
+            );
+        }
+        // Softmax-family variants read dO·O; score-only weights do not.
+        let reads_dot = src.source.contains("dot[row] = acc;");
+        let plain = def.parallel().unwrap().online.state.is_empty();
+        assert_eq!(reads_dot, !plain, "{name}: dO·O use");
+        generated += 1;
+    }
+    assert!(generated >= 13, "{generated} parallel examples");
+}
+
+#[test]
+fn cpu_a_normalisation_without_kernel_form_is_refused_with_the_reduction() {
+    // Weights `s - rowmax(s)`: the backward needs rowsum(dP) at the row's
+    // maximum, which is not proportional to dO·O.
+    let src = r#"
+        attention! {
+            pub struct Shifted: parallel {
+                q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv];
+                online {
+                    state { m = -inf }
+                    fwd = |s, st| {
+                        let m = max(st.m, rowmax(s));
+                        (s - m, State { m }, 1.0)
+                    }
+                    epilogue = |o, st| (o, Scales {})
+                }
+            }
+        }
+    "#;
+    let Ok(mut found) = parse_file(src) else {
+        panic!("test variant parses")
+    };
+    let def = found.remove(0).variant.expect("valid variant");
+    match backward_source(&def, HeadDims::square(64), &KernelOptions::default()) {
+        Err(Error::Compile { kernel, source, .. }) => {
+            assert_eq!(kernel, "backward");
+            let m = source.to_string();
+            assert!(
+                m.contains("the normalisation backward of `Shifted` needs the row reduction")
+                    && m.contains("rowsum")
+                    && m.contains("no kernel form yet"),
+                "{m}"
+            );
+        }
+        other => panic!("expected Error::Compile, got {other:?}"),
+    }
+}
+
+/// Forward then backward of `examples/<name>.rs` on the GPU, against the
+/// reference interpreter's gradients on the same inputs.
+fn check_backward(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example(name);
+    let Some(kernels) = compiled(
+        test,
+        ParallelKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let RandomCall {
+        q_host,
+        k_host,
+        v_host,
+        customs_host,
+        inputs,
+    } = random_call(&def, shape, dims, custom_range, name);
+    let mut rng = StdRng::seed_from_u64(0x5eed ^ shape.sq as u64);
+    let do_len = shape.rows() * dims.dv as usize;
+    let do_host: Vec<bf16> = (0..do_len)
+        .map(|_| bf16::from_f64(common::gpu::normal(&mut rng)))
+        .collect();
+
+    let q = stream.upload(&q_host).unwrap();
+    let k = stream.upload(&k_host).unwrap();
+    let v = stream.upload(&v_host).unwrap();
+    let d_o = stream.upload(&do_host).unwrap();
+    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = customs_host
+        .iter()
+        .map(|(n, h)| (n.clone(), stream.upload(h).unwrap()))
+        .collect();
+    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
+        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    let out = kernels
+        .forward(&stream, &q, &k, &v, &customs, shape)
+        .unwrap_or_else(|e| panic!("{test}: forward: {e}"));
+    let grads = kernels
+        .backward(&stream, &q, &k, &v, &customs, &out, &d_o)
+        .unwrap_or_else(|e| panic!("{test}: backward: {e}"));
+
+    let d_o_ref = Tensor {
+        shape: vec![shape.b, shape.h, shape.sq, dims.dv as usize],
+        data: do_host.iter().map(|x| x.to_f64()).collect(),
+    };
+    let reference = reference::backward(&def, &inputs, &d_o_ref).expect("reference backward");
+    let down = |b: &DeviceBuffer<bf16>| -> Vec<f64> {
+        stream
+            .download(b)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_f64())
+            .collect()
+    };
+    let mut results: Vec<(String, f64, bool)> = vec![
+        ("dq".into(), &down(&grads.dq), &reference.dq.data),
+        ("dk".into(), &down(&grads.dk), &reference.dk.data),
+        ("dv".into(), &down(&grads.dv), &reference.dv.data),
+    ]
+    .into_iter()
+    .map(|(n, got, want)| (n, rel_err(got, want), got.iter().any(|x| x.is_nan())))
+    .collect();
+    for (cname, want) in &reference.customs {
+        let got: Vec<f64> = stream
+            .download(grads.custom(cname).expect("gradient per custom input"))
+            .unwrap()
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        let nan = got.iter().any(|x| x.is_nan());
+        // Inputs no gradient reaches (a mask's) are zero on both sides.
+        let norm: f64 = want.data.iter().map(|x| x * x).sum();
+        let err = if norm == 0.0 {
+            got.iter().map(|x| x.abs()).fold(0.0, f64::max)
+        } else {
+            rel_err(&got, &want.data)
+        };
+        results.push((format!("d{cname}"), err, nan));
+    }
+    let pass = results.iter().all(|(_, e, nan)| *e < 2e-2 && !nan);
+    let report: Vec<String> = results
+        .iter()
+        .map(|(n, e, nan)| format!("{n}={e:.2e}{}", if *nan { " NaN" } else { "" }))
+        .collect();
+    eprintln!(
+        "{test}: {} backward of `{}` on {} {shape} Dqk={} Dv={}: {}",
+        if pass { "PASS" } else { "FAIL" },
+        def.name,
+        device.name(),
+        dims.dqk,
+        dims.dv,
+        report.join(", ")
+    );
+    assert!(pass, "{test}: {}", report.join(", "));
+}
+
+#[test]
+fn gpu_backward_softmax() {
+    check_backward(
+        "gpu_backward_softmax",
+        "softmax",
+        Shape::mha(2, 3, 97, 133),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_softmax_d64() {
+    check_backward(
+        "gpu_backward_softmax_d64",
+        "softmax",
+        Shape::mha(1, 2, 200, 77),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_softmax_gqa() {
+    check_backward(
+        "gpu_backward_softmax_gqa",
+        "softmax_gqa",
+        Shape::new(2, 4, 2, 97, 133),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_softmax_causal() {
+    check_backward(
+        "gpu_backward_softmax_causal",
+        "softmax_causal",
+        Shape::mha(2, 2, 150, 150),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_deepseek() {
+    check_backward(
+        "gpu_backward_deepseek",
+        "deepseek",
+        Shape::mha(1, 2, 97, 133),
+        HeadDims::new(192, 128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_diff_transformer() {
+    check_backward(
+        "gpu_backward_diff_transformer",
+        "diff_transformer",
+        Shape::mha(1, 2, 97, 70),
+        HeadDims::new(128, 256),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_sigmoid() {
+    check_backward(
+        "gpu_backward_sigmoid",
+        "sigmoid",
+        Shape::mha(2, 2, 97, 133),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_relu() {
+    check_backward(
+        "gpu_backward_relu",
+        "relu",
+        Shape::mha(2, 2, 97, 133),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_retnet_parallel() {
+    check_backward(
+        "gpu_backward_retnet_parallel",
+        "retnet_parallel",
+        Shape::mha(1, 2, 120, 120),
+        HeadDims::square(64),
+        (0.8, 0.99),
+    );
+}
+
+#[test]
+fn gpu_backward_alibi() {
+    check_backward(
+        "gpu_backward_alibi",
+        "alibi",
+        Shape::mha(2, 4, 133, 133),
+        HeadDims::square(64),
+        (0.01, 0.3),
+    );
+}
+
+#[test]
+fn gpu_backward_softcap() {
+    check_backward(
+        "gpu_backward_softcap",
+        "softcap",
+        Shape::mha(1, 2, 97, 133),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_sliding_window() {
+    check_backward(
+        "gpu_backward_sliding_window",
+        "sliding_window",
+        Shape::mha(1, 2, 300, 300),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_document_mask() {
+    check_backward(
+        "gpu_backward_document_mask",
+        "document_mask",
+        Shape::mha(2, 2, 150, 150),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
+#[test]
+fn gpu_backward_decode() {
+    check_backward(
+        "gpu_backward_decode",
+        "decode",
+        Shape::new(3, 4, 2, 1, 301),
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
