@@ -19,7 +19,7 @@ use aec::frontend::reference::{self, Tensor};
 use aec::prelude::*;
 use aec::{Error, backward_source};
 use common::example;
-use common::gpu::{RandomCall, compiled, device, random_call, rel_err};
+use common::gpu::{GpuCall, prepare, rel_err};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -104,52 +104,41 @@ fn cpu_a_normalisation_without_kernel_form_is_refused_with_the_reduction() {
 /// Forward then backward of `examples/<name>.rs` on the GPU, against the
 /// reference interpreter's gradients on the same inputs.
 fn check_backward(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
-    let Some(device) = device(test) else {
+    let Some(gpu) = prepare(test, name, shape, dims, custom_range) else {
         return;
     };
-    let def = example(name);
-    let Some(kernels) = compiled(
-        test,
-        ParallelKernels::compile(&def, &device, dims, &KernelOptions::default()),
-    ) else {
-        return;
-    };
-    let stream = device.stream();
-    let RandomCall {
-        q_host,
-        k_host,
-        v_host,
-        customs_host,
-        inputs,
-    } = random_call(&def, shape, dims, custom_range, name);
+    let GpuCall {
+        device,
+        stream,
+        def,
+        kernels,
+        call,
+        q,
+        k,
+        v,
+        ..
+    } = &gpu;
+    let customs = gpu.customs();
+    let inputs = &call.inputs;
     let mut rng = StdRng::seed_from_u64(0x5eed ^ shape.sq as u64);
     let do_len = shape.rows() * dims.dv as usize;
     let do_host: Vec<bf16> = (0..do_len)
         .map(|_| bf16::from_f64(common::gpu::normal(&mut rng)))
         .collect();
 
-    let q = stream.upload(&q_host).unwrap();
-    let k = stream.upload(&k_host).unwrap();
-    let v = stream.upload(&v_host).unwrap();
     let d_o = stream.upload(&do_host).unwrap();
-    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = customs_host
-        .iter()
-        .map(|(n, h)| (n.clone(), stream.upload(h).unwrap()))
-        .collect();
-    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
-        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
     let out = kernels
-        .forward(&stream, &q, &k, &v, &customs, shape)
+        .forward(stream, q, k, v, &customs, shape)
         .unwrap_or_else(|e| panic!("{test}: forward: {e}"));
     let grads = kernels
-        .backward(&stream, &q, &k, &v, &customs, &out, &d_o)
+        .backward(stream, q, k, v, &customs, &out, &d_o)
         .unwrap_or_else(|e| panic!("{test}: backward: {e}"));
 
     let d_o_ref = Tensor {
         shape: vec![shape.b, shape.h, shape.sq, dims.dv as usize],
         data: do_host.iter().map(|x| x.to_f64()).collect(),
     };
-    let reference = reference::backward(&def, &inputs, &d_o_ref).expect("reference backward");
+    let reference = reference::backward(def, inputs, &d_o_ref).expect("reference backward");
     let down = |b: &DeviceBuffer<bf16>| -> Vec<f64> {
         stream
             .download(b)

@@ -18,7 +18,7 @@ use aec::reference;
 use aec::runtime::RuntimeError;
 use aec::{Error, check_shapes, forward_source};
 use common::example;
-use common::gpu::{RandomCall, compiled, device, random_call, rel_err};
+use common::gpu::{GpuCall, compiled, device, prepare, rel_err};
 
 // ---------------------------------------------------------------- helpers
 
@@ -331,35 +331,24 @@ fn cpu_runtime_errors_keep_their_message() {
 /// Runs the forward of `examples/<name>.rs` on the GPU and compares it with
 /// the reference interpreter on the same (bf16) inputs.
 fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
-    let Some(device) = device(test) else {
+    let Some(gpu) = prepare(test, name, shape, dims, custom_range) else {
         return;
     };
-    let def = example(name);
-    let Some(kernels) = compiled(
-        test,
-        ParallelKernels::compile(&def, &device, dims, &KernelOptions::default()),
-    ) else {
-        return;
-    };
-    let stream = device.stream();
-    let RandomCall {
-        q_host,
-        k_host,
-        v_host,
-        customs_host,
-        inputs,
-    } = random_call(&def, shape, dims, custom_range, name);
-    let q = stream.upload(&q_host).unwrap();
-    let k = stream.upload(&k_host).unwrap();
-    let v = stream.upload(&v_host).unwrap();
-    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = customs_host
-        .iter()
-        .map(|(n, h)| (n.clone(), stream.upload(h).unwrap()))
-        .collect();
-    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
-        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    let GpuCall {
+        device,
+        stream,
+        def,
+        kernels,
+        call,
+        q,
+        k,
+        v,
+        ..
+    } = &gpu;
+    let customs = gpu.customs();
+    let inputs = &call.inputs;
     let out = kernels
-        .forward(&stream, &q, &k, &v, &customs, shape)
+        .forward(stream, q, k, v, &customs, shape)
         .unwrap_or_else(|e| panic!("{test}: {e}"));
     let o: Vec<f64> = stream
         .download(&out.o)
@@ -368,7 +357,7 @@ fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_ra
         .map(|x| x.to_f64())
         .collect();
 
-    let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference forward");
+    let fwd = reference::forward(def, inputs, Options::default()).expect("reference forward");
     assert_eq!(fwd.o.shape, [shape.b, shape.h, shape.sq, dims.dv as usize]);
     let nan = o.iter().any(|x| x.is_nan());
     let err = rel_err(&o, &fwd.o.data);
@@ -382,7 +371,7 @@ fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_ra
             _ => panic!("{test}: unexpected row output `{name}`"),
         };
         let got: Vec<f64> = out
-            .download_row(&stream, name)
+            .download_row(stream, name)
             .unwrap()
             .iter()
             .map(|&x| f64::from(x))

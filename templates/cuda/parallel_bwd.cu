@@ -12,7 +12,7 @@
 //                           dK += dSᵀ·Q in registers and adds dS·K into dQ
 //                           with f32 atomics;
 //   {{ kernel_name }}_post  per dQ element: the q modification's backward.
-#include <{{ header }}>
+#include <{{ sp.header }}>
 
 #define BM {{ bm }}
 #define BN {{ bn }}
@@ -35,7 +35,7 @@
 #define DSPLIT (NWARPS / RT)      // dQ: warps sharing one row tile split DQK
 #define DQW (DQK / DSPLIT)        // dQ columns per warp
 
-typedef {{ elem }} elem_t;
+typedef {{ sp.c_type }} elem_t;
 
 struct Params {
 {{ params_fields }}    int B, H, Hkv, Sq, Skv;

@@ -26,17 +26,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned& r0, u
 // d += a · b for one m16n8k16 tile, f32 accumulators.
 __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.{{ mma_type }}.{{ mma_type }}.f32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+        "mma.sync.aligned.m16n8k16.row.col.f32.{{ sp.mma_type }}.{{ sp.mma_type }}.f32 { %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    {{ pack2_body }}
+    {{ sp.pack2_body }}
 }
 
-__device__ __forceinline__ float to_f32(elem_t x) { return {{ to_f32 }}(x); }
-__device__ __forceinline__ elem_t from_f32(float x) { return {{ from_f32 }}(x); }
+__device__ __forceinline__ float to_f32(elem_t x) { return {{ sp.to_f32 }}(x); }
+__device__ __forceinline__ elem_t from_f32(float x) { return {{ sp.from_f32 }}(x); }
 
 // The four lanes of a quad hold one row of an mma accumulator tile.
 __device__ __forceinline__ float quad_sum(float x) {

@@ -156,3 +156,64 @@ pub fn random_call(
         },
     }
 }
+
+/// A random call of an example, uploaded to device 0, with its kernels.
+pub struct GpuCall {
+    pub device: Device,
+    pub stream: Stream,
+    pub def: Definition,
+    pub kernels: ParallelKernels,
+    pub call: RandomCall,
+    pub q: DeviceBuffer<bf16>,
+    pub k: DeviceBuffer<bf16>,
+    pub v: DeviceBuffer<bf16>,
+    pub custom_bufs: Vec<(String, DeviceBuffer<f32>)>,
+}
+
+impl GpuCall {
+    /// The custom inputs as the API takes them.
+    pub fn customs(&self) -> Vec<(&str, &DeviceBuffer<f32>)> {
+        self.custom_bufs
+            .iter()
+            .map(|(n, b)| (n.as_str(), b))
+            .collect()
+    }
+}
+
+/// Compiles `examples/<name>.rs` for `dims` on device 0 and uploads a random
+/// call (see [`random_call`]); `None` after a skip line without a GPU.
+pub fn prepare(
+    test: &str,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+) -> Option<GpuCall> {
+    let device = device(test)?;
+    let def = crate::common::example(name);
+    let kernels = compiled(
+        test,
+        ParallelKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    )?;
+    let stream = device.stream();
+    let call = random_call(&def, shape, dims, custom_range, name);
+    let q = stream.upload(&call.q_host).unwrap();
+    let k = stream.upload(&call.k_host).unwrap();
+    let v = stream.upload(&call.v_host).unwrap();
+    let custom_bufs = call
+        .customs_host
+        .iter()
+        .map(|(n, h)| (n.clone(), stream.upload(h).unwrap()))
+        .collect();
+    Some(GpuCall {
+        device,
+        stream,
+        def,
+        kernels,
+        call,
+        q,
+        k,
+        v,
+        custom_bufs,
+    })
+}

@@ -3,8 +3,8 @@
 //! normalisation backward ([`crate::backward_plan`]).
 
 use super::closures::{
-    axis_size, backward_closure, custom_at, elem_spelling, forward_closures, grad_atomics,
-    grad_outputs, scores_read_customs_by_position,
+    ElemSpelling, axis_size, backward_closure, custom_at, elem_spelling, forward_closures,
+    grad_atomics, grad_outputs, scores_read_customs_by_position,
 };
 use super::dialect::{Elem, WARP_SIZE};
 use super::expr::pointwise;
@@ -134,12 +134,7 @@ struct BackwardTemplate<'a> {
     version: &'a str,
     variant: &'a str,
     kernel_name: &'a str,
-    header: &'a str,
-    elem: &'a str,
-    mma_type: &'a str,
-    pack2_body: &'a str,
-    to_f32: &'a str,
-    from_f32: &'a str,
+    sp: ElemSpelling,
     bm: u32,
     bn: u32,
     warps: u32,
@@ -269,17 +264,11 @@ pub fn parallel_backward(
         cfg.block_m,
         cfg.warps
     );
-    let sp = elem_spelling(cfg.elem);
     let t = BackwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
         kernel_name: &kernel_name,
-        header: sp.header,
-        elem: cfg.elem.c_type(),
-        mma_type: cfg.elem.mma_type(),
-        pack2_body: sp.pack2_body,
-        to_f32: sp.to_f32,
-        from_f32: sp.from_f32,
+        sp: elem_spelling(cfg.elem),
         bm: cfg.block_m,
         bn: cfg.block_n(),
         warps: cfg.warps,

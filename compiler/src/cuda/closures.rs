@@ -49,21 +49,30 @@ pub fn custom_at(variant: &Variant, c: u32, pointer: &str) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct ElemSpelling {
     pub header: &'static str,
+    /// The C type (`elem_t`).
+    pub c_type: &'static str,
+    /// The PTX type suffix of `mma.sync` operands.
+    pub mma_type: &'static str,
     pub pack2_body: &'static str,
     pub to_f32: &'static str,
     pub from_f32: &'static str,
 }
 
 pub fn elem_spelling(elem: Elem) -> ElemSpelling {
+    let (c_type, mma_type) = (elem.c_type(), elem.mma_type());
     match elem {
         Elem::Bf16 => ElemSpelling {
             header: "cuda_bf16.h",
+            c_type,
+            mma_type,
             pack2_body: "__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
             to_f32: "__bfloat162float",
             from_f32: "__float2bfloat16",
         },
         Elem::F16 => ElemSpelling {
             header: "cuda_fp16.h",
+            c_type,
+            mma_type,
             pack2_body: "__half2 v = __floats2half2_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
             to_f32: "__half2float",
             from_f32: "__float2half",

@@ -2,7 +2,7 @@
 //! `mma.sync`, the online loop) filled with a variant's regions.
 
 use super::closures::{
-    axis_size, elem_spelling, forward_closures, scores_read_customs_by_position,
+    ElemSpelling, axis_size, elem_spelling, forward_closures, scores_read_customs_by_position,
 };
 use super::dialect::{Elem, WARP_SIZE, float_lit};
 use super::expr::{pointwise, row};
@@ -109,12 +109,7 @@ struct ForwardTemplate<'a> {
     version: &'a str,
     variant: &'a str,
     kernel_name: &'a str,
-    header: &'a str,
-    elem: &'a str,
-    mma_type: &'a str,
-    pack2_body: &'a str,
-    to_f32: &'a str,
-    from_f32: &'a str,
+    sp: ElemSpelling,
     bm: u32,
     bn: u32,
     warps: u32,
@@ -297,17 +292,11 @@ pub fn parallel_forward(
         cfg.block_n,
         cfg.warps
     );
-    let sp = elem_spelling(cfg.elem);
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
         kernel_name: &kernel_name,
-        header: sp.header,
-        elem: cfg.elem.c_type(),
-        mma_type: cfg.elem.mma_type(),
-        pack2_body: sp.pack2_body,
-        to_f32: sp.to_f32,
-        from_f32: sp.from_f32,
+        sp: elem_spelling(cfg.elem),
         bm: cfg.block_m,
         bn: cfg.block_n,
         warps: cfg.warps(),
