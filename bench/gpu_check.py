@@ -195,6 +195,28 @@ def flops_fwd(w):
     return f / 2 if w["causal"] and w["sq"] == w["skv"] else f
 
 
+_flex = None
+
+
+def flex_anchor(q, k, v, causal, scale, gqa):
+    """FlexAttention, compiled, with the causal mask as a block mask."""
+    global _flex
+    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    if _flex is None:
+        # One compiled function serves every workload: without a larger
+        # cache dynamo stops recompiling after 8 shapes and Flex falls back
+        # to its slow unfused path.
+        torch._dynamo.config.cache_size_limit = 256
+        torch._dynamo.config.accumulated_cache_size_limit = 4096
+        _flex = torch.compile(flex_attention)
+    sq, skv = q.shape[2], k.shape[2]
+    mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, sq, skv, device=dev) if causal else None
+
+    def f(qq=q, kk=k, vv=v):
+        return _flex(qq, kk, vv, block_mask=mask, scale=scale, enable_gqa=gqa)
+    return f
+
+
 def run_bench(cases_dir, index, workloads):
     from torch.nn.attention import sdpa_kernel, SDPBackend
     rows = []
@@ -235,6 +257,8 @@ def run_bench(cases_dir, index, workloads):
                         return F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale,
                                                               enable_gqa=hkv != h)
                 anchors[nm] = f
+            if "flex" in w.get("anchors", []):
+                anchors["flex"] = flex_anchor(q, k, v, causal, scale, hkv != h)
         else:
             kind = w["variant"]
 
@@ -375,6 +399,7 @@ def run_bwd_sweep(cases_dir, index, workloads):
 
 def main():
     args = sys.argv[1:]
+    # --bench-only id,id: only those workloads' benchmark rows (no checks).
     cases_dir = args[0]
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else None
     index = json.load(open(os.path.join(cases_dir, "index.json")))
@@ -386,7 +411,12 @@ def main():
             json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                            torch=torch.__version__, rows=rows), fh, indent=1)
         return
-    ok, checks = run_cases(cases_dir, index, only)
+    if "--bench-only" in args:
+        keep = set(args[args.index("--bench-only") + 1].split(","))
+        index["bench"] = [e for e in index["bench"] if e["workload"] in keep]
+        ok, checks = True, []
+    else:
+        ok, checks = run_cases(cases_dir, index, only)
     rows = []
     if "--no-bench" not in args:
         workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))

@@ -197,11 +197,11 @@ fn check_one(name: &str, v: &Variant, arch: &str) -> String {
 
 /// Spill stores allowed in the backward's main kernel, just above what
 /// NVRTC 13.0.88 produces today (bench/NOTES.md): masked variants with head
-/// dims ≤ 128 spill up to 60 bytes (eight warps, 32 rows), dims above 128
-/// about 200 (a warp's dK and dV fill its registers). The row and element
+/// dims ≤ 128 spill up to 52 bytes (eight warps, 32 rows), dims above 128
+/// up to 268 (a warp's dK and dV fill its registers). The row and element
 /// kernels must not spill.
 fn backward_spill_budget(dqk: u32, dv: u32) -> u32 {
-    if dqk <= 128 && dv <= 128 { 64 } else { 256 }
+    if dqk <= 128 && dv <= 128 { 64 } else { 320 }
 }
 
 fn check_backward(name: &str, v: &Variant, arch: &str) -> String {

@@ -6,6 +6,7 @@
 
 pub mod backward_plan;
 pub mod cuda;
+pub mod intervals;
 pub mod simplify;
 
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};

@@ -134,9 +134,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     load_tile<BN, DQK>(sK, kg, n0, Skv, tid);
     load_tile<BN, DV>(sV, vg, n0, Skv, tid);
     cp_async_commit();
-{{ m_start }}
-    const int m_blocks = (Sq + BM - 1) / BM;
-    const int per_head = m_blocks - mb0 > 0 ? m_blocks - mb0 : 0;
+    // The query blocks to visit (per query head): all, from the diagonal on
+    // for masks that imply causality, then trimmed of leading and trailing
+    // blocks the mask hides from every key of this block (tile
+    // classification; only for masks that do not depend on the head).
+    const int j_last = min(n0 + BN, Skv) - 1;
+    int mb0 = 0, mb_end = (Sq + BM - 1) / BM;
+{% if causal %}    mb0 = min(n0 / BM, mb_end);
+{% endif %}{% if mask_trim %}    while (mb0 < mb_end && mask_block(mb0 * BM, min(mb0 * BM + BM, Sq) - 1, n0, j_last, b, hk * group, hk, P) == 0) ++mb0;
+    while (mb_end > mb0 && mask_block((mb_end - 1) * BM, min(mb_end * BM, Sq) - 1, n0, j_last, b, hk * group, hk, P) == 0) --mb_end;
+{% endif %}    const int per_head = mb_end - mb0;
     const int iters = group * per_head;
 
     // Issues the copies of iteration `it` into buffer `buf` (stats into registers).
@@ -205,6 +212,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         const elem_t* sQc = sQ + cur * BM * SQS;
         const elem_t* sdOc = sdO + cur * BM * SVS;
         const float* sRCc = sRC + cur * NRC_ARR * BM;
+{% if mask %}        // 0: no query of this block sees a key of ours: skipped. (Full
+        // blocks still evaluate the predicate per score, bench/NOTES.md.)
+        const int cls = mask_block(m0, min(m0 + BM, Sq) - 1, n0, j_last, b, h, hk, P);
+{% else %}        const int cls = 2;
+{% endif %}        if (cls != 0) {
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys and the BM queries.
         float sacc[BM / 8][4];
@@ -346,6 +358,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
                 }
             }
         }
+        }  // cls != 0
         if (prefetch) store_stats(cur ^ 1, st_next);
         cp_async_wait_all();
         __syncthreads();

@@ -59,11 +59,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     int row_i[NR];
 #pragma unroll
     for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
-{{ kv_bound }}
+    // The KV blocks to visit: all, cut at the diagonal for masks that imply
+    // causality, then trimmed of leading and trailing blocks the mask hides
+    // from every row of this block (tile classification).
+    int n_begin = 0, n_end = (Skv + BN - 1) / BN;
+{% if causal %}    n_end = min(n_end, (min(m0 + BM, Sq) + BN - 1) / BN);
+{% endif %}{% if mask %}    const int i_last = min(m0 + BM, Sq) - 1;
+    while (n_begin < n_end && mask_block(m0, i_last, n_begin * BN, min(n_begin * BN + BN, Skv) - 1, b, h, hk, P) == 0) ++n_begin;
+    while (n_end > n_begin && mask_block(m0, i_last, (n_end - 1) * BN, min(n_end * BN, Skv) - 1, b, h, hk, P) == 0) --n_end;
+{% endif %}
     load_tile<BM, DQK>(sQ, qg, m0, Sq, tid);
-    if (n_blocks > 0) {
-        load_tile<BN, DQK>(sK, kg, 0, Skv, tid);
-        load_tile<BN, DV>(sV, vg, 0, Skv, tid);
+    if (n_begin < n_end) {
+        load_tile<BN, DQK>(sK, kg, n_begin * BN, Skv, tid);
+        load_tile<BN, DV>(sV, vg, n_begin * BN, Skv, tid);
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -91,12 +99,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         seen[r] = false;
 {{ state_init }}    }
 
-    for (int nb = 0; nb < n_blocks; ++nb) {
-        const int cur = nb & 1;
+    for (int nb = n_begin; nb < n_end; ++nb) {
+        const int cur = (nb - n_begin) & 1;
         elem_t* sKc = sK + cur * BN * SQS;
         elem_t* sVc = sV + cur * BN * SVS;
         const int n0 = nb * BN;
-        if (nb + 1 < n_blocks) {
+{% if mask %}        // 0: no row sees a key of this block: skipped. (Full blocks still
+        // evaluate the predicate per score: skipping it cost registers and
+        // time on the causal kernels, bench/NOTES.md.)
+        const int cls = mask_block(m0, i_last, n0, min(n0 + BN, Skv) - 1, b, h, hk, P);
+{% else %}        const int cls = 2;
+{% endif %}        if (nb + 1 < n_end) {
             load_tile<BN, DQK>(sK + (cur ^ 1) * BN * SQS, kg, n0 + BN, Skv, tid);
             load_tile<BN, DV>(sV + (cur ^ 1) * BN * SVS, vg, n0 + BN, Skv, tid);
         }
@@ -122,6 +135,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}{% if modify_k || modify_v %}
         __syncthreads();
 {% endif %}
+        if (cls != 0) {
         // S = Q · Kᵀ for this warp's 16·MT rows and the block's BN keys; each
         // K fragment feeds MT MMAs.
         float s[MT][BN / 8][4];
@@ -222,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 }
             }
         }
+        }  // cls != 0
         cp_async_wait_all();
         __syncthreads();
     }

@@ -9,6 +9,7 @@ use super::closures::{
 use super::dialect::{Elem, WARP_SIZE};
 use super::expr::pointwise;
 use super::forward::{ArgKind, implies_causal};
+use super::intervals::mask_block_fn;
 use crate::CompileError;
 use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
 use crate::simplify::{Limits, simplify_region};
@@ -150,7 +151,8 @@ struct BackwardTemplate<'a> {
     params_fields: String,
     custom_args: String,
     params_init: String,
-    m_start: String,
+    causal: bool,
+    mask_trim: bool,
     regions: String,
     grad_decl: String,
     grad_accum: String,
@@ -189,6 +191,9 @@ pub fn parallel_backward(
     let bwd = &par.backward;
 
     let mut regions = forward_closures(variant);
+    if let Some(m) = &par.mask {
+        regions.push_str(&mask_block_fn(m));
+    }
     let (row_consts, weight_and_grad, nrc) = row_programs(&plan, &fields);
     regions.push_str(&row_consts);
     regions.push_str(&weight_and_grad);
@@ -249,14 +254,6 @@ pub fn parallel_backward(
         let _ = write!(custom_args, "float* __restrict__ g{c}, ");
         let _ = write!(params_init, "P.g{c} = g{c}; ");
     }
-    // A mask that implies `i >= j`: queries before the block's first key see none of it.
-    let m_start = if par.mask.as_ref().is_some_and(implies_causal) {
-        "    const int mb0 = n0 / BM;"
-    } else {
-        "    const int mb0 = 0;"
-    }
-    .to_string();
-
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}",
         variant.name.to_lowercase(),
@@ -284,7 +281,13 @@ pub fn parallel_backward(
         params_fields,
         custom_args,
         params_init,
-        m_start,
+        causal: par.mask.as_ref().is_some_and(implies_causal),
+        // Trimming classifies with the group's first head: only for masks
+        // that do not read the query head.
+        mask_trim: par
+            .mask
+            .as_ref()
+            .is_some_and(|m| !m.graph.nodes().iter().any(|n| n.op == Op::Index(Axis::H))),
         regions,
         grad_decl,
         grad_accum,

@@ -6,6 +6,7 @@ use super::closures::{
 };
 use super::dialect::{Elem, WARP_SIZE, float_lit};
 use super::expr::{pointwise, row};
+use super::intervals::mask_block_fn;
 use crate::CompileError;
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op, ParamRole, Region};
@@ -125,7 +126,7 @@ struct ForwardTemplate<'a> {
     custom_args: String,
     params_init: String,
     state_init: String,
-    kv_bound: String,
+    causal: bool,
     regions: String,
     modify_q: bool,
     modify_k: bool,
@@ -172,6 +173,9 @@ pub fn parallel_forward(
     };
 
     let mut regions = forward_closures(variant);
+    if let Some(m) = &par.mask {
+        regions.push_str(&mask_block_fn(m));
+    }
 
     // The online block update of one row.
     {
@@ -276,14 +280,6 @@ pub fn parallel_forward(
     if nstate == 0 {
         state_init.push_str("        st[r][0] = 0.0f;\n");
     }
-    // A mask that implies `i >= j` ends the KV loop at the diagonal block.
-    let kv_bound = if par.mask.as_ref().is_some_and(implies_causal) {
-        "    const int n_blocks = min((Skv + BN - 1) / BN, (min(m0 + BM, Sq) + BN - 1) / BN);"
-            .to_string()
-    } else {
-        "    const int n_blocks = (Skv + BN - 1) / BN;".to_string()
-    };
-
     let kernel_name = format!(
         "aec_fwd_{}_{}_d{dqk}x{dv}_m{}n{}w{}",
         variant.name.to_lowercase(),
@@ -312,7 +308,7 @@ pub fn parallel_forward(
         custom_args,
         params_init,
         state_init,
-        kv_bound,
+        causal: par.mask.as_ref().is_some_and(implies_causal),
         regions,
         modify_q: par.modify_q.is_some(),
         modify_k: par.modify_k.is_some(),

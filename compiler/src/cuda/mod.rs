@@ -5,3 +5,4 @@ pub mod closures;
 pub mod dialect;
 pub mod expr;
 pub mod forward;
+pub mod intervals;
