@@ -67,7 +67,12 @@ class Kernel:
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
         bm = self.meta["block_m"]
         stream = torch.cuda.current_stream().cuda_stream
-        check(libcuda.cuLaunchKernel(self.fn, (sq + bm - 1) // bm, h, b, self.meta["threads"], 1, 1,
+        if self.meta.get("packed_gqa"):
+            hkv = sizes["Hkv"]
+            grid = ((h // hkv * sq + bm - 1) // bm, hkv, b)
+        else:
+            grid = ((sq + bm - 1) // bm, h, b)
+        check(libcuda.cuLaunchKernel(self.fn, *grid, self.meta["threads"], 1, 1,
                                      self.meta["smem_bytes"], ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
         return o, rowout
 
@@ -191,15 +196,29 @@ def bench(fn):
 
 
 def flops_fwd(w):
+    if w.get("window"):
+        # Visible pairs of a causal window over a square sequence.
+        win, s = w["window"], w["sq"]
+        pairs = win * s - win * (win - 1) / 2
+        return 2.0 * w["b"] * w["h"] * pairs * (w["dqk"] + w["dv"])
     f = 2.0 * w["b"] * w["h"] * w["sq"] * w["skv"] * (w["dqk"] + w["dv"])
     return f / 2 if w["causal"] and w["sq"] == w["skv"] else f
+
+
+def copy_bandwidth():
+    """Device-to-device copy of 1 GiB (read + write), GB/s."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * (1 << 30) / (ms * 1e-3) / 1e9
 
 
 _flex = None
 
 
-def flex_anchor(q, k, v, causal, scale, gqa):
-    """FlexAttention, compiled, with the causal mask as a block mask."""
+def flex_anchor(q, k, v, causal, scale, gqa, window=None):
+    """FlexAttention, compiled, with the causal (or causal window) mask as a block mask."""
     global _flex
     from torch.nn.attention.flex_attention import flex_attention, create_block_mask
     if _flex is None:
@@ -210,7 +229,12 @@ def flex_anchor(q, k, v, causal, scale, gqa):
         torch._dynamo.config.accumulated_cache_size_limit = 4096
         _flex = torch.compile(flex_attention)
     sq, skv = q.shape[2], k.shape[2]
-    mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, sq, skv, device=dev) if causal else None
+    if window:
+        mask = create_block_mask(lambda b, h, i, j: (i >= j) & (i - j < window), None, None, sq, skv, device=dev)
+    elif causal:
+        mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, sq, skv, device=dev)
+    else:
+        mask = None
 
     def f(qq=q, kk=k, vv=v):
         return _flex(qq, kk, vv, block_mask=mask, scale=scale, enable_gqa=gqa)
@@ -220,7 +244,11 @@ def flex_anchor(q, k, v, causal, scale, gqa):
 def run_bench(cases_dir, index, workloads):
     from torch.nn.attention import sdpa_kernel, SDPBackend
     rows = []
-    wl = {w["id"]: w for w in workloads["workloads"]}
+    wl = {w["id"]: w for w in workloads["workloads"] + index.get("extra_workloads", [])}
+
+    copy_gbps = copy_bandwidth()
+    print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
+    rows.append(dict(workload="copy", impl="torch copy_ (1 GiB)", gbps=copy_gbps))
 
     def record(work, impl, ms, fl, err=None, template=None, error=None, pas="fwd"):
         row = dict(workload=work, **{"pass": pas}, impl=impl)
@@ -231,10 +259,18 @@ def run_bench(cases_dir, index, workloads):
             print(f"bench {work:42s} {pas:7s} {impl:14s} ERROR {error}", flush=True)
         else:
             row.update(ms=ms, tflops=fl / (ms * 1e-3) / 1e12)
+            w = wl.get(work, {})
+            if w.get("sq") == 1:
+                # Decoding is bound by reading the KV cache: bytes moved per
+                # call against the copy bandwidth measured above.
+                nbytes = 2 * w["b"] * (w["hkv"] * w["skv"] * (w["dqk"] + w["dv"]) + w["h"] * (w["dqk"] + w["dv"]))
+                row.update(gbps=nbytes / (ms * 1e-3) / 1e9, copy_fraction=nbytes / (ms * 1e-3) / 1e9 / copy_gbps)
             if err is not None:
                 row["max_rel_err"] = err
             print(f"bench {work:42s} {pas:7s} {impl:14s} {ms:8.4f} ms {row['tflops']:7.1f} TF/s"
-                  + (f" err={err:.2e}" if err is not None else ""), flush=True)
+                  + (f" err={err:.2e}" if err is not None else "")
+                  + (f" {row['gbps']:.0f} GB/s = {row['copy_fraction']:.2f} of copy" if "gbps" in row else ""),
+                  flush=True)
         rows.append(row)
         return row
 
@@ -250,7 +286,9 @@ def run_bench(cases_dir, index, workloads):
         scale = 1 / math.sqrt(dqk)
         causal = w["causal"]
         anchors = {}
-        if w["variant"] == "softmax":
+        if w.get("window"):
+            anchors["flex"] = flex_anchor(q, k, v, causal, scale, hkv != h, window=w["window"])
+        elif w["variant"] == "softmax":
             for nm, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
                 def f(qq=q, kk=k, vv=v, be=be):
                     with sdpa_kernel([be]):

@@ -13,12 +13,13 @@
 
 mod common;
 
+use aec::compiler::{Elem, ForwardConfig};
 use aec::prelude::*;
 use aec::reference;
 use aec::runtime::RuntimeError;
 use aec::{Error, check_shapes, forward_source};
 use common::example;
-use common::gpu::{GpuCall, compiled, device, prepare, rel_err};
+use common::gpu::{GpuCall, compiled, device, prepare_with, rel_err};
 
 // ---------------------------------------------------------------- helpers
 
@@ -331,7 +332,25 @@ fn cpu_runtime_errors_keep_their_message() {
 /// Runs the forward of `examples/<name>.rs` on the GPU and compares it with
 /// the reference interpreter on the same (bf16) inputs.
 fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
-    let Some(gpu) = prepare(test, name, shape, dims, custom_range) else {
+    check_example_with(
+        test,
+        name,
+        shape,
+        dims,
+        custom_range,
+        &KernelOptions::default(),
+    );
+}
+
+fn check_example_with(
+    test: &str,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+    options: &KernelOptions,
+) {
+    let Some(gpu) = prepare_with(test, name, shape, dims, custom_range, options) else {
         return;
     };
     let GpuCall {
@@ -454,6 +473,39 @@ fn gpu_forward_decode() {
         Shape::new(3, 4, 2, 1, 301),
         HeadDims::square(128),
         (0.0, 1.0),
+    );
+}
+
+/// Query heads of a group packed into the rows (the decoding kernels'
+/// layout) at a length where 16-row tiles straddle heads, with a causal
+/// mask: the tile's positions and the loop bound must cover both heads.
+#[test]
+fn gpu_forward_packed_gqa_rows_across_heads() {
+    let packed = |def: &aec::frontend::Variant, d: u32| KernelOptions {
+        config: Some(ForwardConfig {
+            block_m: 16,
+            block_n: 64,
+            warps: 1,
+            pack_gqa: true,
+            ..ForwardConfig::default_for(def, d, d, Elem::Bf16)
+        }),
+        ..KernelOptions::default()
+    };
+    check_example_with(
+        "gpu_forward_packed_gqa_rows_across_heads",
+        "softmax_gqa",
+        Shape::new(2, 8, 2, 37, 70),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        &packed(&common::example("softmax_gqa"), 64),
+    );
+    check_example_with(
+        "gpu_forward_packed_gqa_rows_across_heads (causal)",
+        "softmax_causal",
+        Shape::mha(2, 3, 37, 37),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        &packed(&common::example("softmax_causal"), 64),
     );
 }
 

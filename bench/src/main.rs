@@ -118,7 +118,13 @@ const CASES: &[Case] = &[
     },
 ];
 
-/// Benchmark kernels: (workload id from workloads.json, example, dqk, dv).
+/// A workload that is not in shared/reference/workloads.json: the sliding
+/// window example at a long sequence, to measure the tile classification
+/// (only blocks within the window are visited). Defined in `index.json`'s
+/// `extra_workloads`.
+const SLIDING_WINDOW: &str = "sliding-window-b1-h32-s8192-d128-w256";
+
+/// Benchmark kernels: (workload id from workloads.json or the extra ones, example, dqk, dv).
 const BENCH: &[(&str, &str, u32, u32)] = &[
     ("softmax-b8-h32-s2048-d128", "softmax", 128, 128),
     ("softmax-b1-h32-s8192-d128", "softmax", 128, 128),
@@ -153,6 +159,14 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
         256,
     ),
     ("sigmoid-b8-h32-s2048-d128", "sigmoid", 128, 128),
+    (SLIDING_WINDOW, "sliding_window", 128, 128),
+    ("decode-gqa-b64-h32-kv8-kv4096-d128", "decode", 128, 128),
+    (
+        "decode-deepseek-b64-h16-kv4096-d192-v128",
+        "decode",
+        192,
+        128,
+    ),
     ("relu-b64-h6-s1024-d64", "relu", 64, 64),
 ];
 
@@ -217,7 +231,18 @@ fn main() {
             sweep.push(json!({ "workload": BENCH[0].0, "config": format!("m{bm}w{warps}"), "backward": meta }));
         }
     }
-    let all = json!({ "cases": index, "bench": bench, "bwd_sweep": sweep });
+    let extra = json!([{
+        "id": SLIDING_WINDOW,
+        "variant": "softmax",
+        "b": 1, "h": 32, "hkv": 32, "sq": 8192, "skv": 8192, "dqk": 128, "dv": 128,
+        "causal": true,
+        "window": 256,
+        "anchors": ["flex"],
+        "passes": ["fwd", "fwd+bwd"],
+        "note": "not in shared/reference/workloads.json; FLOPs count the visible (query, key) pairs only"
+    }]);
+    let all =
+        json!({ "cases": index, "bench": bench, "bwd_sweep": sweep, "extra_workloads": extra });
     std::fs::write(
         out.join("index.json"),
         serde_json::to_string_pretty(&all).expect("json"),
@@ -398,6 +423,7 @@ fn kernel_meta(
         "smem_bytes": k.smem_bytes,
         "args": args,
         "row_outputs": k.row_outputs,
+        "packed_gqa": k.packed_gqa,
         "ptxas": ptxas,
     })
 }

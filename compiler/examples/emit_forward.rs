@@ -1,11 +1,11 @@
 //! Prints the generated parallel forward kernel of a variant file.
-//! `cargo run -p aec-compiler --example emit_forward -- examples/softmax.rs 128 128`
+//! `cargo run -p aec-compiler --example emit_forward -- examples/softmax.rs 128 128 [block_m block_n warps]`
 use aec_compiler::{Elem, ForwardConfig, parallel_forward};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [file, dqk, dv, rest @ ..] = args.as_slice() else {
-        eprintln!("usage: emit_forward <variant.rs> <dqk> <dv> [block_m block_n]");
+        eprintln!("usage: emit_forward <variant.rs> <dqk> <dv> [block_m block_n warps]");
         std::process::exit(2);
     };
     let src = std::fs::read_to_string(file).expect("read variant file");
@@ -14,26 +14,13 @@ fn main() {
         .remove(0)
         .variant
         .expect("valid variant");
-    let bm = rest
-        .first()
-        .map(|s| s.parse().expect("block_m"))
-        .unwrap_or(128);
-    let bn = rest
-        .get(1)
-        .map(|s| s.parse().expect("block_n"))
-        .unwrap_or(64);
-    let warps = rest.get(2).map(|s| s.parse().expect("warps")).unwrap_or(4);
-    let k = parallel_forward(
-        &v,
-        dqk.parse().expect("dqk"),
-        dv.parse().expect("dv"),
-        &ForwardConfig {
-            block_m: bm,
-            block_n: bn,
-            warps,
-            elem: Elem::Bf16,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let (dqk, dv): (u32, u32) = (dqk.parse().expect("dqk"), dv.parse().expect("dv"));
+    let mut cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16);
+    if let [bm, bn, warps, ..] = rest {
+        cfg.block_m = bm.parse().expect("block_m");
+        cfg.block_n = bn.parse().expect("block_n");
+        cfg.warps = warps.parse().expect("warps");
+    }
+    let k = parallel_forward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{e}"));
     print!("{}", k.source);
 }

@@ -58,6 +58,7 @@ const CFG: ForwardConfig = ForwardConfig {
     block_n: 64,
     warps: 4,
     elem: Elem::Bf16,
+    pack_gqa: false,
 };
 
 #[test]
@@ -180,9 +181,15 @@ fn causal_masks_bound_the_kv_loop() {
         let (dqk, dv) = dims(&v);
         let k = parallel_forward(&v, dqk, dv, &CFG).expect("kernel");
         assert_eq!(
-            k.source.contains("min(m0 + BM, Sq)"),
+            k.source.contains("n_end = min(n_end, (i_last + BN) / BN);"),
             causal,
             "{name}: loop bound"
+        );
+        // Every mask gets the tile classification that trims the loop.
+        assert_eq!(
+            k.source.contains("int mask_block("),
+            v.parallel().unwrap().mask.is_some(),
+            "{name}: tile classification"
         );
     }
     // `j <= i` is the same mask written the other way round.
@@ -220,7 +227,7 @@ fn unsupported_configurations_are_refused_with_reasons() {
     let err = parallel_forward(&v, 128, 128, &ForwardConfig { block_m: 96, ..CFG })
         .unwrap_err()
         .to_string();
-    assert!(err.contains("block_m must be 64 or 128"), "{err}");
+    assert!(err.contains("block_m must be 16, 32, 64 or 128"), "{err}");
     let ds = examples()
         .into_iter()
         .find(|(n, _)| n == "deepseek")

@@ -184,7 +184,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 "source": format!("kernels/{source_file}"),
                 "builds": builds,
                 "head_dims": { "Dqk": vq, "Dv": vv },
-                "launch": { "grid": ["ceil(Sq / block_m)", "H", "B"], "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
+                "launch": { "grid": if k.packed_gqa { json!(["ceil(H / Hkv * Sq / block_m)", "Hkv", "B"]) } else { json!(["ceil(Sq / block_m)", "H", "B"]) }, "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
                 "args": args_json,
                 "row_outputs": k.row_outputs,
             }],

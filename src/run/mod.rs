@@ -394,11 +394,18 @@ impl ParallelKernels {
         &self.source.row_outputs
     }
 
-    /// The launch grid for `shape`: `(ceil(Sq / block_m), H, B)`.
+    /// The launch grid for `shape`: `(ceil(Sq / block_m), H, B)`, or with
+    /// the query heads of a group packed into the rows (decoding kernels)
+    /// `(ceil(H/Hkv · Sq / block_m), Hkv, B)`.
     pub fn grid(&self, shape: Shape) -> (u32, u32, u32) {
-        let x = shape.sq.div_ceil(self.source.block_m as usize);
         let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        (u(x), u(shape.h), u(shape.b))
+        let bm = self.source.block_m as usize;
+        if self.source.packed_gqa {
+            let rows = shape.h / shape.hkv.max(1) * shape.sq;
+            (u(rows.div_ceil(bm)), u(shape.hkv), u(shape.b))
+        } else {
+            (u(shape.sq.div_ceil(bm)), u(shape.h), u(shape.b))
+        }
     }
 
     /// Checks, without touching the GPU, that tensors with the given element

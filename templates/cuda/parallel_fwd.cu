@@ -51,24 +51,45 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
-    const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
+{% if packed %}    // Grouped-query heads packed into the rows: this block's rows are the
+    // (head, position) pairs of the G query heads that share KV head hk,
+    // head-major — row r is position r % Sq of head h + r / Sq. They are
+    // contiguous in q and o, and every K/V tile feeds all of them.
+    const int b = blockIdx.z, hk = blockIdx.y, m0 = blockIdx.x * BM;
+    const int h = hk * (H / Hkv);  // the first head of the group
+    const int n_rows = (H / Hkv) * Sq;
+#define ROW_HEAD(r) (h + (r) / Sq)
+#define ROW_POS(r) ((r) % Sq)
+{% else %}    const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
     const int hk = h / (H / Hkv);
-    const elem_t* qg = q + (long long)(b * H + h) * Sq * DQK;
+    const int n_rows = Sq;
+#define ROW_HEAD(r) (h)
+#define ROW_POS(r) (r)
+{% endif %}    const elem_t* qg = q + (long long)(b * H + h) * Sq * DQK;
     const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
     const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DV;
     int row_i[NR];
 #pragma unroll
     for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
+    // The positions this block's rows cover (all of them when packed rows
+    // cross a head boundary) and whether they belong to one head.
+    const int r_last = min(m0 + BM, n_rows) - 1;
+    const bool one_head = ROW_HEAD(m0) == ROW_HEAD(r_last);
+    const int i_first = one_head ? ROW_POS(m0) : 0, i_last = one_head ? ROW_POS(r_last) : Sq - 1;
     // The KV blocks to visit: all, cut at the diagonal for masks that imply
     // causality, then trimmed of leading and trailing blocks the mask hides
     // from every row of this block (tile classification).
     int n_begin = 0, n_end = (Skv + BN - 1) / BN;
-{% if causal %}    n_end = min(n_end, (min(m0 + BM, Sq) + BN - 1) / BN);
-{% endif %}{% if mask %}    const int i_last = min(m0 + BM, Sq) - 1;
-    while (n_begin < n_end && mask_block(m0, i_last, n_begin * BN, min(n_begin * BN + BN, Skv) - 1, b, h, hk, P) == 0) ++n_begin;
-    while (n_end > n_begin && mask_block(m0, i_last, (n_end - 1) * BN, min(n_end * BN, Skv) - 1, b, h, hk, P) == 0) --n_end;
+{% if causal %}    n_end = min(n_end, (i_last + BN) / BN);
+{% endif %}{% if mask %}    // 0: the mask hides keys [j0, j1] from every row here; 1: it may not.
+    auto tile_class = [&](int j0, int j1) -> int {
+{% if mask_reads_head %}        if (!one_head) return 1;
+{% endif %}        return mask_block(i_first, i_last, j0, j1, b, ROW_HEAD(m0), hk, P);
+    };
+    while (n_begin < n_end && tile_class(n_begin * BN, min(n_begin * BN + BN, Skv) - 1) == 0) ++n_begin;
+    while (n_end > n_begin && tile_class((n_end - 1) * BN, min(n_end * BN, Skv) - 1) == 0) --n_end;
 {% endif %}
-    load_tile<BM, DQK>(sQ, qg, m0, Sq, tid);
+    load_tile<BM, DQK>(sQ, qg, m0, n_rows, tid);
     if (n_begin < n_end) {
         load_tile<BN, DQK>(sK, kg, n_begin * BN, Skv, tid);
         load_tile<BN, DV>(sV, vg, n_begin * BN, Skv, tid);
@@ -79,9 +100,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if modify_q %}
     for (int x = tid; x < BM * DQK; x += NT) {
         const int r = x / DQK, dd = x % DQK;
-        if (m0 + r < Sq) {
+        if (m0 + r < n_rows) {
             elem_t* p = sQ + r * SQS + dd;
-            const Pt pt = {b, h, hk, m0 + r, 0, dd};
+            const Pt pt = {b, ROW_HEAD(m0 + r), hk, ROW_POS(m0 + r), 0, dd};
             *p = from_f32(modify_q(to_f32(*p), pt, P));
         }
     }
@@ -107,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if mask %}        // 0: no row sees a key of this block: skipped. (Full blocks still
         // evaluate the predicate per score: skipping it cost registers and
         // time on the causal kernels, bench/NOTES.md.)
-        const int cls = mask_block(m0, i_last, n0, min(n0 + BN, Skv) - 1, b, h, hk, P);
+        const int cls = tile_class(n0, min(n0 + BN, Skv) - 1);
 {% else %}        const int cls = 2;
 {% endif %}        if (nb + 1 < n_end) {
             load_tile<BN, DQK>(sK + (cur ^ 1) * BN * SQS, kg, n0 + BN, Skv, tid);
@@ -180,7 +201,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 // Closures that read custom inputs by position get the point
                 // clamped into the tensors for padding rows and keys (padding
                 // rows are never written, padding keys are masked out).
-                {% if clamp %}const Pt pt = {b, h, hk, min(row_i[r], Sq - 1), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, h, hk, row_i[r], j, 0};{% endif %}
+                const int rr = min(row_i[r], n_rows - 1);
+                {% if clamp %}const Pt pt = {b, ROW_HEAD(rr), hk, ROW_POS(rr), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, ROW_HEAD(rr), hk, ROW_POS(rr), j, 0};{% endif %}
                 bool ok = j < Skv;
 {% if mask %}                ok = ok && mask_fn(pt, P);
 {% endif %}{% if modify_scores %}                sr[r][e] = modify_scores(s[mt][nt][c], pt, P);
@@ -247,8 +269,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     for (int r = 0; r < NR; ++r) {
         const int i = row_i[r];
         const int mt = r / 2, half = r % 2;
-        if (i >= Sq) continue;
-        const long long row = (long long)(b * H + h) * Sq + i;
+        if (i >= n_rows) continue;
+        const long long row = (long long)(b * H + h) * Sq + i;  // packed rows are contiguous
         elem_t* orow = o + row * DV;
 #pragma unroll
         for (int dt = 0; dt < DV / 8; ++dt) {

@@ -189,12 +189,28 @@ pub fn prepare(
     dims: HeadDims,
     custom_range: (f64, f64),
 ) -> Option<GpuCall> {
+    prepare_with(
+        test,
+        name,
+        shape,
+        dims,
+        custom_range,
+        &KernelOptions::default(),
+    )
+}
+
+/// [`prepare`] with kernel options (tile configurations).
+pub fn prepare_with(
+    test: &str,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+    options: &KernelOptions,
+) -> Option<GpuCall> {
     let device = device(test)?;
     let def = crate::common::example(name);
-    let kernels = compiled(
-        test,
-        ParallelKernels::compile(&def, &device, dims, &KernelOptions::default()),
-    )?;
+    let kernels = compiled(test, ParallelKernels::compile(&def, &device, dims, options))?;
     let stream = device.stream();
     let call = random_call(&def, shape, dims, custom_range, name);
     let q = stream.upload(&call.q_host).unwrap();

@@ -24,37 +24,41 @@ pub struct ForwardConfig {
     /// two MMA row tiles sharing every K and V fragment).
     pub warps: u32,
     pub elem: Elem,
+    /// Rows are the (query head, position) pairs of all query heads that
+    /// share a KV head (grid `(ceil(H/Hkv · Sq / block_m), Hkv, B)`): every
+    /// K/V tile serves the whole group. For decoding, where `Sq` is tiny.
+    pub pack_gqa: bool,
 }
 
 impl ForwardConfig {
-    /// The configuration used when none is tuned: two 16-row tiles per warp
-    /// (K/V fragments reused twice) where the registers allow it — plain
-    /// scores and Dqk, Dv ≤ 128 — else one tile per warp.
+    /// The configuration used when none is tuned. A variant that fixes
+    /// `Sq ≤ 16` (decoding) gets one 16-row tile on one warp with the query
+    /// heads of a group packed into its rows. Otherwise two 16-row tiles per
+    /// warp (K/V fragments reused twice) where the registers allow it —
+    /// plain scores and Dqk, Dv ≤ 128 — else one tile per warp.
     pub fn default_for(variant: &Variant, dqk: u32, dv: u32, elem: Elem) -> ForwardConfig {
         let plain = variant
             .parallel()
             .is_some_and(|p| p.mask.is_none() && p.modify_scores.is_none());
-        if dv > 128 {
-            ForwardConfig {
-                block_m: 64,
-                block_n: 32,
-                warps: 4,
-                elem,
-            }
+        let decode = variant
+            .fixed_sizes
+            .iter()
+            .any(|&(a, n)| a == Axis::Sq && n <= 16);
+        let (block_m, block_n, warps, pack_gqa) = if decode {
+            (16, 64, 1, true)
+        } else if dv > 128 {
+            (64, 32, 4, false)
         } else if plain && dqk <= 128 {
-            ForwardConfig {
-                block_m: 128,
-                block_n: 64,
-                warps: 4,
-                elem,
-            }
+            (128, 64, 4, false)
         } else {
-            ForwardConfig {
-                block_m: 128,
-                block_n: 64,
-                warps: 8,
-                elem,
-            }
+            (128, 64, 8, false)
+        };
+        ForwardConfig {
+            block_m,
+            block_n,
+            warps,
+            elem,
+            pack_gqa,
         }
     }
 
@@ -100,6 +104,9 @@ pub struct KernelSource {
     pub args: Vec<ArgKind>,
     /// What `rowout` holds, in order: `scale.<name>` then `state.<field>`.
     pub row_outputs: Vec<String>,
+    /// Rows pack the query heads of a group: the grid is
+    /// `(ceil(H/Hkv · Sq / block_m), Hkv, B)` instead of `(ceil(Sq / block_m), H, B)`.
+    pub packed_gqa: bool,
     pub dqk: u32,
     pub dv: u32,
 }
@@ -127,6 +134,8 @@ struct ForwardTemplate<'a> {
     params_init: String,
     state_init: String,
     causal: bool,
+    packed: bool,
+    mask_reads_head: bool,
     regions: String,
     modify_q: bool,
     modify_k: bool,
@@ -281,12 +290,13 @@ pub fn parallel_forward(
         state_init.push_str("        st[r][0] = 0.0f;\n");
     }
     let kernel_name = format!(
-        "aec_fwd_{}_{}_d{dqk}x{dv}_m{}n{}w{}",
+        "aec_fwd_{}_{}_d{dqk}x{dv}_m{}n{}w{}{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
         cfg.block_n,
-        cfg.warps
+        cfg.warps,
+        if cfg.pack_gqa { "_gqa" } else { "" }
     );
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
@@ -309,6 +319,11 @@ pub fn parallel_forward(
         params_init,
         state_init,
         causal: par.mask.as_ref().is_some_and(implies_causal),
+        packed: cfg.pack_gqa,
+        mask_reads_head: par
+            .mask
+            .as_ref()
+            .is_some_and(|m| m.graph.nodes().iter().any(|n| n.op == Op::Index(Axis::H))),
         regions,
         modify_q: par.modify_q.is_some(),
         modify_k: par.modify_k.is_some(),
@@ -349,6 +364,7 @@ pub fn parallel_forward(
         smem_bytes: elems * 2,
         args,
         row_outputs,
+        packed_gqa: cfg.pack_gqa,
         dqk,
         dv,
     })
@@ -392,14 +408,14 @@ fn check_config(
             )));
         }
     }
-    if !matches!(cfg.block_m, 64 | 128)
+    if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
         || !matches!(cfg.block_n, 32 | 64 | 128)
         || cfg.warps == 0
         || !matches!(cfg.block_m.checked_div(cfg.warps), Some(16 | 32))
         || !cfg.block_m.is_multiple_of(cfg.warps)
     {
         return Err(CompileError(format!(
-            "tile {}x{} with {} warps is not supported: block_m must be 64 or 128, block_n 32, 64 or 128, and each warp must own 16 or 32 rows",
+            "tile {}x{} with {} warps is not supported: block_m must be 16, 32, 64 or 128, block_n 32, 64 or 128, and each warp must own 16 or 32 rows",
             cfg.block_m, cfg.block_n, cfg.warps
         )));
     }
