@@ -141,8 +141,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     const int j_last = min(n0 + BN, Skv) - 1;
     int mb0 = 0, mb_end = (Sq + BM - 1) / BM;
 {% if causal %}    mb0 = min(n0 / BM, mb_end);
-{% endif %}{% if mask_trim %}    while (mb0 < mb_end && mask_block(mb0 * BM, min(mb0 * BM + BM, Sq) - 1, n0, j_last, b, hk * group, hk, P) == 0) ++mb0;
-    while (mb_end > mb0 && mask_block((mb_end - 1) * BM, min(mb_end * BM, Sq) - 1, n0, j_last, b, hk * group, hk, P) == 0) --mb_end;
+{% endif %}{% if mask_trim %}    {
+        // Every thread classifies other query blocks; the first and last
+        // that see a key of ours bound the loop.
+        __shared__ int s_first, s_last;
+        if (tid == 0) {
+            s_first = mb_end;
+            s_last = mb0 - 1;
+        }
+        __syncthreads();
+        for (int mb = mb0 + tid; mb < mb_end; mb += NT)
+            if (mask_block(mb * BM, min(mb * BM + BM, Sq) - 1, n0, j_last, b, hk * group, hk, P) != 0) {
+                atomicMin(&s_first, mb);
+                atomicMax(&s_last, mb);
+            }
+        __syncthreads();
+        mb0 = s_first;
+        mb_end = max(s_last + 1, mb0);
+    }
 {% endif %}    const int per_head = mb_end - mb0;
     const int iters = group * per_head;
 

@@ -86,8 +86,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if mask_reads_head %}        if (!one_head) return 1;
 {% endif %}        return mask_block(i_first, i_last, j0, j1, b, ROW_HEAD(m0), hk, P);
     };
-    while (n_begin < n_end && tile_class(n_begin * BN, min(n_begin * BN + BN, Skv) - 1) == 0) ++n_begin;
-    while (n_end > n_begin && tile_class((n_end - 1) * BN, min(n_end * BN, Skv) - 1) == 0) --n_end;
+    {
+        // Every thread classifies other blocks; the first and last visible
+        // ones bound the loop.
+        __shared__ int s_first, s_last;
+        if (tid == 0) {
+            s_first = n_end;
+            s_last = n_begin - 1;
+        }
+        __syncthreads();
+        for (int nb = n_begin + tid; nb < n_end; nb += NT)
+            if (tile_class(nb * BN, min(nb * BN + BN, Skv) - 1) != 0) {
+                atomicMin(&s_first, nb);
+                atomicMax(&s_last, nb);
+            }
+        __syncthreads();
+        n_begin = s_first;
+        n_end = max(s_last + 1, n_begin);
+    }
 {% endif %}
     load_tile<BM, DQK>(sQ, qg, m0, n_rows, tid);
     if (n_begin < n_end) {

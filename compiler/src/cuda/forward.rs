@@ -33,7 +33,8 @@ pub struct ForwardConfig {
 impl ForwardConfig {
     /// The configuration used when none is tuned. A variant that fixes
     /// `Sq ≤ 16` (decoding) gets one 16-row tile on one warp with the query
-    /// heads of a group packed into its rows. Otherwise two 16-row tiles per
+    /// heads of a group packed into its rows, and 32-key blocks (small blocks
+    /// let more of them share an SM, which keeps more loads in flight). Otherwise two 16-row tiles per
     /// warp (K/V fragments reused twice) where the registers allow it —
     /// plain scores and Dqk, Dv ≤ 128 — else one tile per warp.
     pub fn default_for(variant: &Variant, dqk: u32, dv: u32, elem: Elem) -> ForwardConfig {
@@ -45,7 +46,7 @@ impl ForwardConfig {
             .iter()
             .any(|&(a, n)| a == Axis::Sq && n <= 16);
         let (block_m, block_n, warps, pack_gqa) = if decode {
-            (16, 64, 1, true)
+            (16, 32, 1, true)
         } else if dv > 128 {
             (64, 32, 4, false)
         } else if plain && dqk <= 128 {
