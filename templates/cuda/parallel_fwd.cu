@@ -82,11 +82,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     int n_begin = 0, n_end = (Skv + BN - 1) / BN;
 {% if causal %}    n_end = min(n_end, (i_last + BN) / BN);
 {% endif %}{% if mask %}    // 0: the mask hides keys [j0, j1] from every row here; 1: it may not.
-    auto tile_class = [&](int j0, int j1) -> int {
-{% if mask_reads_head %}        if (!one_head) return 1;
-{% endif %}        return mask_block(i_first, i_last, j0, j1, b, ROW_HEAD(m0), hk, P);
-    };
-    {
+    // (A macro: a capturing lambda put its captures on the stack.)
+{% if mask_reads_head %}#define TILE_CLASS(j0, j1) (one_head ? mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P) : 1)
+{% else %}#define TILE_CLASS(j0, j1) mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P)
+{% endif %}    {
         // Every thread classifies other blocks; the first and last visible
         // ones bound the loop.
         __shared__ int s_first, s_last;
@@ -96,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }
         __syncthreads();
         for (int nb = n_begin + tid; nb < n_end; nb += NT)
-            if (tile_class(nb * BN, min(nb * BN + BN, Skv) - 1) != 0) {
+            if (TILE_CLASS(nb * BN, min(nb * BN + BN, Skv) - 1) != 0) {
                 atomicMin(&s_first, nb);
                 atomicMax(&s_last, nb);
             }
@@ -144,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if mask %}        // 0: no row sees a key of this block: skipped. (Full blocks still
         // evaluate the predicate per score: skipping it cost registers and
         // time on the causal kernels, bench/NOTES.md.)
-        const int cls = tile_class(n0, min(n0 + BN, Skv) - 1);
+        const int cls = TILE_CLASS(n0, min(n0 + BN, Skv) - 1);
 {% else %}        const int cls = 2;
 {% endif %}        if (nb + 1 < n_end) {
             load_tile<BN, DQK>(sK + (cur ^ 1) * BN * SQS, kg, n0 + BN, Skv, tid);
@@ -217,7 +216,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 // Closures that read custom inputs by position get the point
                 // clamped into the tensors for padding rows and keys (padding
                 // rows are never written, padding keys are masked out).
-                const int rr = min(row_i[r], n_rows - 1);
+                // Padding rows are clamped where a closure could read out of
+                // range with them (packed heads, inputs read by position).
+                const int rr = {% if packed || clamp %}min(row_i[r], n_rows - 1){% else %}row_i[r]{% endif %};
                 {% if clamp %}const Pt pt = {b, ROW_HEAD(rr), hk, ROW_POS(rr), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, ROW_HEAD(rr), hk, ROW_POS(rr), j, 0};{% endif %}
                 bool ok = j < Skv;
 {% if mask %}                ok = ok && mask_fn(pt, P);
