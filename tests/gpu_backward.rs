@@ -212,6 +212,19 @@ fn gpu_backward_softmax_d64() {
 }
 
 #[test]
+fn gpu_backward_softmax_d80_d96_d256() {
+    for d in [80, 96, 256] {
+        check_backward(
+            &format!("gpu_backward_softmax_d{d}"),
+            "softmax",
+            Shape::mha(1, 2, 75, 91),
+            HeadDims::square(d),
+            (0.0, 1.0),
+        );
+    }
+}
+
+#[test]
 fn gpu_backward_softmax_gqa() {
     check_backward(
         "gpu_backward_softmax_gqa",

@@ -220,6 +220,7 @@ fn main() {
             let cfg = BackwardConfig {
                 block_m: bm,
                 warps,
+                split_d: 1,
                 elem: Elem::Bf16,
             };
             eprintln!("backward sweep m{bm} w{warps} …");

@@ -1,11 +1,11 @@
 //! Prints the generated parallel backward kernels of a variant file.
-//! `cargo run -p aec-compiler --example emit_backward -- examples/softmax.rs 128 128 [block_m warps]`
+//! `cargo run -p aec-compiler --example emit_backward -- examples/softmax.rs 128 128 [block_m warps [split_d]]`
 use aec_compiler::{BackwardConfig, Elem, parallel_backward};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [file, dqk, dv, rest @ ..] = args.as_slice() else {
-        eprintln!("usage: emit_backward <variant.rs> <dqk> <dv> [block_m warps]");
+        eprintln!("usage: emit_backward <variant.rs> <dqk> <dv> [block_m warps [split_d]]");
         std::process::exit(2);
     };
     let src = std::fs::read_to_string(file).expect("read variant file");
@@ -16,9 +16,10 @@ fn main() {
         .expect("valid variant");
     let (dqk, dv): (u32, u32) = (dqk.parse().expect("dqk"), dv.parse().expect("dv"));
     let mut cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16);
-    if let [bm, warps, ..] = rest {
+    if let [bm, warps, more @ ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");
         cfg.warps = warps.parse().expect("warps");
+        cfg.split_d = more.first().map_or(1, |s| s.parse().expect("split_d"));
     }
     let k = parallel_backward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{e}"));
     print!("{}", k.source);

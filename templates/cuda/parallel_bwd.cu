@@ -31,6 +31,10 @@
 #define NSTAT_ARR {{ nstat_arr }}
 #define NRC {{ nrc }}              // row constants of the weight and dS formulas
 #define NRC_ARR {{ nrc_arr }}
+#define KSPLIT {{ ksplit }}          // warps sharing 16 keys, each with a slice of Dqk and Dv for dK, dV
+#define KEY_WARPS (NWARPS / KSPLIT)
+#define DQKW (DQK / KSPLIT)         // dK columns per warp
+#define DVW (DV / KSPLIT)           // dV columns per warp
 #define RT (BM / 16)              // dQ: 16-row tiles of the query block
 #define DSPLIT (NWARPS / RT)      // dQ: warps sharing one row tile split DQK
 #define DQW (DQK / DSPLIT)        // dQ columns per warp
@@ -210,13 +214,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 {% endif %}{% if modify_k || modify_v %}
     __syncthreads();
 {% endif %}
-    float dk_acc[DQK / 8][4];
-    float dv_acc[DV / 8][4];
+    float dk_acc[DQKW / 8][4];
+    float dv_acc[DVW / 8][4];
 #pragma unroll
-    for (int t = 0; t < DQK / 8; ++t) dk_acc[t][0] = dk_acc[t][1] = dk_acc[t][2] = dk_acc[t][3] = 0.0f;
+    for (int t = 0; t < DQKW / 8; ++t) dk_acc[t][0] = dk_acc[t][1] = dk_acc[t][2] = dk_acc[t][3] = 0.0f;
 #pragma unroll
-    for (int t = 0; t < DV / 8; ++t) dv_acc[t][0] = dv_acc[t][1] = dv_acc[t][2] = dv_acc[t][3] = 0.0f;
-    const int jr = warp * 16;  // this warp's first key row in the block
+    for (int t = 0; t < DVW / 8; ++t) dv_acc[t][0] = dv_acc[t][1] = dv_acc[t][2] = dv_acc[t][3] = 0.0f;
+    // This warp's 16 keys and its slice of the dK/dV columns. With KSPLIT > 1
+    // the warps of a slice group compute the same Sᵀ and dPᵀ; the first one
+    // (`key_owner`) publishes dSᵀ and the custom-input gradients.
+    const int jr = (warp % KEY_WARPS) * 16, slice = warp / KEY_WARPS;
+    const bool key_owner = slice == 0;
+    const int ck0 = slice * DQKW, cv0 = slice * DVW;
 
     for (int it = 0; it < iters; ++it) {
         const int cur = it & 1;
@@ -302,6 +311,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         // dSᵀ to shared memory for dQ = dS·K.
 #pragma unroll
         for (int t = 0; t < BM / 8; ++t) {
+            if (!key_owner) break;
             *reinterpret_cast<unsigned*>(sdS + (jr + g) * SDS + t * 8 + 2 * t4) = pack2(pacc[t][0], pacc[t][1]);
             *reinterpret_cast<unsigned*>(sdS + (jr + g + 8) * SDS + t * 8 + 2 * t4) = pack2(pacc[t][2], pacc[t][3]);
         }
@@ -320,16 +330,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             da[3] = pack2(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
             const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
 #pragma unroll
-            for (int dp = 0; dp < DV / 16; ++dp) {
+            for (int dp = 0; dp < DVW / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4_trans(smem_u32(sdOc + row * SVS + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_u32(sdOc + row * SVS + cv0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
                 mma16816(dv_acc[2 * dp], pa, b0, b1);
                 mma16816(dv_acc[2 * dp + 1], pa, b2, b3);
             }
 #pragma unroll
-            for (int dp = 0; dp < DQK / 16; ++dp) {
+            for (int dp = 0; dp < DQKW / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4_trans(smem_u32(sQc + row * SQS + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_u32(sQc + row * SQS + ck0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
                 mma16816(dk_acc[2 * dp], da, b0, b1);
                 mma16816(dk_acc[2 * dp + 1], da, b2, b3);
             }
@@ -387,8 +397,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         if (j >= Skv) continue;
         const long long krow = (long long)(b * Hkv + hk) * Skv + j;
 #pragma unroll
-        for (int t = 0; t < DQK / 8; ++t) {
-            const int d = t * 8 + 2 * t4;
+        for (int t = 0; t < DQKW / 8; ++t) {
+            const int d = ck0 + t * 8 + 2 * t4;
             float x0 = dk_acc[t][2 * c2], x1 = dk_acc[t][2 * c2 + 1];
 {% if modify_k %}            {
                 float gr[NGRAD_K_ARR];
@@ -400,8 +410,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 {% endif %}            *reinterpret_cast<unsigned*>(dk + krow * DQK + d) = pack2(x0, x1);
         }
 #pragma unroll
-        for (int t = 0; t < DV / 8; ++t) {
-            const int d = t * 8 + 2 * t4;
+        for (int t = 0; t < DVW / 8; ++t) {
+            const int d = cv0 + t * 8 + 2 * t4;
             float x0 = dv_acc[t][2 * c2], x1 = dv_acc[t][2 * c2 + 1];
 {% if modify_v %}            {
                 float gr[NGRAD_V_ARR];

@@ -23,8 +23,13 @@ use std::fmt::Write;
 pub struct BackwardConfig {
     /// Query rows per step of the loop over query blocks.
     pub block_m: u32,
-    /// Warps per block; each owns 16 keys, so a block holds `16 · warps` keys.
+    /// Warps per block; each owns 16 keys and a `1 / split_d` slice of the
+    /// dK and dV columns, so a block holds `16 · warps / split_d` keys.
     pub warps: u32,
+    /// Warps that share 16 keys (1 or 2): each recomputes their scores and
+    /// accumulates a slice of dK and dV — what keeps head dims above 128 in
+    /// registers.
+    pub split_d: u32,
     pub elem: Elem,
 }
 
@@ -32,28 +37,34 @@ impl BackwardConfig {
     /// Measured on an H200 (bench/NOTES.md): for head dims up to 128, 32
     /// query rows per step on eight warps (128 keys per block: half the dQ
     /// atomics of 64 keys; 64 rows was 2% faster but spills under NVRTC);
-    /// four warps with 64 rows where both dims are ≤ 64 or Dqk/16 is odd
-    /// (the two warps sharing a dQ row tile split Dqk/16); 32 rows on four
+    /// four warps with 64 rows where both dims are ≤ 64; 32 rows on four
     /// warps above 128, where a warp's dK and dV accumulators fill the
-    /// registers.
+    /// registers. Where Dqk does not split evenly between the warps that
+    /// share a dQ row tile (Dqk = 80, 96, …), the next candidate that fits.
     pub fn default_for(dqk: u32, dv: u32, elem: Elem) -> BackwardConfig {
-        let even = (dqk / 16).is_multiple_of(2);
-        let (block_m, warps) = if (dqk <= 64 && dv <= 64) || !even {
-            (64, 4)
+        let preferred: &[(u32, u32, u32)] = if dqk <= 64 && dv <= 64 {
+            &[(64, 4, 1)]
         } else if dqk <= 128 && dv <= 128 {
-            (32, 8)
+            &[(32, 8, 1), (64, 8, 1), (64, 4, 1)]
         } else {
-            (32, 4)
+            &[(32, 8, 2), (64, 8, 2), (32, 4, 1), (64, 4, 1)]
         };
+        let (block_m, warps, split_d) = preferred
+            .iter()
+            .chain(&[(64, 4, 1)])
+            .copied()
+            .find(|&(m, w, k)| tile_fits(dqk, dv, m, w, k))
+            .unwrap_or((64, 4, 1));
         BackwardConfig {
             block_m,
             warps,
+            split_d,
             elem,
         }
     }
 
     pub fn block_n(&self) -> u32 {
-        16 * self.warps
+        16 * self.warps / self.split_d.max(1)
     }
 }
 
@@ -139,6 +150,7 @@ struct BackwardTemplate<'a> {
     bm: u32,
     bn: u32,
     warps: u32,
+    ksplit: u32,
     warp_size: u32,
     dqk: u32,
     dv: u32,
@@ -225,12 +237,12 @@ pub fn parallel_backward(
                 let _ = writeln!(grad_accum, "                gs{k} += ok ? gr[{k}] : 0.0f;");
                 let _ = writeln!(
                     grad_flush,
-                    "        {{\n            float x = gs{k};\n#pragma unroll\n            for (int off = WARP / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);\n            const Pt pt = {{b, h, hk, 0, 0, 0}};\n            if (lane == 0) atomicAdd(&{target}, x);\n        }}"
+                    "        {{\n            float x = gs{k};\n#pragma unroll\n            for (int off = WARP / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);\n            const Pt pt = {{b, h, hk, 0, 0, 0}};\n            if (lane == 0 && key_owner) atomicAdd(&{target}, x);\n        }}"
                 );
             } else {
                 let _ = writeln!(
                     grad_accum,
-                    "                if (ok) atomicAdd(&{target}, gr[{k}]);"
+                    "                if (ok && key_owner) atomicAdd(&{target}, gr[{k}]);"
                 );
             }
         }
@@ -255,11 +267,16 @@ pub fn parallel_backward(
         let _ = write!(params_init, "P.g{c} = g{c}; ");
     }
     let kernel_name = format!(
-        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}",
+        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
-        cfg.warps
+        cfg.warps,
+        if cfg.split_d > 1 {
+            format!("s{}", cfg.split_d)
+        } else {
+            String::new()
+        }
     );
     let t = BackwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
@@ -269,6 +286,7 @@ pub fn parallel_backward(
         bm: cfg.block_m,
         bn: cfg.block_n(),
         warps: cfg.warps,
+        ksplit: cfg.split_d,
         warp_size: WARP_SIZE,
         dqk,
         dv,
@@ -521,17 +539,28 @@ fn check(variant: &Variant, dqk: u32, dv: u32, cfg: &BackwardConfig) -> Result<(
             c.name
         )));
     }
-    let rt = cfg.block_m / 16;
-    let ok = matches!(cfg.block_m, 32 | 64 | 128)
-        && matches!(cfg.warps, 2 | 4 | 8)
-        && rt <= cfg.warps
-        && cfg.warps.is_multiple_of(rt)
-        && (dqk / 16).is_multiple_of(cfg.warps / rt);
-    if !ok {
+    if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
         return Err(CompileError(format!(
             "backward tile block_m = {} with {} warps does not fit Dqk = {dqk}: block_m must be 32, 64 or 128, at most 16 × warps, and the warps sharing a 16-row dQ tile must split Dqk/16 evenly",
             cfg.block_m, cfg.warps
         )));
     }
     Ok(())
+}
+
+/// Whether `block_m` query rows on `warps` warps (`split_d` per 16 keys)
+/// tile the products: for dQ each warp takes a 16-row tile and an equal
+/// share of Dqk in steps of 16 columns; for dK and dV each warp of a key
+/// group an equal share of Dqk and Dv.
+fn tile_fits(dqk: u32, dv: u32, block_m: u32, warps: u32, split_d: u32) -> bool {
+    let rt = block_m / 16;
+    matches!(block_m, 32 | 64 | 128)
+        && matches!(warps, 2 | 4 | 8)
+        && matches!(split_d, 1 | 2)
+        && warps.is_multiple_of(split_d)
+        && rt <= warps
+        && warps.is_multiple_of(rt)
+        && (dqk / 16).is_multiple_of(warps / rt)
+        && (dqk / 16).is_multiple_of(split_d)
+        && (dv / 16).is_multiple_of(split_d)
 }
