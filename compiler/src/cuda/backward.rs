@@ -4,7 +4,7 @@
 
 use super::closures::{
     ElemSpelling, axis_size, backward_closure, custom_at, elem_spelling, forward_closures,
-    grad_atomics, grad_outputs, scores_read_customs_by_position,
+    grad_atomics, grad_outputs, parallel_inputs, row_output_names, scores_read_customs_by_position,
 };
 use super::dialect::{Elem, WARP_SIZE};
 use super::expr::pointwise;
@@ -188,13 +188,13 @@ pub fn parallel_backward(
     dv: u32,
     cfg: &BackwardConfig,
 ) -> Result<BackwardSource, CompileError> {
-    let par = variant.parallel().ok_or_else(|| {
-        CompileError(format!(
-            "`{}` is a recurrent variant; the parallel backward needs a parallel one",
-            variant.name
-        ))
-    })?;
-    check(variant, dqk, dv, cfg)?;
+    let par = parallel_inputs(variant, dqk, dv, "backward")?;
+    if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
+        return Err(CompileError(format!(
+            "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1 or 2) must divide the warps, Dqk/16 and Dv/16",
+            cfg.block_m, cfg.warps, cfg.split_d
+        )));
+    }
     let plan = backward_plan(variant)?;
     let online = &par.online;
     let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
@@ -351,12 +351,7 @@ pub fn parallel_backward(
         bn * (dqk + 8) + bn * (dv + 8) + 2 * bm * (dqk + 8) + 2 * bm * (dv + 8) + bn * (bm + 8);
     let smem_bytes = elems * 2 + 4 * 2 * nrc.max(1) as u32 * bm;
     let threads = cfg.warps * WARP_SIZE;
-    let row_outputs = online
-        .scales
-        .iter()
-        .map(|s| format!("scale.{s}"))
-        .chain(fields.iter().map(|f| format!("state.{f}")))
-        .collect();
+    let row_outputs = row_output_names(online);
     Ok(BackwardSource {
         source,
         args,
@@ -515,37 +510,6 @@ fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, usiz
         outs[0], outs[1]
     );
     (row_consts, weight_and_grad, frontier.len())
-}
-
-fn check(variant: &Variant, dqk: u32, dv: u32, cfg: &BackwardConfig) -> Result<(), CompileError> {
-    for (axis, d) in [(Axis::Dqk, dqk), (Axis::Dv, dv)] {
-        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
-            && *fixed != d as usize
-        {
-            return Err(CompileError(format!(
-                "`{}` fixes {axis} = {fixed}, asked for {d}",
-                variant.name
-            )));
-        }
-        if d == 0 || d % 16 != 0 || d > 256 {
-            return Err(CompileError(format!(
-                "head dimension {axis} = {d} is not supported by the sm_80 backward template: it needs a multiple of 16 up to 256"
-            )));
-        }
-    }
-    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
-        return Err(CompileError(format!(
-            "custom input `{}` has user axes (read by index); the CUDA templates do not support indexed inputs yet",
-            c.name
-        )));
-    }
-    if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
-        return Err(CompileError(format!(
-            "backward tile block_m = {} with {} warps does not fit Dqk = {dqk}: block_m must be 32, 64 or 128, at most 16 × warps, and the warps sharing a 16-row dQ tile must split Dqk/16 evenly",
-            cfg.block_m, cfg.warps
-        )));
-    }
-    Ok(())
 }
 
 /// Whether `block_m` query rows on `warps` warps (`split_d` per 16 keys)

@@ -4,8 +4,10 @@
 
 use super::dialect::Elem;
 use super::expr::{custom_element, pointwise};
+use crate::CompileError;
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op, Region};
+use aec_frontend::variant::{Online, Parallel};
 use std::fmt::Write;
 
 /// The kernel expression of an axis's extent (`Params P` in scope).
@@ -190,4 +192,54 @@ pub fn scores_read_customs_by_position(variant: &Variant) -> bool {
                 _ => false,
             })
         })
+}
+
+/// What every parallel template requires of a variant and its head dims:
+/// the parallel pattern, head dims matching the variant's fixed sizes and a
+/// multiple of 16 up to 256, and no custom input read by index. `kernel`
+/// names the template in messages (`forward`, `backward`).
+pub fn parallel_inputs<'v>(
+    variant: &'v Variant,
+    dqk: u32,
+    dv: u32,
+    kernel: &str,
+) -> Result<&'v Parallel, CompileError> {
+    let par = variant.parallel().ok_or_else(|| {
+        CompileError(format!(
+            "`{}` is a recurrent variant; the parallel {kernel} needs a parallel one",
+            variant.name
+        ))
+    })?;
+    for (axis, d) in [(Axis::Dqk, dqk), (Axis::Dv, dv)] {
+        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
+            && *fixed != d as usize
+        {
+            return Err(CompileError(format!(
+                "`{}` fixes {axis} = {fixed}, asked for {d}",
+                variant.name
+            )));
+        }
+        if d == 0 || d % 16 != 0 || d > 256 {
+            return Err(CompileError(format!(
+                "head dimension {axis} = {d} is not supported by the sm_80 {kernel} template: it needs a multiple of 16 up to 256"
+            )));
+        }
+    }
+    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
+        return Err(CompileError(format!(
+            "custom input `{}` has user axes (read by index); the CUDA templates do not support indexed inputs yet",
+            c.name
+        )));
+    }
+    Ok(par)
+}
+
+/// What the forward's `rowout` holds, in order: `scale.<name>`, then `state.<field>`.
+pub fn row_output_names(online: &Online) -> Vec<String> {
+    online
+        .scales
+        .iter()
+        .map(|s| format!("scale.{s}"))
+        .chain(online.state.iter().map(|f| format!("state.{}", f.name)))
+        .collect()
 }

@@ -2,7 +2,8 @@
 //! `mma.sync`, the online loop) filled with a variant's regions.
 
 use super::closures::{
-    ElemSpelling, axis_size, elem_spelling, forward_closures, scores_read_customs_by_position,
+    ElemSpelling, axis_size, elem_spelling, forward_closures, parallel_inputs, row_output_names,
+    scores_read_customs_by_position,
 };
 use super::dialect::{Elem, WARP_SIZE, float_lit};
 use super::expr::{pointwise, row};
@@ -153,19 +154,8 @@ pub fn parallel_forward(
     dv: u32,
     cfg: &ForwardConfig,
 ) -> Result<KernelSource, CompileError> {
-    let par = variant.parallel().ok_or_else(|| {
-        CompileError(format!(
-            "`{}` is a recurrent variant; the parallel forward needs a parallel one",
-            variant.name
-        ))
-    })?;
-    check_config(variant, dqk, dv, cfg)?;
-    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
-        return Err(CompileError(format!(
-            "custom input `{}` has user axes (read by index); the CUDA templates do not support indexed inputs yet",
-            c.name
-        )));
-    }
+    let par = parallel_inputs(variant, dqk, dv, "forward")?;
+    check_config(cfg)?;
     let online = &par.online;
     let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
     let nstate = fields.len();
@@ -350,12 +340,7 @@ pub fn parallel_forward(
             .map(|c| ArgKind::Custom(c.name.clone())),
     );
     args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
-    let row_outputs = online
-        .scales
-        .iter()
-        .map(|s| format!("scale.{s}"))
-        .chain(fields.iter().map(|f| format!("state.{f}")))
-        .collect();
+    let row_outputs = row_output_names(online);
     let elems = cfg.block_m * (dqk + 8) + 2 * cfg.block_n * (dqk + 8) + 2 * cfg.block_n * (dv + 8);
     Ok(KernelSource {
         name: kernel_name,
@@ -388,27 +373,7 @@ pub fn implies_causal(mask: &Region) -> bool {
     mask.output("mask").is_some_and(|m| go(mask, m))
 }
 
-fn check_config(
-    variant: &Variant,
-    dqk: u32,
-    dv: u32,
-    cfg: &ForwardConfig,
-) -> Result<(), CompileError> {
-    for (axis, d) in [(Axis::Dqk, dqk), (Axis::Dv, dv)] {
-        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
-            && *fixed != d as usize
-        {
-            return Err(CompileError(format!(
-                "`{}` fixes {axis} = {fixed}, asked for {d}",
-                variant.name
-            )));
-        }
-        if d == 0 || d % 16 != 0 || d > 256 {
-            return Err(CompileError(format!(
-                "head dimension {axis} = {d} is not supported by the sm_80 forward template: it needs a multiple of 16 up to 256"
-            )));
-        }
-    }
+fn check_config(cfg: &ForwardConfig) -> Result<(), CompileError> {
     if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
         || !matches!(cfg.block_n, 32 | 64 | 128)
         || cfg.warps == 0
