@@ -85,7 +85,35 @@ fn compiles_an_example_into_a_library_deterministically() {
         source,
         std::fs::read_to_string(b.join(k["source"].as_str().unwrap())).unwrap()
     );
+    // The backward: one source with the three entry points the manifest lists.
+    let bk = &variants[1]["kernels"][1];
+    assert_eq!(bk["pass"], "backward");
+    let bsrc =
+        std::fs::read_to_string(a.join(bk["source"].as_str().unwrap())).expect("backward source");
+    let launches = bk["launches"].as_array().expect("launches");
+    assert_eq!(launches.len(), 3);
+    for l in launches {
+        let e = l["entry"].as_str().expect("entry");
+        assert!(bsrc.contains(&format!("{e}(BWD_ARGS)")), "{e} defined");
+    }
+    // ALiBi's slopes get a gradient argument.
+    assert_eq!(
+        bk["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["kind"] == "custom_grad" && x["name"] == "slopes")
+            .count(),
+        1
+    );
     // With NVRTC (CI installs it), one cubin per architecture; without, sources only.
+    for b in bk["builds"].as_array().expect("backward builds") {
+        if aec::runtime::nvrtc_present() {
+            let cubin =
+                std::fs::read(a.join(b["cubin"].as_str().expect("cubin path"))).expect("cubin");
+            assert_eq!(&cubin[..4], b"\x7fELF");
+        }
+    }
     let builds = k["builds"].as_array().expect("builds");
     assert_eq!(builds.len(), 2);
     if aec::runtime::nvrtc_present() {

@@ -1,11 +1,14 @@
 //! `aec compile <variant.rs>… --target <t>… -o <dir>`: generated kernel
-//! sources, cubins (through NVRTC, no GPU needed) and a manifest.
+//! sources (forward and backward), cubins (through NVRTC, no GPU needed) and
+//! a manifest.
 //!
 //! This is the first part of a kernel library: the C header, the loaders and
 //! the PyTorch module do not exist yet, and the manifest says so.
 
 use super::EXIT_INPUT;
-use aec::compiler::{ArgKind, Elem, ForwardConfig, parallel_forward};
+use aec::compiler::{
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Launch, parallel_backward, parallel_forward,
+};
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
 use aec::runtime::{CompileOptions, compile, nvrtc_present};
@@ -139,67 +142,137 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16);
         let k =
             parallel_forward(v, vq, vv, &cfg).map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
-        let source_file = format!("{}.cu", k.name);
-        write(&kernels_dir.join(&source_file), k.source.as_bytes())?;
-        let mut builds = Vec::new();
-        let mut built: Vec<(&str, Value)> = Vec::new();
-        for t in &targets {
-            let arch = t.cuda_arch().expect("CUDA target");
-            // h100 and h200 share sm_90a: one cubin per architecture.
-            let cubin = match built.iter().find(|(a, _)| *a == arch) {
-                Some((_, c)) => c.clone(),
-                None if with_nvrtc => {
-                    eprintln!("compiling {} for {arch} …", k.name);
-                    let compiled = compile(&k.source, &CompileOptions::new(arch))
-                        .map_err(|e| format!("`{}`: {e}", v.name))?;
-                    let name = format!("{}.{arch}.cubin", k.name);
-                    write(&kernels_dir.join(&name), &compiled.cubin)?;
-                    Value::String(format!("kernels/{name}"))
-                }
-                None => Value::Null,
-            };
-            built.push((arch, cubin.clone()));
-            builds.push(json!({ "target": t.name(), "arch": arch, "cubin": cubin }));
+        let builds = write_and_compile(
+            &kernels_dir,
+            &k.name,
+            &k.source,
+            &targets,
+            with_nvrtc,
+            &v.name,
+        )?;
+        let mut kernels = vec![json!({
+            "pass": "forward",
+            "entry": k.name,
+            "source": format!("kernels/{}.cu", k.name),
+            "builds": builds,
+            "head_dims": { "Dqk": vq, "Dv": vv },
+            "launch": { "grid": if k.packed_gqa { json!(["ceil(H / Hkv * Sq / block_m)", "Hkv", "B"]) } else { json!(["ceil(Sq / block_m)", "H", "B"]) }, "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
+            "args": args_json(&k.args),
+            "row_outputs": k.row_outputs,
+        })];
+        // The backward: three kernels in one source, launched in order with
+        // the same arguments.
+        match parallel_backward(v, vq, vv, &BackwardConfig::default_for(vq, vv, Elem::Bf16)) {
+            Ok(b) => {
+                let base = b.main.name.trim_end_matches("_main").to_string();
+                let builds = write_and_compile(
+                    &kernels_dir,
+                    &base,
+                    &b.source,
+                    &targets,
+                    with_nvrtc,
+                    &v.name,
+                )?;
+                let launch = |l: &Launch| {
+                    let grid = match l.grid {
+                        Grid::Rows { per_block } => {
+                            json!([format!("ceil(B * H * Sq / {per_block})"), 1, 1])
+                        }
+                        Grid::KeyBlocks { block_n } => {
+                            json!([format!("ceil(Skv / {block_n})"), "Hkv", "B"])
+                        }
+                        Grid::Elements { per_block } => {
+                            json!([format!("ceil(B * H * Sq * Dqk / {per_block})"), 1, 1])
+                        }
+                    };
+                    json!({ "entry": l.name, "grid": grid, "threads": l.threads, "dynamic_smem_bytes": l.smem_bytes })
+                };
+                kernels.push(json!({
+                    "pass": "backward",
+                    "source": format!("kernels/{base}.cu"),
+                    "builds": builds,
+                    "head_dims": { "Dqk": vq, "Dv": vv },
+                    "launches": [launch(&b.pre), launch(&b.main), launch(&b.post)],
+                    "args": args_json(&b.args),
+                    "workspaces": {
+                        "dot": "f32 [B*H*Sq]",
+                        "qmod": "bf16 [B*H*Sq*Dqk]",
+                        "dq_acc": "f32 [B*H*Sq*Dqk]"
+                    },
+                    "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
+                }));
+            }
+            Err(e) => {
+                eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
+                kernels.push(json!({ "pass": "backward", "skipped": e.to_string() }));
+            }
         }
-        let args_json: Vec<Value> = k
-            .args
-            .iter()
-            .map(|a| match a {
-                ArgKind::Tensor(n) => json!({ "kind": "tensor", "name": n, "dtype": "bf16" }),
-                ArgKind::RowOut => json!({ "kind": "row_outputs", "dtype": "f32", "shape": "[row_outputs, B*H*Sq]" }),
-                ArgKind::Custom(n) => json!({ "kind": "custom", "name": n, "dtype": "f32" }),
-                ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name(), "dtype": "i32" }),
-                ArgKind::CustomGrad(n) => json!({ "kind": "custom_grad", "name": n, "dtype": "f32" }),
-                ArgKind::Workspace(n) => json!({ "kind": "workspace", "name": n }),
-            })
-            .collect();
         manifest_variants.push(json!({
             "name": v.name,
             "file": file,
             "pattern": "parallel",
             "inputs": aec::frontend::print::to_json(v)["inputs"].clone(),
-            "kernels": [{
-                "pass": "forward",
-                "entry": k.name,
-                "source": format!("kernels/{source_file}"),
-                "builds": builds,
-                "head_dims": { "Dqk": vq, "Dv": vv },
-                "launch": { "grid": if k.packed_gqa { json!(["ceil(H / Hkv * Sq / block_m)", "Hkv", "B"]) } else { json!(["ceil(Sq / block_m)", "H", "B"]) }, "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
-                "args": args_json,
-                "row_outputs": k.row_outputs,
-            }],
+            "kernels": kernels,
         }));
     }
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": 1,
-        "contents": "generated CUDA sources and cubins of the parallel forward kernels; a C header, loaders and a PyTorch module are not generated yet",
+        "contents": "generated CUDA sources and cubins of the parallel forward and backward kernels; a C header, loaders and a PyTorch module are not generated yet",
         "variants": manifest_variants,
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
     write(&args.out.join("manifest.json"), text.as_bytes())?;
     eprintln!("wrote {}", args.out.join("manifest.json").display());
     Ok(())
+}
+
+/// Writes `<name>.cu` and, with NVRTC, one cubin per architecture (h100 and
+/// h200 share sm_90a); returns the manifest's `builds`.
+fn write_and_compile(
+    dir: &Path,
+    name: &str,
+    source: &str,
+    targets: &[Target],
+    with_nvrtc: bool,
+    variant: &str,
+) -> Result<Vec<Value>, String> {
+    write(&dir.join(format!("{name}.cu")), source.as_bytes())?;
+    let mut builds = Vec::new();
+    let mut built: Vec<(&str, Value)> = Vec::new();
+    for t in targets {
+        let arch = t.cuda_arch().expect("CUDA target");
+        let cubin = match built.iter().find(|(a, _)| *a == arch) {
+            Some((_, c)) => c.clone(),
+            None if with_nvrtc => {
+                eprintln!("compiling {name} for {arch} …");
+                let compiled = compile(source, &CompileOptions::new(arch))
+                    .map_err(|e| format!("`{variant}`: {e}"))?;
+                let file = format!("{name}.{arch}.cubin");
+                write(&dir.join(&file), &compiled.cubin)?;
+                Value::String(format!("kernels/{file}"))
+            }
+            None => Value::Null,
+        };
+        built.push((arch, cubin.clone()));
+        builds.push(json!({ "target": t.name(), "arch": arch, "cubin": cubin }));
+    }
+    Ok(builds)
+}
+
+fn args_json(args: &[ArgKind]) -> Vec<Value> {
+    args.iter()
+        .map(|a| match a {
+            ArgKind::Tensor(n) => json!({ "kind": "tensor", "name": n, "dtype": "bf16" }),
+            ArgKind::RowOut => {
+                json!({ "kind": "row_outputs", "dtype": "f32", "shape": "[row_outputs, B*H*Sq]" })
+            }
+            ArgKind::Custom(n) => json!({ "kind": "custom", "name": n, "dtype": "f32" }),
+            ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name(), "dtype": "i32" }),
+            ArgKind::CustomGrad(n) => json!({ "kind": "custom_grad", "name": n, "dtype": "f32" }),
+            ArgKind::Workspace(n) => json!({ "kind": "workspace", "name": n }),
+        })
+        .collect()
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
