@@ -435,6 +435,41 @@ def run_bwd_sweep(cases_dir, index, workloads):
     return rows
 
 
+def run_fwd_sweep(cases_dir, index, workloads):
+    """Forward alone, per tile configuration, next to FA2 in the same process."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    rows = []
+    wl = {w["id"]: w for w in workloads["workloads"]}
+    for e in index.get("fwd_sweep", []):
+        w = wl[e["workload"]]
+        b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
+        fl = flops_fwd(w)
+        torch.manual_seed(0)
+        q = torch.randn(b, h, sq, dqk, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"], scale=1 / math.sqrt(dqk))
+        impl = "aec " + e["config"]
+        try:
+            if "error" in e["kernel"]:
+                raise RuntimeError(e["kernel"]["error"])
+            kern = Kernel(cases_dir, e["kernel"])
+            sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
+            o, _ = kern(q, k, v, {}, sizes)
+            torch.cuda.synchronize()
+            err = rel_err(o.float(), ref.float())
+            ms = bench(lambda: kern(q, k, v, {}, sizes))
+            rows.append(dict(workload=e["workload"], **{"pass": "fwd"}, impl=impl, ms=ms,
+                             tflops=fl / (ms * 1e-3) / 1e12, max_rel_err=err, ptxas=e["kernel"].get("ptxas")))
+            print(f"sweep {e['workload']:34s} fwd {impl:16s} {ms:8.4f} ms {rows[-1]['tflops']:7.1f} TF/s err={err:.2e}",
+                  flush=True)
+        except Exception as ex:
+            rows.append(dict(workload=e["workload"], **{"pass": "fwd"}, impl=impl, error=f"{type(ex).__name__}: {ex}"))
+            print(f"sweep {e['workload']:34s} fwd {impl:16s} ERROR {type(ex).__name__}: {ex}", flush=True)
+    return rows
+
+
 def main():
     args = sys.argv[1:]
     # --bench-only id,id: only those workloads' benchmark rows (no checks).
@@ -442,6 +477,13 @@ def main():
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else None
     index = json.load(open(os.path.join(cases_dir, "index.json")))
     torch.zeros(1, device=dev)  # create PyTorch's context; our modules load into it
+    if "--fwd-sweep" in args:
+        workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
+        rows = run_fwd_sweep(cases_dir, index, workloads)
+        with open(os.path.join(OUT, "fwd_sweep.json"), "w") as fh:
+            json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                           torch=torch.__version__, rows=rows), fh, indent=1)
+        return
     if "--bwd-sweep" in args:
         workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
         rows = run_bwd_sweep(cases_dir, index, workloads)

@@ -242,8 +242,34 @@ fn main() {
         "passes": ["fwd", "fwd+bwd"],
         "note": "not in shared/reference/workloads.json; FLOPs count the visible (query, key) pairs only"
     }]);
-    let all =
-        json!({ "cases": index, "bench": bench, "bwd_sweep": sweep, "extra_workloads": extra });
+    // Forward tile sweep on the causal workload (`gpu_check.py --fwd-sweep`).
+    let mut fwd_sweep = Vec::new();
+    if args.iter().any(|a| a == "--fwd-sweep") {
+        let v = load(&root, "softmax_causal");
+        for (bm, bn, warps) in [
+            (128, 64, 8),
+            (128, 32, 4),
+            (128, 64, 4),
+            (64, 32, 2),
+            (64, 64, 4),
+        ] {
+            let cfg = ForwardConfig {
+                block_m: bm,
+                block_n: bn,
+                warps,
+                elem: Elem::Bf16,
+                pack_gqa: false,
+            };
+            eprintln!("forward sweep m{bm} n{bn} w{warps} …");
+            let file = format!("sweep_fwd_m{bm}n{bn}w{warps}");
+            let meta = match parallel_forward(&v, 128, 128, &cfg) {
+                Ok(k) => kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes),
+                Err(e) => json!({ "error": e.to_string() }),
+            };
+            fwd_sweep.push(json!({ "workload": "softmax-causal-b8-h32-s2048-d128", "config": format!("m{bm}n{bn}w{warps}"), "kernel": meta }));
+        }
+    }
+    let all = json!({ "cases": index, "bench": bench, "bwd_sweep": sweep, "fwd_sweep": fwd_sweep, "extra_workloads": extra });
     std::fs::write(
         out.join("index.json"),
         serde_json::to_string_pretty(&all).expect("json"),

@@ -35,13 +35,20 @@ impl ForwardConfig {
     /// The configuration used when none is tuned. A variant that fixes
     /// `Sq ≤ 16` (decoding) gets one 16-row tile on one warp with the query
     /// heads of a group packed into its rows, and 32-key blocks (small blocks
-    /// let more of them share an SM, which keeps more loads in flight). Otherwise two 16-row tiles per
-    /// warp (K/V fragments reused twice) where the registers allow it —
-    /// plain scores and Dqk, Dv ≤ 128 — else one tile per warp.
+    /// let more of them share an SM, which keeps more loads in flight).
+    /// Otherwise two 16-row tiles per warp (K/V fragments reused twice) for
+    /// Dqk, Dv ≤ 128 — measured 17% faster on causal softmax despite ~120 B
+    /// of spills (bench/NOTES.md) — except where the mask reads custom inputs
+    /// (270 B of spills); one tile per warp otherwise.
     pub fn default_for(variant: &Variant, dqk: u32, dv: u32, elem: Elem) -> ForwardConfig {
-        let plain = variant
-            .parallel()
-            .is_some_and(|p| p.mask.is_none() && p.modify_scores.is_none());
+        let mask_reads_inputs = variant.parallel().is_some_and(|p| {
+            p.mask.as_ref().is_some_and(|m| {
+                m.graph
+                    .nodes()
+                    .iter()
+                    .any(|n| matches!(n.op, Op::Custom(_) | Op::Gather(_)))
+            })
+        });
         let decode = variant
             .fixed_sizes
             .iter()
@@ -50,7 +57,7 @@ impl ForwardConfig {
             (16, 32, 1, true)
         } else if dv > 128 {
             (64, 32, 4, false)
-        } else if plain && dqk <= 128 {
+        } else if dqk <= 128 && !mask_reads_inputs {
             (128, 64, 4, false)
         } else {
             (128, 64, 8, false)
