@@ -30,8 +30,8 @@ pub use aec_runtime as runtime;
 
 pub mod run;
 pub use run::{
-    Error, ForwardOutput, Gradients, HeadDims, KernelOptions, ParallelKernels, Shape,
-    backward_source, check_shapes, forward_source,
+    Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
+    Shape, backward_source, check_shapes, forward_source,
 };
 
 /// A variant declared with [`attention!`].
@@ -64,5 +64,5 @@ pub mod prelude {
     pub use crate::run::{ForwardOutput, HeadDims, KernelOptions, ParallelKernels, Shape};
     pub use aec_frontend::Pattern;
     pub use aec_frontend::reference::{Inputs, Options, Tensor};
-    pub use aec_runtime::{Device, DeviceBuffer, Stream, bf16};
+    pub use aec_runtime::{Device, DeviceBuffer, Stream, bf16, f16};
 }

@@ -259,7 +259,7 @@ fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
 
 /// Every head dim the issue names (64, 80, 96, 128, 192, 256; Dqk ≠ Dv both
 /// ways) generates, compiles for sm_90a and uses tensor cores, forward and
-/// backward, with at most 128 bytes of spills.
+/// backward, with at most 128 bytes of spills; f16 operands too (d128, sm_80).
 #[test]
 fn every_head_dim_compiles_forward_and_backward() {
     if !toolchain_ready() {
@@ -273,13 +273,14 @@ fn every_head_dim_compiles_forward_and_backward() {
     .variant
     .expect("valid");
     let dims = [
-        (64, 64),
-        (80, 80),
-        (96, 96),
-        (192, 192),
-        (256, 256),
-        (64, 128),
-        (128, 256),
+        (64, 64, Elem::Bf16, "sm_90a"),
+        (80, 80, Elem::Bf16, "sm_90a"),
+        (96, 96, Elem::Bf16, "sm_90a"),
+        (192, 192, Elem::Bf16, "sm_90a"),
+        (256, 256, Elem::Bf16, "sm_90a"),
+        (64, 128, Elem::Bf16, "sm_90a"),
+        (128, 256, Elem::Bf16, "sm_90a"),
+        (128, 128, Elem::F16, "sm_80"),
     ];
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -287,21 +288,19 @@ fn every_head_dim_compiles_forward_and_backward() {
             s.spawn(|| {
                 loop {
                     let k = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let Some(&(dqk, dv)) = dims.get(k) else { break };
+                    let Some(&(dqk, dv, elem, arch)) = dims.get(k) else {
+                        break;
+                    };
                     let f = parallel_forward(
                         &v,
                         dqk,
                         dv,
-                        &ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16),
+                        &ForwardConfig::default_for(&v, dqk, dv, elem),
                     )
                     .unwrap_or_else(|e| panic!("forward d{dqk}x{dv}: {e}"));
-                    let b = parallel_backward(
-                        &v,
-                        dqk,
-                        dv,
-                        &BackwardConfig::default_for(dqk, dv, Elem::Bf16),
-                    )
-                    .unwrap_or_else(|e| panic!("backward d{dqk}x{dv}: {e}"));
+                    let b =
+                        parallel_backward(&v, dqk, dv, &BackwardConfig::default_for(dqk, dv, elem))
+                            .unwrap_or_else(|e| panic!("backward d{dqk}x{dv}: {e}"));
                     for (what, src, names) in [
                         ("forward", &f.source, vec![f.name.clone()]),
                         (
@@ -310,9 +309,9 @@ fn every_head_dim_compiles_forward_and_backward() {
                             vec![b.pre.name.clone(), b.main.name.clone(), b.post.name.clone()],
                         ),
                     ] {
-                        let c = compile(src, &CompileOptions::new("sm_90a"))
+                        let c = compile(src, &CompileOptions::new(arch))
                             .unwrap_or_else(|e| panic!("{what} d{dqk}x{dv}: {e}"));
-                        let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
+                        let usage = ptxas_resources(&c.ptx, arch).expect("ptxas");
                         for n in &names {
                             let u = usage.iter().find(|u| &u.function == n).expect("entry");
                             assert!(
@@ -323,7 +322,10 @@ fn every_head_dim_compiles_forward_and_backward() {
                         }
                         let text = sass(&c.cubin).expect("cuobjdump");
                         assert!(text.contains("HMMA"), "{what} d{dqk}x{dv}: no HMMA");
-                        eprintln!("{what} d{dqk}x{dv}: ok ({})", names.join(", "));
+                        eprintln!(
+                            "{what} d{dqk}x{dv} {elem:?} {arch}: ok ({})",
+                            names.join(", ")
+                        );
                     }
                 }
             });

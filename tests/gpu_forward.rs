@@ -298,19 +298,34 @@ fn cpu_forward_source_generates_without_a_gpu() {
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }
-    let f16 = KernelOptions {
+    // A configuration whose element type contradicts the options'.
+    let mixed = KernelOptions {
         config: Some(ForwardConfig {
             elem: Elem::F16,
             ..ForwardConfig::default_for(&v, 64, 64, Elem::Bf16)
         }),
         ..KernelOptions::default()
     };
-    match forward_source(&v, HeadDims::square(64), &f16) {
-        Err(Error::NotImplemented(m)) => assert!(m.starts_with(
-            "the forward API takes bf16 tensors, but the tile configuration asks for f16"
-        )),
-        other => panic!("expected Error::NotImplemented, got {other:?}"),
+    match forward_source(&v, HeadDims::square(64), &mixed) {
+        Err(Error::Shape(m)) => assert_eq!(
+            m,
+            "the tile configuration asks for f16 elements but the kernel options for bf16: \
+             set `KernelOptions::elem` and the configuration's `elem` alike"
+        ),
+        other => panic!("expected Error::Shape, got {other:?}"),
     }
+    // f16 kernels: the same kernel with f16 operands.
+    let f16 = KernelOptions {
+        elem: Elem::F16,
+        ..KernelOptions::default()
+    };
+    let src = forward_source(&v, HeadDims::square(64), &f16).expect("f16 forward");
+    assert!(src.source.contains("typedef __half elem_t;"));
+    assert!(
+        src.source
+            .contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+    );
+    assert_eq!(src.elem, Elem::F16);
 }
 
 #[test]
@@ -507,6 +522,98 @@ fn gpu_forward_packed_gqa_rows_across_heads() {
         (0.0, 1.0),
         &packed(&common::example("softmax_causal"), 64),
     );
+}
+
+/// f16 tensors: the softmax forward and backward with f16 operands against
+/// the f64 reference, and bf16 buffers refused by f16 kernels.
+#[test]
+fn gpu_f16_forward_and_backward() {
+    let test = "gpu_f16_forward_and_backward";
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = common::example("softmax_gqa");
+    let options = KernelOptions {
+        elem: Elem::F16,
+        ..KernelOptions::default()
+    };
+    let dims = HeadDims::square(64);
+    let Some(kernels) = compiled(
+        test,
+        ParallelKernels::compile(&def, &device, dims, &options),
+    ) else {
+        return;
+    };
+    let shape = Shape::new(2, 4, 2, 77, 91);
+    let call = common::gpu::random_call(&def, shape, dims, (0.0, 1.0), test);
+    // bf16 values are exact in f16 at these magnitudes.
+    let to_f16 = |x: &[bf16]| -> Vec<f16> { x.iter().map(|v| f16::from_f32(v.to_f32())).collect() };
+    let stream = device.stream();
+    let q = stream.upload(&to_f16(&call.q_host)).unwrap();
+    let k = stream.upload(&to_f16(&call.k_host)).unwrap();
+    let v = stream.upload(&to_f16(&call.v_host)).unwrap();
+    let out = kernels
+        .forward(&stream, &q, &k, &v, &[], shape)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let fwd = reference::forward(&def, &call.inputs, reference::Options::default()).unwrap();
+    let o: Vec<f64> = stream
+        .download(&out.o)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_f64())
+        .collect();
+    let err_o = rel_err(&o, &fwd.o.data);
+    let d_o_host: Vec<f16> = (0..o.len())
+        .map(|i| f16::from_f32(((i * 7919 % 1000) as f32 / 500.0) - 1.0))
+        .collect();
+    let d_o = stream.upload(&d_o_host).unwrap();
+    let grads = kernels
+        .backward(&stream, &q, &k, &v, &[], &out, &d_o)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let d_o_ref = reference::Tensor {
+        shape: fwd.o.shape.clone(),
+        data: d_o_host.iter().map(|x| x.to_f64()).collect(),
+    };
+    let want = reference::backward(&def, &call.inputs, &d_o_ref).unwrap();
+    let down = |b: &DeviceBuffer<f16>| -> Vec<f64> {
+        stream
+            .download(b)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_f64())
+            .collect()
+    };
+    let errs = [
+        err_o,
+        rel_err(&down(&grads.dq), &want.dq.data),
+        rel_err(&down(&grads.dk), &want.dk.data),
+        rel_err(&down(&grads.dv), &want.dv.data),
+    ];
+    let pass = errs.iter().all(|e| *e < 1e-2);
+    eprintln!(
+        "{test}: {} f16 `{}` on {} {shape}: o={:.2e} dq={:.2e} dk={:.2e} dv={:.2e}",
+        if pass { "PASS" } else { "FAIL" },
+        def.name,
+        device.name(),
+        errs[0],
+        errs[1],
+        errs[2],
+        errs[3]
+    );
+    assert!(pass, "{test}: {errs:?}");
+    // bf16 buffers do not fit f16 kernels.
+    let qb = stream.upload(&call.q_host).unwrap();
+    let kb = stream.upload(&call.k_host).unwrap();
+    let vb = stream.upload(&call.v_host).unwrap();
+    match kernels.forward(&stream, &qb, &kb, &vb, &[], shape) {
+        Err(Error::Shape(m)) => assert!(
+            m.starts_with(
+                "q, k and v are bf16 but the kernels of `SoftmaxGqa` were compiled for f16"
+            ),
+            "{m}"
+        ),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
 }
 
 #[test]

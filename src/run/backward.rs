@@ -1,7 +1,8 @@
 //! The backward on the GPU: [`ParallelKernels::backward`].
 
 use super::{
-    BackwardKernels, Error, ForwardOutput, ParallelKernels, backward_source, cache, check_lengths,
+    BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, backward_source, cache,
+    check_lengths, dtype_of,
 };
 use crate::compiler::{ArgKind, BackwardSource, CompileError};
 use crate::frontend::ir::Axis;
@@ -10,19 +11,19 @@ use crate::runtime::{Arg, CompileOptions, DType, DeviceBuffer, Module, Param, St
 /// What [`ParallelKernels::backward`] returns: the gradients of the loss with
 /// respect to every input, filled once the stream reaches the launches.
 #[derive(Debug)]
-pub struct Gradients {
-    /// `[B, H, Sq, Dqk]` bf16.
-    pub dq: DeviceBuffer<bf16>,
-    /// `[B, Hkv, Skv, Dqk]` bf16, summed over the query heads of each group.
-    pub dk: DeviceBuffer<bf16>,
-    /// `[B, Hkv, Skv, Dv]` bf16.
-    pub dv: DeviceBuffer<bf16>,
+pub struct Gradients<T: KernelElement = bf16> {
+    /// `[B, H, Sq, Dqk]`, in the kernels' element type.
+    pub dq: DeviceBuffer<T>,
+    /// `[B, Hkv, Skv, Dqk]`, summed over the query heads of each group.
+    pub dk: DeviceBuffer<T>,
+    /// `[B, Hkv, Skv, Dv]`.
+    pub dv: DeviceBuffer<T>,
     /// One per custom input of the variant, by name, f32 and shaped like the
     /// input (zeros for inputs no gradient reaches, such as a mask's).
     pub customs: Vec<(String, DeviceBuffer<f32>)>,
 }
 
-impl Gradients {
+impl<T: KernelElement> Gradients<T> {
     /// The gradient of custom input `name`.
     pub fn custom(&self, name: &str) -> Option<&DeviceBuffer<f32>> {
         self.customs.iter().find(|(n, _)| n == name).map(|(_, b)| b)
@@ -90,16 +91,17 @@ impl ParallelKernels {
     /// recomputed from the saved row state, so `forward` must be the output
     /// of these kernels on these inputs.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    pub fn backward<T: KernelElement>(
         &self,
         stream: &Stream,
-        q: &DeviceBuffer<bf16>,
-        k: &DeviceBuffer<bf16>,
-        v: &DeviceBuffer<bf16>,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
         customs: &[(&str, &DeviceBuffer<f32>)],
-        forward: &ForwardOutput,
-        d_o: &DeviceBuffer<bf16>,
-    ) -> Result<Gradients, Error> {
+        forward: &ForwardOutput<T>,
+        d_o: &DeviceBuffer<T>,
+    ) -> Result<Gradients<T>, Error> {
+        self.check_elem::<T>("q, k, v and d_o")?;
         let buffers = [
             ("q", q.ordinal()),
             ("k", k.ordinal()),
@@ -159,12 +161,12 @@ impl ParallelKernels {
         let kv_rows = shape.b * shape.hkv * shape.skv;
         let mut dot = stream.alloc_zeros::<f32>(rows).map_err(runtime)?;
         let mut qmod = stream
-            .alloc_zeros::<bf16>(if modifies_q { rows * dqk } else { 1 })
+            .alloc_zeros::<T>(if modifies_q { rows * dqk } else { 1 })
             .map_err(runtime)?;
         let mut dq_acc = stream.alloc_zeros::<f32>(rows * dqk).map_err(runtime)?;
-        let mut dq = stream.alloc_zeros::<bf16>(rows * dqk).map_err(runtime)?;
-        let mut dk = stream.alloc_zeros::<bf16>(kv_rows * dqk).map_err(runtime)?;
-        let mut dvb = stream.alloc_zeros::<bf16>(kv_rows * dv).map_err(runtime)?;
+        let mut dq = stream.alloc_zeros::<T>(rows * dqk).map_err(runtime)?;
+        let mut dk = stream.alloc_zeros::<T>(kv_rows * dqk).map_err(runtime)?;
+        let mut dvb = stream.alloc_zeros::<T>(kv_rows * dv).map_err(runtime)?;
         let mut grads: Vec<(String, DeviceBuffer<f32>)> = Vec::new();
         for (name, buf) in customs {
             grads.push((
@@ -193,24 +195,24 @@ impl ParallelKernels {
             let mut args: Vec<Arg<'_>> = Vec::with_capacity(src.args.len());
             for a in &src.args {
                 args.push(match a {
-                    ArgKind::Tensor("q") => Arg::from(q),
-                    ArgKind::Tensor("k") => Arg::from(k),
-                    ArgKind::Tensor("v") => Arg::from(v),
-                    ArgKind::Tensor("o") => Arg::from(&forward.o),
-                    ArgKind::Tensor("dout") => Arg::from(d_o),
+                    ArgKind::Tensor("q") => T::arg(q),
+                    ArgKind::Tensor("k") => T::arg(k),
+                    ArgKind::Tensor("v") => T::arg(v),
+                    ArgKind::Tensor("o") => T::arg(&forward.o),
+                    ArgKind::Tensor("dout") => T::arg(d_o),
                     ArgKind::RowOut => Arg::from(&forward.row_outputs),
                     ArgKind::Workspace("dot") => {
                         Arg::from(outs_dot.take().ok_or_else(|| twice("dot"))?)
                     }
                     ArgKind::Workspace("qmod") => {
-                        Arg::from(outs_qmod.take().ok_or_else(|| twice("qmod"))?)
+                        T::arg_mut(outs_qmod.take().ok_or_else(|| twice("qmod"))?)
                     }
                     ArgKind::Workspace("dq_acc") => {
                         Arg::from(outs_acc.take().ok_or_else(|| twice("dq_acc"))?)
                     }
-                    ArgKind::Tensor("dq") => Arg::from(outs_dq.take().ok_or_else(|| twice("dq"))?),
-                    ArgKind::Tensor("dk") => Arg::from(outs_dk.take().ok_or_else(|| twice("dk"))?),
-                    ArgKind::Tensor("dv") => Arg::from(outs_dv.take().ok_or_else(|| twice("dv"))?),
+                    ArgKind::Tensor("dq") => T::arg_mut(outs_dq.take().ok_or_else(|| twice("dq"))?),
+                    ArgKind::Tensor("dk") => T::arg_mut(outs_dk.take().ok_or_else(|| twice("dk"))?),
+                    ArgKind::Tensor("dv") => T::arg_mut(outs_dv.take().ok_or_else(|| twice("dv"))?),
                     ArgKind::Custom(name) => Arg::from(
                         customs
                             .iter()
@@ -270,9 +272,11 @@ fn backward_params(
         .args
         .iter()
         .map(|a| match a {
-            ArgKind::Tensor("q" | "k" | "v" | "o" | "dout") => Ok(Param::In(DType::BF16)),
+            ArgKind::Tensor("q" | "k" | "v" | "o" | "dout") => {
+                Ok(Param::In(dtype_of(source.config.elem)))
+            }
             ArgKind::Tensor("dq" | "dk" | "dv") | ArgKind::Workspace("qmod") => {
-                Ok(Param::Out(DType::BF16))
+                Ok(Param::Out(dtype_of(source.config.elem)))
             }
             ArgKind::RowOut => Ok(Param::In(DType::F32)),
             ArgKind::Workspace("dot" | "dq_acc") => Ok(Param::Out(DType::F32)),

@@ -68,9 +68,54 @@ use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
 use crate::frontend::{self, Pattern};
 use crate::runtime::{
-    Arg, CompileOptions, DType, Device, DeviceBuffer, Kernel, KernelCache, Module, Param,
-    RuntimeError, Stream, bf16,
+    Arg, CompileOptions, DType, Device, DeviceBuffer, Element, Kernel, KernelCache, Module, Param,
+    RuntimeError, Stream, bf16, f16,
 };
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::bf16 {}
+    impl Sealed for super::f16 {}
+}
+
+/// The element types of q, k, v, o and their gradients: [`bf16`] and
+/// [`f16`] (the kernels accumulate in f32). Sealed.
+pub trait KernelElement: Element + sealed::Sealed {
+    /// The kernels' element type for this Rust type.
+    const ELEM: Elem;
+    #[doc(hidden)]
+    fn arg(b: &DeviceBuffer<Self>) -> Arg<'_>;
+    #[doc(hidden)]
+    fn arg_mut(b: &mut DeviceBuffer<Self>) -> Arg<'_>;
+}
+
+impl KernelElement for bf16 {
+    const ELEM: Elem = Elem::Bf16;
+    fn arg(b: &DeviceBuffer<Self>) -> Arg<'_> {
+        Arg::from(b)
+    }
+    fn arg_mut(b: &mut DeviceBuffer<Self>) -> Arg<'_> {
+        Arg::from(b)
+    }
+}
+
+impl KernelElement for f16 {
+    const ELEM: Elem = Elem::F16;
+    fn arg(b: &DeviceBuffer<Self>) -> Arg<'_> {
+        Arg::from(b)
+    }
+    fn arg_mut(b: &mut DeviceBuffer<Self>) -> Arg<'_> {
+        Arg::from(b)
+    }
+}
+
+/// The runtime's dtype of an element type.
+fn dtype_of(elem: Elem) -> DType {
+    match elem {
+        Elem::Bf16 => DType::BF16,
+        Elem::F16 => DType::F16,
+    }
+}
 
 /// Everything compiling or running a variant's kernels can fail with. Each
 /// message says what is wrong and, where there is something to do, what.
@@ -207,11 +252,15 @@ impl std::fmt::Display for Shape {
 /// right unless you tune tiles.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelOptions {
+    /// The element type of q, k, v, o and the gradients: [`Elem::Bf16`]
+    /// (the default) or [`Elem::F16`]; `forward` and `backward` then take
+    /// buffers of [`bf16`] or [`f16`].
+    pub elem: Elem,
     /// The tile configuration; `None` uses [`ForwardConfig::default_for`].
-    /// Its `elem` must be [`Elem::Bf16`] (the API takes bf16 tensors).
+    /// Its `elem` must equal `elem`.
     pub config: Option<ForwardConfig>,
     /// The backward's tile configuration; `None` uses
-    /// [`BackwardConfig::default_for`]. Its `elem` must be [`Elem::Bf16`].
+    /// [`BackwardConfig::default_for`]. Its `elem` must equal `elem`.
     pub backward_config: Option<BackwardConfig>,
     /// Extra NVRTC options appended to `-std=c++17` and the include
     /// directories (e.g. `-lineinfo`).
@@ -237,13 +286,13 @@ pub fn forward_source(
     check_head_dims(variant, dims)?;
     let cfg = options
         .config
-        .unwrap_or_else(|| ForwardConfig::default_for(variant, dims.dqk, dims.dv, Elem::Bf16));
-    if cfg.elem != Elem::Bf16 {
-        return Err(Error::NotImplemented(format!(
-            "the forward API takes bf16 tensors, but the tile configuration asks for {} \
-             elements: set `elem: Elem::Bf16` (f16 kernels can be generated with \
-             aec::compiler::parallel_forward but not run through this API yet)",
-            cfg.elem.name()
+        .unwrap_or_else(|| ForwardConfig::default_for(variant, dims.dqk, dims.dv, options.elem));
+    if cfg.elem != options.elem {
+        return Err(Error::Shape(format!(
+            "the tile configuration asks for {} elements but the kernel options for {}: \
+             set `KernelOptions::elem` and the configuration's `elem` alike",
+            cfg.elem.name(),
+            options.elem.name()
         )));
     }
     parallel_forward(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
@@ -265,12 +314,13 @@ pub fn backward_source(
     check_head_dims(variant, dims)?;
     let cfg = options
         .backward_config
-        .unwrap_or_else(|| BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16));
-    if cfg.elem != Elem::Bf16 {
-        return Err(Error::NotImplemented(format!(
-            "the backward API takes bf16 tensors, but the backward tile configuration asks \
-             for {} elements: set `elem: Elem::Bf16`",
-            cfg.elem.name()
+        .unwrap_or_else(|| BackwardConfig::default_for(dims.dqk, dims.dv, options.elem));
+    if cfg.elem != options.elem {
+        return Err(Error::Shape(format!(
+            "the backward tile configuration asks for {} elements but the kernel options for \
+             {}: set `KernelOptions::elem` and the configuration's `elem` alike",
+            cfg.elem.name(),
+            options.elem.name()
         )));
     }
     parallel_backward(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
@@ -415,6 +465,27 @@ impl ParallelKernels {
         check_shapes(&self.variant, self.dims, shape, tensors)
     }
 
+    /// The element type the kernels were compiled for.
+    pub fn elem(&self) -> Elem {
+        self.source.elem
+    }
+
+    /// Checks that buffers of `T` fit the kernels' element type.
+    fn check_elem<T: KernelElement>(&self, what: &str) -> Result<(), Error> {
+        if T::ELEM != self.source.elem {
+            return Err(Error::Shape(format!(
+                "{what} are {} but the kernels of `{}` were compiled for {}: pass {} buffers or \
+                 compile with `KernelOptions {{ elem: Elem::{:?}, .. }}`",
+                T::ELEM.name(),
+                self.variant.name,
+                self.source.elem.name(),
+                self.source.elem.name(),
+                T::ELEM
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks that the stream and every buffer live on the kernels' device.
     fn check_devices<'a>(
         &self,
@@ -460,15 +531,16 @@ impl ParallelKernels {
     ///
     /// [`backward`](Self::backward) takes the returned [`ForwardOutput`]
     /// (its row outputs hold the saved state).
-    pub fn forward(
+    pub fn forward<T: KernelElement>(
         &self,
         stream: &Stream,
-        q: &DeviceBuffer<bf16>,
-        k: &DeviceBuffer<bf16>,
-        v: &DeviceBuffer<bf16>,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
         customs: &[(&str, &DeviceBuffer<f32>)],
         shape: Shape,
-    ) -> Result<ForwardOutput, Error> {
+    ) -> Result<ForwardOutput<T>, Error> {
+        self.check_elem::<T>("q, k and v")?;
         let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
             .into_iter()
             .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
@@ -487,7 +559,7 @@ impl ParallelKernels {
         let rows = shape.rows();
         let n_rows = self.source.row_outputs.len();
         let mut o = stream
-            .alloc_zeros::<bf16>(rows * self.dims.dv as usize)
+            .alloc_zeros::<T>(rows * self.dims.dv as usize)
             .map_err(runtime)?;
         let mut row_outputs = stream
             .alloc_zeros::<f32>(n_rows.max(1) * rows)
@@ -505,10 +577,10 @@ impl ParallelKernels {
             let mut args: Vec<Arg<'_>> = Vec::with_capacity(self.source.args.len());
             for a in &self.source.args {
                 args.push(match a {
-                    ArgKind::Tensor("q") => Arg::from(q),
-                    ArgKind::Tensor("k") => Arg::from(k),
-                    ArgKind::Tensor("v") => Arg::from(v),
-                    ArgKind::Tensor("o") => Arg::from(o_slot.take().ok_or_else(|| twice("o"))?),
+                    ArgKind::Tensor("q") => T::arg(q),
+                    ArgKind::Tensor("k") => T::arg(k),
+                    ArgKind::Tensor("v") => T::arg(v),
+                    ArgKind::Tensor("o") => T::arg_mut(o_slot.take().ok_or_else(|| twice("o"))?),
                     ArgKind::RowOut => Arg::from(rows_slot.take().ok_or_else(|| twice("rowout"))?),
                     ArgKind::Custom(name) => {
                         let buf = customs
@@ -556,9 +628,9 @@ impl ParallelKernels {
 /// What [`ParallelKernels::forward`] returns. The buffers are filled once the
 /// stream reaches the launch; [`Stream::download`] waits for that.
 #[derive(Debug)]
-pub struct ForwardOutput {
-    /// The output, `[B, H, Sq, Dv]` bf16.
-    pub o: DeviceBuffer<bf16>,
+pub struct ForwardOutput<T: KernelElement = bf16> {
+    /// The output, `[B, H, Sq, Dv]`, in the kernels' element type.
+    pub o: DeviceBuffer<T>,
     /// The row outputs, f32 `[max(1, row_names.len()), B · H · Sq]`: row `r`
     /// holds `row_names[r]` for every query row, in `[B, H, Sq]` order. (A
     /// variant without row outputs still gets one unused row.)
@@ -569,7 +641,7 @@ pub struct ForwardOutput {
     pub dv: u32,
 }
 
-impl ForwardOutput {
+impl<T: KernelElement> ForwardOutput<T> {
     /// The index in [`row_outputs`](Self::row_outputs) of the row output
     /// `name`: an exact name (`scale.lse`, `state.m`), else a row scale
     /// (`lse` → `scale.lse`), else a state field (`m` → `state.m`).
@@ -643,8 +715,8 @@ fn params_of(variant: &frontend::Variant, source: &KernelSource) -> Result<Vec<P
         .args
         .iter()
         .map(|a| match a {
-            ArgKind::Tensor("q" | "k" | "v") => Ok(Param::In(DType::BF16)),
-            ArgKind::Tensor("o") => Ok(Param::Out(DType::BF16)),
+            ArgKind::Tensor("q" | "k" | "v") => Ok(Param::In(dtype_of(source.elem))),
+            ArgKind::Tensor("o") => Ok(Param::Out(dtype_of(source.elem))),
             ArgKind::RowOut => Ok(Param::Out(DType::F32)),
             ArgKind::Custom(name) if variant.customs.iter().any(|c| &c.name == name) => {
                 Ok(Param::In(DType::F32))

@@ -2,9 +2,10 @@
 
 use aec_frontend::ir::{Binary, DType, Reduce, Unary};
 
-/// Element type of q, k, v and o in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Element type of q, k, v and o in memory (bf16 unless asked otherwise).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Elem {
+    #[default]
     Bf16,
     F16,
 }

@@ -116,6 +116,8 @@ pub struct KernelSource {
     /// Rows pack the query heads of a group: the grid is
     /// `(ceil(H/Hkv · Sq / block_m), Hkv, B)` instead of `(ceil(Sq / block_m), H, B)`.
     pub packed_gqa: bool,
+    /// The element type of q, k, v and o.
+    pub elem: Elem,
     pub dqk: u32,
     pub dv: u32,
 }
@@ -358,6 +360,7 @@ pub fn parallel_forward(
         args,
         row_outputs,
         packed_gqa: cfg.pack_gqa,
+        elem: cfg.elem,
         dqk,
         dv,
     })
