@@ -47,8 +47,8 @@ pub trait Variant {
     /// cache) and loads this variant's forward kernel for head dims `dims`:
     /// [`ParallelKernels::compile`] with [`definition`](Self::definition).
     /// Run it with [`ParallelKernels::forward`]. A recurrent variant returns
-    /// [`Error::NotImplemented`]: only parallel kernels exist today, and only
-    /// the forward (no backward kernels yet). See [`run`] for an example.
+    /// [`Error::NotImplemented`]: only parallel kernels exist today. See
+    /// [`run`] for an example.
     fn compile(
         device: &runtime::Device,
         dims: HeadDims,
@@ -61,7 +61,10 @@ pub trait Variant {
 pub mod prelude {
     pub use crate::Variant;
     pub use crate::attention;
-    pub use crate::run::{ForwardOutput, HeadDims, KernelOptions, ParallelKernels, Shape};
+    pub use crate::run::{
+        ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels, Shape,
+    };
+    pub use aec_compiler::Elem;
     pub use aec_frontend::Pattern;
     pub use aec_frontend::reference::{Inputs, Options, Tensor};
     pub use aec_runtime::{Device, DeviceBuffer, Stream, bf16, f16};

@@ -48,11 +48,13 @@
 //! }
 //! ```
 //!
-//! Only the **forward** of **parallel** variants exists today: there is no
-//! `backward` method (the backward kernels are not implemented yet; the f64
-//! reference interpreter, [`reference::backward`](crate::reference::backward),
-//! computes gradients on the CPU), and compiling a recurrent variant returns
-//! [`Error::NotImplemented`].
+//! [`ParallelKernels::backward`] takes the forward's inputs and output and
+//! `dO` and returns the gradients of q, k, v and every custom input (its
+//! kernels are compiled on first use). Tensors are bf16, or f16 with
+//! `KernelOptions { elem: Elem::F16, .. }`. Only **parallel** variants have
+//! kernels today: compiling a recurrent variant returns
+//! [`Error::NotImplemented`] (the f64 reference interpreter,
+//! [`reference::forward`](crate::reference::forward), runs it on the CPU).
 
 mod backward;
 
@@ -79,7 +81,7 @@ mod sealed {
 }
 
 /// The element types of q, k, v, o and their gradients: [`bf16`] and
-/// [`f16`] (the kernels accumulate in f32). Sealed.
+/// [`f16`](struct@f16) (the kernels accumulate in f32). Sealed.
 pub trait KernelElement: Element + sealed::Sealed {
     /// The kernels' element type for this Rust type.
     const ELEM: Elem;
@@ -254,7 +256,7 @@ impl std::fmt::Display for Shape {
 pub struct KernelOptions {
     /// The element type of q, k, v, o and the gradients: [`Elem::Bf16`]
     /// (the default) or [`Elem::F16`]; `forward` and `backward` then take
-    /// buffers of [`bf16`] or [`f16`].
+    /// buffers of [`bf16`] or [`f16`](struct@f16).
     pub elem: Elem,
     /// The tile configuration; `None` uses [`ForwardConfig::default_for`].
     /// Its `elem` must equal `elem`.
@@ -518,7 +520,8 @@ impl ParallelKernels {
     /// synchronise, before reading).
     ///
     /// - `q`: `[B, H, Sq, Dqk]`, `k`: `[B, Hkv, Skv, Dqk]`, `v`:
-    ///   `[B, Hkv, Skv, Dv]`, bf16, contiguous (row-major). Query head `h`
+    ///   `[B, Hkv, Skv, Dv]`, in the kernels' element type (bf16 unless
+    ///   [`KernelOptions::elem`] says f16), contiguous (row-major). Query head `h`
     ///   reads key/value head `h / (H / Hkv)`.
     /// - `customs`: every custom input the variant declares, by name, f32,
     ///   contiguous in its declared axis order (`slopes: [H]` has `H`
