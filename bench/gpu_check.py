@@ -33,19 +33,31 @@ def check(res, what):
         raise RuntimeError(f"{what}: {name.value.decode() if name.value else res}")
 
 
+def load_module(cases_dir, cubin):
+    """A cubin loaded into the current (PyTorch's) context."""
+    module = ctypes.c_void_p()
+    data = open(os.path.join(cases_dir, cubin), "rb").read()
+    check(libcuda.cuModuleLoadData(ctypes.byref(module), data), "cuModuleLoadData")
+    return module
+
+
+def get_function(module, name, smem_bytes):
+    """An entry point, opted in to `smem_bytes` of dynamic shared memory."""
+    fn = ctypes.c_void_p()
+    check(libcuda.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), "cuModuleGetFunction " + name)
+    if smem_bytes > 0:
+        check(libcuda.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
+              "cuFuncSetAttribute")
+    return fn
+
+
 class Kernel:
     """A generated forward kernel loaded from its cubin."""
 
     def __init__(self, cases_dir, meta):
         self.meta = meta
-        data = open(os.path.join(cases_dir, meta["cubin"]), "rb").read()
-        self.module = ctypes.c_void_p()
-        check(libcuda.cuModuleLoadData(ctypes.byref(self.module), data), "cuModuleLoadData")
-        self.fn = ctypes.c_void_p()
-        check(libcuda.cuModuleGetFunction(ctypes.byref(self.fn), self.module, meta["name"].encode()),
-              "cuModuleGetFunction " + meta["name"])
-        check(libcuda.cuFuncSetAttribute(self.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                         meta["smem_bytes"]), "cuFuncSetAttribute")
+        self.module = load_module(cases_dir, meta["cubin"])
+        self.fn = get_function(self.module, meta["name"], meta["smem_bytes"])
 
     def __call__(self, q, k, v, customs, sizes):
         b, h, sq, dv = sizes["B"], sizes["H"], sizes["Sq"], v.shape[-1]
@@ -82,18 +94,8 @@ class BackwardKernel:
 
     def __init__(self, cases_dir, meta):
         self.meta = meta
-        data = open(os.path.join(cases_dir, meta["cubin"]), "rb").read()
-        self.module = ctypes.c_void_p()
-        check(libcuda.cuModuleLoadData(ctypes.byref(self.module), data), "cuModuleLoadData")
-        self.fns = []
-        for l in meta["launches"]:
-            fn = ctypes.c_void_p()
-            check(libcuda.cuModuleGetFunction(ctypes.byref(fn), self.module, l["name"].encode()),
-                  "cuModuleGetFunction " + l["name"])
-            if l["smem_bytes"] > 0:
-                check(libcuda.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                 l["smem_bytes"]), "cuFuncSetAttribute")
-            self.fns.append((fn, l))
+        self.module = load_module(cases_dir, meta["cubin"])
+        self.fns = [(get_function(self.module, l["name"], l["smem_bytes"]), l) for l in meta["launches"]]
 
     def __call__(self, q, k, v, o, dout, rowout, customs, sizes):
         b, h, hkv, sq, skv = sizes["B"], sizes["H"], sizes["Hkv"], sizes["Sq"], sizes["Skv"]

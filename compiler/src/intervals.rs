@@ -25,17 +25,6 @@ pub enum BlockClass {
     Full,
 }
 
-impl BlockClass {
-    /// The code the kernels use: 0 empty, 1 partial, 2 full.
-    pub fn code(self) -> i32 {
-        match self {
-            BlockClass::Empty => 0,
-            BlockClass::Partial => 1,
-            BlockClass::Full => 2,
-        }
-    }
-}
-
 /// A closed interval of reals; infinite ends mean unknown.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Interval {

@@ -2,11 +2,11 @@
 
 use super::{
     BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, backward_source, cache,
-    check_lengths, dtype_of,
+    check_lengths, params_of,
 };
 use crate::compiler::{ArgKind, BackwardSource, CompileError};
 use crate::frontend::ir::Axis;
-use crate::runtime::{Arg, CompileOptions, DType, DeviceBuffer, Module, Param, Stream, bf16};
+use crate::runtime::{Arg, CompileOptions, DeviceBuffer, Module, Stream, bf16};
 
 /// What [`ParallelKernels::backward`] returns: the gradients of the loss with
 /// respect to every input, filled once the stream reaches the launches.
@@ -37,7 +37,13 @@ impl ParallelKernels {
             return Ok(k);
         }
         let source = backward_source(&self.variant, self.dims, &self.options)?;
-        let params = backward_params(&self.variant, &source)?;
+        let params = params_of(
+            &self.variant,
+            "backward",
+            &source.args,
+            source.config.elem,
+            &["dq", "dk", "dv", "dot", "qmod", "dq_acc"],
+        )?;
         let mut opts = CompileOptions::new(self.device.arch());
         opts.flags.extend(self.options.nvrtc_flags.iter().cloned());
         let compiled = cache()
@@ -159,11 +165,19 @@ impl ParallelKernels {
             .parallel()
             .is_some_and(|p| p.modify_q.is_some());
         let kv_rows = shape.b * shape.hkv * shape.skv;
-        let mut dot = stream.alloc_zeros::<f32>(rows).map_err(runtime)?;
-        let mut qmod = stream
-            .alloc_zeros::<T>(if modifies_q { rows * dqk } else { 1 })
+        let mut dot = stream
+            .alloc_zeros::<f32>(src.workspace_len("dot", rows))
             .map_err(runtime)?;
-        let mut dq_acc = stream.alloc_zeros::<f32>(rows * dqk).map_err(runtime)?;
+        let mut qmod = stream
+            .alloc_zeros::<T>(if modifies_q {
+                src.workspace_len("qmod", rows)
+            } else {
+                1
+            })
+            .map_err(runtime)?;
+        let mut dq_acc = stream
+            .alloc_zeros::<f32>(src.workspace_len("dq_acc", rows))
+            .map_err(runtime)?;
         let mut dq = stream.alloc_zeros::<T>(rows * dqk).map_err(runtime)?;
         let mut dk = stream.alloc_zeros::<T>(kv_rows * dqk).map_err(runtime)?;
         let mut dvb = stream.alloc_zeros::<T>(kv_rows * dv).map_err(runtime)?;
@@ -261,40 +275,4 @@ impl ParallelKernels {
             customs: grads,
         })
     }
-}
-
-/// The backward kernels' parameter list, from their argument kinds.
-fn backward_params(
-    variant: &crate::frontend::Variant,
-    source: &BackwardSource,
-) -> Result<Vec<Param>, Error> {
-    source
-        .args
-        .iter()
-        .map(|a| match a {
-            ArgKind::Tensor("q" | "k" | "v" | "o" | "dout") => {
-                Ok(Param::In(dtype_of(source.config.elem)))
-            }
-            ArgKind::Tensor("dq" | "dk" | "dv") | ArgKind::Workspace("qmod") => {
-                Ok(Param::Out(dtype_of(source.config.elem)))
-            }
-            ArgKind::RowOut => Ok(Param::In(DType::F32)),
-            ArgKind::Workspace("dot" | "dq_acc") => Ok(Param::Out(DType::F32)),
-            ArgKind::Custom(name) if variant.customs.iter().any(|c| &c.name == name) => {
-                Ok(Param::In(DType::F32))
-            }
-            ArgKind::CustomGrad(name) if variant.customs.iter().any(|c| &c.name == name) => {
-                Ok(Param::Out(DType::F32))
-            }
-            ArgKind::Size(Axis::B | Axis::H | Axis::Hkv | Axis::Sq | Axis::Skv) => Ok(Param::I32),
-            other => Err(Error::Compile {
-                variant: variant.name.clone(),
-                kernel: "backward",
-                source: CompileError(format!(
-                    "the generated backward takes an argument this API does not know ({other:?}); \
-                     aec's run module and kernel generator disagree, which is a bug in aec"
-                )),
-            }),
-        })
-        .collect()
 }

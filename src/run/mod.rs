@@ -374,7 +374,13 @@ impl ParallelKernels {
         options: &KernelOptions,
     ) -> Result<ParallelKernels, Error> {
         let source = forward_source(variant, dims, options)?;
-        let params = params_of(variant, &source)?;
+        let params = params_of(
+            variant,
+            "forward",
+            &source.args,
+            source.elem,
+            &["o", "rowout"],
+        )?;
         let mut opts = CompileOptions::new(device.arch());
         opts.flags.extend(options.nvrtc_flags.iter().cloned());
         let compiled = cache()
@@ -712,23 +718,36 @@ fn check_head_dims(variant: &frontend::Variant, dims: HeadDims) -> Result<(), Er
     Ok(())
 }
 
-/// The kernel's parameter list, from its argument kinds.
-fn params_of(variant: &frontend::Variant, source: &KernelSource) -> Result<Vec<Param>, Error> {
-    source
-        .args
-        .iter()
+/// A generated kernel's parameter list, from its argument kinds: `written`
+/// names the tensors, workspaces and `rowout` it writes; it reads the rest.
+fn params_of(
+    variant: &frontend::Variant,
+    kernel: &'static str,
+    args: &[ArgKind],
+    elem: Elem,
+    written: &[&str],
+) -> Result<Vec<Param>, Error> {
+    let dir = |name: &str, d: DType| {
+        if written.contains(&name) {
+            Param::Out(d)
+        } else {
+            Param::In(d)
+        }
+    };
+    let declared = |name: &String| variant.customs.iter().any(|c| &c.name == name);
+    args.iter()
         .map(|a| match a {
-            ArgKind::Tensor("q" | "k" | "v") => Ok(Param::In(dtype_of(source.elem))),
-            ArgKind::Tensor("o") => Ok(Param::Out(dtype_of(source.elem))),
-            ArgKind::RowOut => Ok(Param::Out(DType::F32)),
-            ArgKind::Custom(name) if variant.customs.iter().any(|c| &c.name == name) => {
-                Ok(Param::In(DType::F32))
-            }
+            ArgKind::Tensor(n @ ("q" | "k" | "v" | "o" | "dout" | "dq" | "dk" | "dv"))
+            | ArgKind::Workspace(n @ "qmod") => Ok(dir(n, dtype_of(elem))),
+            ArgKind::Workspace(n @ ("dot" | "dq_acc")) => Ok(dir(n, DType::F32)),
+            ArgKind::RowOut => Ok(dir("rowout", DType::F32)),
+            ArgKind::Custom(name) if declared(name) => Ok(Param::In(DType::F32)),
+            ArgKind::CustomGrad(name) if declared(name) => Ok(Param::Out(DType::F32)),
             ArgKind::Size(Axis::B | Axis::H | Axis::Hkv | Axis::Sq | Axis::Skv)
             | ArgKind::Size(Axis::Dqk | Axis::Dv) => Ok(Param::I32),
             other => Err(Error::Compile {
                 variant: variant.name.clone(),
-                kernel: "forward",
+                kernel,
                 source: CompileError(format!(
                     "the generated kernel takes an argument this API does not know ({other:?}); \
                      aec's run module and kernel generator disagree, which is a bug in aec"

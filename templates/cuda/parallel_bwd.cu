@@ -101,6 +101,29 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_pre(BWD_ARGS)
     for (int d = lane; d < DQK; d += WARP) dq_acc[row * DQK + d] = 0.0f;
 }
 
+// acc = A·Bᵀ for the 16 rows of A at `a` and the BM rows of B at `b`, over
+// K columns; both row-major in shared memory with row stride S. Sᵀ = K·Qᵀ and
+// dPᵀ = V·dOᵀ are both this product.
+template <int K, int S>
+__device__ __forceinline__ void rows_times_rows(float (&acc)[BM / 8][4], const elem_t* a, const elem_t* b, int lane) {
+#pragma unroll
+    for (int t = 0; t < BM / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        unsigned af[4];
+        ldmatrix_x4(smem_u32(a + (((lane / 8) % 2) * 8 + lane % 8) * S + kk * 16 + (lane / 16) * 8),
+                    af[0], af[1], af[2], af[3]);
+#pragma unroll
+        for (int np = 0; np < BM / 16; ++np) {
+            unsigned b0, b1, b2, b3;
+            ldmatrix_x4(smem_u32(b + (np * 16 + (lane / 16) * 8 + lane % 8) * S + kk * 16 + ((lane / 8) % 2) * 8),
+                        b0, b1, b2, b3);
+            mma16816(acc[2 * np], af, b0, b1);
+            mma16816(acc[2 * np + 1], af, b2, b3);
+        }
+    }
+}
+
 // Loads the saved state and dO·O of the query rows [m0, m0 + BM) of head h
 // into registers (thread r < BM holds row r); stored after the block's MMAs.
 __device__ __forceinline__ void fetch_stats(float (&st)[NSTAT_ARR], const float* __restrict__ rowout,
@@ -246,39 +269,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys and the BM queries.
         float sacc[BM / 8][4];
         float pacc[BM / 8][4];
-#pragma unroll
-        for (int t = 0; t < BM / 8; ++t) {
-            sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
-            pacc[t][0] = pacc[t][1] = pacc[t][2] = pacc[t][3] = 0.0f;
-        }
-#pragma unroll
-        for (int kk = 0; kk < DQK / 16; ++kk) {
-            unsigned a[4];
-            ldmatrix_x4(smem_u32(sK + (jr + ((lane / 8) % 2) * 8 + lane % 8) * SQS + kk * 16 + (lane / 16) * 8),
-                        a[0], a[1], a[2], a[3]);
-#pragma unroll
-            for (int np = 0; np < BM / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                ldmatrix_x4(smem_u32(sQc + (np * 16 + (lane / 16) * 8 + lane % 8) * SQS + kk * 16 + ((lane / 8) % 2) * 8),
-                            b0, b1, b2, b3);
-                mma16816(sacc[2 * np], a, b0, b1);
-                mma16816(sacc[2 * np + 1], a, b2, b3);
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < DV / 16; ++kk) {
-            unsigned a[4];
-            ldmatrix_x4(smem_u32(sV + (jr + ((lane / 8) % 2) * 8 + lane % 8) * SVS + kk * 16 + (lane / 16) * 8),
-                        a[0], a[1], a[2], a[3]);
-#pragma unroll
-            for (int np = 0; np < BM / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                ldmatrix_x4(smem_u32(sdOc + (np * 16 + (lane / 16) * 8 + lane % 8) * SVS + kk * 16 + ((lane / 8) % 2) * 8),
-                            b0, b1, b2, b3);
-                mma16816(pacc[2 * np], a, b0, b1);
-                mma16816(pacc[2 * np + 1], a, b2, b3);
-            }
-        }
+        rows_times_rows<DQK, SQS>(sacc, sK + jr * SQS, sQc, lane);
+        rows_times_rows<DV, SVS>(pacc, sV + jr * SVS, sdOc, lane);
 
         // Pᵀ (into sacc) and the raw-score gradient dSᵀ (into pacc), element by element.
 {{ grad_decl }}#pragma unroll

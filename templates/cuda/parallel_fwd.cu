@@ -40,14 +40,14 @@ struct Pt {
 extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
-{{ custom_args }}    int B, int H, int Hkv, int Sq, int Skv) {
+    {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
     elem_t* sK = sQ + BM * SQS;
     elem_t* sV = sK + 2 * BN * SQS;
 
     Params P;
-{{ params_init }}    P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
+    {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;

@@ -3,8 +3,9 @@
 //! normalisation backward ([`crate::backward_plan`]).
 
 use super::closures::{
-    ElemSpelling, axis_size, backward_closure, custom_at, elem_spelling, forward_closures,
-    grad_atomics, grad_outputs, parallel_inputs, row_output_names, scores_read_customs_by_position,
+    CustomParams, ElemSpelling, axis_size, backward_closure, custom_at, custom_params,
+    elem_spelling, forward_closures, grad_atomics, grad_outputs, parallel_inputs, reads,
+    row_output_names, scores_read_customs_by_position,
 };
 use super::dialect::{Elem, WARP_SIZE};
 use super::expr::pointwise;
@@ -253,19 +254,11 @@ pub fn parallel_backward(
             .unwrap_or_default()
     };
 
-    let mut params_fields = String::new();
-    let mut custom_args = String::new();
-    let mut params_init = String::new();
-    for c in 0..variant.customs.len() {
-        let _ = writeln!(params_fields, "    const float* __restrict__ in{c};");
-        let _ = write!(custom_args, "const float* __restrict__ in{c}, ");
-        let _ = write!(params_init, "P.in{c} = in{c}; ");
-    }
-    for c in 0..variant.customs.len() {
-        let _ = writeln!(params_fields, "    float* g{c};");
-        let _ = write!(custom_args, "float* __restrict__ g{c}, ");
-        let _ = write!(params_init, "P.g{c} = g{c}; ");
-    }
+    let CustomParams {
+        fields: params_fields,
+        args: custom_args,
+        init: params_init,
+    } = custom_params(variant.customs.len(), true);
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}",
         variant.name.to_lowercase(),
@@ -302,10 +295,7 @@ pub fn parallel_backward(
         causal: par.mask.as_ref().is_some_and(implies_causal),
         // Trimming classifies with the group's first head: only for masks
         // that do not read the query head.
-        mask_trim: par
-            .mask
-            .as_ref()
-            .is_some_and(|m| !m.graph.nodes().iter().any(|n| n.op == Op::Index(Axis::H))),
+        mask_trim: par.mask.is_some() && !reads(par.mask.as_ref(), |op| *op == Op::Index(Axis::H)),
         regions,
         grad_decl,
         grad_accum,

@@ -175,23 +175,24 @@ pub fn grad_atomics(variant: &Variant, region: &Region, guard: &str, indent: &st
     s
 }
 
+/// Whether any node of an optional region satisfies `pred`.
+pub fn reads(region: Option<&Region>, pred: impl Fn(&Op) -> bool) -> bool {
+    region.is_some_and(|r| r.graph.nodes().iter().any(|n| pred(&n.op)))
+}
+
 /// Whether the score closures (mask, score modification) read a custom input
 /// along `Sq` or `Skv`: then the templates clamp the point of padding rows
 /// and keys into the tensors (index arithmetic alone needs no clamp).
 pub fn scores_read_customs_by_position(variant: &Variant) -> bool {
     let par = variant.parallel().expect("parallel variant");
-    [&par.mask, &par.modify_scores]
-        .into_iter()
-        .flatten()
-        .any(|r| {
-            r.graph.nodes().iter().any(|n| match n.op {
-                Op::Custom(c) => variant.customs[c as usize]
-                    .axes
-                    .iter()
-                    .any(|a| matches!(a, Axis::Sq | Axis::Skv)),
-                _ => false,
-            })
-        })
+    let by_position = |op: &Op| match op {
+        Op::Custom(c) => variant.customs[*c as usize]
+            .axes
+            .iter()
+            .any(|a| matches!(a, Axis::Sq | Axis::Skv)),
+        _ => false,
+    };
+    reads(par.mask.as_ref(), by_position) || reads(par.modify_scores.as_ref(), by_position)
 }
 
 /// What every parallel template requires of a variant and its head dims:
@@ -242,4 +243,30 @@ pub fn row_output_names(online: &Online) -> Vec<String> {
         .map(|s| format!("scale.{s}"))
         .chain(online.state.iter().map(|f| format!("state.{}", f.name)))
         .collect()
+}
+
+/// The custom inputs (`in<c>`, read) and, for the backward, their gradients
+/// (`g<c>`, added to) as `Params` fields, kernel parameters and the
+/// statements copying the second into the first. Parameters and statements
+/// are single lines (the backward passes them through a macro).
+#[derive(Debug, Default)]
+pub struct CustomParams {
+    pub fields: String,
+    pub args: String,
+    pub init: String,
+}
+
+pub fn custom_params(customs: usize, with_grads: bool) -> CustomParams {
+    let mut p = CustomParams::default();
+    for c in 0..customs {
+        let _ = writeln!(p.fields, "    const float* __restrict__ in{c};");
+        let _ = write!(p.args, "const float* __restrict__ in{c}, ");
+        let _ = write!(p.init, "P.in{c} = in{c}; ");
+    }
+    for c in (0..customs).filter(|_| with_grads) {
+        let _ = writeln!(p.fields, "    float* g{c};");
+        let _ = write!(p.args, "float* __restrict__ g{c}, ");
+        let _ = write!(p.init, "P.g{c} = g{c}; ");
+    }
+    p
 }

@@ -2,8 +2,8 @@
 //! `mma.sync`, the online loop) filled with a variant's regions.
 
 use super::closures::{
-    ElemSpelling, axis_size, elem_spelling, forward_closures, parallel_inputs, row_output_names,
-    scores_read_customs_by_position,
+    CustomParams, ElemSpelling, axis_size, custom_params, elem_spelling, forward_closures,
+    parallel_inputs, reads, row_output_names, scores_read_customs_by_position,
 };
 use super::dialect::{Elem, WARP_SIZE, float_lit};
 use super::expr::{pointwise, row};
@@ -42,11 +42,8 @@ impl ForwardConfig {
     /// (270 B of spills); one tile per warp otherwise.
     pub fn default_for(variant: &Variant, dqk: u32, dv: u32, elem: Elem) -> ForwardConfig {
         let mask_reads_inputs = variant.parallel().is_some_and(|p| {
-            p.mask.as_ref().is_some_and(|m| {
-                m.graph
-                    .nodes()
-                    .iter()
-                    .any(|n| matches!(n.op, Op::Custom(_) | Op::Gather(_)))
+            reads(p.mask.as_ref(), |op| {
+                matches!(op, Op::Custom(_) | Op::Gather(_))
             })
         });
         let decode = variant
@@ -274,14 +271,11 @@ pub fn parallel_forward(
         );
     }
 
-    let mut params_fields = String::new();
-    let mut custom_args = String::new();
-    let mut params_init = String::new();
-    for c in 0..variant.customs.len() {
-        let _ = writeln!(params_fields, "    const float* __restrict__ in{c};");
-        let _ = writeln!(custom_args, "    const float* __restrict__ in{c},");
-        let _ = writeln!(params_init, "    P.in{c} = in{c};");
-    }
+    let CustomParams {
+        fields: params_fields,
+        args: custom_args,
+        init: params_init,
+    } = custom_params(variant.customs.len(), false);
     let mut state_init = String::new();
     for (k, f) in online.state.iter().enumerate() {
         let _ = writeln!(state_init, "        st[r][{k}] = {};", float_lit(f.init));
@@ -320,10 +314,7 @@ pub fn parallel_forward(
         state_init,
         causal: par.mask.as_ref().is_some_and(implies_causal),
         packed: cfg.pack_gqa,
-        mask_reads_head: par
-            .mask
-            .as_ref()
-            .is_some_and(|m| m.graph.nodes().iter().any(|n| n.op == Op::Index(Axis::H))),
+        mask_reads_head: reads(par.mask.as_ref(), |op| *op == Op::Index(Axis::H)),
         regions,
         modify_q: par.modify_q.is_some(),
         modify_k: par.modify_k.is_some(),
