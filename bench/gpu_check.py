@@ -450,7 +450,9 @@ def run_fwd_sweep(cases_dir, index, workloads):
         q = torch.randn(b, h, sq, dqk, device=dev, dtype=torch.bfloat16)
         k = torch.randn(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16)
         v = torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        # FA2 where it has a kernel, else any backend (Dqk != Dv).
+        backends = [SDPBackend.FLASH_ATTENTION] if dqk == dv else [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        with sdpa_kernel(backends):
             ref = F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"], scale=1 / math.sqrt(dqk))
         impl = "aec " + e["config"]
         try:

@@ -64,7 +64,7 @@ pub mod prelude {
     pub use crate::run::{
         ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels, Shape,
     };
-    pub use aec_compiler::Elem;
+    pub use aec_compiler::{Elem, Isa};
     pub use aec_frontend::Pattern;
     pub use aec_frontend::reference::{Inputs, Options, Tensor};
     pub use aec_runtime::{Device, DeviceBuffer, Stream, bf16, f16};

@@ -62,7 +62,18 @@ fn compiles_an_example_into_a_library_deterministically() {
         source.contains(&format!("{entry}(")),
         "the source defines the entry point"
     );
+    // One forward kernel per instruction set: sm_80 (mma.sync) for the A100,
+    // sm_90a (wgmma, a producer warpgroup and two computing ones) for the H100.
+    assert_eq!(k["pass"], "forward");
     assert_eq!(k["launch"]["threads"], 128);
+    assert_eq!(k["builds"][0]["target"], "a100");
+    let hopper = &variants[0]["kernels"][1];
+    assert_eq!(hopper["pass"], "forward");
+    assert_eq!(hopper["launch"]["threads"], 384);
+    assert_eq!(hopper["builds"][0]["target"], "h100");
+    let hopper_src =
+        std::fs::read_to_string(a.join(hopper["source"].as_str().unwrap())).expect("source");
+    assert!(hopper_src.contains("wgmma.mma_async"));
     assert_eq!(
         k["row_outputs"],
         serde_json::json!(["scale.lse", "state.m", "state.l"])
@@ -86,7 +97,7 @@ fn compiles_an_example_into_a_library_deterministically() {
         std::fs::read_to_string(b.join(k["source"].as_str().unwrap())).unwrap()
     );
     // The backward: one source with the three entry points the manifest lists.
-    let bk = &variants[1]["kernels"][1];
+    let bk = &variants[1]["kernels"][2];
     assert_eq!(bk["pass"], "backward");
     let bsrc =
         std::fs::read_to_string(a.join(bk["source"].as_str().unwrap())).expect("backward source");
@@ -114,7 +125,10 @@ fn compiles_an_example_into_a_library_deterministically() {
             assert_eq!(&cubin[..4], b"\x7fELF");
         }
     }
-    let builds = k["builds"].as_array().expect("builds");
+    let builds: Vec<&serde_json::Value> = [k, hopper]
+        .iter()
+        .flat_map(|k| k["builds"].as_array().expect("builds"))
+        .collect();
     assert_eq!(builds.len(), 2);
     if aec::runtime::nvrtc_present() {
         for b in builds {

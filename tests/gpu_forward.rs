@@ -13,7 +13,7 @@
 
 mod common;
 
-use aec::compiler::{Elem, ForwardConfig};
+use aec::compiler::{Elem, ForwardConfig, Isa};
 use aec::prelude::*;
 use aec::reference;
 use aec::runtime::RuntimeError;
@@ -270,7 +270,12 @@ fn cpu_recurrent_variants_are_not_implemented() {
     let expected = "`RetNetRecurrent` is a recurrent variant: recurrent (chunked) kernels are \
                     not implemented yet, only parallel variants can be compiled today; \
                     aec::reference::forward runs it on the CPU";
-    match forward_source(&v, HeadDims::square(64), &KernelOptions::default()) {
+    match forward_source(
+        &v,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+        Isa::Sm80,
+    ) {
         Err(Error::NotImplemented(m)) => assert_eq!(m, expected),
         other => panic!("expected Error::NotImplemented, got {other:?}"),
     }
@@ -284,13 +289,24 @@ fn cpu_recurrent_variants_are_not_implemented() {
 fn cpu_forward_source_generates_without_a_gpu() {
     use aec::compiler::{ArgKind, Elem, ForwardConfig};
     let v = example("alibi");
-    let src = forward_source(&v, HeadDims::square(64), &KernelOptions::default()).unwrap();
+    let src = forward_source(
+        &v,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+        Isa::Sm80,
+    )
+    .unwrap();
     assert!(src.source.contains(&format!("{}(", src.name)));
     assert!(src.args.contains(&ArgKind::Custom("slopes".into())));
     assert_eq!(src.row_outputs, ["scale.lse", "state.m", "state.l"]);
     assert_eq!((src.dqk, src.dv), (64, 64));
 
-    match forward_source(&v, HeadDims::square(100), &KernelOptions::default()) {
+    match forward_source(
+        &v,
+        HeadDims::square(100),
+        &KernelOptions::default(),
+        Isa::Sm80,
+    ) {
         Err(e @ Error::Compile { .. }) => assert_eq!(
             e.to_string(),
             "cannot generate the forward kernel of `Alibi`: head dimension Dqk = 100 is not \
@@ -302,11 +318,11 @@ fn cpu_forward_source_generates_without_a_gpu() {
     let mixed = KernelOptions {
         config: Some(ForwardConfig {
             elem: Elem::F16,
-            ..ForwardConfig::default_for(&v, 64, 64, Elem::Bf16)
+            ..ForwardConfig::default_for(&v, 64, 64, Elem::Bf16, Isa::Sm80)
         }),
         ..KernelOptions::default()
     };
-    match forward_source(&v, HeadDims::square(64), &mixed) {
+    match forward_source(&v, HeadDims::square(64), &mixed, Isa::Sm80) {
         Err(Error::Shape(m)) => assert_eq!(
             m,
             "the tile configuration asks for f16 elements but the kernel options for bf16: \
@@ -319,7 +335,7 @@ fn cpu_forward_source_generates_without_a_gpu() {
         elem: Elem::F16,
         ..KernelOptions::default()
     };
-    let src = forward_source(&v, HeadDims::square(64), &f16).expect("f16 forward");
+    let src = forward_source(&v, HeadDims::square(64), &f16, Isa::Sm80).expect("f16 forward");
     assert!(src.source.contains("typedef __half elem_t;"));
     assert!(
         src.source
@@ -502,7 +518,7 @@ fn gpu_forward_packed_gqa_rows_across_heads() {
             block_n: 64,
             warps: 1,
             pack_gqa: true,
-            ..ForwardConfig::default_for(def, d, d, Elem::Bf16)
+            ..ForwardConfig::default_for(def, d, d, Elem::Bf16, Isa::Sm80)
         }),
         ..KernelOptions::default()
     };

@@ -10,7 +10,7 @@
 //! GPU machine only loads and launches.
 
 use aec_compiler::{
-    ArgKind, BackwardConfig, BackwardSource, Elem, ForwardConfig, Grid, KernelSource,
+    ArgKind, BackwardConfig, BackwardSource, Elem, ForwardConfig, Grid, Isa, KernelSource,
     parallel_backward, parallel_forward,
 };
 use aec_frontend::ir::Axis;
@@ -196,7 +196,7 @@ fn main() {
             "softmax_gqa_causal" => gqa_causal(&root),
             e => load(&root, e),
         };
-        let cfg = ForwardConfig::default_for(&v, *dqk, *dv, Elem::Bf16);
+        let cfg = ForwardConfig::default_for(&v, *dqk, *dv, Elem::Bf16, Isa::Sm90a);
         let file = format!("bench_{}", workload.replace('-', "_"));
         let mut entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
             Ok(k) => {
@@ -242,31 +242,85 @@ fn main() {
         "passes": ["fwd", "fwd+bwd"],
         "note": "not in shared/reference/workloads.json; FLOPs count the visible (query, key) pairs only"
     }]);
-    // Forward tile sweep on the causal workload (`gpu_check.py --fwd-sweep`).
+    // Forward tile sweep (`gpu_check.py --fwd-sweep`): sm_80 and wgmma
+    // configurations on the plain and the causal softmax workloads.
     let mut fwd_sweep = Vec::new();
     if args.iter().any(|a| a == "--fwd-sweep") {
-        let v = load(&root, "softmax_causal");
-        for (bm, bn, warps) in [
-            (128, 64, 8),
-            (128, 32, 4),
-            (128, 64, 4),
-            (64, 32, 2),
-            (64, 64, 4),
+        let wg = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false);
+        let rq = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true);
+        for (example, workload, dqk, dv, configs) in [
+            (
+                "softmax",
+                "softmax-b8-h32-s2048-d128",
+                128,
+                128,
+                vec![
+                    (128, 64, 4, false, false, 2, false),
+                    (128, 128, 8, true, false, 2, false),
+                    wg(128, 128, 8, 2),
+                    wg(128, 128, 8, 3),
+                    rq(128, 128, 8, 3),
+                    rq(128, 64, 8, 4),
+                ],
+            ),
+            (
+                "softmax_causal",
+                "softmax-causal-b8-h32-s2048-d128",
+                128,
+                128,
+                vec![
+                    (128, 64, 4, false, false, 2, false),
+                    wg(128, 128, 8, 3),
+                    rq(128, 128, 8, 3),
+                ],
+            ),
+            (
+                "diff_transformer",
+                "diff-causal-b8-h12-s2048-d128-v256",
+                128,
+                256,
+                vec![wg(128, 64, 8, 4), rq(128, 64, 8, 4), rq(128, 64, 8, 3)],
+            ),
+            (
+                "deepseek",
+                "deepseek-causal-b8-h16-s2048-d192-v128",
+                192,
+                128,
+                vec![wg(128, 64, 8, 4), rq(128, 64, 8, 4), rq(128, 128, 8, 2)],
+            ),
         ] {
-            let cfg = ForwardConfig {
-                block_m: bm,
-                block_n: bn,
-                warps,
-                elem: Elem::Bf16,
-                pack_gqa: false,
-            };
-            eprintln!("forward sweep m{bm} n{bn} w{warps} …");
-            let file = format!("sweep_fwd_m{bm}n{bn}w{warps}");
-            let meta = match parallel_forward(&v, 128, 128, &cfg) {
-                Ok(k) => kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes),
-                Err(e) => json!({ "error": e.to_string() }),
-            };
-            fwd_sweep.push(json!({ "workload": "softmax-causal-b8-h32-s2048-d128", "config": format!("m{bm}n{bn}w{warps}"), "kernel": meta }));
+            let v = load(&root, example);
+            for (bm, bn, warps, wgmma, ws, stages, q_regs) in configs {
+                let cfg = ForwardConfig {
+                    block_m: bm,
+                    block_n: bn,
+                    warps,
+                    elem: Elem::Bf16,
+                    pack_gqa: false,
+                    wgmma,
+                    warp_specialized: ws,
+                    stages,
+                    q_in_registers: q_regs,
+                };
+                let tag = format!(
+                    "m{bm}n{bn}w{warps}{}{}{}{}",
+                    if wgmma { "_wgmma" } else { "" },
+                    if ws { "_ws" } else { "" },
+                    if q_regs { "_rq" } else { "" },
+                    if stages == 2 {
+                        String::new()
+                    } else {
+                        format!("_s{stages}")
+                    }
+                );
+                eprintln!("forward sweep {example} {tag} …");
+                let file = format!("sweep_fwd_{example}_{tag}");
+                let meta = match parallel_forward(&v, dqk, dv, &cfg) {
+                    Ok(k) => kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes),
+                    Err(e) => json!({ "error": e.to_string() }),
+                };
+                fwd_sweep.push(json!({ "workload": workload, "config": tag, "kernel": meta }));
+            }
         }
     }
     let all = json!({ "cases": index, "bench": bench, "bwd_sweep": sweep, "fwd_sweep": fwd_sweep, "extra_workloads": extra });
@@ -386,7 +440,7 @@ fn write_case(
         v,
         dqk as u32,
         dv as u32,
-        &ForwardConfig::default_for(v, dqk as u32, dv as u32, Elem::Bf16),
+        &ForwardConfig::default_for(v, dqk as u32, dv as u32, Elem::Bf16, Isa::Sm90a),
     )
     .unwrap_or_else(|e| panic!("{}: {e}", case.id));
     let km = kernel_meta(out, case.id, &kernel, nvcc, includes);

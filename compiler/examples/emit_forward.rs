@@ -1,6 +1,6 @@
 //! Prints the generated parallel forward kernel of a variant file.
 //! `cargo run -p aec-compiler --example emit_forward -- examples/softmax.rs 128 128 [block_m block_n warps]`
-use aec_compiler::{Elem, ForwardConfig, parallel_forward};
+use aec_compiler::{Elem, ForwardConfig, Isa, parallel_forward};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -15,7 +15,7 @@ fn main() {
         .variant
         .expect("valid variant");
     let (dqk, dv): (u32, u32) = (dqk.parse().expect("dqk"), dv.parse().expect("dv"));
-    let mut cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16);
+    let mut cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
     if let [bm, bn, warps, ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");
         cfg.block_n = bn.parse().expect("block_n");

@@ -10,7 +10,7 @@ pub mod intervals;
 pub mod simplify;
 
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};
-pub use cuda::dialect::Elem;
+pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{ArgKind, ForwardConfig, KernelSource, parallel_forward};
 
 /// Why a variant cannot be compiled with a given configuration.

@@ -59,6 +59,10 @@ const CFG: ForwardConfig = ForwardConfig {
     warps: 4,
     elem: Elem::Bf16,
     pack_gqa: false,
+    wgmma: false,
+    warp_specialized: false,
+    stages: 2,
+    q_in_registers: false,
 };
 
 #[test]

@@ -15,6 +15,10 @@ pub struct ResourceUsage {
     /// Static shared memory (dynamic shared memory is a launch parameter).
     pub shared_bytes: u32,
     pub barriers: u32,
+    /// ptxas's "Potential Performance Loss" notes about this function (e.g.
+    /// C7514: `wgmma` serialised because other instructions touch its
+    /// registers while it runs).
+    pub performance_warnings: Vec<String>,
 }
 
 impl ResourceUsage {
@@ -30,6 +34,17 @@ pub fn parse_ptxas_verbose(output: &str) -> Vec<ResourceUsage> {
     let mut current: Option<usize> = None;
     for line in output.lines() {
         let line = line.trim();
+        if line.contains("Performance Loss") {
+            if let Some(name) = line
+                .split("in the function '")
+                .nth(1)
+                .and_then(|r| r.split('\'').next())
+                && let Some(u) = all.iter_mut().find(|u| u.function == name)
+            {
+                u.performance_warnings.push(line.to_string());
+            }
+            continue;
+        }
         let info = line
             .strip_prefix("ptxas info")
             .map(|r| r.trim_start().strip_prefix(':').unwrap_or(r).trim());
@@ -96,6 +111,20 @@ fn leading_number(item: &str) -> Option<(u32, &str)> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn performance_warnings_attach_to_their_function() {
+        let out = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline stage in the function 'k'\n\
+ptxas info    : Function properties for k\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 168 registers, used 16 barriers, 64 bytes smem\n";
+        let u = parse_ptxas_verbose(out);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].registers, 168);
+        assert_eq!(u[0].performance_warnings.len(), 1);
+        assert!(u[0].performance_warnings[0].contains("C7514"));
+    }
+
     /// Real `ptxas -v -arch=sm_90a -maxrregcount=32` output (CUDA 13.0.88) for
     /// a kernel calling a non-inlined device function and a kernel that spills.
     const SPILLING: &str = "\
@@ -155,6 +184,7 @@ ptxas info    : Compile time = 1.640 ms
                 spill_load_bytes: 18120,
                 shared_bytes: 4096,
                 barriers: 1,
+                performance_warnings: Vec::new(),
             }
         );
         assert!(u[1].spills() && !u[0].spills());

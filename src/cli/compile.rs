@@ -7,7 +7,8 @@
 
 use super::EXIT_INPUT;
 use aec::compiler::{
-    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Launch, parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, Launch, parallel_backward,
+    parallel_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -139,27 +140,42 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 .unwrap_or(d)
         };
         let (vq, vv) = (fixed(Axis::Dqk, dqk), fixed(Axis::Dv, dv));
-        let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16);
-        let k =
-            parallel_forward(v, vq, vv, &cfg).map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
-        let builds = write_and_compile(
-            &kernels_dir,
-            &k.name,
-            &k.source,
-            &targets,
-            with_nvrtc,
-            &v.name,
-        )?;
-        let mut kernels = vec![json!({
-            "pass": "forward",
-            "entry": k.name,
-            "source": format!("kernels/{}.cu", k.name),
-            "builds": builds,
-            "head_dims": { "Dqk": vq, "Dv": vv },
-            "launch": { "grid": if k.packed_gqa { json!(["ceil(H / Hkv * Sq / block_m)", "Hkv", "B"]) } else { json!(["ceil(Sq / block_m)", "H", "B"]) }, "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
-            "args": args_json(&k.args),
-            "row_outputs": k.row_outputs,
-        })];
+        // One forward kernel per instruction set among the targets (Hopper
+        // gets the wgmma template where the head dims allow it).
+        let mut kernels = Vec::new();
+        let mut isas: Vec<Isa> = targets
+            .iter()
+            .filter_map(|t| t.cuda_arch().map(Isa::for_arch))
+            .collect();
+        isas.dedup();
+        for isa in isas {
+            let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, isa);
+            let k = parallel_forward(v, vq, vv, &cfg)
+                .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
+            let for_isa: Vec<Target> = targets
+                .iter()
+                .copied()
+                .filter(|t| t.cuda_arch().map(Isa::for_arch) == Some(isa))
+                .collect();
+            let builds = write_and_compile(
+                &kernels_dir,
+                &k.name,
+                &k.source,
+                &for_isa,
+                with_nvrtc,
+                &v.name,
+            )?;
+            kernels.push(json!({
+                "pass": "forward",
+                "entry": k.name,
+                "source": format!("kernels/{}.cu", k.name),
+                "builds": builds,
+                "head_dims": { "Dqk": vq, "Dv": vv },
+                "launch": { "grid": if k.packed_gqa { json!(["ceil(H / Hkv * Sq / block_m)", "Hkv", "B"]) } else { json!(["ceil(Sq / block_m)", "H", "B"]) }, "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
+                "args": args_json(&k.args),
+                "row_outputs": k.row_outputs,
+            }));
+        }
         // The backward: three kernels in one source, launched in order with
         // the same arguments.
         match parallel_backward(v, vq, vv, &BackwardConfig::default_for(vq, vv, Elem::Bf16)) {

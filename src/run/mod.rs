@@ -63,7 +63,7 @@ pub use backward::Gradients;
 use std::sync::OnceLock;
 
 use crate::compiler::{
-    ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, KernelSource,
+    ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, Isa, KernelSource,
     parallel_backward, parallel_forward,
 };
 use crate::frontend::ir::Axis;
@@ -276,19 +276,29 @@ fn cache() -> &'static KernelCache {
     CACHE.get_or_init(KernelCache::from_env)
 }
 
-/// Generates the parallel forward kernel of `variant` for `dims` without
-/// compiling it: the CUDA source and its launch facts. Needs no GPU; this is
-/// the first step of [`ParallelKernels::compile`], with the same errors.
+/// Generates the parallel forward kernel of `variant` for `dims` and the
+/// instruction set `isa` without compiling it: the CUDA source and its launch
+/// facts. Needs no GPU; this is the first step of
+/// [`ParallelKernels::compile`] (which passes the device's instruction set),
+/// with the same errors.
 pub fn forward_source(
     variant: &frontend::Variant,
     dims: HeadDims,
     options: &KernelOptions,
+    isa: Isa,
 ) -> Result<KernelSource, Error> {
     require_parallel(variant)?;
     check_head_dims(variant, dims)?;
-    let cfg = options
-        .config
-        .unwrap_or_else(|| ForwardConfig::default_for(variant, dims.dqk, dims.dv, options.elem));
+    let cfg = options.config.unwrap_or_else(|| {
+        ForwardConfig::default_for(variant, dims.dqk, dims.dv, options.elem, isa)
+    });
+    if cfg.wgmma && isa != Isa::Sm90a {
+        return Err(Error::Shape(
+            "the tile configuration asks for wgmma, which only sm_90a (Hopper) has: \
+             set `wgmma: false` or leave `KernelOptions::config` to the default"
+                .into(),
+        ));
+    }
     if cfg.elem != options.elem {
         return Err(Error::Shape(format!(
             "the tile configuration asks for {} elements but the kernel options for {}: \
@@ -373,7 +383,7 @@ impl ParallelKernels {
         dims: HeadDims,
         options: &KernelOptions,
     ) -> Result<ParallelKernels, Error> {
-        let source = forward_source(variant, dims, options)?;
+        let source = forward_source(variant, dims, options, Isa::for_arch(device.arch()))?;
         let params = params_of(
             variant,
             "forward",

@@ -5,10 +5,12 @@ use super::closures::{
     CustomParams, ElemSpelling, axis_size, custom_params, elem_spelling, forward_closures,
     parallel_inputs, reads, row_output_names, scores_read_customs_by_position,
 };
-use super::dialect::{Elem, WARP_SIZE, float_lit};
+use super::dialect::{Elem, Isa, WARP_SIZE, float_lit};
 use super::expr::{pointwise, row};
 use super::intervals::mask_block_fn;
+use super::wgmma::{Form, MAX_N, PANEL_COLS, wgmma_fns};
 use crate::CompileError;
+use crate::simplify::{Limits, simplify_region};
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op, ParamRole, Region};
 use askama::Template;
@@ -29,6 +31,25 @@ pub struct ForwardConfig {
     /// share a KV head (grid `(ceil(H/Hkv · Sq / block_m), Hkv, B)`): every
     /// K/V tile serves the whole group. For decoding, where `Sq` is tiny.
     pub pack_gqa: bool,
+    /// Both GEMMs on Hopper's warpgroup MMA (`wgmma`, sm_90a only): one
+    /// warpgroup (4 warps) per 64 rows, each warp 16 rows, K and V read by
+    /// the tensor cores from 128-byte-swizzled shared memory. Needs Dqk and
+    /// Dv to be multiples of 64 and Dv ≤ 256.
+    pub wgmma: bool,
+    /// With `wgmma`: one more warpgroup only copies (Q once, K/V blocks into
+    /// a two-stage ring signalled through mbarriers) and gives its registers
+    /// to the computing warpgroups (`setmaxnreg`), which then run unsynchronised
+    /// so one's softmax overlaps the other's GEMMs. Not with `modify_k` or
+    /// `modify_v` (they rewrite the shared K/V tiles).
+    pub warp_specialized: bool,
+    /// K/V buffers in shared memory: 2 (double buffering); the
+    /// warp-specialised kernel takes up to 4 (a deeper ring hides more load
+    /// latency where shared memory allows).
+    pub stages: u32,
+    /// Warp-specialised kernels: each warp keeps its Q rows in registers
+    /// as wgmma A fragments, so the S GEMM reads only K from shared memory
+    /// (halves its shared-memory traffic; costs Dqk / 4 registers).
+    pub q_in_registers: bool,
 }
 
 impl ForwardConfig {
@@ -40,7 +61,18 @@ impl ForwardConfig {
     /// Dqk, Dv ≤ 128 — measured 17% faster on causal softmax despite ~120 B
     /// of spills (bench/NOTES.md) — except where the mask reads custom inputs
     /// (270 B of spills); one tile per warp otherwise.
-    pub fn default_for(variant: &Variant, dqk: u32, dv: u32, elem: Elem) -> ForwardConfig {
+    ///
+    /// On sm_90a, prefill shapes whose head dims the swizzled tiles take
+    /// (multiples of 64, Dv ≤ 256) use `wgmma`: 128 rows on two warpgroups,
+    /// 128-key blocks (64 when Dqk + Dv > 256, to stay within shared memory
+    /// and registers).
+    pub fn default_for(
+        variant: &Variant,
+        dqk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> ForwardConfig {
         let mask_reads_inputs = variant.parallel().is_some_and(|p| {
             reads(p.mask.as_ref(), |op| {
                 matches!(op, Op::Custom(_) | Op::Gather(_))
@@ -50,8 +82,14 @@ impl ForwardConfig {
             .fixed_sizes
             .iter()
             .any(|&(a, n)| a == Axis::Sq && n <= 16);
+        let hopper = isa == Isa::Sm90a && wgmma_dims_ok(dqk, dv);
+        let modifies_kv = variant
+            .parallel()
+            .is_some_and(|p| p.modify_k.is_some() || p.modify_v.is_some());
         let (block_m, block_n, warps, pack_gqa) = if decode {
             (16, 32, 1, true)
+        } else if hopper {
+            (128, if dqk + dv > 256 { 64 } else { 128 }, 8, false)
         } else if dv > 128 {
             (64, 32, 4, false)
         } else if dqk <= 128 && !mask_reads_inputs {
@@ -59,13 +97,28 @@ impl ForwardConfig {
         } else {
             (128, 64, 8, false)
         };
-        ForwardConfig {
+        let mut cfg = ForwardConfig {
             block_m,
             block_n,
             warps,
             elem,
             pack_gqa,
+            wgmma: hopper && !decode,
+            warp_specialized: hopper && !decode && !modifies_kv,
+            stages: 2,
+            q_in_registers: false,
+        };
+        if cfg.warp_specialized {
+            // As deep a ring as shared memory holds (up to 4): the pipelined
+            // loop keeps two stages busy, the rest hide load latency.
+            let q = cfg.block_m * dqk * 2;
+            let stage = cfg.block_n * (dqk + dv) * 2;
+            cfg.stages = (2..=4)
+                .rev()
+                .find(|s| q + s * stage + 1024 <= HOPPER_SMEM_BYTES)
+                .unwrap_or(2);
         }
+        cfg
     }
 
     pub fn warps(&self) -> u32 {
@@ -119,6 +172,15 @@ pub struct KernelSource {
     pub dv: u32,
 }
 
+/// Dynamic shared memory one block may use on sm_90 (227 KiB), less what
+/// the warp-specialised kernel declares statically (its mbarriers).
+const HOPPER_SMEM_BYTES: u32 = 227 * 1024 - 128;
+
+/// Whether the `wgmma` forward takes these head dims.
+pub fn wgmma_dims_ok(dqk: u32, dv: u32) -> bool {
+    dqk.is_multiple_of(PANEL_COLS) && dv.is_multiple_of(PANEL_COLS) && dv <= MAX_N && dqk <= 256
+}
+
 #[derive(Template)]
 #[template(path = "cuda/parallel_fwd.cu", escape = "none")]
 struct ForwardTemplate<'a> {
@@ -151,6 +213,11 @@ struct ForwardTemplate<'a> {
     modify_scores: bool,
     mask: bool,
     clamp: bool,
+    wgmma: bool,
+    ws: bool,
+    stages: u32,
+    q_regs: bool,
+    wgmma_fns: String,
 }
 
 /// Generates the parallel forward kernel of `variant` for head dims `dqk`, `dv`.
@@ -161,7 +228,13 @@ pub fn parallel_forward(
     cfg: &ForwardConfig,
 ) -> Result<KernelSource, CompileError> {
     let par = parallel_inputs(variant, dqk, dv, "forward")?;
-    check_config(cfg)?;
+    check_config(cfg, dqk, dv)?;
+    if cfg.warp_specialized && (par.modify_k.is_some() || par.modify_v.is_some()) {
+        return Err(CompileError(format!(
+            "`{}` modifies k or v in shared memory, which the warp-specialised forward cannot do; use warp_specialized: false",
+            variant.name
+        )));
+    }
     let online = &par.online;
     let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
     let nstate = fields.len();
@@ -185,7 +258,10 @@ pub fn parallel_forward(
 
     // The online block update of one row.
     {
-        let fwd = &online.fwd;
+        // Simplified: exp becomes exp2 with log2(e) folded into one FMA per
+        // score, row constants are hoisted (bench/NOTES.md, forward v5).
+        let (fwd, _) = simplify_region(&online.fwd, Limits::default());
+        let fwd = &fwd;
         let leaf = |op: &Op| -> String {
             match op {
                 Op::Param(p) => match &fwd.params[*p as usize].role {
@@ -284,13 +360,24 @@ pub fn parallel_forward(
         state_init.push_str("        st[r][0] = 0.0f;\n");
     }
     let kernel_name = format!(
-        "aec_fwd_{}_{}_d{dqk}x{dv}_m{}n{}w{}{}",
+        "aec_fwd_{}_{}_d{dqk}x{dv}_m{}n{}w{}{}{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
         cfg.block_n,
         cfg.warps,
-        if cfg.pack_gqa { "_gqa" } else { "" }
+        match (cfg.pack_gqa, cfg.wgmma) {
+            (true, _) => "_gqa",
+            (false, true) if cfg.q_in_registers => "_wgmma_ws_rq",
+            (false, true) if cfg.warp_specialized => "_wgmma_ws",
+            (false, true) => "_wgmma",
+            (false, false) => "",
+        },
+        if cfg.stages == 2 {
+            String::new()
+        } else {
+            format!("_s{}", cfg.stages)
+        }
     );
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
@@ -322,6 +409,22 @@ pub fn parallel_forward(
         modify_scores: par.modify_scores.is_some(),
         mask: par.mask.is_some(),
         clamp: scores_read_customs_by_position(variant),
+        wgmma: cfg.wgmma,
+        ws: cfg.warp_specialized,
+        stages: cfg.stages,
+        q_regs: cfg.q_in_registers,
+        wgmma_fns: if cfg.wgmma {
+            wgmma_fns(
+                cfg.elem,
+                &[
+                    (cfg.block_n, Form::Ss),
+                    (cfg.block_n, Form::RsKMajor),
+                    (dv, Form::RsNMajor),
+                ],
+            )
+        } else {
+            String::new()
+        },
     };
     let source = t
         .render()
@@ -341,13 +444,16 @@ pub fn parallel_forward(
     );
     args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
     let row_outputs = row_output_names(online);
-    let elems = cfg.block_m * (dqk + 8) + 2 * cfg.block_n * (dqk + 8) + 2 * cfg.block_n * (dv + 8);
+    let pad = if cfg.wgmma { 0 } else { 8 };
+    let elems = cfg.block_m * (dqk + pad) + cfg.stages * cfg.block_n * (dqk + dv + 2 * pad);
+    // Swizzled tiles are aligned to 1024 bytes inside the dynamic allocation.
+    let align_slack = if cfg.wgmma { 1024 } else { 0 };
     Ok(KernelSource {
         name: kernel_name,
         source,
-        threads: cfg.warps() * WARP_SIZE,
+        threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,
         block_m: cfg.block_m,
-        smem_bytes: elems * 2,
+        smem_bytes: elems * 2 + align_slack,
         args,
         row_outputs,
         packed_gqa: cfg.pack_gqa,
@@ -374,7 +480,44 @@ pub fn implies_causal(mask: &Region) -> bool {
     mask.output("mask").is_some_and(|m| go(mask, m))
 }
 
-fn check_config(cfg: &ForwardConfig) -> Result<(), CompileError> {
+fn check_config(cfg: &ForwardConfig, dqk: u32, dv: u32) -> Result<(), CompileError> {
+    if cfg.stages != 2 && !(cfg.warp_specialized && (2..=4).contains(&cfg.stages)) {
+        return Err(CompileError(format!(
+            "{} K/V stages: the forward double-buffers (2); only the warp-specialised wgmma kernel takes 3 or 4",
+            cfg.stages
+        )));
+    }
+    if cfg.q_in_registers && !cfg.warp_specialized {
+        return Err(CompileError(
+            "Q in registers is implemented for the warp-specialised wgmma forward only".into(),
+        ));
+    }
+    if cfg.warp_specialized && !cfg.wgmma {
+        return Err(CompileError(
+            "warp specialisation is implemented for the wgmma forward only (set wgmma: true)"
+                .into(),
+        ));
+    }
+    if cfg.wgmma {
+        if cfg.pack_gqa || !cfg.warps.is_multiple_of(4) || cfg.block_m != 16 * cfg.warps {
+            return Err(CompileError(format!(
+                "wgmma tile {}x{} with {} warps{} is not supported: each warpgroup of 4 warps owns 64 rows (block_m = 16 x warps) and rows cannot pack query heads",
+                cfg.block_m,
+                cfg.block_n,
+                cfg.warps,
+                if cfg.pack_gqa {
+                    " and packed GQA rows"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if !wgmma_dims_ok(dqk, dv) {
+            return Err(CompileError(format!(
+                "the wgmma forward needs Dqk and Dv to be multiples of {PANEL_COLS} with Dv <= {MAX_N} and Dqk <= 256, got Dqk {dqk}, Dv {dv}; use the sm_80 template (wgmma: false)"
+            )));
+        }
+    }
     if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
         || !matches!(cfg.block_n, 32 | 64 | 128)
         || cfg.warps == 0

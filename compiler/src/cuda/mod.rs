@@ -6,3 +6,4 @@ pub mod dialect;
 pub mod expr;
 pub mod forward;
 pub mod intervals;
+pub mod wgmma;

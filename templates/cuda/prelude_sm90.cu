@@ -1,0 +1,96 @@
+// Hopper (sm_90a) helpers: 128-byte-swizzled shared-memory tiles and the
+// warpgroup MMA protocol (included after prelude.cu; needs elem_t, NT).
+//
+// A tile of ROWS x COLS 16-bit elements (COLS a multiple of 64) is stored as
+// COLS / 64 panels of ROWS x 64; a panel row is 128 bytes, and within each
+// 1024-byte atom of 8 rows the 16-byte chunk c of row r lives at chunk
+// c ^ (r % 8). Panels start at 1024-byte boundaries. This is the layout
+// `wgmma` reads through a descriptor with 128-byte swizzling.
+
+// Element offset of (r, c) in such a tile.
+template <int ROWS>
+__device__ __forceinline__ int sw128_index(int r, int c) {
+    return (c / 64) * (ROWS * 64) + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8;
+}
+
+// Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix into a swizzled
+// tile with NTH threads (`tid` in [0, NTH)); rows past `limit` are
+// zero-filled. Each thread owns one 16-byte column chunk of a panel and rows
+// tid / 8 + k * (NTH / 8): its row stays the same modulo 8, so the swizzle is
+// fixed and every copy is the thread's base address plus a compile-time
+// offset (a few instructions per 16 bytes: this loop is the producer
+// warpgroup's whole job). A warp reads 4 rows x 128 contiguous bytes.
+template <int ROWS, int COLS, int NTH = NT>
+__device__ __forceinline__ void load_tile_sw128(elem_t* s, const elem_t* g, int row0, int limit, int tid) {
+    constexpr int RSTEP = NTH / 8;  // rows per pass
+    static_assert(NTH % 64 == 0 && ROWS % RSTEP == 0 && COLS % 64 == 0, "tile not covered evenly");
+    const int c8 = tid % 8, r0 = tid / 8;
+    const unsigned dst0 = smem_u32(s) + r0 * 128 + ((c8 ^ (r0 % 8)) * 16);
+    const elem_t* src0 = g + (long long)(row0 + r0) * COLS + c8 * 8;
+#pragma unroll
+    for (int k = 0; k < ROWS / RSTEP; ++k) {
+        const int bytes = row0 + r0 + k * RSTEP < limit ? 16 : 0;
+        // Rows past the end read row0 + r0 (in bounds: row0 < limit) and
+        // write zeros.
+        const elem_t* src = bytes ? src0 + k * RSTEP * COLS : src0;
+#pragma unroll
+        for (int p = 0; p < COLS / 64; ++p)
+            cp_async16(dst0 + p * (ROWS * 128) + k * RSTEP * 128, src + p * 64, bytes);
+    }
+}
+
+// Matrix descriptor of a swizzled operand starting at shared address `addr`:
+// `lbo` is the byte distance between 64-column panels (used when the operand
+// is N-major), 1024 the distance between 8-row groups.
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |
+           ((unsigned long long)(1024u >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+// Keeps registers an in-flight wgmma reads (its A fragments) from being
+// reused before the wait that retires it.
+template <int N>
+__device__ __forceinline__ void fence_regs(unsigned (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) asm volatile("" : "+r"(a[i][c])::"memory");
+}
+
+// Makes this thread's shared-memory writes (plain stores and cp.async)
+// visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// mbarriers (shared-memory arrival counters with phases) for the
+// producer/consumer pipeline of the warp-specialised kernels.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// The arrival happens when all of this thread's earlier cp.async copies have
+// landed (counted as one of the barrier's expected arrivals).
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Waits until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+    }
+}
+// A barrier for the 128 threads of one warpgroup (ids 1.. ; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int id) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
