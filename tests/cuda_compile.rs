@@ -219,7 +219,7 @@ const BACKWARD_SPILL_BUDGET: u32 = 64;
 
 fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
     let (dqk, dv) = head_dims(v);
-    let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16);
+    let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     let b = parallel_backward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
     let compiled = compile(&b.source, &CompileOptions::new(arch))
         .unwrap_or_else(|e| panic!("{name} backward ({arch}): {e}"));
@@ -313,9 +313,13 @@ fn every_head_dim_compiles_forward_and_backward() {
                         &ForwardConfig::default_for(&v, dqk, dv, elem, Isa::for_arch(arch)),
                     )
                     .unwrap_or_else(|e| panic!("forward d{dqk}x{dv}: {e}"));
-                    let b =
-                        parallel_backward(&v, dqk, dv, &BackwardConfig::default_for(dqk, dv, elem))
-                            .unwrap_or_else(|e| panic!("backward d{dqk}x{dv}: {e}"));
+                    let b = parallel_backward(
+                        &v,
+                        dqk,
+                        dv,
+                        &BackwardConfig::default_for(dqk, dv, elem, Isa::for_arch(arch)),
+                    )
+                    .unwrap_or_else(|e| panic!("backward d{dqk}x{dv}: {e}"));
                     for (what, src, names) in [
                         ("forward", &f.source, vec![f.name.clone()]),
                         (

@@ -45,7 +45,7 @@ fn cpu_every_parallel_example_has_backward_kernels() {
             fixed(aec::frontend::ir::Axis::Dqk),
             fixed(aec::frontend::ir::Axis::Dv),
         );
-        let src = backward_source(&def, dims, &KernelOptions::default())
+        let src = backward_source(&def, dims, &KernelOptions::default(), Isa::Sm80)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         for k in [&src.pre, &src.main, &src.post] {
             assert!(
@@ -86,7 +86,12 @@ fn cpu_a_normalisation_without_kernel_form_is_refused_with_the_reduction() {
         panic!("test variant parses")
     };
     let def = found.remove(0).variant.expect("valid variant");
-    match backward_source(&def, HeadDims::square(64), &KernelOptions::default()) {
+    match backward_source(
+        &def,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+        Isa::Sm80,
+    ) {
         Err(Error::Compile { kernel, source, .. }) => {
             assert_eq!(kernel, "backward");
             let m = source.to_string();

@@ -204,7 +204,7 @@ fn main() {
             }
             Err(e) => json!({ "workload": workload, "error": e.to_string() }),
         };
-        let bcfg = BackwardConfig::default_for(*dqk, *dv, Elem::Bf16);
+        let bcfg = BackwardConfig::default_for(*dqk, *dv, Elem::Bf16, Isa::Sm90a);
         entry["backward"] = match parallel_backward(&v, *dqk, *dv, &bcfg) {
             Ok(b) => backward_meta(&out, &format!("{file}_bwd"), &b, nvcc.as_deref(), &includes),
             Err(e) => json!({ "error": e.to_string() }),
@@ -216,20 +216,26 @@ fn main() {
     let mut sweep = Vec::new();
     if args.iter().any(|a| a == "--bwd-sweep") {
         let v = load(&root, "softmax");
-        for (bm, warps) in [(32, 4), (64, 4), (32, 8), (64, 8), (128, 8)] {
+        for (bm, warps, wgmma) in [
+            (32, 8, false),
+            (64, 8, false),
+            (64, 8, true),
+        ] {
             let cfg = BackwardConfig {
                 block_m: bm,
                 warps,
                 split_d: 1,
                 elem: Elem::Bf16,
+                wgmma,
             };
-            eprintln!("backward sweep m{bm} w{warps} …");
-            let file = format!("sweep_bwd_m{bm}w{warps}");
+            let tag = format!("m{bm}w{warps}{}", if wgmma { "_wgmma" } else { "" });
+            eprintln!("backward sweep {tag} …");
+            let file = format!("sweep_bwd_{tag}");
             let meta = match parallel_backward(&v, 128, 128, &cfg) {
                 Ok(b) => backward_meta(&out, &file, &b, nvcc.as_deref(), &includes),
                 Err(e) => json!({ "error": e.to_string() }),
             };
-            sweep.push(json!({ "workload": BENCH[0].0, "config": format!("m{bm}w{warps}"), "backward": meta }));
+            sweep.push(json!({ "workload": BENCH[0].0, "config": tag, "backward": meta }));
         }
     }
     let extra = json!([{

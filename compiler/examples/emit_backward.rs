@@ -1,6 +1,6 @@
 //! Prints the generated parallel backward kernels of a variant file.
 //! `cargo run -p aec-compiler --example emit_backward -- examples/softmax.rs 128 128 [block_m warps [split_d]]`
-use aec_compiler::{BackwardConfig, Elem, parallel_backward};
+use aec_compiler::{BackwardConfig, Elem, Isa, parallel_backward};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -15,7 +15,7 @@ fn main() {
         .variant
         .expect("valid variant");
     let (dqk, dv): (u32, u32) = (dqk.parse().expect("dqk"), dv.parse().expect("dv"));
-    let mut cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16);
+    let mut cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
     if let [bm, warps, more @ ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");
         cfg.warps = warps.parse().expect("warps");

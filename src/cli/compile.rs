@@ -178,7 +178,12 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         }
         // The backward: three kernels in one source, launched in order with
         // the same arguments.
-        match parallel_backward(v, vq, vv, &BackwardConfig::default_for(vq, vv, Elem::Bf16)) {
+        match parallel_backward(
+            v,
+            vq,
+            vv,
+            &BackwardConfig::default_for(vq, vv, Elem::Bf16, Isa::Sm80),
+        ) {
             Ok(b) => {
                 let base = b.main.name.trim_end_matches("_main").to_string();
                 let builds = write_and_compile(

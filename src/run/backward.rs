@@ -4,7 +4,7 @@ use super::{
     BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, backward_source, cache,
     check_lengths, params_of,
 };
-use crate::compiler::{ArgKind, BackwardSource, CompileError};
+use crate::compiler::{ArgKind, BackwardSource, CompileError, Isa};
 use crate::frontend::ir::Axis;
 use crate::runtime::{Arg, CompileOptions, DeviceBuffer, Module, Stream, bf16};
 
@@ -36,7 +36,12 @@ impl ParallelKernels {
         if let Some(k) = self.backward.get() {
             return Ok(k);
         }
-        let source = backward_source(&self.variant, self.dims, &self.options)?;
+        let source = backward_source(
+            &self.variant,
+            self.dims,
+            &self.options,
+            Isa::for_arch(self.device.arch()),
+        )?;
         let params = params_of(
             &self.variant,
             "backward",

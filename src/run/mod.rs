@@ -314,19 +314,27 @@ pub fn forward_source(
     })
 }
 
-/// Generates the parallel backward kernels of `variant` for `dims` without
-/// compiling them. Needs no GPU; the first step of
-/// [`ParallelKernels::backward`]'s compilation, with the same errors.
+/// Generates the parallel backward kernels of `variant` for `dims` and the
+/// instruction set `isa` without compiling them. Needs no GPU; the first step
+/// of [`ParallelKernels::backward`]'s compilation, with the same errors.
 pub fn backward_source(
     variant: &frontend::Variant,
     dims: HeadDims,
     options: &KernelOptions,
+    isa: Isa,
 ) -> Result<BackwardSource, Error> {
     require_parallel(variant)?;
     check_head_dims(variant, dims)?;
     let cfg = options
         .backward_config
-        .unwrap_or_else(|| BackwardConfig::default_for(dims.dqk, dims.dv, options.elem));
+        .unwrap_or_else(|| BackwardConfig::default_for(dims.dqk, dims.dv, options.elem, isa));
+    if cfg.wgmma && isa != Isa::Sm90a {
+        return Err(Error::Shape(
+            "the backward tile configuration asks for wgmma, which only sm_90a (Hopper) has: \
+             set `wgmma: false` or leave `KernelOptions::backward_config` to the default"
+                .into(),
+        ));
+    }
     if cfg.elem != options.elem {
         return Err(Error::Shape(format!(
             "the backward tile configuration asks for {} elements but the kernel options for \

@@ -7,10 +7,11 @@ use super::closures::{
     elem_spelling, forward_closures, grad_atomics, grad_outputs, parallel_inputs, reads,
     row_output_names, scores_read_customs_by_position,
 };
-use super::dialect::{Elem, WARP_SIZE};
+use super::dialect::{Elem, Isa, WARP_SIZE};
 use super::expr::pointwise;
 use super::forward::{ArgKind, implies_causal};
 use super::intervals::mask_block_fn;
+use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
 use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
 use crate::simplify::{Limits, simplify_region};
@@ -32,6 +33,10 @@ pub struct BackwardConfig {
     /// registers.
     pub split_d: u32,
     pub elem: Elem,
+    /// All five GEMMs on Hopper's `wgmma` (sm_90a only): one warpgroup per 64
+    /// keys, K, V, Q, dO and dSᵀ in 128-byte-swizzled shared memory. Takes
+    /// `block_m` 64, 8 warps, `split_d` 1, and Dqk, Dv of 64 or 128.
+    pub wgmma: bool,
 }
 
 impl BackwardConfig {
@@ -42,7 +47,19 @@ impl BackwardConfig {
     /// warps above 128, where a warp's dK and dV accumulators fill the
     /// registers. Where Dqk does not split evenly between the warps that
     /// share a dQ row tile (Dqk = 80, 96, …), the next candidate that fits.
-    pub fn default_for(dqk: u32, dv: u32, elem: Elem) -> BackwardConfig {
+    ///
+    /// On sm_90a, head dims of 64 or 128 use `wgmma` (64 queries per step,
+    /// 128 keys per block on two warpgroups).
+    pub fn default_for(dqk: u32, dv: u32, elem: Elem, isa: Isa) -> BackwardConfig {
+        if isa == Isa::Sm90a && wgmma_backward_dims_ok(dqk, dv) {
+            return BackwardConfig {
+                block_m: 64,
+                warps: 8,
+                split_d: 1,
+                elem,
+                wgmma: true,
+            };
+        }
         let preferred: &[(u32, u32, u32)] = if dqk <= 64 && dv <= 64 {
             &[(64, 4, 1)]
         } else if dqk <= 128 && dv <= 128 {
@@ -61,6 +78,7 @@ impl BackwardConfig {
             warps,
             split_d,
             elem,
+            wgmma: false,
         }
     }
 
@@ -180,6 +198,8 @@ struct BackwardTemplate<'a> {
     modify_scores: bool,
     mask: bool,
     clamp: bool,
+    wgmma: bool,
+    wgmma_fns: String,
 }
 
 /// Generates the parallel backward kernels of `variant` for head dims `dqk`, `dv`.
@@ -190,6 +210,17 @@ pub fn parallel_backward(
     cfg: &BackwardConfig,
 ) -> Result<BackwardSource, CompileError> {
     let par = parallel_inputs(variant, dqk, dv, "backward")?;
+    if cfg.wgmma
+        && !(wgmma_backward_dims_ok(dqk, dv)
+            && cfg.block_m == 64
+            && cfg.warps == 8
+            && cfg.split_d == 1)
+    {
+        return Err(CompileError(format!(
+            "the wgmma backward takes block_m 64, 8 warps, split_d 1 and Dqk, Dv of 64 or 128; got block_m {}, {} warps, split_d {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
+            cfg.block_m, cfg.warps, cfg.split_d
+        )));
+    }
     if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
         return Err(CompileError(format!(
             "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1 or 2) must divide the warps, Dqk/16 and Dv/16",
@@ -260,7 +291,7 @@ pub fn parallel_backward(
         init: params_init,
     } = custom_params(variant.customs.len(), true);
     let kernel_name = format!(
-        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}",
+        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
@@ -269,7 +300,8 @@ pub fn parallel_backward(
             format!("s{}", cfg.split_d)
         } else {
             String::new()
-        }
+        },
+        if cfg.wgmma { "_wgmma" } else { "" }
     );
     let t = BackwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
@@ -310,6 +342,20 @@ pub fn parallel_backward(
         modify_scores: par.modify_scores.is_some(),
         mask: par.mask.is_some(),
         clamp: scores_read_customs_by_position(variant),
+        wgmma: cfg.wgmma,
+        wgmma_fns: if cfg.wgmma {
+            wgmma_fns(
+                cfg.elem,
+                &[
+                    (cfg.block_m, Form::Ss),
+                    (64, Form::SsTransposed),
+                    (dqk, Form::RsNMajor),
+                    (dv, Form::RsNMajor),
+                ],
+            )
+        } else {
+            String::new()
+        },
     };
     let source = t
         .render()
@@ -337,9 +383,15 @@ pub fn parallel_backward(
     args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
 
     let (bm, bn) = (cfg.block_m, cfg.block_n());
-    let elems =
-        bn * (dqk + 8) + bn * (dv + 8) + 2 * bm * (dqk + 8) + 2 * bm * (dv + 8) + bn * (bm + 8);
-    let smem_bytes = elems * 2 + 4 * 2 * nrc.max(1) as u32 * bm;
+    let pad = if cfg.wgmma { 0 } else { 8 };
+    let elems = bn * (dqk + pad)
+        + bn * (dv + pad)
+        + 2 * bm * (dqk + pad)
+        + 2 * bm * (dv + pad)
+        + bn * (bm + pad);
+    // Swizzled tiles are aligned to 1024 bytes inside the allocation.
+    let align_slack = if cfg.wgmma { 1024 } else { 0 };
+    let smem_bytes = elems * 2 + 4 * 2 * nrc.max(1) as u32 * bm + align_slack;
     let threads = cfg.warps * WARP_SIZE;
     let row_outputs = row_output_names(online);
     Ok(BackwardSource {
@@ -506,6 +558,12 @@ fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, usiz
 /// tile the products: for dQ each warp takes a 16-row tile and an equal
 /// share of Dqk in steps of 16 columns; for dK and dV each warp of a key
 /// group an equal share of Dqk and Dv.
+/// Whether the `wgmma` backward takes these head dims: its registers hold
+/// dK and dV of 64 keys per warpgroup, which fits up to 128 columns each.
+pub fn wgmma_backward_dims_ok(dqk: u32, dv: u32) -> bool {
+    matches!(dqk, 64 | 128) && matches!(dv, 64 | 128)
+}
+
 fn tile_fits(dqk: u32, dv: u32, block_m: u32, warps: u32, split_d: u32) -> bool {
     let rt = block_m / 16;
     matches!(block_m, 32 | 64 | 128)

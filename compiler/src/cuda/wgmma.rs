@@ -24,6 +24,10 @@ pub enum Form {
     /// `wgmma_ss_n{N}(d, desc_a, desc_b, accumulate)`: A and B in shared
     /// memory, both K-major (`D (+)= A · Bᵀ`).
     Ss,
+    /// `wgmma_ss_tt_n{N}(d, desc_a, desc_b, accumulate)`: A in shared memory
+    /// M-major, B in shared memory N-major (`D (+)= A · B` with both stored
+    /// transposed: rows of the tiles are the K dimension).
+    SsTransposed,
     /// `wgmma_rsk_n{N}(d, a, desc_b, accumulate)`: A in registers, B in
     /// shared memory K-major (`D (+)= A · Bᵀ`).
     RsKMajor,
@@ -51,7 +55,7 @@ pub fn wgmma_fns(elem: Elem, uses: &[(u32, Form)]) -> String {
             n / 8,
             n / 8
         );
-        for form in [Form::Ss, Form::RsKMajor, Form::RsNMajor] {
+        for form in [Form::Ss, Form::SsTransposed, Form::RsKMajor, Form::RsNMajor] {
             if uses.contains(&(n, form)) {
                 out.push_str(&wgmma_fn(ty, n, form));
             }
@@ -77,16 +81,21 @@ fn wgmma_fn(ty: &str, n: u32, form: Form) -> String {
     let rows = n / 8;
     let mut f = String::new();
     match form {
-        Form::Ss => {
+        Form::Ss | Form::SsTransposed => {
             // Operands: d…, desc_a, desc_b, accumulate (0: D = A·B).
             let (a, b, sd) = (nreg, nreg + 1, nreg + 2);
+            let (name, trans) = if form == Form::Ss {
+                ("ss", "0, 0")
+            } else {
+                ("ss_tt", "1, 1")
+            };
             let _ = writeln!(
                 f,
-                "__device__ __forceinline__ void wgmma_ss_n{n}(float (&d)[{rows}][4], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {{"
+                "__device__ __forceinline__ void wgmma_{name}_n{n}(float (&d)[{rows}][4], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {{"
             );
             let _ = writeln!(
                 f,
-                "    asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sd}, 0;\\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d_list}}}, %{a}, %{b}, p, 1, 1, 0, 0;\\n}}\\n\""
+                "    asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sd}, 0;\\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d_list}}}, %{a}, %{b}, p, 1, 1, {trans};\\n}}\\n\""
             );
             let _ = writeln!(f, "        : {outputs}");
             let _ = writeln!(
