@@ -211,11 +211,11 @@ fn check_one(name: &str, v: &Variant, arch: &str) -> String {
 }
 
 /// Spill stores allowed in the backward's main kernel, just above what
-/// NVRTC 13.0.88 produces today (bench/NOTES.md): masked variants spill up
-/// to 52 bytes (eight warps, 32 rows; above 128, two warps share each 16
-/// keys and split the dK/dV columns). The row and element
-/// kernels must not spill.
-const BACKWARD_SPILL_BUDGET: u32 = 64;
+/// NVRTC 13.0.88 produces today (bench/NOTES.md): the sm_80 kernels spill up
+/// to 52 bytes; the wgmma kernel (255 registers: dK and dV of 64 keys per
+/// warpgroup plus Sᵀ and dPᵀ) spills 88 bytes for RetNet's decay closure and
+/// 36 for ReLU. The row and element kernels must not spill.
+const BACKWARD_SPILL_BUDGET: u32 = 96;
 
 fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
     let (dqk, dv) = head_dims(v);
@@ -233,6 +233,11 @@ fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
             .clone()
     };
     let main = entry(&b.main.name);
+    assert!(
+        main.performance_warnings.is_empty(),
+        "{name} backward ({arch}): ptxas reports a performance loss: {:?}",
+        main.performance_warnings
+    );
     for small in [&b.pre.name, &b.post.name] {
         let u = entry(small);
         assert_eq!(
@@ -257,9 +262,10 @@ fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
         b.main.smem_bytes
     );
     let text = sass(&compiled.cubin).unwrap_or_else(|e| panic!("{name} ({arch}): cuobjdump: {e}"));
+    let mma = if cfg.wgmma { "HGMMA" } else { "HMMA" };
     assert!(
-        text.contains("HMMA"),
-        "{name} backward ({arch}): no HMMA in the SASS"
+        text.contains(mma),
+        "{name} backward ({arch}): no {mma} in the SASS"
     );
     format!(
         "{name:18} {arch:7} {:>3} regs, {:>3} B spilled, {:>6} B smem, {} (backward main, m{}w{})",
@@ -340,7 +346,7 @@ fn every_head_dim_compiles_forward_and_backward() {
                             );
                         }
                         let text = sass(&c.cubin).expect("cuobjdump");
-                        let mma = if what == "forward" && f.source.contains("wgmma.mma_async") {
+                        let mma = if src.contains("wgmma.mma_async") {
                             "HGMMA"
                         } else {
                             "HMMA"

@@ -216,11 +216,7 @@ fn main() {
     let mut sweep = Vec::new();
     if args.iter().any(|a| a == "--bwd-sweep") {
         let v = load(&root, "softmax");
-        for (bm, warps, wgmma) in [
-            (32, 8, false),
-            (64, 8, false),
-            (64, 8, true),
-        ] {
+        for (bm, warps, wgmma) in [(32, 8, false), (64, 8, false), (64, 8, true)] {
             let cfg = BackwardConfig {
                 block_m: bm,
                 warps,

@@ -148,20 +148,22 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             .filter_map(|t| t.cuda_arch().map(Isa::for_arch))
             .collect();
         isas.dedup();
-        for isa in isas {
-            let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, isa);
-            let k = parallel_forward(v, vq, vv, &cfg)
-                .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
-            let for_isa: Vec<Target> = targets
+        let targets_of = |isa: Isa| -> Vec<Target> {
+            targets
                 .iter()
                 .copied()
                 .filter(|t| t.cuda_arch().map(Isa::for_arch) == Some(isa))
-                .collect();
+                .collect()
+        };
+        for &isa in &isas {
+            let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, isa);
+            let k = parallel_forward(v, vq, vv, &cfg)
+                .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
             let builds = write_and_compile(
                 &kernels_dir,
                 &k.name,
                 &k.source,
-                &for_isa,
+                &targets_of(isa),
                 with_nvrtc,
                 &v.name,
             )?;
@@ -176,56 +178,58 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 "row_outputs": k.row_outputs,
             }));
         }
-        // The backward: three kernels in one source, launched in order with
-        // the same arguments.
-        match parallel_backward(
-            v,
-            vq,
-            vv,
-            &BackwardConfig::default_for(vq, vv, Elem::Bf16, Isa::Sm80),
-        ) {
-            Ok(b) => {
-                let base = b.main.name.trim_end_matches("_main").to_string();
-                let builds = write_and_compile(
-                    &kernels_dir,
-                    &base,
-                    &b.source,
-                    &targets,
-                    with_nvrtc,
-                    &v.name,
-                )?;
-                let launch = |l: &Launch| {
-                    let grid = match l.grid {
-                        Grid::Rows { per_block } => {
-                            json!([format!("ceil(B * H * Sq / {per_block})"), 1, 1])
-                        }
-                        Grid::KeyBlocks { block_n } => {
-                            json!([format!("ceil(Skv / {block_n})"), "Hkv", "B"])
-                        }
-                        Grid::Elements { per_block } => {
-                            json!([format!("ceil(B * H * Sq * Dqk / {per_block})"), 1, 1])
-                        }
+        // The backward, per instruction set: three kernels in one source,
+        // launched in order with the same arguments.
+        for &isa in &isas {
+            match parallel_backward(
+                v,
+                vq,
+                vv,
+                &BackwardConfig::default_for(vq, vv, Elem::Bf16, isa),
+            ) {
+                Ok(b) => {
+                    let base = b.main.name.trim_end_matches("_main").to_string();
+                    let builds = write_and_compile(
+                        &kernels_dir,
+                        &base,
+                        &b.source,
+                        &targets_of(isa),
+                        with_nvrtc,
+                        &v.name,
+                    )?;
+                    let launch = |l: &Launch| {
+                        let grid = match l.grid {
+                            Grid::Rows { per_block } => {
+                                json!([format!("ceil(B * H * Sq / {per_block})"), 1, 1])
+                            }
+                            Grid::KeyBlocks { block_n } => {
+                                json!([format!("ceil(Skv / {block_n})"), "Hkv", "B"])
+                            }
+                            Grid::Elements { per_block } => {
+                                json!([format!("ceil(B * H * Sq * Dqk / {per_block})"), 1, 1])
+                            }
+                        };
+                        json!({ "entry": l.name, "grid": grid, "threads": l.threads, "dynamic_smem_bytes": l.smem_bytes })
                     };
-                    json!({ "entry": l.name, "grid": grid, "threads": l.threads, "dynamic_smem_bytes": l.smem_bytes })
-                };
-                kernels.push(json!({
-                    "pass": "backward",
-                    "source": format!("kernels/{base}.cu"),
-                    "builds": builds,
-                    "head_dims": { "Dqk": vq, "Dv": vv },
-                    "launches": [launch(&b.pre), launch(&b.main), launch(&b.post)],
-                    "args": args_json(&b.args),
-                    "workspaces": {
-                        "dot": "f32 [B*H*Sq]",
-                        "qmod": "bf16 [B*H*Sq*Dqk]",
-                        "dq_acc": "f32 [B*H*Sq*Dqk]"
-                    },
-                    "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
-                }));
-            }
-            Err(e) => {
-                eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
-                kernels.push(json!({ "pass": "backward", "skipped": e.to_string() }));
+                    kernels.push(json!({
+                        "pass": "backward",
+                        "source": format!("kernels/{base}.cu"),
+                        "builds": builds,
+                        "head_dims": { "Dqk": vq, "Dv": vv },
+                        "launches": [launch(&b.pre), launch(&b.main), launch(&b.post)],
+                        "args": args_json(&b.args),
+                        "workspaces": {
+                            "dot": "f32 [B*H*Sq]",
+                            "qmod": "bf16 [B*H*Sq*Dqk]",
+                            "dq_acc": "f32 [B*H*Sq*Dqk]"
+                        },
+                        "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
+                    }));
+                }
+                Err(e) => {
+                    eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
+                    kernels.push(json!({ "pass": "backward", "skipped": e.to_string() }));
+                }
             }
         }
         manifest_variants.push(json!({
