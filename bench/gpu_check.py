@@ -26,6 +26,21 @@ libcuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [cty
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
+def template_of(*metas):
+    """Which template our kernels came from (their entry names say it):
+    `sm80` (mma.sync) or `sm90a-wgmma` (plus `-ws` for the warp-specialised
+    forward); forward and backward joined with `+` where they differ."""
+    names = []
+    for m in metas:
+        if not isinstance(m, dict):
+            continue
+        n = m.get("name") or next((l["name"] for l in m.get("launches", []) if l["name"].endswith("_main")), "")
+        t = "sm90a-wgmma-ws" if "_wgmma_ws" in n else "sm90a-wgmma" if "_wgmma" in n else "sm80"
+        if t not in names:
+            names.append(t)
+    return "+".join(names) or "sm80"
+
+
 def check(res, what):
     if res != 0:
         name = ctypes.c_char_p()
@@ -318,7 +333,7 @@ def run_bench(cases_dir, index, workloads):
             except Exception as e:
                 record(work, nm, None, fl, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
         if "error" in entry:
-            record(work, "aec", None, fl, template="sm80", error=entry["error"])
+            record(work, "aec", None, fl, template=template_of(entry.get("kernel")), error=entry["error"])
             continue
         try:
             kern = Kernel(cases_dir, entry["kernel"])
@@ -326,9 +341,10 @@ def run_bench(cases_dir, index, workloads):
             o, _ = kern(q, k, v, {}, sizes)
             torch.cuda.synchronize()
             err = rel_err(o.float(), ref) if ref is not None else None
-            record(work, "aec", bench(lambda: kern(q, k, v, {}, sizes)), fl, err=err, template="sm80")
+            record(work, "aec", bench(lambda: kern(q, k, v, {}, sizes)), fl, err=err,
+                   template=template_of(entry["kernel"]))
         except Exception as e:
-            record(work, "aec", None, fl, template="sm80", error=f"{type(e).__name__}: {e}")
+            record(work, "aec", None, fl, template=template_of(entry["kernel"]), error=f"{type(e).__name__}: {e}")
         if "fwd+bwd" in w.get("passes", []):
             bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl * 3.5)
         del q, k, v
@@ -364,7 +380,7 @@ def bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl):
             t.grad = None
     bm = entry.get("backward", {})
     if "error" in entry or "error" in bm or not bm.get("cubin"):
-        record(work, "aec", None, fl, template="sm80", pas="fwd+bwd",
+        record(work, "aec", None, fl, template=template_of(entry.get("kernel"), bm), pas="fwd+bwd",
                error=entry.get("error") or bm.get("error") or "no backward cubin")
         return
     try:
@@ -380,9 +396,10 @@ def bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl):
         err = None
         if ref is not None:
             err = max(rel_err(x.float(), y) for x, y in zip((dq, dk, dv), ref))
-        record(work, "aec", bench(ours), fl, err=err, template="sm80", pas="fwd+bwd")
+        record(work, "aec", bench(ours), fl, err=err, template=template_of(entry["kernel"], bm), pas="fwd+bwd")
     except Exception as e:
-        record(work, "aec", None, fl, template="sm80", pas="fwd+bwd", error=f"{type(e).__name__}: {e}")
+        record(work, "aec", None, fl, template=template_of(entry["kernel"], bm), pas="fwd+bwd",
+               error=f"{type(e).__name__}: {e}")
 
 
 def run_bwd_sweep(cases_dir, index, workloads):
@@ -427,7 +444,7 @@ def run_bwd_sweep(cases_dir, index, workloads):
                 torch.cuda.synchronize()
                 err = max(rel_err(x.float(), y) for x, y in zip((dq, dk, dvv), ref))
                 ms = bench(lambda: bk(q, k, v, o, do, rowout, {}, sizes))
-                rows.append(dict(workload=work, **{"pass": "bwd"}, impl=impl, template="sm80", ms=ms,
+                rows.append(dict(workload=work, **{"pass": "bwd"}, impl=impl, template=template_of(e["backward"]), ms=ms,
                                  tflops=fl / (ms * 1e-3) / 1e12, max_rel_err=err, ptxas=e["backward"].get("ptxas")))
                 print(f"sweep {work:34s} bwd {impl:14s} {ms:8.4f} ms {rows[-1]['tflops']:7.1f} TF/s err={err:.2e}",
                       flush=True)
