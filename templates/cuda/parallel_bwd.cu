@@ -51,14 +51,7 @@ struct Pt {
 };
 
 {% include "cuda/prelude.cu" %}
-{% if wgmma %}{% include "cuda/prelude_sm90.cu" %}
-#define LOAD_TILE load_tile_sw128
-#define TILE_AT(base, ROWS, COLS, r, c) ((base) + sw128_index<ROWS>((r), (c)))
-#define SYNC_SMEM_WRITES() (fence_proxy_async(), __syncthreads())
-{{ wgmma_fns }}{% else %}#define LOAD_TILE load_tile
-#define TILE_AT(base, ROWS, COLS, r, c) ((base) + (r) * ((COLS) + PAD) + (c))
-#define SYNC_SMEM_WRITES() __syncthreads()
-{% endif %}
+{% include "cuda/tile_layout.cu" %}
 __device__ __forceinline__ void ldmatrix_x4_trans_a(unsigned addr, unsigned (&a)[4]) {
     ldmatrix_x4_trans(addr, a[0], a[1], a[2], a[3]);
 }

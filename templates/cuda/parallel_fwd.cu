@@ -40,6 +40,20 @@
             for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = nst[f];
         }
 {% endmacro %}
+{% macro block_scores() %}
+        // Scores of this thread's rows (modification, mask, bounds) and the
+        // online normalisation; tiles inside Skv that the mask fully shows
+        // take a copy without per-score validity.
+        float sr[NR][NE];
+        bool vr[NR][NE];
+        float pr[NR][NE];
+        float alpha[NR];
+        if (n0 + BN <= Skv && cls == 2) {
+{% call scores_online(true) %}{% endcall %}
+        } else {
+{% call scores_online(false) %}{% endcall %}
+        }
+{% endmacro %}
 {% macro pipelined_block(first) %}
         // Block `it` (the first block has no P·V in flight).
 {% if first %}        const int it = 0, cur = 0;
@@ -68,22 +82,12 @@
 {% if first %}        wgmma_wait0();
 {% else %}        {
             const unsigned v_base = smem_u32(sV + prev * BN * SVS);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_rs_n{{ dv }}(acc[0], pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
+            pv_gemm(acc[0], pa, v_base);
         }
         wgmma_commit();
         wgmma_wait1();
 {% endif %}        wgmma_fence_operands_n{{ bn }}(s[0]);
-        float sr[NR][NE];
-        bool vr[NR][NE];
-        float pr[NR][NE];
-        float alpha[NR];
-        if (n0 + BN <= Skv && cls == 2) {
-{% call scores_online(true) %}{% endcall %}
-        } else {
-{% call scores_online(false) %}{% endcall %}
-        }
+{% call block_scores() %}{% endcall %}
 {% if !first %}        wgmma_wait0();
         wgmma_fence_operands_n{{ dv }}(acc[0]);
         fence_regs(pa);
@@ -95,13 +99,7 @@
             acc[0][dt][2] *= alpha[1];
             acc[0][dt][3] *= alpha[1];
         }
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pa[kk][0] = pack2(pr[0][4 * kk + 0], pr[0][4 * kk + 1]);
-            pa[kk][1] = pack2(pr[1][4 * kk + 0], pr[1][4 * kk + 1]);
-            pa[kk][2] = pack2(pr[0][4 * kk + 2], pr[0][4 * kk + 3]);
-            pa[kk][3] = pack2(pr[1][4 * kk + 2], pr[1][4 * kk + 3]);
-        }
+        pack_p(pr, pa);
 {% endmacro %}
 #include <{{ sp.header }}>
 
@@ -138,19 +136,32 @@ struct Pt {
 };
 
 {% include "cuda/prelude.cu" %}
-{% if wgmma %}{% include "cuda/prelude_sm90.cu" %}
-#define LOAD_TILE load_tile_sw128
-#define TILE_AT(base, ROWS, COLS, r, c) ((base) + sw128_index<ROWS>((r), (c)))
-#define SYNC_SMEM_WRITES() (fence_proxy_async(), __syncthreads())
-{{ wgmma_fns }}{% else %}#define LOAD_TILE load_tile
-#define TILE_AT(base, ROWS, COLS, r, c) ((base) + (r) * ((COLS) + PAD) + (c))
-#define SYNC_SMEM_WRITES() __syncthreads()
-{% endif %}
+{% include "cuda/tile_layout.cu" %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 // ---------------------------------------------------------------------------
 
-extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
+{% if wgmma %}// P of a warp's 16 rows (two rows per thread) as wgmma A fragments, one
+// per 16 keys: the accumulator layout of S is the A-fragment layout.
+__device__ __forceinline__ void pack_p(const float (&pr)[NR][NE], unsigned (&pa)[BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack2(pr[0][4 * kk + 0], pr[0][4 * kk + 1]);
+        pa[kk][1] = pack2(pr[1][4 * kk + 0], pr[1][4 * kk + 1]);
+        pa[kk][2] = pack2(pr[0][4 * kk + 2], pr[0][4 * kk + 3]);
+        pa[kk][3] = pack2(pr[1][4 * kk + 2], pr[1][4 * kk + 3]);
+    }
+}
+
+// Issues O += P · V for one block (V at shared address v_base, read N-major:
+// keys are its K dimension); the caller fences, commits and waits.
+__device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned (&pa)[BN / 16][4], unsigned v_base) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_rs_n{{ dv }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
+}
+
+{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv) {
@@ -324,9 +335,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // The last block's P·V.
         const unsigned v_base = smem_u32(sV + ((n_iter - 1) % STAGES) * BN * SVS);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_rs_n{{ dv }}(acc[0], pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
+        pv_gemm(acc[0], pa, v_base);
         wgmma_commit();
         wgmma_wait0();
         wgmma_fence_operands_n{{ dv }}(acc[0]);
@@ -414,18 +423,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }
 
 {% endif %}
-        // Scores of this thread's rows (modification, mask, bounds) and the
-        // online normalisation; tiles inside Skv that the mask fully shows
-        // take a copy without per-score validity.
-        float sr[NR][NE];
-        bool vr[NR][NE];
-        float pr[NR][NE];
-        float alpha[NR];
-        if (n0 + BN <= Skv && cls == 2) {
-{% call scores_online(true) %}{% endcall %}
-        } else {
-{% call scores_online(false) %}{% endcall %}
-        }
+{% call block_scores() %}{% endcall %}
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -440,18 +438,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // layout of wgmma; V is read N-major (keys are its K dimension).
         {
             unsigned pa[BN / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                pa[kk][0] = pack2(pr[0][4 * kk + 0], pr[0][4 * kk + 1]);
-                pa[kk][1] = pack2(pr[1][4 * kk + 0], pr[1][4 * kk + 1]);
-                pa[kk][2] = pack2(pr[0][4 * kk + 2], pr[0][4 * kk + 3]);
-                pa[kk][3] = pack2(pr[1][4 * kk + 2], pr[1][4 * kk + 3]);
-            }
+            pack_p(pr, pa);
             const unsigned v_base = smem_u32(sVc);
             wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_rs_n{{ dv }}(acc[0], pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
+            pv_gemm(acc[0], pa, v_base);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ dv }}(acc[0]);
