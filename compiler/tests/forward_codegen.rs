@@ -264,3 +264,108 @@ fn generation_is_deterministic() {
         assert_eq!(a, b, "{name}: two generations differ");
     }
 }
+
+#[test]
+fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
+    use aec_compiler::{BackwardConfig, Isa, parallel_backward};
+    let v = examples()
+        .into_iter()
+        .find(|(n, _)| n == "softmax")
+        .expect("softmax")
+        .1;
+    // sm_90a, head dims multiples of 64: warp-specialised wgmma, a producer
+    // warpgroup on top of the computing ones, swizzled tiles.
+    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.wgmma && cfg.warp_specialized && cfg.stages >= 2);
+    let k = parallel_forward(&v, 128, 128, &cfg).expect("wgmma forward");
+    assert_eq!(k.threads, (cfg.warps + 4) * 32);
+    assert!(
+        k.source
+            .contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16")
+    );
+    assert!(k.source.contains("setmaxnreg.dec") && k.source.contains("mbarrier.try_wait"));
+    assert!(k.smem_bytes <= 227 * 1024, "{}", k.smem_bytes);
+    // Head dims the swizzled panels do not take, and other GPUs: sm_80.
+    for (dqk, dv, isa) in [(80, 80, Isa::Sm90a), (128, 128, Isa::Sm80)] {
+        let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, isa);
+        assert!(!cfg.wgmma && !cfg.warp_specialized, "{dqk}x{dv} {isa:?}");
+        let k = parallel_forward(&v, dqk, dv, &cfg).expect("sm_80 forward");
+        assert!(!k.source.contains("wgmma") && k.source.contains("mma.sync"));
+    }
+    // The backward: wgmma for 64 and 128 on sm_90a, sm_80 above.
+    assert!(BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a).wgmma);
+    assert!(!BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a).wgmma);
+    assert!(!BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80).wgmma);
+    let b = parallel_backward(
+        &v,
+        64,
+        64,
+        &BackwardConfig::default_for(64, 64, Elem::Bf16, Isa::Sm90a),
+    )
+    .expect("wgmma backward");
+    assert!(b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_main"));
+}
+
+#[test]
+fn wgmma_configurations_out_of_range_are_refused_with_reasons() {
+    use aec_compiler::{BackwardConfig, Isa, parallel_backward};
+    let v = examples()
+        .into_iter()
+        .find(|(n, _)| n == "softmax")
+        .expect("softmax")
+        .1;
+    let hopper = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let err = parallel_forward(&v, 80, 80, &hopper)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("multiples of 64") && err.contains("Dqk 80"),
+        "{err}"
+    );
+    let err = parallel_forward(&v, 128, 128, &ForwardConfig { warps: 4, ..hopper })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("each warpgroup of 4 warps owns 64 rows"),
+        "{err}"
+    );
+    let err = parallel_forward(
+        &v,
+        128,
+        128,
+        &ForwardConfig {
+            wgmma: false,
+            ..hopper
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("warp specialisation is implemented for the wgmma forward only"),
+        "{err}"
+    );
+    let err = parallel_forward(
+        &v,
+        128,
+        128,
+        &ForwardConfig {
+            stages: 5,
+            ..hopper
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("5 K/V stages"), "{err}");
+    let err = parallel_backward(
+        &v,
+        192,
+        128,
+        &BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("Dqk, Dv of 64 or 128") && err.contains("Dqk 192"),
+        "{err}"
+    );
+}
