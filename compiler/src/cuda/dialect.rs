@@ -93,8 +93,13 @@ pub fn unary(u: Unary, x: &str, dtype: DType) -> String {
         Unary::Log2 => format!("__log2f({x})"),
         Unary::Sqrt => format!("sqrtf({x})"),
         Unary::Rsqrt => format!("rsqrtf({x})"),
-        Unary::Tanh => format!("tanhf({x})"),
-        Unary::Sigmoid => format!("__fdividef(1.0f, 1.0f + __expf(-({x})))"),
+        // The hardware approximation (`tanh.approx`, relative error ~2^-11,
+        // far below bf16 resolution): one SFU operation instead of `tanhf`'s
+        // range reduction and polynomial.
+        Unary::Tanh => format!("fast_tanh({x})"),
+        // σ(x) = ½ + ½·tanh(x/2): one SFU operation per score instead of an
+        // exponential and a reciprocal (the SFU bounds the sigmoid forward).
+        Unary::Sigmoid => format!("fmaf(0.5f, fast_tanh(0.5f * ({x})), 0.5f)"),
         Unary::Relu => format!("fmaxf({x}, 0.0f)"),
         Unary::Abs if dtype == DType::Int => format!("abs({x})"),
         Unary::Abs => format!("fabsf({x})"),
