@@ -2,7 +2,9 @@
 //! variant's regions land in the kernel, configuration errors are clear.
 
 use aec_compiler::cuda::forward::implies_causal;
-use aec_compiler::{ArgKind, Elem, ForwardConfig, parallel_forward};
+use aec_compiler::{
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
+};
 use aec_frontend::{Variant, parse_file, parse_str};
 use std::path::PathBuf;
 
@@ -265,14 +267,17 @@ fn generation_is_deterministic() {
     }
 }
 
+fn example(name: &str) -> Variant {
+    examples()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("example {name}"))
+        .1
+}
+
 #[test]
 fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
-    use aec_compiler::{BackwardConfig, Isa, parallel_backward};
-    let v = examples()
-        .into_iter()
-        .find(|(n, _)| n == "softmax")
-        .expect("softmax")
-        .1;
+    let v = example("softmax");
     // sm_90a, head dims multiples of 64: warp-specialised wgmma, a producer
     // warpgroup on top of the computing ones, swizzled tiles.
     let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
@@ -308,54 +313,35 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
 
 #[test]
 fn wgmma_configurations_out_of_range_are_refused_with_reasons() {
-    use aec_compiler::{BackwardConfig, Isa, parallel_backward};
-    let v = examples()
-        .into_iter()
-        .find(|(n, _)| n == "softmax")
-        .expect("softmax")
-        .1;
+    let v = example("softmax");
     let hopper = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
-    let err = parallel_forward(&v, 80, 80, &hopper)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("multiples of 64") && err.contains("Dqk 80"),
-        "{err}"
-    );
-    let err = parallel_forward(&v, 128, 128, &ForwardConfig { warps: 4, ..hopper })
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("each warpgroup of 4 warps owns 64 rows"),
-        "{err}"
-    );
-    let err = parallel_forward(
-        &v,
+    let refused = |d: u32, cfg: ForwardConfig, reason: &str| {
+        let err = parallel_forward(&v, d, d, &cfg).unwrap_err().to_string();
+        assert!(err.contains(reason), "expected `{reason}` in: {err}");
+    };
+    refused(80, hopper, "multiples of 64");
+    refused(80, hopper, "Dqk 80");
+    refused(
         128,
+        ForwardConfig { warps: 4, ..hopper },
+        "each warpgroup of 4 warps owns 64 rows",
+    );
+    refused(
         128,
-        &ForwardConfig {
+        ForwardConfig {
             wgmma: false,
             ..hopper
         },
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("warp specialisation is implemented for the wgmma forward only"),
-        "{err}"
+        "warp specialisation is implemented for the wgmma forward only",
     );
-    let err = parallel_forward(
-        &v,
+    refused(
         128,
-        128,
-        &ForwardConfig {
+        ForwardConfig {
             stages: 5,
             ..hopper
         },
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("5 K/V stages"), "{err}");
+        "5 K/V stages",
+    );
     let err = parallel_backward(
         &v,
         192,
