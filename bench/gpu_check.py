@@ -498,20 +498,15 @@ def main():
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else None
     index = json.load(open(os.path.join(cases_dir, "index.json")))
     torch.zeros(1, device=dev)  # create PyTorch's context; our modules load into it
-    if "--fwd-sweep" in args:
-        workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
-        rows = run_fwd_sweep(cases_dir, index, workloads)
-        with open(os.path.join(OUT, "fwd_sweep.json"), "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                           torch=torch.__version__, rows=rows), fh, indent=1)
-        return
-    if "--bwd-sweep" in args:
-        workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
-        rows = run_bwd_sweep(cases_dir, index, workloads)
-        with open(os.path.join(OUT, "bwd_sweep.json"), "w") as fh:
-            json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                           torch=torch.__version__, rows=rows), fh, indent=1)
-        return
+    for flag, sweep, name in (("--fwd-sweep", run_fwd_sweep, "fwd_sweep.json"),
+                              ("--bwd-sweep", run_bwd_sweep, "bwd_sweep.json")):
+        if flag in args:
+            workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
+            rows = sweep(cases_dir, index, workloads)
+            with open(os.path.join(OUT, name), "w") as fh:
+                json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                               torch=torch.__version__, rows=rows), fh, indent=1)
+            return
     if "--bench-only" in args:
         keep = set(args[args.index("--bench-only") + 1].split(","))
         index["bench"] = [e for e in index["bench"] if e["workload"] in keep]

@@ -189,11 +189,7 @@ fn check_one(name: &str, v: &Variant, arch: &str) -> String {
         "{name} ({arch}): {} registers",
         entry.registers
     );
-    let smem_limit = if arch == "sm_80" {
-        163 * 1024
-    } else {
-        227 * 1024
-    };
+    let smem_limit = Isa::for_arch(arch).max_dynamic_smem();
     assert!(
         kernel.smem_bytes <= smem_limit,
         "{name} ({arch}): {} bytes of shared memory",
@@ -251,11 +247,7 @@ fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
         "{name} ({arch}): backward main kernel spills {} bytes (allowed {allowed}): {main:?}",
         main.spill_store_bytes
     );
-    let smem_limit = if arch == "sm_80" {
-        163 * 1024
-    } else {
-        227 * 1024
-    };
+    let smem_limit = Isa::for_arch(arch).max_dynamic_smem();
     assert!(
         b.main.smem_bytes <= smem_limit,
         "{name} ({arch}): backward needs {} bytes of shared memory",

@@ -19,7 +19,7 @@ use aec::frontend::reference::{self, Tensor};
 use aec::prelude::*;
 use aec::{Error, backward_source};
 use common::example;
-use common::gpu::{GpuCall, prepare, rel_err};
+use common::gpu::{GpuCall, download_f64, prepare, rel_err};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -144,14 +144,7 @@ fn check_backward(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_r
         data: do_host.iter().map(|x| x.to_f64()).collect(),
     };
     let reference = reference::backward(def, inputs, &d_o_ref).expect("reference backward");
-    let down = |b: &DeviceBuffer<bf16>| -> Vec<f64> {
-        stream
-            .download(b)
-            .unwrap()
-            .iter()
-            .map(|x| x.to_f64())
-            .collect()
-    };
+    let down = |b: &DeviceBuffer<bf16>| download_f64(stream, b);
     let mut results: Vec<(String, f64, bool)> = vec![
         ("dq".into(), &down(&grads.dq), &reference.dq.data),
         ("dk".into(), &down(&grads.dk), &reference.dk.data),
@@ -161,12 +154,10 @@ fn check_backward(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_r
     .map(|(n, got, want)| (n, rel_err(got, want), got.iter().any(|x| x.is_nan())))
     .collect();
     for (cname, want) in &reference.customs {
-        let got: Vec<f64> = stream
-            .download(grads.custom(cname).expect("gradient per custom input"))
-            .unwrap()
-            .iter()
-            .map(|&x| f64::from(x))
-            .collect();
+        let got = download_f64(
+            stream,
+            grads.custom(cname).expect("gradient per custom input"),
+        );
         let nan = got.iter().any(|x| x.is_nan());
         // Inputs no gradient reaches (a mask's) are zero on both sides.
         let norm: f64 = want.data.iter().map(|x| x * x).sum();

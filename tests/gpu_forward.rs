@@ -19,7 +19,7 @@ use aec::reference;
 use aec::runtime::RuntimeError;
 use aec::{Error, check_shapes, forward_source};
 use common::example;
-use common::gpu::{GpuCall, compiled, device, prepare_with, rel_err};
+use common::gpu::{GpuCall, compiled, device, download_f64, prepare_with, rel_err};
 
 // ---------------------------------------------------------------- helpers
 
@@ -400,12 +400,7 @@ fn check_example_with(
     let out = kernels
         .forward(stream, q, k, v, &customs, shape)
         .unwrap_or_else(|e| panic!("{test}: {e}"));
-    let o: Vec<f64> = stream
-        .download(&out.o)
-        .unwrap()
-        .iter()
-        .map(|x| x.to_f64())
-        .collect();
+    let o = download_f64(stream, &out.o);
 
     let fwd = reference::forward(def, inputs, Options::default()).expect("reference forward");
     assert_eq!(fwd.o.shape, [shape.b, shape.h, shape.sq, dims.dv as usize]);
@@ -572,12 +567,7 @@ fn gpu_f16_forward_and_backward() {
         .forward(&stream, &q, &k, &v, &[], shape)
         .unwrap_or_else(|e| panic!("{test}: {e}"));
     let fwd = reference::forward(&def, &call.inputs, reference::Options::default()).unwrap();
-    let o: Vec<f64> = stream
-        .download(&out.o)
-        .unwrap()
-        .iter()
-        .map(|x| x.to_f64())
-        .collect();
+    let o = download_f64(&stream, &out.o);
     let err_o = rel_err(&o, &fwd.o.data);
     let d_o_host: Vec<f16> = (0..o.len())
         .map(|i| f16::from_f32(((i * 7919 % 1000) as f32 / 500.0) - 1.0))
@@ -591,14 +581,7 @@ fn gpu_f16_forward_and_backward() {
         data: d_o_host.iter().map(|x| x.to_f64()).collect(),
     };
     let want = reference::backward(&def, &call.inputs, &d_o_ref).unwrap();
-    let down = |b: &DeviceBuffer<f16>| -> Vec<f64> {
-        stream
-            .download(b)
-            .unwrap()
-            .iter()
-            .map(|x| x.to_f64())
-            .collect()
-    };
+    let down = |b: &DeviceBuffer<f16>| download_f64(&stream, b);
     let errs = [
         err_o,
         rel_err(&down(&grads.dq), &want.dq.data),

@@ -52,6 +52,19 @@ pub fn compiled(test: &str, r: Result<ParallelKernels, Error>) -> Option<Paralle
     }
 }
 
+/// A device buffer's elements as f64, for comparison with the reference.
+pub fn download_f64<T: aec::runtime::Element + Into<f64>>(
+    stream: &Stream,
+    b: &DeviceBuffer<T>,
+) -> Vec<f64> {
+    stream
+        .download(b)
+        .expect("download")
+        .into_iter()
+        .map(Into::into)
+        .collect()
+}
+
 pub fn normal(rng: &mut StdRng) -> f64 {
     let u1: f64 = rng.random_range(1e-12..1.0);
     let u2: f64 = rng.random();

@@ -53,6 +53,15 @@ impl Isa {
             Isa::Sm80
         }
     }
+
+    /// Shared memory one thread block may use (static and dynamic): 163 KiB
+    /// on sm_80 (A100), 227 KiB on sm_90 (H100, H200).
+    pub fn max_dynamic_smem(self) -> u32 {
+        match self {
+            Isa::Sm80 => 163 * 1024,
+            Isa::Sm90a => 227 * 1024,
+        }
+    }
 }
 
 /// Lanes per warp on NVIDIA GPUs. Kept here, never written as a literal in

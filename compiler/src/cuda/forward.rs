@@ -37,7 +37,7 @@ pub struct ForwardConfig {
     /// Dv to be multiples of 64 and Dv ≤ 256.
     pub wgmma: bool,
     /// With `wgmma`: one more warpgroup only copies (Q once, K/V blocks into
-    /// a two-stage ring signalled through mbarriers) and gives its registers
+    /// a ring of `stages` buffers signalled through mbarriers) and gives its registers
     /// to the computing warpgroups (`setmaxnreg`), which then run unsynchronised
     /// so one's softmax overlaps the other's GEMMs. Not with `modify_k` or
     /// `modify_v` (they rewrite the shared K/V tiles).
@@ -111,11 +111,12 @@ impl ForwardConfig {
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
             // loop keeps two stages busy, the rest hide load latency.
-            let q = cfg.block_m * dqk * 2;
-            let stage = cfg.block_n * (dqk + dv) * 2;
             cfg.stages = (2..=4)
                 .rev()
-                .find(|s| q + s * stage + 1024 <= HOPPER_SMEM_BYTES)
+                .find(|&stages| {
+                    smem_bytes(&ForwardConfig { stages, ..cfg }, dqk, dv)
+                        <= isa.max_dynamic_smem() - WS_STATIC_SMEM
+                })
                 .unwrap_or(2);
         }
         cfg
@@ -172,9 +173,18 @@ pub struct KernelSource {
     pub dv: u32,
 }
 
-/// Dynamic shared memory one block may use on sm_90 (227 KiB), less what
-/// the warp-specialised kernel declares statically (its mbarriers).
-const HOPPER_SMEM_BYTES: u32 = 227 * 1024 - 128;
+/// Static shared memory of the warp-specialised kernel (its mbarriers),
+/// rounded up: it shares the per-block limit with the dynamic allocation.
+const WS_STATIC_SMEM: u32 = 128;
+
+/// Dynamic shared memory of the forward kernel: Q, and `stages` K and V
+/// tiles (rows padded by 8 elements for `ldmatrix` on sm_80; swizzled tiles
+/// unpadded plus 1 KiB to align them to 1024 bytes).
+fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
+    let (pad, align_slack) = if cfg.wgmma { (0, 1024) } else { (8, 0) };
+    let elems = cfg.block_m * (dqk + pad) + cfg.stages * cfg.block_n * (dqk + dv + 2 * pad);
+    elems * 2 + align_slack
+}
 
 /// Whether the `wgmma` forward takes these head dims.
 pub fn wgmma_dims_ok(dqk: u32, dv: u32) -> bool {
@@ -417,8 +427,12 @@ pub fn parallel_forward(
             wgmma_fns(
                 cfg.elem,
                 &[
-                    (cfg.block_n, Form::Ss),
-                    (cfg.block_n, Form::RsKMajor),
+                    // S = Q·Kᵀ with Q from shared memory or from registers.
+                    if cfg.q_in_registers {
+                        (cfg.block_n, Form::RsKMajor)
+                    } else {
+                        (cfg.block_n, Form::Ss)
+                    },
                     (dv, Form::RsNMajor),
                 ],
             )
@@ -444,16 +458,12 @@ pub fn parallel_forward(
     );
     args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
     let row_outputs = row_output_names(online);
-    let pad = if cfg.wgmma { 0 } else { 8 };
-    let elems = cfg.block_m * (dqk + pad) + cfg.stages * cfg.block_n * (dqk + dv + 2 * pad);
-    // Swizzled tiles are aligned to 1024 bytes inside the dynamic allocation.
-    let align_slack = if cfg.wgmma { 1024 } else { 0 };
     Ok(KernelSource {
         name: kernel_name,
         source,
         threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,
         block_m: cfg.block_m,
-        smem_bytes: elems * 2 + align_slack,
+        smem_bytes: smem_bytes(cfg, dqk, dv),
         args,
         row_outputs,
         packed_gqa: cfg.pack_gqa,
