@@ -10,7 +10,7 @@ on the same tensors and with the same timing method (triton's do_bench,
 median) as the anchors. Results go to $OUT/results.json in the format of
 shared/design.md §11.
 """
-import ctypes, datetime, json, math, os, sys
+import ctypes, datetime, json, math, os, re, sys
 import torch
 import torch.nn.functional as F
 
@@ -29,13 +29,17 @@ CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 def template_of(*metas):
     """Which template our kernels came from (their entry names say it):
     `sm80` (mma.sync) or `sm90a-wgmma` (plus `-ws` for the warp-specialised
-    forward); forward and backward joined with `+` where they differ."""
+    forward, `-dv/N` where Dv is split between N blocks); forward and
+    backward joined with `+` where they differ."""
     names = []
     for m in metas:
         if not isinstance(m, dict):
             continue
         n = m.get("name") or next((l["name"] for l in m.get("launches", []) if l["name"].endswith("_main")), "")
         t = "sm90a-wgmma-ws" if "_wgmma_ws" in n else "sm90a-wgmma" if "_wgmma" in n else "sm80"
+        split = re.search(r"_v(\d+)$", n)
+        if split:
+            t += f"-dv/{split.group(1)}"  # Dv split between blocks
         if t not in names:
             names.append(t)
     return "+".join(names) or "sm80"
@@ -94,11 +98,12 @@ class Kernel:
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
         bm = self.meta["block_m"]
         stream = torch.cuda.current_stream().cuda_stream
+        split = self.meta.get("dv_split", 1)  # blocks per row block, one Dv slice each
         if self.meta.get("packed_gqa"):
             hkv = sizes["Hkv"]
-            grid = ((h // hkv * sq + bm - 1) // bm, hkv, b)
+            grid = ((h // hkv * sq + bm - 1) // bm * split, hkv, b)
         else:
-            grid = ((sq + bm - 1) // bm, h, b)
+            grid = ((sq + bm - 1) // bm * split, h, b)
         check(libcuda.cuLaunchKernel(self.fn, *grid, self.meta["threads"], 1, 1,
                                      self.meta["smem_bytes"], ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
         return o, rowout
@@ -303,6 +308,11 @@ def run_bench(cases_dir, index, workloads):
         scale = 1 / math.sqrt(dqk)
         causal = w["causal"]
         anchors = {}
+        customs = {}
+        if w["variant"] == "retnet_parallel":
+            # RetNet's per-head decays 1 - 2^(-5 - h·4/H) (its multi-scale
+            # retention), the example's one custom input.
+            customs["gamma"] = 1 - 2.0 ** (-5 - torch.arange(h, device=dev, dtype=torch.float32) * 4 / h)
         if w.get("window"):
             anchors["flex"] = flex_anchor(q, k, v, causal, scale, hkv != h, window=w["window"])
         elif w["variant"] == "softmax":
@@ -314,6 +324,21 @@ def run_bench(cases_dir, index, workloads):
                 anchors[nm] = f
             if "flex" in w.get("anchors", []):
                 anchors["flex"] = flex_anchor(q, k, v, causal, scale, hkv != h)
+        elif w["variant"] == "retnet_parallel":
+            log_gamma = customs["gamma"].log()
+
+            def eager(qq=q, kk=k, vv=v):
+                # examples/retnet_parallel.rs: (Q Kᵀ ⊙ D) V over max(Σ_j |Q Kᵀ ⊙ D|, 1),
+                # D_ij = γ^(i-j) for i >= j, the decay computed from the positions
+                # (torch.compile fuses it into the score pass).
+                pos = torch.arange(sq, device=dev)
+                diff = (pos[:, None] - pos[None, :]).float()
+                decay = torch.where(diff >= 0, torch.exp(diff * log_gamma[:, None, None]), 0.0)
+                sc = (qq @ kk.transpose(-1, -2)) * decay.to(qq.dtype)
+                a = sc.float().abs().sum(-1, keepdim=True).clamp(min=1.0)
+                return ((sc @ vv).float() / a).to(qq.dtype)
+            anchors["eager"] = eager
+            anchors["torch.compile"] = torch.compile(eager)
         else:
             kind = w["variant"]
 
@@ -338,21 +363,21 @@ def run_bench(cases_dir, index, workloads):
         try:
             kern = Kernel(cases_dir, entry["kernel"])
             sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
-            o, _ = kern(q, k, v, {}, sizes)
+            o, _ = kern(q, k, v, customs, sizes)
             torch.cuda.synchronize()
             err = rel_err(o.float(), ref) if ref is not None else None
-            record(work, "aec", bench(lambda: kern(q, k, v, {}, sizes)), fl, err=err,
+            record(work, "aec", bench(lambda: kern(q, k, v, customs, sizes)), fl, err=err,
                    template=template_of(entry["kernel"]))
         except Exception as e:
             record(work, "aec", None, fl, template=template_of(entry["kernel"]), error=f"{type(e).__name__}: {e}")
         if "fwd+bwd" in w.get("passes", []):
-            bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl * 3.5)
+            bench_backward(work, w, entry, cases_dir, q, k, v, customs, anchors, record, fl * 3.5)
         del q, k, v
         torch.cuda.empty_cache()
     return rows
 
 
-def bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl):
+def bench_backward(work, w, entry, cases_dir, q, k, v, customs, anchors, record, fl):
     """fwd+bwd rows: the anchors through autograd, ours as forward + the three
     backward kernels; our gradients are compared with the first anchor's."""
     b, h, hkv, sq, skv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"]
@@ -389,8 +414,8 @@ def bench_backward(work, w, entry, cases_dir, q, k, v, anchors, record, fl):
         sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
 
         def ours():
-            o, rowout = fk(q, k, v, {}, sizes)
-            return bk(q, k, v, o, do, rowout, {}, sizes)
+            o, rowout = fk(q, k, v, customs, sizes)
+            return bk(q, k, v, o, do, rowout, customs, sizes)
         dq, dk, dv, _ = ours()
         torch.cuda.synchronize()
         err = None

@@ -270,8 +270,8 @@ fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
     )
 }
 
-/// Every head dim the issue names (64, 80, 96, 128, 192, 256; Dqk ≠ Dv both
-/// ways) generates, compiles for sm_90a and uses tensor cores, forward and
+/// Every head dim the issue names (64, 80, 96, 128, 192, 256, Dv up to 512;
+/// Dqk ≠ Dv both ways) generates, compiles for sm_90a and uses tensor cores, forward and
 /// backward, with at most 128 bytes of spills; f16 operands too (d128, sm_80).
 #[test]
 fn every_head_dim_compiles_forward_and_backward() {
@@ -293,6 +293,10 @@ fn every_head_dim_compiles_forward_and_backward() {
         (256, 256, Elem::Bf16, "sm_90a"),
         (64, 128, Elem::Bf16, "sm_90a"),
         (128, 256, Elem::Bf16, "sm_90a"),
+        // Dv above 256: the forward splits it between blocks, the backward
+        // between the warps that share keys.
+        (256, 512, Elem::Bf16, "sm_90a"),
+        (128, 384, Elem::Bf16, "sm_80"),
         (128, 128, Elem::F16, "sm_80"),
     ];
     let next = std::sync::atomic::AtomicUsize::new(0);

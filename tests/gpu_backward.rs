@@ -109,6 +109,20 @@ fn cpu_a_normalisation_without_kernel_form_is_refused_with_the_reduction() {
 /// Forward then backward of `examples/<name>.rs` on the GPU, against the
 /// reference interpreter's gradients on the same inputs.
 fn check_backward(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
+    check_backward_with(test, name, shape, dims, custom_range, 2e-2);
+}
+
+/// [`check_backward`] with `custom_tol` the relative error allowed for the
+/// custom-input gradients (each a sum over every score, so rounding in the
+/// terms it cancels shows more there than in dq, dk, dv).
+fn check_backward_with(
+    test: &str,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+    custom_tol: f64,
+) {
     let Some(gpu) = prepare(test, name, shape, dims, custom_range) else {
         return;
     };
@@ -168,7 +182,10 @@ fn check_backward(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_r
         };
         results.push((format!("d{cname}"), err, nan));
     }
-    let pass = results.iter().all(|(_, e, nan)| *e < 2e-2 && !nan);
+    let pass = results.iter().enumerate().all(|(k, (_, e, nan))| {
+        let tol = if k < 3 { 2e-2 } else { custom_tol };
+        *e < tol && !nan
+    });
     let report: Vec<String> = results
         .iter()
         .map(|(n, e, nan)| format!("{n}={e:.2e}{}", if *nan { " NaN" } else { "" }))
@@ -294,6 +311,24 @@ fn gpu_backward_retnet_parallel() {
         Shape::mha(1, 2, 120, 120),
         HeadDims::square(64),
         (0.8, 0.99),
+    );
+}
+
+/// Dv = 512 (RetNet's workload dims): the forward splits Dv between two
+/// blocks, the backward between four warps that share keys. dγ's error grows
+/// with the head dims while dq, dk, dv stay at 2.5e-3 (H100: 1.1e-3 at
+/// 64×64, 4e-3 at 256×128, 1.7e-2 at 256×256 with two warps per key tile,
+/// 9.6e-3 at 64×512 and 3.0e-2 at 256×512 with four): rounding in a sum
+/// whose terms cancel, not a slice that is lost (that would be ≥ 25%).
+#[test]
+fn gpu_backward_retnet_parallel_dv512() {
+    check_backward_with(
+        "gpu_backward_retnet_parallel_dv512",
+        "retnet_parallel",
+        Shape::mha(1, 2, 120, 120),
+        HeadDims { dqk: 256, dv: 512 },
+        (0.8, 0.99),
+        6e-2,
     );
 }
 

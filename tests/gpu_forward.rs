@@ -310,7 +310,7 @@ fn cpu_forward_source_generates_without_a_gpu() {
         Err(e @ Error::Compile { .. }) => assert_eq!(
             e.to_string(),
             "cannot generate the forward kernel of `Alibi`: head dimension Dqk = 100 is not \
-             supported by the sm_80 forward template: it needs a multiple of 16 up to 256"
+             supported by the CUDA forward templates: it needs a multiple of 16 up to 256"
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }
@@ -499,6 +499,26 @@ fn gpu_forward_decode() {
         Shape::new(3, 4, 2, 1, 301),
         HeadDims::square(128),
         (0.0, 1.0),
+    );
+}
+
+/// Dv = 384 on the sm_80 template (on any GPU): two blocks per row block,
+/// each computing 192 columns of O from its own copy of the scores.
+#[test]
+fn gpu_forward_dv_split_between_blocks() {
+    let v = example("softmax_causal");
+    let cfg = ForwardConfig::default_for(&v, 128, 384, Elem::Bf16, Isa::Sm80);
+    assert_eq!(cfg.dv_split, 2);
+    check_example_with(
+        "gpu_forward_dv_split_between_blocks",
+        "softmax_causal",
+        Shape::mha(2, 2, 97, 97),
+        HeadDims { dqk: 128, dv: 384 },
+        (0.0, 1.0),
+        &KernelOptions {
+            config: Some(cfg),
+            ..KernelOptions::default()
+        },
     );
 }
 

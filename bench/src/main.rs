@@ -93,6 +93,12 @@ const CASES: &[Case] = &[
         custom_range: (0.8, 0.99),
     },
     Case {
+        id: "retnet_parallel_v512",
+        example: "retnet_parallel",
+        sizes: [1, 2, 2, 150, 150, 256, 512],
+        custom_range: (0.8, 0.99),
+    },
+    Case {
         id: "sliding_window",
         example: "sliding_window",
         sizes: [1, 2, 2, 300, 300, 64, 64],
@@ -168,6 +174,12 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
         128,
     ),
     ("relu-b64-h6-s1024-d64", "relu", 64, 64),
+    (
+        "retnet-parallel-b2-h32-s2048-d256-v512",
+        "retnet_parallel",
+        256,
+        512,
+    ),
 ];
 
 fn main() {
@@ -303,6 +315,7 @@ fn main() {
                     warp_specialized: ws,
                     stages,
                     q_in_registers: q_regs,
+                    dv_split: 1,
                 };
                 let tag = format!(
                     "m{bm}n{bn}w{warps}{}{}{}{}",
@@ -507,6 +520,7 @@ fn kernel_meta(
         "args": args,
         "row_outputs": k.row_outputs,
         "packed_gqa": k.packed_gqa,
+        "dv_split": k.dv_split,
         "ptxas": ptxas,
     })
 }

@@ -65,6 +65,7 @@ const CFG: ForwardConfig = ForwardConfig {
     warp_specialized: false,
     stages: 2,
     q_in_registers: false,
+    dv_split: 1,
 };
 
 #[test]
@@ -309,6 +310,56 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     )
     .expect("wgmma backward");
     assert!(b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_main"));
+}
+
+/// Dv above 256: the forward splits it between blocks (the grid's x grows
+/// by the split, each block loads and writes its slice of v and o with the
+/// whole Dv as row stride, only the first slice writes the row outputs);
+/// the backward between four warps per key tile. Splits that do not cut Dv
+/// into slices of at most 256 columns are refused.
+#[test]
+fn dv_above_256_is_split_into_slices() {
+    let v = example("retnet_parallel");
+    for (isa, wgmma) in [(Isa::Sm90a, true), (Isa::Sm80, false)] {
+        let cfg = ForwardConfig::default_for(&v, 256, 512, Elem::Bf16, isa);
+        assert_eq!((cfg.dv_split, cfg.wgmma), (2, wgmma), "{isa:?}");
+        let k = parallel_forward(&v, 256, 512, &cfg).expect("split forward");
+        assert_eq!((k.dv, k.dv_split), (512, 2));
+        assert!(
+            k.name.contains("d256x512") && k.name.ends_with("_v2"),
+            "{}",
+            k.name
+        );
+        assert!(k.source.contains("#define DV 256") && k.source.contains("#define DVG 512"));
+        assert_eq!(
+            k.grid_for([2, 3, 3, 1000]),
+            Some((2 * 1000usize.div_ceil(cfg.block_m as usize) as u32, 3, 2))
+        );
+    }
+    assert_eq!(
+        ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a).dv_split,
+        1
+    );
+    let cfg = ForwardConfig::default_for(&v, 128, 384, Elem::Bf16, Isa::Sm80);
+    let k = parallel_forward(&v, 128, 384, &ForwardConfig { dv_split: 3, ..cfg }).unwrap_err();
+    assert!(
+        k.to_string().contains("dv_split 3 does not fit Dv = 384")
+            && k.to_string().contains("(dv_split 2 does)"),
+        "{k}"
+    );
+    let k = parallel_forward(&v, 128, 512, &ForwardConfig { dv_split: 1, ..cfg }).unwrap_err();
+    assert!(k.to_string().contains("at most 256 columns"), "{k}");
+    let err = parallel_forward(&v, 128, 528, &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Dv = 528") && err.contains("up to 512"),
+        "{err}"
+    );
+    let b = BackwardConfig::default_for(256, 512, Elem::Bf16, Isa::Sm90a);
+    assert_eq!((b.split_d, b.wgmma), (4, false));
+    let src = parallel_backward(&v, 256, 512, &b).expect("split backward");
+    assert!(src.source.contains("#define KSPLIT 4"));
 }
 
 #[test]

@@ -7,8 +7,8 @@
 
 use super::EXIT_INPUT;
 use aec::compiler::{
-    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, Launch, parallel_backward,
-    parallel_forward,
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, KernelSource, Launch,
+    parallel_backward, parallel_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -173,7 +173,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 "source": format!("kernels/{}.cu", k.name),
                 "builds": builds,
                 "head_dims": { "Dqk": vq, "Dv": vv },
-                "launch": { "grid": if k.packed_gqa { json!(["ceil(H / Hkv * Sq / block_m)", "Hkv", "B"]) } else { json!(["ceil(Sq / block_m)", "H", "B"]) }, "block_m": k.block_m, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
+                "launch": { "grid": forward_grid(&k), "block_m": k.block_m, "dv_split": k.dv_split, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
                 "args": args_json(&k.args),
                 "row_outputs": k.row_outputs,
             }));
@@ -302,4 +302,19 @@ fn args_json(args: &[ArgKind]) -> Vec<Value> {
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The forward's grid, as expressions of the sizes for the manifest.
+fn forward_grid(k: &KernelSource) -> Value {
+    let (rows, y) = if k.packed_gqa {
+        ("ceil(H / Hkv * Sq / block_m)", "Hkv")
+    } else {
+        ("ceil(Sq / block_m)", "H")
+    };
+    let x = if k.dv_split > 1 {
+        format!("{rows} * dv_split")
+    } else {
+        rows.to_string()
+    };
+    json!([x, y, "B"])
 }

@@ -164,7 +164,8 @@ impl From<RuntimeError> for Error {
 }
 
 /// The head dimensions a kernel is generated for: `Dqk` (q and k) and `Dv`
-/// (v and the output). The sm_80 template takes multiples of 16 up to 256.
+/// (v and the output). The CUDA templates take multiples of 16, Dqk up to
+/// 256 and Dv up to 512.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HeadDims {
     pub dqk: u32,
@@ -470,18 +471,13 @@ impl ParallelKernels {
         &self.source.row_outputs
     }
 
-    /// The launch grid for `shape`: `(ceil(Sq / block_m), H, B)`, or with
-    /// the query heads of a group packed into the rows (decoding kernels)
-    /// `(ceil(H/Hkv · Sq / block_m), Hkv, B)`.
-    pub fn grid(&self, shape: Shape) -> (u32, u32, u32) {
-        let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        let bm = self.source.block_m as usize;
-        if self.source.packed_gqa {
-            let rows = shape.h / shape.hkv.max(1) * shape.sq;
-            (u(rows.div_ceil(bm)), u(shape.hkv), u(shape.b))
-        } else {
-            (u(shape.sq.div_ceil(bm)), u(shape.h), u(shape.b))
-        }
+    /// The launch grid for `shape`: `(ceil(Sq / block_m) · dv_split, H, B)`,
+    /// or with the query heads of a group packed into the rows (decoding
+    /// kernels) `(ceil(H/Hkv · Sq / block_m) · dv_split, Hkv, B)`; `None`
+    /// when it exceeds what CUDA launches.
+    pub fn grid(&self, shape: Shape) -> Option<(u32, u32, u32)> {
+        self.source
+            .grid_for([shape.b, shape.h, shape.hkv, shape.sq])
     }
 
     /// Checks, without touching the GPU, that tensors with the given element
@@ -578,6 +574,12 @@ impl ParallelKernels {
             .collect();
         self.check(shape, &lens)?;
 
+        let grid = self.grid(shape).ok_or_else(|| {
+            Error::Shape(format!(
+                "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",
+                self.source.name
+            ))
+        })?;
         let launching = || format!("launching `{}`", self.source.name);
         let runtime = |e| Error::Runtime {
             during: launching(),
@@ -635,7 +637,7 @@ impl ParallelKernels {
             self.forward
                 .launch(
                     stream,
-                    self.grid(shape),
+                    grid,
                     (self.source.threads, 1, 1),
                     self.source.smem_bytes,
                     &mut args,

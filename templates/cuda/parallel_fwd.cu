@@ -113,7 +113,9 @@
 {% else %}#define NT (NWARPS * WARP)
 {% endif %}
 #define DQK {{ dqk }}
-#define DV {{ dv }}
+#define DV {{ dv }}  // O columns of this block
+#define DVG {{ dv_total }}  // row stride of v and o: all of Dv
+#define DV_SPLIT {{ dv_split }}  // blocks per row block, one Dv slice each
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
 #define SQS (DQK + PAD)
 #define SVS (DV + PAD)
@@ -183,15 +185,15 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
     // (head, position) pairs of the G query heads that share KV head hk,
     // head-major — row r is position r % Sq of head h + r / Sq. They are
     // contiguous in q and o, and every K/V tile feeds all of them.
-    const int b = blockIdx.z, hk = blockIdx.y, m0 = blockIdx.x * BM;
+    const int b = blockIdx.z, hk = blockIdx.y, m0 = (blockIdx.x / DV_SPLIT) * BM;
     const int h = hk * (H / Hkv);  // the first head of the group
     const int n_rows = (H / Hkv) * Sq;
 #define ROW_HEAD(r) (h + (r) / Sq)
 #define ROW_POS(r) ((r) % Sq)
 {% else %}{% if causal %}    // Causal: the longest row blocks (last rows) start first, so the short
     // ones fill the tail of the launch.
-    const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * BM;
-{% else %}    const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
+    const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x / DV_SPLIT - 1 - blockIdx.x / DV_SPLIT) * BM;
+{% else %}    const int b = blockIdx.z, h = blockIdx.y, m0 = (blockIdx.x / DV_SPLIT) * BM;
 {% endif %}
     const int hk = h / (H / Hkv);
     const int n_rows = Sq;
@@ -199,7 +201,10 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 #define ROW_POS(r) (r)
 {% endif %}    const elem_t* qg = q + (long long)(b * H + h) * Sq * DQK;
     const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
-    const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DV;
+    // This block's slice of the V and O columns (the blocks of one row block
+    // are adjacent in the launch, so their K tiles are shared through L2).
+    const int dv0 = (blockIdx.x % DV_SPLIT) * DV;
+    const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DVG + dv0;
     int row_i[NR];
 #pragma unroll
     for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
@@ -260,7 +265,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
             if (it >= STAGES) mbar_wait(&bar_empty[st], (it / STAGES - 1) & 1);
             const int n0 = (n_begin + it) * BN;
             load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid);
-            load_tile_sw128<BN, DV, NPWARPS * WARP>(sV + st * BN * SVS, vg, n0, Skv, ptid);
+            load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid);
             mbar_arrive_cp_async(&bar_full[st]);
         }
         cp_async_wait_all();
@@ -293,7 +298,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 {% endif %}{% else %}    LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
     if (n_begin < n_end) {
         LOAD_TILE<BN, DQK>(sK, kg, n_begin * BN, Skv, tid);
-        LOAD_TILE<BN, DV>(sV, vg, n_begin * BN, Skv, tid);
+        LOAD_TILE<BN, DV, NT, DVG>(sV, vg, n_begin * BN, Skv, tid);
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -352,7 +357,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 {% else %}        const int cls = 2;
 {% endif %}        if (nb + 1 < n_end) {
             LOAD_TILE<BN, DQK>(sK + (cur ^ 1) * BN * SQS, kg, n0 + BN, Skv, tid);
-            LOAD_TILE<BN, DV>(sV + (cur ^ 1) * BN * SVS, vg, n0 + BN, Skv, tid);
+            LOAD_TILE<BN, DV, NT, DVG>(sV + (cur ^ 1) * BN * SVS, vg, n0 + BN, Skv, tid);
         }
         cp_async_commit();
 {% if modify_k %}
@@ -369,7 +374,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
             const int r = x / DV, dd = x % DV;
             if (n0 + r < Skv) {
                 elem_t* p = TILE_AT(sVc, BN, DV, r, dd);
-                const Pt pt = {b, h, hk, 0, n0 + r, dd};
+                const Pt pt = {b, h, hk, 0, n0 + r, dv0 + dd};
                 *p = from_f32(modify_v(to_f32(*p), pt, P));
             }
         }
@@ -487,7 +492,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         const int mt = r / 2, half = r % 2;
         if (i >= n_rows) continue;
         const long long row = (long long)(b * H + h) * Sq + i;  // packed rows are contiguous
-        elem_t* orow = o + row * DV;
+        elem_t* orow = o + row * DVG + dv0;
 #pragma unroll
         for (int dt = 0; dt < DV / 8; ++dt) {
             const int col = dt * 8 + 2 * t4;
@@ -495,7 +500,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
             const float o1 = seen[r] ? epilogue_o(acc[mt][dt][2 * half + 1], st[r], P) : 0.0f;
             *reinterpret_cast<unsigned*>(orow + col) = pack2(o0, o1);
         }
-        if (t4 == 0) {
+        if (t4 == 0 && dv0 == 0) {  // every slice has the same row state
             float sc[NSCALES_ARR];
             epilogue_scales(st[r], sc, P);
 #pragma unroll

@@ -68,17 +68,18 @@ __device__ __forceinline__ bool quad_any(bool x) {
     return v != 0;
 }
 
-// Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix into shared memory
-// (row stride COLS + PAD); rows past `limit` are zero-filled.
-template <int ROWS, int COLS>
+// Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
+// apart in global memory) into shared memory (row stride COLS + PAD) with NTH
+// threads; rows past `limit` are zero-filled.
+template <int ROWS, int COLS, int NTH = NT, int GS = COLS>
 __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, int limit, int tid) {
     constexpr int CH = COLS / 8;
 #pragma unroll
-    for (int c = tid; c < ROWS * CH; c += NT) {
+    for (int c = tid; c < ROWS * CH; c += NTH) {
         const int r = c / CH, cc = c % CH;
         const int gr = row0 + r;
         const bool ok = gr < limit;
-        const elem_t* src = g + (long long)(ok ? gr : 0) * COLS + cc * 8;
+        const elem_t* src = g + (long long)(ok ? gr : 0) * GS + cc * 8;
         cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);
     }
 }

@@ -28,9 +28,9 @@ pub struct BackwardConfig {
     /// Warps per block; each owns 16 keys and a `1 / split_d` slice of the
     /// dK and dV columns, so a block holds `16 · warps / split_d` keys.
     pub warps: u32,
-    /// Warps that share 16 keys (1 or 2): each recomputes their scores and
-    /// accumulates a slice of dK and dV — what keeps head dims above 128 in
-    /// registers.
+    /// Warps that share 16 keys (1, 2 or 4): each recomputes their scores and
+    /// accumulates a slice of dK and dV — what keeps head dims above 128 (2)
+    /// and Dv above 256 (4) in registers.
     pub split_d: u32,
     pub elem: Elem,
     /// All five GEMMs on Hopper's `wgmma` (sm_90a only): one warpgroup per 64
@@ -45,8 +45,10 @@ impl BackwardConfig {
     /// atomics of 64 keys; 64 rows was 2% faster but spills under NVRTC);
     /// four warps with 64 rows where both dims are ≤ 64; 32 rows on four
     /// warps above 128, where a warp's dK and dV accumulators fill the
-    /// registers. Where Dqk does not split evenly between the warps that
-    /// share a dQ row tile (Dqk = 80, 96, …), the next candidate that fits.
+    /// registers; for Dv above 256, four warps share 16 keys (each a quarter
+    /// of the dK and dV columns). Where Dqk does not split evenly between the
+    /// warps that share a dQ row tile (Dqk = 80, 96, …), the next candidate
+    /// that fits.
     ///
     /// On sm_90a, head dims of 64 or 128 use `wgmma` (64 queries per step,
     /// 128 keys per block on two warpgroups).
@@ -64,6 +66,9 @@ impl BackwardConfig {
             &[(64, 4, 1)]
         } else if dqk <= 128 && dv <= 128 {
             &[(32, 8, 1), (64, 8, 1), (64, 4, 1)]
+        } else if dv > 256 {
+            // A quarter of Dv (≤ 128 columns) per warp; 32 keys per block.
+            &[(32, 8, 4)]
         } else {
             &[(32, 8, 2), (64, 8, 2), (32, 4, 1), (64, 4, 1)]
         };
@@ -223,7 +228,7 @@ pub fn parallel_backward(
     }
     if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
         return Err(CompileError(format!(
-            "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1 or 2) must divide the warps, Dqk/16 and Dv/16",
+            "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1, 2 or 4) must divide the warps, Dqk/16 and Dv/16",
             cfg.block_m, cfg.warps, cfg.split_d
         )));
     }
@@ -568,7 +573,7 @@ fn tile_fits(dqk: u32, dv: u32, block_m: u32, warps: u32, split_d: u32) -> bool 
     let rt = block_m / 16;
     matches!(block_m, 32 | 64 | 128)
         && matches!(warps, 2 | 4 | 8)
-        && matches!(split_d, 1 | 2)
+        && matches!(split_d, 1 | 2 | 4)
         && warps.is_multiple_of(split_d)
         && rt <= warps
         && warps.is_multiple_of(rt)

@@ -197,7 +197,7 @@ pub fn scores_read_customs_by_position(variant: &Variant) -> bool {
 
 /// What every parallel template requires of a variant and its head dims:
 /// the parallel pattern, head dims matching the variant's fixed sizes and a
-/// multiple of 16 up to 256, and no custom input read by index. `kernel`
+/// multiple of 16 up to 256 (Dv up to 512), and no custom input read by index. `kernel`
 /// names the template in messages (`forward`, `backward`).
 pub fn parallel_inputs<'v>(
     variant: &'v Variant,
@@ -220,9 +220,12 @@ pub fn parallel_inputs<'v>(
                 variant.name
             )));
         }
-        if d == 0 || d % 16 != 0 || d > 256 {
+        // Dv above 256 is split into column slices (forward: between blocks;
+        // backward: between the warps that share keys).
+        let max = if axis == Axis::Dv { 512 } else { 256 };
+        if d == 0 || d % 16 != 0 || d > max {
             return Err(CompileError(format!(
-                "head dimension {axis} = {d} is not supported by the sm_80 {kernel} template: it needs a multiple of 16 up to 256"
+                "head dimension {axis} = {d} is not supported by the CUDA {kernel} templates: it needs a multiple of 16 up to {max}"
             )));
         }
     }

@@ -50,6 +50,11 @@ pub struct ForwardConfig {
     /// as wgmma A fragments, so the S GEMM reads only K from shared memory
     /// (halves its shared-memory traffic; costs Dqk / 4 registers).
     pub q_in_registers: bool,
+    /// Blocks that share a row block, each computing `Dv / dv_split` columns
+    /// of O (and recomputing the scores): 1, or 2 or 4 where a warp cannot
+    /// hold a row tile's accumulators for all of Dv (Dv above 256). The
+    /// tile configuration applies to one slice.
+    pub dv_split: u32,
 }
 
 impl ForwardConfig {
@@ -82,6 +87,9 @@ impl ForwardConfig {
             .fixed_sizes
             .iter()
             .any(|&(a, n)| a == Axis::Sq && n <= 16);
+        // Dv above what one block's accumulators hold is split between blocks.
+        let dv_split = default_dv_split(dv);
+        let dv = dv / dv_split;
         let hopper = isa == Isa::Sm90a && wgmma_dims_ok(dqk, dv);
         let modifies_kv = variant
             .parallel()
@@ -107,6 +115,7 @@ impl ForwardConfig {
             warp_specialized: hopper && !decode && !modifies_kv,
             stages: 2,
             q_in_registers: false,
+            dv_split,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -124,6 +133,11 @@ impl ForwardConfig {
 
     pub fn warps(&self) -> u32 {
         self.warps
+    }
+
+    /// Dv columns of one block.
+    pub fn dv_slice(&self, dv: u32) -> u32 {
+        dv / self.dv_split.max(1)
     }
 
     /// 16-row MMA tiles per warp.
@@ -167,10 +181,48 @@ pub struct KernelSource {
     /// Rows pack the query heads of a group: the grid is
     /// `(ceil(H/Hkv · Sq / block_m), Hkv, B)` instead of `(ceil(Sq / block_m), H, B)`.
     pub packed_gqa: bool,
+    /// Blocks per row block, each writing `dv / dv_split` columns of O: the
+    /// grid's `x` is multiplied by it (see [`KernelSource::grid_for`]).
+    pub dv_split: u32,
     /// The element type of q, k, v and o.
     pub elem: Elem,
     pub dqk: u32,
+    /// The whole Dv of v and o (a block computes `dv / dv_split` columns).
     pub dv: u32,
+}
+
+impl KernelSource {
+    /// The launch grid for sizes `B, H, Hkv, Sq`: `(ceil(Sq / block_m) ·
+    /// dv_split, H, B)`, or with packed heads `(ceil(H/Hkv · Sq / block_m) ·
+    /// dv_split, Hkv, B)`; `None` when a dimension exceeds what CUDA launches.
+    pub fn grid_for(&self, [b, h, hkv, sq]: [usize; 4]) -> Option<(u32, u32, u32)> {
+        let bm = self.block_m as usize;
+        let (rows, y) = if self.packed_gqa {
+            ((h / hkv.max(1)) * sq, hkv)
+        } else {
+            (sq, h)
+        };
+        let x = rows.div_ceil(bm) * self.dv_split.max(1) as usize;
+        let fits = x < (1 << 31) && y < 65536 && b < 65536;
+        fits.then_some((x as u32, y as u32, b as u32))
+    }
+}
+
+/// The largest Dv one block computes: a warp's 16-row accumulator tile of
+/// 256 columns takes 128 registers per thread.
+pub const MAX_DV_SLICE: u32 = 256;
+
+/// The largest Dv any forward takes (split into slices of at most
+/// [`MAX_DV_SLICE`]).
+pub const MAX_DV: u32 = 512;
+
+/// The fewest slices (1, 2 or 4) of at most [`MAX_DV_SLICE`] columns, each a
+/// multiple of 16, that `dv` splits into evenly; 1 if none.
+pub fn default_dv_split(dv: u32) -> u32 {
+    [1, 2, 4]
+        .into_iter()
+        .find(|&n| dv.is_multiple_of(n) && dv / n <= MAX_DV_SLICE && (dv / n).is_multiple_of(16))
+        .unwrap_or(1)
 }
 
 /// Static shared memory of the warp-specialised kernel (its mbarriers),
@@ -205,6 +257,8 @@ struct ForwardTemplate<'a> {
     warp_size: u32,
     dqk: u32,
     dv: u32,
+    dv_total: u32,
+    dv_split: u32,
     nstate: usize,
     nstate_arr: usize,
     nscales: usize,
@@ -239,6 +293,9 @@ pub fn parallel_forward(
 ) -> Result<KernelSource, CompileError> {
     let par = parallel_inputs(variant, dqk, dv, "forward")?;
     check_config(cfg, dqk, dv)?;
+    // From here on `dv` is the slice one block computes.
+    let dv_total = dv;
+    let dv = cfg.dv_slice(dv_total);
     if cfg.warp_specialized && (par.modify_k.is_some() || par.modify_v.is_some()) {
         return Err(CompileError(format!(
             "`{}` modifies k or v in shared memory, which the warp-specialised forward cannot do; use warp_specialized: false",
@@ -370,7 +427,7 @@ pub fn parallel_forward(
         state_init.push_str("        st[r][0] = 0.0f;\n");
     }
     let kernel_name = format!(
-        "aec_fwd_{}_{}_d{dqk}x{dv}_m{}n{}w{}{}{}",
+        "aec_fwd_{}_{}_d{dqk}x{dv_total}_m{}n{}w{}{}{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
@@ -388,7 +445,11 @@ pub fn parallel_forward(
         } else {
             format!("_s{}", cfg.stages)
         }
-    );
+    ) + &if cfg.dv_split > 1 {
+        format!("_v{}", cfg.dv_split)
+    } else {
+        String::new()
+    };
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -401,6 +462,8 @@ pub fn parallel_forward(
         warp_size: WARP_SIZE,
         dqk,
         dv,
+        dv_total,
+        dv_split: cfg.dv_split,
         nstate,
         nstate_arr: nstate.max(1),
         nscales,
@@ -467,9 +530,10 @@ pub fn parallel_forward(
         args,
         row_outputs,
         packed_gqa: cfg.pack_gqa,
+        dv_split: cfg.dv_split,
         elem: cfg.elem,
         dqk,
-        dv,
+        dv: dv_total,
     })
 }
 
@@ -490,7 +554,22 @@ pub fn implies_causal(mask: &Region) -> bool {
     mask.output("mask").is_some_and(|m| go(mask, m))
 }
 
-fn check_config(cfg: &ForwardConfig, dqk: u32, dv: u32) -> Result<(), CompileError> {
+fn check_config(cfg: &ForwardConfig, dqk: u32, dv_total: u32) -> Result<(), CompileError> {
+    let split = cfg.dv_split;
+    if !matches!(split, 1 | 2 | 4)
+        || !dv_total.is_multiple_of(split)
+        || !(dv_total / split).is_multiple_of(16)
+        || dv_total / split > MAX_DV_SLICE
+    {
+        return Err(CompileError(format!(
+            "dv_split {split} does not fit Dv = {dv_total}: it must be 1, 2 or 4 and cut Dv into slices that are multiples of 16 of at most {MAX_DV_SLICE} columns{}",
+            match default_dv_split(dv_total) {
+                n if dv_total / n <= MAX_DV_SLICE => format!(" (dv_split {n} does)"),
+                _ => String::new(),
+            }
+        )));
+    }
+    let dv = dv_total / split;
     if cfg.stages != 2 && !(cfg.warp_specialized && (2..=4).contains(&cfg.stages)) {
         return Err(CompileError(format!(
             "{} K/V stages: the forward double-buffers (2); only the warp-specialised wgmma kernel takes 3 or 4",
