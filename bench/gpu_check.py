@@ -77,6 +77,30 @@ class Kernel:
         self.meta = meta
         self.module = load_module(cases_dir, meta["cubin"])
         self.fn = get_function(self.module, meta["name"], meta["smem_bytes"])
+        self.combine = get_function(self.module, meta["combine"], 0) if meta.get("combine") else None
+        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        self.splits_override = None  # an int forces the number of KV splits
+
+    def grid(self, sizes):
+        bm, split = self.meta["block_m"], self.meta.get("dv_split", 1)
+        b, h, sq = sizes["B"], sizes["H"], sizes["Sq"]
+        if self.meta.get("packed_gqa"):
+            hkv = sizes["Hkv"]
+            return ((h // hkv * sq + bm - 1) // bm * split, hkv, b)
+        return ((sq + bm - 1) // bm * split, h, b)
+
+    def kv_splits(self, sizes):
+        """KernelSource::kv_splits (compiler/src/cuda/forward.rs), the same rule."""
+        if self.combine is None:
+            return 1
+        if self.splits_override:
+            return self.splits_override
+        x, y, z = self.grid(sizes)
+        blocks = x * y * z
+        if blocks >= 2 * self.sms:
+            return 1
+        most = min(max((sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"] // 4, 1), 128)
+        return min(max((4 * self.sms + blocks - 1) // blocks, 1), most)
 
     def __call__(self, q, k, v, customs, sizes):
         b, h, sq, dv = sizes["B"], sizes["H"], sizes["Sq"], v.shape[-1]
@@ -84,6 +108,11 @@ class Kernel:
             assert t.is_contiguous() and t.dtype == torch.bfloat16, f"tensor `{name}` must be contiguous bf16"
         o = torch.empty(b, h, sq, dv, device=dev, dtype=torch.bfloat16)
         rowout = torch.empty(max(1, len(self.meta["row_outputs"])), b * h * sq, device=dev, dtype=torch.float32)
+        n_splits = self.kv_splits(sizes)
+        rows = b * h * sq
+        work = dict(opart=torch.empty(max(1, n_splits * rows * dv if n_splits > 1 else 1), device=dev, dtype=torch.float32),
+                    spart=torch.empty(max(1, n_splits * rows * self.meta.get("split_state_words", 1) if n_splits > 1 else 1),
+                                      device=dev, dtype=torch.float32))
         vals = []
         for a in self.meta["args"]:
             kind = a["kind"]
@@ -93,19 +122,22 @@ class Kernel:
                 vals.append(ctypes.c_uint64(rowout.data_ptr()))
             elif kind == "custom":
                 vals.append(ctypes.c_uint64(customs[a["name"]].data_ptr()))
+            elif kind == "workspace":
+                vals.append(ctypes.c_uint64(work[a["name"]].data_ptr()))
+            elif kind == "kv_splits":
+                vals.append(ctypes.c_int32(n_splits))
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
-        bm = self.meta["block_m"]
         stream = torch.cuda.current_stream().cuda_stream
-        split = self.meta.get("dv_split", 1)  # blocks per row block, one Dv slice each
-        if self.meta.get("packed_gqa"):
-            hkv = sizes["Hkv"]
-            grid = ((h // hkv * sq + bm - 1) // bm * split, hkv, b)
-        else:
-            grid = ((sq + bm - 1) // bm * split, h, b)
-        check(libcuda.cuLaunchKernel(self.fn, *grid, self.meta["threads"], 1, 1,
+        x, y, z = self.grid(sizes)
+        check(libcuda.cuLaunchKernel(self.fn, x * n_splits, y, z, self.meta["threads"], 1, 1,
                                      self.meta["smem_bytes"], ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
+        if n_splits > 1:
+            per = 4  # COMBINE_ROWS_PER_BLOCK
+            check(libcuda.cuLaunchKernel(self.combine, (rows + per - 1) // per, 1, 1, per * 32, 1, 1, 0,
+                                         ctypes.c_void_p(stream), params, None), "cuLaunchKernel combine")
+        self.last_splits = n_splits
         return o, rowout
 
 
@@ -181,29 +213,35 @@ def run_cases(cases_dir, index, only):
             k = load_bin(base + ".k.bin", torch.bfloat16, c["shapes"]["k"])
             v = load_bin(base + ".v.bin", torch.bfloat16, c["shapes"]["v"])
             customs = {x["name"]: load_bin(f"{base}.in_{x['name']}.bin", torch.float32, x["shape"]) for x in c["customs"]}
-            o, rowout = kern(q, k, v, customs, s)
-            torch.cuda.synchronize()
-            o_ref = load_bin(base + ".o_ref.bin", torch.float32, list(o.shape))
-            err = rel_err(o.float(), o_ref)
-            nan = bool(torch.isnan(o.float()).any().item())
-            # Row outputs (final row scales, final state): equal where the
-            # reference is infinite (fully masked rows), close elsewhere.
-            n_rows = len(km["row_outputs"])
-            row_err = 0.0
-            if n_rows:
-                ref_rows = load_bin(base + ".rows_ref.bin", torch.float32, [n_rows, -1])
-                got = rowout[:n_rows]
-                fin = torch.isfinite(ref_rows)
-                same_inf = bool((got[~fin] == ref_rows[~fin]).all().item())
-                row_err = rel_err(got[fin], ref_rows[fin]) if fin.any() else 0.0
-                if not same_inf:
-                    row_err = float("inf")
-            passed = err < 1e-2 and row_err < 1e-2 and not nan
-            ok &= passed
-            print(f"check {cid:18s} {'PASS' if passed else 'FAIL'} rel_err(o)={err:.2e} rel_err(rows)={row_err:.2e} "
-                  f"nan={nan} sizes={s}", flush=True)
-            rows.append(dict(case=cid, variant=c["variant"], max_rel_err=err, row_rel_err=row_err, nan=nan,
-                             passed=passed, sizes=s, ptxas=km.get("ptxas")))
+            # Split-KV kernels: the launch rule's choice, then forced splits
+            # (one; three; eight, which leaves some splits without keys).
+            runs = [None] + ([1, 3, 8] if kern.combine is not None else [])
+            for forced in runs:
+                kern.splits_override = forced
+                o, rowout = kern(q, k, v, customs, s)
+                torch.cuda.synchronize()
+                o_ref = load_bin(base + ".o_ref.bin", torch.float32, list(o.shape))
+                err = rel_err(o.float(), o_ref)
+                nan = bool(torch.isnan(o.float()).any().item())
+                # Row outputs (final row scales, final state): equal where the
+                # reference is infinite (fully masked rows), close elsewhere.
+                n_rows = len(km["row_outputs"])
+                row_err = 0.0
+                if n_rows:
+                    ref_rows = load_bin(base + ".rows_ref.bin", torch.float32, [n_rows, -1])
+                    got = rowout[:n_rows]
+                    fin = torch.isfinite(ref_rows)
+                    same_inf = bool((got[~fin] == ref_rows[~fin]).all().item())
+                    row_err = rel_err(got[fin], ref_rows[fin]) if fin.any() else 0.0
+                    if not same_inf:
+                        row_err = float("inf")
+                passed = err < 1e-2 and row_err < 1e-2 and not nan
+                ok &= passed
+                name = cid if kern.combine is None else f"{cid}@{kern.last_splits}kv"
+                print(f"check {name:18s} {'PASS' if passed else 'FAIL'} rel_err(o)={err:.2e} rel_err(rows)={row_err:.2e} "
+                      f"nan={nan} sizes={s}", flush=True)
+                rows.append(dict(case=name, variant=c["variant"], max_rel_err=err, row_rel_err=row_err, nan=nan,
+                                 passed=passed, sizes=s, ptxas=km.get("ptxas"), kv_splits=kern.last_splits))
         except Exception as e:  # a failure is a row, never a silent skip
             ok = False
             print(f"check {cid:18s} FAIL {type(e).__name__}: {e}", flush=True)

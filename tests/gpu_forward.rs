@@ -502,6 +502,34 @@ fn gpu_forward_decode() {
     );
 }
 
+/// One sequence of a long context: the grid has two blocks, so the forward
+/// splits the keys and merges the partial rows with the derived combine.
+#[test]
+fn gpu_forward_decode_split_kv() {
+    let shape = Shape::new(1, 4, 2, 1, 3001);
+    if let Some(gpu) = common::gpu::prepare_with(
+        "gpu_forward_decode_split_kv",
+        "decode",
+        shape,
+        HeadDims::square(128),
+        (0.0, 1.0),
+        &KernelOptions::default(),
+    ) {
+        let splits = gpu.kernels.kv_splits(shape);
+        assert!(
+            splits > 1,
+            "expected split-KV for {shape}, got {splits} split(s)"
+        );
+    }
+    check_example(
+        "gpu_forward_decode_split_kv",
+        "decode",
+        shape,
+        HeadDims::square(128),
+        (0.0, 1.0),
+    );
+}
+
 /// Dv = 384 on the sm_80 template (on any GPU): two blocks per row block,
 /// each computing 192 columns of O from its own copy of the scores.
 #[test]

@@ -130,6 +130,10 @@ const CASES: &[Case] = &[
 /// `extra_workloads`.
 const SLIDING_WINDOW: &str = "sliding-window-b1-h32-s8192-d128-w256";
 
+/// Another workload of `index.json`'s `extra_workloads`: decoding one
+/// sequence of a long context, where only split-KV fills the GPU.
+const DECODE_B1: &str = "decode-gqa-b1-h32-kv8-kv32768-d128";
+
 /// Benchmark kernels: (workload id from workloads.json or the extra ones, example, dqk, dv).
 const BENCH: &[(&str, &str, u32, u32)] = &[
     ("softmax-b8-h32-s2048-d128", "softmax", 128, 128),
@@ -174,6 +178,7 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
         128,
     ),
     ("relu-b64-h6-s1024-d64", "relu", 64, 64),
+    (DECODE_B1, "decode", 128, 128),
     (
         "retnet-parallel-b2-h32-s2048-d256-v512",
         "retnet_parallel",
@@ -255,6 +260,14 @@ fn main() {
         "anchors": ["flex"],
         "passes": ["fwd", "fwd+bwd"],
         "note": "not in shared/reference/workloads.json; FLOPs count the visible (query, key) pairs only"
+    }, {
+        "id": DECODE_B1,
+        "variant": "softmax",
+        "b": 1, "h": 32, "hkv": 8, "sq": 1, "skv": 32768, "dqk": 128, "dv": 128,
+        "causal": false,
+        "anchors": ["cudnn", "fa2"],
+        "passes": ["fwd"],
+        "note": "not in shared/reference/workloads.json: one sequence, so the grid has 8 blocks without split-KV"
     }]);
     // Forward tile sweep (`gpu_check.py --fwd-sweep`): sm_80 and wgmma
     // configurations on the plain and the causal softmax workloads.
@@ -316,6 +329,7 @@ fn main() {
                     stages,
                     q_in_registers: q_regs,
                     dv_split: 1,
+                    split_kv: false,
                 };
                 let tag = format!(
                     "m{bm}n{bn}w{warps}{}{}{}{}",
@@ -521,6 +535,9 @@ fn kernel_meta(
         "row_outputs": k.row_outputs,
         "packed_gqa": k.packed_gqa,
         "dv_split": k.dv_split,
+        "combine": k.combine,
+        "block_n": k.block_n,
+        "split_state_words": k.split_state_words,
         "ptxas": ptxas,
     })
 }
@@ -611,6 +628,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name() }),
             ArgKind::CustomGrad(c) => json!({ "kind": "custom_grad", "name": c }),
             ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
+            ArgKind::KvSplits => json!({ "kind": "kv_splits" }),
         })
         .collect()
 }

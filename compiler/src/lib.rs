@@ -5,13 +5,16 @@
 //! the launch facts a runtime needs.
 
 pub mod backward_plan;
+pub mod combine;
 pub mod cuda;
 pub mod intervals;
 pub mod simplify;
 
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};
 pub use cuda::dialect::{Elem, Isa};
-pub use cuda::forward::{ArgKind, ForwardConfig, KernelSource, parallel_forward};
+pub use cuda::forward::{
+    ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
+};
 
 /// Why a variant cannot be compiled with a given configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

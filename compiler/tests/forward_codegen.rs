@@ -66,6 +66,7 @@ const CFG: ForwardConfig = ForwardConfig {
     stages: 2,
     q_in_registers: false,
     dv_split: 1,
+    split_kv: false,
 };
 
 #[test]
@@ -360,6 +361,47 @@ fn dv_above_256_is_split_into_slices() {
     assert_eq!((b.split_d, b.wgmma), (4, false));
     let src = parallel_backward(&v, 256, 512, &b).expect("split backward");
     assert!(src.source.contains("#define KSPLIT 4"));
+}
+
+/// Decoding kernels take a number of KV splits at launch and carry the
+/// combine kernel; the launch rule splits only grids that leave the GPU idle.
+#[test]
+fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
+    let v = example("decode");
+    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.split_kv && !cfg.warp_specialized);
+    let k = parallel_forward(&v, 128, 128, &cfg).expect("decode forward");
+    assert_eq!(k.combine.as_deref(), Some(&*format!("{}_combine", k.name)));
+    assert!(k.source.contains("combine_rescale") && k.source.contains("fmaxf(m[0], x[0])"));
+    assert_eq!(k.args.last(), Some(&ArgKind::KvSplits));
+    // 64 sequences × 8 KV heads: 512 blocks, no split on 132 SMs.
+    assert_eq!(k.kv_splits([64, 32, 8, 1, 4096], 132), 1);
+    // One sequence: 8 blocks → 4·132/8 = 66 splits of 16 key blocks each.
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132), 66);
+    // Short contexts keep at least four key blocks per split.
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 300], 132), 2);
+    assert_eq!(k.split_grid_for([1, 32, 8, 1], 66), Some((66, 8, 1)));
+    // Prefill kernels have no combine.
+    let p = example("softmax");
+    let cfg = ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm80);
+    assert!(!cfg.split_kv);
+    let k = parallel_forward(&p, 128, 128, &cfg).expect("forward");
+    assert_eq!(k.kv_splits([1, 1, 1, 16, 100_000], 132), 1);
+    let err = parallel_forward(
+        &p,
+        128,
+        128,
+        &ForwardConfig {
+            split_kv: true,
+            ..ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm90a)
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("split-KV is implemented for the kernels without warp specialisation"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -296,6 +296,7 @@ fn args_json(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name(), "dtype": "i32" }),
             ArgKind::CustomGrad(n) => json!({ "kind": "custom_grad", "name": n, "dtype": "f32" }),
             ArgKind::Workspace(n) => json!({ "kind": "workspace", "name": n }),
+            ArgKind::KvSplits => json!({ "kind": "kv_splits", "dtype": "i32" }),
         })
         .collect()
 }

@@ -63,8 +63,8 @@ pub use backward::Gradients;
 use std::sync::OnceLock;
 
 use crate::compiler::{
-    ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, Isa, KernelSource,
-    parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, CompileError, Elem,
+    ForwardConfig, Isa, KernelSource, parallel_backward, parallel_forward,
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
@@ -370,6 +370,8 @@ pub struct ParallelKernels {
     source: KernelSource,
     device: Device,
     forward: Kernel,
+    /// The split-KV combine kernel, for sources that have one.
+    combine: Option<Kernel>,
     _module: Module,
     options: KernelOptions,
     /// Compiled on the first [`backward`](Self::backward) call.
@@ -398,7 +400,7 @@ impl ParallelKernels {
             "forward",
             &source.args,
             source.elem,
-            &["o", "rowout"],
+            &["o", "rowout", "opart", "spart"],
         )?;
         let mut opts = CompileOptions::new(device.arch());
         opts.flags.extend(options.nvrtc_flags.iter().cloned());
@@ -431,12 +433,20 @@ impl ParallelKernels {
                 during: loading(),
                 source: e,
             })?;
+        let combine = match &source.combine {
+            Some(name) => Some(module.kernel(name, &params).map_err(|e| Error::Runtime {
+                during: loading(),
+                source: e,
+            })?),
+            None => None,
+        };
         Ok(ParallelKernels {
             variant: variant.clone(),
             dims,
             source,
             device: device.clone(),
             forward,
+            combine,
             _module: module,
             options: options.clone(),
             backward: OnceLock::new(),
@@ -478,6 +488,16 @@ impl ParallelKernels {
     pub fn grid(&self, shape: Shape) -> Option<(u32, u32, u32)> {
         self.source
             .grid_for([shape.b, shape.h, shape.hkv, shape.sq])
+    }
+
+    /// The KV splits the forward launches with for `shape` on this device
+    /// (1 unless the kernel has split-KV and the grid is small:
+    /// [`KernelSource::kv_splits`]).
+    pub fn kv_splits(&self, shape: Shape) -> u32 {
+        self.source.kv_splits(
+            [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
+            self.device.sm_count(),
+        )
     }
 
     /// Checks, without touching the GPU, that tensors with the given element
@@ -574,7 +594,13 @@ impl ParallelKernels {
             .collect();
         self.check(shape, &lens)?;
 
-        let grid = self.grid(shape).ok_or_else(|| {
+        // Split-KV where the grid leaves the GPU idle (decoding): partial rows
+        // into two workspaces, merged by the combine kernel.
+        let n_splits = self.kv_splits(shape);
+        let grid = self
+            .source
+            .split_grid_for([shape.b, shape.h, shape.hkv, shape.sq], n_splits)
+            .ok_or_else(|| {
             Error::Shape(format!(
                 "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",
                 self.source.name
@@ -593,9 +619,26 @@ impl ParallelKernels {
         let mut row_outputs = stream
             .alloc_zeros::<f32>(n_rows.max(1) * rows)
             .map_err(runtime)?;
+        let workspace = |name: &str| {
+            let n = if n_splits > 1 {
+                self.source.workspace_len(name, rows, n_splits)
+            } else {
+                1 // not read with one split; a valid pointer all the same
+            };
+            stream.alloc_zeros::<f32>(n)
+        };
+        let (mut opart, mut spart) = if self.source.combine.is_some() {
+            (
+                Some(workspace("opart").map_err(runtime)?),
+                Some(workspace("spart").map_err(runtime)?),
+            )
+        } else {
+            (None, None)
+        };
         {
             let mut o_slot = Some(&mut o);
             let mut rows_slot = Some(&mut row_outputs);
+            let (mut opart_slot, mut spart_slot) = (opart.as_mut(), spart.as_mut());
             let twice = |what: &str| Error::Compile {
                 variant: self.variant.name.clone(),
                 kernel: "forward",
@@ -627,6 +670,13 @@ impl ParallelKernels {
                         };
                         Arg::from(i32::try_from(n).expect("check_shapes bounded every size"))
                     }
+                    ArgKind::Workspace("opart") => {
+                        Arg::from(opart_slot.take().ok_or_else(|| twice("opart"))?)
+                    }
+                    ArgKind::Workspace("spart") => {
+                        Arg::from(spart_slot.take().ok_or_else(|| twice("spart"))?)
+                    }
+                    ArgKind::KvSplits => Arg::from(n_splits as i32),
                     other @ (ArgKind::Tensor(_)
                     | ArgKind::CustomGrad(_)
                     | ArgKind::Workspace(_)) => {
@@ -643,6 +693,17 @@ impl ParallelKernels {
                     &mut args,
                 )
                 .map_err(runtime)?;
+            if let (Some(combine), true) = (&self.combine, n_splits > 1) {
+                let per_block = COMBINE_ROWS_PER_BLOCK;
+                let blocks = u32::try_from(rows.div_ceil(per_block as usize)).map_err(|_| {
+                    Error::Shape(format!(
+                        "the shape {shape} has more rows than one launch of the combine kernel takes: split the call"
+                    ))
+                })?;
+                combine
+                    .launch(stream, (blocks, 1, 1), (per_block * 32, 1, 1), 0, &mut args)
+                    .map_err(runtime)?;
+            }
         }
         Ok(ForwardOutput {
             o,
@@ -759,7 +820,10 @@ fn params_of(
         .map(|a| match a {
             ArgKind::Tensor(n @ ("q" | "k" | "v" | "o" | "dout" | "dq" | "dk" | "dv"))
             | ArgKind::Workspace(n @ "qmod") => Ok(dir(n, dtype_of(elem))),
-            ArgKind::Workspace(n @ ("dot" | "dq_acc")) => Ok(dir(n, DType::F32)),
+            ArgKind::Workspace(n @ ("dot" | "dq_acc" | "opart" | "spart")) => {
+                Ok(dir(n, DType::F32))
+            }
+            ArgKind::KvSplits => Ok(Param::I32),
             ArgKind::RowOut => Ok(dir("rowout", DType::F32)),
             ArgKind::Custom(name) if declared(name) => Ok(Param::In(DType::F32)),
             ArgKind::CustomGrad(name) if declared(name) => Ok(Param::Out(DType::F32)),

@@ -166,7 +166,8 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 {% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
-    {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv) {
+    {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
+    float* __restrict__ opart, float* __restrict__ spart, int n_splits{% endif %}) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if wgmma %}    // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -181,19 +182,22 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
-{% if packed %}    // Grouped-query heads packed into the rows: this block's rows are the
+{% if split_kv %}    // Split-KV: the n_splits blocks of one row block are adjacent in x.
+    const int split = blockIdx.x % n_splits, bx = blockIdx.x / n_splits, nbx = gridDim.x / n_splits;
+{% else %}    const int bx = blockIdx.x, nbx = gridDim.x;
+{% endif %}{% if packed %}    // Grouped-query heads packed into the rows: this block's rows are the
     // (head, position) pairs of the G query heads that share KV head hk,
     // head-major — row r is position r % Sq of head h + r / Sq. They are
     // contiguous in q and o, and every K/V tile feeds all of them.
-    const int b = blockIdx.z, hk = blockIdx.y, m0 = (blockIdx.x / DV_SPLIT) * BM;
+    const int b = blockIdx.z, hk = blockIdx.y, m0 = (bx / DV_SPLIT) * BM;
     const int h = hk * (H / Hkv);  // the first head of the group
     const int n_rows = (H / Hkv) * Sq;
 #define ROW_HEAD(r) (h + (r) / Sq)
 #define ROW_POS(r) ((r) % Sq)
 {% else %}{% if causal %}    // Causal: the longest row blocks (last rows) start first, so the short
     // ones fill the tail of the launch.
-    const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x / DV_SPLIT - 1 - blockIdx.x / DV_SPLIT) * BM;
-{% else %}    const int b = blockIdx.z, h = blockIdx.y, m0 = (blockIdx.x / DV_SPLIT) * BM;
+    const int b = blockIdx.z, h = blockIdx.y, m0 = (nbx / DV_SPLIT - 1 - bx / DV_SPLIT) * BM;
+{% else %}    const int b = blockIdx.z, h = blockIdx.y, m0 = (bx / DV_SPLIT) * BM;
 {% endif %}
     const int hk = h / (H / Hkv);
     const int n_rows = Sq;
@@ -203,7 +207,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
     const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
     // This block's slice of the V and O columns (the blocks of one row block
     // are adjacent in the launch, so their K tiles are shared through L2).
-    const int dv0 = (blockIdx.x % DV_SPLIT) * DV;
+    const int dv0 = (bx % DV_SPLIT) * DV;
     const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DVG + dv0;
     int row_i[NR];
 #pragma unroll
@@ -239,6 +243,12 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         __syncthreads();
         n_begin = s_first;
         n_end = max(s_last + 1, n_begin);
+    }
+{% endif %}{% if split_kv %}    {
+        // This block's share of the visible KV blocks.
+        const int per = (n_end - n_begin + n_splits - 1) / n_splits;
+        n_begin = min(n_end, n_begin + split * per);
+        n_end = min(n_end, n_begin + per);
     }
 {% endif %}
 {% if ws %}    // Warp specialisation: the last warpgroup copies Q once and K/V blocks
@@ -492,7 +502,22 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         const int mt = r / 2, half = r % 2;
         if (i >= n_rows) continue;
         const long long row = (long long)(b * H + h) * Sq + i;  // packed rows are contiguous
-        elem_t* orow = o + row * DVG + dv0;
+{% if split_kv %}        if (n_splits > 1) {
+            // A partial row for the combine kernel: the unnormalised output,
+            // the state and whether any key was seen.
+            float* prow = opart + ((long long)split * rows + row) * DVG + dv0;
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt)
+                *reinterpret_cast<float2*>(prow + dt * 8 + 2 * t4) = make_float2(acc[mt][dt][2 * half], acc[mt][dt][2 * half + 1]);
+            if (t4 == 0 && dv0 == 0) {
+                float* srow = spart + ((long long)split * rows + row) * (NSTATE + 1);
+#pragma unroll
+                for (int f = 0; f < NSTATE; ++f) srow[f] = st[r][f];
+                srow[NSTATE] = seen[r] ? 1.0f : 0.0f;
+            }
+            continue;
+        }
+{% endif %}        elem_t* orow = o + row * DVG + dv0;
 #pragma unroll
         for (int dt = 0; dt < DV / 8; ++dt) {
             const int col = dt * 8 + 2 * t4;
@@ -510,3 +535,74 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         }
     }
 }
+{% if split_kv %}
+// Merges the n_splits partial rows of each query row (one warp per row):
+// the merged state from the partials that saw a key, each partial's output
+// rescaled by combine_rescale, then the epilogue as in the main kernel.
+extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kernel_name }}_combine(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
+    elem_t* __restrict__ o, float* __restrict__ rowout,
+    {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv,
+    float* __restrict__ opart, float* __restrict__ spart, int n_splits) {
+    Params P;
+    {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const long long rows = (long long)B * H * Sq;
+    const long long row = (long long)blockIdx.x * {{ combine_rows }} + warp;
+    if (row >= rows) return;
+    float st[1][NSTATE_ARR];
+    {
+        const int r = 0;
+{{ state_init }}    }
+    float m[NSTATE_ARR];
+#pragma unroll
+    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
+    bool any = false;
+    for (int sp = 0; sp < n_splits; ++sp) {
+        const float* srow = spart + ((long long)sp * rows + row) * (NSTATE + 1);
+        if (srow[NSTATE] == 0.0f) continue;
+        float x[NSTATE_ARR];
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
+        if (any) combine_merge(m, x);
+        else {
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = x[f];
+        }
+        any = true;
+    }
+    constexpr int PER_LANE = (DVG + WARP - 1) / WARP;
+    float out[PER_LANE];
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) out[e] = 0.0f;
+    float acc_st[NSTATE_ARR];
+#pragma unroll
+    for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
+    for (int sp = 0; any && sp < n_splits; ++sp) {
+        const float* srow = spart + ((long long)sp * rows + row) * (NSTATE + 1);
+        if (srow[NSTATE] == 0.0f) continue;
+        float x[NSTATE_ARR];
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
+        const float c = combine_rescale(x, m, P);
+        combine_scaled_add(acc_st, c, x);
+        const float* prow = opart + ((long long)sp * rows + row) * DVG;
+#pragma unroll
+        for (int e = 0; e < PER_LANE; ++e)
+            if (lane + e * WARP < DVG) out[e] += c * prow[lane + e * WARP];
+    }
+    if (any) combine_scaled_finish(m, acc_st);
+    elem_t* orow = o + row * DVG;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e)
+        if (lane + e * WARP < DVG) orow[lane + e * WARP] = from_f32(any ? epilogue_o(out[e], m, P) : 0.0f);
+    if (lane == 0) {
+        float sc[NSCALES_ARR];
+        epilogue_scales(m, sc, P);
+#pragma unroll
+        for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
+#pragma unroll
+        for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = m[f];
+    }
+}
+{% endif %}

@@ -10,6 +10,7 @@ use super::expr::{pointwise, row};
 use super::intervals::mask_block_fn;
 use super::wgmma::{Form, MAX_N, PANEL_COLS, wgmma_fns};
 use crate::CompileError;
+use crate::combine::{Merge, combine_plan};
 use crate::simplify::{Limits, simplify_region};
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op, ParamRole, Region};
@@ -55,6 +56,13 @@ pub struct ForwardConfig {
     /// hold a row tile's accumulators for all of Dv (Dv above 256). The
     /// tile configuration applies to one slice.
     pub dv_split: u32,
+    /// Split-KV: the kernel takes a number of KV splits at launch
+    /// (`n_splits`, see [`KernelSource::kv_splits`]); with more than one,
+    /// blocks write partial rows (unnormalised output, state) that a second
+    /// kernel merges with the variant's derived combine
+    /// ([`crate::combine`]). For decoding, where few query rows leave the
+    /// GPU idle. Not with warp specialisation.
+    pub split_kv: bool,
 }
 
 impl ForwardConfig {
@@ -116,6 +124,10 @@ impl ForwardConfig {
             stages: 2,
             q_in_registers: false,
             dv_split,
+            split_kv: decode
+                && variant
+                    .parallel()
+                    .is_some_and(|p| combine_plan(&p.online).is_ok()),
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -164,6 +176,9 @@ pub enum ArgKind {
     Workspace(&'static str),
     /// An `i32` size: B, H, Hkv, Sq or Skv.
     Size(Axis),
+    /// The `i32` number of KV splits of a split-KV forward
+    /// ([`KernelSource::kv_splits`]).
+    KvSplits,
 }
 
 /// Generated source and everything needed to launch it.
@@ -189,7 +204,19 @@ pub struct KernelSource {
     pub dqk: u32,
     /// The whole Dv of v and o (a block computes `dv / dv_split` columns).
     pub dv: u32,
+    /// With split-KV: the kernel that merges the partial rows (entry name),
+    /// launched after the main one with the same arguments, one warp per
+    /// query row, [`COMBINE_ROWS_PER_BLOCK`] rows per block.
+    pub combine: Option<String>,
+    /// Keys per block step (the unit a KV split is made of).
+    pub block_n: u32,
+    /// Words per query row and split of the `spart` workspace: the state
+    /// fields and a flag for "saw a key".
+    pub split_state_words: u32,
 }
+
+/// Rows (warps) per block of the split-KV combine kernel.
+pub const COMBINE_ROWS_PER_BLOCK: u32 = 4;
 
 impl KernelSource {
     /// The launch grid for sizes `B, H, Hkv, Sq`: `(ceil(Sq / block_m) ·
@@ -205,6 +232,42 @@ impl KernelSource {
         let x = rows.div_ceil(bm) * self.dv_split.max(1) as usize;
         let fits = x < (1 << 31) && y < 65536 && b < 65536;
         fits.then_some((x as u32, y as u32, b as u32))
+    }
+
+    /// How many KV splits to launch with for sizes `B, H, Hkv, Sq, Skv` on a
+    /// GPU with `sms` multiprocessors: 1 without split-KV or when the grid
+    /// already has two blocks per multiprocessor; otherwise enough splits
+    /// for about four blocks per multiprocessor, each split at least four
+    /// key blocks long, at most 128 splits.
+    pub fn kv_splits(&self, [b, h, hkv, sq, skv]: [usize; 5], sms: u32) -> u32 {
+        let Some((x, y, z)) = self.grid_for([b, h, hkv, sq]) else {
+            return 1;
+        };
+        let blocks = x as usize * y as usize * z as usize;
+        let sms = sms.max(1) as usize;
+        if self.combine.is_none() || blocks >= 2 * sms {
+            return 1;
+        }
+        let most = (skv.div_ceil(self.block_n as usize) / 4).clamp(1, 128);
+        (4 * sms).div_ceil(blocks).clamp(1, most) as u32
+    }
+
+    /// The main kernel's grid with `n_splits` KV splits.
+    pub fn split_grid_for(&self, sizes: [usize; 4], n_splits: u32) -> Option<(u32, u32, u32)> {
+        let (x, y, z) = self.grid_for(sizes)?;
+        let x = x as u64 * n_splits.max(1) as u64;
+        (x < (1 << 31)).then_some((x as u32, y, z))
+    }
+
+    /// Elements of a split-KV workspace (`opart` or `spart`) for `rows =
+    /// B·H·Sq` query rows and `n_splits` splits.
+    pub fn workspace_len(&self, name: &str, rows: usize, n_splits: u32) -> usize {
+        let per_row = match name {
+            "opart" => self.dv as usize,
+            "spart" => self.split_state_words as usize,
+            other => unreachable!("unknown forward workspace `{other}`"),
+        };
+        rows * n_splits.max(1) as usize * per_row
     }
 }
 
@@ -281,6 +344,8 @@ struct ForwardTemplate<'a> {
     ws: bool,
     stages: u32,
     q_regs: bool,
+    split_kv: bool,
+    combine_rows: u32,
     wgmma_fns: String,
 }
 
@@ -414,6 +479,10 @@ pub fn parallel_forward(
         );
     }
 
+    if cfg.split_kv {
+        regions.push_str(&combine_fns(online, nstate)?);
+    }
+
     let CustomParams {
         fields: params_fields,
         args: custom_args,
@@ -486,6 +555,8 @@ pub fn parallel_forward(
         ws: cfg.warp_specialized,
         stages: cfg.stages,
         q_regs: cfg.q_in_registers,
+        split_kv: cfg.split_kv,
+        combine_rows: COMBINE_ROWS_PER_BLOCK,
         wgmma_fns: if cfg.wgmma {
             wgmma_fns(
                 cfg.elem,
@@ -520,8 +591,16 @@ pub fn parallel_forward(
             .map(|c| ArgKind::Custom(c.name.clone())),
     );
     args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    if cfg.split_kv {
+        args.extend([
+            ArgKind::Workspace("opart"),
+            ArgKind::Workspace("spart"),
+            ArgKind::KvSplits,
+        ]);
+    }
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
+        combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
         name: kernel_name,
         source,
         threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,
@@ -534,7 +613,54 @@ pub fn parallel_forward(
         elem: cfg.elem,
         dqk,
         dv: dv_total,
+        block_n: cfg.block_n,
+        split_state_words: nstate as u32 + 1,
     })
+}
+
+/// The split-KV combine as device functions: `combine_merge` folds a
+/// partial's state into the merged one (fields that merge by max, min or
+/// sum), `combine_rescale` gives the factor of a partial's output and scaled
+/// fields, `combine_scaled` marks the fields summed after rescaling.
+fn combine_fns(
+    online: &aec_frontend::variant::Online,
+    nstate: usize,
+) -> Result<String, CompileError> {
+    let plan = combine_plan(online)?;
+    let mut merge = String::new();
+    let mut scaled = String::new();
+    for (k, m) in plan.merges.iter().enumerate() {
+        let _ = match m {
+            Merge::Max => writeln!(merge, "    m[{k}] = fmaxf(m[{k}], x[{k}]);"),
+            Merge::Min => writeln!(merge, "    m[{k}] = fminf(m[{k}], x[{k}]);"),
+            Merge::Sum => writeln!(merge, "    m[{k}] += x[{k}];"),
+            Merge::Scaled => writeln!(scaled, "    acc[{k}] += c * x[{k}];"),
+        };
+    }
+    let leaf = |op: &Op| -> String {
+        match op {
+            Op::Param(p) if (*p as usize) < nstate => format!("st[{p}]"),
+            Op::Param(p) => format!("m[{}]", *p as usize - nstate),
+            Op::Shape(a) => axis_size(*a),
+            other => unreachable!("the rescale reads only states and sizes: {other:?}"),
+        }
+    };
+    let (code, outs) = pointwise(&plan.rescale, "n", &leaf);
+    let mut finish = String::new();
+    for (k, m) in plan.merges.iter().enumerate() {
+        if *m == Merge::Scaled {
+            let _ = writeln!(finish, "    m[{k}] = acc[{k}];");
+        }
+    }
+    let c = &outs[0];
+    Ok(format!(
+        "// Split-KV combine, derived from `fwd` (compiler/src/combine.rs).\n\
+         __device__ __forceinline__ void combine_merge(float (&m)[NSTATE_ARR], const float (&x)[NSTATE_ARR]) {{\n{merge}}}\n\n\
+         __device__ __forceinline__ float combine_rescale(const float (&st)[NSTATE_ARR], const float (&m)[NSTATE_ARR], const Params& P) {{\n{code}    return {c};\n}}\n\n\
+         // Fields merged as rescaled sums: accumulated, then stored.\n\
+         __device__ __forceinline__ void combine_scaled_add(float (&acc)[NSTATE_ARR], float c, const float (&x)[NSTATE_ARR]) {{\n{scaled}}}\n\n\
+         __device__ __forceinline__ void combine_scaled_finish(float (&m)[NSTATE_ARR], const float (&acc)[NSTATE_ARR]) {{\n{finish}}}\n\n"
+    ))
 }
 
 /// Whether a mask is false wherever `j > i` (causal, or causal and more): then
@@ -575,6 +701,11 @@ fn check_config(cfg: &ForwardConfig, dqk: u32, dv_total: u32) -> Result<(), Comp
             "{} K/V stages: the forward double-buffers (2); only the warp-specialised wgmma kernel takes 3 or 4",
             cfg.stages
         )));
+    }
+    if cfg.split_kv && cfg.warp_specialized {
+        return Err(CompileError(
+            "split-KV is implemented for the kernels without warp specialisation (set warp_specialized: false)".into(),
+        ));
     }
     if cfg.q_in_registers && !cfg.warp_specialized {
         return Err(CompileError(
