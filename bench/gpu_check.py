@@ -100,7 +100,7 @@ class Kernel:
         if blocks >= 2 * self.sms:
             return 1
         most = min(max((sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"] // 4, 1), 128)
-        return min(max((4 * self.sms + blocks - 1) // blocks, 1), most)
+        return min(max((2 * self.sms + blocks - 1) // blocks, 1), most)
 
     def __call__(self, q, k, v, customs, sizes):
         b, h, sq, dv = sizes["B"], sizes["H"], sizes["Sq"], v.shape[-1]

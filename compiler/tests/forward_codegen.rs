@@ -376,11 +376,11 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(k.args.last(), Some(&ArgKind::KvSplits));
     // 64 sequences × 8 KV heads: 512 blocks, no split on 132 SMs.
     assert_eq!(k.kv_splits([64, 32, 8, 1, 4096], 132), 1);
-    // One sequence: 8 blocks → 4·132/8 = 66 splits of 16 key blocks each.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132), 66);
+    // One sequence: 8 blocks → 2·132/8 = 33 splits of 32 key blocks each.
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132), 33);
     // Short contexts keep at least four key blocks per split.
     assert_eq!(k.kv_splits([1, 32, 8, 1, 300], 132), 2);
-    assert_eq!(k.split_grid_for([1, 32, 8, 1], 66), Some((66, 8, 1)));
+    assert_eq!(k.split_grid_for([1, 32, 8, 1], 33), Some((33, 8, 1)));
     // Prefill kernels have no combine.
     let p = example("softmax");
     let cfg = ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm80);

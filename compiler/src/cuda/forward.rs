@@ -237,8 +237,10 @@ impl KernelSource {
     /// How many KV splits to launch with for sizes `B, H, Hkv, Sq, Skv` on a
     /// GPU with `sms` multiprocessors: 1 without split-KV or when the grid
     /// already has two blocks per multiprocessor; otherwise enough splits
-    /// for about four blocks per multiprocessor, each split at least four
-    /// key blocks long, at most 128 splits.
+    /// for about two blocks per multiprocessor, each split at least four
+    /// key blocks long, at most 128 splits. (H100, one sequence of 32768
+    /// keys, 8 KV heads: 1 split 1264 µs, 16 splits 111 µs, 33 splits 86 µs,
+    /// 66 splits 96 µs, 128 splits 175 µs; bench/NOTES.md.)
     pub fn kv_splits(&self, [b, h, hkv, sq, skv]: [usize; 5], sms: u32) -> u32 {
         let Some((x, y, z)) = self.grid_for([b, h, hkv, sq]) else {
             return 1;
@@ -249,7 +251,7 @@ impl KernelSource {
             return 1;
         }
         let most = (skv.div_ceil(self.block_n as usize) / 4).clamp(1, 128);
-        (4 * sms).div_ceil(blocks).clamp(1, most) as u32
+        (2 * sms).div_ceil(blocks).clamp(1, most) as u32
     }
 
     /// The main kernel's grid with `n_splits` KV splits.
