@@ -134,8 +134,8 @@ class Kernel:
         check(libcuda.cuLaunchKernel(self.fn, x * n_splits, y, z, self.meta["threads"], 1, 1,
                                      self.meta["smem_bytes"], ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
         if n_splits > 1:
-            per = 4  # COMBINE_ROWS_PER_BLOCK
-            check(libcuda.cuLaunchKernel(self.combine, (rows + per - 1) // per, 1, 1, per * 32, 1, 1, 0,
+            per = self.meta["combine_rows_per_block"]
+            check(libcuda.cuLaunchKernel(self.combine, (rows + per - 1) // per, 1, 1, self.meta["combine_threads"], 1, 1, 0,
                                          ctypes.c_void_p(stream), params, None), "cuLaunchKernel combine")
         self.last_splits = n_splits
         return o, rowout

@@ -13,7 +13,7 @@ pub mod simplify;
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
-    ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
+    ArgKind, COMBINE_ROWS_PER_BLOCK, COMBINE_THREADS, ForwardConfig, KernelSource, parallel_forward,
 };
 
 /// Why a variant cannot be compiled with a given configuration.

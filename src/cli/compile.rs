@@ -7,8 +7,8 @@
 
 use super::EXIT_INPUT;
 use aec::compiler::{
-    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, KernelSource, Launch,
-    parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, COMBINE_ROWS_PER_BLOCK, COMBINE_THREADS, Elem, ForwardConfig, Grid,
+    Isa, KernelSource, Launch, parallel_backward, parallel_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -176,6 +176,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 "launch": { "grid": forward_grid(&k), "block_m": k.block_m, "dv_split": k.dv_split, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
                 "args": args_json(&k.args),
                 "row_outputs": k.row_outputs,
+                "split_kv": split_kv_json(&k),
             }));
         }
         // The backward, per instruction set: three kernels in one source,
@@ -318,4 +319,20 @@ fn forward_grid(k: &KernelSource) -> Value {
         rows.to_string()
     };
     json!([x, y, "B"])
+}
+
+/// How a split-KV forward is launched (null without split-KV): the combine
+/// entry and its launch, the f32 workspaces per query row and split, and the
+/// key-block size the number of splits is counted in.
+fn split_kv_json(k: &KernelSource) -> Value {
+    match &k.combine {
+        Some(entry) => json!({
+            "combine_entry": entry,
+            "combine_launch": { "grid": ["ceil(B * H * Sq / rows_per_block)", 1, 1], "rows_per_block": COMBINE_ROWS_PER_BLOCK, "threads": COMBINE_THREADS },
+            "workspace_f32_per_row_and_split": { "opart": k.dv, "spart": k.split_state_words },
+            "block_n": k.block_n,
+            "main_grid_x": "forward grid x * n_splits",
+        }),
+        None => Value::Null,
+    }
 }

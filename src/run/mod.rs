@@ -63,8 +63,8 @@ pub use backward::Gradients;
 use std::sync::OnceLock;
 
 use crate::compiler::{
-    ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, CompileError, Elem,
-    ForwardConfig, Isa, KernelSource, parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, BackwardSource, COMBINE_THREADS, CompileError, Elem, ForwardConfig,
+    Isa, KernelSource, parallel_backward, parallel_forward,
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
@@ -694,14 +694,13 @@ impl ParallelKernels {
                 )
                 .map_err(runtime)?;
             if let (Some(combine), true) = (&self.combine, n_splits > 1) {
-                let per_block = COMBINE_ROWS_PER_BLOCK;
-                let blocks = u32::try_from(rows.div_ceil(per_block as usize)).map_err(|_| {
+                let grid = self.source.combine_grid(rows).ok_or_else(|| {
                     Error::Shape(format!(
                         "the shape {shape} has more rows than one launch of the combine kernel takes: split the call"
                     ))
                 })?;
                 combine
-                    .launch(stream, (blocks, 1, 1), (per_block * 32, 1, 1), 0, &mut args)
+                    .launch(stream, grid, (COMBINE_THREADS, 1, 1), 0, &mut args)
                     .map_err(runtime)?;
             }
         }

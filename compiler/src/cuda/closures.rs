@@ -195,6 +195,14 @@ pub fn scores_read_customs_by_position(variant: &Variant) -> bool {
     reads(par.mask.as_ref(), by_position) || reads(par.modify_scores.as_ref(), by_position)
 }
 
+/// The largest Dqk the CUDA templates take.
+pub const MAX_DQK: u32 = 256;
+
+/// The largest Dv the CUDA templates take: above 256 it is split into column
+/// slices (forward: between blocks; backward: between the warps that share
+/// keys).
+pub const MAX_DV: u32 = 512;
+
 /// What every parallel template requires of a variant and its head dims:
 /// the parallel pattern, head dims matching the variant's fixed sizes and a
 /// multiple of 16 up to 256 (Dv up to 512), and no custom input read by index. `kernel`
@@ -220,9 +228,7 @@ pub fn parallel_inputs<'v>(
                 variant.name
             )));
         }
-        // Dv above 256 is split into column slices (forward: between blocks;
-        // backward: between the warps that share keys).
-        let max = if axis == Axis::Dv { 512 } else { 256 };
+        let max = if axis == Axis::Dv { MAX_DV } else { MAX_DQK };
         if d == 0 || d % 16 != 0 || d > max {
             return Err(CompileError(format!(
                 "head dimension {axis} = {d} is not supported by the CUDA {kernel} templates: it needs a multiple of 16 up to {max}"

@@ -205,8 +205,8 @@ pub struct KernelSource {
     /// The whole Dv of v and o (a block computes `dv / dv_split` columns).
     pub dv: u32,
     /// With split-KV: the kernel that merges the partial rows (entry name),
-    /// launched after the main one with the same arguments, one warp per
-    /// query row, [`COMBINE_ROWS_PER_BLOCK`] rows per block.
+    /// launched after the main one with the same arguments
+    /// ([`KernelSource::combine_grid`], [`COMBINE_THREADS`] threads).
     pub combine: Option<String>,
     /// Keys per block step (the unit a KV split is made of).
     pub block_n: u32,
@@ -215,8 +215,11 @@ pub struct KernelSource {
     pub split_state_words: u32,
 }
 
-/// Rows (warps) per block of the split-KV combine kernel.
+/// Rows (one warp each) per block of the split-KV combine kernel.
 pub const COMBINE_ROWS_PER_BLOCK: u32 = 4;
+
+/// Threads per block of the split-KV combine kernel.
+pub const COMBINE_THREADS: u32 = COMBINE_ROWS_PER_BLOCK * WARP_SIZE;
 
 impl KernelSource {
     /// The launch grid for sizes `B, H, Hkv, Sq`: `(ceil(Sq / block_m) ·
@@ -254,6 +257,13 @@ impl KernelSource {
         (2 * sms).div_ceil(blocks).clamp(1, most) as u32
     }
 
+    /// The combine kernel's grid (`COMBINE_THREADS` threads per block) for
+    /// `rows = B·H·Sq` query rows; `None` when it exceeds what CUDA launches.
+    pub fn combine_grid(&self, rows: usize) -> Option<(u32, u32, u32)> {
+        let x = rows.div_ceil(COMBINE_ROWS_PER_BLOCK as usize);
+        (x < (1 << 31)).then_some((x as u32, 1, 1))
+    }
+
     /// The main kernel's grid with `n_splits` KV splits.
     pub fn split_grid_for(&self, sizes: [usize; 4], n_splits: u32) -> Option<(u32, u32, u32)> {
         let (x, y, z) = self.grid_for(sizes)?;
@@ -276,10 +286,6 @@ impl KernelSource {
 /// The largest Dv one block computes: a warp's 16-row accumulator tile of
 /// 256 columns takes 128 registers per thread.
 pub const MAX_DV_SLICE: u32 = 256;
-
-/// The largest Dv any forward takes (split into slices of at most
-/// [`MAX_DV_SLICE`]).
-pub const MAX_DV: u32 = 512;
 
 /// The fewest slices (1, 2 or 4) of at most [`MAX_DV_SLICE`] columns, each a
 /// multiple of 16, that `dv` splits into evenly; 1 if none.
