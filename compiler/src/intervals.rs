@@ -9,7 +9,7 @@
 //! bands) classifies exactly; anything read from a custom input is unknown,
 //! so such masks stay partial (correct, just not faster).
 //!
-//! [`classify`] is the reference of the rules; `cuda::intervals` emits the
+//! [`classify`] is the reference of the rules; `cxx::intervals` emits the
 //! same rules as a device function, and the tests hold both to brute force.
 
 use aec_frontend::ir::{Axis, Binary, DType, Op, Region, Unary};

@@ -7,6 +7,7 @@
 pub mod backward_plan;
 pub mod combine;
 pub mod cuda;
+pub mod cxx;
 pub mod intervals;
 pub mod simplify;
 

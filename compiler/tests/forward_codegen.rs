@@ -1,7 +1,7 @@
 //! The parallel forward generator on every parallel example: it renders, the
 //! variant's regions land in the kernel, configuration errors are clear.
 
-use aec_compiler::cuda::forward::implies_causal;
+use aec_compiler::cxx::regions::implies_causal;
 use aec_compiler::{
     ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
 };
@@ -138,7 +138,7 @@ fn every_parallel_example_generates_a_kernel() {
 }
 
 #[test]
-fn online_reductions_become_quad_shuffles_and_skip_masked_keys() {
+fn online_reductions_combine_the_row_lanes_and_skip_masked_keys() {
     let v = examples()
         .into_iter()
         .find(|(n, _)| n == "softmax")
@@ -147,8 +147,14 @@ fn online_reductions_become_quad_shuffles_and_skip_masked_keys() {
     let k = parallel_forward(&v, 128, 128, &CFG).expect("softmax kernel");
     let fwd = &k.source[k.source.find("void online_fwd").expect("online_fwd")..];
     let fwd = &fwd[..fwd.find("\n}\n").expect("end of online_fwd")];
-    assert!(fwd.contains("quad_max("), "rowmax → quad max:\n{fwd}");
-    assert!(fwd.contains("quad_sum("), "rowsum → quad sum:\n{fwd}");
+    assert!(
+        fwd.contains("row_lanes_max("),
+        "rowmax → row lanes max:\n{fwd}"
+    );
+    assert!(
+        fwd.contains("row_lanes_sum("),
+        "rowsum → row lanes sum:\n{fwd}"
+    );
     assert!(
         fwd.contains("if (valid[e])"),
         "reductions fold only visible keys:\n{fwd}"

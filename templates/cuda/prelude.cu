@@ -50,18 +50,19 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 __device__ __forceinline__ float to_f32(elem_t x) { return {{ sp.to_f32 }}(x); }
 __device__ __forceinline__ elem_t from_f32(float x) { return {{ sp.from_f32 }}(x); }
 
-// The four lanes of a quad hold one row of an mma accumulator tile.
-__device__ __forceinline__ float quad_sum(float x) {
+// The four lanes of a quad hold one row of an mma accumulator tile: the
+// row_lanes_* helpers combine them (the HIP prelude defines its own).
+__device__ __forceinline__ float row_lanes_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     x += __shfl_xor_sync(0xffffffffu, x, 2);
     return x;
 }
-__device__ __forceinline__ float quad_max(float x) {
+__device__ __forceinline__ float row_lanes_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
     return x;
 }
-__device__ __forceinline__ bool quad_any(bool x) {
+__device__ __forceinline__ bool row_lanes_any(bool x) {
     int v = x ? 1 : 0;
     v |= __shfl_xor_sync(0xffffffffu, v, 1);
     v |= __shfl_xor_sync(0xffffffffu, v, 2);

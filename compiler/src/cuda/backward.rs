@@ -2,18 +2,19 @@
 //! the variant's closures, their derived backward and the lowered
 //! normalisation backward ([`crate::backward_plan`]).
 
-use super::closures::{
-    CustomParams, ElemSpelling, axis_size, backward_closure, custom_at, custom_params,
-    elem_spelling, forward_closures, grad_atomics, grad_outputs, parallel_inputs, reads,
-    row_output_names, scores_read_customs_by_position,
-};
-use super::dialect::{Elem, Isa, WARP_SIZE};
-use super::expr::pointwise;
-use super::forward::{ArgKind, implies_causal};
-use super::intervals::mask_block_fn;
+use super::dialect::{Elem, ElemSpelling, Isa, WARP_SIZE, elem_spelling};
+use super::forward::ArgKind;
 use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
 use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
+use crate::cxx::closures::{
+    CustomParams, axis_size, backward_closure, custom_at, custom_params, forward_closures,
+    grad_atomics, grad_outputs, parallel_inputs, reads, row_output_names,
+    scores_read_customs_by_position,
+};
+use crate::cxx::expr::pointwise;
+use crate::cxx::intervals::mask_block_fn;
+use crate::cxx::regions::implies_causal;
 use crate::simplify::{Limits, simplify_region};
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, AxisSet, DType, NodeId, Op, Output, ParamRole, Region};

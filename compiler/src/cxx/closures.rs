@@ -1,8 +1,7 @@
-//! Pieces every parallel template shares: how kernels name axis coordinates,
+//! Pieces every parallel template (CUDA and HIP) shares: how kernels name axis coordinates,
 //! sizes and custom inputs, the element type's spellings, and the user's
 //! elementwise closures (and their derived backward) as device functions.
 
-use super::dialect::Elem;
 use super::expr::{custom_element, pointwise};
 use crate::CompileError;
 use aec_frontend::Variant;
@@ -45,41 +44,6 @@ pub fn custom_at(variant: &Variant, c: u32, pointer: &str) -> String {
         &axis_coord,
         &axis_size,
     )
-}
-
-/// Spellings of the element type in the templates' prelude.
-#[derive(Debug, Clone, Copy)]
-pub struct ElemSpelling {
-    pub header: &'static str,
-    /// The C type (`elem_t`).
-    pub c_type: &'static str,
-    /// The PTX type suffix of `mma.sync` operands.
-    pub mma_type: &'static str,
-    pub pack2_body: &'static str,
-    pub to_f32: &'static str,
-    pub from_f32: &'static str,
-}
-
-pub fn elem_spelling(elem: Elem) -> ElemSpelling {
-    let (c_type, mma_type) = (elem.c_type(), elem.mma_type());
-    match elem {
-        Elem::Bf16 => ElemSpelling {
-            header: "cuda_bf16.h",
-            c_type,
-            mma_type,
-            pack2_body: "__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
-            to_f32: "__bfloat162float",
-            from_f32: "__float2bfloat16",
-        },
-        Elem::F16 => ElemSpelling {
-            header: "cuda_fp16.h",
-            c_type,
-            mma_type,
-            pack2_body: "__half2 v = __floats2half2_rn(lo, hi);\n    return *reinterpret_cast<unsigned*>(&v);",
-            to_f32: "__half2float",
-            from_f32: "__float2half",
-        },
-    }
 }
 
 /// Leaves of an elementwise closure: its element is `x`, the rest come from the point.
@@ -195,10 +159,10 @@ pub fn scores_read_customs_by_position(variant: &Variant) -> bool {
     reads(par.mask.as_ref(), by_position) || reads(par.modify_scores.as_ref(), by_position)
 }
 
-/// The largest Dqk the CUDA templates take.
+/// The largest Dqk the parallel templates take.
 pub const MAX_DQK: u32 = 256;
 
-/// The largest Dv the CUDA templates take: above 256 it is split into column
+/// The largest Dv the parallel templates take: above 256 it is split into column
 /// slices (forward: between blocks; backward: between the warps that share
 /// keys).
 pub const MAX_DV: u32 = 512;
@@ -231,13 +195,13 @@ pub fn parallel_inputs<'v>(
         let max = if axis == Axis::Dv { MAX_DV } else { MAX_DQK };
         if d == 0 || d % 16 != 0 || d > max {
             return Err(CompileError(format!(
-                "head dimension {axis} = {d} is not supported by the CUDA {kernel} templates: it needs a multiple of 16 up to {max}"
+                "head dimension {axis} = {d} is not supported by the parallel {kernel} templates: it needs a multiple of 16 up to {max}"
             )));
         }
     }
     if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
         return Err(CompileError(format!(
-            "custom input `{}` has user axes (read by index); the CUDA templates do not support indexed inputs yet",
+            "custom input `{}` has user axes (read by index); the GPU templates do not support indexed inputs yet",
             c.name
         )));
     }

@@ -1,5 +1,5 @@
-//! The mask's tile classification (`crate::intervals`) as a CUDA device
-//! function: `int mask_block(i0, i1, j0, j1, b, h, hk, P)` returns 0 (empty),
+//! The mask's tile classification (`crate::intervals`) as a device
+//! function (CUDA and HIP): `int mask_block(i0, i1, j0, j1, b, h, hk, P)` returns 0 (empty),
 //! 1 (partial) or 2 (full) for rows `[i0, i1]` and keys `[j0, j1]`. Numbers
 //! are `double` intervals, booleans a pair of "can be true / can be false"
 //! flags; the rules are those of `crate::intervals::classify`.

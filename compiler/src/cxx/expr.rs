@@ -1,4 +1,4 @@
-//! Expression generation: a region's graph as CUDA statements.
+//! Expression generation: a region's graph as C++ statements (CUDA and HIP).
 //!
 //! Nodes are emitted once each, in arena (topological) order, as `const`
 //! locals named after their node id, so shared subexpressions are computed
@@ -7,9 +7,9 @@
 //!   epilogue);
 //! - row: values that vary along the key axis are arrays over the thread's
 //!   `NE` keys of the row; reductions fold the valid keys and then combine the
-//!   four lanes (a quad) that share the row.
+//!   lanes that share the row (`row_lanes_*`, defined by each prelude).
 
-use super::dialect::{binary, c_scalar, float_lit, reduce, unary};
+use super::spelling::{binary, c_scalar, float_lit, reduce, unary};
 use aec_frontend::ir::{Axis, Binary, DType, NodeId, Op, Region};
 use std::fmt::Write;
 
