@@ -13,8 +13,7 @@ mod common;
 use aec::compiler::{
     BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
 };
-use aec::frontend::ir::Axis;
-use aec::frontend::{Variant, parse_file};
+use aec::frontend::Variant;
 use aec::runtime::{
     CompileOptions, compile, find_tool, nvrtc_present, ptxas_resources, sass, toolchains_required,
 };
@@ -40,34 +39,6 @@ fn toolchain_ready() -> bool {
     false
 }
 
-fn parallel_examples() -> Vec<(String, Variant)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(common::examples_dir()).expect("examples dir") {
-        let path = entry.expect("entry").path();
-        let src = std::fs::read_to_string(&path).expect("read example");
-        for inv in parse_file(&src).expect("rust file") {
-            let v = inv.variant.expect("valid example");
-            let indexed = v.customs.iter().any(|c| !c.user_axes.is_empty());
-            if v.parallel().is_some() && !indexed {
-                out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
-            }
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
-fn head_dims(v: &Variant) -> (u32, u32) {
-    let fixed = |a: Axis| {
-        v.fixed_sizes
-            .iter()
-            .find(|(x, _)| *x == a)
-            .map(|(_, n)| *n as u32)
-            .unwrap_or(128)
-    };
-    (fixed(Axis::Dqk), fixed(Axis::Dv))
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Pass {
     Forward,
@@ -79,7 +50,7 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
     if !toolchain_ready() {
         return;
     }
-    let examples = parallel_examples();
+    let examples = common::parallel_examples();
     assert!(
         examples.len() >= 13,
         "expected the parallel examples, found {}",
@@ -147,7 +118,7 @@ fn spill_budget(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
 }
 
 fn check_one(name: &str, v: &Variant, arch: &str) -> String {
-    let (dqk, dv) = head_dims(v);
+    let (dqk, dv) = common::head_dims(v);
     let cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     let kernel = parallel_forward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
     let compiled = compile(&kernel.source, &CompileOptions::new(arch))
@@ -214,7 +185,7 @@ fn check_one(name: &str, v: &Variant, arch: &str) -> String {
 const BACKWARD_SPILL_BUDGET: u32 = 96;
 
 fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
-    let (dqk, dv) = head_dims(v);
+    let (dqk, dv) = common::head_dims(v);
     let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     let b = parallel_backward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
     let compiled = compile(&b.source, &CompileOptions::new(arch))

@@ -10,8 +10,8 @@
 //! GPU machine only loads and launches.
 
 use aec_compiler::{
-    ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, COMBINE_THREADS, Elem,
-    ForwardConfig, Grid, Isa, KernelSource, parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
+    Isa, KernelSource, parallel_backward, parallel_forward,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -536,7 +536,7 @@ fn kernel_meta(
         "packed_gqa": k.packed_gqa,
         "dv_split": k.dv_split,
         "combine": k.combine,
-        "combine_threads": COMBINE_THREADS,
+        "combine_threads": k.combine_threads,
         "combine_rows_per_block": COMBINE_ROWS_PER_BLOCK,
         "block_n": k.block_n,
         "split_state_words": k.split_state_words,

@@ -1,4 +1,5 @@
-//! aec compiler: lowers traced attention variants to GPU kernel sources.
+//! aec compiler: lowers traced attention variants to GPU kernel sources
+//! (CUDA for NVIDIA, HIP for AMD).
 //!
 //! Like the frontend it does no I/O and needs no GPU: it turns a
 //! [`aec_frontend::Variant`] and a kernel configuration into source text plus
@@ -8,13 +9,14 @@ pub mod backward_plan;
 pub mod combine;
 pub mod cuda;
 pub mod cxx;
+pub mod hip;
 pub mod intervals;
 pub mod simplify;
 
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
-    ArgKind, COMBINE_ROWS_PER_BLOCK, COMBINE_THREADS, ForwardConfig, KernelSource, parallel_forward,
+    ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
 };
 
 /// Why a variant cannot be compiled with a given configuration.

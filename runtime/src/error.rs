@@ -83,6 +83,9 @@ pub enum RuntimeError {
     )]
     ToolMissing { tool: String, looked: String },
 
+    #[error("`{tool}` not found (needed for {target}): {hint}", hint = crate::hip_tools::HIP_TOOLCHAIN_HINT)]
+    HipToolMissing { tool: String, target: String },
+
     #[error("`{tool}` failed ({status}):\n{output}")]
     ToolFailed {
         tool: String,

@@ -8,6 +8,8 @@
 //! - [`Module`], [`Kernel`], [`Arg`]: loading and checked launches.
 //! - [`Stream`], [`DeviceBuffer`]: copies; [`time_ms`]: event timing.
 //! - [`ptxas_resources`], [`sass`]: the compile checks' view of a kernel.
+//! - [`hip_compile`], [`hip_resources`], [`hip_isa`]: AMD code objects built
+//!   and read offline (no AMD GPU or HIP runtime needed).
 //!
 //! Where the CUDA pieces come from (`AEC_CUDA_INCLUDE`, `AEC_CUDA_BIN`,
 //! `LD_LIBRARY_PATH`, `AEC_CACHE_DIR`) is described in `runtime/README.md`.
@@ -16,6 +18,7 @@ mod cache;
 mod device;
 mod error;
 mod hash;
+mod hip_tools;
 mod launch;
 mod memory;
 mod nvrtc;
@@ -27,6 +30,10 @@ mod tools;
 pub use cache::{CacheKey, KernelCache, default_dir as default_cache_dir};
 pub use device::{Device, DeviceInfo, arch_for, driver_present};
 pub use error::{Result, RuntimeError};
+pub use hip_tools::{
+    HIP_TOOLCHAIN_HINT, HipCodeObject, HipCompiler, HipResourceUsage, find_hip_compiler,
+    hip_compile, hip_isa, hip_resources, parse_amdgpu_metadata,
+};
 pub use launch::{Arg, Kernel, Module, Param};
 pub use memory::{DType, DeviceBuffer, Element};
 pub use nvrtc::{

@@ -64,7 +64,7 @@ pub fn sass(cubin: &[u8]) -> Result<String> {
 }
 
 /// Runs a tool; its stdout and stderr together, or its failure with both.
-fn run(cmd: &mut Command, tool: &str) -> Result<String> {
+pub(crate) fn run(cmd: &mut Command, tool: &str) -> Result<String> {
     let out = cmd.output().map_err(|e| RuntimeError::ToolFailed {
         tool: tool.into(),
         status: "could not start".into(),
@@ -87,10 +87,10 @@ fn run(cmd: &mut Command, tool: &str) -> Result<String> {
 }
 
 /// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new() -> Result<TempDir> {
+    pub(crate) fn new() -> Result<TempDir> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -104,7 +104,7 @@ impl TempDir {
         Ok(TempDir(dir))
     }
 
-    fn write(&self, name: &str, data: &[u8]) -> Result<PathBuf> {
+    pub(crate) fn write(&self, name: &str, data: &[u8]) -> Result<PathBuf> {
         let path = self.0.join(name);
         std::fs::write(&path, data).map_err(RuntimeError::io("cannot write", &path))?;
         Ok(path)

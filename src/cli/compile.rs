@@ -1,18 +1,25 @@
 //! `aec compile <variant.rs>… --target <t>… -o <dir>`: generated kernel
-//! sources (forward and backward), cubins (through NVRTC, no GPU needed) and
-//! a manifest.
+//! sources, code objects and a manifest. NVIDIA targets get the forward and
+//! backward as CUDA sources and cubins (through NVRTC, no GPU needed); AMD
+//! targets (mi250: gfx90a, mi300x: gfx942) get the HIP forward and, where
+//! hipcc or clang-19 is installed, its code object.
 //!
 //! This is the first part of a kernel library: the C header, the loaders and
 //! the PyTorch module do not exist yet, and the manifest says so.
 
 use super::EXIT_INPUT;
+use aec::compiler::hip::dialect::{Gfx, HipPrelude};
+use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::{
-    ArgKind, BackwardConfig, COMBINE_ROWS_PER_BLOCK, COMBINE_THREADS, Elem, ForwardConfig, Grid,
-    Isa, KernelSource, Launch, parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid, Isa, KernelSource,
+    Launch, parallel_backward, parallel_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
-use aec::runtime::{CompileOptions, compile, nvrtc_present};
+use aec::runtime::{
+    CompileOptions, HIP_TOOLCHAIN_HINT, compile, find_hip_compiler, hip_compile, hip_resources,
+    nvrtc_present,
+};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -37,6 +44,11 @@ impl Target {
             Target::Mi250 => "mi250",
             Target::Mi300x => "mi300x",
         }
+    }
+
+    /// The AMD architecture, or None for NVIDIA targets.
+    fn gfx(self) -> Option<Gfx> {
+        Gfx::for_target(self.name())
     }
 
     /// The NVRTC architecture, or None for AMD targets.
@@ -95,12 +107,6 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let mut targets = args.targets.clone();
     targets.sort();
     targets.dedup();
-    if let Some(t) = targets.iter().find(|t| t.cuda_arch().is_none()) {
-        return Err(format!(
-            "target `{}`: the HIP backend (AMD GPUs) is not implemented yet; build for a100, h100 or h200",
-            t.name()
-        ));
-    }
     let mut variants: Vec<(String, Variant)> = Vec::new();
     for file in &args.files {
         let shown = file.display().to_string();
@@ -115,7 +121,8 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         }
     }
     let with_nvrtc = nvrtc_present();
-    if !with_nvrtc {
+    let any_cuda = targets.iter().any(|t| t.cuda_arch().is_some());
+    if any_cuda && !with_nvrtc {
         eprintln!(
             "note: NVRTC (libnvrtc.so.13) not found: writing CUDA sources only, no cubins; run `cargo xtask toolchains` and put its lib/ on LD_LIBRARY_PATH, or build on a machine with CUDA 13"
         );
@@ -233,6 +240,9 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 }
             }
         }
+        for t in targets.iter().filter(|t| t.gfx().is_some()) {
+            kernels.extend(hip_kernels(&kernels_dir, v, file, vq, vv, *t)?);
+        }
         manifest_variants.push(json!({
             "name": v.name,
             "file": file,
@@ -244,13 +254,79 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": 1,
-        "contents": "generated CUDA sources and cubins of the parallel forward and backward kernels; a C header, loaders and a PyTorch module are not generated yet",
+        "contents": "generated sources and code objects: CUDA (cubins) forward and backward kernels for NVIDIA targets, HIP (gfx code objects) forward kernels for AMD targets; a C header, loaders and a PyTorch module are not generated yet",
         "variants": manifest_variants,
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
     write(&args.out.join("manifest.json"), text.as_bytes())?;
     eprintln!("wrote {}", args.out.join("manifest.json").display());
     Ok(())
+}
+
+/// The HIP kernels of a parallel variant for one AMD target: the forward's
+/// source and, where a HIP compiler is installed, its code object with the
+/// resources read back from it. The HIP backward is not implemented yet and
+/// the manifest says so.
+fn hip_kernels(
+    dir: &Path,
+    v: &Variant,
+    file: &str,
+    dqk: u32,
+    dv: u32,
+    target: Target,
+) -> Result<Vec<Value>, String> {
+    let gfx = target.gfx().expect("AMD target");
+    let cfg = HipForwardConfig::default_for(v, dqk, dv, Elem::Bf16);
+    let k = hip_parallel_forward(v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
+        .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
+    let source = format!("kernels/{}.hip", k.name);
+    write(&dir.join(format!("{}.hip", k.name)), k.source.as_bytes())?;
+    let (code_object, resources) = match find_hip_compiler(gfx.name()) {
+        Ok(_) => {
+            eprintln!("compiling {} for {} …", k.name, gfx.name());
+            let co =
+                hip_compile(&k.source, gfx.name()).map_err(|e| format!("`{}`: {e}", v.name))?;
+            // The entry name already ends in the architecture.
+            let name = format!("{}.co", k.name);
+            write(&dir.join(&name), &co.elf)?;
+            let res = hip_resources(&co.elf).ok().and_then(|r| {
+                r.into_iter().find(|r| r.name == k.name).map(|r| {
+                    json!({ "vgprs": r.vgprs, "agprs": r.agprs, "sgprs": r.sgprs, "lds_bytes": r.lds_bytes,
+                            "scratch_bytes": r.scratch_bytes, "waves_per_simd": r.waves_per_simd(cfg.waves) })
+                })
+            });
+            (
+                json!(format!("kernels/{name}")),
+                json!({ "compiler": co.compiler, "usage": res }),
+            )
+        }
+        Err(e) => {
+            eprintln!("note: {e}: writing the HIP source of `{}` only", v.name);
+            (
+                Value::Null,
+                json!({ "missing_toolchain": HIP_TOOLCHAIN_HINT }),
+            )
+        }
+    };
+    eprintln!(
+        "warning: `{}` ({file}): no HIP backward kernels for {}: the HIP backward templates are not implemented yet",
+        v.name,
+        target.name()
+    );
+    Ok(vec![
+        json!({
+            "pass": "forward",
+            "entry": k.name,
+            "source": source,
+            "builds": [{ "target": target.name(), "arch": gfx.name(), "code_object": code_object, "report": resources }],
+            "head_dims": { "Dqk": dqk, "Dv": dv },
+            "launch": { "grid": forward_grid(&k), "block_m": k.block_m, "dv_split": k.dv_split, "threads": k.threads, "dynamic_smem_bytes": 0 },
+            "args": args_json(&k.args),
+            "row_outputs": k.row_outputs,
+            "split_kv": split_kv_json(&k),
+        }),
+        json!({ "pass": "backward", "target": target.name(), "skipped": "the HIP backward templates are not implemented yet" }),
+    ])
 }
 
 /// Writes `<name>.cu` and, with NVRTC, one cubin per architecture (h100 and
@@ -328,7 +404,7 @@ fn split_kv_json(k: &KernelSource) -> Value {
     match &k.combine {
         Some(entry) => json!({
             "combine_entry": entry,
-            "combine_launch": { "grid": ["ceil(B * H * Sq / rows_per_block)", 1, 1], "rows_per_block": COMBINE_ROWS_PER_BLOCK, "threads": COMBINE_THREADS },
+            "combine_launch": { "grid": ["ceil(B * H * Sq / rows_per_block)", 1, 1], "rows_per_block": COMBINE_ROWS_PER_BLOCK, "threads": k.combine_threads },
             "workspace_f32_per_row_and_split": { "opart": k.dv, "spart": k.split_state_words },
             "block_n": k.block_n,
             "main_grid_x": "forward grid x * n_splits",

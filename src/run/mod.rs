@@ -63,8 +63,8 @@ pub use backward::Gradients;
 use std::sync::OnceLock;
 
 use crate::compiler::{
-    ArgKind, BackwardConfig, BackwardSource, COMBINE_THREADS, CompileError, Elem, ForwardConfig,
-    Isa, KernelSource, parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, Isa, KernelSource,
+    parallel_backward, parallel_forward,
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
@@ -700,7 +700,13 @@ impl ParallelKernels {
                     ))
                 })?;
                 combine
-                    .launch(stream, grid, (COMBINE_THREADS, 1, 1), 0, &mut args)
+                    .launch(
+                        stream,
+                        grid,
+                        (self.source.combine_threads, 1, 1),
+                        0,
+                        &mut args,
+                    )
                     .map_err(runtime)?;
             }
         }

@@ -42,6 +42,36 @@ pub fn example(name: &str) -> Variant {
     })
 }
 
+/// Every parallel example without indexed inputs, by file stem, sorted.
+pub fn parallel_examples() -> Vec<(String, Variant)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(examples_dir()).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        let src = std::fs::read_to_string(&path).expect("read example");
+        for inv in parse_file(&src).expect("rust file") {
+            let v = inv.variant.expect("valid example");
+            let indexed = v.customs.iter().any(|c| !c.user_axes.is_empty());
+            if v.parallel().is_some() && !indexed {
+                out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The example's fixed head dims, 128 where it leaves them free.
+pub fn head_dims(v: &Variant) -> (u32, u32) {
+    let fixed = |a: Axis| {
+        v.fixed_sizes
+            .iter()
+            .find(|(x, _)| *x == a)
+            .map(|(_, n)| *n as u32)
+            .unwrap_or(128)
+    };
+    (fixed(Axis::Dqk), fixed(Axis::Dv))
+}
+
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
 }

@@ -203,8 +203,11 @@ pub struct KernelSource {
     pub dv: u32,
     /// With split-KV: the kernel that merges the partial rows (entry name),
     /// launched after the main one with the same arguments
-    /// ([`KernelSource::combine_grid`], [`COMBINE_THREADS`] threads).
+    /// ([`KernelSource::combine_grid`], `combine_threads` threads).
     pub combine: Option<String>,
+    /// Threads per block of the combine kernel: one warp (wavefront) per row,
+    /// [`COMBINE_ROWS_PER_BLOCK`] rows.
+    pub combine_threads: u32,
     /// Keys per block step (the unit a KV split is made of).
     pub block_n: u32,
     /// Words per query row and split of the `spart` workspace: the state
@@ -215,8 +218,8 @@ pub struct KernelSource {
 /// Rows (one warp each) per block of the split-KV combine kernel.
 pub const COMBINE_ROWS_PER_BLOCK: u32 = 4;
 
-/// Threads per block of the split-KV combine kernel.
-pub const COMBINE_THREADS: u32 = COMBINE_ROWS_PER_BLOCK * WARP_SIZE;
+/// Threads per block of the CUDA split-KV combine kernel.
+const COMBINE_THREADS: u32 = COMBINE_ROWS_PER_BLOCK * WARP_SIZE;
 
 impl KernelSource {
     /// The launch grid for sizes `B, H, Hkv, Sq`: `(ceil(Sq / block_m) ·
@@ -254,7 +257,7 @@ impl KernelSource {
         (2 * sms).div_ceil(blocks).clamp(1, most) as u32
     }
 
-    /// The combine kernel's grid (`COMBINE_THREADS` threads per block) for
+    /// The combine kernel's grid (`combine_threads` threads per block) for
     /// `rows = B·H·Sq` query rows; `None` when it exceeds what CUDA launches.
     pub fn combine_grid(&self, rows: usize) -> Option<(u32, u32, u32)> {
         let x = rows.div_ceil(COMBINE_ROWS_PER_BLOCK as usize);
@@ -489,6 +492,7 @@ pub fn parallel_forward(
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
+        combine_threads: COMBINE_THREADS,
         name: kernel_name,
         source,
         threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,

@@ -1,0 +1,294 @@
+//! The parallel forward for AMD GPUs: `templates/hip/parallel_fwd.hip` filled
+//! with the same regions as the CUDA templates ([`crate::cxx::regions`]).
+
+use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
+use crate::CompileError;
+use crate::Elem;
+use crate::combine::combine_plan;
+use crate::cuda::forward::{
+    ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource, MAX_DV_SLICE, default_dv_split,
+};
+use crate::cxx::closures::{
+    CustomParams, custom_params, parallel_inputs, reads, row_output_names,
+    scores_read_customs_by_position,
+};
+use crate::cxx::regions::{forward_regions, implies_causal, state_init};
+use aec_frontend::Variant;
+use aec_frontend::ir::{Axis, Op};
+use askama::Template;
+
+/// Tile configuration of the HIP forward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HipForwardConfig {
+    /// Query rows per workgroup.
+    pub block_m: u32,
+    /// Keys per inner-loop step.
+    pub block_n: u32,
+    /// Wavefronts per workgroup; each owns `block_m / waves` query rows (16
+    /// or 32: one or two MFMA tiles sharing every K and V fragment).
+    pub waves: u32,
+    pub elem: Elem,
+    /// Rows are the (query head, position) pairs of the query heads sharing
+    /// a KV head (decoding), as in [`crate::ForwardConfig::pack_gqa`].
+    pub pack_gqa: bool,
+    /// Workgroups per row block, each computing `Dv / dv_split` columns.
+    pub dv_split: u32,
+    /// Split-KV with the derived combine kernel, as in
+    /// [`crate::ForwardConfig::split_kv`].
+    pub split_kv: bool,
+}
+
+impl HipForwardConfig {
+    /// The configuration used when none is tuned: decoding (`Sq ≤ 16` fixed)
+    /// gets one wave of 16 packed rows and split-KV; otherwise four waves of
+    /// 16 rows each (two 16-row tiles per wave take 292 registers at d128 on
+    /// gfx90a, one wave per SIMD; one takes 180, two waves); 64-key blocks
+    /// where the K and Vᵀ tiles stay within 32 KiB of LDS (two workgroups per
+    /// CU), else 32.
+    pub fn default_for(variant: &Variant, dqk: u32, dv: u32, elem: Elem) -> HipForwardConfig {
+        let decode = variant
+            .fixed_sizes
+            .iter()
+            .any(|&(a, n)| a == Axis::Sq && n <= 16);
+        let dv_split = default_dv_split(dv);
+        let slice = dv / dv_split;
+        let (block_m, waves, pack_gqa) = if decode {
+            (16, 1, true)
+        } else {
+            (64, 4, false)
+        };
+        let block_n = if lds_bytes(64, dqk, slice) <= MAX_LDS_BYTES / 2 {
+            64
+        } else {
+            32
+        };
+        HipForwardConfig {
+            block_m,
+            block_n,
+            waves,
+            elem,
+            pack_gqa,
+            dv_split,
+            split_kv: decode
+                && variant
+                    .parallel()
+                    .is_some_and(|p| combine_plan(&p.online).is_ok()),
+        }
+    }
+
+    /// 16-row MFMA tiles per wave.
+    pub fn q_tiles(&self) -> u32 {
+        self.block_m / (16 * self.waves)
+    }
+}
+
+/// LDS of one workgroup: a K tile (rows padded to 16 bytes) and a Vᵀ tile.
+pub fn lds_bytes(block_n: u32, dqk: u32, dv_slice: u32) -> u32 {
+    2 * (block_n * (dqk + 8) + dv_slice * (block_n + 4))
+}
+
+#[derive(Template)]
+#[template(path = "hip/parallel_fwd.hip", escape = "none")]
+struct HipForwardTemplate<'a> {
+    version: &'a str,
+    variant: &'a str,
+    kernel_name: &'a str,
+    target: &'a str,
+    emulate: bool,
+    elem: &'a str,
+    f16: bool,
+    mfma_suffix: &'a str,
+    mfma_builtin: &'a str,
+    bm: u32,
+    bn: u32,
+    waves: u32,
+    q_tiles: u32,
+    wave_size: u32,
+    dqk: u32,
+    dv: u32,
+    dv_total: u32,
+    dv_split: u32,
+    nstate: usize,
+    nstate_arr: usize,
+    nscales: usize,
+    nscales_arr: usize,
+    params_fields: String,
+    custom_args: String,
+    params_init: String,
+    state_init: String,
+    causal: bool,
+    packed: bool,
+    mask_reads_head: bool,
+    regions: String,
+    modify_q: bool,
+    modify_k: bool,
+    modify_v: bool,
+    modify_scores: bool,
+    mask: bool,
+    clamp: bool,
+    split_kv: bool,
+    combine_rows: u32,
+}
+
+/// Generates the HIP parallel forward of `variant` for head dims `dqk`, `dv`
+/// and architecture `gfx`, rendered with `prelude` (the real target, or the
+/// CPU emulation used by the tests).
+pub fn hip_parallel_forward(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &HipForwardConfig,
+    gfx: Gfx,
+    prelude: HipPrelude,
+) -> Result<KernelSource, CompileError> {
+    let par = parallel_inputs(variant, dqk, dv, "forward")?;
+    check_config(cfg, dqk, dv)?;
+    let dv_total = dv;
+    let dv = dv_total / cfg.dv_split;
+    let online = &par.online;
+    let nstate = online.state.len();
+    let nscales = online.scales.len();
+    let regions = forward_regions(variant, cfg.split_kv)?;
+    let CustomParams {
+        fields: params_fields,
+        args: custom_args,
+        init: params_init,
+    } = custom_params(variant.customs.len(), false);
+    let kernel_name = format!(
+        "aec_fwd_{}_{}_d{dqk}x{dv_total}_m{}n{}w{}{}{}_{}",
+        variant.name.to_lowercase(),
+        cfg.elem.name(),
+        cfg.block_m,
+        cfg.block_n,
+        cfg.waves,
+        if cfg.pack_gqa { "_gqa" } else { "" },
+        if cfg.dv_split > 1 {
+            format!("_v{}", cfg.dv_split)
+        } else {
+            String::new()
+        },
+        gfx.name(),
+    );
+    let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
+    let target = match prelude {
+        HipPrelude::Amdgcn => gfx.name().to_string(),
+        HipPrelude::CpuEmulation => format!("the CPU emulation of {}", gfx.name()),
+    };
+    let t = HipForwardTemplate {
+        version: env!("CARGO_PKG_VERSION"),
+        variant: &variant.name,
+        kernel_name: &kernel_name,
+        target: &target,
+        emulate: prelude == HipPrelude::CpuEmulation,
+        elem: cfg.elem.name(),
+        f16: cfg.elem == Elem::F16,
+        mfma_suffix,
+        mfma_builtin,
+        bm: cfg.block_m,
+        bn: cfg.block_n,
+        waves: cfg.waves,
+        q_tiles: cfg.q_tiles(),
+        wave_size: WAVE_SIZE,
+        dqk,
+        dv,
+        dv_total,
+        dv_split: cfg.dv_split,
+        nstate,
+        nstate_arr: nstate.max(1),
+        nscales,
+        nscales_arr: nscales.max(1),
+        params_fields,
+        custom_args,
+        params_init,
+        state_init: state_init(online),
+        causal: par.mask.as_ref().is_some_and(implies_causal),
+        packed: cfg.pack_gqa,
+        mask_reads_head: reads(par.mask.as_ref(), |op| *op == Op::Index(Axis::H)),
+        regions,
+        modify_q: par.modify_q.is_some(),
+        modify_k: par.modify_k.is_some(),
+        modify_v: par.modify_v.is_some(),
+        modify_scores: par.modify_scores.is_some(),
+        mask: par.mask.is_some(),
+        clamp: scores_read_customs_by_position(variant),
+        split_kv: cfg.split_kv,
+        combine_rows: COMBINE_ROWS_PER_BLOCK,
+    };
+    let source = t
+        .render()
+        .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
+    let mut args = vec![
+        ArgKind::Tensor("q"),
+        ArgKind::Tensor("k"),
+        ArgKind::Tensor("v"),
+        ArgKind::Tensor("o"),
+        ArgKind::RowOut,
+    ];
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::Custom(c.name.clone())),
+    );
+    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    if cfg.split_kv {
+        args.extend([
+            ArgKind::Workspace("opart"),
+            ArgKind::Workspace("spart"),
+            ArgKind::KvSplits,
+        ]);
+    }
+    Ok(KernelSource {
+        combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
+        combine_threads: COMBINE_ROWS_PER_BLOCK * WAVE_SIZE,
+        name: kernel_name,
+        source,
+        threads: cfg.waves * WAVE_SIZE,
+        block_m: cfg.block_m,
+        // Static LDS only (see `lds_bytes`): nothing to pass at launch.
+        smem_bytes: 0,
+        args,
+        row_outputs: row_output_names(online),
+        packed_gqa: cfg.pack_gqa,
+        dv_split: cfg.dv_split,
+        elem: cfg.elem,
+        dqk,
+        dv: dv_total,
+        block_n: cfg.block_n,
+        split_state_words: nstate as u32 + 1,
+    })
+}
+
+fn check_config(cfg: &HipForwardConfig, dqk: u32, dv_total: u32) -> Result<(), CompileError> {
+    let split = cfg.dv_split;
+    if !matches!(split, 1 | 2 | 4)
+        || !dv_total.is_multiple_of(split)
+        || !(dv_total / split).is_multiple_of(16)
+        || dv_total / split > MAX_DV_SLICE
+    {
+        return Err(CompileError(format!(
+            "dv_split {split} does not fit Dv = {dv_total}: it must be 1, 2 or 4 and cut Dv into slices that are multiples of 16 of at most {MAX_DV_SLICE} columns"
+        )));
+    }
+    if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
+        || !matches!(cfg.block_n, 16 | 32 | 64 | 128)
+        || cfg.waves == 0
+        || !cfg.block_m.is_multiple_of(cfg.waves)
+        || !matches!(cfg.block_m / cfg.waves, 16 | 32)
+    {
+        return Err(CompileError(format!(
+            "HIP tile {}x{} with {} waves is not supported: block_m must be 16, 32, 64 or 128, block_n 16, 32, 64 or 128, and each wave must own 16 or 32 rows",
+            cfg.block_m, cfg.block_n, cfg.waves
+        )));
+    }
+    let lds = lds_bytes(cfg.block_n, dqk, dv_total / split);
+    if lds > MAX_LDS_BYTES {
+        return Err(CompileError(format!(
+            "HIP tile {}x{} needs {lds} bytes of LDS for Dqk {dqk} and a Dv slice of {}; a workgroup has {MAX_LDS_BYTES}: use a smaller block_n",
+            cfg.block_m,
+            cfg.block_n,
+            dv_total / split
+        )));
+    }
+    Ok(())
+}

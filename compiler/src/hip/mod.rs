@@ -1,0 +1,4 @@
+//! HIP code generation for AMD GPUs (MI250 gfx90a, MI300X gfx942).
+
+pub mod dialect;
+pub mod forward;

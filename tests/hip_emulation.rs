@@ -1,0 +1,331 @@
+//! The HIP forward template run on the CPU (issue: AMD backend; see
+//! ARCHITECTURE.md, "How the HIP kernels are checked"). There is no AMD GPU
+//! here, so the template is rendered with the emulation prelude
+//! (`templates/hip/prelude_emulation.h`): the same kernel text — tiles, LDS
+//! layout, index arithmetic, lane exchanges, the user's online normalisation,
+//! split-KV and its combine — built by the system C++ compiler, every
+//! work-item a thread, each 64-lane wavefront meeting where the hardware
+//! exchanges data, and `mfma16` a reference routine over the documented
+//! operand layout. Outputs and row outputs are compared with the f64
+//! reference interpreter on random inputs at sizes that are not tile
+//! multiples.
+
+mod common;
+
+use aec::compiler::hip::dialect::{Gfx, HipPrelude};
+use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
+use aec::compiler::{ArgKind, Elem, KernelSource};
+use aec::prelude::*;
+use aec::reference::{self, Options};
+use aec::runtime::{bf16, toolchains_required};
+use common::gpu::{random_call, rel_err};
+use std::fmt::Write as _;
+use std::process::Command;
+
+fn cxx() -> Option<String> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    match Command::new(&cxx).arg("--version").output() {
+        Ok(o) if o.status.success() => Some(cxx),
+        _ => {
+            let msg = format!("no C++20 compiler (`{cxx}`; set CXX) for the HIP emulation");
+            assert!(!toolchains_required(), "{msg}");
+            eprintln!("skipped: {msg}");
+            None
+        }
+    }
+}
+
+/// The C++ driver: reads q, k, v (bf16 bits) and the custom inputs (f32)
+/// from `in.bin`, launches the kernel (and the combine kernel with
+/// `n_splits` > 1) on the emulator, writes o (bf16 bits) and the row outputs
+/// (f32) to `out.bin`.
+fn driver(k: &KernelSource, shape: Shape, customs: &[(String, usize)], n_splits: u32) -> String {
+    let rows = shape.rows();
+    let (gx, gy, gz) = k
+        .split_grid_for([shape.b, shape.h, shape.hkv, shape.sq], n_splits)
+        .expect("grid");
+    let q_len = shape.b * shape.h * shape.sq * k.dqk as usize;
+    let kv_len = shape.b * shape.hkv * shape.skv * k.dqk as usize;
+    let v_len = shape.b * shape.hkv * shape.skv * k.dv as usize;
+    let o_len = rows * k.dv as usize;
+    let nrow = k.row_outputs.len().max(1) * rows;
+    let mut s = String::from("#include \"kernel.hip\"\n#include <cstdio>\n#include <vector>\n\n");
+    s += "template <class T> static void rd(FILE* f, std::vector<T>& v) { if (fread(v.data(), sizeof(T), v.size(), f) != v.size()) abort(); }\n";
+    s += "int main() {\n    FILE* f = fopen(\"in.bin\", \"rb\");\n";
+    let _ = writeln!(
+        s,
+        "    std::vector<unsigned short> q({q_len}), k({kv_len}), v({v_len}), o({o_len}, 0xffff);\n    std::vector<float> rowout({nrow}, -12345.0f);\n    rd(f, q); rd(f, k); rd(f, v);"
+    );
+    for (n, (_, len)) in customs.iter().enumerate() {
+        let _ = writeln!(s, "    std::vector<float> c{n}({len}); rd(f, c{n});");
+    }
+    let ws_o = k.workspace_len("opart", rows, n_splits);
+    let ws_s = k.workspace_len("spart", rows, n_splits);
+    let _ = writeln!(
+        s,
+        "    fclose(f);\n    std::vector<float> opart({ws_o}), spart({ws_s});"
+    );
+    let args: Vec<String> = k
+        .args
+        .iter()
+        .map(|a| match a {
+            ArgKind::Tensor(n) => format!("{n}.data()"),
+            ArgKind::RowOut => "rowout.data()".into(),
+            ArgKind::Custom(name) => {
+                let n = customs.iter().position(|(c, _)| c == name).expect("custom");
+                format!("c{n}.data()")
+            }
+            ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
+            ArgKind::Workspace(n) => format!("{n}.data()"),
+            ArgKind::KvSplits => n_splits.to_string(),
+            ArgKind::CustomGrad(_) => unreachable!("forward"),
+        })
+        .collect();
+    let call = args.join(", ");
+    let _ = writeln!(
+        s,
+        "    aec_emu::launch({gx}, {gy}, {gz}, {}, [&] {{ {}({call}); }});",
+        k.threads, k.name
+    );
+    if let (Some(combine), true) = (&k.combine, n_splits > 1) {
+        let (cx, cy, cz) = k.combine_grid(rows).expect("combine grid");
+        let _ = writeln!(
+            s,
+            "    aec_emu::launch({cx}, {cy}, {cz}, {}, [&] {{ {combine}({call}); }});",
+            k.combine_threads
+        );
+    }
+    s += "    FILE* g = fopen(\"out.bin\", \"wb\");\n    fwrite(o.data(), 2, o.size(), g);\n    fwrite(rowout.data(), 4, rowout.size(), g);\n    fclose(g);\n    return 0;\n}\n";
+    s
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Renders `examples/<name>.rs`'s HIP forward with the emulation prelude,
+/// runs it on a random call and checks it against the reference.
+fn check(
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    range: (f64, f64),
+    tune: impl Fn(&mut HipForwardConfig),
+    n_splits: u32,
+) {
+    let Some(cxx) = cxx() else { return };
+    let def = common::example(name);
+    let mut cfg = HipForwardConfig::default_for(&def, dims.dqk, dims.dv, Elem::Bf16);
+    tune(&mut cfg);
+    let k = hip_parallel_forward(
+        &def,
+        dims.dqk,
+        dims.dv,
+        &cfg,
+        Gfx::Gfx90a,
+        HipPrelude::CpuEmulation,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(n_splits == 1 || k.combine.is_some(), "{name}: no split-KV");
+    let call = random_call(&def, shape, dims, range, name);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let p = |f: &str| dir.path().join(f);
+    std::fs::write(p("kernel.hip"), &k.source).unwrap();
+    let customs: Vec<(String, usize)> = call
+        .customs_host
+        .iter()
+        .map(|(n, h)| (n.clone(), h.len()))
+        .collect();
+    std::fs::write(p("driver.cpp"), driver(&k, shape, &customs, n_splits)).unwrap();
+    let mut input: Vec<u8> = Vec::new();
+    for t in [&call.q_host, &call.k_host, &call.v_host] {
+        input.extend(t.iter().flat_map(|x: &bf16| x.to_bits().to_le_bytes()));
+    }
+    for (_, h) in &call.customs_host {
+        input.extend(h.iter().flat_map(|x| x.to_le_bytes()));
+    }
+    std::fs::write(p("in.bin"), input).unwrap();
+    run(
+        Command::new(&cxx).current_dir(dir.path()).args([
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-w",
+            "driver.cpp",
+            "-o",
+            "driver",
+        ]),
+        &format!("{name}: building the emulated kernel"),
+    );
+    run(
+        Command::new(dir.path().join("driver")).current_dir(dir.path()),
+        &format!("{name}: the emulated kernel"),
+    );
+    let out = std::fs::read(p("out.bin")).unwrap();
+    let o_len = shape.rows() * dims.dv as usize;
+    let o: Vec<f64> = out[..2 * o_len]
+        .chunks(2)
+        .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
+        .collect();
+    let rowout: Vec<f64> = out[2 * o_len..]
+        .chunks(4)
+        .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        .collect();
+    let fwd = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+    assert!(o.iter().all(|x| !x.is_nan()), "{name}: NaN in o");
+    let err = rel_err(&o, &fwd.o.data);
+    let mut report = format!("{name} {} ({n_splits} splits): o {err:.2e}", k.name);
+    assert!(err < 1e-2, "{report}");
+    for (r, row_name) in k.row_outputs.iter().enumerate() {
+        let want = match row_name.split_once('.') {
+            Some(("scale", s)) => &fwd.scales[s],
+            Some(("state", f)) => &fwd.row_state[f],
+            _ => panic!("{name}: row output {row_name}"),
+        };
+        let got = &rowout[r * shape.rows()..(r + 1) * shape.rows()];
+        let (mut g, mut w) = (Vec::new(), Vec::new());
+        for (x, y) in got.iter().zip(&want.data) {
+            if y.is_finite() {
+                g.push(*x);
+                w.push(*y);
+            } else {
+                assert_eq!(x, y, "{name}: {row_name}: infinite where the reference is");
+            }
+        }
+        let e = if w.is_empty() { 0.0 } else { rel_err(&g, &w) };
+        let _ = write!(report, ", {row_name} {e:.2e}");
+        assert!(e < 1e-2, "{report}");
+    }
+    eprintln!("{report}");
+}
+
+fn keep(_: &mut HipForwardConfig) {}
+
+#[test]
+fn emulated_softmax_at_sizes_that_are_not_tile_multiples() {
+    check(
+        "softmax",
+        Shape::mha(2, 2, 77, 101),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+    );
+}
+
+#[test]
+fn emulated_causal_with_two_tiles_per_wave() {
+    // 32 rows per wave: the K and Vᵀ fragments feed two MFMAs each.
+    check(
+        "softmax_causal",
+        Shape::mha(1, 2, 150, 150),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        |c| {
+            c.block_m = 128;
+            c.block_n = 64;
+        },
+        1,
+    );
+}
+
+#[test]
+fn emulated_grouped_query_heads_and_unequal_head_dims() {
+    check(
+        "softmax_gqa",
+        Shape::new(1, 4, 2, 40, 90),
+        HeadDims::new(64, 128),
+        (0.0, 1.0),
+        keep,
+        1,
+    );
+    check(
+        "deepseek",
+        Shape::mha(1, 1, 33, 70),
+        HeadDims::new(192, 128),
+        (0.0, 1.0),
+        keep,
+        1,
+    );
+}
+
+#[test]
+fn emulated_masks_scores_and_custom_inputs() {
+    // A fully masked row (document mask), ALiBi slopes per head, softcapped
+    // scores, RetNet's decay from a custom input, sigmoid without a state.
+    check(
+        "document_mask",
+        Shape::mha(1, 2, 70, 70),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+    );
+    check(
+        "alibi",
+        Shape::mha(1, 2, 45, 80),
+        HeadDims::square(64),
+        (0.0, 0.5),
+        keep,
+        1,
+    );
+    check(
+        "softcap",
+        Shape::mha(1, 1, 50, 66),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+    );
+    check(
+        "retnet_parallel",
+        Shape::mha(1, 2, 40, 40),
+        HeadDims::square(64),
+        (0.8, 0.99),
+        keep,
+        1,
+    );
+    check(
+        "sigmoid",
+        Shape::mha(1, 1, 37, 75),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+    );
+}
+
+#[test]
+fn emulated_decode_split_kv_and_combine() {
+    for splits in [1, 3] {
+        check(
+            "decode",
+            Shape::new(1, 4, 2, 1, 300),
+            HeadDims::square(128),
+            (0.0, 1.0),
+            keep,
+            splits,
+        );
+    }
+}
+
+#[test]
+fn emulated_dv_split_between_workgroups() {
+    check(
+        "softmax",
+        Shape::mha(1, 1, 20, 40),
+        HeadDims::new(64, 384),
+        (0.0, 1.0),
+        keep,
+        1,
+    );
+}
