@@ -640,3 +640,21 @@ fn huge_fixed_sizes_are_refused_or_not_sampled() {
     );
     assert!(run.stdout.contains("forward graph:"), "{}", run.stdout);
 }
+
+/// `aec devices` on a machine without GPUs: both vendors answer, exit 0.
+#[test]
+fn devices_lists_both_vendors_and_exits_cleanly() {
+    let run = aec(&["devices"]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("NVIDIA"), "{run:?}");
+    let amd = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("AMD"))
+        .expect("an AMD line");
+    if cfg!(feature = "hip") {
+        assert!(!amd.contains("without the `hip` feature"), "{amd}");
+    } else {
+        assert!(amd.contains("built without the `hip` feature"), "{amd}");
+    }
+}

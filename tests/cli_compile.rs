@@ -150,22 +150,94 @@ fn compiles_an_example_into_a_library_deterministically() {
     }
 }
 
+fn aec_with_path(args: &[&str], path: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_aec"))
+        .args(args)
+        .current_dir(root())
+        .env("PATH", path)
+        .env_remove("AEC_HIPCC")
+        .output()
+        .expect("run aec");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// AMD targets get the HIP forward: its source, and with a HIP compiler on
+/// PATH the code object (an AMDGPU ELF) and its resources; without one, the
+/// source and a note saying what to install. The backward is listed as not
+/// implemented.
 #[test]
-fn amd_targets_and_bad_dims_are_refused_clearly() {
+fn amd_targets_get_hip_kernels() {
     let dir = scratch("amd");
     let (code, err) = aec(&[
         "compile",
         "examples/softmax.rs",
         "-t",
-        "mi250",
+        "mi250,mi300x",
         "-o",
         dir.to_str().unwrap(),
     ]);
-    assert_eq!(code, Some(2));
+    assert_eq!(code, Some(0), "{err}");
+    let m = manifest(&dir);
+    let kernels = m["variants"][0]["kernels"].as_array().expect("kernels");
+    let forwards: Vec<_> = kernels.iter().filter(|k| k["pass"] == "forward").collect();
+    assert_eq!(forwards.len(), 2, "{kernels:?}");
+    let has_compiler = aec::runtime::find_hip_compiler("gfx942").is_ok();
+    for (k, gfx) in forwards.iter().zip(["gfx90a", "gfx942"]) {
+        let entry = k["entry"].as_str().expect("entry");
+        assert!(entry.ends_with(gfx), "{entry}");
+        let source = std::fs::read_to_string(dir.join(k["source"].as_str().unwrap())).unwrap();
+        assert!(
+            source.contains(&format!("void {entry}(")),
+            "entry in source"
+        );
+        assert!(source.contains("#define WAVE 64"));
+        let build = &k["builds"][0];
+        assert_eq!(build["arch"], gfx);
+        if has_compiler {
+            let co = std::fs::read(dir.join(build["code_object"].as_str().expect("code object")))
+                .unwrap();
+            assert_eq!(&co[..4], b"\x7fELF", "an AMDGPU code object is an ELF file");
+            assert_eq!(build["report"]["usage"]["scratch_bytes"], 0);
+            assert!(build["report"]["usage"]["lds_bytes"].as_u64().unwrap() > 0);
+        } else {
+            assert!(!aec::runtime::toolchains_required(), "HIP tools required");
+        }
+    }
     assert!(
-        err.contains("the HIP backend (AMD GPUs) is not implemented yet"),
+        kernels
+            .iter()
+            .any(|k| k["pass"] == "backward" && k["skipped"].as_str().is_some()),
+        "the missing HIP backward is said: {kernels:?}"
+    );
+    // No HIP compiler on PATH: the sources and a note, no failure.
+    let bare = scratch("amd-bare");
+    let (code, err) = aec_with_path(
+        &[
+            "compile",
+            "examples/softmax.rs",
+            "-t",
+            "mi300x",
+            "-o",
+            bare.to_str().unwrap(),
+        ],
+        "/nonexistent",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("clang++-19") && err.contains("install"),
         "{err}"
     );
+    let k = &manifest(&bare)["variants"][0]["kernels"][0];
+    assert!(k["builds"][0]["code_object"].is_null());
+    assert!(bare.join(k["source"].as_str().unwrap()).is_file());
+}
+
+#[test]
+fn bad_dims_and_targets_are_refused_clearly() {
+    let dir = scratch("bad");
     let (code, err) = aec(&[
         "compile",
         "examples/softmax.rs",

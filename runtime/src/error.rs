@@ -83,6 +83,16 @@ pub enum RuntimeError {
     )]
     ToolMissing { tool: String, looked: String },
 
+    #[error(
+        "no AMD GPU found: the HIP runtime sees none. HIP kernels can be compiled \
+         and checked without one (`aec compile --target mi250|mi300x`); launching \
+         them needs an AMD GPU with ROCm"
+    )]
+    NoAmdGpu,
+
+    #[error("HIP runtime call {call} failed: {detail}")]
+    Hip { call: &'static str, detail: String },
+
     #[error("`{tool}` not found (needed for {target}): {hint}", hint = crate::hip_tools::HIP_TOOLCHAIN_HINT)]
     HipToolMissing { tool: String, target: String },
 

@@ -143,7 +143,9 @@ impl HipResourceUsage {
         let by_regs = (512 / regs).min(8);
         let by_lds = (64 * 1024u32)
             .checked_div(self.lds_bytes)
-            .map_or(8, |groups| (groups * waves_per_group.max(1)).div_ceil(4).min(8));
+            .map_or(8, |groups| {
+                (groups * waves_per_group.max(1)).div_ceil(4).min(8)
+            });
         by_regs.min(by_lds)
     }
 }

@@ -10,6 +10,8 @@
 //! - [`ptxas_resources`], [`sass`]: the compile checks' view of a kernel.
 //! - [`hip_compile`], [`hip_resources`], [`hip_isa`]: AMD code objects built
 //!   and read offline (no AMD GPU or HIP runtime needed).
+//! - With the cargo feature `hip`: [`HipDevice`], [`HipModule`],
+//!   [`HipBuffer`], [`hip_time_ms`] over the HIP runtime (`hip-sys`).
 //!
 //! Where the CUDA pieces come from (`AEC_CUDA_INCLUDE`, `AEC_CUDA_BIN`,
 //! `LD_LIBRARY_PATH`, `AEC_CACHE_DIR`) is described in `runtime/README.md`.
@@ -18,6 +20,8 @@ mod cache;
 mod device;
 mod error;
 mod hash;
+#[cfg(feature = "hip")]
+mod hip_runtime;
 mod hip_tools;
 mod launch;
 mod memory;
@@ -30,6 +34,8 @@ mod tools;
 pub use cache::{CacheKey, KernelCache, default_dir as default_cache_dir};
 pub use device::{Device, DeviceInfo, arch_for, driver_present};
 pub use error::{Result, RuntimeError};
+#[cfg(feature = "hip")]
+pub use hip_runtime::{HipBuffer, HipDevice, HipKernel, HipModule, HipParam, hip_time_ms};
 pub use hip_tools::{
     HIP_TOOLCHAIN_HINT, HipCodeObject, HipCompiler, HipResourceUsage, find_hip_compiler,
     hip_compile, hip_isa, hip_resources, parse_amdgpu_metadata,

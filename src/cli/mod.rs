@@ -2,12 +2,13 @@
 
 mod check;
 mod compile;
+mod devices;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 /// aec: an attention compiler. Describe an attention variant once; get its
-/// forward and backward graphs (and, in later versions, GPU kernels).
+/// forward and backward graphs and GPU kernels for NVIDIA and AMD.
 #[derive(Parser, Debug)]
 #[command(name = "aec", version, about, long_about = None)]
 struct Cli {
@@ -21,8 +22,13 @@ enum Command {
     /// print their forward and backward graphs.
     Check(check::CheckArgs),
     /// Generate and compile the variants' kernels into a library directory:
-    /// CUDA sources, cubins (through NVRTC; no GPU needed) and manifest.json.
+    /// CUDA sources and cubins (through NVRTC) for NVIDIA targets, HIP sources
+    /// and code objects (hipcc / clang-19) for AMD targets, and manifest.json.
+    /// No GPU needed.
     Compile(compile::CompileArgs),
+    /// List the GPUs kernels can run on here: NVIDIA (CUDA driver) and, when
+    /// built with the `hip` feature, AMD (HIP runtime).
+    Devices(devices::DevicesArgs),
 }
 
 /// Exit code for problems in the user's input (bad file, DSL errors).
@@ -33,5 +39,6 @@ pub fn run() -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Compile(args) => compile::run(&args),
+        Command::Devices(args) => devices::run(&args),
     }
 }

@@ -2,9 +2,10 @@
 //! CI runs (formatting, lints, the whole test suite).
 //!
 //! Toolchains the checks need are installed here too (`toolchains`: the pinned
-//! CUDA wheels for the NVRTC/ptxas compile checks), so the command stays the
-//! same as they are added.
+//! CUDA wheels for the NVRTC/ptxas compile checks, Debian's hipcc/clang-19/llvm
+//! for the HIP compile checks), so the command stays the same as they are added.
 
+mod hip_toolchain;
 mod toolchains;
 
 use std::process::{Command, ExitCode};
@@ -36,7 +37,10 @@ tasks:
                    toolchains when they were installed before
   toolchains       installs the pinned CUDA 13.0 wheels (NVRTC, headers, ptxas,
                    cuobjdump, nvdisasm; ~480 MB) with `python3 -m pip` into
-                   target/toolchains/cuda; instant when already installed";
+                   target/toolchains/cuda, and Debian's HIP packages (hipcc,
+                   libamdhip64-dev, rocm-device-libs, clang-19, lld-19,
+                   llvm-19; ~700 MB) with apt-get as root or through sudo;
+                   instant when already installed";
 
 fn install_toolchains(flags: &[String]) -> ExitCode {
     if let Some(bad) = flags.first() {
@@ -44,6 +48,10 @@ fn install_toolchains(flags: &[String]) -> ExitCode {
         return ExitCode::from(2);
     }
     let dir = toolchains::install_dir();
+    if let Err(e) = hip_toolchain::ensure() {
+        eprintln!("==> toolchains: FAILED: {e}");
+        return ExitCode::FAILURE;
+    }
     match toolchains::ensure(&dir) {
         Ok(cuda) => {
             eprintln!("==> toolchains: to use them outside `cargo xtask test`, set");
@@ -83,6 +91,10 @@ fn test(flags: &[String]) -> ExitCode {
             }
         },
     };
+    if !quick && let Err(e) = hip_toolchain::ensure() {
+        eprintln!("==> toolchains: FAILED: {e}");
+        return ExitCode::FAILURE;
+    }
     let mut steps: Vec<(&str, Vec<&str>)> = Vec::new();
     if !quick {
         steps.push(("formatting", vec!["fmt", "--all", "--check"]));
@@ -92,6 +104,8 @@ fn test(flags: &[String]) -> ExitCode {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                "--features",
+                "hip",
                 "--",
                 "-D",
                 "warnings",
@@ -99,13 +113,18 @@ fn test(flags: &[String]) -> ExitCode {
         ));
     }
     steps.push(("tests", vec!["test", "--workspace"]));
+    // The HIP runtime (links libamdhip64): builds, and reports no AMD GPU here.
+    steps.push((
+        "hip runtime",
+        vec!["test", "--features", "hip", "--test", "hip_runtime"],
+    ));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     for (name, args) in steps {
         let start = Instant::now();
         eprintln!("==> {name}: cargo {}", args.join(" "));
         let mut command = Command::new(&cargo);
         command.args(&args);
-        if name == "tests" {
+        if name == "tests" || name == "hip runtime" {
             // The runtime's compile checks fail (instead of skipping) without
             // these; see runtime/README.md.
             command.envs(cuda.env());
