@@ -6,20 +6,14 @@ use super::dialect::{Elem, ElemSpelling, Isa, WARP_SIZE, elem_spelling};
 use super::forward::ArgKind;
 use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
-use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
 use crate::cxx::closures::{
-    CustomParams, axis_size, backward_closure, custom_at, custom_params, forward_closures,
-    grad_atomics, grad_outputs, parallel_inputs, reads, row_output_names,
+    CustomParams, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
-use crate::cxx::expr::pointwise;
-use crate::cxx::intervals::mask_block_fn;
-use crate::cxx::regions::implies_causal;
-use crate::simplify::{Limits, simplify_region};
+use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal};
 use aec_frontend::Variant;
-use aec_frontend::ir::{Axis, AxisSet, DType, NodeId, Op, Output, ParamRole, Region};
+use aec_frontend::ir::{Axis, Op};
 use askama::Template;
-use std::fmt::Write;
 
 /// Tile configuration of the backward's main kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -233,64 +227,23 @@ pub fn parallel_backward(
             cfg.block_m, cfg.warps, cfg.split_d
         )));
     }
-    let plan = backward_plan(variant)?;
+    let BackwardRegions {
+        regions,
+        nstate,
+        nstat,
+        nrc,
+        uses_dot,
+        grad_decl,
+        grad_accum,
+        grad_flush,
+        grad_k,
+        grad_v,
+        grad_q,
+    } = backward_regions(
+        variant,
+        "#pragma unroll\n            for (int off = WARP / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);\n",
+    )?;
     let online = &par.online;
-    let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
-    let nstate = fields.len();
-    let nstat = nstate + usize::from(plan.uses_dot);
-    let bwd = &par.backward;
-
-    let mut regions = forward_closures(variant);
-    if let Some(m) = &par.mask {
-        regions.push_str(&mask_block_fn(m));
-    }
-    let (row_consts, weight_and_grad, nrc) = row_programs(&plan, &fields);
-    regions.push_str(&row_consts);
-    regions.push_str(&weight_and_grad);
-    for (region, name, define) in [
-        (&bwd.modify_q, "modify_q_bwd", "NGRAD_Q_ARR"),
-        (&bwd.modify_k, "modify_k_bwd", "NGRAD_K_ARR"),
-        (&bwd.modify_v, "modify_v_bwd", "NGRAD_V_ARR"),
-        (&bwd.modify_scores, "modify_scores_bwd", "NGRAD_S_ARR"),
-    ] {
-        let Some(r) = region else { continue };
-        let n = grad_outputs(variant, r).len();
-        let _ = writeln!(regions, "#define {define} {}", n.max(1));
-        regions.push_str(&backward_closure(variant, r, name));
-        regions.push('\n');
-    }
-
-    // Score-closure gradients of custom inputs: inputs constant over a
-    // (batch, head) step are summed in registers and added once per step and
-    // warp; others are added per score.
-    let (mut grad_decl, mut grad_accum, mut grad_flush) =
-        (String::new(), String::new(), String::new());
-    if let Some(r) = &bwd.modify_scores {
-        let per_head = AxisSet::of(&[Axis::B, Axis::H, Axis::Hkv]);
-        for (k, (_, c)) in grad_outputs(variant, r).iter().enumerate() {
-            let axes = &variant.customs[*c as usize].axes;
-            let target = custom_at(variant, *c, "g");
-            if axes.iter().all(|a| per_head.contains(*a)) {
-                let _ = writeln!(grad_decl, "        float gs{k} = 0.0f;");
-                let _ = writeln!(grad_accum, "                gs{k} += ok ? gr[{k}] : 0.0f;");
-                let _ = writeln!(
-                    grad_flush,
-                    "        {{\n            float x = gs{k};\n#pragma unroll\n            for (int off = WARP / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);\n            const Pt pt = {{b, h, hk, 0, 0, 0}};\n            if (lane == 0 && key_owner) atomicAdd(&{target}, x);\n        }}"
-                );
-            } else {
-                let _ = writeln!(
-                    grad_accum,
-                    "                if (ok && key_owner) atomicAdd(&{target}, gr[{k}]);"
-                );
-            }
-        }
-    }
-    let grads = |r: &Option<Region>, indent: &str| {
-        r.as_ref()
-            .map(|r| grad_atomics(variant, r, "true", indent))
-            .unwrap_or_default()
-    };
-
     let CustomParams {
         fields: params_fields,
         args: custom_args,
@@ -338,10 +291,10 @@ pub fn parallel_backward(
         grad_decl,
         grad_accum,
         grad_flush,
-        grad_k: grads(&bwd.modify_k, "                "),
-        grad_v: grads(&bwd.modify_v, "                "),
-        grad_q: grads(&bwd.modify_q, "        "),
-        uses_dot: plan.uses_dot,
+        grad_k,
+        grad_v,
+        grad_q,
+        uses_dot,
         modify_q: par.modify_q.is_some(),
         modify_k: par.modify_k.is_some(),
         modify_v: par.modify_v.is_some(),
@@ -428,136 +381,6 @@ pub fn parallel_backward(
         row_outputs,
         config: *cfg,
     })
-}
-
-/// The weight/dS formulas split at the row: `row_consts` computes, once per
-/// query row, every row-constant value the per-score part reads (from the
-/// saved state and dO·O); `weight_and_grad` computes `p` and `ds` of one score
-/// from `s`, `dp` and those constants. Returns both functions and the number
-/// of row constants.
-fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, usize) {
-    // One graph with both outputs, over the ds region's params.
-    let mut combined = plan.ds.clone();
-    let p_root = plan.recompute.output("p").expect("recompute has p");
-    let ds_params = plan.ds.params.clone();
-    let p = combined
-        .graph
-        .import(&plan.recompute.graph, &[p_root], |g, _, n| match n.op {
-            Op::Param(k) => {
-                let role = &plan.recompute.params[k as usize].role;
-                let k2 = ds_params
-                    .iter()
-                    .position(|p| &p.role == role)
-                    .expect("recompute params are ds params");
-                Some(g.leaf(Op::Param(k2 as u32), n.dtype, n.axes))
-            }
-            _ => None,
-        })[0];
-    combined.outputs = vec![
-        Output {
-            name: "p".into(),
-            node: p,
-        },
-        combined.outputs[0].clone(),
-    ];
-    // Simplified together, `p` and `ds` share their common terms (exp(s − m)).
-    let (combined, _) = simplify_region(&combined, Limits::default());
-    let g = &combined.graph;
-    let ra = g.reduce_axis();
-    let roots: Vec<NodeId> = combined.outputs.iter().map(|o| o.node).collect();
-    let live = g.live(&roots);
-    let along_row = |id: NodeId| g.node(id).axes.contains(ra);
-    // Row constants read by per-score nodes (constants are free to repeat).
-    let mut frontier: Vec<NodeId> = Vec::new();
-    for id in g.ids() {
-        if !live[id.index()] {
-            continue;
-        }
-        let n = g.node(id);
-        if !along_row(id) {
-            continue;
-        }
-        for a in &n.args {
-            if !along_row(*a) && !matches!(g.node(*a).op, Op::Const(_)) && !frontier.contains(a) {
-                frontier.push(*a);
-            }
-        }
-    }
-    for r in &roots {
-        if !along_row(*r) && !frontier.contains(r) {
-            frontier.push(*r);
-        }
-    }
-    frontier.sort();
-
-    let stat_index = |role: &ParamRole| -> usize {
-        match role {
-            ParamRole::State(f) if f == DOT_FIELD => fields.len(),
-            ParamRole::State(f) => fields.iter().position(|x| x == f).expect("state field"),
-            other => unreachable!("row constants read only the state and dO·O, not {other:?}"),
-        }
-    };
-
-    // row_consts: the frontier nodes from the stats.
-    let consts_region = Region {
-        outputs: frontier
-            .iter()
-            .enumerate()
-            .map(|(k, id)| Output {
-                name: format!("rc{k}"),
-                node: *id,
-            })
-            .collect(),
-        ..combined.clone()
-    };
-    let leaf = |op: &Op| -> String {
-        match op {
-            Op::Param(k) => format!("st[{}]", stat_index(&combined.params[*k as usize].role)),
-            Op::Shape(a) => axis_size(*a),
-            other => unreachable!("row constants read only the state and sizes: {other:?}"),
-        }
-    };
-    let (code, outs) = pointwise(&consts_region, "n", &leaf);
-    let mut body = code;
-    for (k, e) in outs.iter().enumerate() {
-        let _ = writeln!(body, "    rc[{k}] = {e};");
-    }
-    let row_consts = format!(
-        "__device__ __forceinline__ void row_consts(const float (&st)[NSTAT_ARR], float (&rc)[NRC_ARR], const Params& P) {{\n{body}}}\n\n"
-    );
-
-    // weight_and_grad: the frontier becomes params rc[k].
-    let np = combined.params.len() as u32;
-    let mut elem = combined.clone();
-    let mut fresh = aec_frontend::ir::Graph::new(g.fold(), ra);
-    let images = fresh.import(g, &roots, |fg, id, _| {
-        frontier
-            .iter()
-            .position(|f| *f == id)
-            .map(|k| fg.leaf(Op::Param(np + k as u32), DType::F32, AxisSet::EMPTY))
-    });
-    elem.graph = fresh;
-    for (o, img) in elem.outputs.iter_mut().zip(images) {
-        o.node = img;
-    }
-    let leaf = |op: &Op| -> String {
-        match op {
-            Op::Param(k) if *k >= np => format!("rc[{}]", k - np),
-            Op::Param(k) => match &combined.params[*k as usize].role {
-                ParamRole::Element => "s".into(),
-                ParamRole::Seed(_) => "dp".into(),
-                other => unreachable!("state {other:?} is a row constant"),
-            },
-            Op::Shape(a) => axis_size(*a),
-            other => unreachable!("the weight and dS read only s, dp and row constants: {other:?}"),
-        }
-    };
-    let (code, outs) = pointwise(&elem, "n", &leaf);
-    let weight_and_grad = format!(
-        "__device__ __forceinline__ void weight_and_grad(float s, float dp, const float (&rc)[NRC_ARR], float& p, float& ds, const Params& P) {{\n{code}    p = {};\n    ds = {};\n}}\n\n",
-        outs[0], outs[1]
-    );
-    (row_consts, weight_and_grad, frontier.len())
 }
 
 /// Whether `block_m` query rows on `warps` warps (`split_d` per 16 keys)
