@@ -1,5 +1,5 @@
 //! HIP compile checks without an AMD GPU (issue: AMD backend): the parallel
-//! forward of every parallel example, compiled for gfx90a (MI250) and gfx942
+//! forward and backward of every parallel example, compiled for gfx90a (MI250) and gfx942
 //! (MI300X), with its resources read back from the code object's metadata and
 //! the matrix instructions (`v_mfma`) confirmed in the ISA: no scratch, no
 //! spills, LDS within a workgroup's 64 KiB, 64-lane wavefronts.
@@ -10,6 +10,7 @@
 
 mod common;
 
+use aec::compiler::hip::backward::{HipBackwardConfig, MAX_BACKWARD_DV, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::{Elem, KernelSource};
@@ -37,22 +38,25 @@ struct Checked {
     isa: String,
 }
 
-fn compile_checked(k: &KernelSource, gfx: Gfx) -> Checked {
-    let co = hip_compile(&k.source, gfx.name())
-        .unwrap_or_else(|e| panic!("{} for {}: {e}", k.name, gfx.name()));
+/// Compiles `source` and reads back the resources of `entry` and the ISA.
+fn compile_checked(source: &str, entry: &str, gfx: Gfx) -> Checked {
+    let co = hip_compile(source, gfx.name())
+        .unwrap_or_else(|e| panic!("{entry} for {}: {e}", gfx.name()));
     let res = hip_resources(&co.elf).expect("metadata");
     let resources = res
         .iter()
-        .find(|r| r.name == k.name)
-        .unwrap_or_else(|| panic!("no metadata for {} in {res:?}", k.name))
+        .find(|r| r.name == entry)
+        .unwrap_or_else(|| panic!("no metadata for {entry} in {res:?}"))
         .clone();
     let isa = hip_isa(&co.elf, gfx.name()).expect("isa");
     Checked { resources, isa }
 }
 
-fn assert_healthy(k: &KernelSource, gfx: Gfx, c: &Checked) {
+/// 64-lane waves, no scratch or spills, LDS within a workgroup's, MFMA in
+/// the ISA.
+fn assert_healthy(entry: &str, threads: u32, gfx: Gfx, c: &Checked) {
     let r = &c.resources;
-    let what = format!("{} on {}", k.name, gfx.name());
+    let what = format!("{entry} on {}", gfx.name());
     assert_eq!(r.wavefront_size, 64, "{what}: {r:?}");
     assert_eq!(
         (r.scratch_bytes, r.vgpr_spills, r.sgpr_spills),
@@ -60,21 +64,35 @@ fn assert_healthy(k: &KernelSource, gfx: Gfx, c: &Checked) {
         "{what} spills: {r:?}"
     );
     assert!(r.lds_bytes <= MAX_LDS_BYTES, "{what}: LDS {r:?}");
-    assert!(
-        r.lds_bytes > 0,
-        "{what}: the K/V tiles are static LDS: {r:?}"
-    );
-    assert!(r.max_workgroup_size >= k.threads, "{what}: {r:?}");
+    assert!(r.lds_bytes > 0, "{what}: the tiles are static LDS: {r:?}");
+    assert!(r.max_workgroup_size >= threads, "{what}: {r:?}");
     let mfma = c.isa.matches("v_mfma_f32_16x16x16").count();
     assert!(mfma > 0, "{what}: no MFMA in the ISA");
+}
+
+fn check_forward(k: &KernelSource, gfx: Gfx) -> Checked {
+    let c = compile_checked(&k.source, &k.name, gfx);
+    assert_healthy(&k.name, k.threads, gfx, &c);
     assert!(
         c.isa.contains("ds_bpermute_b32"),
-        "{what}: row reductions exchange lanes with ds_bpermute"
+        "{} on {}: row reductions exchange lanes with ds_bpermute",
+        k.name,
+        gfx.name()
     );
+    c
+}
+
+fn check_backward(v: &Variant, dqk: u32, dv: u32, elem: Elem, gfx: Gfx) -> Checked {
+    let cfg = HipBackwardConfig::default_for(dqk, dv, elem);
+    let b = hip_parallel_backward(v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
+        .unwrap_or_else(|e| panic!("{} backward {dqk}x{dv}: {e}", v.name));
+    let c = compile_checked(&b.source, &b.main.name, gfx);
+    assert_healthy(&b.main.name, b.main.threads, gfx, &c);
+    c
 }
 
 #[test]
-fn every_parallel_forward_compiles_for_gfx90a_and_gfx942() {
+fn every_parallel_kernel_compiles_for_gfx90a_and_gfx942() {
     if !toolchain_ready() {
         return;
     }
@@ -87,25 +105,34 @@ fn every_parallel_forward_compiles_for_gfx90a_and_gfx942() {
             let cfg = HipForwardConfig::default_for(v, dqk, dv, Elem::Bf16);
             let k = hip_parallel_forward(v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let c = compile_checked(&k, gfx);
-            assert_healthy(&k, gfx, &c);
-            let r = &c.resources;
-            report.push_str(&format!(
-                "{name:<22} {:<7} {:>3} VGPRs ({:>3} of them AGPRs) {:>3} SGPRs {:>6} B LDS, {} waves/SIMD\n",
-                gfx.name(),
-                r.vgprs,
-                r.agprs,
-                r.sgprs,
-                r.lds_bytes,
-                r.waves_per_simd(cfg.waves)
-            ));
+            let c = check_forward(&k, gfx);
+            let b = check_backward(v, dqk, dv, Elem::Bf16, gfx);
+            for (pass, c, waves) in [
+                ("fwd", &c, cfg.waves),
+                (
+                    "bwd",
+                    &b,
+                    HipBackwardConfig::default_for(dqk, dv, Elem::Bf16).waves,
+                ),
+            ] {
+                let r = &c.resources;
+                report.push_str(&format!(
+                    "{name:<22} {pass} {:<7} {:>3} VGPRs ({:>3} of them AGPRs) {:>3} SGPRs {:>6} B LDS, {} waves/SIMD\n",
+                    gfx.name(),
+                    r.vgprs,
+                    r.agprs,
+                    r.sgprs,
+                    r.lds_bytes,
+                    r.waves_per_simd(waves)
+                ));
+            }
         }
     }
     eprintln!("{report}");
 }
 
 /// Head dims the issue lists, f16 as well as bf16, and Dv above 256 split
-/// between workgroups, on both targets.
+/// between workgroups (forward; the backward refuses it clearly), on both targets.
 #[test]
 fn head_dims_and_element_types_compile_for_both_targets() {
     if !toolchain_ready() {
@@ -124,19 +151,28 @@ fn head_dims_and_element_types_compile_for_both_targets() {
             let cfg = HipForwardConfig::default_for(&v, dqk, dv, elem);
             let k = hip_parallel_forward(&v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
                 .unwrap_or_else(|e| panic!("{dqk}x{dv}: {e}"));
-            let c = compile_checked(&k, gfx);
-            assert_healthy(&k, gfx, &c);
+            let c = check_forward(&k, gfx);
+            if dv > MAX_BACKWARD_DV {
+                let cfg = HipBackwardConfig::default_for(dqk, dv, elem);
+                let err = hip_parallel_backward(&v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
+                    .expect_err("refused");
+                assert!(err.to_string().contains("Dv up to 256"), "{err}");
+                continue;
+            }
+            let b = check_backward(&v, dqk, dv, elem, gfx);
             let mnemonic = match elem {
                 Elem::Bf16 if gfx == Gfx::Gfx90a => "v_mfma_f32_16x16x16bf16_1k",
                 Elem::Bf16 => "v_mfma_f32_16x16x16_bf16",
                 Elem::F16 if gfx == Gfx::Gfx90a => "v_mfma_f32_16x16x16f16",
                 Elem::F16 => "v_mfma_f32_16x16x16_f16",
             };
-            assert!(
-                c.isa.contains(mnemonic),
-                "{dqk}x{dv} {elem:?} on {}: expected {mnemonic}",
-                gfx.name()
-            );
+            for isa in [&c.isa, &b.isa] {
+                assert!(
+                    isa.contains(mnemonic),
+                    "{dqk}x{dv} {elem:?} on {}: expected {mnemonic}",
+                    gfx.name()
+                );
+            }
         }
     }
 }

@@ -12,6 +12,7 @@
 
 mod common;
 
+use aec::compiler::hip::backward::{HipBackwardConfig, HipBackwardSource, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::{ArgKind, Elem, KernelSource};
@@ -39,7 +40,13 @@ fn cxx() -> Option<String> {
 /// from `in.bin`, launches the kernel (and the combine kernel with
 /// `n_splits` > 1) on the emulator, writes o (bf16 bits) and the row outputs
 /// (f32) to `out.bin`.
-fn driver(k: &KernelSource, shape: Shape, customs: &[(String, usize)], n_splits: u32) -> String {
+fn driver(
+    k: &KernelSource,
+    bwd: Option<&HipBackwardSource>,
+    shape: Shape,
+    customs: &[(String, usize)],
+    n_splits: u32,
+) -> String {
     let rows = shape.rows();
     let (gx, gy, gz) = k
         .split_grid_for([shape.b, shape.h, shape.hkv, shape.sq], n_splits)
@@ -49,7 +56,12 @@ fn driver(k: &KernelSource, shape: Shape, customs: &[(String, usize)], n_splits:
     let v_len = shape.b * shape.hkv * shape.skv * k.dv as usize;
     let o_len = rows * k.dv as usize;
     let nrow = k.row_outputs.len().max(1) * rows;
-    let mut s = String::from("#include \"kernel.hip\"\n#include <cstdio>\n#include <vector>\n\n");
+    let mut s = String::from("#include \"kernel.hip\"\n");
+    if bwd.is_some() {
+        // The backward's source has its own copy of the prelude and regions.
+        s += "namespace bwd {\n#include \"backward.hip\"\n}\n";
+    }
+    s += "#include <cstdio>\n#include <vector>\n\n";
     s += "template <class T> static void rd(FILE* f, std::vector<T>& v) { if (fread(v.data(), sizeof(T), v.size(), f) != v.size()) abort(); }\n";
     s += "int main() {\n    FILE* f = fopen(\"in.bin\", \"rb\");\n";
     let _ = writeln!(
@@ -95,7 +107,52 @@ fn driver(k: &KernelSource, shape: Shape, customs: &[(String, usize)], n_splits:
             k.combine_threads
         );
     }
-    s += "    FILE* g = fopen(\"out.bin\", \"wb\");\n    fwrite(o.data(), 2, o.size(), g);\n    fwrite(rowout.data(), 4, rowout.size(), g);\n    fclose(g);\n    return 0;\n}\n";
+    s += "    FILE* g = fopen(\"out.bin\", \"wb\");\n    fwrite(o.data(), 2, o.size(), g);\n    fwrite(rowout.data(), 4, rowout.size(), g);\n";
+    if let Some(b) = bwd {
+        // dO follows the inputs in `in.bin`; gradients follow the forward's outputs.
+        let dq_len = rows * b.dqk as usize;
+        let _ = writeln!(
+            s,
+            "    std::vector<unsigned short> dout({o_len}), qmod({dq_len}), dq({dq_len}, 0xffff), dk({kv_len}, 0xffff), dv({v_len}, 0xffff);\n    std::vector<float> dot({rows}), dq_acc({dq_len});\n    {{ FILE* f2 = fopen(\"dout.bin\", \"rb\"); rd(f2, dout); fclose(f2); }}"
+        );
+        for (n, (_, len)) in customs.iter().enumerate() {
+            let _ = writeln!(s, "    std::vector<float> g{n}({len}, 0.0f);");
+        }
+        let args: Vec<String> = b
+            .args
+            .iter()
+            .map(|a| match a {
+                ArgKind::Tensor(n) => format!("{n}.data()"),
+                ArgKind::RowOut => "rowout.data()".into(),
+                ArgKind::Workspace(n) => format!("{n}.data()"),
+                ArgKind::Custom(name) => {
+                    let n = customs.iter().position(|(c, _)| c == name).expect("custom");
+                    format!("c{n}.data()")
+                }
+                ArgKind::CustomGrad(name) => {
+                    let n = customs.iter().position(|(c, _)| c == name).expect("custom");
+                    format!("g{n}.data()")
+                }
+                ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
+                ArgKind::KvSplits => unreachable!("backward"),
+            })
+            .collect();
+        let call = args.join(", ");
+        let sizes = [shape.b, shape.h, shape.hkv, shape.sq, shape.skv];
+        for l in [&b.pre, &b.main, &b.post] {
+            let (x, y, z) = l.grid_for(sizes, b.dqk).expect("grid");
+            let _ = writeln!(
+                s,
+                "    bwd::aec_emu::launch({x}, {y}, {z}, {}, [&] {{ bwd::{}({call}); }});",
+                l.threads, l.name
+            );
+        }
+        s += "    fwrite(dq.data(), 2, dq.size(), g);\n    fwrite(dk.data(), 2, dk.size(), g);\n    fwrite(dv.data(), 2, dv.size(), g);\n";
+        for n in 0..customs.len() {
+            let _ = writeln!(s, "    fwrite(g{n}.data(), 4, g{n}.size(), g);");
+        }
+    }
+    s += "    fclose(g);\n    return 0;\n}\n";
     s
 }
 
@@ -122,6 +179,20 @@ fn check(
     tune: impl Fn(&mut HipForwardConfig),
     n_splits: u32,
 ) {
+    check_with(name, shape, dims, range, tune, n_splits, None);
+}
+
+/// [`check`], then the backward (with `bwd`'s tiles) on a random dO: dq, dk,
+/// dv and the custom inputs' gradients against the reference's.
+fn check_with(
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    range: (f64, f64),
+    tune: impl Fn(&mut HipForwardConfig),
+    n_splits: u32,
+    bwd: Option<HipBackwardConfig>,
+) {
     let Some(cxx) = cxx() else { return };
     let def = common::example(name);
     let mut cfg = HipForwardConfig::default_for(&def, dims.dqk, dims.dv, Elem::Bf16);
@@ -145,7 +216,36 @@ fn check(
         .iter()
         .map(|(n, h)| (n.clone(), h.len()))
         .collect();
-    std::fs::write(p("driver.cpp"), driver(&k, shape, &customs, n_splits)).unwrap();
+    let b = bwd.map(|c| {
+        hip_parallel_backward(
+            &def,
+            dims.dqk,
+            dims.dv,
+            &c,
+            Gfx::Gfx90a,
+            HipPrelude::CpuEmulation,
+        )
+        .unwrap_or_else(|e| panic!("{name} backward: {e}"))
+    });
+    if let Some(b) = &b {
+        std::fs::write(p("backward.hip"), &b.source).unwrap();
+    }
+    std::fs::write(
+        p("driver.cpp"),
+        driver(&k, b.as_ref(), shape, &customs, n_splits),
+    )
+    .unwrap();
+    let mut rng = common::rng(7);
+    let d_o: Vec<bf16> = (0..shape.rows() * dims.dv as usize)
+        .map(|_| bf16::from_f64(common::gpu::normal(&mut rng)))
+        .collect();
+    std::fs::write(
+        p("dout.bin"),
+        d_o.iter()
+            .flat_map(|x| x.to_bits().to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
     let mut input: Vec<u8> = Vec::new();
     for t in [&call.q_host, &call.k_host, &call.v_host] {
         input.extend(t.iter().flat_map(|x: &bf16| x.to_bits().to_le_bytes()));
@@ -192,6 +292,7 @@ fn check(
             _ => panic!("{name}: row output {row_name}"),
         };
         let got = &rowout[r * shape.rows()..(r + 1) * shape.rows()];
+        assert!(got.iter().all(|x| !x.is_nan()), "{name}: NaN in {row_name}");
         let (mut g, mut w) = (Vec::new(), Vec::new());
         for (x, y) in got.iter().zip(&want.data) {
             if y.is_finite() {
@@ -204,6 +305,52 @@ fn check(
         let e = if w.is_empty() { 0.0 } else { rel_err(&g, &w) };
         let _ = write!(report, ", {row_name} {e:.2e}");
         assert!(e < 1e-2, "{report}");
+    }
+    if let Some(b) = &b {
+        let rows_len = k.row_outputs.len().max(1) * shape.rows();
+        let mut at = 2 * o_len + 4 * rows_len;
+        let mut take_bf16 = |n: usize| -> Vec<f64> {
+            let v = out[at..at + 2 * n]
+                .chunks(2)
+                .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
+                .collect();
+            at += 2 * n;
+            v
+        };
+        let dq = take_bf16(shape.rows() * dims.dqk as usize);
+        let dk = take_bf16(shape.b * shape.hkv * shape.skv * dims.dqk as usize);
+        let dv = take_bf16(shape.b * shape.hkv * shape.skv * dims.dv as usize);
+        let mut grads_c = Vec::new();
+        for (_, len) in &customs {
+            grads_c.push(
+                out[at..at + 4 * len]
+                    .chunks(4)
+                    .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                    .collect::<Vec<f64>>(),
+            );
+            at += 4 * len;
+        }
+        assert_eq!(at, out.len(), "{name}: output length");
+        let d_o_ref = reference::Tensor {
+            shape: fwd.o.shape.clone(),
+            data: d_o.iter().map(|x| x.to_f64()).collect(),
+        };
+        let want = reference::backward(&def, &call.inputs, &d_o_ref).expect("reference backward");
+        let mut grads = vec![
+            ("dq", dq, &want.dq.data),
+            ("dk", dk, &want.dk.data),
+            ("dv", dv, &want.dv.data),
+        ];
+        for ((cname, _), g) in customs.iter().zip(grads_c) {
+            grads.push((cname.as_str(), g, &want.customs[cname].data));
+        }
+        let _ = write!(report, "; backward {}:", b.main.name);
+        for (gname, got, want) in &grads {
+            assert!(got.iter().all(|x| !x.is_nan()), "{name}: NaN in {gname}");
+            let e = rel_err(got, want);
+            let _ = write!(report, " {gname} {e:.2e}");
+            assert!(e < 2e-2, "{report}");
+        }
     }
     eprintln!("{report}");
 }
@@ -327,5 +474,86 @@ fn emulated_dv_split_between_workgroups() {
         (0.0, 1.0),
         keep,
         1,
+    );
+}
+
+fn bwd(waves: u32) -> Option<HipBackwardConfig> {
+    Some(HipBackwardConfig {
+        block_m: 32,
+        waves,
+        elem: Elem::Bf16,
+    })
+}
+
+#[test]
+fn emulated_backward_softmax_and_causal() {
+    check_with(
+        "softmax",
+        Shape::mha(1, 2, 45, 70),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+        bwd(4),
+    );
+    check_with(
+        "softmax_causal",
+        Shape::mha(1, 1, 70, 70),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+        bwd(2),
+    );
+}
+
+#[test]
+fn emulated_backward_grouped_heads_unequal_dims_and_custom_gradients() {
+    // GQA sums dK/dV over a group's query heads; ALiBi's slopes and RetNet's
+    // decay get gradients; softcap differentiates the score modification.
+    check_with(
+        "softmax_gqa",
+        Shape::new(1, 4, 2, 33, 50),
+        HeadDims::new(64, 128),
+        (0.0, 1.0),
+        keep,
+        1,
+        bwd(2),
+    );
+    check_with(
+        "alibi",
+        Shape::mha(1, 2, 40, 40),
+        HeadDims::square(64),
+        (0.0, 0.5),
+        keep,
+        1,
+        bwd(2),
+    );
+    check_with(
+        "retnet_parallel",
+        Shape::mha(1, 2, 36, 36),
+        HeadDims::square(64),
+        (0.8, 0.99),
+        keep,
+        1,
+        bwd(2),
+    );
+    check_with(
+        "softcap",
+        Shape::mha(1, 1, 30, 47),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+        bwd(1),
+    );
+    check_with(
+        "document_mask",
+        Shape::mha(1, 1, 50, 50),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        keep,
+        1,
+        bwd(2),
     );
 }

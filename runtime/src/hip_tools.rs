@@ -94,6 +94,9 @@ pub fn hip_compile(source: &str, gfx: &str) -> Result<HipCodeObject> {
     }
     cmd.arg(format!("--offload-arch={gfx}"))
         .args(["-O3", "-nogpuinc", "-nogpulib", "--no-gpu-bundle-output"])
+        // Hardware f32 atomics (dQ accumulation) instead of CAS loops: valid
+        // for the coarse-grained memory hipMalloc returns.
+        .arg("-munsafe-fp-atomics")
         .arg(&input)
         .arg("-o")
         .arg(&output);

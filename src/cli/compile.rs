@@ -1,13 +1,14 @@
 //! `aec compile <variant.rs>… --target <t>… -o <dir>`: generated kernel
 //! sources, code objects and a manifest. NVIDIA targets get the forward and
 //! backward as CUDA sources and cubins (through NVRTC, no GPU needed); AMD
-//! targets (mi250: gfx90a, mi300x: gfx942) get the HIP forward and, where
-//! hipcc or clang-19 is installed, its code object.
+//! targets (mi250: gfx90a, mi300x: gfx942) get the HIP forward and backward
+//! and, where hipcc or clang-19 is installed, their code objects.
 //!
 //! This is the first part of a kernel library: the C header, the loaders and
 //! the PyTorch module do not exist yet, and the manifest says so.
 
 use super::EXIT_INPUT;
+use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::{
@@ -205,26 +206,12 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         with_nvrtc,
                         &v.name,
                     )?;
-                    let launch = |l: &Launch| {
-                        let grid = match l.grid {
-                            Grid::Rows { per_block } => {
-                                json!([format!("ceil(B * H * Sq / {per_block})"), 1, 1])
-                            }
-                            Grid::KeyBlocks { block_n } => {
-                                json!([format!("ceil(Skv / {block_n})"), "Hkv", "B"])
-                            }
-                            Grid::Elements { per_block } => {
-                                json!([format!("ceil(B * H * Sq * Dqk / {per_block})"), 1, 1])
-                            }
-                        };
-                        json!({ "entry": l.name, "grid": grid, "threads": l.threads, "dynamic_smem_bytes": l.smem_bytes })
-                    };
                     kernels.push(json!({
                         "pass": "backward",
                         "source": format!("kernels/{base}.cu"),
                         "builds": builds,
                         "head_dims": { "Dqk": vq, "Dv": vv },
-                        "launches": [launch(&b.pre), launch(&b.main), launch(&b.post)],
+                        "launches": [launch_json(&b.pre), launch_json(&b.main), launch_json(&b.post)],
                         "args": args_json(&b.args),
                         "workspaces": {
                             "dot": "f32 [B*H*Sq]",
@@ -254,7 +241,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": 1,
-        "contents": "generated sources and code objects: CUDA (cubins) forward and backward kernels for NVIDIA targets, HIP (gfx code objects) forward kernels for AMD targets; a C header, loaders and a PyTorch module are not generated yet",
+        "contents": "generated sources and code objects: CUDA (cubins) for NVIDIA targets and HIP (gfx code objects) for AMD targets, forward and backward; a C header, loaders and a PyTorch module are not generated yet",
         "variants": manifest_variants,
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
@@ -263,10 +250,66 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The HIP kernels of a parallel variant for one AMD target: the forward's
-/// source and, where a HIP compiler is installed, its code object with the
-/// resources read back from it. The HIP backward is not implemented yet and
-/// the manifest says so.
+/// How one backward kernel is launched, for the manifest.
+fn launch_json(l: &Launch) -> Value {
+    let grid = match l.grid {
+        Grid::Rows { per_block } => json!([format!("ceil(B * H * Sq / {per_block})"), 1, 1]),
+        Grid::KeyBlocks { block_n } => json!([format!("ceil(Skv / {block_n})"), "Hkv", "B"]),
+        Grid::Elements { per_block } => {
+            json!([format!("ceil(B * H * Sq * Dqk / {per_block})"), 1, 1])
+        }
+    };
+    json!({ "entry": l.name, "grid": grid, "threads": l.threads, "dynamic_smem_bytes": l.smem_bytes })
+}
+
+/// Writes `<base>.hip` and, where a HIP compiler is installed, its code
+/// object `<base>.co`; returns the manifest's build record, with the
+/// resources of `entry` (a workgroup of `waves` waves) read back.
+fn hip_build(
+    dir: &Path,
+    base: &str,
+    source: &str,
+    entry: &str,
+    waves: u32,
+    target: Target,
+    variant: &str,
+) -> Result<Value, String> {
+    let gfx = target.gfx().expect("AMD target");
+    write(&dir.join(format!("{base}.hip")), source.as_bytes())?;
+    let (code_object, report) = match find_hip_compiler(gfx.name()) {
+        Ok(_) => {
+            eprintln!("compiling {base} for {} …", gfx.name());
+            let co = hip_compile(source, gfx.name()).map_err(|e| format!("`{variant}`: {e}"))?;
+            // The kernel names already end in the architecture.
+            let name = format!("{base}.co");
+            write(&dir.join(&name), &co.elf)?;
+            let usage = hip_resources(&co.elf).ok().and_then(|r| {
+                r.into_iter().find(|r| r.name == entry).map(|r| {
+                    json!({ "entry": entry, "vgprs": r.vgprs, "agprs": r.agprs, "sgprs": r.sgprs, "lds_bytes": r.lds_bytes,
+                            "scratch_bytes": r.scratch_bytes, "waves_per_simd": r.waves_per_simd(waves) })
+                })
+            });
+            (
+                json!(format!("kernels/{name}")),
+                json!({ "compiler": co.compiler, "usage": usage }),
+            )
+        }
+        Err(e) => {
+            eprintln!("note: {e}: writing the HIP source of `{variant}` only");
+            (
+                Value::Null,
+                json!({ "missing_toolchain": HIP_TOOLCHAIN_HINT }),
+            )
+        }
+    };
+    Ok(
+        json!({ "target": target.name(), "arch": gfx.name(), "code_object": code_object, "report": report }),
+    )
+}
+
+/// The HIP kernels of a parallel variant for one AMD target: the forward
+/// and the three backward kernels, as sources and (with a HIP compiler)
+/// code objects with their resources.
 fn hip_kernels(
     dir: &Path,
     v: &Variant,
@@ -279,54 +322,58 @@ fn hip_kernels(
     let cfg = HipForwardConfig::default_for(v, dqk, dv, Elem::Bf16);
     let k = hip_parallel_forward(v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
         .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
-    let source = format!("kernels/{}.hip", k.name);
-    write(&dir.join(format!("{}.hip", k.name)), k.source.as_bytes())?;
-    let (code_object, resources) = match find_hip_compiler(gfx.name()) {
-        Ok(_) => {
-            eprintln!("compiling {} for {} …", k.name, gfx.name());
-            let co =
-                hip_compile(&k.source, gfx.name()).map_err(|e| format!("`{}`: {e}", v.name))?;
-            // The entry name already ends in the architecture.
-            let name = format!("{}.co", k.name);
-            write(&dir.join(&name), &co.elf)?;
-            let res = hip_resources(&co.elf).ok().and_then(|r| {
-                r.into_iter().find(|r| r.name == k.name).map(|r| {
-                    json!({ "vgprs": r.vgprs, "agprs": r.agprs, "sgprs": r.sgprs, "lds_bytes": r.lds_bytes,
-                            "scratch_bytes": r.scratch_bytes, "waves_per_simd": r.waves_per_simd(cfg.waves) })
-                })
-            });
-            (
-                json!(format!("kernels/{name}")),
-                json!({ "compiler": co.compiler, "usage": res }),
-            )
+    let build = hip_build(dir, &k.name, &k.source, &k.name, cfg.waves, target, &v.name)?;
+    let mut kernels = vec![json!({
+        "pass": "forward",
+        "entry": k.name,
+        "source": format!("kernels/{}.hip", k.name),
+        "builds": [build],
+        "head_dims": { "Dqk": dqk, "Dv": dv },
+        "launch": { "grid": forward_grid(&k), "block_m": k.block_m, "dv_split": k.dv_split, "threads": k.threads, "dynamic_smem_bytes": 0 },
+        "args": args_json(&k.args),
+        "row_outputs": k.row_outputs,
+        "split_kv": split_kv_json(&k),
+    })];
+    let bcfg = HipBackwardConfig::default_for(dqk, dv, Elem::Bf16);
+    match hip_parallel_backward(v, dqk, dv, &bcfg, gfx, HipPrelude::Amdgcn) {
+        Ok(b) => {
+            let base = b.main.name.trim_end_matches("_main").to_string();
+            let build = hip_build(
+                dir,
+                &base,
+                &b.source,
+                &b.main.name,
+                bcfg.waves,
+                target,
+                &v.name,
+            )?;
+            kernels.push(json!({
+                "pass": "backward",
+                "source": format!("kernels/{base}.hip"),
+                "builds": [build],
+                "head_dims": { "Dqk": dqk, "Dv": dv },
+                "launches": [launch_json(&b.pre), launch_json(&b.main), launch_json(&b.post)],
+                "args": args_json(&b.args),
+                "workspaces": {
+                    "dot": "f32 [B*H*Sq]",
+                    "qmod": "bf16 [B*H*Sq*Dqk]",
+                    "dq_acc": "f32 [B*H*Sq*Dqk]"
+                },
+                "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
+            }));
         }
         Err(e) => {
-            eprintln!("note: {e}: writing the HIP source of `{}` only", v.name);
-            (
-                Value::Null,
-                json!({ "missing_toolchain": HIP_TOOLCHAIN_HINT }),
-            )
+            eprintln!(
+                "warning: `{}` ({file}): no HIP backward kernels for {}: {e}",
+                v.name,
+                target.name()
+            );
+            kernels.push(
+                json!({ "pass": "backward", "target": target.name(), "skipped": e.to_string() }),
+            );
         }
-    };
-    eprintln!(
-        "warning: `{}` ({file}): no HIP backward kernels for {}: the HIP backward templates are not implemented yet",
-        v.name,
-        target.name()
-    );
-    Ok(vec![
-        json!({
-            "pass": "forward",
-            "entry": k.name,
-            "source": source,
-            "builds": [{ "target": target.name(), "arch": gfx.name(), "code_object": code_object, "report": resources }],
-            "head_dims": { "Dqk": dqk, "Dv": dv },
-            "launch": { "grid": forward_grid(&k), "block_m": k.block_m, "dv_split": k.dv_split, "threads": k.threads, "dynamic_smem_bytes": 0 },
-            "args": args_json(&k.args),
-            "row_outputs": k.row_outputs,
-            "split_kv": split_kv_json(&k),
-        }),
-        json!({ "pass": "backward", "target": target.name(), "skipped": "the HIP backward templates are not implemented yet" }),
-    ])
+    }
+    Ok(kernels)
 }
 
 /// Writes `<name>.cu` and, with NVRTC, one cubin per architecture (h100 and

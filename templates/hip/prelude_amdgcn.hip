@@ -55,6 +55,11 @@ __device__ __forceinline__ float lane_xor_f(float x, int m) {
     return __builtin_bit_cast(float, lane_xor_i(__builtin_bit_cast(int, x), m));
 }
 
+// f32 atomic add in global memory (hardware float atomics where the target
+// has them; the compile uses -munsafe-fp-atomics, valid for hipMalloc memory).
+__device__ __forceinline__ float atomicAdd(float* p, float v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 __device__ __forceinline__ int atomic_min_shared(int* p, int v) { return __atomic_fetch_min(p, v, __ATOMIC_RELAXED); }
 __device__ __forceinline__ int atomic_max_shared(int* p, int v) { return __atomic_fetch_max(p, v, __ATOMIC_RELAXED); }
 

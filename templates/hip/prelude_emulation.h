@@ -140,6 +140,7 @@ inline int lane_xor_i(int x, int m) {
 }
 inline float lane_xor_f(float x, int m) { return __builtin_bit_cast(float, lane_xor_i(__builtin_bit_cast(int, x), m)); }
 
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline int atomic_min_shared(int* p, int v) {
     std::atomic_ref<int> a(*p);
     int old = a.load();

@@ -1,0 +1,274 @@
+//! The parallel backward for AMD GPUs: `templates/hip/parallel_bwd.hip` filled
+//! with the same regions as the CUDA backward ([`crate::cxx::regions`]).
+
+use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
+use crate::cuda::backward::{Grid, Launch};
+use crate::cuda::forward::ArgKind;
+use crate::cxx::closures::{
+    CustomParams, custom_params, parallel_inputs, reads, row_output_names,
+    scores_read_customs_by_position,
+};
+use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal};
+use crate::{CompileError, Elem};
+use aec_frontend::Variant;
+use aec_frontend::ir::{Axis, Op};
+use askama::Template;
+
+/// The largest Dv of the HIP backward: a wave holds dV (Dv/4 registers per
+/// lane) and its V fragments (Dv/8) for 16 keys; at 512 that spills.
+pub const MAX_BACKWARD_DV: u32 = 256;
+
+/// Tile configuration of the HIP backward's main kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HipBackwardConfig {
+    /// Query rows per step of the loop over query blocks (16, 32 or 64).
+    pub block_m: u32,
+    /// Wavefronts per workgroup, 16 keys each.
+    pub waves: u32,
+    pub elem: Elem,
+}
+
+impl HipBackwardConfig {
+    /// 32 query rows per step and the most waves (4, 2 or 1: 64, 32 or 16
+    /// keys per workgroup) whose tiles fit in a workgroup's LDS.
+    pub fn default_for(dqk: u32, dv: u32, elem: Elem) -> HipBackwardConfig {
+        let waves = [4, 2, 1]
+            .into_iter()
+            .find(|&w| backward_lds_bytes(32, w, dqk, dv, 4) <= MAX_LDS_BYTES)
+            .unwrap_or(1);
+        HipBackwardConfig {
+            block_m: 32,
+            waves,
+            elem,
+        }
+    }
+
+    /// Keys per workgroup.
+    pub fn block_n(&self) -> u32 {
+        16 * self.waves
+    }
+}
+
+/// LDS of the main kernel: K (all keys), Q and dO (one query block), dS and
+/// the row constants (`nrc` per query row).
+pub fn backward_lds_bytes(block_m: u32, waves: u32, dqk: u32, dv: u32, nrc: u32) -> u32 {
+    let bn = 16 * waves;
+    2 * (bn * (dqk + 8) + block_m * (dqk + 8) + block_m * (dv + 8) + block_m * (bn + 4))
+        + 4 * nrc.max(1) * block_m
+}
+
+/// The generated HIP backward and how to launch its three kernels (the
+/// argument list and workspaces are the CUDA backward's).
+#[derive(Clone, Debug)]
+pub struct HipBackwardSource {
+    pub source: String,
+    pub args: Vec<ArgKind>,
+    pub pre: Launch,
+    pub main: Launch,
+    pub post: Launch,
+    pub dqk: u32,
+    pub dv: u32,
+    pub row_outputs: Vec<String>,
+    pub config: HipBackwardConfig,
+}
+
+#[derive(Template)]
+#[template(path = "hip/parallel_bwd.hip", escape = "none")]
+struct HipBackwardTemplate<'a> {
+    version: &'a str,
+    variant: &'a str,
+    kernel_name: &'a str,
+    target: &'a str,
+    emulate: bool,
+    elem: &'a str,
+    f16: bool,
+    mfma_suffix: &'a str,
+    mfma_builtin: &'a str,
+    bm: u32,
+    waves: u32,
+    wave_size: u32,
+    dqk: u32,
+    dv: u32,
+    nstate: usize,
+    nscales: usize,
+    nstat: usize,
+    nstat_arr: usize,
+    nrc: usize,
+    nrc_arr: usize,
+    params_fields: String,
+    custom_args: String,
+    params_init: String,
+    causal: bool,
+    mask_trim: bool,
+    regions: String,
+    grad_decl: String,
+    grad_accum: String,
+    grad_flush: String,
+    grad_k: String,
+    grad_v: String,
+    grad_q: String,
+    uses_dot: bool,
+    modify_q: bool,
+    modify_k: bool,
+    modify_v: bool,
+    modify_scores: bool,
+    mask: bool,
+    clamp: bool,
+}
+
+/// Generates the HIP backward kernels of `variant` for head dims `dqk`, `dv`.
+pub fn hip_parallel_backward(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &HipBackwardConfig,
+    gfx: Gfx,
+    prelude: HipPrelude,
+) -> Result<HipBackwardSource, CompileError> {
+    let par = parallel_inputs(variant, dqk, dv, "backward")?;
+    if dv > MAX_BACKWARD_DV {
+        return Err(CompileError(format!(
+            "the HIP backward takes Dv up to {MAX_BACKWARD_DV}, got {dv}: a wave keeps its keys' dV and V in registers, which spills above that (the split of Dv between waves is not implemented yet)"
+        )));
+    }
+    if !matches!(cfg.block_m, 16 | 32 | 64) || !matches!(cfg.waves, 1 | 2 | 4 | 8) {
+        return Err(CompileError(format!(
+            "HIP backward tile block_m {} with {} waves is not supported: block_m must be 16, 32 or 64 and waves 1, 2, 4 or 8",
+            cfg.block_m, cfg.waves
+        )));
+    }
+    let BackwardRegions {
+        regions,
+        nstate,
+        nstat,
+        nrc,
+        uses_dot,
+        grad_decl,
+        grad_accum,
+        grad_flush,
+        grad_k,
+        grad_v,
+        grad_q,
+    } = backward_regions(variant, "            x = wave_sum(x);\n")?;
+    let lds = backward_lds_bytes(cfg.block_m, cfg.waves, dqk, dv, nrc as u32);
+    if lds > MAX_LDS_BYTES {
+        return Err(CompileError(format!(
+            "HIP backward tile block_m {} with {} waves needs {lds} bytes of LDS for Dqk {dqk}, Dv {dv}; a workgroup has {MAX_LDS_BYTES}: use fewer waves or a smaller block_m",
+            cfg.block_m, cfg.waves
+        )));
+    }
+    let online = &par.online;
+    let CustomParams {
+        fields: params_fields,
+        args: custom_args,
+        init: params_init,
+    } = custom_params(variant.customs.len(), true);
+    let kernel_name = format!(
+        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}_{}",
+        variant.name.to_lowercase(),
+        cfg.elem.name(),
+        cfg.block_m,
+        cfg.waves,
+        gfx.name()
+    );
+    let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
+    let target = match prelude {
+        HipPrelude::Amdgcn => gfx.name().to_string(),
+        HipPrelude::CpuEmulation => format!("the CPU emulation of {}", gfx.name()),
+    };
+    let t = HipBackwardTemplate {
+        version: env!("CARGO_PKG_VERSION"),
+        variant: &variant.name,
+        kernel_name: &kernel_name,
+        target: &target,
+        emulate: prelude == HipPrelude::CpuEmulation,
+        elem: cfg.elem.name(),
+        f16: cfg.elem == Elem::F16,
+        mfma_suffix,
+        mfma_builtin,
+        bm: cfg.block_m,
+        waves: cfg.waves,
+        wave_size: WAVE_SIZE,
+        dqk,
+        dv,
+        nstate,
+        nscales: online.scales.len(),
+        nstat,
+        nstat_arr: nstat.max(1),
+        nrc,
+        nrc_arr: nrc.max(1),
+        params_fields,
+        custom_args,
+        params_init,
+        causal: par.mask.as_ref().is_some_and(implies_causal),
+        mask_trim: par.mask.is_some() && !reads(par.mask.as_ref(), |op| *op == Op::Index(Axis::H)),
+        regions,
+        grad_decl,
+        grad_accum,
+        grad_flush,
+        grad_k,
+        grad_v,
+        grad_q,
+        uses_dot,
+        modify_q: par.modify_q.is_some(),
+        modify_k: par.modify_k.is_some(),
+        modify_v: par.modify_v.is_some(),
+        modify_scores: par.modify_scores.is_some(),
+        mask: par.mask.is_some(),
+        clamp: scores_read_customs_by_position(variant),
+    };
+    let source = t
+        .render()
+        .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
+    let mut args: Vec<ArgKind> = ["q", "k", "v", "o", "dout"]
+        .into_iter()
+        .map(ArgKind::Tensor)
+        .collect();
+    args.push(ArgKind::RowOut);
+    args.extend(["dot", "qmod", "dq_acc"].map(ArgKind::Workspace));
+    args.extend(["dq", "dk", "dv"].map(ArgKind::Tensor));
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::Custom(c.name.clone())),
+    );
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::CustomGrad(c.name.clone())),
+    );
+    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    let threads = cfg.waves * WAVE_SIZE;
+    Ok(HipBackwardSource {
+        source,
+        args,
+        pre: Launch {
+            name: format!("{kernel_name}_pre"),
+            threads,
+            smem_bytes: 0,
+            grid: Grid::Rows {
+                per_block: cfg.waves,
+            },
+        },
+        main: Launch {
+            name: format!("{kernel_name}_main"),
+            threads,
+            smem_bytes: 0,
+            grid: Grid::KeyBlocks {
+                block_n: cfg.block_n(),
+            },
+        },
+        post: Launch {
+            name: format!("{kernel_name}_post"),
+            threads,
+            smem_bytes: 0,
+            grid: Grid::Elements { per_block: threads },
+        },
+        dqk,
+        dv,
+        row_outputs: row_output_names(online),
+        config: *cfg,
+    })
+}
