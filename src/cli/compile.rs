@@ -206,20 +206,13 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         with_nvrtc,
                         &v.name,
                     )?;
-                    kernels.push(json!({
-                        "pass": "backward",
-                        "source": format!("kernels/{base}.cu"),
-                        "builds": builds,
-                        "head_dims": { "Dqk": vq, "Dv": vv },
-                        "launches": [launch_json(&b.pre), launch_json(&b.main), launch_json(&b.post)],
-                        "args": args_json(&b.args),
-                        "workspaces": {
-                            "dot": "f32 [B*H*Sq]",
-                            "qmod": "bf16 [B*H*Sq*Dqk]",
-                            "dq_acc": "f32 [B*H*Sq*Dqk]"
-                        },
-                        "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
-                    }));
+                    kernels.push(backward_json(
+                        format!("kernels/{base}.cu"),
+                        json!(builds),
+                        (vq, vv),
+                        [&b.pre, &b.main, &b.post],
+                        &b.args,
+                    ));
                 }
                 Err(e) => {
                     eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
@@ -248,6 +241,31 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     write(&args.out.join("manifest.json"), text.as_bytes())?;
     eprintln!("wrote {}", args.out.join("manifest.json").display());
     Ok(())
+}
+
+/// The manifest record of a backward (either target): its source, builds,
+/// the three launches in order, arguments and workspaces.
+fn backward_json(
+    source: String,
+    builds: Value,
+    (dqk, dv): (u32, u32),
+    launches: [&Launch; 3],
+    args: &[ArgKind],
+) -> Value {
+    json!({
+        "pass": "backward",
+        "source": source,
+        "builds": builds,
+        "head_dims": { "Dqk": dqk, "Dv": dv },
+        "launches": launches.map(launch_json),
+        "args": args_json(args),
+        "workspaces": {
+            "dot": "f32 [B*H*Sq]",
+            "qmod": "bf16 [B*H*Sq*Dqk]",
+            "dq_acc": "f32 [B*H*Sq*Dqk]"
+        },
+        "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
+    })
 }
 
 /// How one backward kernel is launched, for the manifest.
@@ -347,20 +365,13 @@ fn hip_kernels(
                 target,
                 &v.name,
             )?;
-            kernels.push(json!({
-                "pass": "backward",
-                "source": format!("kernels/{base}.hip"),
-                "builds": [build],
-                "head_dims": { "Dqk": dqk, "Dv": dv },
-                "launches": [launch_json(&b.pre), launch_json(&b.main), launch_json(&b.post)],
-                "args": args_json(&b.args),
-                "workspaces": {
-                    "dot": "f32 [B*H*Sq]",
-                    "qmod": "bf16 [B*H*Sq*Dqk]",
-                    "dq_acc": "f32 [B*H*Sq*Dqk]"
-                },
-                "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
-            }));
+            kernels.push(backward_json(
+                format!("kernels/{base}.hip"),
+                json!([build]),
+                (dqk, dv),
+                [&b.pre, &b.main, &b.post],
+                &b.args,
+            ));
         }
         Err(e) => {
             eprintln!(

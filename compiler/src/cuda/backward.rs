@@ -125,6 +125,33 @@ impl Launch {
     }
 }
 
+/// The backward's arguments in launch order (the three kernels of every
+/// target take these): q, k, v, o, dO, the forward's row outputs, the
+/// workspaces, dq, dk, dv, the custom inputs, their gradients, the sizes.
+pub fn backward_args(variant: &Variant) -> Vec<ArgKind> {
+    let mut args: Vec<ArgKind> = ["q", "k", "v", "o", "dout"]
+        .into_iter()
+        .map(ArgKind::Tensor)
+        .collect();
+    args.push(ArgKind::RowOut);
+    args.extend(["dot", "qmod", "dq_acc"].map(ArgKind::Workspace));
+    args.extend(["dq", "dk", "dv"].map(ArgKind::Tensor));
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::Custom(c.name.clone())),
+    );
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::CustomGrad(c.name.clone())),
+    );
+    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    args
+}
+
 /// Generated backward source and everything needed to launch it. The three
 /// kernels take the same arguments, in the order of `args`.
 #[derive(Clone, Debug)]
@@ -320,26 +347,7 @@ pub fn parallel_backward(
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
 
-    let mut args: Vec<ArgKind> = ["q", "k", "v", "o", "dout"]
-        .into_iter()
-        .map(ArgKind::Tensor)
-        .collect();
-    args.push(ArgKind::RowOut);
-    args.extend(["dot", "qmod", "dq_acc"].map(ArgKind::Workspace));
-    args.extend(["dq", "dk", "dv"].map(ArgKind::Tensor));
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::Custom(c.name.clone())),
-    );
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::CustomGrad(c.name.clone())),
-    );
-    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    let args = backward_args(variant);
 
     let (bm, bn) = (cfg.block_m, cfg.block_n());
     let pad = if cfg.wgmma { 0 } else { 8 };

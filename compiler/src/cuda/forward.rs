@@ -178,6 +178,34 @@ pub enum ArgKind {
     KvSplits,
 }
 
+/// The forward's arguments in launch order (every target's forward takes
+/// these): q, k, v, o, the row outputs, the custom inputs, the sizes and, for
+/// split-KV kernels, the two workspaces and the number of splits.
+pub fn forward_args(variant: &Variant, split_kv: bool) -> Vec<ArgKind> {
+    let mut args = vec![
+        ArgKind::Tensor("q"),
+        ArgKind::Tensor("k"),
+        ArgKind::Tensor("v"),
+        ArgKind::Tensor("o"),
+        ArgKind::RowOut,
+    ];
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::Custom(c.name.clone())),
+    );
+    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    if split_kv {
+        args.extend([
+            ArgKind::Workspace("opart"),
+            ArgKind::Workspace("spart"),
+            ArgKind::KvSplits,
+        ]);
+    }
+    args
+}
+
 /// Generated source and everything needed to launch it.
 #[derive(Clone, Debug)]
 pub struct KernelSource {
@@ -468,27 +496,7 @@ pub fn parallel_forward(
     let source = t
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
-    let mut args = vec![
-        ArgKind::Tensor("q"),
-        ArgKind::Tensor("k"),
-        ArgKind::Tensor("v"),
-        ArgKind::Tensor("o"),
-        ArgKind::RowOut,
-    ];
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::Custom(c.name.clone())),
-    );
-    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
-    if cfg.split_kv {
-        args.extend([
-            ArgKind::Workspace("opart"),
-            ArgKind::Workspace("spart"),
-            ArgKind::KvSplits,
-        ]);
-    }
+    let args = forward_args(variant, cfg.split_kv);
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),

@@ -2,7 +2,7 @@
 //! with the same regions as the CUDA backward ([`crate::cxx::regions`]).
 
 use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
-use crate::cuda::backward::{Grid, Launch};
+use crate::cuda::backward::{Grid, Launch, backward_args};
 use crate::cuda::forward::ArgKind;
 use crate::cxx::closures::{
     CustomParams, custom_params, parallel_inputs, reads, row_output_names,
@@ -172,10 +172,7 @@ pub fn hip_parallel_backward(
         gfx.name()
     );
     let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
-    let target = match prelude {
-        HipPrelude::Amdgcn => gfx.name().to_string(),
-        HipPrelude::CpuEmulation => format!("the CPU emulation of {}", gfx.name()),
-    };
+    let target = prelude.target_label(gfx);
     let t = HipBackwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -220,26 +217,7 @@ pub fn hip_parallel_backward(
     let source = t
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
-    let mut args: Vec<ArgKind> = ["q", "k", "v", "o", "dout"]
-        .into_iter()
-        .map(ArgKind::Tensor)
-        .collect();
-    args.push(ArgKind::RowOut);
-    args.extend(["dot", "qmod", "dq_acc"].map(ArgKind::Workspace));
-    args.extend(["dq", "dk", "dv"].map(ArgKind::Tensor));
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::Custom(c.name.clone())),
-    );
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::CustomGrad(c.name.clone())),
-    );
-    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
+    let args = backward_args(variant);
     let threads = cfg.waves * WAVE_SIZE;
     Ok(HipBackwardSource {
         source,

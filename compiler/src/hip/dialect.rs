@@ -64,3 +64,13 @@ pub enum HipPrelude {
     /// index arithmetic and online normalisation where no AMD GPU exists.
     CpuEmulation,
 }
+
+impl HipPrelude {
+    /// What a source rendered with this prelude is for, in its header comment.
+    pub fn target_label(self, gfx: Gfx) -> String {
+        match self {
+            HipPrelude::Amdgcn => gfx.name().to_string(),
+            HipPrelude::CpuEmulation => format!("the CPU emulation of {}", gfx.name()),
+        }
+    }
+}

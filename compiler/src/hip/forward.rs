@@ -6,7 +6,7 @@ use crate::CompileError;
 use crate::Elem;
 use crate::combine::combine_plan;
 use crate::cuda::forward::{
-    ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource, MAX_DV_SLICE, default_dv_split,
+    COMBINE_ROWS_PER_BLOCK, KernelSource, MAX_DV_SLICE, default_dv_split, forward_args,
 };
 use crate::cxx::closures::{
     CustomParams, custom_params, parallel_inputs, reads, row_output_names,
@@ -170,10 +170,7 @@ pub fn hip_parallel_forward(
         gfx.name(),
     );
     let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
-    let target = match prelude {
-        HipPrelude::Amdgcn => gfx.name().to_string(),
-        HipPrelude::CpuEmulation => format!("the CPU emulation of {}", gfx.name()),
-    };
+    let target = prelude.target_label(gfx);
     let t = HipForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -217,27 +214,7 @@ pub fn hip_parallel_forward(
     let source = t
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
-    let mut args = vec![
-        ArgKind::Tensor("q"),
-        ArgKind::Tensor("k"),
-        ArgKind::Tensor("v"),
-        ArgKind::Tensor("o"),
-        ArgKind::RowOut,
-    ];
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::Custom(c.name.clone())),
-    );
-    args.extend([Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv].map(ArgKind::Size));
-    if cfg.split_kv {
-        args.extend([
-            ArgKind::Workspace("opart"),
-            ArgKind::Workspace("spart"),
-            ArgKind::KvSplits,
-        ]);
-    }
+    let args = forward_args(variant, cfg.split_kv);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
         combine_threads: COMBINE_ROWS_PER_BLOCK * WAVE_SIZE,
