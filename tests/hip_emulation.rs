@@ -18,7 +18,7 @@ use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::{ArgKind, Elem, KernelSource};
 use aec::prelude::*;
 use aec::reference::{self, Options};
-use aec::runtime::{bf16, toolchains_required};
+use aec::runtime::{bf16, f16, toolchains_required};
 use common::gpu::{random_call, rel_err};
 use std::fmt::Write as _;
 use std::process::Command;
@@ -197,6 +197,23 @@ fn check_with(
     let def = common::example(name);
     let mut cfg = HipForwardConfig::default_for(&def, dims.dqk, dims.dv, Elem::Bf16);
     tune(&mut cfg);
+    // The element type's bits in and out (the inputs are bf16 values, exact
+    // in f16 at these magnitudes).
+    let f16 = cfg.elem == Elem::F16;
+    let encode = |x: f64| {
+        if f16 {
+            f16::from_f64(x).to_bits()
+        } else {
+            bf16::from_f64(x).to_bits()
+        }
+    };
+    let decode = |b: u16| {
+        if f16 {
+            f16::from_bits(b).to_f64()
+        } else {
+            bf16::from_bits(b).to_f64()
+        }
+    };
     let k = hip_parallel_forward(
         &def,
         dims.dqk,
@@ -242,13 +259,16 @@ fn check_with(
     std::fs::write(
         p("dout.bin"),
         d_o.iter()
-            .flat_map(|x| x.to_bits().to_le_bytes())
+            .flat_map(|x| encode(x.to_f64()).to_le_bytes())
             .collect::<Vec<u8>>(),
     )
     .unwrap();
     let mut input: Vec<u8> = Vec::new();
     for t in [&call.q_host, &call.k_host, &call.v_host] {
-        input.extend(t.iter().flat_map(|x: &bf16| x.to_bits().to_le_bytes()));
+        input.extend(
+            t.iter()
+                .flat_map(|x: &bf16| encode(x.to_f64()).to_le_bytes()),
+        );
     }
     for (_, h) in &call.customs_host {
         input.extend(h.iter().flat_map(|x| x.to_le_bytes()));
@@ -274,7 +294,7 @@ fn check_with(
     let o_len = shape.rows() * dims.dv as usize;
     let o: Vec<f64> = out[..2 * o_len]
         .chunks(2)
-        .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
+        .map(|b| decode(u16::from_le_bytes([b[0], b[1]])))
         .collect();
     let rowout: Vec<f64> = out[2 * o_len..]
         .chunks(4)
@@ -312,7 +332,7 @@ fn check_with(
         let mut take_bf16 = |n: usize| -> Vec<f64> {
             let v = out[at..at + 2 * n]
                 .chunks(2)
-                .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
+                .map(|b| decode(u16::from_le_bytes([b[0], b[1]])))
                 .collect();
             at += 2 * n;
             v
@@ -555,5 +575,17 @@ fn emulated_backward_grouped_heads_unequal_dims_and_custom_gradients() {
         keep,
         1,
         bwd(2),
+    );
+}
+
+#[test]
+fn emulated_f16_operands() {
+    check(
+        "softmax_gqa",
+        Shape::new(1, 4, 2, 29, 61),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        |c| c.elem = Elem::F16,
+        1,
     );
 }
