@@ -310,7 +310,7 @@ fn cpu_forward_source_generates_without_a_gpu() {
         Err(e @ Error::Compile { .. }) => assert_eq!(
             e.to_string(),
             "cannot generate the forward kernel of `Alibi`: head dimension Dqk = 100 is not \
-             supported by the CUDA forward templates: it needs a multiple of 16 up to 256"
+             supported by the parallel forward templates: it needs a multiple of 16 up to 256"
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }

@@ -25,7 +25,7 @@ fn examples() -> Vec<(String, Variant)> {
     out
 }
 
-/// Indexed inputs (user axes) are not supported by the CUDA templates yet: the
+/// Indexed inputs (user axes) are not supported by the GPU templates yet: the
 /// generator must say so rather than produce a kernel.
 fn refused_as_indexed(name: &str, v: &Variant) -> bool {
     if v.customs.iter().all(|c| c.user_axes.is_empty()) {
