@@ -36,6 +36,24 @@ fn cxx() -> Option<String> {
     }
 }
 
+/// A kernel's argument list as the driver's C++ expressions (the vectors it
+/// declares: tensors and workspaces by name, custom input `n` as `c<n>`, its
+/// gradient as `g<n>`).
+fn call_args(args: &[ArgKind], shape: Shape, customs: &[(String, usize)], n_splits: u32) -> String {
+    let custom = |name: &str| customs.iter().position(|(c, _)| c == name).expect("custom");
+    args.iter()
+        .map(|a| match a {
+            ArgKind::Tensor(n) | ArgKind::Workspace(n) => format!("{n}.data()"),
+            ArgKind::RowOut => "rowout.data()".into(),
+            ArgKind::Custom(name) => format!("c{}.data()", custom(name)),
+            ArgKind::CustomGrad(name) => format!("g{}.data()", custom(name)),
+            ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
+            ArgKind::KvSplits => n_splits.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The C++ driver: reads q, k, v (bf16 bits) and the custom inputs (f32)
 /// from `in.bin`, launches the kernel (and the combine kernel with
 /// `n_splits` > 1) on the emulator, writes o (bf16 bits) and the row outputs
@@ -77,23 +95,7 @@ fn driver(
         s,
         "    fclose(f);\n    std::vector<float> opart({ws_o}), spart({ws_s});"
     );
-    let args: Vec<String> = k
-        .args
-        .iter()
-        .map(|a| match a {
-            ArgKind::Tensor(n) => format!("{n}.data()"),
-            ArgKind::RowOut => "rowout.data()".into(),
-            ArgKind::Custom(name) => {
-                let n = customs.iter().position(|(c, _)| c == name).expect("custom");
-                format!("c{n}.data()")
-            }
-            ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
-            ArgKind::Workspace(n) => format!("{n}.data()"),
-            ArgKind::KvSplits => n_splits.to_string(),
-            ArgKind::CustomGrad(_) => unreachable!("forward"),
-        })
-        .collect();
-    let call = args.join(", ");
+    let call = call_args(&k.args, shape, customs, n_splits);
     let _ = writeln!(
         s,
         "    aec_emu::launch({gx}, {gy}, {gz}, {}, [&] {{ {}({call}); }});",
@@ -118,26 +120,7 @@ fn driver(
         for (n, (_, len)) in customs.iter().enumerate() {
             let _ = writeln!(s, "    std::vector<float> g{n}({len}, 0.0f);");
         }
-        let args: Vec<String> = b
-            .args
-            .iter()
-            .map(|a| match a {
-                ArgKind::Tensor(n) => format!("{n}.data()"),
-                ArgKind::RowOut => "rowout.data()".into(),
-                ArgKind::Workspace(n) => format!("{n}.data()"),
-                ArgKind::Custom(name) => {
-                    let n = customs.iter().position(|(c, _)| c == name).expect("custom");
-                    format!("c{n}.data()")
-                }
-                ArgKind::CustomGrad(name) => {
-                    let n = customs.iter().position(|(c, _)| c == name).expect("custom");
-                    format!("g{n}.data()")
-                }
-                ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
-                ArgKind::KvSplits => unreachable!("backward"),
-            })
-            .collect();
-        let call = args.join(", ");
+        let call = call_args(&b.args, shape, customs, n_splits);
         let sizes = [shape.b, shape.h, shape.hkv, shape.sq, shape.skv];
         for l in [&b.pre, &b.main, &b.post] {
             let (x, y, z) = l.grid_for(sizes, b.dqk).expect("grid");

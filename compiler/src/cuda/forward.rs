@@ -518,8 +518,10 @@ pub fn parallel_forward(
     })
 }
 
-fn check_config(cfg: &ForwardConfig, dqk: u32, dv_total: u32) -> Result<(), CompileError> {
-    let split = cfg.dv_split;
+/// Whether `split` (1, 2 or 4) cuts `dv_total` into slices a block can
+/// compute (multiples of 16, at most [`MAX_DV_SLICE`]); every target's
+/// forward checks this.
+pub fn check_dv_split(split: u32, dv_total: u32) -> Result<(), CompileError> {
     if !matches!(split, 1 | 2 | 4)
         || !dv_total.is_multiple_of(split)
         || !(dv_total / split).is_multiple_of(16)
@@ -533,6 +535,12 @@ fn check_config(cfg: &ForwardConfig, dqk: u32, dv_total: u32) -> Result<(), Comp
             }
         )));
     }
+    Ok(())
+}
+
+fn check_config(cfg: &ForwardConfig, dqk: u32, dv_total: u32) -> Result<(), CompileError> {
+    let split = cfg.dv_split;
+    check_dv_split(split, dv_total)?;
     let dv = dv_total / split;
     if cfg.stages != 2 && !(cfg.warp_specialized && (2..=4).contains(&cfg.stages)) {
         return Err(CompileError(format!(

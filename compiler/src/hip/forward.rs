@@ -6,7 +6,7 @@ use crate::CompileError;
 use crate::Elem;
 use crate::combine::combine_plan;
 use crate::cuda::forward::{
-    COMBINE_ROWS_PER_BLOCK, KernelSource, MAX_DV_SLICE, default_dv_split, forward_args,
+    COMBINE_ROWS_PER_BLOCK, KernelSource, check_dv_split, default_dv_split, forward_args,
 };
 use crate::cxx::closures::{
     CustomParams, custom_params, parallel_inputs, reads, row_output_names,
@@ -238,15 +238,7 @@ pub fn hip_parallel_forward(
 
 fn check_config(cfg: &HipForwardConfig, dqk: u32, dv_total: u32) -> Result<(), CompileError> {
     let split = cfg.dv_split;
-    if !matches!(split, 1 | 2 | 4)
-        || !dv_total.is_multiple_of(split)
-        || !(dv_total / split).is_multiple_of(16)
-        || dv_total / split > MAX_DV_SLICE
-    {
-        return Err(CompileError(format!(
-            "dv_split {split} does not fit Dv = {dv_total}: it must be 1, 2 or 4 and cut Dv into slices that are multiples of 16 of at most {MAX_DV_SLICE} columns"
-        )));
-    }
+    check_dv_split(split, dv_total)?;
     if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
         || !matches!(cfg.block_n, 16 | 32 | 64 | 128)
         || cfg.waves == 0
