@@ -23,6 +23,8 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod recurrent;
+
 struct Case {
     id: &'static str,
     example: &'static str,
@@ -352,7 +354,17 @@ fn main() {
             }
         }
     }
-    let all = json!({ "cases": index, "bench": bench, "bwd_sweep": sweep, "fwd_sweep": fwd_sweep, "extra_workloads": extra });
+    let (recurrent_cases, recurrent_bench) =
+        recurrent::write_all(&out, &root, nvcc.as_deref(), &includes);
+    let all = json!({
+        "cases": index,
+        "bench": bench,
+        "bwd_sweep": sweep,
+        "fwd_sweep": fwd_sweep,
+        "extra_workloads": extra,
+        "recurrent_cases": recurrent_cases,
+        "recurrent_bench": recurrent_bench,
+    });
     std::fs::write(
         out.join("index.json"),
         serde_json::to_string_pretty(&all).expect("json"),
@@ -368,7 +380,7 @@ fn flag_values(args: &[String], flag: &str) -> Vec<String> {
         .collect()
 }
 
-fn load(root: &Path, example: &str) -> Variant {
+pub(crate) fn load(root: &Path, example: &str) -> Variant {
     let path = root.join("examples").join(format!("{example}.rs"));
     let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     parse_file(&src)
@@ -575,7 +587,7 @@ fn backward_meta(
 
 /// Writes `<file>.cu` and, with nvcc, compiles it to `<file>.sm_90a.cubin`;
 /// returns the source and cubin names and ptxas's resource lines.
-fn compile_source(
+pub(crate) fn compile_source(
     out: &Path,
     file: &str,
     source: &str,
@@ -631,6 +643,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::CustomGrad(c) => json!({ "kind": "custom_grad", "name": c }),
             ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
             ArgKind::KvSplits => json!({ "kind": "kv_splits" }),
+            ArgKind::State(n) => json!({ "kind": "state", "name": n }),
         })
         .collect()
 }

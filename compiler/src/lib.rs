@@ -18,6 +18,7 @@ pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
     ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
 };
+pub use cuda::recurrent::{RecurrentConfig, RecurrentSource, recurrent_forward};
 
 /// Why a variant cannot be compiled with a given configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

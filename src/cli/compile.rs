@@ -432,6 +432,9 @@ fn args_json(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::CustomGrad(n) => json!({ "kind": "custom_grad", "name": n, "dtype": "f32" }),
             ArgKind::Workspace(n) => json!({ "kind": "workspace", "name": n }),
             ArgKind::KvSplits => json!({ "kind": "kv_splits", "dtype": "i32" }),
+            ArgKind::State(n) => {
+                json!({ "kind": "state", "name": n, "dtype": "f32", "nullable": true })
+            }
         })
         .collect()
 }

@@ -679,7 +679,8 @@ impl ParallelKernels {
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
                     other @ (ArgKind::Tensor(_)
                     | ArgKind::CustomGrad(_)
-                    | ArgKind::Workspace(_)) => {
+                    | ArgKind::Workspace(_)
+                    | ArgKind::State(_)) => {
                         unreachable!("params_of rejected argument {other:?}")
                     }
                 });

@@ -24,6 +24,11 @@ impl Elem {
         }
     }
 
+    /// Bytes per element.
+    pub fn bytes(self) -> u32 {
+        2
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Elem::Bf16 => "bf16",

@@ -176,6 +176,10 @@ pub enum ArgKind {
     /// The `i32` number of KV splits of a split-KV forward
     /// ([`KernelSource::kv_splits`]).
     KvSplits,
+    /// A recurrent kernel's state in or out (`state_in`, `state_out`: f32
+    /// `[B, H, Dk, Dv]`; `norm_in`, `norm_out`: f32 `[B, H, Dk]`). May be
+    /// null: an absent initial state is zero, an absent output is not written.
+    State(&'static str),
 }
 
 /// The forward's arguments in launch order (every target's forward takes

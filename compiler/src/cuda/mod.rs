@@ -3,4 +3,5 @@
 pub mod backward;
 pub mod dialect;
 pub mod forward;
+pub mod recurrent;
 pub mod wgmma;

@@ -19,7 +19,8 @@ pub fn axis_size(a: Axis) -> String {
         Axis::Skv => "P.Skv".into(),
         Axis::Dqk => "DQK".into(),
         Axis::Dv => "DV".into(),
-        Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
+        Axis::S => "P.S".into(),
+        Axis::Dk => "DK".into(),
     }
 }
 
@@ -31,8 +32,8 @@ pub fn axis_coord(a: Axis) -> String {
         Axis::Hkv => "pt.hk".into(),
         Axis::Sq => "pt.i".into(),
         Axis::Skv => "pt.j".into(),
-        Axis::Dqk | Axis::Dv => "pt.d".into(),
-        Axis::S | Axis::Dk => unreachable!("recurrent axes do not occur in parallel variants"),
+        Axis::Dqk | Axis::Dv | Axis::Dk => "pt.d".into(),
+        Axis::S => "pt.t".into(),
     }
 }
 
@@ -76,6 +77,54 @@ pub fn forward_closures(variant: &Variant) -> String {
         let _ = writeln!(
             out,
             "__device__ __forceinline__ {ret} {name}({arg}const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
+            outs[0]
+        );
+    }
+    out
+}
+
+/// The recurrent closures as device functions: `modify_q`, `modify_k`,
+/// `modify_v` (`float name(float x, const Pt&, const Params&)`), `decay_fn`
+/// (`float decay_fn(const Pt&, const Params&)`) and `normalize_fn` (`float
+/// normalize_fn(float x, float nrm, const Pt&, const Params&)`: the output
+/// element and its row's normaliser). The template's `Pt` has `b, h, t, d`.
+pub fn recurrent_closures(variant: &Variant) -> String {
+    let rec = variant.recurrent().expect("recurrent variant");
+    let mut out = String::new();
+    for (region, name) in [
+        (&rec.modify_q, "modify_q"),
+        (&rec.modify_k, "modify_k"),
+        (&rec.modify_v, "modify_v"),
+    ] {
+        let Some(r) = region else { continue };
+        let (code, outs) = pointwise(r, "n", &closure_leaf(variant, None));
+        let _ = writeln!(
+            out,
+            "__device__ __forceinline__ float {name}(float x, const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
+            outs[0]
+        );
+    }
+    if let Some(d) = &rec.decay {
+        let (code, outs) = pointwise(&d.region, "n", &closure_leaf(variant, None));
+        let _ = writeln!(
+            out,
+            "__device__ __forceinline__ float decay_fn(const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
+            outs[0]
+        );
+    }
+    if let Some(r) = &rec.normalize {
+        let leaf = closure_leaf(variant, None);
+        let normalize_leaf = |op: &Op| match op {
+            Op::Param(k) => match r.params[*k as usize].role {
+                aec_frontend::ir::ParamRole::Element => "x".into(),
+                _ => "nrm".into(),
+            },
+            other => leaf(other),
+        };
+        let (code, outs) = pointwise(r, "n", &normalize_leaf);
+        let _ = writeln!(
+            out,
+            "__device__ __forceinline__ float normalize_fn(float x, float nrm, const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
             outs[0]
         );
     }

@@ -1,0 +1,119 @@
+//! Compile checks without a GPU for the recurrent (chunked) forward: every
+//! recurrent example with a scalar decay at its benchmark head dims and at
+//! small ones, compiled by NVRTC for sm_80 and sm_90a, ptxas's register and
+//! spill report read back, HMMA confirmed in the SASS. Bad configurations
+//! and head dims get an error that names them.
+//!
+//! Needs the pinned toolchain like `cuda_compile.rs`.
+
+mod common;
+
+use aec::compiler::{Elem, Isa, RecurrentConfig, recurrent_forward};
+use aec::runtime::{
+    CompileOptions, compile, find_tool, nvrtc_present, ptxas_resources, sass, toolchains_required,
+};
+
+fn toolchain_ready() -> bool {
+    let missing: Vec<&str> = [
+        (!nvrtc_present()).then_some("NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH)"),
+        find_tool("ptxas").is_err().then_some("ptxas"),
+        find_tool("cuobjdump").is_err().then_some("cuobjdump"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "CUDA toolchain missing: {}; run `cargo xtask toolchains` (or `cargo xtask test`)",
+        missing.join(", ")
+    );
+    assert!(!toolchains_required(), "{msg}");
+    eprintln!("skipped: {msg}");
+    false
+}
+
+/// (example, Dk, Dv): the workloads' dims and small ones.
+const CASES: &[(&str, u32, u32)] = &[
+    ("retnet_recurrent", 256, 512),
+    ("retnet_recurrent", 64, 96),
+    ("gated_retention", 256, 256),
+    ("mamba2", 128, 64),
+    ("rfa", 64, 64),
+    ("rfa", 32, 128),
+];
+
+#[test]
+fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
+    if !toolchain_ready() {
+        return;
+    }
+    for &(example, dk, dv) in CASES {
+        let v = common::example(example);
+        for arch in ["sm_80", "sm_90a"] {
+            let isa = Isa::for_arch(arch);
+            let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+            let k = recurrent_forward(&v, dk, dv, &cfg)
+                .unwrap_or_else(|e| panic!("{example} {dk}/{dv}: {e}"));
+            assert!(
+                k.smem_bytes <= isa.max_dynamic_smem(),
+                "{example} {dk}/{dv} ({arch}): {} bytes of shared memory",
+                k.smem_bytes
+            );
+            let compiled = compile(&k.source, &CompileOptions::new(arch))
+                .unwrap_or_else(|e| panic!("{example} {dk}/{dv} ({arch}): {e}"));
+            assert!(compiled.ptx.contains("mma.sync.aligned.m16n8k16"));
+            let usage = ptxas_resources(&compiled.ptx, arch)
+                .unwrap_or_else(|e| panic!("{example} ({arch}): ptxas: {e}"));
+            let entry = usage
+                .iter()
+                .find(|u| u.function == k.name)
+                .unwrap_or_else(|| panic!("{example} ({arch}): no entry `{}`", k.name));
+            assert_eq!(
+                entry.spill_store_bytes, 0,
+                "{example} {dk}/{dv} ({arch}): spills: {entry:?}"
+            );
+            assert!(entry.performance_warnings.is_empty(), "{entry:?}");
+            let text = sass(&compiled.cubin).expect("cuobjdump");
+            assert!(text.contains("HMMA"), "{example} ({arch}): no HMMA");
+            eprintln!(
+                "{example:17} {dk:>3}/{dv:<3} {arch:7} {:>3} regs, {:>6} B smem, stages {}, {}",
+                entry.registers, k.smem_bytes, cfg.stages, k.name
+            );
+        }
+    }
+}
+
+#[test]
+fn unsupported_recurrent_shapes_are_refused_with_their_names() {
+    let v = common::example("retnet_recurrent");
+    let cfg = RecurrentConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80);
+    let err = |dk, dv, cfg: &RecurrentConfig| {
+        recurrent_forward(&v, dk, dv, cfg)
+            .expect_err("refused")
+            .to_string()
+    };
+    assert!(err(96, 128, &cfg).contains("Dk = 96"));
+    assert!(err(128, 80, &cfg).contains("Dv = 80"));
+    let chunk32 = RecurrentConfig { chunk: 32, ..cfg };
+    assert!(err(128, 128, &chunk32).contains("chunk = 32"));
+    let tile48 = RecurrentConfig { dv_tile: 48, ..cfg };
+    assert!(err(128, 96, &tile48).contains("dv_tile = 48"));
+    // A 256 × 128 state slice would need 128 registers per thread.
+    let wide = RecurrentConfig {
+        dv_tile: 128,
+        ..cfg
+    };
+    assert!(err(256, 256, &wide).contains("registers"));
+    let gla = common::example("gla");
+    let e = recurrent_forward(&gla, 128, 128, &cfg)
+        .expect_err("per-key-dimension decay")
+        .to_string();
+    assert!(e.contains("per key dimension"), "{e}");
+    let softmax = common::example("softmax");
+    let e = recurrent_forward(&softmax, 128, 128, &cfg)
+        .expect_err("parallel")
+        .to_string();
+    assert!(e.contains("parallel variant"), "{e}");
+}
