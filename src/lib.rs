@@ -2,10 +2,12 @@
 //!
 //! Describe an attention variant once with [`attention!`]; aec traces it into a
 //! graph, derives its backward pass, checks it against the f64 reference
-//! interpreter ([`frontend::reference`]), and generates the CUDA forward kernel
-//! of parallel variants ([`Variant::compile`], [`ParallelKernels::forward`]).
-//! Backward, decode, recurrent and HIP kernels come later (see the README's
-//! status table).
+//! interpreter ([`frontend::reference`]), and generates CUDA kernels: the
+//! forward and backward of parallel variants ([`Variant::compile`],
+//! [`ParallelKernels::forward`], [`ParallelKernels::backward`]) and the
+//! forward of recurrent ones ([`Variant::compile_recurrent`],
+//! [`RecurrentKernels::forward`]). The README's status table says what is
+//! not there yet (a recurrent backward, HIP recurrent kernels).
 //!
 //! ```
 //! use aec::prelude::*;
@@ -31,7 +33,8 @@ pub use aec_runtime as runtime;
 pub mod run;
 pub use run::{
     Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
-    Shape, backward_source, check_shapes, forward_source,
+    RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, Shape, backward_source,
+    check_recurrent_shapes, check_shapes, forward_source, recurrent_source,
 };
 
 /// A variant declared with [`attention!`].
@@ -47,8 +50,8 @@ pub trait Variant {
     /// cache) and loads this variant's forward kernel for head dims `dims`:
     /// [`ParallelKernels::compile`] with [`definition`](Self::definition).
     /// Run it with [`ParallelKernels::forward`]. A recurrent variant returns
-    /// [`Error::NotImplemented`]: only parallel kernels exist today. See
-    /// [`run`] for an example.
+    /// [`Error::Pattern`]: use [`compile_recurrent`](Self::compile_recurrent).
+    /// See [`run`] for an example.
     fn compile(
         device: &runtime::Device,
         dims: HeadDims,
@@ -56,13 +59,26 @@ pub trait Variant {
     ) -> Result<ParallelKernels, Error> {
         ParallelKernels::compile(Self::definition(), device, dims, options)
     }
+
+    /// The same for a recurrent variant: [`RecurrentKernels::compile`] with
+    /// [`definition`](Self::definition), for head dims `Dk`, `Dv`. Run it
+    /// with [`RecurrentKernels::forward`]. A parallel variant returns
+    /// [`Error::Pattern`]. See [`run::recurrent`] for an example.
+    fn compile_recurrent(
+        device: &runtime::Device,
+        dims: RecurrentDims,
+        options: &KernelOptions,
+    ) -> Result<RecurrentKernels, Error> {
+        RecurrentKernels::compile(Self::definition(), device, dims, options)
+    }
 }
 
 pub mod prelude {
     pub use crate::Variant;
     pub use crate::attention;
     pub use crate::run::{
-        ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels, Shape,
+        ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
+        RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, Shape,
     };
     pub use aec_compiler::{Elem, Isa};
     pub use aec_frontend::Pattern;

@@ -265,22 +265,38 @@ fn cpu_fixed_sizes_and_limits() {
 }
 
 #[test]
-fn cpu_recurrent_variants_are_not_implemented() {
+fn cpu_recurrent_variants_point_to_recurrent_kernels() {
     let v = example("retnet_recurrent");
-    let expected = "`RetNetRecurrent` is a recurrent variant: recurrent (chunked) kernels are \
-                    not implemented yet, only parallel variants can be compiled today; \
-                    aec::reference::forward runs it on the CPU";
+    let expected = "`RetNetRecurrent` is a recurrent variant: ParallelKernels runs parallel \
+                    variants only; compile it with RecurrentKernels::compile (or \
+                    `Variant::compile_recurrent` for a variant declared with attention!) and \
+                    check its inputs with check_recurrent_shapes";
     match forward_source(
         &v,
         HeadDims::square(64),
         &KernelOptions::default(),
         Isa::Sm80,
     ) {
-        Err(Error::NotImplemented(m)) => assert_eq!(m, expected),
-        other => panic!("expected Error::NotImplemented, got {other:?}"),
+        Err(Error::Pattern(m)) => assert_eq!(m, expected),
+        other => panic!("expected Error::Pattern, got {other:?}"),
     }
     match check_shapes(&v, HeadDims::square(64), Shape::mha(1, 1, 8, 8), &[]) {
-        Err(Error::NotImplemented(m)) => assert_eq!(m, expected),
+        Err(Error::Pattern(m)) => assert_eq!(m, expected),
+        other => panic!("expected Error::Pattern, got {other:?}"),
+    }
+    // No recurrent backward exists yet: said as such.
+    match aec::backward_source(
+        &v,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+        Isa::Sm80,
+    ) {
+        Err(Error::NotImplemented(m)) => assert_eq!(
+            m,
+            "`RetNetRecurrent` is a recurrent variant: its backward kernel is not implemented \
+             yet (RecurrentKernels runs its forward; aec::reference::backward computes its \
+             gradients on the CPU)"
+        ),
         other => panic!("expected Error::NotImplemented, got {other:?}"),
     }
 }
@@ -796,13 +812,11 @@ fn gpu_recurrent_compile_errors_clearly() {
         return;
     };
     match TestRetention::compile(&device, HeadDims::square(64), &KernelOptions::default()) {
-        Err(Error::NotImplemented(m)) => assert_eq!(
-            m,
-            "`TestRetention` is a recurrent variant: recurrent (chunked) kernels are not \
-             implemented yet, only parallel variants can be compiled today; \
-             aec::reference::forward runs it on the CPU"
+        Err(Error::Pattern(m)) => assert!(
+            m.starts_with("`TestRetention` is a recurrent variant: ParallelKernels runs parallel variants only; compile it with RecurrentKernels::compile"),
+            "{test}: {m}"
         ),
-        other => panic!("{test}: expected Error::NotImplemented, got {other:?}"),
+        other => panic!("{test}: expected Error::Pattern, got {other:?}"),
     }
     let parsed = example("gla");
     let r = ParallelKernels::compile(
@@ -812,7 +826,7 @@ fn gpu_recurrent_compile_errors_clearly() {
         &KernelOptions::default(),
     );
     assert!(
-        matches!(&r, Err(Error::NotImplemented(m)) if m.contains("is a recurrent variant")),
+        matches!(&r, Err(Error::Pattern(m)) if m.contains("is a recurrent variant") && m.contains("RecurrentKernels")),
         "{test}: {r:?}"
     );
     eprintln!("{test}: PASS");

@@ -51,20 +51,30 @@
 //! [`ParallelKernels::backward`] takes the forward's inputs and output and
 //! `dO` and returns the gradients of q, k, v and every custom input (its
 //! kernels are compiled on first use). Tensors are bf16, or f16 with
-//! `KernelOptions { elem: Elem::F16, .. }`. Only **parallel** variants have
-//! kernels today: compiling a recurrent variant returns
-//! [`Error::NotImplemented`] (the f64 reference interpreter,
-//! [`reference::forward`](crate::reference::forward), runs it on the CPU).
+//! `KernelOptions { elem: Elem::F16, .. }`.
+//!
+//! **Recurrent** variants (chunked linear attention) have their own type,
+//! [`RecurrentKernels`] (module [`recurrent`]): the forward
+//! with an optional initial state and the final state returned. No recurrent
+//! backward kernel exists yet (the f64 reference interpreter,
+//! [`reference::backward`](crate::reference::backward), computes its gradients
+//! on the CPU). Giving a variant of one pattern to the other type returns
+//! [`Error::Pattern`].
 
 mod backward;
+pub mod recurrent;
 
 pub use backward::Gradients;
+pub use recurrent::{
+    RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, check_recurrent_shapes,
+    recurrent_source,
+};
 
 use std::sync::OnceLock;
 
 use crate::compiler::{
     ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, Isa, KernelSource,
-    parallel_backward, parallel_forward,
+    RecurrentConfig, parallel_backward, parallel_forward,
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
@@ -140,7 +150,13 @@ pub enum Error {
         #[source]
         source: CompileError,
     },
-    /// What was asked for does not exist yet (recurrent kernels, f16 tensors).
+    /// The variant's pattern does not fit the kernels asked for: a recurrent
+    /// variant given to [`ParallelKernels`] or a parallel one to
+    /// [`RecurrentKernels`]. The message names the type to use.
+    #[error("{0}")]
+    Pattern(String),
+    /// What was asked for does not exist yet (the backward of recurrent
+    /// variants).
     #[error("{0}")]
     NotImplemented(String),
     /// The CUDA driver or NVRTC failed; `during` says at which step.
@@ -265,6 +281,10 @@ pub struct KernelOptions {
     /// The backward's tile configuration; `None` uses
     /// [`BackwardConfig::default_for`]. Its `elem` must equal `elem`.
     pub backward_config: Option<BackwardConfig>,
+    /// The recurrent forward's tile configuration ([`RecurrentKernels`]);
+    /// `None` uses [`RecurrentConfig::default_for`]. Its `elem` must equal
+    /// `elem`.
+    pub recurrent_config: Option<RecurrentConfig>,
     /// Extra NVRTC options appended to `-std=c++17` and the include
     /// directories (e.g. `-lineinfo`).
     pub nvrtc_flags: Vec<String>,
@@ -324,7 +344,7 @@ pub fn backward_source(
     options: &KernelOptions,
     isa: Isa,
 ) -> Result<BackwardSource, Error> {
-    require_parallel(variant)?;
+    require_parallel_backward(variant)?;
     check_head_dims(variant, dims)?;
     let cfg = options
         .backward_config
@@ -384,7 +404,8 @@ impl ParallelKernels {
     /// with NVRTC for `device.arch()` through the kernel cache and loads it
     /// onto `device`.
     ///
-    /// Errors: a recurrent variant ([`Error::NotImplemented`]); head dims
+    /// Errors: a recurrent variant ([`Error::Pattern`]: use
+    /// [`RecurrentKernels`]); head dims
     /// that contradict the variant's fixed `Dqk`/`Dv` ([`Error::Shape`]);
     /// head dims or tiles the template does not support ([`Error::Compile`]);
     /// NVRTC or the driver failing ([`Error::Runtime`]).
@@ -514,18 +535,7 @@ impl ParallelKernels {
 
     /// Checks that buffers of `T` fit the kernels' element type.
     fn check_elem<T: KernelElement>(&self, what: &str) -> Result<(), Error> {
-        if T::ELEM != self.source.elem {
-            return Err(Error::Shape(format!(
-                "{what} are {} but the kernels of `{}` were compiled for {}: pass {} buffers or \
-                 compile with `KernelOptions {{ elem: Elem::{:?}, .. }}`",
-                T::ELEM.name(),
-                self.variant.name,
-                self.source.elem.name(),
-                self.source.elem.name(),
-                T::ELEM
-            )));
-        }
-        Ok(())
+        check_elem::<T>(&self.variant.name, self.source.elem, what)
     }
 
     /// Checks that the stream and every buffer live on the kernels' device.
@@ -534,25 +544,7 @@ impl ParallelKernels {
         stream: &Stream,
         buffers: impl IntoIterator<Item = (&'a str, usize)>,
     ) -> Result<(), Error> {
-        let ordinal = self.device.ordinal();
-        if stream.ordinal() != ordinal {
-            return Err(Error::Device(format!(
-                "the stream belongs to device {}, but the kernels of `{}` are loaded on device \
-                 {ordinal}: use a stream of that device (kernels.device().stream())",
-                stream.ordinal(),
-                self.variant.name
-            )));
-        }
-        for (name, o) in buffers {
-            if o != ordinal {
-                return Err(Error::Device(format!(
-                    "tensor `{name}` lives on device {o}, but the kernels of `{}` are loaded on \
-                     device {ordinal}: upload it with a stream of that device",
-                    self.variant.name
-                )));
-            }
-        }
-        Ok(())
+        check_devices(&self.device, &self.variant.name, stream, buffers)
     }
 
     /// Runs the forward on `stream`: `o = attention(q, k, v)` and the row
@@ -767,12 +759,70 @@ impl<T: KernelElement> ForwardOutput<T> {
     }
 }
 
+/// Checks that buffers of `T` fit kernels of `variant` compiled for `elem`.
+fn check_elem<T: KernelElement>(variant: &str, elem: Elem, what: &str) -> Result<(), Error> {
+    if T::ELEM != elem {
+        return Err(Error::Shape(format!(
+            "{what} are {} but the kernels of `{variant}` were compiled for {}: pass {} buffers or \
+             compile with `KernelOptions {{ elem: Elem::{:?}, .. }}`",
+            T::ELEM.name(),
+            elem.name(),
+            elem.name(),
+            T::ELEM
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that the stream and every buffer (name, device ordinal) live on
+/// `device`, where the kernels of `variant` are loaded.
+fn check_devices<'a>(
+    device: &Device,
+    variant: &str,
+    stream: &Stream,
+    buffers: impl IntoIterator<Item = (&'a str, usize)>,
+) -> Result<(), Error> {
+    let ordinal = device.ordinal();
+    if stream.ordinal() != ordinal {
+        return Err(Error::Device(format!(
+            "the stream belongs to device {}, but the kernels of `{variant}` are loaded on device \
+             {ordinal}: use a stream of that device (kernels.device().stream())",
+            stream.ordinal()
+        )));
+    }
+    for (name, o) in buffers {
+        if o != ordinal {
+            return Err(Error::Device(format!(
+                "tensor `{name}` lives on device {o}, but the kernels of `{variant}` are loaded on \
+                 device {ordinal}: upload it with a stream of that device"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a recurrent variant where parallel kernels are asked for, naming
+/// the type that runs it.
 fn require_parallel(variant: &frontend::Variant) -> Result<(), Error> {
     if variant.pattern == Pattern::Recurrent {
+        return Err(Error::Pattern(format!(
+            "`{}` is a recurrent variant: ParallelKernels runs parallel variants only; compile \
+             it with RecurrentKernels::compile (or `Variant::compile_recurrent` for a variant \
+             declared with attention!) and check its inputs with check_recurrent_shapes",
+            variant.name
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a recurrent variant where its backward is asked for: no
+/// recurrent backward kernel exists yet.
+fn require_parallel_backward(variant: &frontend::Variant) -> Result<(), Error> {
+    if variant.pattern == Pattern::Recurrent {
         return Err(Error::NotImplemented(format!(
-            "`{}` is a recurrent variant: recurrent (chunked) kernels are not implemented yet, \
-             only parallel variants can be compiled today; aec::reference::forward runs it on \
-             the CPU",
+            "`{}` is a recurrent variant: its backward kernel is not implemented yet \
+             (RecurrentKernels runs its forward; aec::reference::backward computes its \
+             gradients on the CPU)",
             variant.name
         )));
     }
