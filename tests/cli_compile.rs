@@ -284,26 +284,206 @@ fn bad_dims_and_targets_are_refused_clearly() {
     assert!(err.contains("invalid value 'tpu'"), "{err}");
 }
 
+/// Recurrent variants get their CUDA forward (source, cubin with NVRTC,
+/// launch facts, arguments, configuration); the manifest says plainly that
+/// no recurrent backward exists yet.
 #[test]
-fn recurrent_variants_are_skipped_with_a_warning_and_broken_files_point_at_the_token() {
+fn recurrent_variants_get_their_cuda_forward() {
     let dir = scratch("rec");
     let (code, err) = aec(&[
         "compile",
+        "examples/retnet_recurrent.rs",
         "examples/mamba2.rs",
         "-t",
         "h100",
+        "--head-dims",
+        "64x96",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let m = manifest(&dir);
+    let variants = m["variants"].as_array().expect("variants");
+    assert_eq!(variants.len(), 2);
+    for (v, name, customs) in [
+        (&variants[0], "RetNetRecurrent", &[][..]),
+        (&variants[1], "Mamba2", &["a", "dt"][..]),
+    ] {
+        assert_eq!(v["name"], name);
+        assert_eq!(v["pattern"], "recurrent");
+        assert!(v.get("skipped").is_none(), "{v}");
+        assert!(v["backward"].is_null(), "{v}");
+        assert!(
+            v["backward_note"]
+                .as_str()
+                .is_some_and(|n| n.contains("not implemented yet")),
+            "{v}"
+        );
+        let kernels = v["kernels"].as_array().expect("kernels");
+        assert_eq!(kernels.len(), 1, "{kernels:?}");
+        let k = &kernels[0];
+        assert_eq!(k["pass"], "forward");
+        assert_eq!(k["head_dims"], serde_json::json!({ "Dk": 64, "Dv": 96 }));
+        // Dv = 96 is not a multiple of 64: three 32-column slices per head.
+        assert_eq!(k["config"]["dv_tile"], 32);
+        assert_eq!(k["config"]["chunk"], 64);
+        assert_eq!(k["config"]["elem"], "bf16");
+        assert_eq!(k["launch"]["grid"], serde_json::json!([3, "H", "B"]));
+        assert_eq!(k["launch"]["threads"], 256);
+        assert!(k["launch"]["dynamic_smem_bytes"].as_u64().unwrap() > 48 * 1024);
+        assert_eq!(k["normalized"], false);
+        // Launch order: q, k, v, o, the custom inputs, the nullable states, B, H, S.
+        let args: Vec<String> = k["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| {
+                let name = a["name"].as_str().or(a["axis"].as_str()).unwrap();
+                format!("{}:{name}", a["kind"].as_str().unwrap())
+            })
+            .collect();
+        let mut expected: Vec<String> = ["q", "k", "v", "o"]
+            .iter()
+            .map(|t| format!("tensor:{t}"))
+            .collect();
+        expected.extend(customs.iter().map(|c| format!("custom:{c}")));
+        expected.extend(["state:state_in".into(), "state:state_out".into()]);
+        expected.extend(["size:B".into(), "size:H".into(), "size:S".into()]);
+        assert_eq!(args, expected);
+        assert!(
+            k["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|a| a["kind"] == "state")
+                .all(|a| a["nullable"] == true && a["dtype"] == "f32")
+        );
+        let entry = k["entry"].as_str().expect("entry");
+        let source = std::fs::read_to_string(dir.join(k["source"].as_str().unwrap()))
+            .expect("kernel source");
+        assert!(source.contains(&format!("{entry}(")), "entry in the source");
+        assert!(source.contains("#define DK 64") && source.contains("#define DV 96"));
+        let builds = k["builds"].as_array().expect("builds");
+        assert_eq!(builds.len(), 1);
+        assert_eq!(builds[0]["target"], "h100");
+        assert_eq!(builds[0]["arch"], "sm_90a");
+        if aec::runtime::nvrtc_present() {
+            let cubin = std::fs::read(dir.join(builds[0]["cubin"].as_str().expect("cubin path")))
+                .expect("cubin");
+            assert_eq!(&cubin[..4], b"\x7fELF", "a cubin is an ELF file");
+        } else {
+            assert!(
+                !aec::runtime::toolchains_required(),
+                "NVRTC must be present when toolchains are required"
+            );
+            assert!(builds[0]["cubin"].is_null());
+        }
+    }
+    // Mamba2 reads `dt` per step and `a` per head: both are declared inputs.
+    let inputs: Vec<&str> = variants[1]["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(inputs, ["q", "k", "v", "a", "dt"]);
+}
+
+/// A normalised variant takes the normaliser's states too; the A100 and the
+/// Hopper targets share one source where their configurations agree; AMD
+/// targets get a warning and a manifest note, no fake kernel.
+#[test]
+fn recurrent_normaliser_shared_sources_and_amd_targets() {
+    let dir = scratch("rec-rfa");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/rfa.rs",
+        "-t",
+        "a100,h100,h200,mi250",
         "-o",
         dir.to_str().unwrap(),
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        err.contains("recurrent kernels are not implemented yet"),
+        err.contains("warning: `Rfa` (examples/rfa.rs) is recurrent: no HIP kernel exists for recurrent variants yet")
+            && err.contains("mi250"),
         "{err}"
     );
-    assert_eq!(
-        manifest(&dir)["variants"][0]["skipped"],
-        "recurrent kernels are not implemented yet"
+    let m = manifest(&dir);
+    let v = &m["variants"][0];
+    let kernels = v["kernels"].as_array().expect("kernels");
+    let cuda: Vec<_> = kernels
+        .iter()
+        .filter(|k| k.get("entry").is_some())
+        .collect();
+    // Dk = Dv = 128 (the default): double-buffered on both instruction sets,
+    // so one source with a cubin per architecture.
+    assert_eq!(cuda.len(), 1, "{kernels:?}");
+    let k = cuda[0];
+    assert_eq!(k["head_dims"], serde_json::json!({ "Dk": 128, "Dv": 128 }));
+    assert_eq!(k["normalized"], true);
+    let states: Vec<&str> = k["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"] == "state")
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["state_in", "state_out", "norm_in", "norm_out"]);
+    assert!(k["state"]["norm_in"].is_string());
+    let targets: Vec<&str> = k["builds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(targets, ["a100", "h100", "h200"]);
+    if aec::runtime::nvrtc_present() {
+        let cubins: Vec<&str> = k["builds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["cubin"].as_str().expect("cubin"))
+            .collect();
+        // h100 and h200 share the sm_90a cubin.
+        assert_eq!(cubins[1], cubins[2]);
+        assert_ne!(cubins[0], cubins[1]);
+        for c in cubins {
+            assert_eq!(&std::fs::read(dir.join(c)).expect("cubin")[..4], b"\x7fELF");
+        }
+    }
+    let amd: Vec<_> = kernels.iter().filter(|k| k["target"] == "mi250").collect();
+    assert_eq!(amd.len(), 1, "{kernels:?}");
+    assert!(
+        amd[0]["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("no HIP kernel exists for recurrent variants yet")),
+        "{}",
+        amd[0]
     );
+    assert!(v["backward"].is_null());
+    // Head dims the recurrent template does not take: a clear refusal.
+    let (code, err) = aec(&[
+        "compile",
+        "examples/rfa.rs",
+        "-t",
+        "h100",
+        "--head-dims",
+        "48x64",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("`Rfa` (examples/rfa.rs)") && err.contains("Dk = 48"),
+        "{err}"
+    );
+}
+
+#[test]
+fn broken_files_point_at_the_token() {
+    let dir = scratch("broken");
     let (code, err) = aec(&[
         "compile",
         "tests/cli_fixtures/unknown_function.rs",

@@ -4,6 +4,9 @@
 //! targets (mi250: gfx90a, mi300x: gfx942) get the HIP forward and backward
 //! and, where hipcc or clang-19 is installed, their code objects.
 //!
+//! Recurrent variants get their CUDA forward only: no recurrent backward and
+//! no HIP recurrent kernel exist yet, and the manifest says so.
+//!
 //! This is the first part of a kernel library: the C header, the loaders and
 //! the PyTorch module do not exist yet, and the manifest says so.
 
@@ -13,7 +16,8 @@ use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::{
     ArgKind, BackwardConfig, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid, Isa, KernelSource,
-    Launch, parallel_backward, parallel_forward,
+    Launch, RecurrentConfig, RecurrentSource, parallel_backward, parallel_forward,
+    recurrent_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -79,7 +83,8 @@ pub struct CompileArgs {
     /// Output directory of the library.
     #[arg(long, short = 'o', default_value = "aec-lib")]
     pub out: PathBuf,
-    /// Head dimensions for variants that do not fix them: `128` or `192x128` (Dqk x Dv).
+    /// Head dimensions for variants that do not fix them: `128` or `192x128`
+    /// (Dqk x Dv; for recurrent variants Dk x Dv).
     #[arg(long, default_value = "128")]
     pub head_dims: String,
 }
@@ -132,12 +137,15 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     std::fs::create_dir_all(&kernels_dir).map_err(|e| format!("{}: {e}", kernels_dir.display()))?;
     let mut manifest_variants = Vec::new();
     for (file, v) in &variants {
-        if v.parallel().is_none() {
-            eprintln!(
-                "warning: `{}` ({file}) is recurrent: recurrent kernels are not implemented yet; skipped",
-                v.name
-            );
-            manifest_variants.push(json!({ "name": v.name, "file": file, "pattern": "recurrent", "kernels": [], "skipped": "recurrent kernels are not implemented yet" }));
+        if v.recurrent().is_some() {
+            manifest_variants.push(recurrent_variant(
+                &kernels_dir,
+                v,
+                file,
+                (dqk, dv),
+                &targets,
+                with_nvrtc,
+            )?);
             continue;
         }
         let fixed = |a: Axis, d: u32| {
@@ -234,13 +242,135 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": 1,
-        "contents": "generated sources and code objects: CUDA (cubins) for NVIDIA targets and HIP (gfx code objects) for AMD targets, forward and backward; a C header, loaders and a PyTorch module are not generated yet",
+        "contents": "generated sources and code objects: CUDA (cubins) for NVIDIA targets and HIP (gfx code objects) for AMD targets, forward and backward of parallel variants; the CUDA forward of recurrent variants (no recurrent backward, no HIP recurrent kernels yet); a C header, loaders and a PyTorch module are not generated yet",
         "variants": manifest_variants,
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
     write(&args.out.join("manifest.json"), text.as_bytes())?;
     eprintln!("wrote {}", args.out.join("manifest.json").display());
     Ok(())
+}
+
+/// The CUDA architectures among `targets`, one instruction set each, with
+/// the targets that share it.
+fn cuda_isas(targets: &[Target]) -> Vec<(Isa, Vec<Target>)> {
+    let mut out: Vec<(Isa, Vec<Target>)> = Vec::new();
+    for &t in targets {
+        let Some(isa) = t.cuda_arch().map(Isa::for_arch) else {
+            continue;
+        };
+        match out.iter_mut().find(|(i, _)| *i == isa) {
+            Some((_, ts)) => ts.push(t),
+            None => out.push((isa, vec![t])),
+        }
+    }
+    out
+}
+
+/// What the manifest says of recurrent backward kernels.
+const RECURRENT_BACKWARD_NOTE: &str = "no backward kernel exists for recurrent variants: not implemented yet (aec::reference::backward computes the gradients on the CPU)";
+
+/// What the manifest and the warning say of AMD targets for a recurrent variant.
+const RECURRENT_HIP_NOTE: &str =
+    "no HIP kernel exists for recurrent variants yet: nothing is generated for AMD targets";
+
+/// A recurrent variant's manifest record: its CUDA forward per instruction
+/// set among the targets (source, cubins with NVRTC, launch, arguments,
+/// configuration), an explicit null backward, and a skipped entry per AMD
+/// target.
+fn recurrent_variant(
+    dir: &Path,
+    v: &Variant,
+    file: &str,
+    (dk, dv): (u32, u32),
+    targets: &[Target],
+    with_nvrtc: bool,
+) -> Result<Value, String> {
+    let fixed = |a: Axis, d: u32| {
+        v.fixed_sizes
+            .iter()
+            .find(|(x, _)| *x == a)
+            .map(|(_, n)| *n as u32)
+            .unwrap_or(d)
+    };
+    let (dk, dv) = (fixed(Axis::Dk, dk), fixed(Axis::Dv, dv));
+    // One kernel per configuration: where the instruction sets get the same
+    // one (the template is sm_80-class), one source with a cubin per arch.
+    let mut generated: Vec<(RecurrentSource, Vec<Target>)> = Vec::new();
+    for (isa, isa_targets) in cuda_isas(targets) {
+        let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+        let k = recurrent_forward(v, dk, dv, &cfg)
+            .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
+        match generated
+            .iter_mut()
+            .find(|(g, _)| g.name == k.name && g.source == k.source)
+        {
+            Some((_, ts)) => ts.extend(isa_targets),
+            None => generated.push((k, isa_targets)),
+        }
+    }
+    let mut kernels = Vec::new();
+    for (k, ts) in &generated {
+        let builds = write_and_compile(dir, &k.name, &k.source, ts, with_nvrtc, &v.name)?;
+        kernels.push(recurrent_json(k, builds));
+    }
+    let amd: Vec<Target> = targets
+        .iter()
+        .copied()
+        .filter(|t| t.gfx().is_some())
+        .collect();
+    for t in &amd {
+        eprintln!(
+            "warning: `{}` ({file}) is recurrent: {RECURRENT_HIP_NOTE} (skipped {})",
+            v.name,
+            t.name()
+        );
+        kernels
+            .push(json!({ "pass": "forward", "target": t.name(), "skipped": RECURRENT_HIP_NOTE }));
+    }
+    Ok(json!({
+        "name": v.name,
+        "file": file,
+        "pattern": "recurrent",
+        "inputs": aec::frontend::print::to_json(v)["inputs"].clone(),
+        "kernels": kernels,
+        "backward": Value::Null,
+        "backward_note": RECURRENT_BACKWARD_NOTE,
+    }))
+}
+
+/// The manifest record of a recurrent forward.
+fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>) -> Value {
+    let RecurrentConfig {
+        chunk,
+        dv_tile,
+        warps,
+        stages,
+        elem,
+        ..
+    } = k.config;
+    json!({
+        "pass": "forward",
+        "entry": k.name,
+        "source": format!("kernels/{}.cu", k.name),
+        "builds": builds,
+        "head_dims": { "Dk": k.dk, "Dv": k.dv },
+        "launch": {
+            "grid": [k.dv / dv_tile, "H", "B"],
+            "grid_rule": "(Dv / dv_tile, H, B): one block per Dv slice of a head, walking the whole sequence",
+            "threads": k.threads,
+            "dynamic_smem_bytes": k.smem_bytes,
+        },
+        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "elem": elem.name() },
+        "args": args_json(&k.args),
+        "normalized": k.normalized,
+        "state": {
+            "state_in": "f32 [B, H, Dk, Dv] or null (start from zero)",
+            "state_out": "f32 [B, H, Dk, Dv] or null (not written)",
+            "norm_in": if k.normalized { json!("f32 [B, H, Dk] or null (start from zero)") } else { Value::Null },
+            "norm_out": if k.normalized { json!("f32 [B, H, Dk] or null (not written)") } else { Value::Null },
+        },
+    })
 }
 
 /// The manifest record of a backward (either target): its source, builds,
