@@ -1,0 +1,880 @@
+//! The Rust API of recurrent variants (`aec::run::recurrent`):
+//! `RecurrentKernels::compile` and `RecurrentKernels::forward`.
+//!
+//! - `cpu_*` tests run everywhere: the input checks (exact messages) and
+//!   kernel generation need no GPU.
+//! - `gpu_*` tests compile the recurrent forward of an example with NVRTC,
+//!   run it on device 0 with random bf16 inputs (sequence lengths that are
+//!   not multiples of the 64-step chunk, an initial state in one of each
+//!   example's two shapes) and compare the output, the final state and the
+//!   final normaliser with the f64 reference interpreter on the same inputs.
+//!   Without a CUDA driver they print a skip line, unless
+//!   `AEC_REQUIRE_GPU=1` (then they fail). The GPU machines have no Rust:
+//!   build with `cargo test --release --test gpu_recurrent --no-run` and run
+//!   the binary there from the repository root.
+
+mod common;
+
+use aec::compiler::{Elem, Isa, RecurrentConfig};
+use aec::frontend::Variant as Definition;
+use aec::frontend::ir::Axis;
+use aec::prelude::*;
+use aec::reference::{self, Forward};
+use aec::runtime::RuntimeError;
+use aec::{Error, check_recurrent_shapes, recurrent_source};
+use common::example;
+use common::gpu::{device, download_f64, normal, rel_err, skip};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+// ---------------------------------------------------------------- helpers
+
+fn shape_error(r: Result<(), Error>) -> String {
+    match r {
+        Err(Error::Shape(m)) => m,
+        other => panic!("expected Error::Shape, got {other:?}"),
+    }
+}
+
+/// The element counts of q, k, v and the custom inputs of `def` for a call,
+/// in the order `check_recurrent_shapes` takes them.
+fn lens(def: &Definition, dims: RecurrentDims, shape: RecurrentShape) -> Vec<(String, usize)> {
+    [&def.q, &def.k, &def.v]
+        .into_iter()
+        .chain(def.customs.iter())
+        .map(|d| {
+            let n = d.axes.iter().map(|a| size_of(*a, dims, shape)).product();
+            (d.name.clone(), n)
+        })
+        .collect()
+}
+
+fn size_of(a: Axis, dims: RecurrentDims, shape: RecurrentShape) -> usize {
+    match a {
+        Axis::Dk => dims.dk as usize,
+        Axis::Dv => dims.dv as usize,
+        other => shape.size(other).expect("recurrent axis"),
+    }
+}
+
+fn borrowed(l: &[(String, usize)]) -> Vec<(&str, usize)> {
+    l.iter().map(|(n, c)| (n.as_str(), *c)).collect()
+}
+
+/// `l` with the element count of `name` replaced (or the entry removed).
+fn with(l: &[(String, usize)], name: &str, count: Option<usize>) -> Vec<(String, usize)> {
+    l.iter()
+        .filter_map(|(n, c)| {
+            if n == name {
+                count.map(|c| (n.clone(), c))
+            } else {
+                Some((n.clone(), *c))
+            }
+        })
+        .collect()
+}
+
+/// The range of each example's custom inputs: gated retention's gate
+/// logits, Mamba2's A (negative) and step sizes, RFA's gate after its
+/// sigmoid.
+fn custom_range(name: &str) -> (f64, f64) {
+    match name {
+        "gate" => (-1.0, 3.0),
+        "a" => (-4.0, -0.5),
+        "dt" => (0.01, 0.2),
+        "g" => (0.5, 0.99),
+        other => panic!("no range for custom input `{other}`"),
+    }
+}
+
+// -------------------------------------------------------------- CPU tests
+
+#[test]
+fn cpu_wrong_element_counts_name_the_tensor_and_its_shape() {
+    let v = example("retnet_recurrent");
+    let dims = RecurrentDims::new(64, 96);
+    let shape = RecurrentShape::new(2, 3, 150);
+    let ok = lens(&v, dims, shape);
+    let state = 2 * 3 * 64 * 96;
+    check_recurrent_shapes(&v, dims, shape, &borrowed(&ok), None, None).expect("right sizes");
+    check_recurrent_shapes(&v, dims, shape, &borrowed(&ok), Some(state), None)
+        .expect("right sizes with an initial state");
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&with(&ok, "k", Some(4096))),
+            None,
+            None
+        )),
+        "tensor `k` has 4096 elements, expected [B, H, S, Dk] = [2, 3, 150, 64] = 57600"
+    );
+    // v and the output use Dv.
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&with(&ok, "v", Some(57600))),
+            None,
+            None
+        )),
+        "tensor `v` has 57600 elements, expected [B, H, S, Dv] = [2, 3, 150, 96] = 86400"
+    );
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&with(&ok, "q", None)),
+            None,
+            None
+        )),
+        "tensor `q` is missing"
+    );
+    let mut twice = ok.clone();
+    twice.push(("v".into(), 86400));
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&twice),
+            None,
+            None
+        )),
+        "tensor `v` is given twice"
+    );
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&ok),
+            Some(state - 1),
+            None
+        )),
+        "tensor `initial_state` has 36863 elements, expected [B, H, Dk, Dv] = [2, 3, 64, 96] \
+         = 36864 (f32)"
+    );
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&ok),
+            None,
+            Some(2 * 3 * 64)
+        )),
+        "`RetNetRecurrent` has no normaliser (no `normalize`), so it takes no \
+         `initial_normalizer`: pass None"
+    );
+}
+
+#[test]
+fn cpu_custom_inputs_and_the_normaliser_are_checked() {
+    let v = example("mamba2");
+    let dims = RecurrentDims::new(128, 64);
+    let shape = RecurrentShape::new(2, 4, 333);
+    let ok = lens(&v, dims, shape);
+    check_recurrent_shapes(&v, dims, shape, &borrowed(&ok), None, None).expect("right sizes");
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&with(&ok, "dt", None)),
+            None,
+            None
+        )),
+        "missing custom input `dt`: `Mamba2` declares it as [B, H, S] = [2, 4, 333]; pass \
+         (\"dt\", buffer) with 2664 f32 elements in `customs`"
+    );
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&with(&ok, "a", Some(8))),
+            None,
+            None
+        )),
+        "custom input `a` has 8 elements, expected [H] = [4] = 4"
+    );
+    let mut unknown = ok.clone();
+    unknown.push(("gate".into(), 2664));
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            shape,
+            &borrowed(&unknown),
+            None,
+            None
+        )),
+        "unknown custom input `gate`: `Mamba2` declares the custom inputs `a`, `dt`"
+    );
+
+    let rfa = example("rfa");
+    let dims = RecurrentDims::new(64, 96);
+    let ok = lens(&rfa, dims, shape);
+    let (state, z) = (2 * 4 * 64 * 96, 2 * 4 * 64);
+    check_recurrent_shapes(&rfa, dims, shape, &borrowed(&ok), Some(state), Some(z))
+        .expect("right sizes with a state and a normaliser");
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &rfa,
+            dims,
+            shape,
+            &borrowed(&ok),
+            Some(state),
+            Some(z * 96)
+        )),
+        "tensor `initial_normalizer` has 49152 elements, expected [B, H, Dk] = [2, 4, 64] = \
+         512 (f32)"
+    );
+}
+
+#[test]
+fn cpu_sizes_limits_and_patterns() {
+    let v = example("gated_retention");
+    let dims = RecurrentDims::new(64, 64);
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            RecurrentShape::new(2, 3, 0),
+            &[],
+            None,
+            None
+        )),
+        "S = 0 in the shape [B = 2, H = 3, S = 0]: every size must be at least 1"
+    );
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            RecurrentShape::new(1, 1, i32::MAX as usize),
+            &[],
+            None,
+            None
+        )),
+        "S = 2147483647 in the shape [B = 1, H = 1, S = 2147483647] does not fit the kernel's \
+         32-bit sizes (at most 2147483584): split the call, passing each call's final state \
+         as the next one's initial state"
+    );
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            dims,
+            RecurrentShape::new(1, 70_000, 10),
+            &[],
+            None,
+            None
+        )),
+        "H = 70000 in the shape [B = 1, H = 70000, S = 10] exceeds CUDA's grid limit of 65535 \
+         (the grid is (Dv / dv_tile, H, B)): split the call"
+    );
+    assert_eq!(
+        shape_error(check_recurrent_shapes(
+            &v,
+            RecurrentDims::new(64, 0),
+            RecurrentShape::new(1, 1, 10),
+            &[],
+            None,
+            None
+        )),
+        "Dv = 0 in the head dims: every size must be at least 1"
+    );
+    // A parallel variant is pointed to ParallelKernels.
+    let softmax = example("softmax");
+    let expected = "`Softmax` is a parallel variant: RecurrentKernels runs recurrent variants \
+                    only; compile it with ParallelKernels::compile (or `Variant::compile` for \
+                    a variant declared with attention!)";
+    match check_recurrent_shapes(
+        &softmax,
+        dims,
+        RecurrentShape::new(1, 1, 10),
+        &[],
+        None,
+        None,
+    ) {
+        Err(Error::Pattern(m)) => assert_eq!(m, expected),
+        other => panic!("expected Error::Pattern, got {other:?}"),
+    }
+    match recurrent_source(&softmax, dims, &KernelOptions::default(), Isa::Sm90a) {
+        Err(Error::Pattern(m)) => assert_eq!(m, expected),
+        other => panic!("expected Error::Pattern, got {other:?}"),
+    }
+}
+
+#[test]
+fn cpu_recurrent_source_generates_without_a_gpu() {
+    use aec::compiler::ArgKind;
+    let v = example("mamba2");
+    let src = recurrent_source(
+        &v,
+        RecurrentDims::new(128, 64),
+        &KernelOptions::default(),
+        Isa::Sm90a,
+    )
+    .expect("Mamba2 forward");
+    assert!(src.source.contains(&format!("{}(", src.name)));
+    assert_eq!(
+        src.args,
+        [
+            ArgKind::Tensor("q"),
+            ArgKind::Tensor("k"),
+            ArgKind::Tensor("v"),
+            ArgKind::Tensor("o"),
+            ArgKind::Custom("a".into()),
+            ArgKind::Custom("dt".into()),
+            ArgKind::State("state_in"),
+            ArgKind::State("state_out"),
+            ArgKind::Size(Axis::B),
+            ArgKind::Size(Axis::H),
+            ArgKind::Size(Axis::S),
+        ]
+    );
+    assert!(!src.normalized);
+    assert_eq!((src.dk, src.dv), (128, 64));
+    assert!(
+        recurrent_source(
+            &example("rfa"),
+            RecurrentDims::new(64, 64),
+            &KernelOptions::default(),
+            Isa::Sm80
+        )
+        .expect("RFA forward")
+        .normalized
+    );
+
+    match recurrent_source(
+        &v,
+        RecurrentDims::new(48, 64),
+        &KernelOptions::default(),
+        Isa::Sm90a,
+    ) {
+        Err(e @ Error::Compile { .. }) => assert_eq!(
+            e.to_string(),
+            "cannot generate the recurrent forward kernel of `Mamba2`: head dimension Dk = 48 \
+             is not supported by the recurrent template: it takes 16, 32, 64, 128 or 256"
+        ),
+        other => panic!("expected Error::Compile, got {other:?}"),
+    }
+    // GLA decays per key dimension, which the chunked kernel does not take.
+    match recurrent_source(
+        &example("gla"),
+        RecurrentDims::new(64, 64),
+        &KernelOptions::default(),
+        Isa::Sm90a,
+    ) {
+        Err(e @ Error::Compile { .. }) => {
+            assert!(e.to_string().contains("decays per key dimension"), "{e}")
+        }
+        other => panic!("expected Error::Compile, got {other:?}"),
+    }
+    // A configuration whose element type contradicts the options'.
+    let mixed = KernelOptions {
+        recurrent_config: Some(RecurrentConfig {
+            elem: Elem::F16,
+            ..RecurrentConfig::default_for(128, 64, Elem::Bf16, Isa::Sm90a)
+        }),
+        ..KernelOptions::default()
+    };
+    match recurrent_source(&v, RecurrentDims::new(128, 64), &mixed, Isa::Sm90a) {
+        Err(Error::Shape(m)) => assert_eq!(
+            m,
+            "the recurrent tile configuration asks for f16 elements but the kernel options for \
+             bf16: set `KernelOptions::elem` and the configuration's `elem` alike"
+        ),
+        other => panic!("expected Error::Shape, got {other:?}"),
+    }
+    // A tuned configuration is used as given.
+    let tuned = KernelOptions {
+        recurrent_config: Some(RecurrentConfig {
+            dv_tile: 32,
+            ..RecurrentConfig::default_for(128, 64, Elem::Bf16, Isa::Sm90a)
+        }),
+        ..KernelOptions::default()
+    };
+    let src = recurrent_source(&v, RecurrentDims::new(128, 64), &tuned, Isa::Sm90a).unwrap();
+    assert_eq!(src.config.dv_tile, 32);
+    assert_eq!(src.grid_for(2, 4), Some((2, 4, 2)));
+    // f16 operands.
+    let f16 = KernelOptions {
+        elem: Elem::F16,
+        ..KernelOptions::default()
+    };
+    let src = recurrent_source(&v, RecurrentDims::new(128, 64), &f16, Isa::Sm90a).unwrap();
+    assert!(src.source.contains("typedef __half elem_t;"));
+}
+
+// -------------------------------------------------------------- GPU tests
+
+/// `compile`'s result, or `None` after a skip line when NVRTC is missing.
+fn compiled(test: &str, r: Result<RecurrentKernels, Error>) -> Option<RecurrentKernels> {
+    match r {
+        Ok(k) => Some(k),
+        Err(
+            e @ Error::Runtime {
+                source: RuntimeError::NoNvrtc,
+                ..
+            },
+        ) => {
+            skip(test, e);
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// One random call's host inputs: bf16 q, k, v, f32 custom inputs, initial
+/// state and normaliser, and the same values as the reference's inputs.
+struct Call {
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    customs: Vec<(String, Vec<f32>)>,
+    state: Option<Vec<f32>>,
+    normalizer: Option<Vec<f32>>,
+    inputs: Inputs,
+}
+
+fn random_call(
+    def: &Definition,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    initial: bool,
+    seed: u64,
+) -> Call {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dims_of =
+        |axes: &[Axis]| -> Vec<usize> { axes.iter().map(|a| size_of(*a, dims, shape)).collect() };
+    let mut bf16_tensor = |axes: &[Axis]| {
+        let s = dims_of(axes);
+        let host: Vec<bf16> = (0..s.iter().product::<usize>())
+            .map(|_| bf16::from_f64(normal(&mut rng)))
+            .collect();
+        let t = Tensor {
+            shape: s,
+            data: host.iter().map(|x| x.to_f64()).collect(),
+        };
+        (host, t)
+    };
+    let (q, q_ref) = bf16_tensor(&def.q.axes);
+    let (k, k_ref) = bf16_tensor(&def.k.axes);
+    let (v, v_ref) = bf16_tensor(&def.v.axes);
+    let f32_tensor = |s: Vec<usize>, rng: &mut StdRng, f: &dyn Fn(&mut StdRng) -> f64| {
+        let host: Vec<f32> = (0..s.iter().product::<usize>())
+            .map(|_| f(rng) as f32)
+            .collect();
+        let t = Tensor {
+            shape: s,
+            data: host.iter().map(|&x| f64::from(x)).collect(),
+        };
+        (host, t)
+    };
+    let mut customs = Vec::new();
+    let mut inputs = Inputs {
+        q: q_ref,
+        k: k_ref,
+        v: v_ref,
+        customs: Default::default(),
+        initial_state: None,
+        initial_normalizer: None,
+    };
+    for c in &def.customs {
+        let (lo, hi) = custom_range(&c.name);
+        let (host, t) = f32_tensor(dims_of(&c.axes), &mut rng, &|r| r.random_range(lo..hi));
+        customs.push((c.name.clone(), host));
+        inputs.customs.insert(c.name.clone(), t);
+    }
+    let (b, h) = (shape.b, shape.h);
+    let (dk, dv) = (dims.dk as usize, dims.dv as usize);
+    let normalized = def.recurrent().is_some_and(|r| r.normalize.is_some());
+    let mut state = None;
+    let mut normalizer = None;
+    if initial {
+        let (host, t) = f32_tensor(vec![b, h, dk, dv], &mut rng, &|r| normal(r));
+        state = Some(host);
+        inputs.initial_state = Some(t);
+        if normalized {
+            let (host, t) = f32_tensor(vec![b, h, dk], &mut rng, &|r| r.random_range(0.5..2.0));
+            normalizer = Some(host);
+            inputs.initial_normalizer = Some(t);
+        }
+    }
+    Call {
+        q,
+        k,
+        v,
+        customs,
+        state,
+        normalizer,
+        inputs,
+    }
+}
+
+/// What one comparison found: relative errors of o, the final state and
+/// (normalised variants) the final normaliser, and whether any is NaN.
+struct Errors {
+    o: f64,
+    state: f64,
+    normalizer: Option<f64>,
+    nan: bool,
+}
+
+impl Errors {
+    fn pass(&self) -> bool {
+        !self.nan && self.o < 1e-2 && self.state < 1e-2 && self.normalizer.is_none_or(|e| e < 1e-2)
+    }
+
+    fn report(&self) -> String {
+        format!(
+            "rel_err(o)={:.2e} rel_err(state)={:.2e}{} nan={}",
+            self.o,
+            self.state,
+            self.normalizer
+                .map(|e| format!(" rel_err(normalizer)={e:.2e}"))
+                .unwrap_or_default(),
+            self.nan
+        )
+    }
+}
+
+/// Compares downloaded outputs with the reference's.
+fn compare(
+    test: &str,
+    fwd: &Forward,
+    o: &[f64],
+    state: &[f64],
+    normalizer: Option<&[f64]>,
+) -> Errors {
+    let state_ref = fwd.final_state.as_ref().expect("reference final state");
+    assert_eq!(o.len(), fwd.o.data.len(), "{test}: o length");
+    assert_eq!(state.len(), state_ref.data.len(), "{test}: state length");
+    for (what, r) in [("o", &fwd.o), ("final state", state_ref)] {
+        assert!(
+            r.norm() > 0.0,
+            "{test}: the reference {what} is all zeros, the comparison would prove nothing"
+        );
+    }
+    let normalizer = match (normalizer, &fwd.final_normalizer) {
+        (Some(got), Some(want)) => {
+            assert_eq!(got.len(), want.data.len(), "{test}: normaliser length");
+            Some((got, want))
+        }
+        (None, None) => None,
+        (got, want) => panic!(
+            "{test}: normaliser returned: {}, in the reference: {}",
+            got.is_some(),
+            want.is_some()
+        ),
+    };
+    let nan = o.iter().chain(state).any(|x| x.is_nan())
+        || normalizer.is_some_and(|(g, _)| g.iter().any(|x| x.is_nan()));
+    Errors {
+        o: rel_err(o, &fwd.o.data),
+        state: rel_err(state, &state_ref.data),
+        normalizer: normalizer.map(|(g, w)| rel_err(g, &w.data)),
+        nan,
+    }
+}
+
+/// Runs the recurrent forward of `examples/<name>.rs` on the GPU and
+/// compares o, the final state and the final normaliser with the reference
+/// interpreter on the same inputs.
+fn check_example(test: &str, name: &str, sizes: [usize; 5], initial: bool) {
+    let [b, h, s, dk, dv] = sizes;
+    let (dims, shape) = (
+        RecurrentDims::new(dk as u32, dv as u32),
+        RecurrentShape::new(b, h, s),
+    );
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example(name);
+    let Some(kernels) = compiled(
+        test,
+        RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let seed = name.bytes().map(u64::from).sum::<u64>() * 7919 + (s * dk + dv) as u64;
+    let call = random_call(&def, dims, shape, initial, seed);
+    let q = stream.upload(&call.q).unwrap();
+    let k = stream.upload(&call.k).unwrap();
+    let v = stream.upload(&call.v).unwrap();
+    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = call
+        .customs
+        .iter()
+        .map(|(n, x)| (n.clone(), stream.upload(x).unwrap()))
+        .collect();
+    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
+        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    let state = call.state.as_ref().map(|x| stream.upload(x).unwrap());
+    let normalizer = call.normalizer.as_ref().map(|x| stream.upload(x).unwrap());
+    assert_eq!(initial, state.is_some());
+    assert_eq!(
+        initial && kernels.normalized(),
+        normalizer.is_some(),
+        "{test}: an initial normaliser exactly for normalised variants"
+    );
+    let out = kernels
+        .forward(
+            &stream,
+            &q,
+            &k,
+            &v,
+            &customs,
+            shape,
+            state.as_ref(),
+            normalizer.as_ref(),
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let o = download_f64(&stream, &out.o);
+    let st: Vec<f64> = download_f64(&stream, &out.final_state);
+    let z: Option<Vec<f64>> = out
+        .final_normalizer
+        .as_ref()
+        .map(|b| download_f64(&stream, b));
+
+    let fwd = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+    assert_eq!(fwd.o.shape, [b, h, s, dv]);
+    let errors = compare(test, &fwd, &o, &st, z.as_deref());
+    eprintln!(
+        "{test}: {} `{}` on {} {shape} Dk={dk} Dv={dv} initial_state={initial}: {}",
+        if errors.pass() { "PASS" } else { "FAIL" },
+        kernels.forward_source().name,
+        device.name(),
+        errors.report()
+    );
+    assert!(errors.pass(), "{test}: {}", errors.report());
+}
+
+#[test]
+fn gpu_recurrent_retnet() {
+    let test = "gpu_recurrent_retnet";
+    check_example(test, "retnet_recurrent", [2, 3, 150, 64, 96], true);
+    check_example(test, "retnet_recurrent", [1, 2, 333, 256, 256], false);
+}
+
+#[test]
+fn gpu_recurrent_gated_retention() {
+    let test = "gpu_recurrent_gated_retention";
+    check_example(test, "gated_retention", [2, 2, 333, 128, 64], true);
+    check_example(test, "gated_retention", [1, 3, 150, 256, 256], false);
+}
+
+#[test]
+fn gpu_recurrent_mamba2() {
+    let test = "gpu_recurrent_mamba2";
+    check_example(test, "mamba2", [2, 4, 150, 128, 64], true);
+    check_example(test, "mamba2", [1, 2, 333, 64, 96], false);
+}
+
+#[test]
+fn gpu_recurrent_rfa() {
+    let test = "gpu_recurrent_rfa";
+    check_example(test, "rfa", [2, 2, 333, 64, 96], true);
+    check_example(test, "rfa", [1, 2, 150, 128, 64], false);
+}
+
+/// Steps `range` of a host tensor whose axes include `S` (others whole).
+fn steps<T: Copy>(
+    host: &[T],
+    axes: &[Axis],
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    range: std::ops::Range<usize>,
+) -> Vec<T> {
+    let Some(at) = axes.iter().position(|a| *a == Axis::S) else {
+        return host.to_vec();
+    };
+    let sizes: Vec<usize> = axes.iter().map(|a| size_of(*a, dims, shape)).collect();
+    let outer: usize = sizes[..at].iter().product();
+    let inner: usize = sizes[at + 1..].iter().product();
+    let mut out = Vec::with_capacity(outer * range.len() * inner);
+    for o in 0..outer {
+        let base = o * shape.s * inner;
+        out.extend_from_slice(&host[base + range.start * inner..base + range.end * inner]);
+    }
+    out
+}
+
+/// A sequence split into two calls, the second starting from the first's
+/// final state and normaliser, gives the reference's output and final
+/// state of the whole sequence (RFA: both the state and the normaliser
+/// carry over). The split is not at a chunk boundary.
+#[test]
+fn gpu_recurrent_continues_from_a_final_state() {
+    let test = "gpu_recurrent_continues_from_a_final_state";
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example("rfa");
+    let dims = RecurrentDims::new(64, 64);
+    let whole = RecurrentShape::new(2, 2, 333);
+    let Some(kernels) = compiled(
+        test,
+        RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let call = random_call(&def, dims, whole, true, 42);
+    let split = 200;
+    let init_state = stream
+        .upload(call.state.as_ref().expect("initial state"))
+        .unwrap();
+    let init_norm = stream
+        .upload(call.normalizer.as_ref().expect("initial normaliser"))
+        .unwrap();
+    let mut o_all: Vec<Vec<f64>> = Vec::new();
+    let mut carried: Option<(DeviceBuffer<f32>, Option<DeviceBuffer<f32>>)> = None;
+    for range in [0..split, split..whole.s] {
+        let shape = RecurrentShape::new(whole.b, whole.h, range.len());
+        let part = |host: &[bf16], axes: &[Axis]| {
+            stream
+                .upload(&steps(host, axes, dims, whole, range.clone()))
+                .unwrap()
+        };
+        let q = part(&call.q, &def.q.axes);
+        let k = part(&call.k, &def.k.axes);
+        let v = part(&call.v, &def.v.axes);
+        let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = def
+            .customs
+            .iter()
+            .zip(&call.customs)
+            .map(|(decl, (n, x))| {
+                let sliced = steps(x, &decl.axes, dims, whole, range.clone());
+                (n.clone(), stream.upload(&sliced).unwrap())
+            })
+            .collect();
+        let customs: Vec<(&str, &DeviceBuffer<f32>)> =
+            custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+        // The first call starts from the case's initial state and
+        // normaliser, the second from the first's final ones.
+        let (state, normalizer) = match &carried {
+            Some((s, z)) => (s, z.as_ref()),
+            None => (&init_state, Some(&init_norm)),
+        };
+        let out = kernels
+            .forward(
+                &stream,
+                &q,
+                &k,
+                &v,
+                &customs,
+                shape,
+                Some(state),
+                normalizer,
+            )
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        o_all.push(download_f64(&stream, &out.o));
+        carried = Some((out.final_state, out.final_normalizer));
+    }
+    let (state, normalizer) = carried.expect("two calls");
+    let st = download_f64(&stream, &state);
+    let z = download_f64(
+        &stream,
+        normalizer.as_ref().expect("RFA returns its normaliser"),
+    );
+    // Reassemble o, [B, H, S, Dv], from the two calls' steps.
+    let dv = dims.dv as usize;
+    let mut o = Vec::with_capacity(whole.b * whole.h * whole.s * dv);
+    for bh in 0..whole.b * whole.h {
+        for (part, len) in o_all.iter().zip([split, whole.s - split]) {
+            o.extend_from_slice(&part[bh * len * dv..(bh + 1) * len * dv]);
+        }
+    }
+    let fwd = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+    let errors = compare(test, &fwd, &o, &st, Some(&z));
+    eprintln!(
+        "{test}: {} `{}` on {} {whole} in calls of {split} and {} steps: {}",
+        if errors.pass() { "PASS" } else { "FAIL" },
+        kernels.forward_source().name,
+        device.name(),
+        whole.s - split,
+        errors.report()
+    );
+    assert!(errors.pass(), "{test}: {}", errors.report());
+}
+
+/// Bad inputs are refused before anything runs, by the compiled kernels'
+/// `forward` itself; the same kernels then run a correct call.
+#[test]
+fn gpu_recurrent_input_errors_before_launch() {
+    let test = "gpu_recurrent_input_errors_before_launch";
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example("retnet_recurrent");
+    let dims = RecurrentDims::new(64, 64);
+    let Some(kernels) = compiled(
+        test,
+        RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let shape = RecurrentShape::new(1, 2, 70);
+    let n = 2 * 70 * 64;
+    let x = stream.upload(&vec![bf16::from_f32(0.25); n]).unwrap();
+    let short = stream.upload(&vec![bf16::from_f32(0.25); n - 64]).unwrap();
+    let state = stream.upload(&vec![0.5f32; 2 * 64 * 64]).unwrap();
+    let z = stream.upload(&vec![1.0f32; 2 * 64]).unwrap();
+    match kernels.forward(&stream, &x, &x, &short, &[], shape, None, None) {
+        Err(Error::Shape(m)) => assert_eq!(
+            m,
+            "tensor `v` has 8896 elements, expected [B, H, S, Dv] = [1, 2, 70, 64] = 8960"
+        ),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    match kernels.forward(&stream, &x, &x, &x, &[], shape, Some(&z), None) {
+        Err(Error::Shape(m)) => assert_eq!(
+            m,
+            "tensor `initial_state` has 128 elements, expected [B, H, Dk, Dv] = [1, 2, 64, 64] \
+             = 8192 (f32)"
+        ),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    match kernels.forward(&stream, &x, &x, &x, &[], shape, Some(&state), Some(&z)) {
+        Err(Error::Shape(m)) => assert!(m.contains("takes no `initial_normalizer`"), "{m}"),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    match kernels.forward(&stream, &x, &x, &x, &[("gate", &z)], shape, None, None) {
+        Err(Error::Shape(m)) => assert_eq!(
+            m,
+            "unknown custom input `gate`: `RetNetRecurrent` declares no custom inputs"
+        ),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    let halves = stream.upload(&vec![f16::from_f32(0.25); n]).unwrap();
+    match kernels.forward(&stream, &halves, &halves, &halves, &[], shape, None, None) {
+        Err(Error::Shape(m)) => assert!(m.starts_with("q, k and v are f16"), "{m}"),
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    }
+    // The same kernels then run a correct call: constant inputs, so the
+    // state after S steps is a geometric sum per head.
+    let out = kernels
+        .forward(&stream, &x, &x, &x, &[], shape, Some(&state), None)
+        .unwrap();
+    let st = stream.download(&out.final_state).unwrap();
+    assert!(out.final_normalizer.is_none());
+    for head in 0..2 {
+        let g = 1.0 - 2f64.powf(-5.0 - head as f64);
+        let decayed = 0.5 * g.powi(70);
+        let sum: f64 = (0..70).map(|t| g.powi(t)).sum::<f64>() * 0.25 * 0.25;
+        let want = decayed + sum;
+        let got = f64::from(st[head * 64 * 64]);
+        assert!(
+            (got - want).abs() < 1e-2 * want,
+            "{test}: head {head}: state {got}, expected {want}"
+        );
+    }
+    eprintln!("{test}: PASS (shape errors before launch, then a correct launch)");
+}
