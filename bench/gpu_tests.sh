@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the Rust GPU tests (built here with
-#   cargo test --release --test gpu_forward --test gpu_backward --no-run
+#   cargo test --release --test gpu_forward --test gpu_backward --test gpu_recurrent --no-run
 # and copied to target/gpu-bin/) on a GPU machine from the repository root,
 # then compute-sanitizer memcheck and racecheck on small backward cases.
 # Logs go to $OUT (default /tmp/aec-out).
@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/aec-out}
 mkdir -p "$OUT"
 export AEC_REQUIRE_GPU=1 AEC_CACHE_DIR=/tmp/aec-cache
 status=0
-for t in gpu_forward gpu_backward; do
+for t in gpu_forward gpu_backward gpu_recurrent; do
   [ -x target/gpu-bin/$t ] || { echo "missing target/gpu-bin/$t"; status=1; continue; }
   target/gpu-bin/$t --test-threads=1 --nocapture "$@" >"$OUT/$t.log" 2>&1 || status=1
   grep -E "PASS|FAIL|test result|panicked" "$OUT/$t.log"

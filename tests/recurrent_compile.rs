@@ -49,17 +49,36 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
     if !toolchain_ready() {
         return;
     }
+    // The defaults on both architectures, and on sm_90a the two-blocks-per-SM
+    // configurations the benchmark sweeps.
+    let mut jobs = Vec::new();
     for &(example, dk, dv) in CASES {
-        let v = common::example(example);
         for arch in ["sm_80", "sm_90a"] {
+            let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, Isa::for_arch(arch));
+            jobs.push((example, dk, dv, arch, cfg));
+        }
+    }
+    for (example, dk, dv) in [("retnet_recurrent", 256, 512), ("mamba2", 128, 64)] {
+        let cfg = RecurrentConfig {
+            dv_tile: 32,
+            stages: 1,
+            blocks_per_sm: 2,
+            ..RecurrentConfig::default_for(dk, dv, Elem::Bf16, Isa::Sm90a)
+        };
+        jobs.push((example, dk, dv, "sm_90a", cfg));
+    }
+    for (example, dk, dv, arch, cfg) in jobs {
+        let v = common::example(example);
+        {
             let isa = Isa::for_arch(arch);
-            let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
             let k = recurrent_forward(&v, dk, dv, &cfg)
                 .unwrap_or_else(|e| panic!("{example} {dk}/{dv}: {e}"));
             assert!(
-                k.smem_bytes <= isa.max_dynamic_smem(),
-                "{example} {dk}/{dv} ({arch}): {} bytes of shared memory",
-                k.smem_bytes
+                k.smem_bytes <= isa.max_dynamic_smem()
+                    && k.smem_bytes * cfg.blocks_per_sm <= isa.smem_per_sm(cfg.blocks_per_sm),
+                "{example} {dk}/{dv} ({arch}): {} bytes of shared memory for {} blocks per SM",
+                k.smem_bytes,
+                cfg.blocks_per_sm
             );
             let compiled = compile(&k.source, &CompileOptions::new(arch))
                 .unwrap_or_else(|e| panic!("{example} {dk}/{dv} ({arch}): {e}"));
@@ -70,16 +89,26 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
                 .iter()
                 .find(|u| u.function == k.name)
                 .unwrap_or_else(|| panic!("{example} ({arch}): no entry `{}`", k.name));
-            assert_eq!(
-                entry.spill_store_bytes, 0,
-                "{example} {dk}/{dv} ({arch}): spills: {entry:?}"
+            // Two blocks per SM cap registers at 128: NVRTC 13.0.88 spills
+            // 148 bytes for the Dk 256 state there (nvcc none); one block
+            // per SM must not spill.
+            let allowed = if cfg.blocks_per_sm == 2 { 160 } else { 0 };
+            assert!(
+                entry.spill_store_bytes <= allowed,
+                "{example} {dk}/{dv} ({arch}): spills (allowed {allowed} B): {entry:?}"
             );
             assert!(entry.performance_warnings.is_empty(), "{entry:?}");
+            assert!(
+                entry.registers <= 65536 / (k.threads * cfg.blocks_per_sm),
+                "{example} ({arch}): {} registers do not let {} blocks share an SM",
+                entry.registers,
+                cfg.blocks_per_sm
+            );
             let text = sass(&compiled.cubin).expect("cuobjdump");
             assert!(text.contains("HMMA"), "{example} ({arch}): no HMMA");
             eprintln!(
-                "{example:17} {dk:>3}/{dv:<3} {arch:7} {:>3} regs, {:>6} B smem, stages {}, {}",
-                entry.registers, k.smem_bytes, cfg.stages, k.name
+                "{example:17} {dk:>3}/{dv:<3} {arch:7} {:>3} regs, {:>6} B smem, {}",
+                entry.registers, k.smem_bytes, k.name
             );
         }
     }

@@ -192,7 +192,9 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(out) = args.first() else {
-        eprintln!("usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]...");
+        eprintln!(
+            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--fwd-sweep] [--bwd-sweep]"
+        );
         std::process::exit(2);
     };
     let nvcc = flag_values(&args, "--nvcc").into_iter().next();
@@ -201,14 +203,17 @@ fn main() {
     std::fs::create_dir_all(&out).expect("create output directory");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut index = Vec::new();
-    for case in CASES {
+    // `--recurrent-only`: only the recurrent cases and kernels (the parallel
+    // lists stay empty).
+    let recurrent_only = args.iter().any(|a| a == "--recurrent-only");
+    for case in CASES.iter().filter(|_| !recurrent_only) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
         let meta = write_case(&out, case, &v, nvcc.as_deref(), &includes);
         index.push(meta);
     }
     let mut bench = Vec::new();
-    for (workload, example, dqk, dv) in BENCH {
+    for (workload, example, dqk, dv) in BENCH.iter().filter(|_| !recurrent_only) {
         eprintln!("bench kernel {workload} …");
         let v = match *example {
             // GQA + causal: the GQA example with the causal mask, declared here.

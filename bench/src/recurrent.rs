@@ -153,18 +153,32 @@ pub fn write_all(
         let default = RecurrentConfig::default_for(dk, dv, Elem::Bf16, Isa::Sm90a);
         let mut configs = vec![default];
         for dv_tile in [32, 64, 128] {
-            let c = RecurrentConfig { dv_tile, ..default };
-            if dv_tile != default.dv_tile && recurrent_forward(&v, dk, dv, &c).is_ok() {
-                configs.push(c);
+            for (stages, blocks_per_sm) in [(2, 1), (1, 2), (2, 2)] {
+                let c = RecurrentConfig {
+                    dv_tile,
+                    stages,
+                    blocks_per_sm,
+                    ..default
+                };
+                let fits = recurrent_forward(&v, dk, dv, &c).is_ok_and(|k| {
+                    k.smem_bytes * blocks_per_sm <= Isa::Sm90a.smem_per_sm(blocks_per_sm)
+                });
+                if c != default && fits {
+                    configs.push(c);
+                }
             }
         }
         for (n, cfg) in configs.iter().enumerate() {
-            eprintln!("recurrent bench kernel {workload} v{} …", cfg.dv_tile);
-            let file = format!("rbench_{}_v{}", workload.replace('-', "_"), cfg.dv_tile);
+            let tag = format!(
+                "c{}v{}s{}b{}",
+                cfg.chunk, cfg.dv_tile, cfg.stages, cfg.blocks_per_sm
+            );
+            eprintln!("recurrent bench kernel {workload} {tag} …");
+            let file = format!("rbench_{}_{tag}", workload.replace('-', "_"));
             let entry = match recurrent_forward(&v, dk, dv, cfg) {
                 Ok(k) => json!({
                     "workload": workload,
-                    "config": format!("c{}v{}s{}", cfg.chunk, cfg.dv_tile, cfg.stages),
+                    "config": tag,
                     "default": n == 0,
                     "kernel": kernel_meta(out, &file, &k, nvcc, includes),
                 }),

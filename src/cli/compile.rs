@@ -346,8 +346,8 @@ fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>) -> Value {
         dv_tile,
         warps,
         stages,
+        blocks_per_sm,
         elem,
-        ..
     } = k.config;
     json!({
         "pass": "forward",
@@ -361,7 +361,7 @@ fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>) -> Value {
             "threads": k.threads,
             "dynamic_smem_bytes": k.smem_bytes,
         },
-        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "elem": elem.name() },
+        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "elem": elem.name() },
         "args": args_json(&k.args),
         "normalized": k.normalized,
         "state": {

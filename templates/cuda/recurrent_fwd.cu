@@ -72,7 +72,7 @@ __device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int b, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
+extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, {{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
 {% if normalize %}    const float* __restrict__ norm_in, float* __restrict__ norm_out,

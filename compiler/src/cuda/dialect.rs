@@ -59,6 +59,17 @@ impl Isa {
 
     /// Shared memory one thread block may use (static and dynamic): 163 KiB
     /// on sm_80 (A100), 227 KiB on sm_90 (H100, H200).
+    /// Shared memory of one multiprocessor, less the 1 KiB the driver
+    /// reserves per resident block, for `blocks` resident blocks: what their
+    /// dynamic allocations may add up to.
+    pub fn smem_per_sm(self, blocks: u32) -> u32 {
+        let total = match self {
+            Isa::Sm80 => 164 * 1024,
+            Isa::Sm90a => 228 * 1024,
+        };
+        total - blocks * 1024
+    }
+
     pub fn max_dynamic_smem(self) -> u32 {
         match self {
             Isa::Sm80 => 163 * 1024,

@@ -25,6 +25,11 @@ pub struct RecurrentConfig {
     /// Chunk buffers in shared memory: 2 (the next chunk loads while one is
     /// computed) or 1 (where two do not fit, e.g. Dk 256 on sm_80).
     pub stages: u32,
+    /// Blocks each multiprocessor should hold (1 or 2): with 2 the
+    /// compiler keeps to 128 registers per thread and shared memory must
+    /// fit twice, so one block's loads and barriers overlap the other's
+    /// GEMMs.
+    pub blocks_per_sm: u32,
     pub elem: Elem,
 }
 
@@ -45,6 +50,7 @@ impl RecurrentConfig {
             dv_tile,
             warps: 8,
             stages: 2,
+            blocks_per_sm: 1,
             elem,
         };
         if recurrent_smem_bytes(&cfg, dk, false) > isa.max_dynamic_smem() {
@@ -108,6 +114,7 @@ struct RecurrentTemplate<'a> {
     warps: u32,
     warp_size: u32,
     stages: u32,
+    blocks_per_sm: u32,
     state_warps_m: u32,
     state_m_tiles: u32,
     state_n_tiles: u32,
@@ -204,10 +211,10 @@ pub fn recurrent_forward(
             cfg.chunk
         )));
     }
-    if cfg.warps != 8 || !(1..=2).contains(&cfg.stages) {
+    if cfg.warps != 8 || !(1..=2).contains(&cfg.stages) || !(1..=2).contains(&cfg.blocks_per_sm) {
         return Err(CompileError(format!(
-            "the recurrent template takes 8 warps and 1 or 2 stages, not {} warps and {} stages",
-            cfg.warps, cfg.stages
+            "the recurrent template takes 8 warps, 1 or 2 stages and 1 or 2 blocks per multiprocessor, not {} warps, {} stages and {} blocks",
+            cfg.warps, cfg.stages, cfg.blocks_per_sm
         )));
     }
     if ![32, 64, 128].contains(&cfg.dv_tile) || !dv.is_multiple_of(cfg.dv_tile) {
@@ -221,12 +228,13 @@ pub fn recurrent_forward(
     let normalize = rec.normalize.is_some();
 
     let kernel_name = format!(
-        "aec_rec_fwd_{}_{}_d{dk}x{dv}_c{}v{}s{}",
+        "aec_rec_fwd_{}_{}_d{dk}x{dv}_c{}v{}s{}b{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.chunk,
         cfg.dv_tile,
-        cfg.stages
+        cfg.stages,
+        cfg.blocks_per_sm
     );
     let customs = custom_params(variant.customs.len(), false);
     let regions = recurrent_closures(variant);
@@ -242,6 +250,7 @@ pub fn recurrent_forward(
         warps: cfg.warps,
         warp_size: WARP_SIZE,
         stages: cfg.stages,
+        blocks_per_sm: cfg.blocks_per_sm,
         state_warps_m,
         state_m_tiles,
         state_n_tiles,
