@@ -14,30 +14,7 @@ use aec::compiler::{
     BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
 };
 use aec::frontend::Variant;
-use aec::runtime::{
-    CompileOptions, compile, find_tool, nvrtc_present, ptxas_resources, sass, toolchains_required,
-};
-
-fn toolchain_ready() -> bool {
-    let missing: Vec<&str> = [
-        (!nvrtc_present()).then_some("NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH)"),
-        find_tool("ptxas").is_err().then_some("ptxas"),
-        find_tool("cuobjdump").is_err().then_some("cuobjdump"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!(
-        "CUDA toolchain missing: {}; run `cargo xtask toolchains` (or `cargo xtask test`)",
-        missing.join(", ")
-    );
-    assert!(!toolchains_required(), "{msg}");
-    eprintln!("skipped: {msg}");
-    false
-}
+use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
 
 #[derive(Clone, Copy, Debug)]
 enum Pass {
@@ -47,7 +24,7 @@ enum Pass {
 
 #[test]
 fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
-    if !toolchain_ready() {
+    if !common::cuda_toolchain_ready() {
         return;
     }
     let examples = common::parallel_examples();
@@ -246,7 +223,7 @@ fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
 /// backward, with at most 128 bytes of spills; f16 operands too (d128, sm_80).
 #[test]
 fn every_head_dim_compiles_forward_and_backward() {
-    if !toolchain_ready() {
+    if !common::cuda_toolchain_ready() {
         return;
     }
     let v = aec::frontend::parse_file(

@@ -20,10 +20,9 @@ use aec::frontend::Variant as Definition;
 use aec::frontend::ir::Axis;
 use aec::prelude::*;
 use aec::reference::{self, Forward};
-use aec::runtime::RuntimeError;
 use aec::{Error, check_recurrent_shapes, recurrent_source};
 use common::example;
-use common::gpu::{device, download_f64, normal, rel_err, skip};
+use common::gpu::{compiled, device, download_f64, normal, rel_err};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -412,23 +411,6 @@ fn cpu_recurrent_source_generates_without_a_gpu() {
 }
 
 // -------------------------------------------------------------- GPU tests
-
-/// `compile`'s result, or `None` after a skip line when NVRTC is missing.
-fn compiled(test: &str, r: Result<RecurrentKernels, Error>) -> Option<RecurrentKernels> {
-    match r {
-        Ok(k) => Some(k),
-        Err(
-            e @ Error::Runtime {
-                source: RuntimeError::NoNvrtc,
-                ..
-            },
-        ) => {
-            skip(test, e);
-            None
-        }
-        Err(e) => panic!("{test}: {e}"),
-    }
-}
 
 /// One random call's host inputs: bf16 q, k, v, f32 custom inputs, initial
 /// state and normaliser, and the same values as the reference's inputs.

@@ -9,30 +9,7 @@
 mod common;
 
 use aec::compiler::{Elem, Isa, RecurrentConfig, recurrent_forward};
-use aec::runtime::{
-    CompileOptions, compile, find_tool, nvrtc_present, ptxas_resources, sass, toolchains_required,
-};
-
-fn toolchain_ready() -> bool {
-    let missing: Vec<&str> = [
-        (!nvrtc_present()).then_some("NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH)"),
-        find_tool("ptxas").is_err().then_some("ptxas"),
-        find_tool("cuobjdump").is_err().then_some("cuobjdump"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!(
-        "CUDA toolchain missing: {}; run `cargo xtask toolchains` (or `cargo xtask test`)",
-        missing.join(", ")
-    );
-    assert!(!toolchains_required(), "{msg}");
-    eprintln!("skipped: {msg}");
-    false
-}
+use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
 
 /// (example, Dk, Dv): the workloads' dims and small ones.
 const CASES: &[(&str, u32, u32)] = &[
@@ -46,7 +23,7 @@ const CASES: &[(&str, u32, u32)] = &[
 
 #[test]
 fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
-    if !toolchain_ready() {
+    if !common::cuda_toolchain_ready() {
         return;
     }
     // The defaults on both architectures, and on sm_90a the two-blocks-per-SM

@@ -416,14 +416,30 @@ fn gqa_causal(root: &Path) -> Variant {
     v
 }
 
-fn normal(rng: &mut StdRng) -> f64 {
+pub(crate) fn normal(rng: &mut StdRng) -> f64 {
     let u1: f64 = rng.random_range(1e-12..1.0);
     let u2: f64 = rng.random();
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
-fn bf16_round(x: f64) -> f64 {
+pub(crate) fn bf16_round(x: f64) -> f64 {
     half::bf16::from_f64(x).to_f64()
+}
+
+/// A tensor's values as little-endian bf16 bytes (what the GPU scripts load).
+pub(crate) fn as_bf16(t: &Tensor) -> Vec<u8> {
+    t.data
+        .iter()
+        .flat_map(|x| half::bf16::from_f64(*x).to_bits().to_le_bytes())
+        .collect()
+}
+
+/// A tensor's values as little-endian f32 bytes.
+pub(crate) fn as_f32(t: &Tensor) -> Vec<u8> {
+    t.data
+        .iter()
+        .flat_map(|x| (*x as f32).to_le_bytes())
+        .collect()
 }
 
 fn write_case(
@@ -492,18 +508,6 @@ fn write_case(
     let km = kernel_meta(out, case.id, &kernel, nvcc, includes);
     let write = |name: &str, data: Vec<u8>| {
         std::fs::write(out.join(format!("{}.{name}", case.id)), data).expect("write tensor")
-    };
-    let as_bf16 = |t: &Tensor| {
-        t.data
-            .iter()
-            .flat_map(|x| half::bf16::from_f64(*x).to_bits().to_le_bytes())
-            .collect::<Vec<u8>>()
-    };
-    let as_f32 = |t: &Tensor| {
-        t.data
-            .iter()
-            .flat_map(|x| (*x as f32).to_le_bytes())
-            .collect::<Vec<u8>>()
     };
     write("q.bin", as_bf16(&inputs.q));
     write("k.bin", as_bf16(&inputs.k));

@@ -4,7 +4,7 @@
 //! workloads.json the kernel in the default configuration and in the
 //! other Dv tilings (a small sweep the script times side by side).
 
-use crate::{compile_source, load};
+use crate::{as_bf16, as_f32, bf16_round, compile_source, load, normal};
 use aec_compiler::{ArgKind, Elem, Isa, RecurrentConfig, RecurrentSource, recurrent_forward};
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
@@ -122,16 +122,6 @@ const BENCH: &[(&str, &str)] = &[
     ("gated-retention-b2-h40-s4096-d256-v256", "gated_retention"),
     ("mamba2-b2-h80-s4096-d128-v64", "mamba2"),
 ];
-
-fn normal(rng: &mut StdRng) -> f64 {
-    let u1: f64 = rng.random_range(1e-12..1.0);
-    let u2: f64 = rng.random();
-    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-}
-
-fn bf16_round(x: f64) -> f64 {
-    half::bf16::from_f64(x).to_f64()
-}
 
 /// Writes the cases and benchmark kernels; returns (cases, bench) for index.json.
 pub fn write_all(
@@ -286,18 +276,6 @@ fn write_case(
     let km = kernel_meta(out, case.id, &kernel, nvcc, includes);
     let write = |name: &str, data: Vec<u8>| {
         std::fs::write(out.join(format!("{}.{name}", case.id)), data).expect("write tensor")
-    };
-    let as_bf16 = |t: &Tensor| {
-        t.data
-            .iter()
-            .flat_map(|x| half::bf16::from_f64(*x).to_bits().to_le_bytes())
-            .collect::<Vec<u8>>()
-    };
-    let as_f32 = |t: &Tensor| {
-        t.data
-            .iter()
-            .flat_map(|x| (*x as f32).to_le_bytes())
-            .collect::<Vec<u8>>()
     };
     write("q.bin", as_bf16(&inputs.q));
     write("k.bin", as_bf16(&inputs.k));

@@ -994,6 +994,41 @@ pub fn check_shapes(
         ));
     }
 
+    let size = |a: Axis| -> Option<usize> {
+        match a {
+            Axis::Dqk => Some(dims.dqk as usize),
+            Axis::Dv => Some(dims.dv as usize),
+            other => shape.size(other),
+        }
+    };
+    check_declared_tensors(variant, tensors, &size, "forward")?;
+    // The outputs: `o` is [B, H, Sq, Dv]; the row outputs are smaller.
+    if [shape.b, shape.h, shape.sq, dims.dv as usize]
+        .into_iter()
+        .try_fold(1usize, |acc, n| acc.checked_mul(n))
+        .is_none()
+    {
+        return bad(format!(
+            "the output `o` would have [B, H, Sq, Dv] = {:?} elements, more than this \
+             machine can address: split the call",
+            [shape.b, shape.h, shape.sq, dims.dv as usize]
+        ));
+    }
+    Ok(())
+}
+
+/// The checks every pattern makes of the given tensors (name, element
+/// count): none given twice, no unknown custom input, and each of q, k, v
+/// and the declared custom inputs present with the element count of its
+/// declared axes (`size` gives each axis's extent; `None` for an axis the
+/// call has no size for, a frontend bug reported against `kernel`).
+pub(crate) fn check_declared_tensors(
+    variant: &frontend::Variant,
+    tensors: &[(&str, usize)],
+    size: &dyn Fn(Axis) -> Option<usize>,
+    kernel: &'static str,
+) -> Result<(), Error> {
+    let bad = |m: String| Err(Error::Shape(m));
     for (i, (name, _)) in tensors.iter().enumerate() {
         if tensors[..i].iter().any(|(n, _)| n == name) {
             return bad(format!("tensor `{name}` is given twice"));
@@ -1020,20 +1055,27 @@ pub fn check_shapes(
             ));
         }
     }
-    let size = |a: Axis| -> usize {
-        match a {
-            Axis::Dqk => dims.dqk as usize,
-            Axis::Dv => dims.dv as usize,
-            other => shape
-                .size(other)
-                .expect("parallel variants use B, H, Hkv, Sq, Skv, Dqk, Dv"),
-        }
-    };
     let decls = [&variant.q, &variant.k, &variant.v]
         .into_iter()
         .chain(variant.customs.iter());
     for decl in decls {
-        let expected: Vec<usize> = decl.axes.iter().map(|a| size(*a)).collect();
+        let Some(expected) = decl
+            .axes
+            .iter()
+            .map(|a| size(*a))
+            .collect::<Option<Vec<usize>>>()
+        else {
+            return Err(Error::Compile {
+                variant: variant.name.clone(),
+                kernel,
+                source: CompileError(format!(
+                    "`{}` is declared with an axis the call has no size for ({}); \
+                     this is a bug in aec's frontend",
+                    decl.name,
+                    axes_str(decl)
+                )),
+            });
+        };
         let what = if matches!(decl.name.as_str(), "q" | "k" | "v") {
             "tensor"
         } else {
@@ -1071,18 +1113,6 @@ pub fn check_shapes(
                 axes_str(decl)
             ));
         }
-    }
-    // The outputs: `o` is [B, H, Sq, Dv]; the row outputs are smaller.
-    if [shape.b, shape.h, shape.sq, dims.dv as usize]
-        .into_iter()
-        .try_fold(1usize, |acc, n| acc.checked_mul(n))
-        .is_none()
-    {
-        return bad(format!(
-            "the output `o` would have [B, H, Sq, Dv] = {:?} elements, more than this \
-             machine can address: split the call",
-            [shape.b, shape.h, shape.sq, dims.dv as usize]
-        ));
     }
     Ok(())
 }

@@ -49,7 +49,8 @@
 //! There is no recurrent backward kernel yet.
 
 use super::{
-    Error, KernelElement, KernelOptions, axes_str, cache, check_devices, check_elem, dtype_of,
+    Error, KernelElement, KernelOptions, cache, check_declared_tensors, check_devices, check_elem,
+    dtype_of,
 };
 use crate::compiler::cuda::recurrent::RECURRENT_CHUNKS;
 use crate::compiler::{
@@ -292,32 +293,6 @@ pub fn check_recurrent_shapes(
         }
     }
 
-    for (i, (name, _)) in tensors.iter().enumerate() {
-        if tensors[..i].iter().any(|(n, _)| n == name) {
-            return bad(format!("tensor `{name}` is given twice"));
-        }
-    }
-    let declared = || {
-        if variant.customs.is_empty() {
-            "no custom inputs".to_string()
-        } else {
-            let names: Vec<String> = variant
-                .customs
-                .iter()
-                .map(|c| format!("`{}`", c.name))
-                .collect();
-            format!("the custom inputs {}", names.join(", "))
-        }
-    };
-    for (name, _) in tensors {
-        if !matches!(*name, "q" | "k" | "v") && !variant.customs.iter().any(|c| c.name == *name) {
-            return bad(format!(
-                "unknown custom input `{name}`: `{}` declares {}",
-                variant.name,
-                declared()
-            ));
-        }
-    }
     let size = |a: Axis| -> Option<usize> {
         match a {
             Axis::Dk => Some(dims.dk as usize),
@@ -325,63 +300,8 @@ pub fn check_recurrent_shapes(
             other => shape.size(other),
         }
     };
+    check_declared_tensors(variant, tensors, &size, "recurrent forward")?;
     let count = |sizes: &[usize]| sizes.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n));
-    let decls = [&variant.q, &variant.k, &variant.v]
-        .into_iter()
-        .chain(variant.customs.iter());
-    for decl in decls {
-        let Some(expected) = decl
-            .axes
-            .iter()
-            .map(|a| size(*a))
-            .collect::<Option<Vec<usize>>>()
-        else {
-            return Err(Error::Compile {
-                variant: variant.name.clone(),
-                kernel: "recurrent forward",
-                source: CompileError(format!(
-                    "`{}` is declared with an axis a recurrent call has no size for ({}); \
-                     this is a bug in aec's frontend",
-                    decl.name,
-                    axes_str(decl)
-                )),
-            });
-        };
-        let what = if matches!(decl.name.as_str(), "q" | "k" | "v") {
-            "tensor"
-        } else {
-            "custom input"
-        };
-        let Some(n) = count(&expected) else {
-            return bad(format!(
-                "{what} `{}` would have {} = {expected:?} elements, more than this machine \
-                 can address: split the call",
-                decl.name,
-                axes_str(decl)
-            ));
-        };
-        let Some(&(_, len)) = tensors.iter().find(|(name, _)| *name == decl.name) else {
-            return bad(if what == "tensor" {
-                format!("tensor `{}` is missing", decl.name)
-            } else {
-                format!(
-                    "missing custom input `{}`: `{}` declares it as {} = {expected:?}; pass \
-                     (\"{}\", buffer) with {n} f32 elements in `customs`",
-                    decl.name,
-                    variant.name,
-                    axes_str(decl),
-                    decl.name
-                )
-            });
-        };
-        if len != n {
-            return bad(format!(
-                "{what} `{}` has {len} elements, expected {} = {expected:?} = {n}",
-                decl.name,
-                axes_str(decl)
-            ));
-        }
-    }
 
     let (b, h, s) = (shape.b, shape.h, shape.s);
     let (dk, dv) = (dims.dk as usize, dims.dv as usize);

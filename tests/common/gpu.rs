@@ -36,7 +36,7 @@ pub fn device(test: &str) -> Option<Device> {
 }
 
 /// `compile`'s result, or `None` after a skip line when NVRTC is missing.
-pub fn compiled(test: &str, r: Result<ParallelKernels, Error>) -> Option<ParallelKernels> {
+pub fn compiled<K>(test: &str, r: Result<K, Error>) -> Option<K> {
     match r {
         Ok(k) => Some(k),
         Err(

@@ -11,6 +11,31 @@ use std::path::PathBuf;
 
 pub mod gpu;
 
+/// Whether NVRTC, ptxas and cuobjdump are there for the CUDA compile checks;
+/// without them the test is skipped with a message, or fails where
+/// `AEC_REQUIRE_TOOLCHAINS=1` (CI) says they must be.
+pub fn cuda_toolchain_ready() -> bool {
+    use aec::runtime::{find_tool, nvrtc_present, toolchains_required};
+    let missing: Vec<&str> = [
+        (!nvrtc_present()).then_some("NVRTC (libnvrtc.so.13 on LD_LIBRARY_PATH)"),
+        find_tool("ptxas").is_err().then_some("ptxas"),
+        find_tool("cuobjdump").is_err().then_some("cuobjdump"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "CUDA toolchain missing: {}; run `cargo xtask toolchains` (or `cargo xtask test`)",
+        missing.join(", ")
+    );
+    assert!(!toolchains_required(), "{msg}");
+    eprintln!("skipped: {msg}");
+    false
+}
+
 /// `examples/` where the test was built, else under the current directory
 /// (a GPU machine running a copied test binary from a copy of the repository).
 pub fn examples_dir() -> PathBuf {

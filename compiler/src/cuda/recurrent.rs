@@ -6,7 +6,7 @@
 use super::dialect::{Elem, ElemSpelling, Isa, WARP_SIZE, elem_spelling};
 use super::forward::ArgKind;
 use crate::CompileError;
-use crate::cxx::closures::{custom_params, recurrent_closures};
+use crate::cxx::closures::{check_fixed_head_dims, custom_params, recurrent_closures};
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
 use askama::Template;
@@ -171,16 +171,7 @@ pub fn recurrent_forward(
             variant.name
         ))
     })?;
-    for (axis, d) in [(Axis::Dk, dk), (Axis::Dv, dv)] {
-        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
-            && *fixed != d as usize
-        {
-            return Err(CompileError(format!(
-                "`{}` fixes {axis} = {fixed}, asked for {d}",
-                variant.name
-            )));
-        }
-    }
+    check_fixed_head_dims(variant, &[(Axis::Dk, dk), (Axis::Dv, dv)])?;
     if ![16, 32, 64, 128, 256].contains(&dk) {
         return Err(CompileError(format!(
             "head dimension Dk = {dk} is not supported by the recurrent template: it takes 16, 32, 64, 128 or 256"

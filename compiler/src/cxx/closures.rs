@@ -216,6 +216,22 @@ pub const MAX_DQK: u32 = 256;
 /// keys).
 pub const MAX_DV: u32 = 512;
 
+/// That the head dims asked for agree with the ones the variant fixes
+/// (`Dqk = 192`).
+pub fn check_fixed_head_dims(variant: &Variant, dims: &[(Axis, u32)]) -> Result<(), CompileError> {
+    for &(axis, d) in dims {
+        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
+            && *fixed != d as usize
+        {
+            return Err(CompileError(format!(
+                "`{}` fixes {axis} = {fixed}, asked for {d}",
+                variant.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What every parallel template requires of a variant and its head dims:
 /// the parallel pattern, head dims matching the variant's fixed sizes and a
 /// multiple of 16 up to 256 (Dv up to 512), and no custom input read by index. `kernel`
@@ -232,15 +248,8 @@ pub fn parallel_inputs<'v>(
             variant.name
         ))
     })?;
+    check_fixed_head_dims(variant, &[(Axis::Dqk, dqk), (Axis::Dv, dv)])?;
     for (axis, d) in [(Axis::Dqk, dqk), (Axis::Dv, dv)] {
-        if let Some((_, fixed)) = variant.fixed_sizes.iter().find(|(a, _)| *a == axis)
-            && *fixed != d as usize
-        {
-            return Err(CompileError(format!(
-                "`{}` fixes {axis} = {fixed}, asked for {d}",
-                variant.name
-            )));
-        }
         let max = if axis == Axis::Dv { MAX_DV } else { MAX_DQK };
         if d == 0 || d % 16 != 0 || d > max {
             return Err(CompileError(format!(
