@@ -65,11 +65,11 @@ fn compiles_an_example_into_a_library_deterministically() {
     // One forward kernel per instruction set: sm_80 (mma.sync) for the A100,
     // sm_90a (wgmma, a producer warpgroup and two computing ones) for the H100.
     assert_eq!(k["pass"], "forward");
-    assert_eq!(k["launch"]["threads"], 128);
+    assert_eq!(k["plan"]["launches"][0]["threads"], 128);
     assert_eq!(k["builds"][0]["target"], "a100");
     let hopper = &variants[0]["kernels"][1];
     assert_eq!(hopper["pass"], "forward");
-    assert_eq!(hopper["launch"]["threads"], 384);
+    assert_eq!(hopper["plan"]["launches"][0]["threads"], 384);
     assert_eq!(hopper["builds"][0]["target"], "h100");
     let hopper_src =
         std::fs::read_to_string(a.join(hopper["source"].as_str().unwrap())).expect("source");
@@ -79,11 +79,11 @@ fn compiles_an_example_into_a_library_deterministically() {
         serde_json::json!(["scale.lse", "state.m", "state.l"])
     );
     assert_eq!(
-        variants[1]["kernels"][0]["args"]
+        variants[1]["kernels"][0]["plan"]["launches"][0]["args"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|x| x["kind"] == "custom")
+            .filter(|x| x["ptr"] == "slopes")
             .count(),
         1
     );
@@ -101,7 +101,7 @@ fn compiles_an_example_into_a_library_deterministically() {
     assert_eq!(bk["pass"], "backward");
     let bsrc =
         std::fs::read_to_string(a.join(bk["source"].as_str().unwrap())).expect("backward source");
-    let launches = bk["launches"].as_array().expect("launches");
+    let launches = bk["plan"]["launches"].as_array().expect("launches");
     assert_eq!(launches.len(), 3);
     for l in launches {
         let e = l["entry"].as_str().expect("entry");
@@ -109,14 +109,22 @@ fn compiles_an_example_into_a_library_deterministically() {
     }
     // ALiBi's slopes get a gradient argument.
     assert_eq!(
-        bk["args"]
+        launches[1]["args"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|x| x["kind"] == "custom_grad" && x["name"] == "slopes")
+            .filter(|x| x["ptr"] == "dslopes")
             .count(),
         1
     );
+    let grad = bk["plan"]["buffers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "dslopes")
+        .expect("the slopes' gradient buffer");
+    assert_eq!(grad["zeroed"], true, "the kernels add into it");
+    assert_eq!(grad["shape"], serde_json::json!(["H"]));
     // With NVRTC (CI installs it), one cubin per architecture; without, sources only.
     for b in bk["builds"].as_array().expect("backward builds") {
         if aec::runtime::nvrtc_present() {
@@ -208,7 +216,7 @@ fn amd_targets_get_hip_kernels() {
     let backwards: Vec<_> = kernels.iter().filter(|k| k["pass"] == "backward").collect();
     assert_eq!(backwards.len(), 2, "{kernels:?}");
     for b in backwards {
-        let launches = b["launches"].as_array().expect("three launches");
+        let launches = b["plan"]["launches"].as_array().expect("three launches");
         assert_eq!(launches.len(), 3);
         let source = std::fs::read_to_string(dir.join(b["source"].as_str().unwrap())).unwrap();
         for l in launches {
@@ -329,36 +337,31 @@ fn recurrent_variants_get_their_cuda_forward() {
         assert_eq!(k["config"]["dv_tile"], 32);
         assert_eq!(k["config"]["chunk"], 64);
         assert_eq!(k["config"]["elem"], "bf16");
-        assert_eq!(k["launch"]["grid"], serde_json::json!([3, "H", "B"]));
-        assert_eq!(k["launch"]["threads"], 256);
-        assert!(k["launch"]["dynamic_smem_bytes"].as_u64().unwrap() > 48 * 1024);
+        let launch = &k["plan"]["launches"][0];
+        assert_eq!(launch["grid"], serde_json::json!([3, "H", "B"]));
+        assert_eq!(launch["threads"], 256);
+        assert!(launch["dynamic_smem_bytes"].as_u64().unwrap() > 48 * 1024);
         assert_eq!(k["normalized"], false);
         // Launch order: q, k, v, o, the custom inputs, the nullable states, B, H, S.
-        let args: Vec<String> = k["args"]
+        let args: Vec<String> = launch["args"]
             .as_array()
             .expect("args")
             .iter()
-            .map(|a| {
-                let name = a["name"].as_str().or(a["axis"].as_str()).unwrap();
-                format!("{}:{name}", a["kind"].as_str().unwrap())
-            })
+            .map(|a| a["ptr"].as_str().or(a["i32"].as_str()).unwrap().to_string())
             .collect();
-        let mut expected: Vec<String> = ["q", "k", "v", "o"]
-            .iter()
-            .map(|t| format!("tensor:{t}"))
-            .collect();
-        expected.extend(customs.iter().map(|c| format!("custom:{c}")));
-        expected.extend(["state:state_in".into(), "state:state_out".into()]);
-        expected.extend(["size:B".into(), "size:H".into(), "size:S".into()]);
+        let mut expected: Vec<String> = ["q", "k", "v", "o"].map(String::from).to_vec();
+        expected.extend(customs.iter().map(|c| c.to_string()));
+        expected.extend(["state_in", "state_out", "B", "H", "S"].map(String::from));
         assert_eq!(args, expected);
-        assert!(
-            k["args"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|a| a["kind"] == "state")
-                .all(|a| a["nullable"] == true && a["dtype"] == "f32")
-        );
+        let buffers = k["plan"]["buffers"].as_array().unwrap();
+        let role = |n: &str| {
+            let b = buffers.iter().find(|b| b["name"] == n).expect(n);
+            assert_eq!(b["dtype"], "f32");
+            assert_eq!(b["shape"], serde_json::json!(["B", "H", 64, 96]));
+            b["role"].as_str().unwrap().to_string()
+        };
+        assert_eq!(role("state_in"), "optional_input");
+        assert_eq!(role("state_out"), "optional_output");
         let entry = k["entry"].as_str().expect("entry");
         let source = std::fs::read_to_string(dir.join(k["source"].as_str().unwrap()))
             .expect("kernel source");
@@ -423,15 +426,14 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
     let k = cuda[0];
     assert_eq!(k["head_dims"], serde_json::json!({ "Dk": 128, "Dv": 128 }));
     assert_eq!(k["normalized"], true);
-    let states: Vec<&str> = k["args"]
+    let states: Vec<&str> = k["plan"]["buffers"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|a| a["kind"] == "state")
-        .map(|a| a["name"].as_str().unwrap())
+        .filter(|b| b["role"].as_str().unwrap().starts_with("optional"))
+        .map(|b| b["name"].as_str().unwrap())
         .collect();
     assert_eq!(states, ["state_in", "state_out", "norm_in", "norm_out"]);
-    assert!(k["state"]["norm_in"].is_string());
     let targets: Vec<&str> = k["builds"]
         .as_array()
         .unwrap()

@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod cxx;
 pub mod hip;
 pub mod intervals;
+pub mod launch_plan;
 pub mod simplify;
 
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};

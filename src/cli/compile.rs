@@ -14,10 +14,10 @@ use super::EXIT_INPUT;
 use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
+use aec::compiler::launch_plan::{EntryPlan, backward_plan, forward_plan, recurrent_forward_plan};
 use aec::compiler::{
-    ArgKind, BackwardConfig, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid, Isa, KernelSource,
-    Launch, RecurrentConfig, RecurrentSource, parallel_backward, parallel_forward,
-    recurrent_forward,
+    BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, RecurrentSource, parallel_backward,
+    parallel_forward, recurrent_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -189,10 +189,8 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 "source": format!("kernels/{}.cu", k.name),
                 "builds": builds,
                 "head_dims": { "Dqk": vq, "Dv": vv },
-                "launch": { "grid": forward_grid(&k), "block_m": k.block_m, "dv_split": k.dv_split, "threads": k.threads, "dynamic_smem_bytes": k.smem_bytes },
-                "args": args_json(&k.args),
                 "row_outputs": k.row_outputs,
-                "split_kv": split_kv_json(&k),
+                "plan": forward_plan(v, &k),
             }));
         }
         // The backward, per instruction set: three kernels in one source,
@@ -218,8 +216,14 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         format!("kernels/{base}.cu"),
                         json!(builds),
                         (vq, vv),
-                        [&b.pre, &b.main, &b.post],
-                        &b.args,
+                        backward_plan(
+                            v,
+                            (vq, vv),
+                            Elem::Bf16,
+                            [&b.pre, &b.main, &b.post],
+                            &b.args,
+                            &b.row_outputs,
+                        ),
                     ));
                 }
                 Err(e) => {
@@ -241,7 +245,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     }
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
-        "format": 1,
+        "format": 2,
         "contents": "generated sources and code objects: CUDA (cubins) for NVIDIA targets and HIP (gfx code objects) for AMD targets, forward and backward of parallel variants; the CUDA forward of recurrent variants (no recurrent backward, no HIP recurrent kernels yet); a C header, loaders and a PyTorch module are not generated yet",
         "variants": manifest_variants,
     });
@@ -312,7 +316,7 @@ fn recurrent_variant(
     let mut kernels = Vec::new();
     for (k, ts) in &generated {
         let builds = write_and_compile(dir, &k.name, &k.source, ts, with_nvrtc, &v.name)?;
-        kernels.push(recurrent_json(k, builds));
+        kernels.push(recurrent_json(k, builds, recurrent_forward_plan(v, k)));
     }
     let amd: Vec<Target> = targets
         .iter()
@@ -340,7 +344,7 @@ fn recurrent_variant(
 }
 
 /// The manifest record of a recurrent forward.
-fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>) -> Value {
+fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> Value {
     let RecurrentConfig {
         chunk,
         dv_tile,
@@ -355,59 +359,22 @@ fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>) -> Value {
         "source": format!("kernels/{}.cu", k.name),
         "builds": builds,
         "head_dims": { "Dk": k.dk, "Dv": k.dv },
-        "launch": {
-            "grid": [k.dv / dv_tile, "H", "B"],
-            "grid_rule": "(Dv / dv_tile, H, B): one block per Dv slice of a head, walking the whole sequence",
-            "threads": k.threads,
-            "dynamic_smem_bytes": k.smem_bytes,
-        },
         "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "elem": elem.name() },
-        "args": args_json(&k.args),
         "normalized": k.normalized,
-        "state": {
-            "state_in": "f32 [B, H, Dk, Dv] or null (start from zero)",
-            "state_out": "f32 [B, H, Dk, Dv] or null (not written)",
-            "norm_in": if k.normalized { json!("f32 [B, H, Dk] or null (start from zero)") } else { Value::Null },
-            "norm_out": if k.normalized { json!("f32 [B, H, Dk] or null (not written)") } else { Value::Null },
-        },
+        "plan": plan,
     })
 }
 
-/// The manifest record of a backward (either target): its source, builds,
-/// the three launches in order, arguments and workspaces.
-fn backward_json(
-    source: String,
-    builds: Value,
-    (dqk, dv): (u32, u32),
-    launches: [&Launch; 3],
-    args: &[ArgKind],
-) -> Value {
+/// The manifest record of a backward (either target): its source, builds
+/// and launch plan.
+fn backward_json(source: String, builds: Value, (dqk, dv): (u32, u32), plan: EntryPlan) -> Value {
     json!({
         "pass": "backward",
         "source": source,
         "builds": builds,
         "head_dims": { "Dqk": dqk, "Dv": dv },
-        "launches": launches.map(launch_json),
-        "args": args_json(args),
-        "workspaces": {
-            "dot": "f32 [B*H*Sq]",
-            "qmod": "bf16 [B*H*Sq*Dqk]",
-            "dq_acc": "f32 [B*H*Sq*Dqk]"
-        },
-        "custom_grads": "f32, shaped like their inputs, zero-filled before the launches (the kernels add to them)",
+        "plan": plan,
     })
-}
-
-/// How one backward kernel is launched, for the manifest.
-fn launch_json(l: &Launch) -> Value {
-    let grid = match l.grid {
-        Grid::Rows { per_block } => json!([format!("ceil(B * H * Sq / {per_block})"), 1, 1]),
-        Grid::KeyBlocks { block_n } => json!([format!("ceil(Skv / {block_n})"), "Hkv", "B"]),
-        Grid::Elements { per_block } => {
-            json!([format!("ceil(B * H * Sq * Dqk / {per_block})"), 1, 1])
-        }
-    };
-    json!({ "entry": l.name, "grid": grid, "threads": l.threads, "dynamic_smem_bytes": l.smem_bytes })
 }
 
 /// Writes `<base>.hip` and, where a HIP compiler is installed, its code
@@ -477,10 +444,8 @@ fn hip_kernels(
         "source": format!("kernels/{}.hip", k.name),
         "builds": [build],
         "head_dims": { "Dqk": dqk, "Dv": dv },
-        "launch": { "grid": forward_grid(&k), "block_m": k.block_m, "dv_split": k.dv_split, "threads": k.threads, "dynamic_smem_bytes": 0 },
-        "args": args_json(&k.args),
         "row_outputs": k.row_outputs,
-        "split_kv": split_kv_json(&k),
+        "plan": forward_plan(v, &k),
     })];
     let bcfg = HipBackwardConfig::default_for(dqk, dv, Elem::Bf16);
     match hip_parallel_backward(v, dqk, dv, &bcfg, gfx, HipPrelude::Amdgcn) {
@@ -499,8 +464,14 @@ fn hip_kernels(
                 format!("kernels/{base}.hip"),
                 json!([build]),
                 (dqk, dv),
-                [&b.pre, &b.main, &b.post],
-                &b.args,
+                backward_plan(
+                    v,
+                    (dqk, dv),
+                    Elem::Bf16,
+                    [&b.pre, &b.main, &b.post],
+                    &b.args,
+                    &b.row_outputs,
+                ),
             ));
         }
         Err(e) => {
@@ -550,56 +521,6 @@ fn write_and_compile(
     Ok(builds)
 }
 
-fn args_json(args: &[ArgKind]) -> Vec<Value> {
-    args.iter()
-        .map(|a| match a {
-            ArgKind::Tensor(n) => json!({ "kind": "tensor", "name": n, "dtype": "bf16" }),
-            ArgKind::RowOut => {
-                json!({ "kind": "row_outputs", "dtype": "f32", "shape": "[row_outputs, B*H*Sq]" })
-            }
-            ArgKind::Custom(n) => json!({ "kind": "custom", "name": n, "dtype": "f32" }),
-            ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name(), "dtype": "i32" }),
-            ArgKind::CustomGrad(n) => json!({ "kind": "custom_grad", "name": n, "dtype": "f32" }),
-            ArgKind::Workspace(n) => json!({ "kind": "workspace", "name": n }),
-            ArgKind::KvSplits => json!({ "kind": "kv_splits", "dtype": "i32" }),
-            ArgKind::State(n) => {
-                json!({ "kind": "state", "name": n, "dtype": "f32", "nullable": true })
-            }
-        })
-        .collect()
-}
-
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// The forward's grid, as expressions of the sizes for the manifest.
-fn forward_grid(k: &KernelSource) -> Value {
-    let (rows, y) = if k.packed_gqa {
-        ("ceil(H / Hkv * Sq / block_m)", "Hkv")
-    } else {
-        ("ceil(Sq / block_m)", "H")
-    };
-    let x = if k.dv_split > 1 {
-        format!("{rows} * dv_split")
-    } else {
-        rows.to_string()
-    };
-    json!([x, y, "B"])
-}
-
-/// How a split-KV forward is launched (null without split-KV): the combine
-/// entry and its launch, the f32 workspaces per query row and split, and the
-/// key-block size the number of splits is counted in.
-fn split_kv_json(k: &KernelSource) -> Value {
-    match &k.combine {
-        Some(entry) => json!({
-            "combine_entry": entry,
-            "combine_launch": { "grid": ["ceil(B * H * Sq / rows_per_block)", 1, 1], "rows_per_block": COMBINE_ROWS_PER_BLOCK, "threads": k.combine_threads },
-            "workspace_f32_per_row_and_split": { "opart": k.dv, "spart": k.split_state_words },
-            "block_n": k.block_n,
-            "main_grid_x": "forward grid x * n_splits",
-        }),
-        None => Value::Null,
-    }
 }

@@ -1,0 +1,737 @@
+//! Launch plans: everything a loader needs to run a generated kernel, as
+//! data. A plan names the sizes a call binds, the buffers (inputs, outputs,
+//! workspaces) with their dtypes and shapes as expressions of those sizes,
+//! and the launches in order with their grids and arguments.
+//!
+//! The manifest of a kernel library carries one plan per entry point
+//! (`forward`, `backward`) and architecture; the C header is generated from
+//! it and the Python and Rust loaders interpret it, so the three agree by
+//! construction. Plans are plain serde data: a loader written in another
+//! language needs only JSON and the small expression language of
+//! [`SizeExpr`].
+
+use crate::cuda::forward::{ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource};
+use crate::cuda::recurrent::RecurrentSource;
+use crate::{Elem, Grid, Launch};
+use aec_frontend::Variant;
+use aec_frontend::ir::Axis;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A size as an expression of the call's sizes (`B`, `H`, `Hkv`, `Sq`,
+/// `Skv`, `S`) and `kv_splits`. In JSON: a number, a name, or
+/// `{"mul": [..]}`, `{"ceil_div": [a, b]}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SizeExpr {
+    Const(u64),
+    Var(String),
+    Op(SizeOp),
+}
+
+/// The operations of [`SizeExpr`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SizeOp {
+    /// The product of the terms.
+    Mul(Vec<SizeExpr>),
+    /// `ceil(a / b)`, b ≥ 1.
+    CeilDiv(Box<SizeExpr>, Box<SizeExpr>),
+}
+
+impl SizeExpr {
+    pub fn var(name: &str) -> SizeExpr {
+        SizeExpr::Var(name.to_string())
+    }
+
+    pub fn mul(terms: impl IntoIterator<Item = SizeExpr>) -> SizeExpr {
+        let terms: Vec<SizeExpr> = terms.into_iter().collect();
+        if terms.len() == 1 {
+            return terms.into_iter().next().expect("one term");
+        }
+        SizeExpr::Op(SizeOp::Mul(terms))
+    }
+
+    pub fn ceil_div(a: SizeExpr, b: SizeExpr) -> SizeExpr {
+        if b == SizeExpr::Const(1) {
+            return a;
+        }
+        SizeExpr::Op(SizeOp::CeilDiv(Box::new(a), Box::new(b)))
+    }
+
+    /// The value for the sizes `vars` gives; `None` for a name it lacks or
+    /// an overflow of 64 bits.
+    pub fn eval(&self, vars: &dyn Fn(&str) -> Option<u64>) -> Option<u64> {
+        match self {
+            SizeExpr::Const(n) => Some(*n),
+            SizeExpr::Var(v) => vars(v),
+            SizeExpr::Op(SizeOp::Mul(ts)) => ts
+                .iter()
+                .try_fold(1u64, |acc, t| acc.checked_mul(t.eval(vars)?)),
+            SizeExpr::Op(SizeOp::CeilDiv(a, b)) => {
+                let (a, b) = (a.eval(vars)?, b.eval(vars)?);
+                (b > 0).then(|| a.div_ceil(b))
+            }
+        }
+    }
+
+    /// The names the expression reads.
+    pub fn vars(&self) -> Vec<&str> {
+        match self {
+            SizeExpr::Const(_) => vec![],
+            SizeExpr::Var(v) => vec![v.as_str()],
+            SizeExpr::Op(SizeOp::Mul(ts)) => ts.iter().flat_map(|t| t.vars()).collect(),
+            SizeExpr::Op(SizeOp::CeilDiv(a, b)) => {
+                let mut v = a.vars();
+                v.extend(b.vars());
+                v
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for SizeExpr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeExpr::Const(n) => write!(f, "{n}"),
+            SizeExpr::Var(v) => f.write_str(v),
+            SizeExpr::Op(SizeOp::Mul(ts)) => {
+                for (i, t) in ts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(" * ")?;
+                    }
+                    write!(f, "{t}")?;
+                }
+                Ok(())
+            }
+            SizeExpr::Op(SizeOp::CeilDiv(a, b)) => write!(f, "ceil({a} / {b})"),
+        }
+    }
+}
+
+/// The element types of buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::F32 => "f32",
+        }
+    }
+
+    fn of(elem: Elem) -> Dtype {
+        match elem {
+            Elem::Bf16 => Dtype::Bf16,
+            Elem::F16 => Dtype::F16,
+        }
+    }
+}
+
+/// What a buffer is to the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Given by the caller, read.
+    Input,
+    /// Given by the caller or absent (a null pointer; the plan says what
+    /// absence means).
+    OptionalInput,
+    /// Allocated by the loader (or given, in C) and returned.
+    Output,
+    /// Returned only when the caller asks for it; a null pointer otherwise.
+    OptionalOutput,
+    /// Scratch memory of the call, freed after it.
+    Workspace,
+}
+
+/// One buffer of an entry point: contiguous, row-major in `shape`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferPlan {
+    pub name: String,
+    pub role: Role,
+    pub dtype: Dtype,
+    pub shape: Vec<SizeExpr>,
+    /// The loader fills it with zeros before the first launch (the kernels
+    /// add to it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zeroed: bool,
+    /// Only allocated (and passed non-null) when the condition holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<Condition>,
+    /// What the buffer is, for people and error messages.
+    pub doc: String,
+}
+
+impl BufferPlan {
+    /// The element count for the sizes `vars` gives.
+    pub fn elements(&self, vars: &dyn Fn(&str) -> Option<u64>) -> Option<u64> {
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, e| acc.checked_mul(e.eval(vars)?))
+    }
+}
+
+/// When a launch runs or a buffer exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Condition {
+    /// The forward runs with more than one KV split.
+    SplitKv,
+}
+
+/// One kernel argument.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArgPlan {
+    /// The device address of a buffer (null for an absent optional one or a
+    /// buffer whose condition does not hold).
+    Ptr(String),
+    /// A 32-bit signed integer.
+    I32(SizeExpr),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchPlan {
+    pub entry: String,
+    pub grid: [SizeExpr; 3],
+    pub threads: u32,
+    pub dynamic_smem_bytes: u32,
+    pub args: Vec<ArgPlan>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<Condition>,
+}
+
+/// How many KV splits a split-KV forward launches with: 1 when `blocks`
+/// (the grid without splits) is at least `2 · SMs`; otherwise
+/// `clamp(ceil(2 · SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvSplitPlan {
+    pub blocks: SizeExpr,
+    pub key_blocks: SizeExpr,
+    pub max_splits: u64,
+    pub rule: String,
+}
+
+impl KvSplitPlan {
+    /// The rule above for a GPU with `sms` multiprocessors.
+    pub fn splits(&self, vars: &dyn Fn(&str) -> Option<u64>, sms: u64) -> u64 {
+        let (Some(blocks), Some(key_blocks)) = (self.blocks.eval(vars), self.key_blocks.eval(vars))
+        else {
+            return 1;
+        };
+        let sms = sms.max(1);
+        if blocks >= 2 * sms || blocks == 0 {
+            return 1;
+        }
+        let most = (key_blocks / 4).clamp(1, self.max_splits);
+        (2 * sms).div_ceil(blocks).clamp(1, most)
+    }
+}
+
+/// A size a call binds: free (read from the tensors' shapes) or fixed by
+/// the variant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizePlan {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixed: Option<u64>,
+}
+
+/// Everything to run one entry point of one variant on one architecture.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryPlan {
+    /// `forward` or `backward`.
+    pub pass: String,
+    /// The sizes a call binds, in the kernels' order.
+    pub sizes: Vec<SizePlan>,
+    /// Pairs `[a, b]`: `a` must be a multiple of `b` (query heads of a
+    /// key/value group).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub multiple_of: Vec<[String; 2]>,
+    /// Pairs `[a, b]`: `a` must equal `b` (k and v declared with `H` heads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub equal: Vec<[String; 2]>,
+    pub buffers: Vec<BufferPlan>,
+    pub launches: Vec<LaunchPlan>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_splits: Option<KvSplitPlan>,
+}
+
+impl EntryPlan {
+    pub fn buffer(&self, name: &str) -> Option<&BufferPlan> {
+        self.buffers.iter().find(|b| b.name == name)
+    }
+}
+
+fn axis_expr(a: Axis, dims: &BTreeMap<Axis, u32>) -> SizeExpr {
+    match dims.get(&a) {
+        Some(&d) => SizeExpr::Const(d as u64),
+        None => SizeExpr::var(a.name()),
+    }
+}
+
+fn shape_of(axes: &[Axis], dims: &BTreeMap<Axis, u32>) -> Vec<SizeExpr> {
+    axes.iter().map(|a| axis_expr(*a, dims)).collect()
+}
+
+fn sizes_of(variant: &Variant, names: &[Axis]) -> Vec<SizePlan> {
+    names
+        .iter()
+        .map(|a| SizePlan {
+            name: a.name().to_string(),
+            fixed: variant
+                .fixed_sizes
+                .iter()
+                .find(|(x, _)| x == a)
+                .map(|(_, n)| *n as u64),
+        })
+        .collect()
+}
+
+/// The declared inputs (q, k, v and the custom inputs) as buffers.
+fn declared_inputs(variant: &Variant, dims: &BTreeMap<Axis, u32>, elem: Elem) -> Vec<BufferPlan> {
+    let qkv = [&variant.q, &variant.k, &variant.v]
+        .into_iter()
+        .map(|d| BufferPlan {
+            name: d.name.clone(),
+            role: Role::Input,
+            dtype: Dtype::of(elem),
+            shape: shape_of(&d.axes, dims),
+            zeroed: false,
+            when: None,
+            doc: format!("{} input", d.name),
+        });
+    let customs = variant.customs.iter().map(|d| BufferPlan {
+        name: d.name.clone(),
+        role: Role::Input,
+        dtype: Dtype::F32,
+        shape: shape_of(&d.axes, dims),
+        zeroed: false,
+        when: None,
+        doc: "custom input".to_string(),
+    });
+    qkv.chain(customs).collect()
+}
+
+fn output(name: &str, dtype: Dtype, shape: Vec<SizeExpr>, doc: &str) -> BufferPlan {
+    BufferPlan {
+        name: name.to_string(),
+        role: Role::Output,
+        dtype,
+        shape,
+        zeroed: false,
+        when: None,
+        doc: doc.to_string(),
+    }
+}
+
+fn v(name: &str) -> SizeExpr {
+    SizeExpr::var(name)
+}
+
+fn c(n: u32) -> SizeExpr {
+    SizeExpr::Const(n as u64)
+}
+
+/// The kernel arguments of a parallel kernel (forward or backward).
+fn parallel_args(args: &[ArgKind], dims: &BTreeMap<Axis, u32>) -> Vec<ArgPlan> {
+    args.iter()
+        .map(|a| match a {
+            ArgKind::Tensor(n) | ArgKind::Workspace(n) | ArgKind::State(n) => {
+                ArgPlan::Ptr(n.to_string())
+            }
+            ArgKind::RowOut => ArgPlan::Ptr("row_outputs".to_string()),
+            ArgKind::Custom(n) => ArgPlan::Ptr(n.clone()),
+            ArgKind::CustomGrad(n) => ArgPlan::Ptr(grad_name(n)),
+            ArgKind::Size(a) => ArgPlan::I32(axis_expr(*a, dims)),
+            ArgKind::KvSplits => ArgPlan::I32(v("kv_splits")),
+        })
+        .collect()
+}
+
+/// The name of a custom input's gradient buffer.
+pub fn grad_name(input: &str) -> String {
+    format!("d{input}")
+}
+
+fn parallel_dims(dqk: u32, dv: u32) -> BTreeMap<Axis, u32> {
+    BTreeMap::from([(Axis::Dqk, dqk), (Axis::Dv, dv)])
+}
+
+fn parallel_constraints(variant: &Variant) -> (Vec<[String; 2]>, Vec<[String; 2]>) {
+    let gqa = variant.parallel().is_some_and(|p| p.kv_heads == Axis::Hkv);
+    if gqa {
+        (vec![["H".into(), "Hkv".into()]], vec![])
+    } else {
+        (vec![], vec![["Hkv".into(), "H".into()]])
+    }
+}
+
+const PARALLEL_SIZES: [Axis; 5] = [Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv];
+
+/// The plan of a parallel forward (either target's [`KernelSource`]).
+pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
+    let dims = parallel_dims(k.dqk, k.dv);
+    let rows = || [v("B"), v("H"), v("Sq")];
+    let mut buffers = declared_inputs(variant, &dims, k.elem);
+    buffers.push(output(
+        "o",
+        Dtype::of(k.elem),
+        vec![v("B"), v("H"), v("Sq"), c(k.dv)],
+        "the attention output",
+    ));
+    let n_rows = k.row_outputs.len().max(1) as u64;
+    buffers.push(output(
+        "row_outputs",
+        Dtype::F32,
+        std::iter::once(SizeExpr::Const(n_rows))
+            .chain(rows())
+            .collect(),
+        &format!(
+            "per query row: {} (the backward reads them)",
+            if k.row_outputs.is_empty() {
+                "nothing (one unused row)".to_string()
+            } else {
+                k.row_outputs.join(", ")
+            }
+        ),
+    ));
+    let (block_rows, y) = if k.packed_gqa {
+        (
+            SizeExpr::ceil_div(
+                SizeExpr::mul([SizeExpr::ceil_div(v("H"), v("Hkv")), v("Sq")]),
+                c(k.block_m),
+            ),
+            v("Hkv"),
+        )
+    } else {
+        (SizeExpr::ceil_div(v("Sq"), c(k.block_m)), v("H"))
+    };
+    let x = SizeExpr::mul(
+        [block_rows.clone()]
+            .into_iter()
+            .chain((k.dv_split > 1).then(|| c(k.dv_split))),
+    );
+    let mut launches = Vec::new();
+    let mut kv_splits = None;
+    let args = parallel_args(&k.args, &dims);
+    match &k.combine {
+        None => launches.push(LaunchPlan {
+            entry: k.name.clone(),
+            grid: [x, y, v("B")],
+            threads: k.threads,
+            dynamic_smem_bytes: k.smem_bytes,
+            args,
+            when: None,
+        }),
+        Some(combine) => {
+            for (name, per_row) in [("opart", k.dv), ("spart", k.split_state_words)] {
+                buffers.push(BufferPlan {
+                    name: name.to_string(),
+                    role: Role::Workspace,
+                    dtype: Dtype::F32,
+                    shape: vec![v("kv_splits"), v("B"), v("H"), v("Sq"), c(per_row)],
+                    zeroed: false,
+                    when: Some(Condition::SplitKv),
+                    doc: format!(
+                        "split-KV partial {}",
+                        if name == "opart" { "outputs" } else { "states" }
+                    ),
+                });
+            }
+            kv_splits = Some(KvSplitPlan {
+                blocks: SizeExpr::mul([x.clone(), y.clone(), v("B")]),
+                key_blocks: SizeExpr::ceil_div(v("Skv"), c(k.block_n)),
+                max_splits: 128,
+                rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
+                       clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))"
+                    .to_string(),
+            });
+            launches.push(LaunchPlan {
+                entry: k.name.clone(),
+                grid: [SizeExpr::mul([x, v("kv_splits")]), y, v("B")],
+                threads: k.threads,
+                dynamic_smem_bytes: k.smem_bytes,
+                args: args.clone(),
+                when: None,
+            });
+            launches.push(LaunchPlan {
+                entry: combine.clone(),
+                grid: [
+                    SizeExpr::ceil_div(SizeExpr::mul(rows()), c(COMBINE_ROWS_PER_BLOCK)),
+                    c(1),
+                    c(1),
+                ],
+                threads: k.combine_threads,
+                dynamic_smem_bytes: 0,
+                args,
+                when: Some(Condition::SplitKv),
+            });
+        }
+    }
+    let (multiple_of, equal) = parallel_constraints(variant);
+    EntryPlan {
+        pass: "forward".to_string(),
+        sizes: sizes_of(variant, &PARALLEL_SIZES),
+        multiple_of,
+        equal,
+        buffers,
+        launches,
+        kv_splits,
+    }
+}
+
+/// The plan of a parallel backward: its three kernels (`pre`, `main`,
+/// `post`, any target) launched in order with the same arguments.
+pub fn backward_plan(
+    variant: &Variant,
+    (dqk, dv): (u32, u32),
+    elem: Elem,
+    launches: [&Launch; 3],
+    args: &[ArgKind],
+    row_outputs: &[String],
+) -> EntryPlan {
+    let dims = parallel_dims(dqk, dv);
+    let el = Dtype::of(elem);
+    let mut buffers = declared_inputs(variant, &dims, elem);
+    let q_rows = [v("B"), v("H"), v("Sq")];
+    let kv_rows = [v("B"), v("Hkv"), v("Skv")];
+    let with = |rows: &[SizeExpr; 3], d: u32| rows.iter().cloned().chain([c(d)]).collect();
+    buffers.push(BufferPlan {
+        role: Role::Input,
+        ..output("o", el, with(&q_rows, dv), "the forward's output")
+    });
+    buffers.push(BufferPlan {
+        role: Role::Input,
+        ..output(
+            "row_outputs",
+            Dtype::F32,
+            std::iter::once(SizeExpr::Const(row_outputs.len().max(1) as u64))
+                .chain(q_rows.iter().cloned())
+                .collect(),
+            "the forward's row outputs",
+        )
+    });
+    buffers.push(BufferPlan {
+        role: Role::Input,
+        ..output("dout", el, with(&q_rows, dv), "the gradient of the output")
+    });
+    let modifies_q = variant.parallel().is_some_and(|p| p.modify_q.is_some());
+    let work = |name: &str, dtype: Dtype, shape: Vec<SizeExpr>, doc: &str| BufferPlan {
+        role: Role::Workspace,
+        ..output(name, dtype, shape, doc)
+    };
+    buffers.push(work(
+        "dot",
+        Dtype::F32,
+        q_rows.to_vec(),
+        "the row reduction of dO and O",
+    ));
+    buffers.push(work(
+        "qmod",
+        el,
+        if modifies_q {
+            with(&q_rows, dqk)
+        } else {
+            vec![c(1)]
+        },
+        "the modified queries",
+    ));
+    buffers.push(work(
+        "dq_acc",
+        Dtype::F32,
+        with(&q_rows, dqk),
+        "dq accumulated in f32",
+    ));
+    buffers.push(output("dq", el, with(&q_rows, dqk), "the gradient of q"));
+    buffers.push(output("dk", el, with(&kv_rows, dqk), "the gradient of k"));
+    buffers.push(output("dv", el, with(&kv_rows, dv), "the gradient of v"));
+    for cst in &variant.customs {
+        buffers.push(BufferPlan {
+            zeroed: true,
+            ..output(
+                &grad_name(&cst.name),
+                Dtype::F32,
+                shape_of(&cst.axes, &dims),
+                &format!("the gradient of `{}`", cst.name),
+            )
+        });
+    }
+    let args = parallel_args(args, &dims);
+    let launches = launches
+        .into_iter()
+        .map(|l| {
+            let grid = match l.grid {
+                Grid::Rows { per_block } => [
+                    SizeExpr::ceil_div(SizeExpr::mul(q_rows.clone()), c(per_block)),
+                    c(1),
+                    c(1),
+                ],
+                Grid::KeyBlocks { block_n } => {
+                    [SizeExpr::ceil_div(v("Skv"), c(block_n)), v("Hkv"), v("B")]
+                }
+                Grid::Elements { per_block } => [
+                    SizeExpr::ceil_div(
+                        SizeExpr::mul(q_rows.iter().cloned().chain([c(dqk)])),
+                        c(per_block),
+                    ),
+                    c(1),
+                    c(1),
+                ],
+            };
+            LaunchPlan {
+                entry: l.name.clone(),
+                grid,
+                threads: l.threads,
+                dynamic_smem_bytes: l.smem_bytes,
+                args: args.clone(),
+                when: None,
+            }
+        })
+        .collect();
+    let (multiple_of, equal) = parallel_constraints(variant);
+    EntryPlan {
+        pass: "backward".to_string(),
+        sizes: sizes_of(variant, &PARALLEL_SIZES),
+        multiple_of,
+        equal,
+        buffers,
+        launches,
+        kv_splits: None,
+    }
+}
+
+/// The plan of a recurrent forward: one launch, the initial state and
+/// normaliser optional inputs (absent: zero), the final ones optional
+/// outputs.
+pub fn recurrent_forward_plan(variant: &Variant, k: &RecurrentSource) -> EntryPlan {
+    let dims = BTreeMap::from([(Axis::Dk, k.dk), (Axis::Dv, k.dv)]);
+    let mut buffers = declared_inputs(variant, &dims, k.config.elem);
+    buffers.push(output(
+        "o",
+        Dtype::of(k.config.elem),
+        vec![v("B"), v("H"), v("S"), c(k.dv)],
+        "the output",
+    ));
+    let state = || vec![v("B"), v("H"), c(k.dk), c(k.dv)];
+    let norm = || vec![v("B"), v("H"), c(k.dk)];
+    let optional = |name: &str, role: Role, shape: Vec<SizeExpr>, doc: &str| BufferPlan {
+        role,
+        ..output(name, Dtype::F32, shape, doc)
+    };
+    buffers.push(optional(
+        "state_in",
+        Role::OptionalInput,
+        state(),
+        "the initial state (absent: zero)",
+    ));
+    buffers.push(optional(
+        "state_out",
+        Role::OptionalOutput,
+        state(),
+        "the final state",
+    ));
+    if k.normalized {
+        buffers.push(optional(
+            "norm_in",
+            Role::OptionalInput,
+            norm(),
+            "the initial normaliser (absent: zero)",
+        ));
+        buffers.push(optional(
+            "norm_out",
+            Role::OptionalOutput,
+            norm(),
+            "the final normaliser",
+        ));
+    }
+    let args = k
+        .args
+        .iter()
+        .map(|a| match a {
+            ArgKind::Tensor(n) | ArgKind::State(n) | ArgKind::Workspace(n) => {
+                ArgPlan::Ptr(n.to_string())
+            }
+            ArgKind::Custom(n) => ArgPlan::Ptr(n.clone()),
+            ArgKind::Size(a) => ArgPlan::I32(axis_expr(*a, &dims)),
+            other => unreachable!("a recurrent forward takes no {other:?}"),
+        })
+        .collect();
+    EntryPlan {
+        pass: "forward".to_string(),
+        sizes: sizes_of(variant, &[Axis::B, Axis::H, Axis::S]),
+        multiple_of: vec![],
+        equal: vec![],
+        buffers,
+        launches: vec![LaunchPlan {
+            entry: k.name.clone(),
+            grid: [c(k.dv / k.config.dv_tile), v("H"), v("B")],
+            threads: k.threads,
+            dynamic_smem_bytes: k.smem_bytes,
+            args,
+            when: None,
+        }],
+        kv_splits: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expressions_evaluate_and_round_trip_through_json() {
+        let e = SizeExpr::mul([
+            SizeExpr::ceil_div(SizeExpr::mul([v("H"), v("Sq")]), c(128)),
+            c(2),
+        ]);
+        let vars = |n: &str| match n {
+            "H" => Some(3),
+            "Sq" => Some(100),
+            _ => None,
+        };
+        assert_eq!(e.eval(&vars), Some(6));
+        assert_eq!(e.to_string(), "ceil(H * Sq / 128) * 2");
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(json, r#"{"mul":[{"ceil_div":[{"mul":["H","Sq"]},128]},2]}"#);
+        assert_eq!(serde_json::from_str::<SizeExpr>(&json).unwrap(), e);
+        assert_eq!(v("Skv").eval(&vars), None);
+    }
+
+    #[test]
+    fn kv_split_rule_matches_the_runtime_heuristic() {
+        let p = KvSplitPlan {
+            blocks: v("blocks"),
+            key_blocks: v("kb"),
+            max_splits: 128,
+            rule: String::new(),
+        };
+        let at = |blocks: u64, kb: u64| {
+            move |n: &str| match n {
+                "blocks" => Some(blocks),
+                "kb" => Some(kb),
+                _ => None,
+            }
+        };
+        assert_eq!(p.splits(&at(264, 100), 132), 1);
+        assert_eq!(p.splits(&at(8, 256), 132), 33);
+        assert_eq!(p.splits(&at(8, 8), 132), 2);
+        assert_eq!(p.splits(&at(1, 100_000), 132), 128);
+    }
+}
