@@ -501,3 +501,104 @@ fn broken_files_point_at_the_token() {
         "{err}"
     );
 }
+
+/// The manifest records a definition per variant and pass (free and fixed
+/// axes, inputs and outputs), the workloads asked for with `--workload`
+/// where they fit, the tools and the tuning method; a workload that fits no
+/// kernel is refused with the free sizes named.
+#[test]
+fn manifest_records_definitions_and_workloads() {
+    let dir = scratch("defs");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/softmax.rs",
+        "examples/decode.rs",
+        "examples/mamba2.rs",
+        "-t",
+        "h100",
+        "--head-dims",
+        "128x64",
+        "--workload",
+        "B=4,H=16,Sq=4096,Skv=4096",
+        "--workload",
+        "B=2, H=8, S=1000",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let m = manifest(&dir);
+    let names: Vec<&str> = m["definitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "softmax_forward_dqk128_dv64",
+            "softmax_backward_dqk128_dv64",
+            "decode_forward_dqk128_dv64",
+            "decode_backward_dqk128_dv64",
+            "mamba2_forward_dk128_dv64"
+        ]
+    );
+    let softmax = &m["definitions"][0];
+    assert_eq!(softmax["axes"]["Sq"]["type"], "var");
+    assert_eq!(softmax["axes"]["Hkv"], serde_json::json!({ "type": "alias", "of": "H" }));
+    assert_eq!(softmax["axes"]["Dv"], serde_json::json!({ "type": "const", "value": 64 }));
+    assert_eq!(
+        softmax["inputs"]["q"]["shape"],
+        serde_json::json!(["B", "H", "Sq", 128])
+    );
+    assert_eq!(softmax["outputs"]["o"]["dtype"], "bf16");
+    // Decode fixes Sq: a constant axis, so the first workload does not fit it.
+    assert_eq!(m["definitions"][2]["axes"]["Sq"]["type"], "const");
+    let mamba = &m["definitions"][4];
+    assert_eq!(mamba["inputs"]["state_in"]["optional"], true);
+    let workloads: Vec<&str> = m["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["definition"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        workloads,
+        [
+            "softmax_forward_dqk128_dv64",
+            "softmax_backward_dqk128_dv64",
+            "mamba2_forward_dk128_dv64"
+        ]
+    );
+    assert_eq!(m["workloads"][1]["workload"]["inputs"]["o"]["type"], "forward");
+    assert_eq!(m["workloads"][2]["workload"]["axes"]["S"], 1000);
+    assert_eq!(m["tuning"]["method"], "defaults");
+    assert_eq!(m["tools"]["aec"], env!("CARGO_PKG_VERSION"));
+    let (code, err) = aec(&[
+        "compile",
+        "examples/softmax.rs",
+        "-t",
+        "a100",
+        "--workload",
+        "B=4,Skv=0",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("`0` must be a positive integer"), "{err}");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/softmax.rs",
+        "-t",
+        "a100",
+        "--workload",
+        "B=4,H=2,S=8",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("fits no kernel") && err.contains("`B,H,Skv,Sq`"),
+        "{err}"
+    );
+}

@@ -14,7 +14,9 @@ use super::EXIT_INPUT;
 use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
-use aec::compiler::launch_plan::{EntryPlan, backward_plan, forward_plan, recurrent_forward_plan};
+use aec::compiler::launch_plan::{
+    EntryPlan, Role, SizeExpr, backward_plan, forward_plan, recurrent_forward_plan,
+};
 use aec::compiler::{
     BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, RecurrentSource, parallel_backward,
     parallel_forward, recurrent_forward,
@@ -23,7 +25,7 @@ use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
 use aec::runtime::{
     CompileOptions, HIP_TOOLCHAIN_HINT, compile, find_hip_compiler, hip_compile, hip_resources,
-    nvrtc_present,
+    nvrtc_present, nvrtc_version,
 };
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
@@ -87,6 +89,12 @@ pub struct CompileArgs {
     /// (Dqk x Dv; for recurrent variants Dk x Dv).
     #[arg(long, default_value = "128")]
     pub head_dims: String,
+    /// A workload to record in the manifest (FlashInfer-Bench style):
+    /// values for the free sizes of a kernel, e.g. `B=4,H=16,Sq=4096,Skv=4096`
+    /// (parallel) or `B=8,H=16,S=2048` (recurrent). Repeatable; each is
+    /// recorded for every definition whose free sizes it names exactly.
+    #[arg(long = "workload", value_name = "SIZES")]
+    pub workloads: Vec<String>,
 }
 
 pub fn run(args: &CompileArgs) -> ExitCode {
@@ -190,18 +198,20 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 "builds": builds,
                 "head_dims": { "Dqk": vq, "Dv": vv },
                 "row_outputs": k.row_outputs,
+                "config": json!({
+                    "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.warps,
+                    "stages": cfg.stages, "wgmma": cfg.wgmma,
+                    "warp_specialized": cfg.warp_specialized, "pack_gqa": cfg.pack_gqa,
+                    "dv_split": cfg.dv_split, "elem": cfg.elem.name(),
+                }),
                 "plan": forward_plan(v, &k),
             }));
         }
         // The backward, per instruction set: three kernels in one source,
         // launched in order with the same arguments.
         for &isa in &isas {
-            match parallel_backward(
-                v,
-                vq,
-                vv,
-                &BackwardConfig::default_for(vq, vv, Elem::Bf16, isa),
-            ) {
+            let bcfg = BackwardConfig::default_for(vq, vv, Elem::Bf16, isa);
+            match parallel_backward(v, vq, vv, &bcfg) {
                 Ok(b) => {
                     let base = b.main.name.trim_end_matches("_main").to_string();
                     let builds = write_and_compile(
@@ -213,6 +223,11 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         &v.name,
                     )?;
                     kernels.push(backward_json(
+                        json!({
+                            "block_m": bcfg.block_m, "warps": bcfg.warps,
+                            "split_d": bcfg.split_d, "wgmma": bcfg.wgmma,
+                            "elem": bcfg.elem.name(),
+                        }),
                         format!("kernels/{base}.cu"),
                         json!(builds),
                         (vq, vv),
@@ -243,10 +258,27 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             "kernels": kernels,
         }));
     }
+    let definitions: Vec<Value> = manifest_variants.iter().flat_map(definitions_of).collect();
+    let workloads = workload_records(&args.workloads, &definitions)?;
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": 2,
-        "contents": "generated sources and code objects: CUDA (cubins) for NVIDIA targets and HIP (gfx code objects) for AMD targets, forward and backward of parallel variants; the CUDA forward of recurrent variants (no recurrent backward, no HIP recurrent kernels yet); a C header, loaders and a PyTorch module are not generated yet",
+        "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA forward of recurrent variants (no recurrent backward and no HIP recurrent kernels yet); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
+        "tools": {
+            "aec": env!("CARGO_PKG_VERSION"),
+            "templates": format!("built into aec {}", env!("CARGO_PKG_VERSION")),
+            "nvrtc": if with_nvrtc {
+                nvrtc_version().map(|(a, b)| json!(format!("{a}.{b}"))).unwrap_or(Value::Null)
+            } else {
+                Value::Null
+            },
+        },
+        "tuning": {
+            "method": "defaults",
+            "note": "no autotuning yet: every kernel uses its tile configuration's defaults for its head dims and architecture (the `config` of each kernel record), one configuration for all shapes",
+        },
+        "definitions": definitions,
+        "workloads": workloads,
         "variants": manifest_variants,
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
@@ -367,9 +399,16 @@ fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> V
 
 /// The manifest record of a backward (either target): its source, builds
 /// and launch plan.
-fn backward_json(source: String, builds: Value, (dqk, dv): (u32, u32), plan: EntryPlan) -> Value {
+fn backward_json(
+    config: Value,
+    source: String,
+    builds: Value,
+    (dqk, dv): (u32, u32),
+    plan: EntryPlan,
+) -> Value {
     json!({
         "pass": "backward",
+        "config": config,
         "source": source,
         "builds": builds,
         "head_dims": { "Dqk": dqk, "Dv": dv },
@@ -445,6 +484,10 @@ fn hip_kernels(
         "builds": [build],
         "head_dims": { "Dqk": dqk, "Dv": dv },
         "row_outputs": k.row_outputs,
+        "config": json!({
+            "block_m": cfg.block_m, "block_n": cfg.block_n, "waves": cfg.waves,
+            "pack_gqa": cfg.pack_gqa, "elem": cfg.elem.name(),
+        }),
         "plan": forward_plan(v, &k),
     })];
     let bcfg = HipBackwardConfig::default_for(dqk, dv, Elem::Bf16);
@@ -461,6 +504,7 @@ fn hip_kernels(
                 &v.name,
             )?;
             kernels.push(backward_json(
+                json!({ "block_m": bcfg.block_m, "waves": bcfg.waves, "elem": bcfg.elem.name() }),
                 format!("kernels/{base}.hip"),
                 json!([build]),
                 (dqk, dv),
@@ -523,4 +567,192 @@ fn write_and_compile(
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The kernel definitions of a variant's manifest record, one per pass, in
+/// the spirit of FlashInfer Trace: the axes (free `var` ones and `const` ones
+/// with their values), the inputs and outputs with shapes and dtypes, and
+/// where the reference semantics live.
+fn definitions_of(variant: &Value) -> Vec<Value> {
+    let name = variant["name"].as_str().unwrap_or_default();
+    let mut out: Vec<Value> = Vec::new();
+    let kernels = variant["kernels"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for k in kernels {
+        let Some(plan) = k
+            .get("plan")
+            .and_then(|p| serde_json::from_value::<EntryPlan>(p.clone()).ok())
+        else {
+            continue;
+        };
+        let def_name = definition_name(name, &plan.pass, &k["head_dims"]);
+        if out.iter().any(|d| d["name"] == def_name.as_str()) {
+            continue; // the same definition, another architecture
+        }
+        let mut axes = serde_json::Map::new();
+        for s in &plan.sizes {
+            let alias = plan
+                .equal
+                .iter()
+                .find(|[a, _]| *a == s.name)
+                .map(|[_, b]| b);
+            axes.insert(
+                s.name.clone(),
+                match (s.fixed, alias) {
+                    (Some(n), _) => json!({ "type": "const", "value": n }),
+                    // Hkv of a variant without grouped-query heads: H.
+                    (None, Some(b)) => json!({ "type": "alias", "of": b }),
+                    (None, None) => json!({ "type": "var" }),
+                },
+            );
+        }
+        if let Some(dims) = k["head_dims"].as_object() {
+            for (d, n) in dims {
+                axes.insert(d.clone(), json!({ "type": "const", "value": n }));
+            }
+        }
+        let tensors = |roles: &[Role]| -> serde_json::Map<String, Value> {
+            plan.buffers
+                .iter()
+                .filter(|b| roles.contains(&b.role))
+                .map(|b| {
+                    let shape: Vec<Value> = b
+                        .shape
+                        .iter()
+                        .map(|e| match e {
+                            SizeExpr::Const(n) => json!(n),
+                            other => json!(other.to_string()),
+                        })
+                        .collect();
+                    let mut t =
+                        json!({ "shape": shape, "dtype": b.dtype.name(), "description": b.doc });
+                    if matches!(b.role, Role::OptionalInput | Role::OptionalOutput) {
+                        t["optional"] = json!(true);
+                    }
+                    (b.name.clone(), t)
+                })
+                .collect()
+        };
+        out.push(json!({
+            "name": def_name,
+            "op_type": format!("attention_{}", variant["pattern"].as_str().unwrap_or_default()),
+            "variant": name,
+            "pass": plan.pass,
+            "axes": axes,
+            "inputs": tensors(&[Role::Input, Role::OptionalInput]),
+            "outputs": tensors(&[Role::Output, Role::OptionalOutput]),
+            "reference": format!(
+                "aec::reference::{} (the f64 reference interpreter) on `{name}` as declared in {}",
+                plan.pass,
+                variant["file"].as_str().unwrap_or_default()
+            ),
+        }));
+    }
+    out
+}
+
+/// `softmax_forward_dqk128_dv128`: the variant in snake case, the pass and
+/// the head dims.
+fn definition_name(variant: &str, pass: &str, dims: &Value) -> String {
+    let mut snake = String::new();
+    for (i, ch) in variant.chars().enumerate() {
+        if ch.is_uppercase() && i > 0 && !variant[..i].ends_with(|c: char| c.is_uppercase()) {
+            snake.push('_');
+        }
+        snake.extend(ch.to_lowercase());
+    }
+    let mut name = format!("{snake}_{pass}");
+    if let Some(dims) = dims.as_object() {
+        for (d, n) in dims {
+            name.push_str(&format!("_{}{n}", d.to_lowercase()));
+        }
+    }
+    name
+}
+
+/// The manifest's workload records: each `--workload` for every definition
+/// whose free sizes it names exactly; one that fits no definition is an
+/// error naming the free sizes the definitions have.
+fn workload_records(given: &[String], definitions: &[Value]) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for w in given {
+        let mut axes = serde_json::Map::new();
+        for part in w.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, n) = part.split_once('=').ok_or_else(|| {
+                format!("--workload `{w}`: expected SIZE=N pairs separated by commas, e.g. `B=4,H=16,Sq=4096,Skv=4096`")
+            })?;
+            let n: u64 = n.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                format!(
+                    "--workload `{w}`: `{}` must be a positive integer",
+                    n.trim()
+                )
+            })?;
+            if axes.insert(k.trim().to_string(), json!(n)).is_some() {
+                return Err(format!("--workload `{w}`: `{}` is given twice", k.trim()));
+            }
+        }
+        let mut matched = false;
+        for d in definitions {
+            let free: Vec<&String> = d["axes"]
+                .as_object()
+                .map(|a| {
+                    a.iter()
+                        .filter(|(_, t)| t["type"] == "var")
+                        .map(|(k, _)| k)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if free.len() == axes.len() && free.iter().all(|k| axes.contains_key(*k)) {
+                matched = true;
+                let inputs: serde_json::Map<String, Value> = d["inputs"]
+                    .as_object()
+                    .map(|i| {
+                        i.keys()
+                            .map(|k| {
+                                // The backward reads what the forward wrote.
+                                let from_forward = d["pass"] == "backward"
+                                    && matches!(k.as_str(), "o" | "row_outputs");
+                                let kind = if from_forward { "forward" } else { "random" };
+                                (k.clone(), json!({ "type": kind }))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(json!({
+                    "definition": d["name"],
+                    "workload": { "axes": axes.clone(), "inputs": inputs },
+                }));
+            }
+        }
+        if !matched {
+            let mut kinds: Vec<String> = definitions
+                .iter()
+                .map(|d| {
+                    let free: Vec<&str> = d["axes"]
+                        .as_object()
+                        .map(|a| {
+                            a.iter()
+                                .filter(|(_, t)| t["type"] == "var")
+                                .map(|(k, _)| k.as_str())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    free.join(",")
+                })
+                .collect();
+            kinds.sort();
+            kinds.dedup();
+            return Err(format!(
+                "--workload `{w}` fits no kernel of this library: the free sizes are {}",
+                kinds
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ));
+        }
+    }
+    Ok(out)
 }
