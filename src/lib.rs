@@ -30,6 +30,8 @@ pub use aec_frontend::reference;
 pub use aec_macros::attention;
 pub use aec_runtime as runtime;
 
+pub mod library;
+pub use library::Library;
 pub mod run;
 pub use run::{
     Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,

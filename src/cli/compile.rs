@@ -7,8 +7,10 @@
 //! Recurrent variants get their CUDA forward only: no recurrent backward and
 //! no HIP recurrent kernel exist yet, and the manifest says so.
 //!
-//! This is the first part of a kernel library: the C header, the loaders and
-//! the PyTorch module do not exist yet, and the manifest says so.
+//! Next to the kernels it writes the library's loaders: `include/` (the C
+//! header generated from the launch plans and the header-only loader) and
+//! `python/aec_library.py` (the PyTorch module); Rust programs open the
+//! directory with `aec::Library::open`.
 
 use super::EXIT_INPUT;
 use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
@@ -23,6 +25,7 @@ use aec::compiler::{
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
+use aec::library::{c_header, python};
 use aec::runtime::{
     CompileOptions, HIP_TOOLCHAIN_HINT, compile, find_hip_compiler, hip_compile, hip_resources,
     nvrtc_present, nvrtc_version,
@@ -243,7 +246,12 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 }
                 Err(e) => {
                     eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
-                    kernels.push(json!({ "pass": "backward", "skipped": e.to_string() }));
+                    kernels.push(json!({
+                        "pass": "backward",
+                        "arch": if isa == Isa::Sm90a { "sm_90a" } else { "sm_80" },
+                        "targets": targets_of(isa).iter().map(|t| t.name()).collect::<Vec<_>>(),
+                        "skipped": e.to_string(),
+                    }));
                 }
             }
         }
@@ -283,8 +291,30 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
     write(&args.out.join("manifest.json"), text.as_bytes())?;
-    eprintln!("wrote {}", args.out.join("manifest.json").display());
+    write_loaders(&args.out, &manifest)?;
+    eprintln!(
+        "wrote {} (with include/ for C and python/ for PyTorch)",
+        args.out.join("manifest.json").display()
+    );
     Ok(())
+}
+
+/// The library's loaders next to its manifest: the Python module and the C
+/// header generated from the launch plans, with the header-only loader it
+/// includes.
+fn write_loaders(dir: &Path, manifest: &Value) -> Result<(), String> {
+    let python = dir.join(python::MODULE_PATH);
+    let include = dir.join("include");
+    for d in [
+        python.parent().expect("a file in a folder"),
+        include.as_path(),
+    ] {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    write(&python, python::MODULE.as_bytes())?;
+    let header = c_header::generate(manifest).map_err(|e| format!("the C header: {e}"))?;
+    write(&include.join("aec_library.h"), header.as_bytes())?;
+    write(&include.join("aec_loader.h"), c_header::LOADER_H.as_bytes())
 }
 
 /// The CUDA architectures among `targets`, one instruction set each, with
@@ -657,7 +687,7 @@ fn definitions_of(variant: &Value) -> Vec<Value> {
 /// the head dims.
 fn definition_name(variant: &str, pass: &str, dims: &Value) -> String {
     let mut snake = String::new();
-    for (i, ch) in variant.chars().enumerate() {
+    for (i, ch) in variant.char_indices() {
         if ch.is_uppercase() && i > 0 && !variant[..i].ends_with(|c: char| c.is_uppercase()) {
             snake.push('_');
         }

@@ -159,6 +159,14 @@ pub enum Error {
     /// variants).
     #[error("{0}")]
     NotImplemented(String),
+    /// A kernel library ([`Library`](crate::library::Library)) is missing a
+    /// file, is malformed, or has no kernels for what was asked: `path`
+    /// names the library directory or the file, `message` what is wrong.
+    #[error("{}: {message}", path.display())]
+    Library {
+        path: std::path::PathBuf,
+        message: String,
+    },
     /// The CUDA driver or NVRTC failed; `during` says at which step.
     #[error("{during}: {source}")]
     Runtime {

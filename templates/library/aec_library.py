@@ -1,0 +1,926 @@
+"""PyTorch bindings of an aec kernel library.
+
+`aec compile … -o DIR` copies this file, unchanged, to `DIR/python/aec_library.py`.
+It reads `DIR/manifest.json` (format 2): per variant and pass a *launch plan*
+(the sizes a call binds, the buffers with their dtypes and shapes, the
+launches in order with their grids and arguments) and the cubins built for
+each GPU architecture. Nothing here is specific to one variant: every call
+interprets the plan.
+
+    import sys; sys.path.insert(0, "DIR/python")
+    import aec_library
+
+    lib = aec_library.load("DIR")                 # the current CUDA device
+    o = lib.Softmax(q, k, v)                      # differentiable
+    o = lib.RetnetParallel(q, k, v, gamma=gamma)  # custom inputs by name
+    o, state = lib.Mamba2(q, k, v, a=a, dt=dt, output_final_state=True)
+    out = lib.Softmax.run("forward", {"q": q, "k": k, "v": v})  # every output
+
+Only the standard library and PyTorch are used, and PyTorch only once a
+library is loaded: the plan interpreter (size binding, checks, grids, the
+split-KV rule) is plain Python over shapes given as tuples.
+
+Kernels are loaded from their cubins through the CUDA driver (ctypes,
+`libcuda.so.1`) into PyTorch's context of the device and launched on
+PyTorch's current stream, so they order with PyTorch's own work.
+"""
+
+import ctypes
+import json
+import os
+import threading
+
+__all__ = ["Error", "load", "Library", "Variant", "Plan", "TensorInfo"]
+
+#: The manifest format this module reads.
+FORMAT = 2
+
+I32_MAX = 2**31 - 1
+GRID_X_MAX = 2**31 - 1
+GRID_YZ_MAX = 65535
+#: Every tensor handed to a kernel starts at a multiple of this many bytes
+#: (the Hopper kernels read q, k and v with the bulk tensor copy engine).
+ALIGN_BYTES = 16
+
+DTYPES = ("bf16", "f16", "f32")
+ROLES = ("input", "optional_input", "output", "optional_output", "workspace")
+
+# The CUDA architecture aec builds for each compute capability major
+# version: 9.0 runs sm_90a cubins (Hopper-only instructions), 8.x runs sm_80.
+_ARCH_OF_MAJOR = {9: "sm_90a", 8: "sm_80"}
+# The `--target` names that build an architecture, for error messages.
+_TARGETS_OF_ARCH = {"sm_90a": "h100 or h200", "sm_80": "a100"}
+
+
+class Error(ValueError):
+    """A library or a call this module refuses; the message names the
+    variant, the tensor or size, what was expected and what was given."""
+
+
+# --------------------------------------------------------------------------
+# Size expressions (SizeExpr in compiler/src/launch_plan.rs): a number, a
+# size name, {"mul": [e, ...]} or {"ceil_div": [a, b]}.
+
+
+def eval_size(expr, sizes):
+    """The value of a size expression for the sizes `sizes` (name -> int)."""
+    if isinstance(expr, bool):
+        raise Error(f"malformed size expression {expr!r}")
+    if isinstance(expr, int):
+        if expr < 0:
+            raise Error(f"malformed size expression {expr!r}: negative")
+        return expr
+    if isinstance(expr, str):
+        if expr not in sizes:
+            raise Error(f"size expression reads `{expr}`, which the call does not bind")
+        return sizes[expr]
+    if isinstance(expr, dict) and len(expr) == 1:
+        ((op, terms),) = expr.items()
+        if op == "mul" and isinstance(terms, list):
+            value = 1
+            for t in terms:
+                value *= eval_size(t, sizes)
+            return value
+        if op == "ceil_div" and isinstance(terms, list) and len(terms) == 2:
+            a, b = eval_size(terms[0], sizes), eval_size(terms[1], sizes)
+            if b < 1:
+                raise Error(f"size expression {show_size(expr)} divides by {b}")
+            return -(-a // b)
+    raise Error(f"malformed size expression {expr!r}")
+
+
+def show_size(expr):
+    """A size expression as the Rust side prints it: `ceil(H * Sq / 128) * 2`."""
+    if isinstance(expr, dict) and len(expr) == 1:
+        ((op, terms),) = expr.items()
+        if op == "mul":
+            return " * ".join(show_size(t) for t in terms)
+        if op == "ceil_div" and len(terms) == 2:
+            return f"ceil({show_size(terms[0])} / {show_size(terms[1])})"
+    return str(expr)
+
+
+def kv_splits_for(kv_plan, sizes, sms):
+    """How many KV splits a split-KV forward launches with (KvSplitPlan::splits):
+    1 without a plan or when `blocks` ≥ 2·SMs; otherwise
+    clamp(ceil(2·SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))."""
+    if not kv_plan:
+        return 1
+    blocks = eval_size(kv_plan["blocks"], sizes)
+    key_blocks = eval_size(kv_plan["key_blocks"], sizes)
+    sms = max(int(sms), 1)
+    if blocks >= 2 * sms or blocks == 0:
+        return 1
+    most = max(1, min(max(key_blocks // 4, 1), int(kv_plan["max_splits"])))
+    return min(max(-(-2 * sms // blocks), 1), most)
+
+
+# --------------------------------------------------------------------------
+# Manifest and architecture choice.
+
+
+def arch_for_capability(capability):
+    """The architecture of the cubins a device of compute capability
+    `(major, minor)` runs: (9, 0) -> sm_90a, (8, x) -> sm_80."""
+    major, minor = capability
+    if major == 9 and minor != 0:
+        raise Error(f"compute capability {major}.{minor}: aec's sm_90a cubins run on 9.0 only")
+    if major not in _ARCH_OF_MAJOR:
+        known = ", ".join(f"{m}.x -> {a}" for m, a in sorted(_ARCH_OF_MAJOR.items()))
+        raise Error(f"compute capability {major}.{minor}: aec builds no kernels for it (it builds {known})")
+    return _ARCH_OF_MAJOR[major]
+
+
+def check_manifest(manifest, where="manifest.json"):
+    """Refuses a manifest this module cannot read; returns it."""
+    if not isinstance(manifest, dict):
+        raise Error(f"{where}: not a JSON object")
+    fmt = manifest.get("format")
+    if fmt != FORMAT:
+        got = "no `format` field" if fmt is None else f"format {fmt!r}"
+        raise Error(
+            f"{where}: {got}, but this module reads format {FORMAT}; compile the library again with "
+            f"the aec that wrote this module (or use the aec_library.py in the library's python/ folder)"
+        )
+    variants = manifest.get("variants")
+    if not isinstance(variants, list):
+        raise Error(f"{where}: no `variants` list")
+    for v in variants:
+        for key in ("name", "pattern", "inputs", "kernels"):
+            if key not in v:
+                raise Error(f"{where}: variant {v.get('name', '?')!r} has no `{key}`")
+        if v["pattern"] not in ("parallel", "recurrent"):
+            raise Error(f"{where}: variant {v['name']}: unknown pattern {v['pattern']!r}")
+    return manifest
+
+
+def read_manifest(directory):
+    """`directory/manifest.json`, checked."""
+    path = os.path.join(directory, "manifest.json")
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError as e:
+        raise Error(f"{path}: {e.strerror or e}; is {directory!r} a library written by `aec compile`?") from None
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:
+        raise Error(f"{path}: not valid JSON: {e}") from None
+    return check_manifest(manifest, path)
+
+
+def cuda_archs(manifest):
+    """The CUDA architectures the library holds cubins for, sorted."""
+    archs = set()
+    for v in manifest["variants"]:
+        for k in v["kernels"]:
+            for b in k.get("builds") or []:
+                if "cubin" in b and b.get("cubin"):
+                    archs.add(b["arch"])
+    return sorted(archs)
+
+
+def all_archs(manifest):
+    """Every architecture the library has builds for (cubins or not, CUDA and HIP)."""
+    return sorted({b["arch"] for v in manifest["variants"] for k in v["kernels"] for b in k.get("builds") or []})
+
+
+def check_arch(manifest, arch, capability=None):
+    """Refuses a library without a single cubin for `arch`."""
+    if arch in cuda_archs(manifest):
+        return
+    cap = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
+    have = all_archs(manifest)
+    if arch in have:
+        raise Error(
+            f"this library has {arch} kernels but no cubins (it was compiled without NVRTC: sources only); "
+            f"compile it again with NVRTC (libnvrtc.so.13) on LD_LIBRARY_PATH"
+        )
+    target = _TARGETS_OF_ARCH.get(arch)
+    hint = f"; compile it again with `--target {target}`" if target else ""
+    raise Error(
+        f"this library has no kernels for {arch}, the device's architecture{cap}; "
+        f"it has: {', '.join(have) or 'none'}{hint}"
+    )
+
+
+def select_kernel(variant, pass_name, arch):
+    """The kernel record of `variant` (a manifest entry) for `pass_name` on
+    `arch` and the path of its cubin (relative to the library), or an Error
+    that says why there is none."""
+    name = variant["name"]
+    records = [k for k in variant["kernels"] if k.get("pass") == pass_name and "plan" in k]
+    for k in records:
+        for b in k.get("builds") or []:
+            if b.get("arch") == arch and "cubin" in b:
+                if not b["cubin"]:
+                    raise Error(
+                        f"{name} {pass_name}: the library has no {arch} cubin (it was compiled without NVRTC: "
+                        f"sources only); compile it again with NVRTC (libnvrtc.so.13) on LD_LIBRARY_PATH"
+                    )
+                return k, b["cubin"]
+    if pass_name == "backward":
+        reason = backward_unavailable(variant, arch)
+        raise Error(f"{name} backward: {reason}")
+    have = sorted({b["arch"] for k in records for b in k.get("builds") or []})
+    skipped = [k["skipped"] for k in variant["kernels"] if k.get("pass") == pass_name and "skipped" in k]
+    why = f" ({'; '.join(skipped)})" if skipped else ""
+    raise Error(
+        f"{name} {pass_name}: no kernel for {arch} in this library; it has {pass_name} kernels for: "
+        f"{', '.join(have) or 'none'}{why}"
+    )
+
+
+def backward_unavailable(variant, arch):
+    """Why `variant` has no backward on `arch` (None when it has one)."""
+    if "backward" in variant and variant["backward"] is None:
+        return "no backward kernels: " + variant.get("backward_note", "the library records none")
+    records = [k for k in variant["kernels"] if k.get("pass") == "backward"]
+    for k in records:
+        for b in k.get("builds") or []:
+            if b.get("arch") == arch and "cubin" in b:
+                return None if b["cubin"] else f"the {arch} backward was compiled without NVRTC (no cubin)"
+    # Skipped CUDA backwards carry no target; skipped HIP ones name theirs.
+    skipped = [k["skipped"] for k in records if "skipped" in k and "target" not in k]
+    if skipped:
+        return "no backward kernels: " + "; ".join(skipped)
+    have = sorted({b["arch"] for k in records for b in k.get("builds") or []})
+    return f"no backward kernel for {arch} in this library (it has: {', '.join(have) or 'none'})"
+
+
+# --------------------------------------------------------------------------
+# The plan interpreter, over plain shapes.
+
+
+class TensorInfo:
+    """What the checks need of a tensor: its shape (a tuple), dtype (`bf16`,
+    `f16`, `f32`, or any other text for other types), device (`cuda:N` or
+    another text), whether it is contiguous and 16-byte aligned."""
+
+    __slots__ = ("shape", "dtype", "device", "contiguous", "aligned")
+
+    def __init__(self, shape, dtype, device="cuda:0", contiguous=True, aligned=True):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype, self.device = dtype, device
+        self.contiguous, self.aligned = contiguous, aligned
+
+
+class Call:
+    """A checked call of a plan: the bound sizes, the number of KV splits,
+    the buffers to allocate and the launches to make, in order."""
+
+    def __init__(self, sizes, kv_splits, allocations, launches, outputs):
+        #: name -> int, the plan's sizes and `kv_splits`.
+        self.sizes = sizes
+        self.kv_splits = kv_splits
+        #: [(name, dtype, shape tuple, zeroed)] the loader allocates.
+        self.allocations = allocations
+        #: [(entry, (x, y, z), threads, dynamic_smem_bytes, args)], args
+        #: [("ptr", buffer name or None for a null pointer) | ("i32", int)].
+        self.launches = launches
+        #: The names the call returns (outputs, wanted optional outputs).
+        self.outputs = outputs
+
+
+def _eval_or(expr, sizes, default):
+    try:
+        return eval_size(expr, sizes)
+    except Error:
+        return default
+
+
+def _dims(values):
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+class Plan:
+    """One entry point (forward or backward) of one variant on one
+    architecture: a launch plan of the manifest, interpreted."""
+
+    def __init__(self, variant, plan):
+        self.variant = variant
+        self.plan = plan
+        self.pass_name = plan.get("pass", "?")
+        self.where = f"{variant} {self.pass_name}"
+        self.buffers = {}
+        for b in plan["buffers"]:
+            if b["role"] not in ROLES:
+                raise Error(f"{self.where}: buffer `{b['name']}` has unknown role {b['role']!r}")
+            if b["dtype"] not in DTYPES:
+                raise Error(f"{self.where}: buffer `{b['name']}` has unknown dtype {b['dtype']!r}")
+            self.buffers[b["name"]] = b
+        self.size_names = [s["name"] for s in plan["sizes"]]
+        self.fixed = {s["name"]: s["fixed"] for s in plan["sizes"] if s.get("fixed") is not None}
+        self.multiple_of = [tuple(p) for p in plan.get("multiple_of", [])]
+        self.equal = [tuple(p) for p in plan.get("equal", [])]
+        self.kv_plan = plan.get("kv_splits")
+        self.launch_plans = plan["launches"]
+        #: How messages call a buffer where the caller knows it by another
+        #: name (a recurrent variant's `initial_state` is `state_in`).
+        self.labels = {}
+
+    def label(self, name):
+        other = self.labels.get(name)
+        return f"{other} ({name})" if other else name
+
+    # The buffers by role.
+    def names(self, *roles):
+        return [b["name"] for b in self.plan["buffers"] if b["role"] in roles]
+
+    @property
+    def inputs(self):
+        return self.names("input")
+
+    @property
+    def optional_inputs(self):
+        return self.names("optional_input")
+
+    @property
+    def outputs(self):
+        return self.names("output")
+
+    @property
+    def optional_outputs(self):
+        return self.names("optional_output")
+
+    def shape_text(self, name):
+        return _dims(show_size(e) for e in self.buffers[name]["shape"])
+
+    def check_names(self, given, want=()):
+        """Refuses unknown and missing inputs and unknown wanted outputs."""
+        accepted = self.inputs + self.optional_inputs
+        for n in given:
+            if n not in accepted:
+                takes = ", ".join(self.inputs + [f"{o} (optional)" for o in self.optional_inputs])
+                raise Error(f"{self.where}: unknown input `{n}`; it takes {takes}")
+        missing = [n for n in self.inputs if n not in given]
+        if missing:
+            raise Error(
+                f"{self.where}: missing input{'s' if len(missing) > 1 else ''} "
+                + ", ".join(f"`{n}` {self.shape_text(n)} {self.buffers[n]['dtype']}" for n in missing)
+            )
+        for n in want:
+            if n not in self.optional_outputs:
+                opts = ", ".join(self.optional_outputs) or "none"
+                raise Error(f"{self.where}: unknown optional output `{n}` (it has: {opts})")
+
+    def check_tensor(self, name, info, device):
+        """Refuses a tensor on the wrong device, of the wrong dtype, not
+        contiguous or not aligned (the shape is checked once sizes are bound)."""
+        b, label = self.buffers[name], self.label(name)
+        if not str(info.device).startswith("cuda"):
+            raise Error(f"{self.where}: {label}: a {info.device} tensor; the kernels need it on {device}")
+        if device is not None and str(info.device) != str(device):
+            raise Error(f"{self.where}: {label}: on {info.device}, but the library was loaded for {device}")
+        if info.dtype != b["dtype"]:
+            raise Error(
+                f"{self.where}: {label}: expected dtype {b['dtype']} ({_TORCH_DTYPE_NAMES[b['dtype']]}), got {info.dtype}"
+            )
+        if not info.contiguous:
+            raise Error(
+                f"{self.where}: {label}: not contiguous (the kernels read it row-major in "
+                f"{self.shape_text(name)}); pass {self.labels.get(name, name)}.contiguous()"
+            )
+        if not info.aligned:
+            raise Error(
+                f"{self.where}: {label}: its data does not start at a multiple of {ALIGN_BYTES} bytes "
+                f"(a view at an offset?); pass {self.labels.get(name, name)}.clone()"
+            )
+
+    def bind(self, shapes):
+        """The sizes the shapes `shapes` (name -> tuple) give: each size at
+        its first sight in plan order, then sizes fixed by the variant and
+        sizes equal to a bound one; every shape is then checked against them.
+        Returns (sizes, origin) with origin[size] = "q's dim 2" or similar."""
+        sizes, origin = {}, {}
+        given = [b for b in self.plan["buffers"] if b["name"] in shapes]
+        for b in given:
+            shape = shapes[b["name"]]
+            if len(shape) != len(b["shape"]):
+                continue  # reported below, with the sizes the others give
+            for i, (e, d) in enumerate(zip(b["shape"], shape)):
+                if isinstance(e, str) and e not in sizes:
+                    sizes[e], origin[e] = d, f"{b['name']}'s dim {i}"
+        for name, value in self.fixed.items():
+            if name not in sizes:
+                sizes[name], origin[name] = value, f"fixed by {self.variant}"
+        for a, b in self.equal:
+            if a not in sizes and b in sizes:
+                sizes[a], origin[a] = sizes[b], f"equal to {b}"
+            elif b not in sizes and a in sizes:
+                sizes[b], origin[b] = sizes[a], f"equal to {a}"
+        for b in given:
+            name, shape = b["name"], shapes[b["name"]]
+            want = [_eval_or(e, sizes, "?") for e in b["shape"]]
+            if list(shape) != want:
+                raise Error(f"{self.where}: {self.label(name)}: expected {self.shape_text(name)} = {_dims(want)}, got {_dims(shape)}")
+        return sizes, origin
+
+    def check_sizes(self, sizes, origin):
+        """Refuses sizes below 1, beyond 32 bits, unlike the variant's fixed
+        ones, or breaking the plan's multiple_of / equal pairs."""
+
+        def said(n):
+            return f"{n} = {sizes[n]} (from {origin.get(n, 'the call')})"
+
+        for n in self.size_names:
+            if n not in sizes:
+                raise Error(f"{self.where}: no input's shape gives the size {n}")
+        for n in self.size_names:
+            v = sizes[n]
+            if v < 1:
+                raise Error(f"{self.where}: {said(n)}: every size must be at least 1")
+            if v > I32_MAX:
+                raise Error(f"{self.where}: {said(n)}: every size must fit a 32-bit int (at most {I32_MAX})")
+        for n, value in self.fixed.items():
+            if sizes[n] != value:
+                raise Error(f"{self.where}: {said(n)}, but {self.variant} fixes {n} = {value}")
+        for a, b in self.multiple_of:
+            if sizes[a] % sizes[b] != 0:
+                raise Error(f"{self.where}: {said(a)} must be a multiple of {said(b)}")
+        for a, b in self.equal:
+            if sizes[a] != sizes[b]:
+                raise Error(f"{self.where}: {said(a)} must equal {said(b)}")
+
+    def kv_splits(self, sizes, sms, override=None):
+        """The number of KV splits: the plan's rule, or `override` (1 ≤ n ≤ max_splits)."""
+        if override is None:
+            return kv_splits_for(self.kv_plan, sizes, sms)
+        if not self.kv_plan:
+            if override != 1:
+                raise Error(f"{self.where}: kv_splits={override}, but this plan has no split-KV launch (only 1)")
+            return 1
+        top = int(self.kv_plan["max_splits"])
+        if not isinstance(override, int) or not 1 <= override <= top:
+            raise Error(f"{self.where}: kv_splits={override!r}: expected an int from 1 to {top}")
+        return override
+
+    def prepare(self, infos, want=(), sms=1, kv_splits=None, device=None):
+        """Checks a call with the tensors `infos` (name -> TensorInfo) and
+        plans it: a Call, or an Error naming what is wrong."""
+        self.check_names(infos, want)
+        for b in self.plan["buffers"]:
+            if b["name"] in infos:
+                self.check_tensor(b["name"], infos[b["name"]], device)
+        sizes, origin = self.bind({n: i.shape for n, i in infos.items()})
+        self.check_sizes(sizes, origin)
+        sizes = {n: sizes[n] for n in self.size_names}
+        splits = self.kv_splits(sizes, sms, kv_splits)
+        sizes["kv_splits"] = splits
+        present = set(infos)
+        allocations = []
+        for b in self.plan["buffers"]:
+            role = b["role"]
+            if role in ("input", "optional_input"):
+                continue
+            if role == "optional_output" and b["name"] not in want:
+                continue
+            if b.get("when") == "split_kv" and splits <= 1:
+                continue
+            shape = tuple(eval_size(e, sizes) for e in b["shape"])
+            allocations.append((b["name"], b["dtype"], shape, bool(b.get("zeroed"))))
+            present.add(b["name"])
+        launches = []
+        for launch in self.launch_plans:
+            if launch.get("when") == "split_kv" and splits <= 1:
+                continue
+            grid = tuple(eval_size(e, sizes) for e in launch["grid"])
+            if not (1 <= grid[0] <= GRID_X_MAX and 1 <= grid[1] <= GRID_YZ_MAX and 1 <= grid[2] <= GRID_YZ_MAX):
+                bound = ", ".join(f"{n}={sizes[n]}" for n in self.size_names)
+                raise Error(
+                    f"{self.where}: launch {launch['entry']}: grid {_dims(grid)} = "
+                    f"{_dims(show_size(e) for e in launch['grid'])} is beyond CUDA's limits "
+                    f"(x < 2^31, y and z < 65536) for {bound}"
+                )
+            args = []
+            for a in launch["args"]:
+                if "ptr" in a:
+                    if a["ptr"] not in self.buffers:
+                        raise Error(f"{self.where}: launch {launch['entry']} reads unknown buffer `{a['ptr']}`")
+                    args.append(("ptr", a["ptr"] if a["ptr"] in present else None))
+                elif "i32" in a:
+                    value = eval_size(a["i32"], sizes)
+                    if value > I32_MAX:
+                        raise Error(f"{self.where}: argument {show_size(a['i32'])} = {value} does not fit a 32-bit int")
+                    args.append(("i32", value))
+                else:
+                    raise Error(f"{self.where}: launch {launch['entry']}: unknown argument {a!r}")
+            launches.append((launch["entry"], grid, int(launch["threads"]), int(launch["dynamic_smem_bytes"]), args))
+        outputs = self.outputs + [n for n in self.optional_outputs if n in want]
+        return Call(sizes, splits, allocations, launches, outputs)
+
+
+_TORCH_DTYPE_NAMES = {"bf16": "torch.bfloat16", "f16": "torch.float16", "f32": "torch.float32"}
+
+
+# --------------------------------------------------------------------------
+# The CUDA driver, through ctypes.
+
+
+class _Driver:
+    """The few driver calls the loader makes (libcuda.so.1)."""
+
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+    def __init__(self):
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise Error(f"the CUDA driver (libcuda.so.1) cannot be loaded: {e}") from None
+        p, vp, i = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int
+        lib.cuInit.argtypes = [ctypes.c_uint]
+        lib.cuDeviceGet.argtypes = [p(i), i]
+        lib.cuDevicePrimaryCtxRetain.argtypes = [p(vp), i]
+        lib.cuCtxGetCurrent.argtypes = [p(vp)]
+        lib.cuCtxPushCurrent_v2.argtypes = [vp]
+        lib.cuCtxPopCurrent_v2.argtypes = [p(vp)]
+        lib.cuModuleLoadData.argtypes = [p(vp), ctypes.c_char_p]
+        lib.cuModuleGetFunction.argtypes = [p(vp), vp, ctypes.c_char_p]
+        lib.cuFuncSetAttribute.argtypes = [vp, i, i]
+        lib.cuLaunchKernel.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, vp, vp]
+        lib.cuGetErrorName.argtypes = [i, p(ctypes.c_char_p)]
+        self.lib = lib
+        self.check(lib.cuInit(0), "cuInit")
+
+    def check(self, res, what):
+        if res != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(res, ctypes.byref(name))
+            raise RuntimeError(f"{what}: {name.value.decode() if name.value else f'CUDA error {res}'}")
+
+    def primary_context(self, ordinal):
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        self.check(self.lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        return ctx
+
+
+class _Current:
+    """Makes `ctx` the calling thread's current context for a while (the
+    autograd engine runs backwards on threads of its own)."""
+
+    def __init__(self, driver, ctx):
+        self.driver, self.ctx, self.pushed = driver, ctx, False
+
+    def __enter__(self):
+        cur = ctypes.c_void_p()
+        self.driver.check(self.driver.lib.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+        if cur.value != self.ctx.value:
+            self.driver.check(self.driver.lib.cuCtxPushCurrent_v2(self.ctx), "cuCtxPushCurrent")
+            self.pushed = True
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            old = ctypes.c_void_p()
+            self.driver.check(self.driver.lib.cuCtxPopCurrent_v2(ctypes.byref(old)), "cuCtxPopCurrent")
+            self.pushed = False
+
+
+_driver = None
+
+
+def _get_driver():
+    global _driver
+    if _driver is None:
+        _driver = _Driver()
+    return _driver
+
+
+# --------------------------------------------------------------------------
+# Libraries and variants (PyTorch).
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise Error("aec_library needs PyTorch to load a library (`import torch` failed)") from None
+    return torch
+
+
+def load(directory, device=None):
+    """The kernel library in `directory` (what `aec compile -o` wrote), for
+    the CUDA device `device` (an index, `"cuda:N"` or a torch.device; the
+    current device when None)."""
+    manifest = read_manifest(directory)
+    torch = _torch()
+    if getattr(torch.version, "hip", None):
+        raise Error(
+            "PyTorch here is built for ROCm: this module runs the library's CUDA cubins only "
+            "(the HIP code objects are in kernels/*.co)"
+        )
+    if not torch.cuda.is_available():
+        raise Error("no CUDA device: torch.cuda.is_available() is False")
+    if device is None:
+        index = torch.cuda.current_device()
+    else:
+        d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if d.type != "cuda":
+            raise Error(f"device {device!r}: the kernels run on CUDA devices only")
+        index = d.index if d.index is not None else torch.cuda.current_device()
+    capability = torch.cuda.get_device_capability(index)
+    arch = arch_for_capability(capability)
+    check_arch(manifest, arch, capability)
+    return Library(directory, manifest, index, arch)
+
+
+class Library:
+    """A loaded kernel library: `lib.variants`, `lib["Softmax"]`, `lib.Softmax`."""
+
+    def __init__(self, directory, manifest, device_index, arch):
+        torch = _torch()
+        self.dir = os.path.abspath(directory)
+        self.manifest = manifest
+        self.arch = arch
+        self.device = torch.device("cuda", device_index)
+        self.sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+        with torch.cuda.device(device_index):
+            torch.zeros(1, device=self.device)  # PyTorch's context exists from here on
+        self._driver = _get_driver()
+        self._ctx = self._driver.primary_context(device_index)
+        self._modules = {}  # cubin path -> module
+        self._functions = {}  # (cubin path, entry) -> function
+        self._variants = {v["name"]: Variant(self, v) for v in manifest["variants"]}
+
+    @property
+    def variants(self):
+        return list(self._variants)
+
+    def __getitem__(self, name):
+        try:
+            return self._variants[name]
+        except KeyError:
+            raise Error(f"no variant {name!r} in {self.dir}; it has: {', '.join(self._variants)}") from None
+
+    def __getattr__(self, name):
+        variants = self.__dict__.get("_variants") or {}
+        if name in variants:
+            return variants[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or variant {name!r} (variants: {', '.join(variants)})")
+
+    def __dir__(self):
+        return list(super().__dir__()) + self.variants
+
+    def __repr__(self):
+        return f"<aec library {self.dir}: {', '.join(self.variants)} on {self.device} ({self.arch})>"
+
+    def _function(self, cubin, entry, smem):
+        key = (cubin, entry)
+        fn = self._functions.get(key)
+        if fn is not None:
+            return fn
+        drv = self._driver
+        with _Current(drv, self._ctx):
+            module = self._modules.get(cubin)
+            if module is None:
+                path = os.path.join(self.dir, cubin)
+                try:
+                    with open(path, "rb") as fh:
+                        data = fh.read()
+                except OSError as e:
+                    raise Error(f"{path}: {e.strerror or e}") from None
+                module = ctypes.c_void_p()
+                drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), data), f"cuModuleLoadData {path}")
+                self._modules[cubin] = module
+            fn = ctypes.c_void_p()
+            drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(fn), module, entry.encode()), f"cuModuleGetFunction {entry}")
+            if smem > 0:
+                drv.check(
+                    drv.lib.cuFuncSetAttribute(fn, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                    f"cuFuncSetAttribute {entry} (MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem})",
+                )
+        self._functions[key] = fn
+        return fn
+
+
+_TORCH_DTYPES = {}
+
+
+def _dtype_name(torch, dtype):
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"})
+    return _TORCH_DTYPES.get(dtype, str(dtype))
+
+
+def _info(torch, t, where, name):
+    if not isinstance(t, torch.Tensor):
+        raise Error(f"{where}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+    return TensorInfo(
+        tuple(t.shape),
+        _dtype_name(torch, t.dtype),
+        f"cuda:{t.get_device()}" if t.is_cuda else str(t.device),
+        t.is_contiguous(),
+        t.data_ptr() % ALIGN_BYTES == 0,
+    )
+
+
+def _params(args):
+    """A launch's kernel parameters as cuLaunchKernel takes them (an array of
+    pointers to the values), and the pointer slots a call fills in: (slot,
+    buffer name); null pointers and the 32-bit sizes are set once."""
+    values, slots = [], []
+    for kind, v in args:
+        if kind == "ptr":
+            values.append(ctypes.c_uint64(0))
+            if v is not None:
+                slots.append((values[-1], v))
+        else:
+            values.append(ctypes.c_int32(v))
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
+    params._values = values  # keeps the values alive with the array
+    return params, slots
+
+
+def _fit(t, dtype):
+    """A contiguous, aligned `t` of `dtype` (for tensors the module makes, such as dO)."""
+    t = t.to(dtype).contiguous()
+    if t.data_ptr() % ALIGN_BYTES:
+        t = t.clone()
+    return t
+
+
+class Variant:
+    """One variant of a library. Parallel: `variant(q, k, v, **customs)`;
+    recurrent: `variant(q, k, v, **customs, initial_state=None,
+    initial_norm=None, output_final_state=False)`; any pass:
+    `variant.run(pass_name, tensors, want=(), kv_splits=None)`."""
+
+    def __init__(self, library, record):
+        self.library = library
+        self.record = record
+        self.name = record["name"]
+        self.pattern = record["pattern"]
+        #: The declared inputs in order: q, k, v, then the custom inputs.
+        self.input_names = [i["name"] for i in record["inputs"]]
+        self.custom_names = self.input_names[3:]
+        self._plans = {}
+        self._calls = {}  # checked calls by shapes (see run)
+        self._backward_note = backward_unavailable(record, library.arch)
+        #: The number of KV splits of the last call (1 without split-KV).
+        self.last_kv_splits = None
+
+    def __repr__(self):
+        return f"<aec {self.pattern} variant {self.name}({', '.join(self.input_names)})>"
+
+    @property
+    def backward_note(self):
+        """Why the variant has no backward here (None when it has one)."""
+        return self._backward_note
+
+    @property
+    def has_backward(self):
+        return self.backward_note is None
+
+    def plan(self, pass_name):
+        """The Plan of `pass_name` on the library's architecture, with its cubin."""
+        if pass_name not in self._plans:
+            record, cubin = select_kernel(self.record, pass_name, self.library.arch)
+            plan = Plan(self.name, record["plan"])
+            if self.pattern == "recurrent":
+                plan.labels = {"state_in": "initial_state", "norm_in": "initial_norm"}
+            self._plans[pass_name] = (plan, cubin)
+        return self._plans[pass_name][0]
+
+    def run(self, pass_name, tensors, want=(), kv_splits=None):
+        """Runs the plan of `pass_name` on `tensors` (name -> torch tensor:
+        its inputs, and optional inputs or None), allocating its outputs and
+        workspaces; returns its outputs (and the optional outputs named in
+        `want`) by name. `kv_splits` forces the number of KV splits."""
+        torch = _torch()
+        lib = self.library
+        plan = self.plan(pass_name)
+        given = {n: t for n, t in tensors.items() if t is not None}
+        infos = {n: _info(torch, t, plan.where, n) for n, t in given.items()}
+        want = tuple(want)
+        # A call of the same shapes (and dtypes, devices, layouts) as an
+        # earlier one that passed the checks launches the same way.
+        key = (pass_name, want, kv_splits) + tuple(
+            (n, i.shape, i.dtype, i.device, i.contiguous, i.aligned) for n, i in infos.items()
+        )
+        call = self._calls.get(key)
+        if call is None:
+            call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device))
+            dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+            call.torch_allocations = [(n, dtypes[d], s, z) for n, d, s, z in call.allocations]
+            cubin = self._plans[pass_name][1]
+            call.functions = [lib._function(cubin, entry, smem) for entry, _, _, smem, _ in call.launches]
+            call.params = [_params(args) for _, _, _, _, args in call.launches]
+            call.lock = threading.Lock()
+            if len(self._calls) >= 256:
+                self._calls.clear()
+            self._calls[key] = call
+        bufs = dict(given)
+        for name, dtype, shape, zeroed in call.torch_allocations:
+            bufs[name] = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=lib.device)
+        drv = lib._driver
+        stream = ctypes.c_void_p(torch.cuda.current_stream(lib.device).cuda_stream)
+        with call.lock, _Current(drv, lib._ctx):
+            for fn, (entry, grid, threads, smem, _), (params, slots) in zip(call.functions, call.launches, call.params):
+                for slot, name in slots:
+                    slot.value = bufs[name].data_ptr()
+                res = drv.lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params, None)
+                if res:
+                    drv.check(res, f"{plan.where}: cuLaunchKernel {entry} grid {_dims(grid)} block {threads} smem {smem}")
+        self.last_kv_splits = call.kv_splits
+        return {n: bufs[n] for n in call.outputs}
+
+    def __call__(self, q, k, v, **kwargs):
+        if self.pattern == "recurrent":
+            return self._recurrent(q, k, v, **kwargs)
+        return self._parallel(q, k, v, **kwargs)
+
+    def _customs(self, given):
+        unknown = [n for n in given if n not in self.custom_names]
+        if unknown:
+            takes = ", ".join(self.custom_names) or "no custom inputs"
+            raise Error(f"{self.name}: unknown input `{unknown[0]}`; besides q, k, v it takes {takes}")
+        missing = [n for n in self.custom_names if given.get(n) is None]
+        if missing:
+            raise Error(f"{self.name}: missing custom input{'s' if len(missing) > 1 else ''} " + ", ".join(f"`{n}`" for n in missing))
+        return [given[n] for n in self.custom_names]
+
+    def _parallel(self, q, k, v, **customs):
+        values = self._customs(customs)
+        return _autograd().Parallel.apply(self, q, k, v, *values)
+
+    def _recurrent(self, q, k, v, initial_state=None, initial_norm=None, output_final_state=False, **customs):
+        values = self._customs(customs)
+        plan = self.plan("forward")
+        normalized = "norm_in" in plan.buffers
+        if initial_norm is not None and not normalized:
+            raise Error(f"{self.name}: initial_norm given, but {self.name} keeps no normaliser")
+        out = _autograd().Recurrent.apply(self, bool(output_final_state), q, k, v, initial_state, initial_norm, *values)
+        if not output_final_state:
+            return out[0] if isinstance(out, tuple) else out
+        return tuple(out) if normalized else tuple(out[:2])
+
+
+_functions = None
+
+
+def _autograd():
+    """The autograd functions, made once PyTorch is there."""
+    global _functions
+    if _functions is not None:
+        return _functions
+    torch = _torch()
+    from torch.autograd.function import once_differentiable
+
+    class Parallel(torch.autograd.Function):
+        """o = variant(q, k, v, *customs); the backward runs the variant's
+        backward plan on the forward's o and row outputs."""
+
+        @staticmethod
+        def forward(ctx, variant, q, k, v, *customs):
+            names = variant.input_names
+            out = variant.run("forward", dict(zip(names, (q, k, v) + customs)))
+            ctx.variant = variant
+            ctx.save_for_backward(q, k, v, *customs, out["o"], out["row_outputs"])
+            return out["o"]
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, do):
+            variant = ctx.variant
+            note = variant.backward_note
+            if note is not None:
+                raise RuntimeError(f"{variant.name}: no backward on {variant.library.arch}: {note}")
+            saved = ctx.saved_tensors
+            inputs, o, rows = saved[:-2], saved[-2], saved[-1]
+            tensors = dict(zip(variant.input_names, inputs))
+            tensors.update(o=o, row_outputs=rows, dout=_fit(do, o.dtype))
+            g = variant.run("backward", tensors)
+            grads = [g["dq"], g["dk"], g["dv"]]
+            for name, t in zip(variant.custom_names, inputs[3:]):
+                grads.append(g["d" + name].to(t.dtype).reshape(t.shape))
+            need = ctx.needs_input_grad[1:]
+            return (None,) + tuple(x if n else None for x, n in zip(grads, need))
+
+    class Recurrent(torch.autograd.Function):
+        """(o, state_out, norm_out) = variant(q, k, v, state_in, norm_in,
+        *customs); no backward kernels exist for recurrent variants."""
+
+        @staticmethod
+        def forward(ctx, variant, want_state, q, k, v, state_in, norm_in, *customs):
+            ctx.variant = variant
+            plan = variant.plan("forward")
+            tensors = dict(zip(variant.input_names, (q, k, v) + customs))
+            tensors.update(state_in=state_in)
+            if "norm_in" in plan.buffers:
+                tensors.update(norm_in=norm_in)
+            want = [n for n in ("state_out", "norm_out") if want_state and n in plan.buffers]
+            out = variant.run("forward", tensors, want=want)
+            results = [out["o"]] + [out[n] for n in want]
+            return tuple(results) if len(results) > 1 else results[0]
+
+        @staticmethod
+        def backward(ctx, *grads):
+            variant = ctx.variant
+            raise RuntimeError(f"{variant.name}: no backward: {variant.backward_note or 'no backward kernels'}")
+
+    class Functions:
+        pass
+
+    Functions.Parallel, Functions.Recurrent = Parallel, Recurrent
+    _functions = Functions
+    return _functions

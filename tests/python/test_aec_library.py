@@ -1,0 +1,452 @@
+"""Unit tests of aec_library's plan interpreter: no PyTorch, no GPU.
+
+    AEC_TEST_LIBRARY=DIR python3 -m unittest tests/python/test_aec_library.py
+
+DIR is a library `aec compile` wrote from examples/alibi.rs, decode.rs and
+mamba2.rs (`--head-dims 128x64 --target h100,a100`; cubins not needed;
+other variants may be there too):
+`cargo test --test library_python` makes one and runs this file. The module
+tested is DIR/python/aec_library.py where the library has one, else
+templates/library/aec_library.py. AEC_TEST_MANIFEST=path/manifest.json
+reads the plans from that file instead. Without either, only the tests that
+need no manifest run.
+"""
+import copy
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIBRARY = os.environ.get("AEC_TEST_LIBRARY")
+MANIFEST = os.environ.get("AEC_TEST_MANIFEST") or (os.path.join(LIBRARY, "manifest.json") if LIBRARY else None)
+
+_had_torch = "torch" in sys.modules
+_shipped = os.path.join(LIBRARY, "python") if LIBRARY else None
+MODULE_DIR = (
+    _shipped
+    if _shipped and os.path.isfile(os.path.join(_shipped, "aec_library.py"))
+    else os.path.join(HERE, "..", "..", "templates", "library")
+)
+sys.path.insert(0, os.path.abspath(MODULE_DIR))
+import aec_library as al  # noqa: E402
+
+print(f"testing {al.__file__} with {MANIFEST or 'no manifest'}", file=sys.stderr)
+
+Error = al.Error
+
+
+def info(shape, dtype="bf16", **kw):
+    return al.TensorInfo(shape, dtype, **kw)
+
+
+class SizeExpressions(unittest.TestCase):
+    def test_numbers_names_and_operations(self):
+        s = {"B": 2, "H": 3, "Sq": 100}
+        self.assertEqual(al.eval_size(7, s), 7)
+        self.assertEqual(al.eval_size("Sq", s), 100)
+        self.assertEqual(al.eval_size({"mul": ["B", "H", 4]}, s), 24)
+        self.assertEqual(al.eval_size({"ceil_div": ["Sq", 128]}, s), 1)
+        self.assertEqual(al.eval_size({"ceil_div": [256, 128]}, s), 2)
+        self.assertEqual(al.eval_size({"ceil_div": [257, 128]}, s), 3)
+        self.assertEqual(al.eval_size({"mul": []}, s), 1)
+
+    def test_the_rust_example(self):
+        # compiler/src/launch_plan.rs: expressions_evaluate_and_round_trip_through_json
+        e = json.loads('{"mul":[{"ceil_div":[{"mul":["H","Sq"]},128]},2]}')
+        self.assertEqual(al.eval_size(e, {"H": 3, "Sq": 100}), 6)
+        self.assertEqual(al.show_size(e), "ceil(H * Sq / 128) * 2")
+
+    def test_refusals(self):
+        with self.assertRaisesRegex(Error, "reads `Skv`, which the call does not bind"):
+            al.eval_size("Skv", {"H": 1})
+        with self.assertRaisesRegex(Error, "divides by 0"):
+            al.eval_size({"ceil_div": ["H", 0]}, {"H": 1})
+        for bad in ({"add": [1, 2]}, {"ceil_div": [1]}, [1], True, -1, 1.5, None):
+            with self.assertRaisesRegex(Error, "malformed size expression"):
+                al.eval_size(bad, {})
+
+
+class KvSplits(unittest.TestCase):
+    PLAN = {"blocks": "blocks", "key_blocks": "kb", "max_splits": 128, "rule": ""}
+
+    def splits(self, blocks, kb, sms=132):
+        return al.kv_splits_for(self.PLAN, {"blocks": blocks, "kb": kb}, sms)
+
+    def test_matches_the_rust_rule(self):
+        # KvSplitPlan::splits, compiler/src/launch_plan.rs
+        self.assertEqual(self.splits(264, 100), 1)
+        self.assertEqual(self.splits(8, 256), 33)
+        self.assertEqual(self.splits(8, 8), 2)
+        self.assertEqual(self.splits(1, 100000), 128)
+
+    def test_edges(self):
+        self.assertEqual(al.kv_splits_for(None, {}, 132), 1)
+        self.assertEqual(self.splits(0, 100), 1)
+        self.assertEqual(self.splits(1, 3), 1)  # fewer than 4 key blocks: no split
+        self.assertEqual(self.splits(263, 1000), 2)
+        self.assertEqual(self.splits(1, 100000, sms=0), 2)  # SMs counted as at least 1
+        plan = dict(self.PLAN, max_splits=5)
+        self.assertEqual(al.kv_splits_for(plan, {"blocks": 1, "kb": 1000}, 132), 5)
+
+
+class Architectures(unittest.TestCase):
+    def test_capabilities(self):
+        self.assertEqual(al.arch_for_capability((9, 0)), "sm_90a")
+        for minor in (0, 6, 7, 9):
+            self.assertEqual(al.arch_for_capability((8, minor)), "sm_80")
+        for cap in ((7, 5), (10, 0), (12, 0)):
+            with self.assertRaisesRegex(Error, rf"compute capability {cap[0]}\.{cap[1]}: aec builds no kernels"):
+                al.arch_for_capability(cap)
+        with self.assertRaisesRegex(Error, "9.0 only"):
+            al.arch_for_capability((9, 1))
+
+
+class ManifestFormat(unittest.TestCase):
+    def test_format_and_shape(self):
+        with self.assertRaisesRegex(Error, "x.json: format 1, but this module reads format 2"):
+            al.check_manifest({"format": 1, "variants": []}, "x.json")
+        with self.assertRaisesRegex(Error, "no `format` field"):
+            al.check_manifest({"variants": []})
+        with self.assertRaisesRegex(Error, "not a JSON object"):
+            al.check_manifest([])
+        with self.assertRaisesRegex(Error, "no `variants` list"):
+            al.check_manifest({"format": 2})
+        with self.assertRaisesRegex(Error, "variant 'X' has no `kernels`"):
+            al.check_manifest({"format": 2, "variants": [{"name": "X", "pattern": "parallel", "inputs": []}]})
+        with self.assertRaisesRegex(Error, "unknown pattern 'other'"):
+            al.check_manifest({"format": 2, "variants": [{"name": "X", "pattern": "other", "inputs": [], "kernels": []}]})
+        self.assertEqual(al.check_manifest({"format": 2, "variants": []})["format"], 2)
+
+    def test_reading(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaisesRegex(Error, "manifest.json: .*library written by `aec compile`"):
+                al.read_manifest(os.path.join(d, "absent"))
+            with open(os.path.join(d, "manifest.json"), "w") as fh:
+                fh.write("{not json")
+            with self.assertRaisesRegex(Error, "not valid JSON"):
+                al.read_manifest(d)
+            with open(os.path.join(d, "manifest.json"), "w") as fh:
+                json.dump({"format": 3, "variants": []}, fh)
+            # load() reads the manifest before it needs PyTorch or a GPU.
+            with self.assertRaisesRegex(Error, "format 3, but this module reads format 2"):
+                al.load(d)
+
+    def test_imports_without_torch(self):
+        if not _had_torch:
+            self.assertNotIn("torch", sys.modules, "importing aec_library imported torch")
+
+    def test_load_says_torch_is_needed(self):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            with tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "manifest.json"), "w") as fh:
+                    json.dump({"format": 2, "variants": []}, fh)
+                with self.assertRaisesRegex(Error, "needs PyTorch"):
+                    al.load(d)
+        else:
+            self.skipTest("PyTorch is installed here")
+
+
+def _manifest():
+    with open(MANIFEST) as fh:
+        return al.check_manifest(json.load(fh), MANIFEST)
+
+
+def _with_cubins(manifest, value):
+    """A copy of `manifest` whose CUDA builds all have cubin `value`."""
+    m = copy.deepcopy(manifest)
+    for v in m["variants"]:
+        for k in v["kernels"]:
+            for b in k.get("builds") or []:
+                if "cubin" in b:
+                    b["cubin"] = value
+    return m
+
+
+@unittest.skipUnless(MANIFEST, "set AEC_TEST_LIBRARY (cargo test --test library_python does)")
+class WithManifest(unittest.TestCase):
+    """Against the plans `aec compile` wrote (cubins present or not)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.m = _with_cubins(_manifest(), "kernels/present.cubin")
+        cls.v = {v["name"]: v for v in cls.m["variants"]}
+        for name in ("Alibi", "Decode", "Mamba2"):
+            if name not in cls.v:
+                raise AssertionError(f"{MANIFEST} has no variant {name}; compile examples/alibi.rs, decode.rs, mamba2.rs")
+        cls.archs = sorted({b["arch"] for k in cls.v["Alibi"]["kernels"] for b in k.get("builds") or [] if "cubin" in b})
+        assert cls.archs, "no CUDA builds of Alibi"
+
+    def plan(self, variant, pass_name="forward", arch=None):
+        record, cubin = al.select_kernel(self.v[variant], pass_name, arch or self.archs[-1])
+        self.assertTrue(cubin)
+        return al.Plan(variant, record["plan"])
+
+    def alibi(self, b=2, h=8, sq=100, skv=50, **over):
+        t = dict(q=info((b, h, sq, 128)), k=info((b, h, skv, 128)), v=info((b, h, skv, 64)), slopes=info((h,), "f32"))
+        t.update(over)
+        return {n: x for n, x in t.items() if x is not None}
+
+    # --- architectures and kernel records
+
+    def test_arch_selection(self):
+        for arch in self.archs:
+            al.check_arch(self.m, arch)
+            record, cubin = al.select_kernel(self.v["Alibi"], "forward", arch)
+            self.assertEqual(record["pass"], "forward")
+            self.assertIn(arch, [b["arch"] for b in record["builds"]])
+            self.assertTrue(cubin)
+        with self.assertRaisesRegex(Error, r"no kernels for sm_100a, the device's architecture \(compute capability 10\.0\); it has: .*sm_80.*sm_90a"):
+            al.check_arch(self.m, "sm_100a", (10, 0))
+        with self.assertRaisesRegex(Error, r"Alibi forward: no kernel for sm_75 in this library; it has forward kernels for: "):
+            al.select_kernel(self.v["Alibi"], "forward", "sm_75")
+
+    def test_sm90a_gets_the_hopper_kernels(self):
+        if "sm_90a" not in self.archs:
+            self.skipTest("no sm_90a builds")
+        record, _ = al.select_kernel(self.v["Alibi"], "forward", "sm_90a")
+        self.assertIn("wgmma", record["plan"]["launches"][0]["entry"])
+
+    def test_without_cubins(self):
+        bare = _with_cubins(self.m, None)
+        arch = self.archs[0]
+        with self.assertRaisesRegex(Error, f"{arch} kernels but no cubins .*without NVRTC"):
+            al.check_arch(bare, arch)
+        alibi = next(v for v in bare["variants"] if v["name"] == "Alibi")
+        with self.assertRaisesRegex(Error, f"Alibi forward: the library has no {arch} cubin .*NVRTC"):
+            al.select_kernel(alibi, "forward", arch)
+
+    def test_backward_availability(self):
+        arch = self.archs[-1]
+        self.assertIsNone(al.backward_unavailable(self.v["Alibi"], arch))
+        note = self.v["Mamba2"]["backward_note"]
+        self.assertTrue(note)
+        self.assertIn(note, al.backward_unavailable(self.v["Mamba2"], arch))
+        with self.assertRaisesRegex(Error, "Mamba2 backward: no backward kernels: " + note[:40]):
+            al.select_kernel(self.v["Mamba2"], "backward", arch)
+        # A parallel variant whose backward the compiler skipped says why.
+        skipped = copy.deepcopy(self.v["Alibi"])
+        skipped["kernels"] = [k for k in skipped["kernels"] if k["pass"] == "forward"]
+        skipped["kernels"].append({"pass": "backward", "skipped": "the mask reads an indexed input"})
+        with self.assertRaisesRegex(Error, "Alibi backward: no backward kernels: the mask reads an indexed input"):
+            al.select_kernel(skipped, "backward", arch)
+        skipped["kernels"].pop()
+        with self.assertRaisesRegex(Error, f"Alibi backward: no backward kernel for {arch} in this library \\(it has: none\\)"):
+            al.select_kernel(skipped, "backward", arch)
+
+    # --- binding and checks
+
+    def test_binds_sizes_and_plans_the_launches(self):
+        for arch in self.archs:
+            p = self.plan("Alibi", arch=arch)
+            call = p.prepare(self.alibi(), sms=132)
+            self.assertEqual(call.sizes, dict(B=2, H=8, Hkv=8, Sq=100, Skv=50, kv_splits=1))
+            allocs = {n: (d, s, z) for n, d, s, z in call.allocations}
+            self.assertEqual(allocs["o"], ("bf16", (2, 8, 100, 64), False))
+            self.assertEqual(allocs["row_outputs"], ("f32", (3, 2, 8, 100), False))
+            self.assertEqual(call.outputs, ["o", "row_outputs"])
+            [(entry, grid, threads, smem, args)] = call.launches
+            self.assertEqual(grid, (1, 8, 2))
+            self.assertGreater(threads, 0)
+            self.assertEqual(
+                args,
+                [("ptr", "q"), ("ptr", "k"), ("ptr", "v"), ("ptr", "o"), ("ptr", "row_outputs"), ("ptr", "slopes")]
+                + [("i32", x) for x in (2, 8, 8, 100, 50)],
+            )
+
+    def test_shape_errors_name_the_tensor_and_the_sizes(self):
+        p = self.plan("Alibi")
+        cases = [
+            (dict(q=info((2, 8, 100, 64))), r"^Alibi forward: q: expected \[B, H, Sq, 128\] = \[2, 8, 100, 128\], got \[2, 8, 100, 64\]$"),
+            (dict(k=info((3, 8, 50, 128))), r"k: expected \[B, H, Skv, 128\] = \[2, 8, 50, 128\], got \[3, 8, 50, 128\]"),
+            (dict(v=info((2, 8, 51, 64))), r"v: expected \[B, H, Skv, 64\] = \[2, 8, 50, 64\], got \[2, 8, 51, 64\]"),
+            (dict(k=info((2, 4, 50, 128))), r"k: expected \[B, H, Skv, 128\] = \[2, 8, 50, 128\], got \[2, 4, 50, 128\]"),
+            (dict(q=info((8, 100, 128))), r"q: expected \[B, H, Sq, 128\] = \[2, 8, \?, 128\], got \[8, 100, 128\]"),
+            (dict(slopes=info((7,), "f32")), r"slopes: expected \[H\] = \[8\], got \[7\]"),
+            (dict(slopes=info((8, 1), "f32")), r"slopes: expected \[H\] = \[8\], got \[8, 1\]"),
+        ]
+        for over, pattern in cases:
+            with self.subTest(over=list(over)):
+                with self.assertRaisesRegex(Error, pattern):
+                    p.prepare(self.alibi(**over))
+
+    def test_tensor_errors(self):
+        p = self.plan("Alibi")
+        cases = [
+            (dict(q=info((2, 8, 100, 128), "f32")), r"Alibi forward: q: expected dtype bf16 \(torch.bfloat16\), got f32"),
+            (dict(k=info((2, 8, 50, 128), "f16")), r"k: expected dtype bf16"),
+            (dict(slopes=info((8,), "bf16")), r"slopes: expected dtype f32 \(torch.float32\), got bf16"),
+            (dict(slopes=info((8,), "torch.float64")), r"slopes: expected dtype f32 .*got torch.float64"),
+            (dict(v=info((2, 8, 50, 64), contiguous=False)), r"v: not contiguous .*\[B, H, Skv, 64\].*v.contiguous\(\)"),
+            (dict(q=info((2, 8, 100, 128), device="cpu")), r"q: a cpu tensor; the kernels need it on cuda:0"),
+            (dict(k=info((2, 8, 50, 128), device="cuda:1")), r"k: on cuda:1, but the library was loaded for cuda:0"),
+            (dict(q=info((2, 8, 100, 128), aligned=False)), r"q: its data does not start at a multiple of 16 bytes"),
+            (dict(extra=info((1,))), r"Alibi forward: unknown input `extra`; it takes q, k, v, slopes"),
+            (dict(slopes=None), r"Alibi forward: missing input `slopes` \[H\] f32"),
+            (dict(q=None, k=None), r"missing inputs `q` \[B, H, Sq, 128\] bf16, `k` \[B, H, Skv, 128\] bf16"),
+        ]
+        for over, pattern in cases:
+            with self.subTest(over=list(over)):
+                with self.assertRaisesRegex(Error, pattern):
+                    p.prepare(self.alibi(**over), device="cuda:0")
+
+    def test_size_errors(self):
+        p = self.plan("Alibi")
+        with self.assertRaisesRegex(Error, r"Alibi forward: Sq = 0 \(from q's dim 2\): every size must be at least 1"):
+            p.prepare(self.alibi(sq=0))
+        with self.assertRaisesRegex(Error, r"Skv = 2147483648 \(from k's dim 2\): every size must fit a 32-bit int"):
+            p.prepare(self.alibi(skv=2**31))
+        with self.assertRaisesRegex(Error, r"launch \w+: grid \[1, 70000, 2\] = \[ceil\(Sq / \d+\), H, B\] is beyond CUDA's limits .*H=70000"):
+            p.prepare(self.alibi(h=70000))
+        with self.assertRaisesRegex(Error, r"grid \[1, 8, 65536\]"):
+            p.prepare(self.alibi(b=65536))
+        with self.assertRaisesRegex(Error, "unknown optional output `lse`"):
+            p.prepare(self.alibi(), want=("lse",))
+
+    def test_equal_sizes(self):
+        # Alibi declares k and v with H heads: Hkv is H. A plan whose k reads
+        # Hkv (as a GQA variant's does) refuses k and v with other heads.
+        p = self.plan("Alibi")
+        self.assertEqual(p.equal, [("Hkv", "H")])
+        plan = copy.deepcopy(p.plan)
+        for b in plan["buffers"]:
+            if b["name"] in ("k", "v"):
+                b["shape"][1] = "Hkv"
+        gqa = al.Plan("Alibi", plan)
+        self.assertEqual(gqa.prepare(self.alibi()).sizes["Hkv"], 8)
+        with self.assertRaisesRegex(Error, r"Hkv = 4 \(from k's dim 1\) must equal H = 8 \(from q's dim 1\)"):
+            gqa.prepare(self.alibi(k=info((2, 4, 50, 128)), v=info((2, 4, 50, 64))))
+
+    def test_fixed_and_multiple_of(self):
+        p = self.plan("Decode")
+        self.assertEqual(p.fixed, {"Sq": 1})
+        self.assertEqual(p.multiple_of, [("H", "Hkv")])
+
+        def decode(h=8, hkv=2, sq=1, skv=1000, b=1):
+            return dict(q=info((b, h, sq, 128)), k=info((b, hkv, skv, 128)), v=info((b, hkv, skv, 64)))
+
+        self.assertEqual(p.prepare(decode()).sizes["Hkv"], 2)
+        with self.assertRaisesRegex(Error, r"Decode forward: Sq = 4 \(from q's dim 2\), but Decode fixes Sq = 1"):
+            p.prepare(decode(sq=4))
+        with self.assertRaisesRegex(Error, r"H = 6 \(from q's dim 1\) must be a multiple of Hkv = 4 \(from k's dim 1\)"):
+            p.prepare(decode(h=6, hkv=4))
+
+    def test_split_kv(self):
+        for arch in self.archs:
+            p = self.plan("Decode", arch=arch)
+            if not p.kv_plan:
+                continue
+            self.assertEqual(p.kv_plan["max_splits"], 128)
+            few = dict(q=info((1, 8, 1, 128)), k=info((1, 8, 4096, 128)), v=info((1, 8, 4096, 64)))
+            call = p.prepare(few, sms=132)
+            expected = al.kv_splits_for(p.kv_plan, call.sizes, 132)
+            self.assertGreater(expected, 1)
+            self.assertEqual(call.kv_splits, expected)
+            allocs = {n: s for n, _, s, _ in call.allocations}
+            self.assertEqual(allocs["opart"], (expected, 1, 8, 1, 64))
+            self.assertEqual(allocs["spart"][:4], (expected, 1, 8, 1))
+            self.assertEqual(len(call.launches), 2)
+            self.assertTrue(call.launches[1][0].endswith("_combine"))
+            self.assertIn(("ptr", "opart"), call.launches[0][4])
+            self.assertIn(("i32", expected), call.launches[0][4])
+            # Enough blocks: one split, no workspaces, no combine, null pointers.
+            many = dict(q=info((64, 8, 1, 128)), k=info((64, 8, 4096, 128)), v=info((64, 8, 4096, 64)))
+            call = p.prepare(many, sms=132)
+            self.assertEqual(call.kv_splits, 1)
+            self.assertNotIn("opart", [a[0] for a in call.allocations])
+            self.assertEqual(len(call.launches), 1)
+            self.assertIn(("ptr", None), call.launches[0][4])
+            # Forced splits.
+            self.assertEqual(p.prepare(many, sms=132, kv_splits=3).kv_splits, 3)
+            self.assertEqual(len(p.prepare(many, sms=132, kv_splits=3).launches), 2)
+            for bad in (0, 129, 2.5):
+                with self.assertRaisesRegex(Error, "kv_splits=.*expected an int from 1 to 128"):
+                    p.prepare(many, kv_splits=bad)
+        alibi = self.plan("Alibi")
+        self.assertEqual(alibi.prepare(self.alibi(), kv_splits=1).kv_splits, 1)
+        with self.assertRaisesRegex(Error, "kv_splits=2, but this plan has no split-KV launch"):
+            alibi.prepare(self.alibi(), kv_splits=2)
+
+    def test_recurrent_plan(self):
+        p = self.plan("Mamba2")
+        p.labels = {"state_in": "initial_state"}
+
+        def mamba(b=2, h=4, s=77, **over):
+            t = dict(q=info((b, h, s, 128)), k=info((b, h, s, 128)), v=info((b, h, s, 64)),
+                     a=info((h,), "f32"), dt=info((b, h, s), "f32"))
+            t.update(over)
+            return t
+
+        call = p.prepare(mamba())
+        self.assertEqual(call.sizes, dict(B=2, H=4, S=77, kv_splits=1))
+        self.assertEqual(call.outputs, ["o"])
+        args = call.launches[0][4]
+        self.assertIn(("ptr", None), args)  # state_in and state_out absent
+        call = p.prepare(mamba(state_in=info((2, 4, 128, 64), "f32")), want=("state_out",))
+        self.assertEqual(call.outputs, ["o", "state_out"])
+        self.assertIn(("state_out", "f32", (2, 4, 128, 64), False), call.allocations)
+        self.assertNotIn(("ptr", None), call.launches[0][4])
+        with self.assertRaisesRegex(Error, r"Mamba2 forward: initial_state \(state_in\): expected \[B, H, 128, 64\] = \[2, 4, 128, 64\], got \[2, 4, 64, 128\]"):
+            p.prepare(mamba(state_in=info((2, 4, 64, 128), "f32")))
+        with self.assertRaisesRegex(Error, r"dt: expected \[B, H, S\] = \[2, 4, 77\], got \[2, 4, 76\]"):
+            p.prepare(mamba(dt=info((2, 4, 76), "f32")))
+        with self.assertRaisesRegex(Error, r"missing input `a` \[H\] f32"):
+            p.prepare({n: x for n, x in mamba().items() if n != "a"})
+        with self.assertRaisesRegex(Error, r"unknown input `state_out`; it takes q, k, v, a, dt, state_in \(optional\)"):
+            p.prepare(mamba(state_out=info((2, 4, 128, 64), "f32")))
+
+    def test_backward_plan(self):
+        p = self.plan("Alibi", "backward")
+        t = self.alibi()
+        t.update(o=info((2, 8, 100, 64)), row_outputs=info((3, 2, 8, 100), "f32"), dout=info((2, 8, 100, 64)))
+        call = p.prepare(t)
+        allocs = {n: (d, s, z) for n, d, s, z in call.allocations}
+        self.assertEqual(allocs["dslopes"], ("f32", (8,), True))
+        self.assertEqual(allocs["dq"], ("bf16", (2, 8, 100, 128), False))
+        self.assertEqual(allocs["dk"], ("bf16", (2, 8, 50, 128), False))
+        self.assertEqual(allocs["dv"], ("bf16", (2, 8, 50, 64), False))
+        self.assertEqual(set(call.outputs), {"dq", "dk", "dv", "dslopes"})
+        self.assertEqual([e.rsplit("_", 1)[1] for e, *_ in call.launches], ["pre", "main", "post"])
+        with self.assertRaisesRegex(Error, r"Alibi backward: row_outputs: expected \[3, B, H, Sq\] = \[3, 2, 8, 100\], got \[2, 2, 8, 100\]"):
+            p.prepare(dict(t, row_outputs=info((2, 2, 8, 100), "f32")))
+        with self.assertRaisesRegex(Error, r"Alibi backward: missing input `dout`"):
+            p.prepare({n: x for n, x in t.items() if n != "dout"})
+
+    def test_every_plan_of_the_library_prepares(self):
+        # Each plan (any variant, pass, architecture, CUDA or HIP) takes inputs of its own shapes.
+        base = dict(B=2, H=4, Hkv=2, Sq=100, Skv=77, S=77)
+        count = 0
+        for v in self.m["variants"]:
+            for k in v["kernels"]:
+                if "plan" not in k:
+                    continue
+                p = al.Plan(v["name"], k["plan"])
+                sizes = dict(base, **p.fixed)
+                for a, b in p.equal:
+                    sizes[a] = sizes[b]
+                infos = {}
+                for b in k["plan"]["buffers"]:
+                    if b["role"] in ("input", "optional_input"):
+                        infos[b["name"]] = info(tuple(al.eval_size(e, sizes) for e in b["shape"]), b["dtype"])
+                want = p.optional_outputs
+                call = p.prepare(infos, want=want, sms=132)
+                for n in p.size_names:
+                    self.assertEqual(call.sizes[n], sizes[n], f"{v['name']} {k['pass']}: {n}")
+                self.assertTrue(call.launches)
+                for entry, grid, threads, smem, args in call.launches:
+                    self.assertTrue(all(g >= 1 for g in grid))
+                    self.assertGreater(threads, 0)
+                    self.assertGreaterEqual(smem, 0)
+                    names = {n for n, *_ in call.allocations} | set(infos)
+                    for kind, x in args:
+                        if kind == "ptr" and x is not None:
+                            self.assertIn(x, names)
+                count += 1
+        self.assertGreaterEqual(count, 5)
+
+
+if __name__ == "__main__":
+    unittest.main()
