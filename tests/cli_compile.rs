@@ -545,8 +545,14 @@ fn manifest_records_definitions_and_workloads() {
     );
     let softmax = &m["definitions"][0];
     assert_eq!(softmax["axes"]["Sq"]["type"], "var");
-    assert_eq!(softmax["axes"]["Hkv"], serde_json::json!({ "type": "alias", "of": "H" }));
-    assert_eq!(softmax["axes"]["Dv"], serde_json::json!({ "type": "const", "value": 64 }));
+    assert_eq!(
+        softmax["axes"]["Hkv"],
+        serde_json::json!({ "type": "alias", "of": "H" })
+    );
+    assert_eq!(
+        softmax["axes"]["Dv"],
+        serde_json::json!({ "type": "const", "value": 64 })
+    );
     assert_eq!(
         softmax["inputs"]["q"]["shape"],
         serde_json::json!(["B", "H", "Sq", 128])
@@ -570,9 +576,20 @@ fn manifest_records_definitions_and_workloads() {
             "mamba2_forward_dk128_dv64"
         ]
     );
-    assert_eq!(m["workloads"][1]["workload"]["inputs"]["o"]["type"], "forward");
+    assert_eq!(
+        m["workloads"][1]["workload"]["inputs"]["o"]["type"],
+        "forward"
+    );
     assert_eq!(m["workloads"][2]["workload"]["axes"]["S"], 1000);
     assert_eq!(m["tuning"]["method"], "defaults");
+    // The loaders next to the manifest.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("python/aec_library.py")).expect("python module"),
+        aec::library::python::MODULE
+    );
+    let header = std::fs::read_to_string(dir.join("include/aec_library.h")).expect("C header");
+    assert!(header.contains("aec_softmax_forward(") && header.contains("aec_mamba2_forward("));
+    assert!(dir.join("include/aec_loader.h").is_file());
     assert_eq!(m["tools"]["aec"], env!("CARGO_PKG_VERSION"));
     let (code, err) = aec(&[
         "compile",
