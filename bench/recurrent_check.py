@@ -55,6 +55,101 @@ class RecurrentKernel:
         return o, state_out, norm_out
 
 
+def launch(fn, meta, grid, vals):
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
+    stream = torch.cuda.current_stream().cuda_stream
+    check(libcuda.cuLaunchKernel(fn, *grid, meta["threads"], 1, 1, meta["smem_bytes"], ctypes.c_void_p(stream),
+                                 params, None), "cuLaunchKernel " + meta["name"])
+
+
+class RecurrentBackward:
+    """A generated recurrent backward (states pass + backward kernels) loaded from its cubins."""
+
+    def __init__(self, cases_dir, meta):
+        self.meta = meta
+        st = meta["states"]
+        self.states_fn = get_function(load_module(cases_dir, st["cubin"]), st["name"], st["smem_bytes"])
+        module = load_module(cases_dir, meta["cubin"])
+        self.fns = [(k, get_function(module, k["name"], k["smem_bytes"])) for k in meta["kernels"]]
+
+    def __call__(self, q, k, v, customs, do):
+        b, h, s, dk = q.shape
+        dv = v.shape[-1]
+        nc = (s + self.meta["chunk"] - 1) // self.meta["chunk"]
+        norm, decay = self.meta["normalized"], self.meta["decay"]
+        e, f = dict(device=dev, dtype=q.dtype), dict(device=dev, dtype=torch.float32)
+        bufs = dict(q=q, k=k, v=v, do=do,
+                    states=torch.empty(b, h, nc, dk, dv, **e), dstates=torch.empty(b, h, nc, dk, dv, **e),
+                    dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
+        if norm:
+            bufs.update(norm_states=torch.empty(b, h, nc, dk, **f), dnorm_states=torch.empty(b, h, nc, dk, **f),
+                        o_raw=torch.empty(b, h, s, dv, **e), dob=torch.empty(b, h, s, dv, **e),
+                        row_n=torch.empty(b, h, s, **f), dn=torch.empty(b, h, s, **f))
+        if decay:
+            bufs.update(dlog=torch.zeros(b, h, s, **f))
+        grads = {n: torch.zeros_like(t) for n, t in customs.items()}
+        alias = dict(o="o_raw", state_out="final_state", norm_out="final_norm")
+        sizes = dict(B=b, H=h, S=s)
+
+        def values(args):
+            vals = []
+            for a in args:
+                kind = a["kind"]
+                if kind == "size":
+                    vals.append(ctypes.c_int32(sizes[a["axis"]]))
+                    continue
+                if kind == "custom":
+                    t = customs[a["name"]]
+                elif kind == "custom_grad":
+                    t = grads[a["name"]]
+                else:
+                    t = bufs.get(alias.get(a["name"], a["name"]))
+                vals.append(ctypes.c_uint64(t.data_ptr() if t is not None else 0))
+            return vals
+
+        st = self.meta["states"]
+        states_vals, vals = values(st["args"]), values(self.meta["args"])
+        grids = []
+        for kmeta, fn in self.fns:
+            kind, n = kmeta["grid_x"]
+            grids.append(({"dv_slices": dv // n, "chunks": nc * n, "rows": (s + n - 1) // n, "one": 1}[kind], h, b))
+
+        def launch_one(i):  # -1: the states pass
+            if i < 0:
+                launch(self.states_fn, st, (dv // st["dv_tile"], h, b), states_vals)
+            else:
+                launch(self.fns[i][1], self.fns[i][0], grids[i], vals)
+        self.launch_one, self.keep = launch_one, (bufs, grads)
+        for i in range(-1, len(self.fns)):
+            launch_one(i)
+        return bufs["dq"], bufs["dk"], bufs["dv"], grads
+
+
+def torch_chunked(q, k, v, logg, chunk=64):
+    """Chunked linear attention in PyTorch (autograd backward): the anchor where
+    flash-linear-attention's backward does not run. q, k: [B, H, S, Dk], v:
+    [B, H, S, Dv], logg: [B, H, S] natural-log decay per step; S a multiple of chunk."""
+    b, h, s, dk = q.shape
+    dv = v.shape[-1]
+    n = s // chunk
+    q, k, v = (t.reshape(b, h, n, chunk, t.shape[-1]) for t in (q, k, v))
+    L = logg.reshape(b, h, n, chunk).float().cumsum(-1)
+    mask = torch.ones(chunk, chunk, device=q.device, dtype=torch.bool).tril()
+    decay = (L[..., :, None] - L[..., None, :]).masked_fill(~mask, float("-inf")).exp()
+    a = ((q @ k.transpose(-1, -2)).float() * decay).to(v.dtype)
+    o = (a @ v).float()
+    kd = (k.float() * (L[..., -1:] - L).exp()[..., None]).to(k.dtype)
+    upd = (kd.transpose(-1, -2) @ v).float()  # [b, h, n, dk, dv]
+    state = torch.zeros(b, h, dk, dv, device=q.device, dtype=torch.float32)
+    states = []
+    for c in range(n):
+        states.append(state)
+        state = state * L[:, :, c, -1].exp()[..., None, None] + upd[:, :, c]
+    S = torch.stack(states, 2).to(q.dtype)
+    o = o + ((q.float() * L.exp()[..., None]).to(q.dtype) @ S).float()
+    return o.reshape(b, h, s, dv).to(q.dtype)
+
+
 def run_cases(cases_dir, index, only):
     rows, ok = [], True
     for c in index.get("recurrent_cases", []):
@@ -124,9 +219,12 @@ def run_bench(cases_dir, index, workloads):
         fla_error = None
     except Exception as e:
         fla_error = f"{type(e).__name__}: {e}"
-    by_work = {}
+    by_work, by_bwd = {}, {}
     for e in index.get("recurrent_bench", []):
-        by_work.setdefault(e["workload"], []).append(e)
+        if "backward" in e or "backward_error" in e:
+            by_bwd[e["workload"]] = e
+        else:
+            by_work.setdefault(e["workload"], []).append(e)
     for work, entries in by_work.items():
         w = wl[work]
         b, h, s, dk, dv = w["b"], w["h"], w["sq"], w["dqk"], w["dv"]
@@ -171,8 +269,9 @@ def run_bench(cases_dir, index, workloads):
                     return torch.autograd.grad(fla_fn(*leaves), leaves, do)
                 fb()
                 record(work, "fla", bench(fb), 3 * fl, pas="fwd+bwd")
-            except Exception as e:
-                record(work, "fla", None, fl, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            except Exception as e:  # the forward row is in; this is the fwd+bwd attempt
+                record(work, "fla", None, 3 * fl, pas="fwd+bwd",
+                       error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
         for e in entries:
             impl = "aec" if e.get("default") else "aec " + e.get("config", "")
             if "error" in e:
@@ -187,10 +286,82 @@ def run_bench(cases_dir, index, workloads):
                        config=e.get("config"))
             except Exception as ex:
                 record(work, impl, None, fl, error=f"{type(ex).__name__}: {ex}")
-        record(work, "aec", None, 3 * fl, pas="fwd+bwd", error="no recurrent backward kernel yet")
+        bench_backward(work, w, by_bwd.get(work), cases_dir, q, k, v, customs, fla_fn, fla_args, fla_error, record, fl)
         del q, k, v, tq, tk, tv
         torch.cuda.empty_cache()
     return rows
+
+
+def torch_inputs(variant, q, k, v, customs, dk):
+    """(q, k, v, logg) for torch_chunked from our inputs and custom inputs, differentiable in them."""
+    b, h, s, _ = q.shape
+    if variant == "retnet_recurrent":
+        gamma = 1.0 - torch.exp2(-5.0 - torch.arange(h, device=dev, dtype=torch.float32))
+        return (q.float() * dk ** -0.5).to(q.dtype), k, v, gamma.log()[None, :, None].expand(b, h, s)
+    if variant == "gated_retention":
+        return (q.float() * dk ** -0.5).to(q.dtype), k, v, F.logsigmoid(customs["gate"]) / 16
+    if variant == "mamba2":
+        return q, k, (v.float() * customs["dt"][..., None]).to(v.dtype), customs["dt"] * customs["a"][None, :, None]
+    raise ValueError(variant)
+
+
+def bench_backward(work, w, entry, cases_dir, q, k, v, customs, fla_fn, fla_args, fla_error, record, fl):
+    """Rows for aec's fwd+bwd and the chunked PyTorch anchor; cross-checks our gradients (q, k, v and the
+    custom inputs) against PyTorch autograd through torch_chunked in f32."""
+    dk = q.shape[-1]
+    variant = w["variant"]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    cleaves = {n: t.detach().clone().requires_grad_() for n, t in customs.items()}
+    do = torch.randn_like(v)
+    try:
+        def torch_fb():
+            o = torch_chunked(*torch_inputs(variant, *leaves, cleaves, dk))
+            return torch.autograd.grad(o, leaves + list(cleaves.values()), do)
+        torch_fb()
+        record(work, "torch-chunked", bench(torch_fb), 3 * fl, pas="fwd+bwd")
+    except Exception as e:
+        record(work, "torch-chunked", None, 3 * fl, pas="fwd+bwd", error=f"{type(e).__name__}: {str(e)[:160]}")
+    if entry is None or "backward_error" in (entry or {}):
+        record(work, "aec", None, 3 * fl, pas="fwd+bwd",
+               error=(entry or {}).get("backward_error", "no backward kernel in the cases"))
+        return
+    try:
+        fwd = RecurrentKernel(cases_dir, next(e for e in index_cache["bench"]
+                                              if e.get("workload") == work and e.get("default"))["kernel"])
+        bwd = RecurrentBackward(cases_dir, entry["backward"])
+
+        def ours():
+            fwd(q, k, v, customs, want_state=False)
+            return bwd(q, k, v, customs, do)
+        got = ours()
+        torch.cuda.synchronize()
+        # The same gradients through PyTorch autograd in f32 (x64 would not fit).
+        f_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        f_c = {n: t.detach().clone().requires_grad_() for n, t in customs.items()}
+        qq, kk, vv, lg = torch_inputs(variant, *f_leaves, f_c, dk)
+        o = torch_chunked(qq, kk, vv, lg)
+        want = torch.autograd.grad(o, f_leaves + list(f_c.values()), do.float())
+        errs = {n: rel_err(g.float(), wt) for n, g, wt in zip(["dq", "dk", "dv"] + [f"d{c}" for c in f_c],
+                                                             list(got[:3]) + [got[3][c] for c in f_c], want)}
+        del f_leaves, f_c, qq, kk, vv, lg, o, want
+        row_err = max(errs.values())
+        print(f"bench {work:44s} backward vs torch autograd (f32): "
+              + " ".join(f"{n}={e:.2e}" for n, e in errs.items()), flush=True)
+        print(f"bench {work:44s} backward worst gradient rel_err vs torch f32 {row_err:.2e}", flush=True)
+        record(work, "aec", bench(ours), 3 * fl, pas="fwd+bwd")
+        # Each kernel of the backward alone (the inputs of a whole run are in place).
+        split = {"states": bench(lambda: bwd.launch_one(-1))}
+        for i, (kmeta, _) in enumerate(bwd.fns):
+            split[kmeta["name"].rsplit("_", 1)[1]] = bench(lambda i=i: bwd.launch_one(i))
+        print(f"bench {work:44s} backward kernels (ms): " + " ".join(f"{n}={t:.3f}" for n, t in split.items()),
+              flush=True)
+        rows_extra.append(dict(workload=work, grad_rel_err_vs_torch_f32=errs, kernel_ms=split))
+    except Exception as ex:
+        record(work, "aec", None, 3 * fl, pas="fwd+bwd", error=f"{type(ex).__name__}: {ex}")
+
+
+index_cache = {}
+rows_extra = []
 
 
 def main():
@@ -198,6 +369,7 @@ def main():
     cases_dir = args[0]
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else None
     index = json.load(open(os.path.join(cases_dir, "index.json")))
+    index_cache["bench"] = index.get("recurrent_bench", [])
     torch.zeros(1, device=dev)
     ok, checks = run_cases(cases_dir, index, only)
     rows = []
@@ -207,7 +379,7 @@ def main():
     result = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                   commit=os.environ.get("AEC_COMMIT", "unknown"),
                   command="python bench/recurrent_check.py " + " ".join(args),
-                  torch=torch.__version__, checks=checks, rows=rows)
+                  torch=torch.__version__, checks=checks, rows=rows, gradient_checks=rows_extra)
     with open(os.path.join(OUT, "recurrent.json"), "w") as fh:
         json.dump(result, fh, indent=1)
     print("all recurrent checks passed" if ok else "SOME RECURRENT CHECKS FAILED", flush=True)

@@ -35,8 +35,8 @@ pub use library::Library;
 pub mod run;
 pub use run::{
     Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
-    RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, Shape, backward_source,
-    check_recurrent_shapes, check_shapes, forward_source, recurrent_source,
+    RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput, RecurrentShape, Shape,
+    backward_source, check_recurrent_shapes, check_shapes, forward_source, recurrent_source,
 };
 
 /// A variant declared with [`attention!`].
@@ -80,7 +80,8 @@ pub mod prelude {
     pub use crate::attention;
     pub use crate::run::{
         ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
-        RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, Shape,
+        RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput, RecurrentShape,
+        Shape,
     };
     pub use aec_compiler::{Elem, Isa};
     pub use aec_frontend::Pattern;

@@ -665,6 +665,199 @@ fn gpu_recurrent_rfa() {
     check_example(test, "rfa", [1, 2, 150, 128, 64], false);
 }
 
+/// Runs the recurrent backward of `examples/<name>.rs` on the GPU and
+/// compares dq, dk, dv, every custom input's gradient and (with `initial`)
+/// the initial state's and normaliser's with the reference interpreter's;
+/// with `seeds` the final state (and normaliser) also get random gradients.
+fn check_backward(test: &str, name: &str, sizes: [usize; 5], initial: bool, seeds: bool) {
+    let [b, h, s, dk, dv] = sizes;
+    let (dims, shape) = (
+        RecurrentDims::new(dk as u32, dv as u32),
+        RecurrentShape::new(b, h, s),
+    );
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example(name);
+    let Some(kernels) = compiled(
+        test,
+        RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let seed = name.bytes().map(u64::from).sum::<u64>() * 104_729 + (s * dk + dv) as u64;
+    let call = random_call(&def, dims, shape, initial, seed);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let d_o: Vec<bf16> = (0..b * h * s * dv)
+        .map(|_| bf16::from_f64(normal(&mut rng)))
+        .collect();
+    let d_o_ref = Tensor {
+        shape: vec![b, h, s, dv],
+        data: d_o.iter().map(|x| x.to_f64()).collect(),
+    };
+    let f32s =
+        |n: usize, rng: &mut StdRng| -> Vec<f32> { (0..n).map(|_| normal(rng) as f32).collect() };
+    let d_fin = seeds.then(|| f32s(b * h * dk * dv, &mut rng));
+    let d_fin_z = (seeds && kernels.normalized()).then(|| f32s(b * h * dk, &mut rng));
+    let as_tensor = |x: &Vec<f32>, shape: Vec<usize>| Tensor {
+        shape,
+        data: x.iter().map(|&v| f64::from(v)).collect(),
+    };
+    let up = |x: &Vec<f32>| stream.upload(x).unwrap();
+    let q = stream.upload(&call.q).unwrap();
+    let k = stream.upload(&call.k).unwrap();
+    let v = stream.upload(&call.v).unwrap();
+    let dob = stream.upload(&d_o).unwrap();
+    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = call
+        .customs
+        .iter()
+        .map(|(n, x)| (n.clone(), up(x)))
+        .collect();
+    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
+        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    let state = call.state.as_ref().map(up);
+    let normalizer = call.normalizer.as_ref().map(up);
+    let d_fin_buf = d_fin.as_ref().map(up);
+    let d_fin_z_buf = d_fin_z.as_ref().map(up);
+    let grads = kernels
+        .backward(
+            &stream,
+            &q,
+            &k,
+            &v,
+            &customs,
+            shape,
+            state.as_ref(),
+            normalizer.as_ref(),
+            &dob,
+            d_fin_buf.as_ref(),
+            d_fin_z_buf.as_ref(),
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let want = reference::recurrent_backward(
+        &def,
+        &call.inputs,
+        &d_o_ref,
+        d_fin
+            .as_ref()
+            .map(|x| as_tensor(x, vec![b, h, dk, dv]))
+            .as_ref(),
+        d_fin_z
+            .as_ref()
+            .map(|x| as_tensor(x, vec![b, h, dk]))
+            .as_ref(),
+    )
+    .expect("reference backward");
+    let mut rows: Vec<(String, f64, f64)> = vec![
+        (
+            "dq".into(),
+            rel_err(&download_f64(&stream, &grads.dq), &want.dq.data),
+            2e-2,
+        ),
+        (
+            "dk".into(),
+            rel_err(&download_f64(&stream, &grads.dk), &want.dk.data),
+            2e-2,
+        ),
+        (
+            "dv".into(),
+            rel_err(&download_f64(&stream, &grads.dv), &want.dv.data),
+            2e-2,
+        ),
+    ];
+    for (n, t) in &want.customs {
+        let got = grads
+            .custom(n)
+            .unwrap_or_else(|| panic!("{test}: no gradient for `{n}`"));
+        // A custom input's gradient sums over steps (Mamba2's `a` over every
+        // step of every batch) through the decay's reverse running sum, whose
+        // terms cancel: its error grows with S like the parallel dγ's.
+        rows.push((
+            format!("d{n}"),
+            rel_err(&download_f64(&stream, got), &t.data),
+            8e-2,
+        ));
+    }
+    for (what, got, want) in [
+        (
+            "d_initial_state",
+            &grads.d_initial_state,
+            &want.initial_state,
+        ),
+        (
+            "d_initial_normalizer",
+            &grads.d_initial_normalizer,
+            &want.initial_normalizer,
+        ),
+    ] {
+        match (got, want) {
+            (Some(g), Some(w)) => rows.push((
+                what.into(),
+                rel_err(&download_f64(&stream, g), &w.data),
+                2e-2,
+            )),
+            (None, None) => {}
+            (g, w) => panic!(
+                "{test}: {what} returned: {}, in the reference: {}",
+                g.is_some(),
+                w.is_some()
+            ),
+        }
+    }
+    let report: Vec<String> = rows
+        .iter()
+        .map(|(n, e, _)| format!("{n}={e:.2e}"))
+        .collect();
+    let pass = rows.iter().all(|(_, e, tol)| e < tol);
+    eprintln!(
+        "{test}: {} backward `{}` on {} {shape} Dk={dk} Dv={dv} initial_state={initial} seeds={seeds}: {}",
+        if pass { "PASS" } else { "FAIL" },
+        kernels.forward_source().name,
+        device.name(),
+        report.join(" ")
+    );
+    assert!(pass, "{test}: {}", report.join(" "));
+}
+
+#[test]
+fn gpu_recurrent_backward_retnet() {
+    let test = "gpu_recurrent_backward_retnet";
+    check_backward(test, "retnet_recurrent", [2, 3, 150, 64, 96], true, true);
+    check_backward(
+        test,
+        "retnet_recurrent",
+        [1, 2, 333, 256, 256],
+        false,
+        false,
+    );
+    check_backward(test, "retnet_recurrent", [1, 2, 64, 128, 64], false, true);
+}
+
+#[test]
+fn gpu_recurrent_backward_gated_retention() {
+    let test = "gpu_recurrent_backward_gated_retention";
+    check_backward(test, "gated_retention", [2, 2, 333, 128, 64], true, true);
+    check_backward(test, "gated_retention", [1, 3, 150, 256, 256], false, false);
+    check_backward(test, "gated_retention", [1, 2, 100, 64, 128], true, false);
+}
+
+#[test]
+fn gpu_recurrent_backward_mamba2() {
+    let test = "gpu_recurrent_backward_mamba2";
+    check_backward(test, "mamba2", [2, 4, 150, 128, 64], true, true);
+    check_backward(test, "mamba2", [1, 2, 333, 64, 96], false, false);
+    check_backward(test, "mamba2", [1, 3, 200, 128, 64], false, true);
+}
+
+#[test]
+fn gpu_recurrent_backward_rfa() {
+    let test = "gpu_recurrent_backward_rfa";
+    check_backward(test, "rfa", [2, 2, 333, 64, 96], true, true);
+    check_backward(test, "rfa", [1, 2, 150, 128, 64], false, false);
+    check_backward(test, "rfa", [1, 2, 90, 32, 128], true, false);
+}
+
 /// Steps `range` of a host tensor whose axes include `S` (others whole).
 fn steps<T: Copy>(
     host: &[T],

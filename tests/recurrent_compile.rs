@@ -8,7 +8,7 @@
 
 mod common;
 
-use aec::compiler::{Elem, Isa, RecurrentConfig, recurrent_forward};
+use aec::compiler::{Elem, Isa, RecurrentConfig, recurrent_backward, recurrent_forward};
 use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
 
 /// (example, Dk, Dv): the workloads' dims and small ones.
@@ -122,4 +122,86 @@ fn unsupported_recurrent_shapes_are_refused_with_their_names() {
         .expect_err("parallel")
         .to_string();
     assert!(e.contains("parallel variant"), "{e}");
+}
+
+/// Every recurrent example's backward (the states pass and the `_pre`,
+/// `_dstate`, `_dqk`, `_dv`, `_decay` kernels) compiles for sm_80 and sm_90a
+/// without spills, on tensor cores, within each block's shared memory.
+#[test]
+fn every_recurrent_backward_compiles_for_sm80_and_sm90a() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    for &(example, dk, dv) in CASES {
+        for arch in ["sm_80", "sm_90a"] {
+            let v = common::example(example);
+            let isa = Isa::for_arch(arch);
+            let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+            let bwd = recurrent_backward(&v, dk, dv, &cfg, isa)
+                .unwrap_or_else(|e| panic!("{example} {dk}/{dv} ({arch}): {e}"));
+            let rec = v.recurrent().expect("recurrent");
+            let mut want = vec!["dstate", "dqk", "dv"];
+            if rec.normalize.is_some() {
+                want.insert(0, "pre");
+            }
+            if rec.decay.is_some() {
+                want.push("decay");
+            }
+            let names: Vec<&str> = bwd
+                .kernels
+                .iter()
+                .map(|k| k.name.rsplit('_').next().unwrap_or(""))
+                .collect();
+            assert_eq!(names, want, "{example}");
+            for (source, entries) in [
+                (
+                    &bwd.states.source,
+                    vec![(bwd.states.name.clone(), bwd.states.smem_bytes)],
+                ),
+                (
+                    &bwd.source,
+                    bwd.kernels
+                        .iter()
+                        .map(|k| (k.name.clone(), k.smem_bytes))
+                        .collect(),
+                ),
+            ] {
+                let compiled = compile(source, &CompileOptions::new(arch))
+                    .unwrap_or_else(|e| panic!("{example} {dk}/{dv} ({arch}): {e}"));
+                let usage = ptxas_resources(&compiled.ptx, arch)
+                    .unwrap_or_else(|e| panic!("{example} ({arch}): ptxas: {e}"));
+                for (name, smem) in entries {
+                    assert!(
+                        smem <= isa.max_dynamic_smem(),
+                        "{name}: {smem} B of shared memory"
+                    );
+                    let entry = usage
+                        .iter()
+                        .find(|u| u.function == name)
+                        .unwrap_or_else(|| panic!("{example} ({arch}): no entry `{name}`"));
+                    assert_eq!(
+                        entry.spill_store_bytes, 0,
+                        "{name} ({arch}) spills: {entry:?}"
+                    );
+                    assert!(entry.performance_warnings.is_empty(), "{entry:?}");
+                    eprintln!(
+                        "{name:60} {arch:7} {:>3} regs, {smem:>6} B smem",
+                        entry.registers
+                    );
+                }
+                let text = sass(&compiled.cubin).expect("cuobjdump");
+                assert!(text.contains("HMMA"), "{example} ({arch}): no HMMA");
+            }
+        }
+    }
+}
+
+#[test]
+fn recurrent_backward_refuses_dk_16() {
+    let v = common::example("retnet_recurrent");
+    let cfg = RecurrentConfig::default_for(16, 64, Elem::Bf16, Isa::Sm80);
+    let e = recurrent_backward(&v, 16, 64, &cfg, Isa::Sm80)
+        .expect_err("Dk 16")
+        .to_string();
+    assert!(e.contains("Dk = 16") && e.contains("backward"), "{e}");
 }

@@ -465,6 +465,8 @@ fn prefix_continuation(m: &Model) {
 fn gradients_match_finite_differences(m: &Model) {
     let (v, x, mut r) = setup(m, 51, true);
     check_gradients(&v, &x, 10, 1e-6, &mut r);
+    // With the final state (and normaliser) also feeding the loss.
+    check_gradients_with(&v, &x, 10, 1e-6, &mut r, true);
 }
 
 fn forward_err(v: &Variant, x: &Inputs) -> String {

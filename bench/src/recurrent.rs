@@ -5,7 +5,10 @@
 //! other Dv tilings (a small sweep the script times side by side).
 
 use crate::{as_bf16, as_f32, bf16_round, compile_source, load, normal};
-use aec_compiler::{ArgKind, Elem, Isa, RecurrentConfig, RecurrentSource, recurrent_forward};
+use aec_compiler::{
+    ArgKind, Elem, Isa, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX, RecurrentSource,
+    recurrent_backward, recurrent_forward,
+};
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -176,8 +179,65 @@ pub fn write_all(
             };
             bench.push(entry);
         }
+        eprintln!("recurrent bench backward {workload} …");
+        let file = format!("rbench_{}_bwd", workload.replace('-', "_"));
+        bench.push(match recurrent_backward(&v, dk, dv, &default, Isa::Sm90a) {
+            Ok(b) => json!({
+                "workload": workload,
+                "backward": backward_meta(out, &file, &b, nvcc, includes),
+            }),
+            Err(e) => json!({ "workload": workload, "backward_error": e.to_string() }),
+        });
     }
     (cases, bench)
+}
+
+fn arg_meta(a: &ArgKind) -> Value {
+    match a {
+        ArgKind::Tensor(t) => json!({ "kind": "tensor", "name": t }),
+        ArgKind::Custom(c) => json!({ "kind": "custom", "name": c }),
+        ArgKind::CustomGrad(c) => json!({ "kind": "custom_grad", "name": c }),
+        ArgKind::State(s) => json!({ "kind": "state", "name": s }),
+        ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
+        ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name() }),
+        other => unreachable!("the recurrent kernels take no {other:?}"),
+    }
+}
+
+/// The backward's two sources compiled, with what launching them needs.
+fn backward_meta(
+    out: &Path,
+    file: &str,
+    b: &RecurrentBackwardSource,
+    nvcc: Option<&str>,
+    includes: &[String],
+) -> Value {
+    let states = kernel_meta(out, &format!("{file}_states"), &b.states, nvcc, includes);
+    let (cu, cubin, ptxas) = compile_source(out, file, &b.source, nvcc, includes);
+    let kernels: Vec<Value> = b
+        .kernels
+        .iter()
+        .map(|k| {
+            let (kind, n) = match k.grid_x {
+                RecurrentGridX::DvSlices(n) => ("dv_slices", n),
+                RecurrentGridX::Chunks(n) => ("chunks", n),
+                RecurrentGridX::Rows(n) => ("rows", n),
+                RecurrentGridX::One => ("one", 1),
+            };
+            json!({ "name": k.name, "threads": k.threads, "smem_bytes": k.smem_bytes, "grid_x": [kind, n] })
+        })
+        .collect();
+    json!({
+        "states": states,
+        "source": cu,
+        "cubin": cubin,
+        "ptxas": ptxas,
+        "kernels": kernels,
+        "args": b.args.iter().map(arg_meta).collect::<Vec<_>>(),
+        "chunk": b.config.chunk,
+        "normalized": b.normalized,
+        "decay": b.decay,
+    })
 }
 
 /// Dk and Dv from a workload id (`…-d256-v512`).
@@ -199,17 +259,7 @@ fn kernel_meta(
     includes: &[String],
 ) -> Value {
     let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
-    let args: Vec<Value> = k
-        .args
-        .iter()
-        .map(|a| match a {
-            ArgKind::Tensor(t) => json!({ "kind": "tensor", "name": t }),
-            ArgKind::Custom(c) => json!({ "kind": "custom", "name": c }),
-            ArgKind::State(s) => json!({ "kind": "state", "name": s }),
-            ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name() }),
-            other => unreachable!("the recurrent forward takes no {other:?}"),
-        })
-        .collect();
+    let args: Vec<Value> = k.args.iter().map(arg_meta).collect();
     json!({
         "name": k.name,
         "source": cu,

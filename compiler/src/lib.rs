@@ -19,7 +19,10 @@ pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
     ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
 };
-pub use cuda::recurrent::{RecurrentConfig, RecurrentSource, recurrent_forward};
+pub use cuda::recurrent::{
+    RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,
+    RecurrentSource, recurrent_backward, recurrent_forward, recurrent_states,
+};
 
 /// Why a variant cannot be compiled with a given configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

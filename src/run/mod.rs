@@ -63,12 +63,14 @@
 
 mod backward;
 pub mod recurrent;
+mod recurrent_backward;
 
 pub use backward::Gradients;
 pub use recurrent::{
     RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, check_recurrent_shapes,
     recurrent_source,
 };
+pub use recurrent_backward::RecurrentGradients;
 
 use std::sync::OnceLock;
 

@@ -46,7 +46,10 @@
 //! }
 //! ```
 //!
-//! There is no recurrent backward kernel yet.
+//! [`RecurrentKernels::backward`] runs the chunked backward: the states
+//! pass, the state gradient walked backwards, per-chunk dq/dk and dv kernels
+//! and the decay's gradient, giving dq, dk, dv, every custom input's gradient
+//! and, where an initial state was given, its gradient.
 
 use super::{
     Error, KernelElement, KernelOptions, cache, check_declared_tensors, check_devices, check_elem,
@@ -401,6 +404,10 @@ pub struct RecurrentKernels {
     /// `state_in as usize | (norm_in as usize) << 1`.
     launches: Vec<Kernel>,
     _module: Module,
+    pub(super) options: KernelOptions,
+    /// The backward's two modules, compiled on the first
+    /// [`backward`](Self::backward).
+    pub(super) backward: std::sync::OnceLock<super::recurrent_backward::BackwardModules>,
 }
 
 impl RecurrentKernels {
@@ -467,6 +474,8 @@ impl RecurrentKernels {
             device: device.clone(),
             launches,
             _module: module,
+            options: options.clone(),
+            backward: std::sync::OnceLock::new(),
         })
     }
 

@@ -10,7 +10,12 @@
 //   S ← 2^(L_last) S + K̃ᵀ (diag(2^(L_last − L)) Ṽ)
 // With a normaliser, z (the decayed key sum) follows the same recurrence and
 // n_t = 2^(L_t) q̃_t·z + Σ_s A_ts.
-#include <{{ sp.header }}>
+{% if save_states %}//
+// States pass of the backward: also writes the state before each chunk
+// (`states`, [B, H, chunks, DK, DV]){% if normalize %}, the key sum before each chunk
+// (`norm_states`, f32 [B, H, chunks, DK]), the output before normalisation (`o`)
+// and the rows' normalisers (`row_n`, f32 [B, H, S]){% else %}; it computes no output{% endif %}.
+{% endif %}#include <{{ sp.header }}>
 
 #define C {{ chunk }}  // steps per chunk
 #define DK {{ dk }}
@@ -74,8 +79,9 @@ __device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int b, 
 
 extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    elem_t* __restrict__ o, {{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
+    {% if emit_o %}elem_t* __restrict__ o, {% endif %}{{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
 {% if normalize %}    const float* __restrict__ norm_in, float* __restrict__ norm_out,
+{% endif %}{% if save_states %}    elem_t* __restrict__ states,{% if normalize %} float* __restrict__ norm_states, float* __restrict__ row_n,{% endif %}
 {% endif %}    int B, int H, int S) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);  // STAGES × C × SKS
@@ -98,8 +104,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
     const elem_t* qg = q + bh * S * DK;
     const elem_t* kg = k + bh * S * DK;
     const elem_t* vg = v + bh * S * DV + e0;
-    elem_t* og = o + bh * S * DV + e0;
-    const int n_chunks = (S + C - 1) / C;
+{% if emit_o %}    elem_t* og = o + bh * S * DV + e0;
+{% endif %}    const int n_chunks = (S + C - 1) / C;
 
     // This warp's tiles: rows wm·16 of the chunk GEMMs, columns wn; state
     // rows sm0 (Dk) and columns sn0 (Dv slice).
@@ -119,8 +125,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% if normalize %}    for (int d = tid; d < DK; d += NT) sZ[d] = norm_in ? norm_in[bh * DK + d] : 0.f;
 {% endif %}
     if (n_chunks > 0) {
-        load_tile<C, DK>(sQ, qg, 0, S, tid);
-        load_tile<C, DK>(sK, kg, 0, S, tid);
+{% if emit_o %}        load_tile<C, DK>(sQ, qg, 0, S, tid);
+{% endif %}        load_tile<C, DK>(sK, kg, 0, S, tid);
         load_tile<C, DVT, NT, DV>(sV, vg, 0, S, tid);
         cp_async_commit();
     }
@@ -129,16 +135,16 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% if stages == 2 %}        const int buf = ch & 1;
         if (ch + 1 < n_chunks) {
             // The next chunk streams in while this one is computed.
-            load_tile<C, DK>(sQ + (buf ^ 1) * C * SKS, qg, t0 + C, S, tid);
-            load_tile<C, DK>(sK + (buf ^ 1) * C * SKS, kg, t0 + C, S, tid);
+{% if emit_o %}            load_tile<C, DK>(sQ + (buf ^ 1) * C * SKS, qg, t0 + C, S, tid);
+{% endif %}            load_tile<C, DK>(sK + (buf ^ 1) * C * SKS, kg, t0 + C, S, tid);
             load_tile<C, DVT, NT, DV>(sV + (buf ^ 1) * C * SVS, vg, t0 + C, S, tid);
         }
         cp_async_commit();
         asm volatile("cp.async.wait_group 1;\n" ::);
 {% else %}        const int buf = 0;
         if (ch > 0) {
-            load_tile<C, DK>(sQ, qg, t0, S, tid);
-            load_tile<C, DK>(sK, kg, t0, S, tid);
+{% if emit_o %}            load_tile<C, DK>(sQ, qg, t0, S, tid);
+{% endif %}            load_tile<C, DK>(sK, kg, t0, S, tid);
             load_tile<C, DVT, NT, DV>(sV, vg, t0, S, tid);
             cp_async_commit();
         }
@@ -149,7 +155,22 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
         elem_t* cV = sV + buf * C * SVS;
 
         // Phase 1: modified tiles, the decay's prefix sums, the state as an MMA operand.
-{% if modify_q %}        modify_tile<DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
+{% if modify_q && emit_o %}        modify_tile<DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
+{% endif %}{% if save_states %}        {
+            // The state before this chunk, for the backward's per-chunk gradients.
+            elem_t* sg = states + (bh * n_chunks + ch) * DK * DV + e0;
+#pragma unroll
+            for (int mt = 0; mt < SMT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < SNT; ++nt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = sm0 + mt * 16 + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
+                *reinterpret_cast<unsigned*>(sg + (long long)r * DV + col) = pack2(st[mt][nt][2 * hf], st[mt][nt][2 * hf + 1]);
+            }
+{% if normalize %}            if (blockIdx.x == 0)
+                for (int d = tid; d < DK; d += NT) norm_states[(bh * n_chunks + ch) * DK + d] = sZ[d];
+{% endif %}        }
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
         {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, SKS, 1>(cK, t0, 0, b, h, P, tid);
         {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, SVS, 2>(cV, t0, e0, b, h, P, tid);
@@ -172,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             }
         }
 {% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
-{% endif %}#pragma unroll
+{% endif %}{% if emit_o %}#pragma unroll
         for (int mt = 0; mt < SMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < SNT; ++nt)
@@ -181,8 +202,9 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             const int r = sm0 + mt * 16 + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
             *reinterpret_cast<unsigned*>(sS + r * SVS + col) = pack2(st[mt][nt][2 * hf], st[mt][nt][2 * hf + 1]);
         }
-        __syncthreads();
-
+{% endif %}        __syncthreads();
+        const float l_last = sL[C - 1];
+{% if emit_o %}
         // Phase 2: A = Q̃ K̃ᵀ and O = Q̃ S share the Q̃ fragments.
         float a[ANT][4], acc[ONT][4];
 #pragma unroll
@@ -221,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             }
         }
         const int r_lo = wm * 16 + g, r_hi = r_lo + 8;
-        const float l_lo = sL[r_lo], l_hi = sL[r_hi], l_last = sL[C - 1];
+        const float l_lo = sL[r_lo], l_hi = sL[r_hi];
         {
             // Causal decay inside the chunk; the state's share decays to each row.
 {% if normalize %}            float n_lo = 0.f, n_hi = 0.f;
@@ -254,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 acc[nt][3] *= d_hi;
             }
         }
-        // Ṽ decayed to the end of the chunk: the state update's B operand.
+{% endif %}        // Ṽ decayed to the end of the chunk: the state update's B operand.
 #pragma unroll 4
         for (int x = tid; x < C * DVT / 2; x += NT) {
             const int r = x / (DVT / 2), c = (x % (DVT / 2)) * 2;
@@ -274,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}        __syncthreads();
 
         // Phase 3: O += A Ṽ, written out; the state moves to the chunk's end.
-#pragma unroll
+{% if emit_o %}#pragma unroll
         for (int kk = 0; kk < C / 16; ++kk) {
             unsigned pa[4];
             {
@@ -303,13 +325,15 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 if (t < S) {
                     float o0 = acc[nt][2 * hf], o1 = acc[nt][2 * hf + 1];
 {% if normalize %}                    const float nrm = hf ? nrm_hi : nrm_lo;
-                    o0 = normalize_fn(o0, nrm, Pt{b, h, t, e0 + col}, P);
+{% if save_states %}                    // The backward's normaliser step needs o and n apart.
+                    if (blockIdx.x == 0 && wn == 0 && nt == 0 && t4 == 0) row_n[bh * S + t] = nrm;
+{% else %}                    o0 = normalize_fn(o0, nrm, Pt{b, h, t, e0 + col}, P);
                     o1 = normalize_fn(o1, nrm, Pt{b, h, t, e0 + col + 1}, P);
-{% endif %}                    *reinterpret_cast<unsigned*>(og + (long long)t * DV + col) = pack2(o0, o1);
+{% endif %}{% endif %}                    *reinterpret_cast<unsigned*>(og + (long long)t * DV + col) = pack2(o0, o1);
                 }
             }
         }
-        {
+{% endif %}        {
             const float f = fast_exp2(l_last);
 #pragma unroll
             for (int mt = 0; mt < SMT; ++mt)

@@ -164,10 +164,27 @@ pub fn inputs(
 
 /// `Σ o · d_o` for the reference forward.
 pub fn loss(v: &Variant, inputs: &Inputs, d_o: &Tensor) -> f64 {
-    let o = reference::forward(v, inputs, Options::default())
-        .expect("forward")
-        .o;
-    o.data.iter().zip(&d_o.data).map(|(a, b)| a * b).sum()
+    seeded_loss(v, inputs, d_o, None)
+}
+
+/// `Σ o · d_o`, plus `Σ S_T · dS + Σ z_T · dz` with final-state seeds.
+fn seeded_loss(
+    v: &Variant,
+    inputs: &Inputs,
+    d_o: &Tensor,
+    seeds: Option<&(Tensor, Option<Tensor>)>,
+) -> f64 {
+    let fwd = reference::forward(v, inputs, Options::default()).expect("forward");
+    let dot =
+        |a: &Tensor, b: &Tensor| -> f64 { a.data.iter().zip(&b.data).map(|(x, y)| x * y).sum() };
+    let mut l = dot(&fwd.o, d_o);
+    if let Some((ds, dz)) = seeds {
+        l += dot(fwd.final_state.as_ref().expect("recurrent"), ds);
+        if let (Some(dz), Some(z)) = (dz, fwd.final_normalizer.as_ref()) {
+            l += dot(z, dz);
+        }
+    }
+    l
 }
 
 /// Checks every gradient of the reference backward (q, k, v, each custom input,
@@ -175,12 +192,40 @@ pub fn loss(v: &Variant, inputs: &Inputs, d_o: &Tensor) -> f64 {
 /// forward, on `samples` random coordinates per tensor. Asserts the relative
 /// error ‖fd − grad‖ / ‖fd‖ over the sampled coordinates is below `tol`.
 pub fn check_gradients(v: &Variant, inputs: &Inputs, samples: usize, tol: f64, rng: &mut StdRng) {
-    let out_shape = reference::forward(v, inputs, Options::default())
-        .expect("forward")
-        .o
-        .shape;
-    let d_o = random(&out_shape, rng, -1.0, 1.0);
-    let grads = reference::backward(v, inputs, &d_o).expect("backward");
+    check_gradients_with(v, inputs, samples, tol, rng, false);
+}
+
+/// [`check_gradients`]; with `final_seeds` (recurrent variants) the loss also
+/// takes random multiples of the final state and normaliser
+/// (`reference::recurrent_backward`'s seeds).
+pub fn check_gradients_with(
+    v: &Variant,
+    inputs: &Inputs,
+    samples: usize,
+    tol: f64,
+    rng: &mut StdRng,
+    final_seeds: bool,
+) {
+    let fwd = reference::forward(v, inputs, Options::default()).expect("forward");
+    let d_o = random(&fwd.o.shape, rng, -1.0, 1.0);
+    let seeds = final_seeds.then(|| {
+        let ds = random(
+            &fwd.final_state.as_ref().expect("recurrent").shape,
+            rng,
+            -1.0,
+            1.0,
+        );
+        let dz = fwd
+            .final_normalizer
+            .as_ref()
+            .map(|z| random(&z.shape, rng, -1.0, 1.0));
+        (ds, dz)
+    });
+    let grads = match &seeds {
+        Some((ds, dz)) => reference::recurrent_backward(v, inputs, &d_o, Some(ds), dz.as_ref()),
+        None => reference::backward(v, inputs, &d_o),
+    }
+    .expect("backward");
     let mut names: Vec<String> = vec!["q".into(), "k".into(), "v".into()];
     names.extend(inputs.customs.keys().cloned());
     if inputs.initial_state.is_some() {
@@ -206,7 +251,9 @@ pub fn check_gradients(v: &Variant, inputs: &Inputs, samples: usize, tol: f64, r
             tensor_mut(&mut plus, &name).data[c] = x + eps;
             let mut minus = inputs.clone();
             tensor_mut(&mut minus, &name).data[c] = x - eps;
-            let fd = (loss(v, &plus, &d_o) - loss(v, &minus, &d_o)) / (2.0 * eps);
+            let fd = (seeded_loss(v, &plus, &d_o, seeds.as_ref())
+                - seeded_loss(v, &minus, &d_o, seeds.as_ref()))
+                / (2.0 * eps);
             let an = analytic.data[c];
             num += (fd - an) * (fd - an);
             den += fd * fd;

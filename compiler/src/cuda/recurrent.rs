@@ -6,9 +6,13 @@
 use super::dialect::{Elem, ElemSpelling, Isa, WARP_SIZE, elem_spelling};
 use super::forward::ArgKind;
 use crate::CompileError;
-use crate::cxx::closures::{check_fixed_head_dims, custom_params, recurrent_closures};
+use crate::cxx::closures::{
+    check_fixed_head_dims, custom_params, grad_atomics, recurrent_backward_closures,
+    recurrent_closures,
+};
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
+use aec_frontend::variant::Recurrent;
 use askama::Template;
 
 /// Tile configuration of the recurrent forward.
@@ -81,7 +85,9 @@ pub struct RecurrentSource {
     /// Launch order: q, k, v, o, the custom inputs, `state_in`,
     /// `state_out` (f32 `[B, H, Dk, Dv]`; either may be null: start from
     /// zero, do not write), with a normaliser `norm_in` and `norm_out` (f32
-    /// `[B, H, Dk]`), then the sizes B, H, S.
+    /// `[B, H, Dk]`), then the sizes B, H, S. The backward's states pass
+    /// ([`recurrent_states`]) has no `o` without a normaliser and takes the
+    /// workspaces `states` (and `norm_states`, `row_n`) before the sizes.
     pub args: Vec<ArgKind>,
     pub dk: u32,
     pub dv: u32,
@@ -127,6 +133,11 @@ struct RecurrentTemplate<'a> {
     modify_v: bool,
     decay: bool,
     normalize: bool,
+    /// The backward's states pass: write the state before each chunk.
+    save_states: bool,
+    /// Whether the kernel computes the output (the states pass of a variant
+    /// without normaliser does not).
+    emit_o: bool,
 }
 
 /// The warp tiling of the `dk × dv_tile` state: (warps along Dk, m16 tiles
@@ -165,6 +176,32 @@ pub fn recurrent_forward(
     dv: u32,
     cfg: &RecurrentConfig,
 ) -> Result<RecurrentSource, CompileError> {
+    chunked_forward(variant, dk, dv, cfg, false)
+}
+
+/// The states pass of the recurrent backward: the forward template writing
+/// the state before each chunk (`states`, `[B, H, chunks, Dk, Dv]` in the
+/// element type) and the final state; for a variant with a normaliser also
+/// the key sum before each chunk (`norm_states`, f32 `[B, H, chunks, Dk]`),
+/// the output before normalisation (`o`) and the rows' normalisers (`row_n`,
+/// f32 `[B, H, S]`). Without a normaliser it computes no output.
+pub fn recurrent_states(
+    variant: &Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &RecurrentConfig,
+) -> Result<RecurrentSource, CompileError> {
+    chunked_forward(variant, dk, dv, cfg, true)
+}
+
+/// What the recurrent templates require of a variant, its head dims and the
+/// configuration; returns the variant's recurrent body and the state tiling.
+fn check_recurrent_inputs<'v>(
+    variant: &'v Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &RecurrentConfig,
+) -> Result<(&'v Recurrent, (u32, u32, u32)), CompileError> {
     let rec = variant.recurrent().ok_or_else(|| {
         CompileError(format!(
             "`{}` is a parallel variant; the recurrent forward needs a recurrent one",
@@ -214,12 +251,25 @@ pub fn recurrent_forward(
             cfg.dv_tile
         )));
     }
-    let (state_warps_m, state_m_tiles, state_n_tiles) =
-        state_tiling(dk, cfg.dv_tile, cfg.warps).map_err(CompileError)?;
+    let tiling = state_tiling(dk, cfg.dv_tile, cfg.warps).map_err(CompileError)?;
+    Ok((rec, tiling))
+}
+
+fn chunked_forward(
+    variant: &Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &RecurrentConfig,
+    save_states: bool,
+) -> Result<RecurrentSource, CompileError> {
+    let (rec, (state_warps_m, state_m_tiles, state_n_tiles)) =
+        check_recurrent_inputs(variant, dk, dv, cfg)?;
     let normalize = rec.normalize.is_some();
+    let emit_o = !save_states || normalize;
 
     let kernel_name = format!(
-        "aec_rec_fwd_{}_{}_d{dk}x{dv}_c{}v{}s{}b{}",
+        "aec_rec_{}_{}_{}_d{dk}x{dv}_c{}v{}s{}b{}",
+        if save_states { "states" } else { "fwd" },
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.chunk,
@@ -254,6 +304,8 @@ pub fn recurrent_forward(
         modify_v: rec.modify_v.is_some(),
         decay: rec.decay.is_some(),
         normalize,
+        save_states,
+        emit_o,
     };
     let source = template
         .render()
@@ -262,8 +314,10 @@ pub fn recurrent_forward(
         ArgKind::Tensor("q"),
         ArgKind::Tensor("k"),
         ArgKind::Tensor("v"),
-        ArgKind::Tensor("o"),
     ];
+    if emit_o {
+        args.push(ArgKind::Tensor("o"));
+    }
     args.extend(
         variant
             .customs
@@ -273,6 +327,15 @@ pub fn recurrent_forward(
     args.extend([ArgKind::State("state_in"), ArgKind::State("state_out")]);
     if normalize {
         args.extend([ArgKind::State("norm_in"), ArgKind::State("norm_out")]);
+    }
+    if save_states {
+        args.push(ArgKind::Workspace("states"));
+        if normalize {
+            args.extend([
+                ArgKind::Workspace("norm_states"),
+                ArgKind::Workspace("row_n"),
+            ]);
+        }
     }
     args.extend([Axis::B, Axis::H, Axis::S].map(ArgKind::Size));
     Ok(RecurrentSource {
@@ -285,5 +348,318 @@ pub fn recurrent_forward(
         dv,
         config: *cfg,
         normalized: normalize,
+    })
+}
+
+/// One kernel of the recurrent backward.
+#[derive(Clone, Debug)]
+pub struct RecurrentBackwardKernel {
+    pub name: String,
+    pub threads: u32,
+    pub smem_bytes: u32,
+    /// The grid's x extent (y is H, z is B).
+    pub grid_x: RecurrentGridX,
+}
+
+/// How a recurrent backward kernel's grid x extent follows from the sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecurrentGridX {
+    /// `Dv / n`: Dv slices.
+    DvSlices(u32),
+    /// `ceil(S / chunk) · n`: chunks, each split in `n`.
+    Chunks(u32),
+    /// `ceil(S / n)`: row groups.
+    Rows(u32),
+    /// 1.
+    One,
+}
+
+impl RecurrentGridX {
+    /// The x extent for `dv` and `s` steps with chunks of `chunk`.
+    pub fn extent(self, dv: u32, s: usize, chunk: u32) -> usize {
+        match self {
+            RecurrentGridX::DvSlices(n) => (dv / n) as usize,
+            RecurrentGridX::Chunks(n) => s.div_ceil(chunk as usize) * n as usize,
+            RecurrentGridX::Rows(n) => s.div_ceil(n as usize),
+            RecurrentGridX::One => 1,
+        }
+    }
+}
+
+/// The generated recurrent backward: the states pass (a forward writing the
+/// state before each chunk) and, in one more source, the kernels that take
+/// the same argument list ([`args`](Self::args)), launched in the order of
+/// [`kernels`](Self::kernels): `_pre` (with a normaliser), `_dstate`,
+/// `_dqk`, `_dv`, `_decay` (with a decay).
+#[derive(Clone, Debug)]
+pub struct RecurrentBackwardSource {
+    pub states: RecurrentSource,
+    pub name: String,
+    pub source: String,
+    pub kernels: Vec<RecurrentBackwardKernel>,
+    /// Launch order of every backward kernel: q, k, v, `do`, the custom
+    /// inputs and their gradients (f32, added to: zero them), `d_state_out`
+    /// (the final state's gradient, f32 `[B, H, Dk, Dv]`, may be null),
+    /// `d_state_in` (the initial state's gradient, written, may be null),
+    /// the workspaces `states` and `dstates` (`[B, H, chunks, Dk, Dv]`, the
+    /// element type); with a normaliser `d_norm_out`, `d_norm_in` (f32
+    /// `[B, H, Dk]`, may be null), `norm_states`, `dnorm_states` (f32
+    /// `[B, H, chunks, Dk]`), `o_raw` (the element type, `[B, H, S, Dv]`),
+    /// `row_n` (f32 `[B, H, S]`), `dob` (like `o_raw`), `dn` (like `row_n`);
+    /// with a decay `dlog` (f32 `[B, H, S]`, zeroed); then dq, dk, dv and the
+    /// sizes B, H, S. The states pass takes the forward's arguments (its
+    /// `state_out` and `norm_out` may be null) and the workspaces `states`
+    /// (and `norm_states`, `row_n`, and `o` for `o_raw`).
+    pub args: Vec<ArgKind>,
+    pub dk: u32,
+    pub dv: u32,
+    pub config: RecurrentConfig,
+    pub normalized: bool,
+    pub decay: bool,
+}
+
+#[derive(Template)]
+#[template(path = "cuda/recurrent_bwd.cu", escape = "none")]
+struct RecurrentBwdTemplate<'a> {
+    version: &'a str,
+    variant: &'a str,
+    kernel_name: &'a str,
+    sp: ElemSpelling,
+    chunk: u32,
+    dk: u32,
+    dv: u32,
+    dv_tile: u32,
+    dk_tile: u32,
+    e_tile: u32,
+    warps: u32,
+    warp_size: u32,
+    stages: u32,
+    dv_stages: u32,
+    state_warps_m: u32,
+    state_m_tiles: u32,
+    state_n_tiles: u32,
+    params_fields: &'a str,
+    params_init: &'a str,
+    custom_args: &'a str,
+    extra_args: &'a str,
+    regions: &'a str,
+    bwd_regions: &'a str,
+    grads_len: usize,
+    norm_grads: usize,
+    grads_q: &'a str,
+    grads_k: &'a str,
+    grads_v: &'a str,
+    grads_decay: &'a str,
+    norm_grad_atomics: &'a str,
+    modify_q: bool,
+    modify_k: bool,
+    modify_v: bool,
+    decay: bool,
+    normalize: bool,
+}
+
+/// Shared memory of the backward's kernels: (`_dstate`, `_dqk`, `_dv` with
+/// `dv_stages` Dv-step buffers).
+fn recurrent_bwd_smem(
+    cfg: &RecurrentConfig,
+    dk: u32,
+    tiles: (u32, u32),
+    dv_stages: u32,
+    normalize: bool,
+) -> (u32, u32, u32) {
+    let (c, pad, e) = (cfg.chunk, 8, cfg.elem.bytes());
+    let (dkt, et) = tiles;
+    let dstate = (cfg.stages * c * (dk + pad) + (cfg.stages + 1) * c * (cfg.dv_tile + pad)) * e
+        + (c + if normalize { c + dk } else { 0 }) * 4;
+    let dqk = (2 * c * (dkt + pad) + 4 * c * (et + pad) + 4 * dkt * (et + pad) + c * (c + pad)) * e
+        + (c + if normalize { c + 2 * dkt } else { 0 }) * 4;
+    let dv = (2 * c * (dk + pad) + c * (c + pad) + dv_stages * (c + dk) * (et + pad)) * e + c * 4;
+    (dstate, dqk, dv)
+}
+
+/// The recurrent backward of `variant` for head dims `dk`, `dv` on `isa`
+/// (whose shared memory decides how many buffers the `_dv` kernel gets).
+pub fn recurrent_backward(
+    variant: &Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &RecurrentConfig,
+    isa: Isa,
+) -> Result<RecurrentBackwardSource, CompileError> {
+    if dk < 32 {
+        return Err(CompileError(format!(
+            "head dimension Dk = {dk} is not supported by the recurrent backward template: it takes 32, 64, 128 or 256"
+        )));
+    }
+    let (rec, (state_warps_m, state_m_tiles, state_n_tiles)) =
+        check_recurrent_inputs(variant, dk, dv, cfg)?;
+    let states = recurrent_states(variant, dk, dv, cfg)?;
+    let normalize = rec.normalize.is_some();
+    let decay = rec.decay.is_some();
+    let dk_tile = dk.min(64);
+    let e_tile = if dv.is_multiple_of(64) { 64 } else { 32 };
+    let limit = isa.max_dynamic_smem();
+    let dv_stages = if recurrent_bwd_smem(cfg, dk, (dk_tile, e_tile), 2, normalize).2 <= limit {
+        2
+    } else {
+        1
+    };
+    let (smem_dstate, smem_dqk, smem_dv) =
+        recurrent_bwd_smem(cfg, dk, (dk_tile, e_tile), dv_stages, normalize);
+    if let Some(over) = [smem_dstate, smem_dqk, smem_dv]
+        .into_iter()
+        .find(|&b| b > limit)
+    {
+        return Err(CompileError(format!(
+            "the recurrent backward for Dk = {dk}, Dv = {dv} needs {over} bytes of shared memory per block, more than the {limit} an {isa:?} block may use: use `stages: 1` or a smaller `dv_tile`"
+        )));
+    }
+
+    let kernel_name = format!(
+        "aec_rec_bwd_{}_{}_d{dk}x{dv}_c{}v{}s{}",
+        variant.name.to_lowercase(),
+        cfg.elem.name(),
+        cfg.chunk,
+        cfg.dv_tile,
+        cfg.stages,
+    );
+    let customs = custom_params(variant.customs.len(), true);
+    let regions = recurrent_closures(variant);
+    let (bwd_regions, grads_len) = recurrent_backward_closures(variant);
+    let bwd = &rec.backward;
+    let atomics = |r: &Option<aec_frontend::ir::Region>, indent: &str| {
+        r.as_ref()
+            .map(|r| grad_atomics(variant, r, "true", indent))
+            .unwrap_or_default()
+    };
+    let mut extra = String::new();
+    if normalize {
+        extra.push_str(
+            "const float* __restrict__ d_norm_out, float* __restrict__ d_norm_in, \
+             const float* __restrict__ norm_states, float* __restrict__ dnorm_states, \
+             const elem_t* __restrict__ o_raw, const float* __restrict__ row_n, \
+             elem_t* __restrict__ dob, float* __restrict__ dn, ",
+        );
+    }
+    if decay {
+        extra.push_str("float* __restrict__ dlog, ");
+    }
+    let template = RecurrentBwdTemplate {
+        version: env!("CARGO_PKG_VERSION"),
+        variant: &variant.name,
+        kernel_name: &kernel_name,
+        sp: elem_spelling(cfg.elem),
+        chunk: cfg.chunk,
+        dk,
+        dv,
+        dv_tile: cfg.dv_tile,
+        dk_tile,
+        e_tile,
+        warps: cfg.warps,
+        warp_size: WARP_SIZE,
+        stages: cfg.stages,
+        dv_stages,
+        state_warps_m,
+        state_m_tiles,
+        state_n_tiles,
+        params_fields: &customs.fields,
+        params_init: &customs.init,
+        custom_args: &customs.args,
+        extra_args: &extra,
+        regions: &regions,
+        bwd_regions: &bwd_regions,
+        grads_len,
+        norm_grads: grads_len,
+        grads_q: &atomics(&bwd.modify_q, "            "),
+        grads_k: &atomics(&bwd.modify_k, "            "),
+        grads_v: &atomics(&bwd.modify_v, "                "),
+        grads_decay: &atomics(&bwd.decay, "            "),
+        norm_grad_atomics: &atomics(&bwd.normalize, "        "),
+        modify_q: rec.modify_q.is_some(),
+        modify_k: rec.modify_k.is_some(),
+        modify_v: rec.modify_v.is_some(),
+        decay,
+        normalize,
+    };
+    let source = template
+        .render()
+        .map_err(|e| CompileError(format!("template: {e}")))?;
+
+    let mut args = vec![
+        ArgKind::Tensor("q"),
+        ArgKind::Tensor("k"),
+        ArgKind::Tensor("v"),
+        ArgKind::Tensor("do"),
+    ];
+    for c in &variant.customs {
+        args.push(ArgKind::Custom(c.name.clone()));
+    }
+    for c in &variant.customs {
+        args.push(ArgKind::CustomGrad(c.name.clone()));
+    }
+    args.extend([
+        ArgKind::State("d_state_out"),
+        ArgKind::State("d_state_in"),
+        ArgKind::Workspace("states"),
+        ArgKind::Workspace("dstates"),
+    ]);
+    if normalize {
+        args.extend([
+            ArgKind::State("d_norm_out"),
+            ArgKind::State("d_norm_in"),
+            ArgKind::Workspace("norm_states"),
+            ArgKind::Workspace("dnorm_states"),
+            ArgKind::Workspace("o_raw"),
+            ArgKind::Workspace("row_n"),
+            ArgKind::Workspace("dob"),
+            ArgKind::Workspace("dn"),
+        ]);
+    }
+    if decay {
+        args.push(ArgKind::Workspace("dlog"));
+    }
+    args.extend([
+        ArgKind::Tensor("dq"),
+        ArgKind::Tensor("dk"),
+        ArgKind::Tensor("dv"),
+    ]);
+    args.extend([Axis::B, Axis::H, Axis::S].map(ArgKind::Size));
+
+    let threads = cfg.warps * WARP_SIZE;
+    let kernel = |suffix: &str, smem_bytes: u32, grid_x: RecurrentGridX| RecurrentBackwardKernel {
+        name: format!("{kernel_name}_{suffix}"),
+        threads,
+        smem_bytes,
+        grid_x,
+    };
+    let mut kernels = Vec::new();
+    if normalize {
+        kernels.push(kernel("pre", 0, RecurrentGridX::Rows(cfg.warps)));
+    }
+    kernels.push(kernel(
+        "dstate",
+        smem_dstate,
+        RecurrentGridX::DvSlices(cfg.dv_tile),
+    ));
+    kernels.push(kernel(
+        "dqk",
+        smem_dqk,
+        RecurrentGridX::Chunks(dk / dk_tile),
+    ));
+    kernels.push(kernel("dv", smem_dv, RecurrentGridX::Chunks(1)));
+    if decay {
+        kernels.push(kernel("decay", 0, RecurrentGridX::One));
+    }
+    Ok(RecurrentBackwardSource {
+        states,
+        name: kernel_name,
+        source,
+        kernels,
+        args,
+        dk,
+        dv,
+        config: *cfg,
+        normalized: normalize,
+        decay,
     })
 }

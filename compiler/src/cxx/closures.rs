@@ -301,3 +301,92 @@ pub fn custom_params(customs: usize, with_grads: bool) -> CustomParams {
     }
     p
 }
+
+/// The recurrent backward's closures, every one taking `float (&gr)[N]` with
+/// one `N` (the most custom gradients any of them has, at least 1):
+/// `modify_q_bwd`, `modify_k_bwd`, `modify_v_bwd` (`float name(float x,
+/// float dy, const Pt&, const Params&, float (&gr)[N])`: the element's
+/// gradient), `decay_bwd` (`void decay_bwd(float dy, …, gr)`: `dy` is the
+/// gradient of the decay's value) and `normalize_bwd` (`float
+/// normalize_bwd(float x, float nrm, float dy, …, float& dn, gr)`: the output
+/// gradient before normalisation; `dn` gets the normaliser's). Returns the
+/// code and `N`.
+pub fn recurrent_backward_closures(variant: &Variant) -> (String, usize) {
+    use aec_frontend::ir::ParamRole;
+    let bwd = &variant.recurrent().expect("recurrent variant").backward;
+    let regions = [
+        (&bwd.modify_q, "modify_q_bwd"),
+        (&bwd.modify_k, "modify_k_bwd"),
+        (&bwd.modify_v, "modify_v_bwd"),
+        (&bwd.decay, "decay_bwd"),
+        (&bwd.normalize, "normalize_bwd"),
+    ];
+    let n = regions
+        .iter()
+        .filter_map(|(r, _)| r.as_ref())
+        .map(|r| grad_outputs(variant, r).len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut out = String::new();
+    for (region, name) in regions {
+        let Some(region) = region else { continue };
+        let grads = grad_outputs(variant, region);
+        // The outputs the closure hands back before the gradients.
+        let named: Vec<usize> = match name {
+            "decay_bwd" => Vec::new(),
+            "normalize_bwd" => ["do", "dn"]
+                .iter()
+                .filter_map(|want| region.outputs.iter().position(|o| o.name == *want))
+                .collect(),
+            _ => vec![0],
+        };
+        let only = Region {
+            outputs: named
+                .iter()
+                .chain(grads.iter().map(|(k, _)| k))
+                .map(|&k| region.outputs[k].clone())
+                .collect(),
+            ..region.clone()
+        };
+        let base = closure_leaf(variant, None);
+        let leaf = |op: &Op| match op {
+            Op::Param(k) => match region.params[*k as usize].role {
+                ParamRole::Seed(_) => "dy".into(),
+                ParamRole::State(_) => "nrm".into(),
+                _ => "x".into(),
+            },
+            other => base(other),
+        };
+        let (code, outs) = pointwise(&only, "n", &leaf);
+        let mut body = code;
+        for (k, e) in outs[named.len()..].iter().enumerate() {
+            let _ = writeln!(body, "    gr[{k}] = {e};");
+        }
+        let tail = "const Pt& pt, const Params& P";
+        let _ = match name {
+            "decay_bwd" => writeln!(
+                out,
+                "__device__ __forceinline__ void decay_bwd(float dy, {tail}, float (&gr)[{n}]) {{\n{body}}}\n"
+            ),
+            "normalize_bwd" => {
+                let dn = if named.len() > 1 {
+                    outs[1].clone()
+                } else {
+                    "0.f".into()
+                };
+                writeln!(
+                    out,
+                    "__device__ __forceinline__ float normalize_bwd(float x, float nrm, float dy, {tail}, float& dn, float (&gr)[{n}]) {{\n{body}    dn = {dn};\n    return {};\n}}\n",
+                    outs[0]
+                )
+            }
+            _ => writeln!(
+                out,
+                "__device__ __forceinline__ float {name}(float x, float dy, {tail}, float (&gr)[{n}]) {{\n{body}    return {};\n}}\n",
+                outs[0]
+            ),
+        };
+    }
+    (out, n)
+}

@@ -105,8 +105,67 @@ pub fn backward(variant: &Variant, inputs: &Inputs, d_o: &Tensor) -> Result<Grad
     }
     match variant.pattern {
         Pattern::Parallel => Ok(parallel::backward(variant, inputs, &sizes, d_o)),
-        Pattern::Recurrent => Ok(recurrent::backward(variant, inputs, &sizes, d_o)),
+        Pattern::Recurrent => Ok(recurrent::backward(
+            variant, inputs, &sizes, d_o, None, None,
+        )),
     }
+}
+
+/// A recurrent variant's gradients of `Σ o · d_o + Σ S_T · d_final_state +
+/// Σ z_T · d_final_normalizer`: the backward when the final state (`[B, H,
+/// Dk, Dv]`) and final normaliser (`[B, H, Dk]`) also feed later work.
+pub fn recurrent_backward(
+    variant: &Variant,
+    inputs: &Inputs,
+    d_o: &Tensor,
+    d_final_state: Option<&Tensor>,
+    d_final_normalizer: Option<&Tensor>,
+) -> Result<Gradients, ShapeError> {
+    let rec = variant.recurrent().ok_or_else(|| {
+        ShapeError(format!(
+            "`{}` is a parallel variant; recurrent_backward takes recurrent ones",
+            variant.name
+        ))
+    })?;
+    let sizes = Sizes::bind(variant, inputs)?;
+    let o_shape = sizes.output_shape(variant);
+    let (b, h, dk, dv) = (
+        sizes.get(Axis::B),
+        sizes.get(Axis::H),
+        sizes.get(Axis::Dk),
+        sizes.get(Axis::Dv),
+    );
+    let expect = |name: &str, t: &Tensor, want: Vec<usize>| {
+        if t.shape == want {
+            Ok(())
+        } else {
+            Err(ShapeError(format!(
+                "tensor `{name}` has shape {:?}, expected {want:?}",
+                t.shape
+            )))
+        }
+    };
+    expect("d_o", d_o, o_shape)?;
+    if let Some(t) = d_final_state {
+        expect("d_final_state", t, vec![b, h, dk, dv])?;
+    }
+    if let Some(t) = d_final_normalizer {
+        if rec.normalize.is_none() {
+            return Err(ShapeError(format!(
+                "`{}` has no normaliser, so it takes no `d_final_normalizer`",
+                variant.name
+            )));
+        }
+        expect("d_final_normalizer", t, vec![b, h, dk])?;
+    }
+    Ok(recurrent::backward(
+        variant,
+        inputs,
+        &sizes,
+        d_o,
+        d_final_state,
+        d_final_normalizer,
+    ))
 }
 
 /// Axis sizes bound from the given tensors.

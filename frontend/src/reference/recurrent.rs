@@ -282,7 +282,17 @@ pub fn forward_parallel_form(
     Ok(o)
 }
 
-pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor) -> Gradients {
+/// Gradients of `Σ o · d_o` (plus `Σ S_T · d_final_state` and `Σ z_T ·
+/// d_final_normalizer` where given: the final state's and normaliser's
+/// gradients from later use).
+pub fn backward(
+    variant: &Variant,
+    inputs: &Inputs,
+    sizes: &Sizes,
+    d_o: &Tensor,
+    d_final_state: Option<&Tensor>,
+    d_final_normalizer: Option<&Tensor>,
+) -> Gradients {
     let rec = variant.recurrent().expect("recurrent variant");
     let bwd = &rec.backward;
     let prep = prepare(rec, variant, inputs, sizes);
@@ -309,8 +319,16 @@ pub fn backward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, d_o: &Tensor)
     for b in 0..b_n {
         for h in 0..h_n {
             let traj = run(&prep, inputs, b, h, sizes);
-            let mut ds = vec![0.0; dk * dv];
-            let mut dz = vec![0.0; dk];
+            let mut ds: Vec<f64> = match d_final_state {
+                Some(t) => (0..dk * dv)
+                    .map(|x| t.get(&[b, h, x / dv, x % dv]))
+                    .collect(),
+                None => vec![0.0; dk * dv],
+            };
+            let mut dz: Vec<f64> = match d_final_normalizer {
+                Some(t) => (0..dk).map(|d| t.get(&[b, h, d])).collect(),
+                None => vec![0.0; dk],
+            };
             for t in (0..sl).rev() {
                 let (s, z) = (&traj.s[t + 1], &traj.z[t + 1]);
                 let q = |d: usize| prep.q.get(&[b, h, t, d]);
