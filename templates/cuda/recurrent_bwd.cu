@@ -105,6 +105,23 @@ __device__ __forceinline__ bool modified() {
     return {% if modify_q %}KIND == 0 ||{% endif %}{% if modify_k %} KIND == 1 ||{% endif %}{% if modify_v %} KIND == 2 ||{% endif %} false;
 }
 
+// Adds v to a custom input's gradient at *p. Where every lane of a full warp
+// adds to the same element (a per-head input read at every step), the warp
+// sums first and adds once instead of 32 atomics queueing on one address.
+__device__ __forceinline__ void grad_add(float* p, float v) {
+    const unsigned mask = __activemask();
+    if (mask == 0xffffffffu) {
+        const unsigned long long first = __shfl_sync(mask, reinterpret_cast<unsigned long long>(p), 0);
+        if (__all_sync(mask, reinterpret_cast<unsigned long long>(p) == first)) {
+#pragma unroll
+            for (int off = WARP / 2; off > 0; off /= 2) v += __shfl_xor_sync(mask, v, off);
+            if (threadIdx.x % WARP == 0) atomicAdd(p, v);
+            return;
+        }
+    }
+    atomicAdd(p, v);
+}
+
 // Inclusive scan of log2(decay) over the chunk starting at t0 into sL (one warp).
 __device__ __forceinline__ void decay_scan(float* sL, int t0, int b, int h, const Params& P, int lane) {
     float carry = 0.f;
@@ -183,7 +200,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);  // STAGES × C × SKS
     elem_t* sDo = sQ + STAGES * C * SKS;                 // STAGES × C × SVS
     elem_t* sDd = sDo + STAGES * C * SVS;                // C × SVS: dÕ decayed to the chunk's start
-    float* sL = reinterpret_cast<float*>(sDd + C * SVS); // C
+    elem_t* sDS = sDd + C * SVS;                         // DK × SVS: dS on its way to global memory
+    float* sL = reinterpret_cast<float*>(sDS + DK * SVS); // C
 {% if normalize %}    float* sDn = sL + C;  // C: the rows' dn
     float* sDz = sDn + C;  // DK: the key sum's gradient
 {% endif %}
@@ -234,8 +252,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
         elem_t* cQ = sQ + buf * C * SKS;
         elem_t* cDo = sDo + buf * C * SVS;
         {
-            // The gradient of the state after this chunk, for _dqk and _dv.
-            elem_t* dg = dstates + (bh * n_chunks + ch) * DK * DV + e0;
+            // The gradient of the state after this chunk, for _dqk and _dv: staged
+            // in shared memory, stored below in 16-byte rows.
 #pragma unroll
             for (int mt = 0; mt < SMT; ++mt)
 #pragma unroll
@@ -243,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int r = sm0 + mt * 16 + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
-                *reinterpret_cast<unsigned*>(dg + (long long)r * DV + col) = pack2(ds[mt][nt][2 * hf], ds[mt][nt][2 * hf + 1]);
+                *reinterpret_cast<unsigned*>(sDS + r * SVS + col) = pack2(ds[mt][nt][2 * hf], ds[mt][nt][2 * hf + 1]);
             }
 {% if normalize %}            if (blockIdx.x == 0)
                 for (int d = tid; d < DK; d += NT) dnorm_states[(bh * n_chunks + ch) * DK + d] = sDz[d];
@@ -252,6 +270,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
         modify_tile<C, DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
         if (warp == 0) decay_scan(sL, t0, b, h, P, lane);
         __syncthreads();
+        {
+            elem_t* dg = dstates + (bh * n_chunks + ch) * DK * DV + e0;
+            constexpr int VEC = 8;  // elements per 16 bytes
+            for (int x = tid; x < DK * DVT / VEC; x += NT) {
+                const int r = x / (DVT / VEC), c = (x % (DVT / VEC)) * VEC;
+                *reinterpret_cast<uint4*>(dg + (long long)r * DV + c) = *reinterpret_cast<const uint4*>(sDS + r * SVS + c);
+            }
+        }
 #pragma unroll 4
         for (int x = tid; x < C * DVT / 2; x += NT) {
             const int r = x / (DVT / 2), c = (x % (DVT / 2)) * 2;
@@ -311,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
 
 // dq and dk of one chunk and one Dk slice; dP, dÕ Sᵀ and Ṽ dSᵀ accumulate
 // over Dv in steps of ET columns.
-extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dqk(BWD_ARGS) {
+extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_name }}_dqk(BWD_ARGS) {
     INIT_PARAMS
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);  // C × SKT: Q̃, this Dk slice

@@ -156,21 +156,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 
         // Phase 1: modified tiles, the decay's prefix sums, the state as an MMA operand.
 {% if modify_q && emit_o %}        modify_tile<DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
-{% endif %}{% if save_states %}        {
-            // The state before this chunk, for the backward's per-chunk gradients.
-            elem_t* sg = states + (bh * n_chunks + ch) * DK * DV + e0;
-#pragma unroll
-            for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = sm0 + mt * 16 + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
-                *reinterpret_cast<unsigned*>(sg + (long long)r * DV + col) = pack2(st[mt][nt][2 * hf], st[mt][nt][2 * hf + 1]);
-            }
-{% if normalize %}            if (blockIdx.x == 0)
-                for (int d = tid; d < DK; d += NT) norm_states[(bh * n_chunks + ch) * DK + d] = sZ[d];
-{% endif %}        }
+{% endif %}{% if save_states && normalize %}        if (blockIdx.x == 0)
+            for (int d = tid; d < DK; d += NT) norm_states[(bh * n_chunks + ch) * DK + d] = sZ[d];
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
         {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, SKS, 1>(cK, t0, 0, b, h, P, tid);
         {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, SVS, 2>(cV, t0, e0, b, h, P, tid);
@@ -193,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             }
         }
 {% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
-{% endif %}{% if emit_o %}#pragma unroll
+{% endif %}{% if emit_o || save_states %}#pragma unroll
         for (int mt = 0; mt < SMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < SNT; ++nt)
@@ -204,6 +191,18 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
         }
 {% endif %}        __syncthreads();
         const float l_last = sL[C - 1];
+{% if save_states %}        {
+            // The state before this chunk (for the backward), from its shared-memory
+            // copy in 16-byte rows: stores straight from the MMA fragments would
+            // write 16 bytes per row and warp.
+            elem_t* sg = states + (bh * n_chunks + ch) * DK * DV + e0;
+            constexpr int VEC = 8;  // elements per 16 bytes
+            for (int x = tid; x < DK * DVT / VEC; x += NT) {
+                const int r = x / (DVT / VEC), c = (x % (DVT / VEC)) * VEC;
+                *reinterpret_cast<uint4*>(sg + (long long)r * DV + c) = *reinterpret_cast<const uint4*>(sS + r * SVS + c);
+            }
+        }
+{% endif %}
 {% if emit_o %}
         // Phase 2: A = Q̃ K̃ᵀ and O = Q̃ S share the Q̃ fragments.
         float a[ANT][4], acc[ONT][4];

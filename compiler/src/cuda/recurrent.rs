@@ -435,6 +435,8 @@ struct RecurrentBwdTemplate<'a> {
     warp_size: u32,
     stages: u32,
     dv_stages: u32,
+    /// Blocks per multiprocessor the `_dqk` kernel asks for (1 or 2).
+    dqk_blocks: u32,
     state_warps_m: u32,
     state_m_tiles: u32,
     state_n_tiles: u32,
@@ -469,7 +471,10 @@ fn recurrent_bwd_smem(
 ) -> (u32, u32, u32) {
     let (c, pad, e) = (cfg.chunk, 8, cfg.elem.bytes());
     let (dkt, et) = tiles;
-    let dstate = (cfg.stages * c * (dk + pad) + (cfg.stages + 1) * c * (cfg.dv_tile + pad)) * e
+    let dstate = (cfg.stages * c * (dk + pad)
+        + (cfg.stages + 1) * c * (cfg.dv_tile + pad)
+        + dk * (cfg.dv_tile + pad))
+        * e
         + (c + if normalize { c + dk } else { 0 }) * 4;
     let dqk = (2 * c * (dkt + pad) + 4 * c * (et + pad) + 4 * dkt * (et + pad) + c * (c + pad)) * e
         + (c + if normalize { c + 2 * dkt } else { 0 }) * 4;
@@ -515,6 +520,13 @@ pub fn recurrent_backward(
         )));
     }
 
+    // Two `_dqk` blocks per multiprocessor where their shared memory fits:
+    // one block's loads and barriers then overlap the other's GEMMs.
+    let dqk_blocks = if 2 * smem_dqk <= isa.smem_per_sm(2) {
+        2
+    } else {
+        1
+    };
     let kernel_name = format!(
         "aec_rec_bwd_{}_{}_d{dk}x{dv}_c{}v{}s{}",
         variant.name.to_lowercase(),
@@ -527,9 +539,12 @@ pub fn recurrent_backward(
     let regions = recurrent_closures(variant);
     let (bwd_regions, grads_len) = recurrent_backward_closures(variant);
     let bwd = &rec.backward;
+    // Custom gradients go through the template's `grad_add` (one atomic per
+    // warp where all its lanes add to one element, as Mamba2's `a[h]` from
+    // every step).
     let atomics = |r: &Option<aec_frontend::ir::Region>, indent: &str| {
         r.as_ref()
-            .map(|r| grad_atomics(variant, r, "true", indent))
+            .map(|r| grad_atomics(variant, r, "true", indent).replace("atomicAdd(", "grad_add("))
             .unwrap_or_default()
     };
     let mut extra = String::new();
@@ -559,6 +574,7 @@ pub fn recurrent_backward(
         warp_size: WARP_SIZE,
         stages: cfg.stages,
         dv_stages,
+        dqk_blocks,
         state_warps_m,
         state_m_tiles,
         state_n_tiles,
