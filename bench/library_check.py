@@ -12,12 +12,14 @@ where the library has none), loads the library on the current GPU and checks:
 - correctness: Softmax, Sigmoid and RetnetParallel forward and backward
   (dq, dk, dv and custom-input gradients), Decode forward and backward with
   the split rule's and forced KV splits (when the library has it), and the
-  Mamba2 forward (output, final state, with and without an initial state),
+  Mamba2 forward (output, final state, with and without an initial state)
+  and backward (q, k, v, a, dt and the initial state's gradients, the final
+  state feeding the loss) against autograd through a float64 reference,
   at two shapes each whose sequence lengths are not multiples of 128, against
   float64 PyTorch references written here from examples/*.rs. Tolerance: a
   relative error max|ours - ref| / max|ref| of at most 2e-2 (bf16 inputs);
 - refusals: wrong dtype, wrong shape, non-contiguous and CPU tensors, a
-  missing custom input, and a recurrent backward, each a clear error naming
+  missing custom input, each a clear error naming
   the tensor (or the variant);
 - speed (unless --no-bench): our Softmax forward and forward+backward next to
   torch's scaled_dot_product_attention (cuDNN and flash backends) at B=4,
@@ -199,7 +201,28 @@ def check_mamba2(lib, sizes):
         record(f"Mamba2 forward, {what}", variant="Mamba2", shape=shape, rel_err_o=eo, rel_err_state=es,
                passed=eo <= TOL and es <= TOL)
 
+    def backward(initial):
+        # Autograd through the module (q, k, v, a, dt and the initial state)
+        # against autograd through the float64 step-by-step reference, with the
+        # final state also feeding the loss.
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, a, dt)]
+        init = initial.clone().requires_grad_() if initial is not None else None
+        o, fin = m(*leaves[:3], a=leaves[3], dt=leaves[4], initial_state=init, output_final_state=True)
+        do, dfin = torch.randn_like(o), torch.randn_like(fin)
+        ins = leaves + ([init] if init is not None else [])
+        ours = torch.autograd.grad((o.float() * do.float()).sum() + (fin * dfin).sum(), ins)
+        l64 = [t.detach().double().requires_grad_() for t in ins]
+        o_ref, fin_ref = ref_mamba2(*l64[:5], state=l64[5] if init is not None else None)
+        want = torch.autograd.grad((o_ref * do.double()).sum() + (fin_ref * dfin.double()).sum(), l64)
+        names = ["dq", "dk", "dv", "da", "ddt"] + (["d_initial_state"] if init is not None else [])
+        errs = {n: rel_err(g, w) for n, g, w in zip(names, ours, want)}
+        what = "with an initial state" if init is not None else "from zero"
+        record(f"Mamba2 backward, {what}", variant="Mamba2", shape=shape, **{f"rel_err_{n}": e for n, e in errs.items()},
+               passed=all(e <= TOL for e in errs.values()))
+
     guarded("Mamba2 forward", plain, variant="Mamba2", shape=shape)
+    guarded("Mamba2 backward, from zero", lambda: backward(None), variant="Mamba2", shape=shape)
+    guarded("Mamba2 backward, with an initial state", lambda: backward(state), variant="Mamba2", shape=shape)
     guarded("Mamba2 forward, final state", lambda: final_state(None), variant="Mamba2", shape=shape)
     guarded("Mamba2 forward, initial and final state", lambda: final_state(state), variant="Mamba2", shape=shape)
 
@@ -220,12 +243,6 @@ def check_refusals(lib):
          ["Softmax", "gamma"]),
     ]
 
-    def recurrent_backward():
-        qq = q.clone().requires_grad_()
-        o = lib.Mamba2(qq, k, v, a=-torch.ones(H, device=dev), dt=torch.full((B, H, S), 0.1, device=dev))
-        o.float().sum().backward()
-
-    cases.append(("recurrent backward", recurrent_backward, RuntimeError, ["Mamba2", "no backward"]))
     for what, call, kind, needles in cases:
         def one(what=what, call=call, kind=kind, needles=needles):
             try:

@@ -5,9 +5,9 @@
 //! interpreter ([`frontend::reference`]), and generates CUDA kernels: the
 //! forward and backward of parallel variants ([`Variant::compile`],
 //! [`ParallelKernels::forward`], [`ParallelKernels::backward`]) and the
-//! forward of recurrent ones ([`Variant::compile_recurrent`],
-//! [`RecurrentKernels::forward`]). The README's status table says what is
-//! not there yet (a recurrent backward, HIP recurrent kernels).
+//! forward and backward of recurrent ones ([`Variant::compile_recurrent`],
+//! [`RecurrentKernels::forward`], [`RecurrentKernels::backward`]). The
+//! README's status table says what is not there yet (HIP recurrent kernels).
 //!
 //! ```
 //! use aec::prelude::*;

@@ -293,10 +293,11 @@ fn bad_dims_and_targets_are_refused_clearly() {
 }
 
 /// Recurrent variants get their CUDA forward (source, cubin with NVRTC,
-/// launch facts, arguments, configuration); the manifest says plainly that
-/// no recurrent backward exists yet.
+/// launch facts, arguments, configuration) and backward (two sources, the
+/// states pass and the backward kernels, each with its cubin; one plan that
+/// launches the states pass from its own module).
 #[test]
-fn recurrent_variants_get_their_cuda_forward() {
+fn recurrent_variants_get_their_cuda_forward_and_backward() {
     let dir = scratch("rec");
     let (code, err) = aec(&[
         "compile",
@@ -321,15 +322,13 @@ fn recurrent_variants_get_their_cuda_forward() {
         assert_eq!(v["name"], name);
         assert_eq!(v["pattern"], "recurrent");
         assert!(v.get("skipped").is_none(), "{v}");
-        assert!(v["backward"].is_null(), "{v}");
         assert!(
-            v["backward_note"]
-                .as_str()
-                .is_some_and(|n| n.contains("not implemented yet")),
+            v.get("backward").is_none() && v.get("backward_note").is_none(),
             "{v}"
         );
         let kernels = v["kernels"].as_array().expect("kernels");
-        assert_eq!(kernels.len(), 1, "{kernels:?}");
+        assert_eq!(kernels.len(), 2, "{kernels:?}");
+        check_recurrent_backward(&dir, &kernels[1], customs);
         let k = &kernels[0];
         assert_eq!(k["pass"], "forward");
         assert_eq!(k["head_dims"], serde_json::json!({ "Dk": 64, "Dv": 96 }));
@@ -393,6 +392,83 @@ fn recurrent_variants_get_their_cuda_forward() {
     assert_eq!(inputs, ["q", "k", "v", "a", "dt"]);
 }
 
+/// A recurrent backward record: the states pass (its own source and, per
+/// build, `modules.states` cubin) launched first from that module, then the
+/// backward kernels of the record's source, with the custom inputs'
+/// gradients zero-filled.
+fn check_recurrent_backward(dir: &Path, bk: &serde_json::Value, customs: &[&str]) {
+    assert_eq!(bk["pass"], "backward", "{bk}");
+    let plan = &bk["plan"];
+    assert_eq!(plan["pass"], "backward");
+    let launches = plan["launches"].as_array().expect("launches");
+    let states_entry = launches[0]["entry"].as_str().expect("entry");
+    assert!(
+        states_entry.starts_with("aec_rec_states_"),
+        "{states_entry}"
+    );
+    assert_eq!(launches[0]["module"], "states");
+    // The states pass never fills the final state.
+    assert!(
+        launches[0]["args"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!({ "null": "state_out" })),
+        "{}",
+        launches[0]
+    );
+    let states_src =
+        std::fs::read_to_string(dir.join(bk["sources"]["states"].as_str().expect("states source")))
+            .expect("states source");
+    assert!(states_src.contains(&format!("{states_entry}(")));
+    let src = std::fs::read_to_string(dir.join(bk["source"].as_str().expect("source")))
+        .expect("backward source");
+    let entries: Vec<&str> = launches[1..]
+        .iter()
+        .map(|l| l["entry"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        entries,
+        bk["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap())
+            .collect::<Vec<_>>()
+    );
+    assert!(entries.len() >= 3, "{entries:?}");
+    for (l, e) in launches[1..].iter().zip(&entries) {
+        assert!(l.get("module").is_none(), "{l}");
+        assert!(
+            src.contains(&format!("{e}(")),
+            "{e} defined in the backward source"
+        );
+    }
+    let buffers = plan["buffers"].as_array().unwrap();
+    for c in customs {
+        let g = buffers
+            .iter()
+            .find(|b| b["name"] == format!("d{c}"))
+            .expect("custom gradient");
+        assert_eq!(g["zeroed"], true, "{g}");
+        assert_eq!(g["role"], "output");
+    }
+    let builds = bk["builds"].as_array().expect("builds");
+    assert!(!builds.is_empty());
+    for b in builds {
+        let (cubin, states) = (&b["cubin"], &b["modules"]["states"]);
+        if aec::runtime::nvrtc_present() {
+            for c in [cubin, states] {
+                let bytes =
+                    std::fs::read(dir.join(c.as_str().expect("cubin path"))).expect("cubin");
+                assert_eq!(&bytes[..4], b"\x7fELF", "{c}");
+            }
+            assert_ne!(cubin, states, "two modules");
+        } else {
+            assert!(cubin.is_null() && states.is_null(), "{b}");
+        }
+    }
+}
+
 /// A normalised variant takes the normaliser's states too; the A100 and the
 /// Hopper targets share one source where their configurations agree; AMD
 /// targets get a warning and a manifest note, no fake kernel.
@@ -418,7 +494,7 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
     let kernels = v["kernels"].as_array().expect("kernels");
     let cuda: Vec<_> = kernels
         .iter()
-        .filter(|k| k.get("entry").is_some())
+        .filter(|k| k.get("entry").is_some() && k["pass"] == "forward")
         .collect();
     // Dk = Dv = 128 (the default): double-buffered on both instruction sets,
     // so one source with a cubin per architecture.
@@ -456,15 +532,68 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
         }
     }
     let amd: Vec<_> = kernels.iter().filter(|k| k["target"] == "mi250").collect();
-    assert_eq!(amd.len(), 1, "{kernels:?}");
-    assert!(
-        amd[0]["skipped"]
-            .as_str()
-            .is_some_and(|s| s.contains("no HIP kernel exists for recurrent variants yet")),
-        "{}",
-        amd[0]
-    );
-    assert!(v["backward"].is_null());
+    assert_eq!(amd.len(), 2, "{kernels:?}");
+    for (k, pass) in amd.iter().zip(["forward", "backward"]) {
+        assert_eq!(k["pass"], pass);
+        assert!(
+            k["skipped"]
+                .as_str()
+                .is_some_and(|s| s.contains("no HIP kernel exists for recurrent variants yet")),
+            "{k}"
+        );
+    }
+    // The backward: per instruction set (the `_dv` kernel's buffers follow
+    // the shared memory), the normaliser's workspaces and gradients in the
+    // plan, each record's files its own.
+    let backward: Vec<_> = kernels
+        .iter()
+        .filter(|k| k["pass"] == "backward" && k.get("plan").is_some())
+        .collect();
+    assert!(!backward.is_empty(), "{kernels:?}");
+    let mut targets: Vec<&str> = Vec::new();
+    let mut sources: Vec<&str> = Vec::new();
+    for bk in &backward {
+        check_recurrent_backward(&dir, bk, &[]);
+        assert_eq!(bk["normalized"], true);
+        let names: Vec<&str> = bk["plan"]["buffers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["name"].as_str().unwrap())
+            .collect();
+        for n in [
+            "norm_in",
+            "d_norm_out",
+            "d_norm_in",
+            "norm_states",
+            "o_raw",
+            "row_n",
+            "dn",
+        ] {
+            assert!(names.contains(&n), "{n} in {names:?}");
+        }
+        // The states pass writes its output into `o_raw`.
+        assert!(
+            bk["plan"]["launches"][0]["args"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!({ "ptr": "o_raw" }))
+        );
+        targets.extend(
+            bk["builds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b["target"].as_str().unwrap()),
+        );
+        assert!(
+            !sources.contains(&bk["source"].as_str().unwrap()),
+            "one file per record"
+        );
+        sources.push(bk["source"].as_str().unwrap());
+    }
+    targets.sort_unstable();
+    assert_eq!(targets, ["a100", "h100", "h200"]);
     // Head dims the recurrent template does not take: a clear refusal.
     let (code, err) = aec(&[
         "compile",
@@ -540,7 +669,8 @@ fn manifest_records_definitions_and_workloads() {
             "softmax_backward_dqk128_dv64",
             "decode_forward_dqk128_dv64",
             "decode_backward_dqk128_dv64",
-            "mamba2_forward_dk128_dv64"
+            "mamba2_forward_dk128_dv64",
+            "mamba2_backward_dk128_dv64"
         ]
     );
     let softmax = &m["definitions"][0];
@@ -562,6 +692,21 @@ fn manifest_records_definitions_and_workloads() {
     assert_eq!(m["definitions"][2]["axes"]["Sq"]["type"], "const");
     let mamba = &m["definitions"][4];
     assert_eq!(mamba["inputs"]["state_in"]["optional"], true);
+    // The recurrent backward: dO and the optional final-state gradient in,
+    // the gradients (the initial state's when asked for) out.
+    let mamba_bwd = &m["definitions"][5];
+    assert_eq!(mamba_bwd["pass"], "backward");
+    assert_eq!(
+        mamba_bwd["inputs"]["do"]["shape"],
+        serde_json::json!(["B", "H", "S", 64])
+    );
+    assert_eq!(mamba_bwd["inputs"]["d_state_out"]["optional"], true);
+    assert_eq!(mamba_bwd["outputs"]["d_state_in"]["optional"], true);
+    assert_eq!(mamba_bwd["outputs"]["ddt"]["dtype"], "f32");
+    assert!(
+        mamba_bwd["inputs"].get("states").is_none(),
+        "workspaces are not inputs"
+    );
     let workloads: Vec<&str> = m["workloads"]
         .as_array()
         .unwrap()
@@ -573,7 +718,8 @@ fn manifest_records_definitions_and_workloads() {
         [
             "softmax_forward_dqk128_dv64",
             "softmax_backward_dqk128_dv64",
-            "mamba2_forward_dk128_dv64"
+            "mamba2_forward_dk128_dv64",
+            "mamba2_backward_dk128_dv64"
         ]
     );
     assert_eq!(
@@ -617,5 +763,55 @@ fn manifest_records_definitions_and_workloads() {
     assert!(
         err.contains("fits no kernel") && err.contains("`B,H,Skv,Sq`"),
         "{err}"
+    );
+}
+
+/// A recurrent backward whose plan cannot name its buffers (a custom input
+/// `states` takes the name of the backward's workspace `states`) is not written: the
+/// manifest has a skipped backward record with the reason, the forward is
+/// there, and the compile succeeds with a warning.
+#[test]
+fn a_recurrent_backward_that_cannot_be_planned_is_skipped_with_the_reason() {
+    let dir = scratch("rec-skip");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("clash.rs");
+    std::fs::write(
+        &file,
+        "attention! {\n    pub struct Clash: recurrent {\n        q: [B, H, S, Dk];\n        \
+         k: [B, H, S, Dk];\n        v: [B, H, S, Dv];\n        states: [H];\n        \
+         decay = |b, h, t| exp(-states);\n    }\n}\n",
+    )
+    .unwrap();
+    let out = dir.join("lib");
+    let (code, err) = aec(&[
+        "compile",
+        file.to_str().unwrap(),
+        "-t",
+        "a100",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("warning: `Clash`")
+            && err.contains("no backward kernels")
+            && err.contains("buffer `states` is declared twice"),
+        "{err}"
+    );
+    let m = manifest(&out);
+    let kernels = m["variants"][0]["kernels"].as_array().unwrap();
+    assert_eq!(kernels[0]["pass"], "forward");
+    assert!(kernels[0].get("plan").is_some());
+    let skipped = kernels
+        .iter()
+        .find(|k| k["pass"] == "backward")
+        .expect("a backward record");
+    assert!(skipped.get("plan").is_none());
+    assert_eq!(skipped["arch"], "sm_80");
+    assert!(
+        skipped["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("buffer `states` is declared twice")),
+        "{skipped}"
     );
 }

@@ -4,7 +4,9 @@
 //! interpreter — forward (o and the row outputs) and backward (dq, dk, dv
 //! and custom-input gradients) of Softmax, Alibi and Decode (with and
 //! without KV splits), Mamba2's recurrent forward with and without an
-//! initial state and its final state — and the errors of a bad call,
+//! initial state and its final state, and its backward (two modules: the
+//! states pass and the backward kernels) with a final-state gradient and
+//! the initial state's gradient — and the errors of a bad call,
 //! returned before anything is launched.
 //!
 //! The library is read from `AEC_TEST_LIBRARY`, built (on a machine with
@@ -411,13 +413,58 @@ fn gpu_library_mamba2() {
         "`Mamba2` B={b} H={h} S={s} from an initial state, final state out"
     ));
 
-    match lib.entry("Mamba2", "backward") {
-        Err(Error::NotImplemented(m)) => assert!(
-            m.starts_with("`Mamba2` has no backward in this library: "),
-            "{m}"
-        ),
-        other => panic!("{test}: expected NotImplemented, got {other:?}"),
+    // The backward from the same initial state, with a gradient of the
+    // final state, asking for the initial state's gradient: the states pass
+    // (its own module) and the backward kernels.
+    let mut rng = StdRng::seed_from_u64(0x3a3ba3);
+    let do_h: Vec<bf16> = (0..b * h * s * dv)
+        .map(|_| bf16::from_f64(normal(&mut rng)))
+        .collect();
+    let ds_h: Vec<f32> = (0..b * h * dk * dv)
+        .map(|_| normal(&mut rng) as f32)
+        .collect();
+    let do_r = RefTensor {
+        shape: vec![b, h, s, dv],
+        data: do_h.iter().map(|x| x.to_f64()).collect(),
+    };
+    let ds_r = RefTensor {
+        shape: vec![b, h, dk, dv],
+        data: ds_h.iter().map(|&x| f64::from(x)).collect(),
+    };
+    let (d_o, d_state) = (up_b(&do_h), up_f(&ds_h));
+    let bwd = lib.entry("Mamba2", "backward").unwrap();
+    assert!(
+        bwd.plan().launches[0].module.is_some(),
+        "the states pass lives in its own module"
+    );
+    let mut bt = tensors.clone();
+    bt.push(("do", (&d_o).into()));
+    bt.push(("d_state_out", (&d_state).into()));
+    let g = bwd.run(&stream, &bt, &sizes, &["d_state_in"]).unwrap();
+    assert_eq!(g.names(), ["dq", "dk", "dv", "da", "ddt", "d_state_in"]);
+    let want = reference::recurrent_backward(&def, &inputs, &do_r, Some(&ds_r), None)
+        .expect("reference backward");
+    let mut report = Report::new(test);
+    for (name, w) in [("dq", &want.dq), ("dk", &want.dk), ("dv", &want.dv)] {
+        report.add(name, &download_f64(&stream, g.bf16(name).unwrap()), w, 2e-2);
     }
+    for (name, w) in &want.customs {
+        // Sums over steps through the decay's running sums (as in
+        // tests/gpu_recurrent.rs): a looser bound.
+        let got = download_f64(&stream, g.f32(&format!("d{name}")).unwrap());
+        report.add(&format!("d{name}"), &got, w, 8e-2);
+    }
+    report.add(
+        "d_state_in",
+        &download_f64(&stream, g.f32("d_state_in").unwrap()),
+        want.initial_state
+            .as_ref()
+            .expect("reference initial state gradient"),
+        2e-2,
+    );
+    report.finish(&format!(
+        "`Mamba2` backward B={b} H={h} S={s} from an initial state, final-state gradient in"
+    ));
 }
 
 fn run_error(

@@ -1,15 +1,21 @@
 //! The launch plans the library loaders follow agree with the launch logic
 //! of aec's own Rust runtime: for every parallel example and both
 //! instruction sets, the plan's grids, KV-split counts and workspace sizes
-//! evaluate to what `KernelSource` and `Launch` compute, over many shapes.
+//! evaluate to what `KernelSource` and `Launch` compute, over many shapes;
+//! for every recurrent example, the backward plan's launches (the states
+//! pass in its own module, then the backward kernels), grids, arguments and
+//! workspaces agree with `RecurrentBackwardSource` and what
+//! `src/run/recurrent_backward.rs` allocates.
 
 mod common;
 
 use aec::compiler::launch_plan::{
-    ArgPlan, Condition, EntryPlan, Role, SizeExpr, backward_plan, forward_plan,
+    ArgPlan, Condition, Dtype, EntryPlan, Role, STATES_MODULE, SizeExpr, backward_plan,
+    forward_plan, grad_name, recurrent_backward_plan,
 };
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, parallel_backward,
+    parallel_forward, recurrent_backward,
 };
 
 /// Shapes `[B, H, Hkv, Sq, Skv]` that are not tile multiples, GQA among them.
@@ -155,4 +161,192 @@ fn plans_match_the_runtime_launch_logic() {
         }
     }
     assert!(checked_splits > 0, "some shape must split the KV sequence");
+}
+
+/// Recurrent shapes `[B, H, S]`: one step, part of a chunk, a chunk and one
+/// step, exact chunks, many chunks.
+const RECURRENT_SHAPES: [[usize; 3]; 6] = [
+    [1, 1, 1],
+    [2, 4, 63],
+    [3, 2, 65],
+    [1, 8, 128],
+    [2, 16, 1000],
+    [4, 3, 4097],
+];
+
+#[test]
+fn recurrent_backward_plans_match_the_backward_source() {
+    let mut checked = 0;
+    for path in std::fs::read_dir(common::examples_dir()).expect("examples") {
+        let path = path.expect("entry").path();
+        let src = std::fs::read_to_string(&path).expect("read example");
+        for inv in aec::frontend::parse_file(&src).expect("rust file") {
+            let v = inv.variant.expect("valid example");
+            if v.recurrent().is_none() {
+                continue;
+            }
+            let name = v.name.clone();
+            for (dk, dv) in [(128, 128), (64, 96), (32, 64)] {
+                for isa in [Isa::Sm80, Isa::Sm90a] {
+                    let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+                    let Ok(b) = recurrent_backward(&v, dk, dv, &cfg, isa) else {
+                        continue;
+                    };
+                    let plan = recurrent_backward_plan(&v, &b);
+                    check_recurrent_backward(&name, &v, &b, &plan);
+                    checked += 1;
+                }
+            }
+            // The backward template refuses Dk = 16 (the forward takes it):
+            // `aec compile` records the reason instead of a plan.
+            let cfg = RecurrentConfig::default_for(16, 64, Elem::Bf16, Isa::Sm80);
+            let e = recurrent_backward(&v, 16, 64, &cfg, Isa::Sm80).expect_err("Dk = 16");
+            assert!(e.0.contains("Dk = 16"), "{name}: {e:?}");
+        }
+    }
+    // RetNet, gated retention, GLA, Mamba2, RFA at three head dims, two ISAs.
+    assert!(
+        checked >= 4 * 3 * 2,
+        "only {checked} recurrent backward plans checked"
+    );
+}
+
+fn check_recurrent_backward(
+    name: &str,
+    v: &aec::frontend::Variant,
+    b: &aec::compiler::RecurrentBackwardSource,
+    plan: &EntryPlan,
+) {
+    let (dk, dv, chunk) = (b.dk as usize, b.dv as usize, b.config.chunk);
+    check_arguments(name, plan);
+    aec::library::validate_plan(plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(plan.pass, "backward");
+    // The states pass first, from its own module; then the kernels in order.
+    assert_eq!(plan.launches.len(), 1 + b.kernels.len(), "{name}");
+    let st = &plan.launches[0];
+    assert_eq!(st.entry, b.states.name);
+    assert_eq!(st.module.as_deref(), Some(STATES_MODULE));
+    assert_eq!(
+        (st.threads, st.dynamic_smem_bytes),
+        (b.states.threads, b.states.smem_bytes)
+    );
+    for (l, k) in plan.launches[1..].iter().zip(&b.kernels) {
+        assert_eq!(l.entry, k.name);
+        assert_eq!(l.module, None, "{name}: {} is in the main module", k.name);
+        assert_eq!((l.threads, l.dynamic_smem_bytes), (k.threads, k.smem_bytes));
+    }
+    // Arguments: the kernels' own list, in order; the states pass writes its
+    // output into `o_raw` and never fills `state_out` / `norm_out`.
+    let expect = |args: &[ArgKind], states_pass: bool| -> Vec<ArgPlan> {
+        args.iter()
+            .map(|a| match a {
+                ArgKind::Tensor("o") if states_pass => ArgPlan::Ptr("o_raw".into()),
+                ArgKind::State(n @ ("state_out" | "norm_out")) if states_pass => {
+                    ArgPlan::Null(n.to_string())
+                }
+                ArgKind::Tensor(n) | ArgKind::State(n) | ArgKind::Workspace(n) => {
+                    ArgPlan::Ptr(n.to_string())
+                }
+                ArgKind::Custom(n) => ArgPlan::Ptr(n.clone()),
+                ArgKind::CustomGrad(n) => ArgPlan::Ptr(grad_name(n)),
+                ArgKind::Size(a) => ArgPlan::I32(SizeExpr::var(a.name())),
+                other => panic!("{name}: unexpected argument {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(st.args, expect(&b.states.args, true), "{name}: states pass");
+    assert!(st.args.contains(&ArgPlan::Null("state_out".into())));
+    for l in &plan.launches[1..] {
+        assert_eq!(l.args, expect(&b.args, false), "{name}: {}", l.entry);
+    }
+    // Roles and zero-filling.
+    let role = |n: &str| {
+        plan.buffer(n)
+            .unwrap_or_else(|| panic!("{name}: no `{n}`"))
+            .role
+    };
+    assert_eq!(role("do"), Role::Input);
+    assert_eq!(role("state_in"), Role::OptionalInput);
+    assert_eq!(role("d_state_out"), Role::OptionalInput);
+    assert_eq!(role("d_state_in"), Role::OptionalOutput);
+    for n in ["dq", "dk", "dv"] {
+        assert_eq!(role(n), Role::Output);
+        assert!(!plan.buffer(n).unwrap().zeroed);
+    }
+    for c in &v.customs {
+        let g = plan.buffer(&grad_name(&c.name)).expect("custom gradient");
+        assert!(
+            g.zeroed && g.role == Role::Output && g.dtype == Dtype::F32,
+            "{name}: d{}",
+            c.name
+        );
+    }
+    assert_eq!(plan.buffer("norm_in").is_some(), b.normalized, "{name}");
+    assert_eq!(plan.buffer("d_norm_in").is_some(), b.normalized, "{name}");
+    match plan.buffer("dlog") {
+        Some(d) => assert!(b.decay && d.zeroed && d.role == Role::Workspace, "{name}"),
+        None => assert!(!b.decay, "{name}: a decay needs dlog"),
+    }
+    for w in ["states", "dstates"] {
+        assert!(!plan.buffer(w).unwrap().zeroed, "{name}: {w}");
+    }
+    for shape in RECURRENT_SHAPES {
+        let [bs, h, s] = shape;
+        let at = |n: &str| {
+            Some(match n {
+                "B" => bs as u64,
+                "H" => h as u64,
+                "S" => s as u64,
+                _ => return None,
+            })
+        };
+        // Grids: the states pass as the forward's; the kernels' x from
+        // RecurrentGridX::extent (chunks of a partial last chunk included).
+        let g0 = grid(&st.grid, &at);
+        assert_eq!(Some(g0), b.states.grid_for(bs, h), "{name} {shape:?}");
+        for (l, k) in plan.launches[1..].iter().zip(&b.kernels) {
+            assert_eq!(
+                grid(&l.grid, &at),
+                (k.grid_x.extent(b.dv, s, chunk) as u32, h as u32, bs as u32),
+                "{name} {shape:?}: {}",
+                l.entry
+            );
+        }
+        // Workspace and output sizes as src/run/recurrent_backward.rs
+        // allocates them.
+        let chunks = s.div_ceil(chunk as usize);
+        let rows = bs * h * s;
+        let len = |n: &str| {
+            plan.buffer(n)
+                .and_then(|x| x.elements(&at))
+                .map(|x| x as usize)
+        };
+        assert_eq!(
+            len("states"),
+            Some(bs * h * chunks * dk * dv),
+            "{name} {shape:?}"
+        );
+        assert_eq!(len("dstates"), Some(bs * h * chunks * dk * dv));
+        assert_eq!(len("dq"), Some(rows * dk));
+        assert_eq!(len("dk"), Some(rows * dk));
+        assert_eq!(len("dv"), Some(rows * dv));
+        assert_eq!(len("do"), Some(rows * dv));
+        assert_eq!(len("d_state_out"), Some(bs * h * dk * dv));
+        assert_eq!(len("d_state_in"), Some(bs * h * dk * dv));
+        if b.normalized {
+            assert_eq!(len("norm_states"), Some(bs * h * chunks * dk));
+            assert_eq!(len("dnorm_states"), Some(bs * h * chunks * dk));
+            assert_eq!(len("o_raw"), Some(rows * dv));
+            assert_eq!(len("dob"), Some(rows * dv));
+            assert_eq!(len("row_n"), Some(rows));
+            assert_eq!(len("dn"), Some(rows));
+            assert_eq!(len("d_norm_out"), Some(bs * h * dk));
+        }
+        if b.decay {
+            assert_eq!(len("dlog"), Some(rows));
+        }
+        let el = |n: &str| plan.buffer(n).unwrap().dtype;
+        assert_eq!(el("states"), Dtype::Bf16);
+        assert_eq!(el("d_state_out"), Dtype::F32);
+    }
 }

@@ -133,13 +133,26 @@ fn c_interface_compiles_checks_calls_and_reports_the_missing_driver() {
         "    const float *state_in; /* optional input (NULL: absent), f32 [B, H, 128, 64]",
         "#define AEC_HAVE_MAMBA2_FORWARD 1",
         "#define AEC_DECODE_DQK 128",
-        "/* No aec_mamba2_backward: no backward kernel exists for recurrent variants",
+        // The recurrent backward: dO (`do` is a C keyword), the optional
+        // final-state gradient, the initial state's gradient when wanted.
+        "#define AEC_HAVE_MAMBA2_BACKWARD 1",
+        "static inline int aec_mamba2_backward(aec_library *lib, const aec_mamba2_sizes *sizes,",
+        "    const void *do_; /* input, bf16 [B, H, S, 64]: the gradient of the output */",
+        "    const float *d_state_out; /* optional input (NULL: absent), f32 [B, H, 128, 64]",
+        "    float *d_state_in; /* optional output (NULL: not wanted), f32 [B, H, 128, 64]",
+        "    float *ddt; /* output, f32 [B, H, S]: the gradient of `dt` (zero-filled by the call",
+        // Its states pass is loaded from the build's second cubin, and
+        // passed a null final state.
+        "    const char *module_0 = NULL; /* the module `states` */",
+        "        module_0 = \"kernels/aec_rec_states_mamba2_",
+        "    if ((status = aecl_function_get(lib, module_0, \"aec_rec_states_mamba2_",
+        "&p_state_in, &null_arg, &p_states, ",
     ] {
         assert!(header.contains(decl), "aec_library.h lacks `{decl}`");
     }
     assert!(
-        !header.contains("aec_mamba2_backward("),
-        "a recurrent variant has no backward entry point"
+        !header.contains("No aec_mamba2_backward"),
+        "the recurrent variant has its backward entry point"
     );
     // Deterministic: the same manifest gives the same text.
     assert_eq!(
@@ -173,6 +186,7 @@ fn c_interface_compiles_checks_calls_and_reports_the_missing_driver() {
             "alibi forward",
             "decode forward",
             "mamba2 forward",
+            "mamba2 backward",
         ] {
             assert!(
                 stdout.contains(&format!("section {section}")),
@@ -324,7 +338,26 @@ fn generate_refuses_malformed_manifests_with_the_place() {
             }),
             "variant `v` needs the C name `aec_v_sizes`",
         ),
+        (
+            // A launch in a second module (the recurrent backward's states
+            // pass) that the build does not list.
+            broken(&|m| {
+                m["variants"][0]["kernels"][0]["plan"]["launches"][0]["module"] = json!("states")
+            }),
+            "kernels[0].builds[0]: launch 0 (k) is in the module `states`, for which the build has no cubin",
+        ),
     ];
+    // With the module listed, the launch loads its entry from that cubin.
+    let mut m = good.clone();
+    m["variants"][0]["kernels"][0]["plan"]["launches"][0]["module"] = json!("states");
+    m["variants"][0]["kernels"][0]["builds"][0]["modules"] =
+        json!({"states": "kernels/s.sm_80.cubin"});
+    let h = generate(&m).expect("a launch in a listed module");
+    assert!(
+        h.contains("        module_0 = \"kernels/s.sm_80.cubin\";")
+            && h.contains("aecl_function_get(lib, module_0, \"k\", 0u, &fn[0])"),
+        "{h}"
+    );
     for (err, want) in cases {
         assert!(err.contains(want), "error `{err}` should contain `{want}`");
     }

@@ -36,7 +36,8 @@ fn python_module_unit_tests_pass_on_a_compiled_library() {
             "compile",
             // Alibi: custom input, `equal` heads, a backward; Decode: a fixed
             // size, `multiple_of`, split-KV; Mamba2: recurrent, optional
-            // state buffers, no backward. (Each parallel variant costs about
+            // state buffers, a backward with a states pass in a second
+            // module. (Each parallel variant costs about
             // 9 s in a debug build, so no more than these.)
             "examples/alibi.rs",
             "examples/decode.rs",

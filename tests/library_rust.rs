@@ -11,9 +11,10 @@ use std::path::Path;
 use std::process::Command;
 
 use aec::compiler::launch_plan::{
-    EntryPlan, Role, backward_plan, forward_plan, recurrent_forward_plan,
+    ArgPlan, EntryPlan, Role, backward_plan, forward_plan, recurrent_backward_plan,
+    recurrent_forward_plan,
 };
-use aec::compiler::{Elem, Isa};
+use aec::compiler::{Elem, Isa, RecurrentConfig, recurrent_backward};
 use aec::library::{CallArg, Dtype, Library, MANIFEST_FORMAT, Manifest, check_call, cuda_arch_for};
 use aec::prelude::*;
 use aec::runtime::RuntimeError;
@@ -60,6 +61,15 @@ fn mamba2_forward() -> EntryPlan {
     )
     .expect("recurrent source");
     recurrent_forward_plan(&def, &k)
+}
+
+/// Mamba2's recurrent backward at 128x64 (states pass and backward
+/// kernels), as `aec compile` plans it.
+fn mamba2_backward(isa: Isa) -> EntryPlan {
+    let def = example("mamba2");
+    let cfg = RecurrentConfig::default_for(128, 64, Elem::Bf16, isa);
+    let b = recurrent_backward(&def, 128, 64, &cfg, isa).expect("recurrent backward");
+    recurrent_backward_plan(&def, &b)
 }
 
 fn shape_error<T: std::fmt::Debug>(r: Result<T, Error>) -> String {
@@ -233,11 +243,12 @@ fn a_compiled_library_reads_back_and_its_calls_check() {
         }
     }
     // Forward and backward per instruction set for the three parallel
-    // variants, one recurrent forward record (both archs).
-    assert_eq!(plans, 3 * 4 + 1);
+    // variants; one recurrent forward record (both archs) and a recurrent
+    // backward per instruction set (their `_dv` kernels differ).
+    assert_eq!(plans, 3 * 4 + 1 + 2);
     let mamba = manifest.variant("Mamba2").unwrap();
     assert_eq!(mamba.pattern, "recurrent");
-    assert!(mamba.backward_note.is_some());
+    assert!(mamba.backward_note.is_none());
 
     let nvrtc = aec::runtime::nvrtc_present();
     assert_eq!(
@@ -252,18 +263,6 @@ fn a_compiled_library_reads_back_and_its_calls_check() {
         for variant in ["Softmax", "Alibi", "Decode", "Mamba2"] {
             for pass in ["forward", "backward"] {
                 let r = manifest.select(variant, pass, arch);
-                if variant == "Mamba2" && pass == "backward" {
-                    match r {
-                        Err(Error::NotImplemented(m)) => assert_eq!(
-                            m,
-                            "`Mamba2` has no backward in this library: no backward kernel exists \
-                             for recurrent variants: not implemented yet (aec::reference::backward \
-                             computes the gradients on the CPU)"
-                        ),
-                        other => panic!("expected NotImplemented, got {other:?}"),
-                    }
-                    continue;
-                }
                 if !nvrtc {
                     let m = library_error(r);
                     assert!(m.contains("compiled without NVRTC"), "{m}");
@@ -274,6 +273,14 @@ fn a_compiled_library_reads_back_and_its_calls_check() {
                 assert_eq!(record.pass, pass);
                 let cubin = build.cubin.as_ref().expect("cubin");
                 assert!(dir.join(cubin).is_file(), "{}", cubin.display());
+                // The recurrent backward's states pass: a second cubin.
+                if variant == "Mamba2" && pass == "backward" {
+                    let states = build.modules["states"].as_ref().expect("states cubin");
+                    assert!(dir.join(states).is_file(), "{}", states.display());
+                    assert_ne!(states, cubin);
+                } else {
+                    assert!(build.modules.is_empty(), "{variant} {pass}");
+                }
                 let want = if pass == "forward" && variant != "Mamba2" {
                     vec!["scale.lse", "state.m", "state.l"]
                 } else {
@@ -381,6 +388,24 @@ fn a_compiled_library_reads_back_and_its_calls_check() {
         .unwrap();
         assert!(passes(&fwd, &call, 0, "state_in") && passes(&fwd, &call, 0, "state_out"));
         assert_eq!(call.launches[0].grid, (1, 4, 2));
+
+        // Mamba2's backward: the states pass, then _dstate, _dqk, _dv, _decay.
+        let bwd = plan("Mamba2", "backward", arch);
+        let mut inputs = mamba2_inputs(2, 4, 150);
+        inputs.push(("do", Dtype::Bf16, 2 * 4 * 150 * 64));
+        let call = check_call(&bwd, &sizes, &inputs, &[], SMS).unwrap();
+        let grids: Vec<(u32, u32, u32)> = call.launches.iter().map(|l| l.grid).collect();
+        // S = 150: 3 chunks of 64; _dqk splits Dk = 128 in two.
+        assert_eq!(
+            grids,
+            [(1, 4, 2), (1, 4, 2), (6, 4, 2), (3, 4, 2), (1, 4, 2)],
+            "{arch}"
+        );
+        let states = &call.buffers[buffer_index(&bwd, "states")];
+        assert_eq!(states.elements, 2 * 4 * 3 * 128 * 64);
+        assert!(!passes(&bwd, &call, 0, "state_in") && !passes(&bwd, &call, 1, "d_state_in"));
+        assert!(passes(&bwd, &call, 0, "states") && passes(&bwd, &call, 4, "dlog"));
+        assert!(bwd.buffers[buffer_index(&bwd, "dlog")].zeroed);
     }
 
     // Opening on device 0: without a GPU a clear error naming the library.
@@ -513,7 +538,8 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
 
 /// A library manifest of generated plans (no cubins on disk): Softmax
 /// forward for sm_90a and a skipped backward, Alibi without NVRTC, Mamba2
-/// with its backward note.
+/// with a variant-level backward note (what a manifest may say of a
+/// variant without a backward; `aec compile` writes recurrent backwards).
 fn selection_manifest() -> Manifest {
     let text = json!({
         "format": 2, "aec_version": "0.1.0",
@@ -842,6 +868,160 @@ fn optional_buffers_wanted_outputs_and_limits() {
         c.buffers[buffer_index(&plan, "o")].elements,
         ((1u64 << 31) - 1) * 64
     );
+}
+
+/// The recurrent backward's call checks: `do` and the optional final-state
+/// gradient by shape and dtype, the initial state's gradient only when
+/// asked for, null pointers for absent buffers and the states pass's
+/// never-filled final state, and its grids for S not a multiple of the
+/// chunk.
+#[test]
+fn recurrent_backward_calls_check_do_and_the_state_gradients() {
+    let plan = mamba2_backward(Isa::Sm90a);
+    let sizes = [("B", 2), ("H", 4), ("S", 65)];
+    let mut t = mamba2_inputs(2, 4, 65);
+    t.push(("do", Dtype::Bf16, 2 * 4 * 65 * 64));
+    let state = Some((Dtype::F32, 2 * 4 * 128 * 64));
+    let call = |t: &[(&str, Dtype, usize)], want: &[&str]| {
+        shape_error(check_call(&plan, &sizes, t, want, SMS))
+    };
+    assert_eq!(
+        call(&with(&t, "do", Some((Dtype::Bf16, 2 * 4 * 65 * 128))), &[]),
+        "tensor `do`: expected [B, H, S, 64] = [2, 4, 65, 64] = 33280 elements, got 66560"
+    );
+    assert_eq!(
+        call(&with(&t, "do", Some((Dtype::F32, 2 * 4 * 65 * 64))), &[]),
+        "tensor `do`: expected bf16 elements, got f32"
+    );
+    assert_eq!(
+        call(&with(&t, "do", None), &[]),
+        "tensor `do` is missing: expected bf16 [B, H, S, 64] = [2, 4, 65, 64] = 33280 elements \
+         (the gradient of the output)"
+    );
+    assert_eq!(
+        call(
+            &with(&t, "d_state_out", Some((Dtype::F32, 2 * 4 * 64 * 64))),
+            &[]
+        ),
+        "tensor `d_state_out`: expected [B, H, 128, 64] = [2, 4, 128, 64] = 65536 elements, got \
+         32768"
+    );
+    assert_eq!(
+        call(&with(&t, "d_state_out", Some((Dtype::Bf16, 65536))), &[]),
+        "tensor `d_state_out`: expected f32 elements, got bf16"
+    );
+    assert_eq!(
+        call(&with(&t, "d_state_in", state), &[]),
+        "`d_state_in` is an output of this entry, not an input: the library allocates it (ask \
+         for it in `want`)"
+    );
+    assert_eq!(
+        call(&with(&t, "states", Some((Dtype::Bf16, 1))), &[]),
+        "`states` is a workspace of this entry, not an input: the library allocates it"
+    );
+    assert_eq!(
+        call(&t, &["d_norm_in"]),
+        "cannot return `d_norm_in`: this entry returns dq, dk, dv, da, ddt, d_state_in \
+         (optional)"
+    );
+    assert_eq!(
+        call(&with(&t, "norm_in", Some((Dtype::F32, 2 * 4 * 128))), &[]),
+        "unknown tensor `norm_in`: this entry takes q, k, v, a, dt, do, state_in (optional), \
+         d_state_out (optional)"
+    );
+
+    // A valid call: absent optional buffers are null pointers, the states
+    // pass's `state_out` always is; S = 65 is two chunks.
+    let c = check_call(&plan, &sizes, &t, &[], SMS).unwrap();
+    assert_eq!(plan.launches[0].module.as_deref(), Some("states"));
+    let null_at = plan.launches[0]
+        .args
+        .iter()
+        .position(|a| *a == ArgPlan::Null("state_out".into()))
+        .expect("the states pass's state_out");
+    assert_eq!(c.launches[0].args[null_at], CallArg::Null);
+    assert!(!passes(&plan, &c, 0, "state_in"));
+    assert!(!passes(&plan, &c, 1, "d_state_out") && !passes(&plan, &c, 1, "d_state_in"));
+    assert!(!c.buffers[buffer_index(&plan, "d_state_in")].present);
+    assert_eq!(
+        c.buffers[buffer_index(&plan, "dstates")].elements,
+        2 * 4 * 2 * 128 * 64
+    );
+    let grids: Vec<u32> = c.launches.iter().map(|l| l.grid.0).collect();
+    assert_eq!(grids, [1, 1, 4, 2, 1]);
+    // With the forward's initial state, a final-state gradient, and the
+    // initial state's gradient asked for: all passed.
+    let t2 = with(&with(&t, "state_in", state), "d_state_out", state);
+    let c = check_call(&plan, &sizes, &t2, &["d_state_in"], SMS).unwrap();
+    assert!(passes(&plan, &c, 0, "state_in"));
+    for l in 1..c.launches.len() {
+        assert!(passes(&plan, &c, l, "d_state_out") && passes(&plan, &c, l, "d_state_in"));
+    }
+    assert_eq!(c.launches[0].args[null_at], CallArg::Null);
+}
+
+/// A record whose launches name a module its builds do not list is refused
+/// when the manifest is read.
+#[test]
+fn a_module_the_builds_lack_is_refused() {
+    let plan = serde_json::to_value(mamba2_backward(Isa::Sm80)).unwrap();
+    let states = plan["launches"][0]["entry"].as_str().unwrap().to_string();
+    let manifest = |build: Value| {
+        json!({
+            "format": 2, "aec_version": "0.1.0",
+            "variants": [{
+                "name": "Mamba2", "file": "examples/mamba2.rs", "pattern": "recurrent",
+                "kernels": [{ "pass": "backward", "builds": [build], "plan": plan.clone() }],
+            }],
+        })
+        .to_string()
+    };
+    let ok = Manifest::parse(
+        "/libs/x",
+        &manifest(json!({
+            "target": "a100", "arch": "sm_80", "cubin": "kernels/b.cubin",
+            "modules": { "states": "kernels/s.cubin" },
+        })),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (_, _, b) = ok.select("Mamba2", "backward", "sm_80").unwrap();
+    assert_eq!(
+        b.modules["states"].as_deref(),
+        Some(Path::new("kernels/s.cubin"))
+    );
+    let m = library_error(Manifest::parse(
+        "/libs/x",
+        &manifest(json!({ "target": "a100", "arch": "sm_80", "cubin": "kernels/b.cubin" })),
+    ));
+    assert_eq!(
+        m,
+        format!(
+            "/libs/x/manifest.json: variants[0] (`Mamba2`).kernels[0].builds[0]: launch 0 \
+             (`{states}`) is in the module `states`, which the build does not list (it has: \
+             none)"
+        )
+    );
+    let m = library_error(Manifest::parse(
+        "/libs/x",
+        &manifest(json!({
+            "target": "a100", "arch": "sm_80", "cubin": "kernels/b.cubin",
+            "modules": { "states": null },
+        })),
+    ));
+    assert!(
+        m.ends_with("the module `states` has no cubin, but the build's own module has one"),
+        "{m}"
+    );
+    // Without NVRTC both are null: the record reads, and selecting it says why.
+    let bare = Manifest::parse(
+        "/libs/x",
+        &manifest(json!({
+            "target": "a100", "arch": "sm_80", "cubin": null, "modules": { "states": null },
+        })),
+    )
+    .unwrap();
+    let m = library_error(bare.select("Mamba2", "backward", "sm_80"));
+    assert!(m.contains("compiled without NVRTC"), "{m}");
 }
 
 #[test]

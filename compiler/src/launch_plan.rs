@@ -6,12 +6,14 @@
 //! The manifest of a kernel library carries one plan per entry point
 //! (`forward`, `backward`) and architecture; the C header is generated from
 //! it and the Python and Rust loaders interpret it, so the three agree by
-//! construction. Plans are plain serde data: a loader written in another
+//! construction. Most entry points live in one module (the build's `cubin`);
+//! a launch with a [`module`](LaunchPlan::module) names another one of the
+//! same build (the recurrent backward's states pass, a second source). Plans are plain serde data: a loader written in another
 //! language needs only JSON and the small expression language of
 //! [`SizeExpr`].
 
 use crate::cuda::forward::{ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource};
-use crate::cuda::recurrent::RecurrentSource;
+use crate::cuda::recurrent::{RecurrentBackwardSource, RecurrentGridX, RecurrentSource};
 use crate::{Elem, Grid, Launch};
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
@@ -203,12 +205,27 @@ pub enum ArgPlan {
     Ptr(String),
     /// A 32-bit signed integer.
     I32(SizeExpr),
+    /// A null pointer for the kernel parameter named here, which this entry
+    /// never fills (the recurrent backward's states pass does not write the
+    /// final state: `{"null": "state_out"}`).
+    Null(String),
 }
+
+/// The module key of the recurrent backward's states pass (see
+/// [`LaunchPlan::module`]).
+pub const STATES_MODULE: &str = "states";
 
 /// One kernel launch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchPlan {
     pub entry: String,
+    /// The module (cubin) that defines `entry`: absent for the record's own
+    /// (each build's `cubin`), otherwise a key of each build's `modules`
+    /// (`{"states": "kernels/….sm_90a.cubin"}`), which the loader loads as
+    /// well. Only the recurrent backward uses it: its states pass is a
+    /// second source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
     pub grid: [SizeExpr; 3],
     pub threads: u32,
     pub dynamic_smem_bytes: u32,
@@ -434,6 +451,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
     match &k.combine {
         None => launches.push(LaunchPlan {
             entry: k.name.clone(),
+            module: None,
             grid: [x, y, v("B")],
             threads: k.threads,
             dynamic_smem_bytes: k.smem_bytes,
@@ -465,6 +483,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
             });
             launches.push(LaunchPlan {
                 entry: k.name.clone(),
+                module: None,
                 grid: [SizeExpr::mul([x, v("kv_splits")]), y, v("B")],
                 threads: k.threads,
                 dynamic_smem_bytes: k.smem_bytes,
@@ -473,6 +492,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
             });
             launches.push(LaunchPlan {
                 entry: combine.clone(),
+                module: None,
                 grid: [
                     SizeExpr::ceil_div(SizeExpr::mul(rows()), c(COMBINE_ROWS_PER_BLOCK)),
                     c(1),
@@ -597,6 +617,7 @@ pub fn backward_plan(
             };
             LaunchPlan {
                 entry: l.name.clone(),
+                module: None,
                 grid,
                 threads: l.threads,
                 dynamic_smem_bytes: l.smem_bytes,
@@ -681,12 +702,271 @@ pub fn recurrent_forward_plan(variant: &Variant, k: &RecurrentSource) -> EntryPl
         buffers,
         launches: vec![LaunchPlan {
             entry: k.name.clone(),
+            module: None,
             grid: [c(k.dv / k.config.dv_tile), v("H"), v("B")],
             threads: k.threads,
             dynamic_smem_bytes: k.smem_bytes,
             args,
             when: None,
         }],
+        kv_splits: None,
+    }
+}
+
+/// The x extent of a recurrent backward kernel's grid as an expression of
+/// `S`: what [`RecurrentGridX::extent`] computes (Dv slices, chunks of
+/// `chunk` steps times a split, row groups, or 1).
+pub fn recurrent_grid_x(x: RecurrentGridX, dv: u32, chunk: u32) -> SizeExpr {
+    match x {
+        RecurrentGridX::DvSlices(n) => c(dv / n),
+        RecurrentGridX::Chunks(n) => {
+            let chunks = SizeExpr::ceil_div(v("S"), c(chunk));
+            if n == 1 {
+                chunks
+            } else {
+                SizeExpr::mul([chunks, c(n)])
+            }
+        }
+        RecurrentGridX::Rows(n) => SizeExpr::ceil_div(v("S"), c(n)),
+        RecurrentGridX::One => c(1),
+    }
+}
+
+/// The kernel arguments of a recurrent kernel: buffers by the argument's
+/// name except where `rename` maps it (the states pass writes its `o` into
+/// the workspace `o_raw`) or `null` lists it (a null pointer).
+fn recurrent_args(
+    args: &[ArgKind],
+    dims: &BTreeMap<Axis, u32>,
+    rename: &[(&str, &str)],
+    null: &[&str],
+) -> Vec<ArgPlan> {
+    args.iter()
+        .map(|a| match a {
+            ArgKind::Tensor(n) | ArgKind::State(n) | ArgKind::Workspace(n) => {
+                if null.contains(n) {
+                    ArgPlan::Null(n.to_string())
+                } else {
+                    let to = rename.iter().find(|(from, _)| from == n).map(|(_, to)| *to);
+                    ArgPlan::Ptr(to.unwrap_or(n).to_string())
+                }
+            }
+            ArgKind::Custom(n) => ArgPlan::Ptr(n.clone()),
+            ArgKind::CustomGrad(n) => ArgPlan::Ptr(grad_name(n)),
+            ArgKind::Size(a) => ArgPlan::I32(axis_expr(*a, dims)),
+            other => unreachable!("a recurrent kernel takes no {other:?}"),
+        })
+        .collect()
+}
+
+/// The plan of a recurrent backward ([`RecurrentBackwardSource`]): the
+/// states pass (in the module [`STATES_MODULE`], a second source) recomputes
+/// the state before each chunk from the forward's inputs and initial state,
+/// then the backward kernels run in order on one argument list.
+///
+/// Inputs: q, k, v, the custom inputs, `do` (the output's gradient), and
+/// optionally the forward's `state_in` (and `norm_in`) and the gradients of
+/// its final state `d_state_out` (and `d_norm_out`); absent ones are zero.
+/// Outputs: dq, dk, dv, the custom inputs' gradients (f32, zero-filled: the
+/// kernels add into them) and, when asked for, `d_state_in` (and
+/// `d_norm_in`). Workspaces: `states`, `dstates` (`[B, H, chunks, Dk, Dv]`,
+/// chunks = ceil(S / chunk)); with a normaliser `norm_states`,
+/// `dnorm_states`, `o_raw`, `dob`, `row_n`, `dn`; with a decay `dlog`
+/// (zero-filled).
+pub fn recurrent_backward_plan(variant: &Variant, b: &RecurrentBackwardSource) -> EntryPlan {
+    let (dk, dv, chunk) = (b.dk, b.dv, b.config.chunk);
+    let dims = BTreeMap::from([(Axis::Dk, dk), (Axis::Dv, dv)]);
+    let el = Dtype::of(b.config.elem);
+    let rows = || vec![v("B"), v("H"), v("S")];
+    let with = |d: u32| {
+        let mut r = rows();
+        r.push(c(d));
+        r
+    };
+    let chunks = || SizeExpr::ceil_div(v("S"), c(chunk));
+    let state = || vec![v("B"), v("H"), c(dk), c(dv)];
+    let norm = || vec![v("B"), v("H"), c(dk)];
+    let buf = |name: &str, role: Role, dtype: Dtype, shape: Vec<SizeExpr>, doc: &str| BufferPlan {
+        role,
+        ..output(name, dtype, shape, doc)
+    };
+    let mut buffers = declared_inputs(variant, &dims, b.config.elem);
+    buffers.push(buf(
+        "do",
+        Role::Input,
+        el,
+        with(dv),
+        "the gradient of the output",
+    ));
+    buffers.push(buf(
+        "state_in",
+        Role::OptionalInput,
+        Dtype::F32,
+        state(),
+        "the forward's initial state (absent: zero)",
+    ));
+    if b.normalized {
+        buffers.push(buf(
+            "norm_in",
+            Role::OptionalInput,
+            Dtype::F32,
+            norm(),
+            "the forward's initial normaliser (absent: zero)",
+        ));
+    }
+    buffers.push(buf(
+        "d_state_out",
+        Role::OptionalInput,
+        Dtype::F32,
+        state(),
+        "the gradient of the final state (absent: zero)",
+    ));
+    if b.normalized {
+        buffers.push(buf(
+            "d_norm_out",
+            Role::OptionalInput,
+            Dtype::F32,
+            norm(),
+            "the gradient of the final normaliser (absent: zero)",
+        ));
+    }
+    buffers.push(output("dq", el, with(dk), "the gradient of q"));
+    buffers.push(output("dk", el, with(dk), "the gradient of k"));
+    buffers.push(output("dv", el, with(dv), "the gradient of v"));
+    for cst in &variant.customs {
+        buffers.push(BufferPlan {
+            zeroed: true,
+            ..output(
+                &grad_name(&cst.name),
+                Dtype::F32,
+                shape_of(&cst.axes, &dims),
+                &format!("the gradient of `{}`", cst.name),
+            )
+        });
+    }
+    buffers.push(buf(
+        "d_state_in",
+        Role::OptionalOutput,
+        Dtype::F32,
+        state(),
+        "the gradient of the initial state",
+    ));
+    if b.normalized {
+        buffers.push(buf(
+            "d_norm_in",
+            Role::OptionalOutput,
+            Dtype::F32,
+            norm(),
+            "the gradient of the initial normaliser",
+        ));
+    }
+    let per_chunk = |d: Vec<SizeExpr>| {
+        let mut s = vec![v("B"), v("H"), chunks()];
+        s.extend(d);
+        s
+    };
+    buffers.push(buf(
+        "states",
+        Role::Workspace,
+        el,
+        per_chunk(vec![c(dk), c(dv)]),
+        "the state before each chunk (the states pass writes it)",
+    ));
+    buffers.push(buf(
+        "dstates",
+        Role::Workspace,
+        el,
+        per_chunk(vec![c(dk), c(dv)]),
+        "the state's gradient after each chunk",
+    ));
+    if b.normalized {
+        buffers.push(buf(
+            "norm_states",
+            Role::Workspace,
+            Dtype::F32,
+            per_chunk(vec![c(dk)]),
+            "the key sum before each chunk",
+        ));
+        buffers.push(buf(
+            "dnorm_states",
+            Role::Workspace,
+            Dtype::F32,
+            per_chunk(vec![c(dk)]),
+            "the key sum's gradient after each chunk",
+        ));
+        buffers.push(buf(
+            "o_raw",
+            Role::Workspace,
+            el,
+            with(dv),
+            "the output before normalisation",
+        ));
+        buffers.push(buf(
+            "dob",
+            Role::Workspace,
+            el,
+            with(dv),
+            "the gradient of the output before normalisation",
+        ));
+        buffers.push(buf(
+            "row_n",
+            Role::Workspace,
+            Dtype::F32,
+            rows(),
+            "each row's normaliser",
+        ));
+        buffers.push(buf(
+            "dn",
+            Role::Workspace,
+            Dtype::F32,
+            rows(),
+            "the gradient of each row's normaliser",
+        ));
+    }
+    if b.decay {
+        buffers.push(BufferPlan {
+            zeroed: true,
+            ..buf(
+                "dlog",
+                Role::Workspace,
+                Dtype::F32,
+                rows(),
+                "the gradient of each step's log decay (the kernels add into it)",
+            )
+        });
+    }
+    let st = &b.states;
+    let mut launches = vec![LaunchPlan {
+        entry: st.name.clone(),
+        module: Some(STATES_MODULE.to_string()),
+        grid: [c(st.dv / st.config.dv_tile), v("H"), v("B")],
+        threads: st.threads,
+        dynamic_smem_bytes: st.smem_bytes,
+        args: recurrent_args(
+            &st.args,
+            &dims,
+            &[("o", "o_raw")],
+            &["state_out", "norm_out"],
+        ),
+        when: None,
+    }];
+    let args = recurrent_args(&b.args, &dims, &[], &[]);
+    launches.extend(b.kernels.iter().map(|k| LaunchPlan {
+        entry: k.name.clone(),
+        module: None,
+        grid: [recurrent_grid_x(k.grid_x, dv, chunk), v("H"), v("B")],
+        threads: k.threads,
+        dynamic_smem_bytes: k.smem_bytes,
+        args: args.clone(),
+        when: None,
+    }));
+    EntryPlan {
+        pass: "backward".to_string(),
+        sizes: sizes_of(variant, &[Axis::B, Axis::H, Axis::S]),
+        multiple_of: vec![],
+        equal: vec![],
+        buffers,
+        launches,
         kv_splits: None,
     }
 }

@@ -4,8 +4,12 @@
 //! targets (mi250: gfx90a, mi300x: gfx942) get the HIP forward and backward
 //! and, where hipcc or clang-19 is installed, their code objects.
 //!
-//! Recurrent variants get their CUDA forward only: no recurrent backward and
-//! no HIP recurrent kernel exist yet, and the manifest says so.
+//! Recurrent variants get their CUDA forward and backward: the backward is
+//! two sources (the states pass and the backward kernels), each with its
+//! cubins, in one record whose launch plan names the states pass's module.
+//! Where the backward cannot be generated (e.g. Dk = 16) the manifest has a
+//! skipped backward record with the reason. No HIP recurrent kernel exists
+//! yet, and the manifest says so.
 //!
 //! Next to the kernels it writes the library's loaders: `include/` (the C
 //! header generated from the launch plans and the header-only loader) and
@@ -17,11 +21,12 @@ use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::launch_plan::{
-    EntryPlan, Role, SizeExpr, backward_plan, forward_plan, recurrent_forward_plan,
+    EntryPlan, Role, STATES_MODULE, SizeExpr, backward_plan, forward_plan, recurrent_backward_plan,
+    recurrent_forward_plan,
 };
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, RecurrentSource, parallel_backward,
-    parallel_forward, recurrent_forward,
+    BackwardConfig, Elem, ForwardConfig, Isa, RecurrentBackwardSource, RecurrentConfig,
+    RecurrentSource, parallel_backward, parallel_forward, recurrent_backward, recurrent_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -271,7 +276,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": 2,
-        "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA forward of recurrent variants (no recurrent backward and no HIP recurrent kernels yet); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
+        "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA forward and backward of recurrent variants (the recurrent backward is two modules: the backward kernels, each build's `cubin`, and the states pass, its `modules.states`; no HIP recurrent kernels yet); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
         "tools": {
             "aec": env!("CARGO_PKG_VERSION"),
             "templates": format!("built into aec {}", env!("CARGO_PKG_VERSION")),
@@ -317,6 +322,14 @@ fn write_loaders(dir: &Path, manifest: &Value) -> Result<(), String> {
     write(&include.join("aec_loader.h"), c_header::LOADER_H.as_bytes())
 }
 
+/// The instruction set in file names: `sm80`, `sm90a`.
+fn isa_tag(isa: Isa) -> &'static str {
+    match isa {
+        Isa::Sm80 => "sm80",
+        Isa::Sm90a => "sm90a",
+    }
+}
+
 /// The CUDA architectures among `targets`, one instruction set each, with
 /// the targets that share it.
 fn cuda_isas(targets: &[Target]) -> Vec<(Isa, Vec<Target>)> {
@@ -333,17 +346,14 @@ fn cuda_isas(targets: &[Target]) -> Vec<(Isa, Vec<Target>)> {
     out
 }
 
-/// What the manifest says of recurrent backward kernels.
-const RECURRENT_BACKWARD_NOTE: &str = "no backward kernel exists for recurrent variants: not implemented yet (aec::reference::backward computes the gradients on the CPU)";
-
 /// What the manifest and the warning say of AMD targets for a recurrent variant.
 const RECURRENT_HIP_NOTE: &str =
     "no HIP kernel exists for recurrent variants yet: nothing is generated for AMD targets";
 
-/// A recurrent variant's manifest record: its CUDA forward per instruction
-/// set among the targets (source, cubins with NVRTC, launch, arguments,
-/// configuration), an explicit null backward, and a skipped entry per AMD
-/// target.
+/// A recurrent variant's manifest record: its CUDA forward and backward per
+/// instruction set among the targets (sources, cubins with NVRTC, launch
+/// plans, configuration; a skipped backward record with the reason where
+/// the backward cannot be generated), and skipped entries per AMD target.
 fn recurrent_variant(
     dir: &Path,
     v: &Variant,
@@ -380,6 +390,80 @@ fn recurrent_variant(
         let builds = write_and_compile(dir, &k.name, &k.source, ts, with_nvrtc, &v.name)?;
         kernels.push(recurrent_json(k, builds, recurrent_forward_plan(v, k)));
     }
+    // The backward with the forward's configuration, per instruction set
+    // (its shared memory decides the `_dv` kernel's buffers); one record
+    // where the sources agree.
+    let mut backwards: Vec<(RecurrentBackwardSource, Vec<Target>, Isa)> = Vec::new();
+    for (isa, isa_targets) in cuda_isas(targets) {
+        let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+        let generated = recurrent_backward(v, dk, dv, &cfg, isa).and_then(|b| {
+            let plan = recurrent_backward_plan(v, &b);
+            aec::library::validate_plan(&plan).map_err(|e| {
+                aec::compiler::CompileError(format!(
+                    "its launch plan is inconsistent: {e} (a custom input named like one of \
+                     the backward's buffers, or whose gradient `d<name>` is: rename it)"
+                ))
+            })?;
+            Ok(b)
+        });
+        match generated {
+            Ok(b) => match backwards.iter_mut().find(|(g, _, _)| {
+                g.name == b.name
+                    && g.source == b.source
+                    && g.states.name == b.states.name
+                    && g.states.source == b.states.source
+            }) {
+                Some((_, ts, _)) => ts.extend(isa_targets),
+                None => backwards.push((b, isa_targets, isa)),
+            },
+            Err(e) => {
+                eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
+                kernels.push(json!({
+                    "pass": "backward",
+                    "arch": if isa == Isa::Sm90a { "sm_90a" } else { "sm_80" },
+                    "targets": isa_targets.iter().map(|t| t.name()).collect::<Vec<_>>(),
+                    "skipped": e.to_string(),
+                }));
+            }
+        }
+    }
+    // The kernel names do not say everything the instruction set changes
+    // (the `_dv` kernel's buffers): a source whose name another record's
+    // different source shares gets the instruction set in its file name.
+    let file_base = |name: &str,
+                     source: &str,
+                     isa: Isa,
+                     of: &dyn Fn(&RecurrentBackwardSource) -> (&str, &str)| {
+        let clash = backwards.iter().any(|(g, _, _)| {
+            let (n, s) = of(g);
+            n == name && s != source
+        });
+        if clash {
+            format!("{name}_{}", isa_tag(isa))
+        } else {
+            name.to_string()
+        }
+    };
+    for (b, ts, isa) in &backwards {
+        let states_base = file_base(&b.states.name, &b.states.source, *isa, &|g| {
+            (g.states.name.as_str(), g.states.source.as_str())
+        });
+        let base = file_base(&b.name, &b.source, *isa, &|g| {
+            (g.name.as_str(), g.source.as_str())
+        });
+        let states =
+            write_and_compile(dir, &states_base, &b.states.source, ts, with_nvrtc, &v.name)?;
+        let mut builds = write_and_compile(dir, &base, &b.source, ts, with_nvrtc, &v.name)?;
+        for (build, st) in builds.iter_mut().zip(&states) {
+            build["modules"] = json!({ STATES_MODULE: st["cubin"] });
+        }
+        kernels.push(recurrent_backward_json(
+            b,
+            (&base, &states_base),
+            builds,
+            recurrent_backward_plan(v, b),
+        ));
+    }
     let amd: Vec<Target> = targets
         .iter()
         .copied()
@@ -391,8 +475,10 @@ fn recurrent_variant(
             v.name,
             t.name()
         );
-        kernels
-            .push(json!({ "pass": "forward", "target": t.name(), "skipped": RECURRENT_HIP_NOTE }));
+        for pass in ["forward", "backward"] {
+            kernels
+                .push(json!({ "pass": pass, "target": t.name(), "skipped": RECURRENT_HIP_NOTE }));
+        }
     }
     Ok(json!({
         "name": v.name,
@@ -400,9 +486,39 @@ fn recurrent_variant(
         "pattern": "recurrent",
         "inputs": aec::frontend::print::to_json(v)["inputs"].clone(),
         "kernels": kernels,
-        "backward": Value::Null,
-        "backward_note": RECURRENT_BACKWARD_NOTE,
     }))
+}
+
+/// The manifest record of a recurrent backward: the backward kernels'
+/// source (each build's `cubin`) and the states pass's (`sources.states`,
+/// each build's `modules.states`), the kernels in launch order, the plan.
+fn recurrent_backward_json(
+    b: &RecurrentBackwardSource,
+    (base, states_base): (&str, &str),
+    builds: Vec<Value>,
+    plan: EntryPlan,
+) -> Value {
+    let RecurrentConfig {
+        chunk,
+        dv_tile,
+        warps,
+        stages,
+        blocks_per_sm,
+        elem,
+    } = b.config;
+    json!({
+        "pass": "backward",
+        "entry": b.name,
+        "source": format!("kernels/{base}.cu"),
+        "sources": { STATES_MODULE: format!("kernels/{states_base}.cu") },
+        "builds": builds,
+        "head_dims": { "Dk": b.dk, "Dv": b.dv },
+        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "elem": elem.name() },
+        "normalized": b.normalized,
+        "decay": b.decay,
+        "kernels": b.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+        "plan": plan,
+    })
 }
 
 /// The manifest record of a recurrent forward.

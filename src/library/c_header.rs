@@ -214,6 +214,9 @@ struct Build {
     /// The cubin or code object, relative to the library directory.
     file: Option<String>,
     hip: bool,
+    /// The record's other modules by key (`states`), cubins relative to
+    /// the library directory.
+    modules: Vec<(String, Option<String>)>,
 }
 
 #[derive(Clone, Debug)]
@@ -288,11 +291,32 @@ fn parse_builds(k: &Value, at: &str) -> Result<Vec<Build>, String> {
                     ));
                 }
             };
+            let mut modules = Vec::new();
+            if let Some(m) = b.get("modules") {
+                let m = m.as_object().ok_or_else(|| {
+                    format!("manifest {bat}: `modules` is not an object of paths")
+                })?;
+                for (k, path) in m {
+                    modules.push((
+                        k.clone(),
+                        match path {
+                            Value::Null => None,
+                            Value::String(s) => Some(s.clone()),
+                            _ => {
+                                return Err(format!(
+                                    "manifest {bat}: module `{k}` is neither a path nor null"
+                                ));
+                            }
+                        },
+                    ));
+                }
+            }
             Ok(Build {
                 target,
                 arch,
                 file,
                 hip,
+                modules,
             })
         })
         .collect()
@@ -412,7 +436,7 @@ fn validate_plan(p: &EntryPlan, at: &str) -> Result<(), String> {
                 ArgPlan::I32(e) => {
                     check_expr(e, &format!("launch {i} ({}) argument {j}", l.entry))?
                 }
-                ArgPlan::Ptr(_) => {}
+                ArgPlan::Ptr(_) | ArgPlan::Null(_) => {}
             }
         }
     }
@@ -472,10 +496,28 @@ fn parse_variant(v: &Value, i: usize) -> Result<VariantC, String> {
             ));
         }
         validate_plan(&plan, &format!("{kat}.plan"))?;
+        let builds = parse_builds(k, &kat)?;
+        for (i, l) in plan.launches.iter().enumerate() {
+            let Some(key) = &l.module else { continue };
+            // A CUDA build with a cubin needs the module's cubin too (one
+            // without, or a HIP one, is never picked).
+            for (b, build) in builds.iter().enumerate() {
+                if build.hip || build.file.is_none() {
+                    continue;
+                }
+                let module = build.modules.iter().find(|(k, _)| k == key);
+                if !matches!(module, Some((_, Some(_)))) {
+                    return Err(format!(
+                        "manifest {kat}.builds[{b}]: launch {i} ({}) is in the module `{key}`, for which the build has no cubin",
+                        l.entry
+                    ));
+                }
+            }
+        }
         let record = Record {
             at: kat.clone(),
             head_dims: parse_head_dims(k, &kat)?,
-            builds: parse_builds(k, &kat)?,
+            builds,
             plan,
         };
         match passes.iter_mut().find(|p| p.name == pass) {
@@ -1416,6 +1458,36 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     );
     let nl = plan.launches.len();
     let _ = writeln!(out, "    aecl_CUfunction fn[{nl}];");
+    // The record's other modules (`LaunchPlan::module`), by architecture.
+    let mut module_keys: Vec<&str> = Vec::new();
+    for l in &plan.launches {
+        if let Some(k) = &l.module
+            && !module_keys.contains(&k.as_str())
+        {
+            module_keys.push(k);
+        }
+    }
+    let module_local = |k: &str| {
+        format!(
+            "module_{}",
+            module_keys.iter().position(|m| *m == k).unwrap_or(0)
+        )
+    };
+    for k in &module_keys {
+        let _ = writeln!(
+            out,
+            "    const char *{} = NULL; /* the module `{}` */",
+            module_local(k),
+            comment(k)
+        );
+    }
+    let uses_null = plan
+        .launches
+        .iter()
+        .any(|l| l.args.iter().any(|a| matches!(a, ArgPlan::Null(_))));
+    if uses_null {
+        out.push_str("    aecl_CUdeviceptr null_arg = 0;\n");
+    }
     for b in &plan.buffers {
         let _ = writeln!(out, "    aecl_CUdeviceptr p_{} = 0;", buf_field(&b.name));
     }
@@ -1436,10 +1508,37 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
         out,
         "    if (workspace != NULL && L.workspace_bytes > 0 && (uintptr_t)workspace % AEC_WORKSPACE_ALIGN != 0)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT, \"{fname}: the workspace %p is not 256-byte aligned\", workspace);"
     );
-    for (l, launch) in plan.launches.iter().enumerate() {
+    for k in &module_keys {
+        let local = module_local(k);
+        let mut seen: Vec<&str> = Vec::new();
+        for b in r.builds.iter().filter(|b| !b.hip && b.file.is_some()) {
+            if seen.contains(&b.arch.as_str()) {
+                continue;
+            }
+            seen.push(&b.arch);
+            if let Some((_, Some(path))) = b.modules.iter().find(|(m, _)| m == k) {
+                let _ = writeln!(
+                    out,
+                    "    if (strcmp(lib->arch, \"{}\") == 0)\n        {local} = \"{}\";",
+                    c_str(&b.arch, false),
+                    c_str(path, false)
+                );
+            }
+        }
         let _ = writeln!(
             out,
-            "    if ((status = aecl_function_get(lib, cubin, \"{}\", {}u, &fn[{l}])) != AEC_OK)\n        return status;",
+            "    if ({local} == NULL)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_KERNEL, \"{fname}: no cubin of the module {} for %s\", lib->arch);",
+            c_str(k, true)
+        );
+    }
+    for (l, launch) in plan.launches.iter().enumerate() {
+        let module = match &launch.module {
+            Some(k) => module_local(k),
+            None => "cubin".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "    if ((status = aecl_function_get(lib, {module}, \"{}\", {}u, &fn[{l}])) != AEC_OK)\n        return status;",
             c_str(&launch.entry, false),
             launch.dynamic_smem_bytes
         );
@@ -1486,6 +1585,7 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
         for (a, arg) in launch.args.iter().enumerate() {
             match arg {
                 ArgPlan::Ptr(n) => params.push(format!("&p_{}", buf_field(n))),
+                ArgPlan::Null(_) => params.push("&null_arg".to_string()),
                 ArgPlan::I32(e) => {
                     let _ = writeln!(out, "        int a{a} = (int)L.arg{};", arg_index(e));
                     params.push(format!("&a{a}"));

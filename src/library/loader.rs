@@ -95,6 +95,11 @@ pub struct Build {
     /// HIP: the code object, relative to the library directory (this
     /// loader runs CUDA only).
     pub code_object: Option<PathBuf>,
+    /// CUDA: the other modules of the record by key (the recurrent
+    /// backward's `states` pass), each a cubin relative to the library
+    /// directory, `None` without NVRTC; launches name them in
+    /// [`LaunchPlan::module`](crate::compiler::launch_plan::LaunchPlan::module).
+    pub modules: BTreeMap<String, Option<PathBuf>>,
 }
 
 /// One kernel record of a variant: an entry point (`forward` or
@@ -451,16 +456,28 @@ fn parse_kernel(k: &Value, at: &str) -> Result<KernelRecord, String> {
         }
     };
     let mut builds = Vec::new();
-    if plan.is_some() {
+    if let Some(planned) = &plan {
         for (b, build) in array(o, "builds", at)?.iter().enumerate() {
             let bat = format!("{at}.builds[{b}]");
             let bo = object(build, &bat)?;
-            builds.push(Build {
+            let mut modules = BTreeMap::new();
+            if let Some(m) = bo.get("modules") {
+                let mat = format!("{bat}.modules");
+                let fields = object(m, &mat)?;
+                for key in fields.keys() {
+                    let path = opt_string(fields, key, &mat)?;
+                    modules.insert(key.clone(), path.map(PathBuf::from));
+                }
+            }
+            let build = Build {
                 target: string(bo, "target", &bat)?,
                 arch: string(bo, "arch", &bat)?,
                 cubin: opt_string(bo, "cubin", &bat)?.map(PathBuf::from),
                 code_object: opt_string(bo, "code_object", &bat)?.map(PathBuf::from),
-            });
+                modules,
+            };
+            check_modules(planned, &build).map_err(|e| format!("{bat}: {e}"))?;
+            builds.push(build);
         }
     }
     let head_dims = match o.get("head_dims") {
@@ -498,6 +515,37 @@ fn parse_kernel(k: &Value, at: &str) -> Result<KernelRecord, String> {
         skipped,
         target,
     })
+}
+
+/// Checks that every module a launch of `plan` names is one of the build's
+/// modules, with a cubin wherever the build has its own cubin (a build
+/// without one, HIP or compiled without NVRTC, is never loaded).
+fn check_modules(plan: &EntryPlan, build: &Build) -> Result<(), String> {
+    if build.cubin.is_none() {
+        return Ok(());
+    }
+    for (i, l) in plan.launches.iter().enumerate() {
+        let Some(key) = &l.module else { continue };
+        match build.modules.get(key) {
+            None => {
+                return Err(format!(
+                    "launch {i} (`{}`) is in the module `{key}`, which the build does not list \
+                     (it has: {})",
+                    l.entry,
+                    list(build.modules.keys().map(String::as_str))
+                ));
+            }
+            Some(None) => {
+                return Err(format!(
+                    "launch {i} (`{}`): the module `{key}` has no cubin, but the build's own \
+                     module has one",
+                    l.entry
+                ));
+            }
+            Some(Some(_)) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Checks that a plan is consistent: unique sizes and buffers, every size
@@ -573,6 +621,7 @@ pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
                     }
                 }
                 ArgPlan::I32(e) => known(e, true, &format!("an argument of {what}"))?,
+                ArgPlan::Null(_) => {}
             }
         }
     }
@@ -977,6 +1026,7 @@ pub fn check_call(
                         CallArg::Null
                     }
                 }
+                ArgPlan::Null(_) => CallArg::Null,
                 ArgPlan::I32(e) => {
                     let v = e.eval(&lookup).and_then(|v| i32::try_from(v).ok());
                     match v {
@@ -1227,11 +1277,14 @@ fn runtime_dtype(d: Dtype) -> DType {
 #[derive(Debug)]
 struct LaunchKernels {
     entry: String,
+    /// The index of its module in [`Entry::modules`].
+    module: usize,
     kernels: Mutex<Vec<(Vec<Param>, Arc<Kernel>)>>,
 }
 
 /// One entry point of a variant (its forward or backward) loaded on the
-/// library's device: the plan and the module of its cubin.
+/// library's device: the plan and the modules of its cubins (the build's
+/// own, then those its launches name).
 #[derive(Debug)]
 pub struct Entry {
     variant: String,
@@ -1242,7 +1295,8 @@ pub struct Entry {
     row_outputs: Vec<String>,
     plan: EntryPlan,
     device: Device,
-    module: Module,
+    /// The build's own module first, then the named ones.
+    modules: Vec<Module>,
     launches: Vec<LaunchKernels>,
 }
 
@@ -1261,30 +1315,66 @@ impl Entry {
             .expect("select returns builds with a cubin");
         let cubin = dir.join(rel);
         let label = format!("the {} of `{}`", record.pass, variant.name);
-        let bytes = std::fs::read(&cubin).map_err(|e| Error::Library {
-            path: cubin.clone(),
-            message: format!("cannot read the cubin of {label} ({e})"),
-        })?;
-        let loading = || {
-            format!(
-                "loading {} ({label}) onto device {} ({})",
-                cubin.display(),
-                device.ordinal(),
-                device.name()
-            )
+        let load_module = |path: &Path| -> Result<Module, Error> {
+            let bytes = std::fs::read(path).map_err(|e| Error::Library {
+                path: path.to_path_buf(),
+                message: format!("cannot read the cubin of {label} ({e})"),
+            })?;
+            Module::load(device, &bytes).map_err(|e| Error::Runtime {
+                during: format!(
+                    "loading {} ({label}) onto device {} ({})",
+                    path.display(),
+                    device.ordinal(),
+                    device.name()
+                ),
+                source: e,
+            })
         };
-        let module = Module::load(device, &bytes).map_err(|e| Error::Runtime {
-            during: loading(),
-            source: e,
-        })?;
+        let mut modules = vec![load_module(&cubin)?];
+        let mut module_paths = vec![(None, cubin.clone())];
         let mut launches = Vec::new();
         for l in &plan.launches {
+            let at = match &l.module {
+                None => 0,
+                Some(key) => match module_paths
+                    .iter()
+                    .position(|(k, _)| k.as_ref() == Some(key))
+                {
+                    Some(i) => i,
+                    None => {
+                        let rel = build.modules.get(key).cloned().flatten().ok_or_else(|| {
+                            Error::Library {
+                                path: cubin.clone(),
+                                message: format!(
+                                    "{label}: launch `{}` is in the module `{key}`, for which \
+                                     the {} build has no cubin",
+                                    l.entry, build.arch
+                                ),
+                            }
+                        })?;
+                        let path = dir.join(rel);
+                        modules.push(load_module(&path)?);
+                        module_paths.push((Some(key.clone()), path));
+                        modules.len() - 1
+                    }
+                },
+            };
+            let module = &modules[at];
+            let loading = || {
+                format!(
+                    "loading {} ({label}) onto device {} ({})",
+                    module_paths[at].1.display(),
+                    device.ordinal(),
+                    device.name()
+                )
+            };
             // Every buffer present: the parameter list of the usual call.
             let params: Vec<Param> = l
                 .args
                 .iter()
                 .map(|a| match a {
                     ArgPlan::I32(_) => Param::I32,
+                    ArgPlan::Null(_) => Param::U64,
                     ArgPlan::Ptr(n) => {
                         let b = plan.buffer(n).expect("validate_plan checked the buffers");
                         param(b.role, b.dtype)
@@ -1299,7 +1389,7 @@ impl Entry {
                 })?;
             if l.dynamic_smem_bytes > kernel.max_dynamic_shared_bytes() {
                 return Err(Error::Library {
-                    path: cubin.clone(),
+                    path: module_paths[at].1.clone(),
                     message: format!(
                         "kernel `{}` ({label}) needs {} bytes of dynamic shared memory, but \
                          device {} ({}) allows at most {}",
@@ -1313,6 +1403,7 @@ impl Entry {
             }
             launches.push(LaunchKernels {
                 entry: l.entry.clone(),
+                module: at,
                 kernels: Mutex::new(vec![(params, Arc::new(kernel))]),
             });
         }
@@ -1325,7 +1416,7 @@ impl Entry {
             row_outputs: record.row_outputs.clone(),
             plan,
             device: device.clone(),
-            module,
+            modules,
             launches,
         })
     }
@@ -1410,7 +1501,7 @@ impl Entry {
             return Ok(k.clone());
         }
         let k = Arc::new(
-            self.module
+            self.modules[slot.module]
                 .kernel(&slot.entry, params)
                 .map_err(|e| Error::Runtime {
                     during: format!("loading `{}` ({})", slot.entry, self.label()),
@@ -1429,13 +1520,14 @@ impl Entry {
     /// condition does not hold.
     ///
     /// - `tensors`: every input by name (`q`, `k`, `v`, custom inputs; a
-    ///   backward also `o`, `row_outputs` and `dout`; optional inputs such
-    ///   as `state_in` when there are), each exactly the plan's dtype and
-    ///   shape, contiguous.
+    ///   parallel backward also `o`, `row_outputs` and `dout`, a recurrent
+    ///   one `do`; optional inputs such as `state_in` or a recurrent
+    ///   backward's `d_state_out` when there are), each exactly the plan's
+    ///   dtype and shape, contiguous.
     /// - `sizes`: every size of the plan by name (fixed ones may be left
     ///   out).
-    /// - `want`: the optional outputs to return (`state_out`); the others
-    ///   are always returned.
+    /// - `want`: the optional outputs to return (`state_out`, a recurrent
+    ///   backward's `d_state_in`); the others are always returned.
     ///
     /// Nothing is allocated or launched when a check fails.
     pub fn run(

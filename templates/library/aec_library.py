@@ -14,11 +14,16 @@ interprets the plan.
     o = lib.Softmax(q, k, v)                      # differentiable
     o = lib.RetnetParallel(q, k, v, gamma=gamma)  # custom inputs by name
     o, state = lib.Mamba2(q, k, v, a=a, dt=dt, output_final_state=True)
+    (o * w).sum().backward()                      # recurrent too: dq, dk, dv, da, ddt
     out = lib.Softmax.run("forward", {"q": q, "k": k, "v": v})  # every output
 
 Only the standard library and PyTorch are used, and PyTorch only once a
 library is loaded: the plan interpreter (size binding, checks, grids, the
 split-KV rule) is plain Python over shapes given as tuples.
+
+A launch whose plan names a `module` (the recurrent backward's states pass)
+is loaded from that module of the build (`builds[i].modules[name]`), the
+others from the build's own `cubin`.
 
 Kernels are loaded from their cubins through the CUDA driver (ctypes,
 `libcuda.so.1`) into PyTorch's context of the device and launched on
@@ -208,6 +213,33 @@ def select_kernel(variant, pass_name, arch):
     """The kernel record of `variant` (a manifest entry) for `pass_name` on
     `arch` and the path of its cubin (relative to the library), or an Error
     that says why there is none."""
+    record, build = select_build(variant, pass_name, arch)
+    return record, build["cubin"]
+
+
+def build_modules(variant, record, build):
+    """The cubins (relative to the library) of the modules the launches of
+    `record`'s plan name (`{"states": path}`), or an Error naming a missing one."""
+    modules = build.get("modules") or {}
+    out = {}
+    for launch in record["plan"]["launches"]:
+        key = launch.get("module")
+        if key is None:
+            continue
+        path = modules.get(key)
+        if not path:
+            why = "is not listed" if key not in modules else "has no cubin (compiled without NVRTC?)"
+            raise Error(
+                f"{variant['name']} {record['pass']}: launch {launch['entry']} is in the module `{key}`, "
+                f"which the {build.get('arch')} build {why}"
+            )
+        out[key] = path
+    return out
+
+
+def select_build(variant, pass_name, arch):
+    """The kernel record of `variant` for `pass_name` on `arch` and its build
+    (with its cubin), or an Error that says why there is none."""
     name = variant["name"]
     records = [k for k in variant["kernels"] if k.get("pass") == pass_name and "plan" in k]
     for k in records:
@@ -218,7 +250,8 @@ def select_kernel(variant, pass_name, arch):
                         f"{name} {pass_name}: the library has no {arch} cubin (it was compiled without NVRTC: "
                         f"sources only); compile it again with NVRTC (libnvrtc.so.13) on LD_LIBRARY_PATH"
                     )
-                return k, b["cubin"]
+                build_modules(variant, k, b)
+                return k, b
     if pass_name == "backward":
         reason = backward_unavailable(variant, arch)
         raise Error(f"{name} backward: {reason}")
@@ -269,7 +302,7 @@ class Call:
     """A checked call of a plan: the bound sizes, the number of KV splits,
     the buffers to allocate and the launches to make, in order."""
 
-    def __init__(self, sizes, kv_splits, allocations, launches, outputs):
+    def __init__(self, sizes, kv_splits, allocations, launches, outputs, modules=None):
         #: name -> int, the plan's sizes and `kv_splits`.
         self.sizes = sizes
         self.kv_splits = kv_splits
@@ -280,6 +313,9 @@ class Call:
         self.launches = launches
         #: The names the call returns (outputs, wanted optional outputs).
         self.outputs = outputs
+        #: Per launch: the module that holds its entry (a key of the build's
+        #: `modules`), or None for the build's own cubin.
+        self.modules = modules if modules is not None else [None] * len(launches)
 
 
 def _eval_or(expr, sizes, default):
@@ -480,7 +516,7 @@ class Plan:
             shape = tuple(eval_size(e, sizes) for e in b["shape"])
             allocations.append((b["name"], b["dtype"], shape, bool(b.get("zeroed"))))
             present.add(b["name"])
-        launches = []
+        launches, modules = [], []
         for launch in self.launch_plans:
             if launch.get("when") == "split_kv" and splits <= 1:
                 continue
@@ -498,6 +534,8 @@ class Plan:
                     if a["ptr"] not in self.buffers:
                         raise Error(f"{self.where}: launch {launch['entry']} reads unknown buffer `{a['ptr']}`")
                     args.append(("ptr", a["ptr"] if a["ptr"] in present else None))
+                elif "null" in a:
+                    args.append(("ptr", None))
                 elif "i32" in a:
                     value = eval_size(a["i32"], sizes)
                     if value > I32_MAX:
@@ -506,8 +544,9 @@ class Plan:
                 else:
                     raise Error(f"{self.where}: launch {launch['entry']}: unknown argument {a!r}")
             launches.append((launch["entry"], grid, int(launch["threads"]), int(launch["dynamic_smem_bytes"]), args))
+            modules.append(launch.get("module"))
         outputs = self.outputs + [n for n in self.optional_outputs if n in want]
-        return Call(sizes, splits, allocations, launches, outputs)
+        return Call(sizes, splits, allocations, launches, outputs, modules)
 
 
 _TORCH_DTYPE_NAMES = {"bf16": "torch.bfloat16", "f16": "torch.float16", "f32": "torch.float32"}
@@ -774,11 +813,12 @@ class Variant:
     def plan(self, pass_name):
         """The Plan of `pass_name` on the library's architecture, with its cubin."""
         if pass_name not in self._plans:
-            record, cubin = select_kernel(self.record, pass_name, self.library.arch)
+            record, build = select_build(self.record, pass_name, self.library.arch)
             plan = Plan(self.name, record["plan"])
             if self.pattern == "recurrent":
                 plan.labels = {"state_in": "initial_state", "norm_in": "initial_norm"}
-            self._plans[pass_name] = (plan, cubin)
+            modules = build_modules(self.record, record, build)
+            self._plans[pass_name] = (plan, build["cubin"], modules)
         return self._plans[pass_name][0]
 
     def run(self, pass_name, tensors, want=(), kv_splits=None):
@@ -802,8 +842,11 @@ class Variant:
             call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device))
             dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
             call.torch_allocations = [(n, dtypes[d], s, z) for n, d, s, z in call.allocations]
-            cubin = self._plans[pass_name][1]
-            call.functions = [lib._function(cubin, entry, smem) for entry, _, _, smem, _ in call.launches]
+            _, cubin, modules = self._plans[pass_name]
+            call.functions = [
+                lib._function(cubin if m is None else modules[m], entry, smem)
+                for (entry, _, _, smem, _), m in zip(call.launches, call.modules)
+            ]
             call.params = [_params(args) for _, _, _, _, args in call.launches]
             call.lock = threading.Lock()
             if len(self._calls) >= 256:
@@ -898,25 +941,61 @@ def _autograd():
 
     class Recurrent(torch.autograd.Function):
         """(o, state_out, norm_out) = variant(q, k, v, state_in, norm_in,
-        *customs); no backward kernels exist for recurrent variants."""
+        *customs); the backward runs the variant's backward plan (its states
+        pass recomputes the state before each chunk from the same inputs)
+        with the gradients of o and, where they were returned, of the final
+        state and normaliser."""
 
         @staticmethod
         def forward(ctx, variant, want_state, q, k, v, state_in, norm_in, *customs):
             ctx.variant = variant
+            ctx.set_materialize_grads(False)
             plan = variant.plan("forward")
+            normalized = "norm_in" in plan.buffers
             tensors = dict(zip(variant.input_names, (q, k, v) + customs))
             tensors.update(state_in=state_in)
-            if "norm_in" in plan.buffers:
+            if normalized:
                 tensors.update(norm_in=norm_in)
             want = [n for n in ("state_out", "norm_out") if want_state and n in plan.buffers]
             out = variant.run("forward", tensors, want=want)
+            ctx.want = want
+            ctx.has_state = (state_in is not None, norm_in is not None)
+            ctx.save_for_backward(q, k, v, state_in, norm_in, *customs)
             results = [out["o"]] + [out[n] for n in want]
             return tuple(results) if len(results) > 1 else results[0]
 
         @staticmethod
-        def backward(ctx, *grads):
+        @once_differentiable
+        def backward(ctx, do, *state_grads):
             variant = ctx.variant
-            raise RuntimeError(f"{variant.name}: no backward: {variant.backward_note or 'no backward kernels'}")
+            note = variant.backward_note
+            if note is not None:
+                raise RuntimeError(f"{variant.name}: no backward on {variant.library.arch}: {note}")
+            q, k, v, state_in, norm_in, *customs = ctx.saved_tensors
+            plan = variant.plan("backward")
+            if do is None:
+                do = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=v.dtype, device=v.device)
+            tensors = dict(zip(variant.input_names, [q, k, v] + customs))
+            tensors["do"] = _fit(do, v.dtype)
+            tensors["state_in"] = state_in
+            if "norm_in" in plan.buffers:
+                tensors["norm_in"] = norm_in
+            seeds = {"state_out": "d_state_out", "norm_out": "d_norm_out"}
+            for name, g in zip(ctx.want, state_grads):
+                if g is not None:
+                    tensors[seeds[name]] = _fit(g, torch.float32)
+            # Gradients of the initial state and normaliser where they were given.
+            need = ctx.needs_input_grad
+            want = []
+            if ctx.has_state[0] and need[5]:
+                want.append("d_state_in")
+            if ctx.has_state[1] and need[6] and "d_norm_in" in plan.buffers:
+                want.append("d_norm_in")
+            g = variant.run("backward", tensors, want=want)
+            grads = [g["dq"], g["dk"], g["dv"], g.get("d_state_in"), g.get("d_norm_in")]
+            for name, t in zip(variant.custom_names, customs):
+                grads.append(g["d" + name].to(t.dtype).reshape(t.shape))
+            return (None, None) + tuple(x if n else None for x, n in zip(grads, need[2:]))
 
     class Functions:
         pass

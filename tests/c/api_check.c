@@ -9,7 +9,9 @@
  * On the GPU the calls are checked against what holds for any inputs:
  * when v is the same at every key position, attention returns that row
  * (softmax, ALiBi, decoding with KV splits); a zero output gradient gives
- * zero gradients; a recurrence over v = 0 gives zero outputs and states.
+ * zero gradients; a recurrence over v = 0 gives zero outputs and states;
+ * the recurrent backward (the states pass from its own cubin, then the
+ * backward kernels) of a zero output gradient gives zero gradients.
  * Outputs are pre-filled with NaN, so a kernel that writes nothing fails.
  *
  * Exit: 0 all checks passed with a GPU; 3 all checks passed and
@@ -404,6 +406,91 @@ static void mamba2_checks(aec_library *lib)
 }
 #endif
 
+#ifdef AEC_HAVE_MAMBA2_BACKWARD
+static size_t align256(size_t n)
+{
+    return (n + 255) / 256 * 256;
+}
+
+static void mamba2_backward_checks(aec_library *lib)
+{
+    aec_mamba2_sizes s;
+    aec_mamba2_backward_buffers g;
+    const int DK = AEC_MAMBA2_DK, DV = AEC_MAMBA2_DV;
+    printf("section mamba2 backward\n");
+    s.B = 2; s.H = 3; s.S = 150; s.Dk = DK; s.Dv = DV;
+    g.q = FAKE; g.k = FAKE; g.v = FAKE; g.a = (const float *)FAKE; g.dt = (const float *)FAKE;
+    g.do_ = NULL; g.state_in = NULL; g.d_state_out = NULL;
+    g.dq = FAKE; g.dk = FAKE; g.dv = FAKE; g.da = (float *)FAKE; g.ddt = (float *)FAKE; g.d_state_in = NULL;
+    check_status(lib, aec_mamba2_backward(lib, &s, &g, NULL, NULL), AEC_ERROR_ARGUMENT,
+                 "buffers->do_ is NULL: the input do (bf16 [B=2, H=3, S=150, 64]) is required", "mamba2 backward do NULL");
+    g.do_ = FAKE;
+    g.ddt = NULL;
+    check_status(lib, aec_mamba2_backward(lib, &s, &g, NULL, NULL), AEC_ERROR_ARGUMENT,
+                 "buffers->ddt is NULL: the output ddt (f32 [B=2, H=3, S=150]) is required", "mamba2 backward ddt NULL");
+    g.ddt = (float *)FAKE;
+    s.S = 0;
+    check_status(lib, aec_mamba2_backward(lib, &s, &g, NULL, NULL), AEC_ERROR_SHAPE,
+                 "sizes->S = 0: every size must be at least 1", "mamba2 backward S = 0");
+    s.S = 150;
+    if (!on_gpu) {
+        /* The optional state pointers may be NULL: the checks pass. */
+        check_status(lib, aec_mamba2_backward(lib, &s, &g, NULL, NULL), AEC_ERROR_ARGUMENT, "is not open",
+                     "mamba2 backward without the optional states on a library that is not open");
+        return;
+    }
+    {
+        size_t nq = (size_t)s.B * s.H * s.S * DK, nv = (size_t)s.B * s.H * s.S * DV;
+        size_t rows = (size_t)s.B * s.H * s.S, nstate = (size_t)s.B * s.H * DK * DV;
+        size_t chunks = ((size_t)s.S + 63) / 64, per_chunk = (size_t)s.B * s.H * chunks * DK * DV * 2;
+        uint16_t *q = check_random_bf16(nq, 20), *k = check_random_bf16(nq, 21), *v = check_random_bf16(nv, 22);
+        float *a = (float *)malloc((size_t)s.H * 4), *dt = (float *)malloc(rows * 4);
+        size_t i;
+        /* states and dstates (bf16, per chunk), dlog (f32, per step). */
+        check_true(aec_mamba2_backward_workspace_bytes(lib, &s) == 2 * align256(per_chunk) + align256(rows * 4),
+                   "mamba2 backward workspace: states, dstates and dlog");
+        for (i = 0; i < (size_t)s.H; i++)
+            a[i] = -0.5f;
+        for (i = 0; i < rows; i++)
+            dt[i] = 0.1f;
+        g.q = check_upload(lib, q, nq * 2, "q");
+        g.k = check_upload(lib, k, nq * 2, "k");
+        g.v = check_upload(lib, v, nv * 2, "v");
+        g.a = (const float *)check_upload(lib, a, (size_t)s.H * 4, "a");
+        g.dt = (const float *)check_upload(lib, dt, rows * 4, "dt");
+        g.do_ = check_upload(lib, NULL, nv * 2, "do (zeros)");
+        g.dq = nan_bf16(lib, nq, "dq");
+        g.dk = nan_bf16(lib, nq, "dk");
+        g.dv = nan_bf16(lib, nv, "dv");
+        g.da = (float *)nan_bf16(lib, (size_t)s.H * 2, "da");
+        g.ddt = (float *)nan_bf16(lib, rows * 2, "ddt");
+        g.d_state_in = (float *)nan_bf16(lib, nstate * 2, "d_state_in");
+        check_status(lib, aec_mamba2_backward(lib, &s, &g, NULL, NULL), AEC_OK, NULL,
+                     "mamba2 backward runs (zero output gradient)");
+        check_status(lib, aec_synchronize(lib), AEC_OK, NULL, "mamba2 backward completes");
+        expect_zeros(lib, g.dq, nq, 0, "mamba2 dq for dO = 0");
+        expect_zeros(lib, g.dk, nq, 0, "mamba2 dk for dO = 0");
+        expect_zeros(lib, g.dv, nv, 0, "mamba2 dv for dO = 0");
+        expect_zeros(lib, g.da, (size_t)s.H, 1, "mamba2 da for dO = 0");
+        expect_zeros(lib, g.ddt, rows, 1, "mamba2 ddt for dO = 0");
+        expect_zeros(lib, g.d_state_in, nstate, 1, "mamba2 d_state_in for dO = 0");
+        aec_device_free(lib, (void *)g.q);
+        aec_device_free(lib, (void *)g.k);
+        aec_device_free(lib, (void *)g.v);
+        aec_device_free(lib, (void *)g.a);
+        aec_device_free(lib, (void *)g.dt);
+        aec_device_free(lib, (void *)g.do_);
+        aec_device_free(lib, g.dq);
+        aec_device_free(lib, g.dk);
+        aec_device_free(lib, g.dv);
+        aec_device_free(lib, g.da);
+        aec_device_free(lib, g.ddt);
+        aec_device_free(lib, g.d_state_in);
+        free(q); free(k); free(v); free(a); free(dt);
+    }
+}
+#endif
+
 static void all_sections(aec_library *lib)
 {
 #ifdef AEC_HAVE_SOFTMAX_FORWARD
@@ -420,6 +507,9 @@ static void all_sections(aec_library *lib)
 #endif
 #ifdef AEC_HAVE_MAMBA2_FORWARD
     mamba2_checks(lib);
+#endif
+#ifdef AEC_HAVE_MAMBA2_BACKWARD
+    mamba2_backward_checks(lib);
 #endif
     (void)lib;
 }

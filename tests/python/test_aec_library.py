@@ -163,6 +163,8 @@ def _with_cubins(manifest, value):
             for b in k.get("builds") or []:
                 if "cubin" in b:
                     b["cubin"] = value
+                for key in b.get("modules") or {}:
+                    b["modules"][key] = value
     return m
 
 
@@ -222,11 +224,25 @@ class WithManifest(unittest.TestCase):
     def test_backward_availability(self):
         arch = self.archs[-1]
         self.assertIsNone(al.backward_unavailable(self.v["Alibi"], arch))
-        note = self.v["Mamba2"]["backward_note"]
-        self.assertTrue(note)
-        self.assertIn(note, al.backward_unavailable(self.v["Mamba2"], arch))
-        with self.assertRaisesRegex(Error, "Mamba2 backward: no backward kernels: " + note[:40]):
-            al.select_kernel(self.v["Mamba2"], "backward", arch)
+        # Recurrent variants have a backward too: two modules per build.
+        self.assertIsNone(al.backward_unavailable(self.v["Mamba2"], arch))
+        record, build = al.select_build(self.v["Mamba2"], "backward", arch)
+        self.assertEqual(record["pass"], "backward")
+        self.assertEqual(al.build_modules(self.v["Mamba2"], record, build), {"states": "kernels/present.cubin"})
+        # A build that lacks the states pass's module is refused by name.
+        broken = copy.deepcopy(self.v["Mamba2"])
+        for k in broken["kernels"]:
+            for b in k.get("builds") or []:
+                b.pop("modules", None)
+        with self.assertRaisesRegex(Error, rf"Mamba2 backward: launch aec_rec_states_mamba2_\w+ is in the module `states`, which the {arch} build is not listed"):
+            al.select_kernel(broken, "backward", arch)
+        # A recurrent backward the compiler could not generate says why.
+        skipped = copy.deepcopy(self.v["Mamba2"])
+        skipped["kernels"] = [k for k in skipped["kernels"] if k["pass"] == "forward"]
+        skipped["kernels"].append({"pass": "backward", "arch": arch, "skipped": "head dimension Dk = 16 is not supported"})
+        self.assertIn("Dk = 16", al.backward_unavailable(skipped, arch))
+        with self.assertRaisesRegex(Error, "Mamba2 backward: no backward kernels: head dimension Dk = 16"):
+            al.select_kernel(skipped, "backward", arch)
         # A parallel variant whose backward the compiler skipped says why.
         skipped = copy.deepcopy(self.v["Alibi"])
         skipped["kernels"] = [k for k in skipped["kernels"] if k["pass"] == "forward"]
@@ -397,6 +413,63 @@ class WithManifest(unittest.TestCase):
             p.prepare({n: x for n, x in mamba().items() if n != "a"})
         with self.assertRaisesRegex(Error, r"unknown input `state_out`; it takes q, k, v, a, dt, state_in \(optional\)"):
             p.prepare(mamba(state_out=info((2, 4, 128, 64), "f32")))
+
+    def test_recurrent_backward_plan(self):
+        for arch in self.archs:
+            p = self.plan("Mamba2", "backward", arch=arch)
+            b, h, s = 2, 4, 77  # S is not a multiple of the 64-step chunk: 2 chunks
+
+            def mamba(**over):
+                t = dict(q=info((b, h, s, 128)), k=info((b, h, s, 128)), v=info((b, h, s, 64)),
+                         a=info((h,), "f32"), dt=info((b, h, s), "f32"), do=info((b, h, s, 64)))
+                t.update(over)
+                return {n: x for n, x in t.items() if x is not None}
+
+            call = p.prepare(mamba(), sms=132)
+            self.assertEqual(call.sizes, dict(B=2, H=4, S=77, kv_splits=1))
+            allocs = {n: (d, sh, z) for n, d, sh, z in call.allocations}
+            self.assertEqual(allocs["dq"], ("bf16", (2, 4, 77, 128), False))
+            self.assertEqual(allocs["dv"], ("bf16", (2, 4, 77, 64), False))
+            self.assertEqual(allocs["da"], ("f32", (4,), True))
+            self.assertEqual(allocs["ddt"], ("f32", (2, 4, 77), True))
+            self.assertEqual(allocs["states"], ("bf16", (2, 4, 2, 128, 64), False))
+            self.assertEqual(allocs["dstates"], ("bf16", (2, 4, 2, 128, 64), False))
+            self.assertEqual(allocs["dlog"], ("f32", (2, 4, 77), True))
+            self.assertNotIn("d_state_in", allocs)
+            self.assertEqual(set(call.outputs), {"dq", "dk", "dv", "da", "ddt"})
+            # The states pass first, from its own module, then the backward kernels.
+            entries = [e for e, *_ in call.launches]
+            self.assertTrue(entries[0].startswith("aec_rec_states_mamba2_"), entries)
+            self.assertEqual([e.rsplit("_", 1)[1] for e in entries[1:]], ["dstate", "dqk", "dv", "decay"])
+            self.assertEqual(call.modules, ["states", None, None, None, None])
+            grids = [g for _, g, *_ in call.launches]
+            self.assertEqual(grids[0], (1, 4, 2))  # Dv / 64 slices
+            self.assertEqual(grids[1:], [(1, 4, 2), (4, 4, 2), (2, 4, 2), (1, 4, 2)])
+            states_args = call.launches[0][4]
+            self.assertEqual(states_args[:5], [("ptr", n) for n in ("q", "k", "v", "a", "dt")])
+            self.assertEqual(states_args[5:7], [("ptr", None), ("ptr", None)])  # no state_in; state_out never
+            self.assertIn(("ptr", "states"), states_args)
+            self.assertIn(("ptr", None), call.launches[1][4])  # no d_state_out, no d_state_in
+            # With the forward's initial state, the final state's gradient, and dS_in asked for.
+            st = info((2, 4, 128, 64), "f32")
+            call = p.prepare(mamba(state_in=st, d_state_out=st), want=("d_state_in",))
+            self.assertIn(("d_state_in", "f32", (2, 4, 128, 64), False), call.allocations)
+            self.assertIn("d_state_in", call.outputs)
+            self.assertEqual(call.launches[0][4][5:7], [("ptr", "state_in"), ("ptr", None)])
+            self.assertNotIn(("ptr", None), call.launches[1][4])
+            # Refusals name the tensor and its shape.
+            with self.assertRaisesRegex(Error, r"Mamba2 backward: do: expected \[B, H, S, 64\] = \[2, 4, 77, 64\], got \[2, 4, 77, 128\]"):
+                p.prepare(mamba(do=info((2, 4, 77, 128))))
+            with self.assertRaisesRegex(Error, r"Mamba2 backward: missing input `do` \[B, H, S, 64\] bf16"):
+                p.prepare(mamba(do=None))
+            with self.assertRaisesRegex(Error, r"d_state_out: expected \[B, H, 128, 64\] = \[2, 4, 128, 64\], got \[2, 4, 64, 128\]"):
+                p.prepare(mamba(d_state_out=info((2, 4, 64, 128), "f32")))
+            with self.assertRaisesRegex(Error, r"d_state_out: expected dtype f32"):
+                p.prepare(mamba(d_state_out=info((2, 4, 128, 64))))
+            with self.assertRaisesRegex(Error, r"unknown optional output `d_norm_in` \(it has: d_state_in\)"):
+                p.prepare(mamba(), want=("d_norm_in",))
+            with self.assertRaisesRegex(Error, r"unknown input `norm_in`"):
+                p.prepare(mamba(norm_in=info((2, 4, 128), "f32")))
 
     def test_backward_plan(self):
         p = self.plan("Alibi", "backward")
