@@ -170,6 +170,57 @@ __device__ __forceinline__ void frag_b_cols(const elem_t* s, int stride, int n0,
     ldmatrix_x4_trans(smem_u32(s + row * stride + col), b0, b1, b2, b3);
 }
 
+template <int N8>
+__device__ __forceinline__ void zero(float (&acc)[N8][4]) {
+#pragma unroll
+    for (int nt = 0; nt < N8; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[nt][c] = 0.f;
+}
+
+// One warp's acc (16 rows from m0, N8 n8 tiles from n0) += A · B over K:
+// A from a row-major tile (A_T: from its transpose), B with rows of `b` as
+// its columns (B_ROWS, B = bᵀ) or as its rows.
+template <int K, int N8, bool A_T, bool B_ROWS>
+__device__ __forceinline__ void warp_mma(float (&acc)[N8][4], const elem_t* a, int sa, int m0, const elem_t* b, int sb, int n0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        unsigned fa[4];
+        if (A_T) frag_a_t(a, sa, m0, kk * 16, lane, fa);
+        else frag_a(a, sa, m0, kk * 16, lane, fa);
+#pragma unroll
+        for (int np = 0; np < N8 / 2; ++np) {
+            unsigned b0, b1, b2, b3;
+            if (B_ROWS) frag_b_rows(b, sb, n0 + np * 16, kk * 16, lane, b0, b1, b2, b3);
+            else frag_b_cols(b, sb, n0 + np * 16, kk * 16, lane, b0, b1, b2, b3);
+            mma16816(acc[2 * np], fa, b0, b1);
+            mma16816(acc[2 * np + 1], fa, b2, b3);
+        }
+    }
+}
+
+// The causal decay inside a chunk applied to a warp's C × C scores (rows
+// r_lo, r_lo + 8; columns from s_base), plus `row_add[r]` where given, stored
+// to `dst` (stride SAS): x_ts · 2^(L_t − L_s) for s ≤ t, 0 above.
+template <int N8>
+__device__ __forceinline__ void store_decayed(const float (&acc)[N8][4], elem_t* dst, const float* sL, int r_lo, int s_base, int t4, const float* row_add) {
+    const int r_hi = r_lo + 8;
+    const float l_lo = sL[r_lo], l_hi = sL[r_hi];
+#pragma unroll
+    for (int nt = 0; nt < N8; ++nt) {
+        const int s0 = s_base + nt * 8 + 2 * t4;
+        float w[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int r = c < 2 ? r_lo : r_hi, s = s0 + c % 2;
+            const float x = acc[nt][c] + (row_add ? row_add[r] : 0.f);
+            w[c] = s <= r ? x * fast_exp2((c < 2 ? l_lo : l_hi) - sL[s]) : 0.f;
+        }
+        *reinterpret_cast<unsigned*>(dst + r_lo * SAS + s0) = pack2(w[0], w[1]);
+        *reinterpret_cast<unsigned*>(dst + r_hi * SAS + s0) = pack2(w[2], w[3]);
+    }
+}
+
 {% if normalize %}// dÕ and dn from do through the normaliser's derived backward: one warp per row.
 extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_pre(BWD_ARGS) {
     INIT_PARAMS
@@ -382,14 +433,9 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     }
 {% endif %}
     float dp[NCOL / 8][4], dqa[KCOL / 8][4], dka[KCOL / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < NCOL / 8; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) dp[nt][c] = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < KCOL / 8; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) { dqa[nt][c] = 0.f; dka[nt][c] = 0.f; }
+    zero(dp);
+    zero(dqa);
+    zero(dka);
 
 {% if decay %}    // ⟨S_after, dS⟩ of this chunk and Dk slice, S_after = 2^(L_last) S + K̃ᵀ diag(2^(L_last − L)) Ṽ:
     // 2^(L_last)⟨S, dS⟩ here, Σ_s k̃_s·(the state's share of dk̃_s) below.
@@ -447,20 +493,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     __syncthreads();
     const int r_lo = wm * 16 + g, r_hi = r_lo + 8;
     const float l_lo = sL[r_lo], l_hi = sL[r_hi], l_last = sL[C - 1];
-#pragma unroll
-    for (int nt = 0; nt < NCOL / 8; ++nt) {
-        const int s0 = wn * NCOL + nt * 8 + 2 * t4;
-        float w[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int r = c < 2 ? r_lo : r_hi, s = s0 + c % 2;
-            float x = dp[nt][c];
-{% if normalize %}            x += sDn[r];
-{% endif %}            w[c] = s <= r ? x * fast_exp2((c < 2 ? l_lo : l_hi) - sL[s]) : 0.f;
-        }
-        *reinterpret_cast<unsigned*>(sP + r_lo * SAS + s0) = pack2(w[0], w[1]);
-        *reinterpret_cast<unsigned*>(sP + r_hi * SAS + s0) = pack2(w[2], w[3]);
-    }
+    store_decayed(dp, sP, sL, r_lo, wn * NCOL, t4, {% if normalize %}sDn{% else %}nullptr{% endif %});
     {
         const float q_lo = fast_exp2(l_lo), q_hi = fast_exp2(l_hi);
         const float k_lo = fast_exp2(l_last - l_lo), k_hi = fast_exp2(l_last - l_hi);
@@ -492,22 +525,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         if (lane == 0) atomicAdd(&dlog[bh * S + min(t0 + C, S) - 1], bnd);
     }
 {% endif %}    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-        unsigned pa[4], pt_a[4];
-        frag_a(sP, SAS, wm * 16, kk * 16, lane, pa);
-        frag_a_t(sP, SAS, wm * 16, kk * 16, lane, pt_a);
-#pragma unroll
-        for (int np = 0; np < KCOL / 16; ++np) {
-            unsigned b0, b1, b2, b3;
-            frag_b_cols(sK, SKT, wn * KCOL + np * 16, kk * 16, lane, b0, b1, b2, b3);
-            mma16816(dqa[2 * np], pa, b0, b1);
-            mma16816(dqa[2 * np + 1], pa, b2, b3);
-            frag_b_cols(sQ, SKT, wn * KCOL + np * 16, kk * 16, lane, b0, b1, b2, b3);
-            mma16816(dka[2 * np], pt_a, b0, b1);
-            mma16816(dka[2 * np + 1], pt_a, b2, b3);
-        }
-    }
+    warp_mma<C, KCOL / 8, false, false>(dqa, sP, SAS, wm * 16, sK, SKT, wn * KCOL, lane);  // dP K̃
+    warp_mma<C, KCOL / 8, true, false>(dka, sP, SAS, wm * 16, sQ, SKT, wn * KCOL, lane);   // dPᵀ Q̃
 {% if decay %}    {
         // This slice's share of q̃_t·dq̃_t − k̃_t·dk̃_t, the decay's gradient per step.
         float part_lo = 0.f, part_hi = 0.f;
@@ -587,35 +606,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
     const float l_last = sL[C - 1];
     {
         float a[NCOL / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < NCOL / 8; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) a[nt][c] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; ++kk) {
-            unsigned qa[4];
-            frag_a(sQ, SKS, wm * 16, kk * 16, lane, qa);
-#pragma unroll
-            for (int np = 0; np < NCOL / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                frag_b_rows(sK, SKS, wn * NCOL + np * 16, kk * 16, lane, b0, b1, b2, b3);
-                mma16816(a[2 * np], qa, b0, b1);
-                mma16816(a[2 * np + 1], qa, b2, b3);
-            }
-        }
-        const float l_lo = sL[r_lo], l_hi = sL[r_hi];
-#pragma unroll
-        for (int nt = 0; nt < NCOL / 8; ++nt) {
-            const int s0 = wn * NCOL + nt * 8 + 2 * t4;
-            float w[4];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int r = c < 2 ? r_lo : r_hi, s = s0 + c % 2;
-                w[c] = s <= r ? a[nt][c] * fast_exp2((c < 2 ? l_lo : l_hi) - sL[s]) : 0.f;
-            }
-            *reinterpret_cast<unsigned*>(sA + r_lo * SAS + s0) = pack2(w[0], w[1]);
-            *reinterpret_cast<unsigned*>(sA + r_hi * SAS + s0) = pack2(w[2], w[3]);
-        }
+        zero(a);
+        warp_mma<DK, NCOL / 8, false, true>(a, sQ, SKS, wm * 16, sK, SKS, wn * NCOL, lane);  // Q̃ K̃ᵀ
+        store_decayed(a, sA, sL, r_lo, wn * NCOL, t4, nullptr);
     }
     const float f_lo = fast_exp2(l_last - sL[r_lo]), f_hi = fast_exp2(l_last - sL[r_hi]);
     __syncthreads();
@@ -640,22 +633,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
         const elem_t* cDo = sDo + buf * C * SES;
         const elem_t* cDs = sDs + buf * DK * SES;
         float acc[ECOL / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < ECOL / 8; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[nt][c] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; ++kk) {
-            unsigned ka[4];
-            frag_a(sK, SKS, wm * 16, kk * 16, lane, ka);
-#pragma unroll
-            for (int np = 0; np < ECOL / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                frag_b_cols(cDs, SES, wn * ECOL + np * 16, kk * 16, lane, b0, b1, b2, b3);
-                mma16816(acc[2 * np], ka, b0, b1);
-                mma16816(acc[2 * np + 1], ka, b2, b3);
-            }
-        }
+        zero(acc);
+        warp_mma<DK, ECOL / 8, false, false>(acc, sK, SKS, wm * 16, cDs, SES, wn * ECOL, lane);  // K̃ dS
 #pragma unroll
         for (int nt = 0; nt < ECOL / 8; ++nt) {
             acc[nt][0] *= f_lo;
@@ -663,18 +642,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
             acc[nt][2] *= f_hi;
             acc[nt][3] *= f_hi;
         }
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) {
-            unsigned aa[4];
-            frag_a_t(sA, SAS, wm * 16, kk * 16, lane, aa);
-#pragma unroll
-            for (int np = 0; np < ECOL / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                frag_b_cols(cDo, SES, wn * ECOL + np * 16, kk * 16, lane, b0, b1, b2, b3);
-                mma16816(acc[2 * np], aa, b0, b1);
-                mma16816(acc[2 * np + 1], aa, b2, b3);
-            }
-        }
+        warp_mma<C, ECOL / 8, true, false>(acc, sA, SAS, wm * 16, cDo, SES, wn * ECOL, lane);  // Aᵀ dÕ
 #pragma unroll
         for (int nt = 0; nt < ECOL / 8; ++nt)
 #pragma unroll
