@@ -1,12 +1,12 @@
 //! The backward on the GPU: [`ParallelKernels::backward`].
 
 use super::{
-    BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, backward_source, cache,
-    check_lengths, params_of,
+    BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, backward_source,
+    check_lengths, compile_and_load, loading_error, params_of,
 };
 use crate::compiler::{ArgKind, BackwardSource, CompileError, Isa};
 use crate::frontend::ir::Axis;
-use crate::runtime::{Arg, CompileOptions, DeviceBuffer, Module, Stream, bf16};
+use crate::runtime::{Arg, DeviceBuffer, Stream, bf16};
 
 /// What [`ParallelKernels::backward`] returns: the gradients of the loss with
 /// respect to every input, filled once the stream reaches the launches.
@@ -49,29 +49,10 @@ impl ParallelKernels {
             source.config.elem,
             &["dq", "dk", "dv", "dot", "qmod", "dq_acc"],
         )?;
-        let mut opts = CompileOptions::new(self.device.arch());
-        opts.flags.extend(self.options.nvrtc_flags.iter().cloned());
-        let compiled = cache()
-            .compile(&source.source, &opts)
-            .map_err(|e| Error::Runtime {
-                during: format!(
-                    "compiling the backward kernels of `{}` with NVRTC for {}",
-                    self.variant.name,
-                    self.device.arch()
-                ),
-                source: e,
-            })?;
-        let loading = |e| Error::Runtime {
-            during: format!(
-                "loading the backward kernels of `{}` onto device {} ({})",
-                self.variant.name,
-                self.device.ordinal(),
-                self.device.name()
-            ),
-            source: e,
-        };
-        let module = Module::load(&self.device, &compiled.cubin).map_err(loading)?;
-        let kernel = |name: &str| module.kernel(name, &params).map_err(loading);
+        let what = format!("the backward kernels of `{}`", self.variant.name);
+        let module = compile_and_load(&self.device, &source.source, &self.options, &what)?;
+        let loading = loading_error(&self.device, &what);
+        let kernel = |name: &str| module.kernel(name, &params).map_err(&loading);
         let kernels = BackwardKernels {
             pre: kernel(&source.pre.name)?,
             main: kernel(&source.main.name)?,

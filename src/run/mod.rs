@@ -307,6 +307,38 @@ fn cache() -> &'static KernelCache {
     CACHE.get_or_init(KernelCache::from_env)
 }
 
+/// Compiles `code` with NVRTC for `device` through the kernel cache (with
+/// the options' extra flags) and loads it. `what` names the kernels in
+/// errors ("the backward kernels of `softmax`").
+fn compile_and_load(
+    device: &Device,
+    code: &str,
+    options: &KernelOptions,
+    what: &str,
+) -> Result<Module, Error> {
+    let mut opts = CompileOptions::new(device.arch());
+    opts.flags.extend(options.nvrtc_flags.iter().cloned());
+    let compiled = cache().compile(code, &opts).map_err(|e| Error::Runtime {
+        during: format!("compiling {what} with NVRTC for {}", device.arch()),
+        source: e,
+    })?;
+    Module::load(device, &compiled.cubin).map_err(loading_error(device, what))
+}
+
+/// The error of loading `what` (a module, or a kernel looked up in it) onto
+/// `device`.
+fn loading_error(device: &Device, what: &str) -> impl Fn(RuntimeError) -> Error {
+    let during = format!(
+        "loading {what} onto device {} ({})",
+        device.ordinal(),
+        device.name()
+    );
+    move |e| Error::Runtime {
+        during: during.clone(),
+        source: e,
+    }
+}
+
 /// Generates the parallel forward kernel of `variant` for `dims` and the
 /// instruction set `isa` without compiling it: the CUDA source and its launch
 /// facts. Needs no GPU; this is the first step of
@@ -433,42 +465,15 @@ impl ParallelKernels {
             source.elem,
             &["o", "rowout", "opart", "spart"],
         )?;
-        let mut opts = CompileOptions::new(device.arch());
-        opts.flags.extend(options.nvrtc_flags.iter().cloned());
-        let compiled = cache()
-            .compile(&source.source, &opts)
-            .map_err(|e| Error::Runtime {
-                during: format!(
-                    "compiling `{}` (the forward kernel of `{}`) with NVRTC for {}",
-                    source.name,
-                    variant.name,
-                    device.arch()
-                ),
-                source: e,
-            })?;
-        let loading = || {
-            format!(
-                "loading the forward kernel of `{}` onto device {} ({})",
-                variant.name,
-                device.ordinal(),
-                device.name()
-            )
-        };
-        let module = Module::load(device, &compiled.cubin).map_err(|e| Error::Runtime {
-            during: loading(),
-            source: e,
-        })?;
-        let forward = module
-            .kernel(&source.name, &params)
-            .map_err(|e| Error::Runtime {
-                during: loading(),
-                source: e,
-            })?;
+        let what = format!(
+            "`{}` (the forward kernel of `{}`)",
+            source.name, variant.name
+        );
+        let module = compile_and_load(device, &source.source, options, &what)?;
+        let loading = loading_error(device, &what);
+        let forward = module.kernel(&source.name, &params).map_err(&loading)?;
         let combine = match &source.combine {
-            Some(name) => Some(module.kernel(name, &params).map_err(|e| Error::Runtime {
-                during: loading(),
-                source: e,
-            })?),
+            Some(name) => Some(module.kernel(name, &params).map_err(&loading)?),
             None => None,
         };
         Ok(ParallelKernels {

@@ -52,8 +52,8 @@
 //! and, where an initial state was given, its gradient.
 
 use super::{
-    Error, KernelElement, KernelOptions, cache, check_declared_tensors, check_devices, check_elem,
-    dtype_of,
+    Error, KernelElement, KernelOptions, check_declared_tensors, check_devices, check_elem,
+    compile_and_load, dtype_of, loading_error,
 };
 use crate::compiler::cuda::recurrent::RECURRENT_CHUNKS;
 use crate::compiler::{
@@ -61,9 +61,7 @@ use crate::compiler::{
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::{self, Pattern};
-use crate::runtime::{
-    Arg, CompileOptions, DType, Device, DeviceBuffer, Kernel, Module, Param, Stream, bf16,
-};
+use crate::runtime::{Arg, DType, Device, DeviceBuffer, Kernel, Module, Param, Stream, bf16};
 
 /// The head dimensions a recurrent kernel is generated for: `Dk` (q and k,
 /// the rows of the state) and `Dv` (v, the output and the state's columns).
@@ -429,43 +427,17 @@ impl RecurrentKernels {
         options: &KernelOptions,
     ) -> Result<RecurrentKernels, Error> {
         let source = recurrent_source(variant, dims, options, Isa::for_arch(device.arch()))?;
-        let mut opts = CompileOptions::new(device.arch());
-        opts.flags.extend(options.nvrtc_flags.iter().cloned());
-        let compiled = cache()
-            .compile(&source.source, &opts)
-            .map_err(|e| Error::Runtime {
-                during: format!(
-                    "compiling `{}` (the recurrent forward kernel of `{}`) with NVRTC for {}",
-                    source.name,
-                    variant.name,
-                    device.arch()
-                ),
-                source: e,
-            })?;
-        let loading = || {
-            format!(
-                "loading the recurrent forward kernel of `{}` onto device {} ({})",
-                variant.name,
-                device.ordinal(),
-                device.name()
-            )
-        };
-        let module = Module::load(device, &compiled.cubin).map_err(|e| Error::Runtime {
-            during: loading(),
-            source: e,
-        })?;
+        let what = format!(
+            "`{}` (the recurrent forward kernel of `{}`)",
+            source.name, variant.name
+        );
+        let module = compile_and_load(device, &source.source, options, &what)?;
+        let loading = loading_error(device, &what);
         let combinations = if source.normalized { 4 } else { 2 };
         let mut launches = Vec::with_capacity(combinations);
         for c in 0..combinations {
             let params = recurrent_params(variant, &source, c & 1 != 0, c & 2 != 0)?;
-            launches.push(
-                module
-                    .kernel(&source.name, &params)
-                    .map_err(|e| Error::Runtime {
-                        during: loading(),
-                        source: e,
-                    })?,
-            );
+            launches.push(module.kernel(&source.name, &params).map_err(&loading)?);
         }
         Ok(RecurrentKernels {
             variant: variant.clone(),

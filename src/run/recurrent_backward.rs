@@ -7,10 +7,10 @@
 //! looks its kernels up in the loaded modules (a cheap driver call).
 
 use super::recurrent::{RecurrentKernels, RecurrentShape};
-use super::{Error, KernelElement, cache, check_devices, check_elem, dtype_of};
+use super::{Error, KernelElement, check_devices, check_elem, compile_and_load, dtype_of};
 use crate::compiler::{ArgKind, CompileError, Isa, RecurrentBackwardSource, recurrent_backward};
 use crate::frontend::ir::Axis;
-use crate::runtime::{Arg, CompileOptions, DType, DeviceBuffer, Module, Param, Stream, bf16};
+use crate::runtime::{Arg, DType, DeviceBuffer, Module, Param, Stream, bf16};
 
 /// The backward's loaded modules.
 #[derive(Debug)]
@@ -144,27 +144,9 @@ impl RecurrentKernels {
             kernel: "recurrent backward",
             source,
         })?;
-        let mut opts = CompileOptions::new(device.arch());
-        opts.flags
-            .extend(self.options().nvrtc_flags.iter().cloned());
-        let load = |code: &str, what: &str| -> Result<Module, Error> {
-            let compiled = cache().compile(code, &opts).map_err(|e| Error::Runtime {
-                during: format!(
-                    "compiling the recurrent {what} of `{}` with NVRTC for {}",
-                    variant.name,
-                    device.arch()
-                ),
-                source: e,
-            })?;
-            Module::load(device, &compiled.cubin).map_err(|e| Error::Runtime {
-                during: format!(
-                    "loading the recurrent {what} of `{}` onto device {} ({})",
-                    variant.name,
-                    device.ordinal(),
-                    device.name()
-                ),
-                source: e,
-            })
+        let load = |code: &str, what: &str| {
+            let what = format!("the recurrent {what} of `{}`", variant.name);
+            compile_and_load(device, code, self.options(), &what)
         };
         let modules = BackwardModules {
             states: load(&source.states.source, "states pass")?,
