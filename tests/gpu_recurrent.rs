@@ -565,40 +565,83 @@ fn compare(
     }
 }
 
-/// Runs the recurrent forward of `examples/<name>.rs` on the GPU and
-/// compares o, the final state and the final normaliser with the reference
-/// interpreter on the same inputs.
-fn check_example(test: &str, name: &str, sizes: [usize; 5], initial: bool) {
+/// The device and the recurrent kernels of `examples/<name>.rs` for `sizes`
+/// (B, H, S, Dk, Dv); `None` (after a skip line) without a GPU or NVRTC.
+fn example_kernels(
+    test: &str,
+    name: &str,
+    sizes: [usize; 5],
+) -> Option<(
+    Device,
+    Definition,
+    RecurrentKernels,
+    RecurrentDims,
+    RecurrentShape,
+)> {
     let [b, h, s, dk, dv] = sizes;
     let (dims, shape) = (
         RecurrentDims::new(dk as u32, dv as u32),
         RecurrentShape::new(b, h, s),
     );
-    let Some(device) = device(test) else {
-        return;
-    };
+    let device = device(test)?;
     let def = example(name);
-    let Some(kernels) = compiled(
+    let kernels = compiled(
         test,
         RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
-    ) else {
+    )?;
+    Some((device, def, kernels, dims, shape))
+}
+
+/// A call's inputs on the device.
+struct Uploaded {
+    q: DeviceBuffer<bf16>,
+    k: DeviceBuffer<bf16>,
+    v: DeviceBuffer<bf16>,
+    customs: Vec<(String, DeviceBuffer<f32>)>,
+    state: Option<DeviceBuffer<f32>>,
+    normalizer: Option<DeviceBuffer<f32>>,
+}
+
+fn upload(stream: &Stream, call: &Call) -> Uploaded {
+    let f32s = |x: &Vec<f32>| stream.upload(x).unwrap();
+    Uploaded {
+        q: stream.upload(&call.q).unwrap(),
+        k: stream.upload(&call.k).unwrap(),
+        v: stream.upload(&call.v).unwrap(),
+        customs: call
+            .customs
+            .iter()
+            .map(|(n, x)| (n.clone(), f32s(x)))
+            .collect(),
+        state: call.state.as_ref().map(f32s),
+        normalizer: call.normalizer.as_ref().map(f32s),
+    }
+}
+
+fn borrowed_customs(c: &[(String, DeviceBuffer<f32>)]) -> Vec<(&str, &DeviceBuffer<f32>)> {
+    c.iter().map(|(n, b)| (n.as_str(), b)).collect()
+}
+
+/// Runs the recurrent forward of `examples/<name>.rs` on the GPU and
+/// compares o, the final state and the final normaliser with the reference
+/// interpreter on the same inputs.
+fn check_example(test: &str, name: &str, sizes: [usize; 5], initial: bool) {
+    let [b, h, s, dk, dv] = sizes;
+    let Some((device, def, kernels, dims, shape)) = example_kernels(test, name, sizes) else {
         return;
     };
     let stream = device.stream();
     let seed = name.bytes().map(u64::from).sum::<u64>() * 7919 + (s * dk + dv) as u64;
     let call = random_call(&def, dims, shape, initial, seed);
-    let q = stream.upload(&call.q).unwrap();
-    let k = stream.upload(&call.k).unwrap();
-    let v = stream.upload(&call.v).unwrap();
-    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = call
-        .customs
-        .iter()
-        .map(|(n, x)| (n.clone(), stream.upload(x).unwrap()))
-        .collect();
-    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
-        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
-    let state = call.state.as_ref().map(|x| stream.upload(x).unwrap());
-    let normalizer = call.normalizer.as_ref().map(|x| stream.upload(x).unwrap());
+    let Uploaded {
+        q,
+        k,
+        v,
+        customs: custom_bufs,
+        state,
+        normalizer,
+    } = upload(&stream, &call);
+    let customs = borrowed_customs(&custom_bufs);
     assert_eq!(initial, state.is_some());
     assert_eq!(
         initial && kernels.normalized(),
@@ -671,18 +714,7 @@ fn gpu_recurrent_rfa() {
 /// with `seeds` the final state (and normaliser) also get random gradients.
 fn check_backward(test: &str, name: &str, sizes: [usize; 5], initial: bool, seeds: bool) {
     let [b, h, s, dk, dv] = sizes;
-    let (dims, shape) = (
-        RecurrentDims::new(dk as u32, dv as u32),
-        RecurrentShape::new(b, h, s),
-    );
-    let Some(device) = device(test) else {
-        return;
-    };
-    let def = example(name);
-    let Some(kernels) = compiled(
-        test,
-        RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
-    ) else {
+    let Some((device, def, kernels, dims, shape)) = example_kernels(test, name, sizes) else {
         return;
     };
     let stream = device.stream();
@@ -705,19 +737,16 @@ fn check_backward(test: &str, name: &str, sizes: [usize; 5], initial: bool, seed
         data: x.iter().map(|&v| f64::from(v)).collect(),
     };
     let up = |x: &Vec<f32>| stream.upload(x).unwrap();
-    let q = stream.upload(&call.q).unwrap();
-    let k = stream.upload(&call.k).unwrap();
-    let v = stream.upload(&call.v).unwrap();
+    let Uploaded {
+        q,
+        k,
+        v,
+        customs: custom_bufs,
+        state,
+        normalizer,
+    } = upload(&stream, &call);
+    let customs = borrowed_customs(&custom_bufs);
     let dob = stream.upload(&d_o).unwrap();
-    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = call
-        .customs
-        .iter()
-        .map(|(n, x)| (n.clone(), up(x)))
-        .collect();
-    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
-        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
-    let state = call.state.as_ref().map(up);
-    let normalizer = call.normalizer.as_ref().map(up);
     let d_fin_buf = d_fin.as_ref().map(up);
     let d_fin_z_buf = d_fin_z.as_ref().map(up);
     let grads = kernels
