@@ -6,11 +6,14 @@
 `recurrent_cases` and `recurrent_bench`). Each case runs our forward on the
 case's bf16 inputs (with its initial state, if any) and compares the output,
 the final state and the final normaliser with the f64 reference
-interpreter's. The benchmark times our forward next to flash-linear-attention
-(fla-core 0.6.0; install its wheel first) on the recurrent workloads of
+interpreter's. The benchmark times our forward, and our forward+backward,
+next to flash-linear-attention (fla-core 0.6.0; install its wheel first) and a
+chunked PyTorch implementation with autograd (`torch_chunked`, the anchor
+where fla's backward refuses to run) on the recurrent workloads of
 workloads.json, in one process with the same timing method (triton's
-do_bench, median), and cross-checks our output against fla's. Results go to
-$OUT/recurrent.json.
+do_bench, median); it cross-checks our output against fla's and our gradients
+(q, k, v and the custom inputs) against PyTorch autograd in f32, and times
+each backward kernel alone. Results go to $OUT/recurrent.json.
 """
 import ctypes, datetime, json, math, os, sys
 import torch
