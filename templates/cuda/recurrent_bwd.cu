@@ -61,6 +61,7 @@ struct Pt {
 };
 
 {% include "cuda/prelude.cu" %}
+{% include "cuda/recurrent_state.cu" %}
 // ---- the variant's regions and their derived backward ---------------------
 {{ regions }}
 {{ bwd_regions }}
@@ -265,16 +266,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
     const int n_chunks = (S + C - 1) / C;
     const int sm0 = (warp % SWM) * SMT * 16, sn0 = (warp / SWM) * SNT * 8;
 
-    float ds[SMT][SNT][4];
-#pragma unroll
-    for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const int r = sm0 + mt * 16 + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
-        ds[mt][nt][c] = d_state_out ? d_state_out[bh * DK * DV + (long long)r * DV + e0 + col] : 0.f;
-    }
+    state_frag ds;
+    state_load(ds, d_state_out ? d_state_out + bh * DK * DV : nullptr, e0, sm0, sn0, g, t4);
 {% if normalize %}    for (int d = tid; d < DK; d += NT) sDz[d] = d_norm_out ? d_norm_out[bh * DK + d] : 0.f;
 {% endif %}
     {
@@ -305,15 +298,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
         {
             // The gradient of the state after this chunk, for _dqk and _dv: staged
             // in shared memory, stored below in 16-byte rows.
-#pragma unroll
-            for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = sm0 + mt * 16 + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
-                *reinterpret_cast<unsigned*>(sDS + r * SVS + col) = pack2(ds[mt][nt][2 * hf], ds[mt][nt][2 * hf + 1]);
-            }
+            state_stage(ds, sDS, sm0, sn0, g, t4);
 {% if normalize %}            if (blockIdx.x == 0)
                 for (int d = tid; d < DK; d += NT) dnorm_states[(bh * n_chunks + ch) * DK + d] = sDz[d];
             for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[bh * S + t0 + r] : 0.f;
@@ -321,14 +306,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
         modify_tile<C, DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
         if (warp == 0) decay_scan(sL, t0, b, h, P, lane);
         __syncthreads();
-        {
-            elem_t* dg = dstates + (bh * n_chunks + ch) * DK * DV + e0;
-            constexpr int VEC = 8;  // elements per 16 bytes
-            for (int x = tid; x < DK * DVT / VEC; x += NT) {
-                const int r = x / (DVT / VEC), c = (x % (DVT / VEC)) * VEC;
-                *reinterpret_cast<uint4*>(dg + (long long)r * DV + c) = *reinterpret_cast<const uint4*>(sDS + r * SVS + c);
-            }
-        }
+        state_copy_out(sDS, dstates + (bh * n_chunks + ch) * DK * DV + e0, tid);
 #pragma unroll 4
         for (int x = tid; x < C * DVT / 2; x += NT) {
             const int r = x / (DVT / 2), c = (x % (DVT / 2)) * 2;
@@ -337,15 +315,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
                 pack2(to_f32(cDo[r * SVS + c]) * f, to_f32(cDo[r * SVS + c + 1]) * f);
         }
         const float l_last = sL[C - 1];
-        {
-            const float f = fast_exp2(l_last);
-#pragma unroll
-            for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) ds[mt][nt][c] *= f;
-        }
+        state_scale(ds, fast_exp2(l_last));
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < C / 16; ++kk) {
@@ -371,17 +341,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
             }
 {% endif %}        __syncthreads();
     }
-    if (d_state_in) {
-#pragma unroll
-        for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int r = sm0 + mt * 16 + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
-            d_state_in[bh * DK * DV + (long long)r * DV + e0 + col] = ds[mt][nt][c];
-        }
-    }
+    if (d_state_in) state_store(ds, d_state_in + bh * DK * DV, e0, sm0, sn0, g, t4);
 {% if normalize %}    if (d_norm_in && blockIdx.x == 0)
         for (int d = tid; d < DK; d += NT) d_norm_in[bh * DK + d] = sDz[d];
 {% endif %}}

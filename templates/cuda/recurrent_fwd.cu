@@ -51,6 +51,7 @@ struct Pt {
 };
 
 {% include "cuda/prelude.cu" %}
+{% include "cuda/recurrent_state.cu" %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 // ---------------------------------------------------------------------------
@@ -112,16 +113,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
     const int wm = warp % CWM, wn = warp / CWM;
     const int sm0 = (warp % SWM) * SMT * 16, sn0 = (warp / SWM) * SNT * 8;
 
-    float st[SMT][SNT][4];
-#pragma unroll
-    for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const int r = sm0 + mt * 16 + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
-        st[mt][nt][c] = state_in ? state_in[bh * DK * DV + (long long)r * DV + e0 + col] : 0.f;
-    }
+    state_frag st;
+    state_load(st, state_in ? state_in + bh * DK * DV : nullptr, e0, sm0, sn0, g, t4);
 {% if normalize %}    for (int d = tid; d < DK; d += NT) sZ[d] = norm_in ? norm_in[bh * DK + d] : 0.f;
 {% endif %}
     if (n_chunks > 0) {
@@ -180,28 +173,11 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             }
         }
 {% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
-{% endif %}{% if emit_o || save_states %}#pragma unroll
-        for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int r = sm0 + mt * 16 + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
-            *reinterpret_cast<unsigned*>(sS + r * SVS + col) = pack2(st[mt][nt][2 * hf], st[mt][nt][2 * hf + 1]);
-        }
+{% endif %}{% if emit_o || save_states %}        state_stage(st, sS, sm0, sn0, g, t4);
 {% endif %}        __syncthreads();
         const float l_last = sL[C - 1];
-{% if save_states %}        {
-            // The state before this chunk (for the backward), from its shared-memory
-            // copy in 16-byte rows: stores straight from the MMA fragments would
-            // write 16 bytes per row and warp.
-            elem_t* sg = states + (bh * n_chunks + ch) * DK * DV + e0;
-            constexpr int VEC = 8;  // elements per 16 bytes
-            for (int x = tid; x < DK * DVT / VEC; x += NT) {
-                const int r = x / (DVT / VEC), c = (x % (DVT / VEC)) * VEC;
-                *reinterpret_cast<uint4*>(sg + (long long)r * DV + c) = *reinterpret_cast<const uint4*>(sS + r * SVS + c);
-            }
-        }
+{% if save_states %}        // The state before this chunk, for the backward.
+        state_copy_out(sS, states + (bh * n_chunks + ch) * DK * DV + e0, tid);
 {% endif %}
 {% if emit_o %}
         // Phase 2: A = Q̃ K̃ᵀ and O = Q̃ S share the Q̃ fragments.
@@ -332,15 +308,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 }
             }
         }
-{% endif %}        {
-            const float f = fast_exp2(l_last);
-#pragma unroll
-            for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) st[mt][nt][c] *= f;
-        }
+{% endif %}        state_scale(st, fast_exp2(l_last));
 #pragma unroll
         for (int kk = 0; kk < C / 16; ++kk) {
             unsigned ka[SMT][4];
@@ -372,17 +340,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}        __syncthreads();
     }
 
-    if (state_out) {
-#pragma unroll
-        for (int mt = 0; mt < SMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < SNT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int r = sm0 + mt * 16 + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
-            state_out[bh * DK * DV + (long long)r * DV + e0 + col] = st[mt][nt][c];
-        }
-    }
+    if (state_out) state_store(st, state_out + bh * DK * DV, e0, sm0, sn0, g, t4);
 {% if normalize %}    if (norm_out && blockIdx.x == 0)
         for (int d = tid; d < DK; d += NT) norm_out[bh * DK + d] = sZ[d];
 {% endif %}}
