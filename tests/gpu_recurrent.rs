@@ -394,6 +394,7 @@ fn cpu_recurrent_source_generates_without_a_gpu() {
     let tuned = KernelOptions {
         recurrent_config: Some(RecurrentConfig {
             dv_tile: 32,
+            wgmma: false,
             ..RecurrentConfig::default_for(128, 64, Elem::Bf16, Isa::Sm90a)
         }),
         ..KernelOptions::default()
@@ -571,6 +572,7 @@ fn example_kernels(
     test: &str,
     name: &str,
     sizes: [usize; 5],
+    options: &KernelOptions,
 ) -> Option<(
     Device,
     Definition,
@@ -587,7 +589,7 @@ fn example_kernels(
     let def = example(name);
     let kernels = compiled(
         test,
-        RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
+        RecurrentKernels::compile(&def, &device, dims, options),
     )?;
     Some((device, def, kernels, dims, shape))
 }
@@ -626,8 +628,33 @@ fn borrowed_customs(c: &[(String, DeviceBuffer<f32>)]) -> Vec<(&str, &DeviceBuff
 /// compares o, the final state and the final normaliser with the reference
 /// interpreter on the same inputs.
 fn check_example(test: &str, name: &str, sizes: [usize; 5], initial: bool) {
+    check_example_with(test, name, sizes, initial, &KernelOptions::default());
+}
+
+/// [`check_example`] with the `mma.sync` forward where the default on sm_90a
+/// is the wgmma one, so that both stay checked at the same dims.
+fn check_example_mma_sync(test: &str, name: &str, sizes: [usize; 5], initial: bool) {
+    let [_, _, _, dk, dv] = sizes;
+    let options = KernelOptions {
+        recurrent_config: Some(RecurrentConfig {
+            wgmma: false,
+            ..RecurrentConfig::default_for(dk as u32, dv as u32, Elem::Bf16, Isa::Sm80)
+        }),
+        ..KernelOptions::default()
+    };
+    check_example_with(test, name, sizes, initial, &options);
+}
+
+fn check_example_with(
+    test: &str,
+    name: &str,
+    sizes: [usize; 5],
+    initial: bool,
+    options: &KernelOptions,
+) {
     let [b, h, s, dk, dv] = sizes;
-    let Some((device, def, kernels, dims, shape)) = example_kernels(test, name, sizes) else {
+    let Some((device, def, kernels, dims, shape)) = example_kernels(test, name, sizes, options)
+    else {
         return;
     };
     let stream = device.stream();
@@ -685,6 +712,7 @@ fn gpu_recurrent_retnet() {
     let test = "gpu_recurrent_retnet";
     check_example(test, "retnet_recurrent", [2, 3, 150, 64, 96], true);
     check_example(test, "retnet_recurrent", [1, 2, 333, 256, 256], false);
+    check_example_mma_sync(test, "retnet_recurrent", [1, 2, 200, 128, 128], true);
 }
 
 #[test]
@@ -692,6 +720,7 @@ fn gpu_recurrent_gated_retention() {
     let test = "gpu_recurrent_gated_retention";
     check_example(test, "gated_retention", [2, 2, 333, 128, 64], true);
     check_example(test, "gated_retention", [1, 3, 150, 256, 256], false);
+    check_example_mma_sync(test, "gated_retention", [2, 1, 100, 64, 128], true);
 }
 
 #[test]
@@ -699,6 +728,7 @@ fn gpu_recurrent_mamba2() {
     let test = "gpu_recurrent_mamba2";
     check_example(test, "mamba2", [2, 4, 150, 128, 64], true);
     check_example(test, "mamba2", [1, 2, 333, 64, 96], false);
+    check_example_mma_sync(test, "mamba2", [1, 3, 200, 128, 64], false);
 }
 
 #[test]
@@ -706,6 +736,7 @@ fn gpu_recurrent_rfa() {
     let test = "gpu_recurrent_rfa";
     check_example(test, "rfa", [2, 2, 333, 64, 96], true);
     check_example(test, "rfa", [1, 2, 150, 128, 64], false);
+    check_example(test, "rfa", [1, 1, 77, 256, 128], true);
 }
 
 /// Runs the recurrent backward of `examples/<name>.rs` on the GPU and
@@ -714,7 +745,9 @@ fn gpu_recurrent_rfa() {
 /// with `seeds` the final state (and normaliser) also get random gradients.
 fn check_backward(test: &str, name: &str, sizes: [usize; 5], initial: bool, seeds: bool) {
     let [b, h, s, dk, dv] = sizes;
-    let Some((device, def, kernels, dims, shape)) = example_kernels(test, name, sizes) else {
+    let Some((device, def, kernels, dims, shape)) =
+        example_kernels(test, name, sizes, &KernelOptions::default())
+    else {
         return;
     };
     let stream = device.stream();

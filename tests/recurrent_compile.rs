@@ -40,6 +40,7 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
             dv_tile: 32,
             stages: 1,
             blocks_per_sm: 2,
+            wgmma: false,
             ..RecurrentConfig::default_for(dk, dv, Elem::Bf16, Isa::Sm90a)
         };
         jobs.push((example, dk, dv, "sm_90a", cfg));
@@ -59,7 +60,12 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
             );
             let compiled = compile(&k.source, &CompileOptions::new(arch))
                 .unwrap_or_else(|e| panic!("{example} {dk}/{dv} ({arch}): {e}"));
-            assert!(compiled.ptx.contains("mma.sync.aligned.m16n8k16"));
+            let mma = if k.wgmma {
+                "wgmma.mma_async.sync.aligned.m64n64k16"
+            } else {
+                "mma.sync.aligned.m16n8k16"
+            };
+            assert!(compiled.ptx.contains(mma), "{example} ({arch}): no {mma}");
             let usage = ptxas_resources(&compiled.ptx, arch)
                 .unwrap_or_else(|e| panic!("{example} ({arch}): ptxas: {e}"));
             let entry = usage
@@ -82,7 +88,8 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
                 cfg.blocks_per_sm
             );
             let text = sass(&compiled.cubin).expect("cuobjdump");
-            assert!(text.contains("HMMA"), "{example} ({arch}): no HMMA");
+            let sass_mma = if k.wgmma { "HGMMA" } else { "HMMA" };
+            assert!(text.contains(sass_mma), "{example} ({arch}): no {sass_mma}");
             eprintln!(
                 "{example:17} {dk:>3}/{dv:<3} {arch:7} {:>3} regs, {:>6} B smem, {}",
                 entry.registers, k.smem_bytes, k.name

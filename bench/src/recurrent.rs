@@ -146,11 +146,14 @@ pub fn write_all(
         let default = RecurrentConfig::default_for(dk, dv, Elem::Bf16, Isa::Sm90a);
         let mut configs = vec![default];
         for dv_tile in [32, 64, 128] {
-            for (stages, blocks_per_sm) in [(2, 1), (1, 2), (2, 2)] {
+            for (stages, blocks_per_sm) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+                // The mma.sync template's configurations, beside the default
+                // (on sm_90a the wgmma kernel where the dims allow).
                 let c = RecurrentConfig {
                     dv_tile,
                     stages,
                     blocks_per_sm,
+                    wgmma: false,
                     ..default
                 };
                 let fits = recurrent_forward(&v, dk, dv, &c).is_ok_and(|k| {
@@ -162,10 +165,14 @@ pub fn write_all(
             }
         }
         for (n, cfg) in configs.iter().enumerate() {
-            let tag = format!(
-                "c{}v{}s{}b{}",
-                cfg.chunk, cfg.dv_tile, cfg.stages, cfg.blocks_per_sm
-            );
+            let tag = if cfg.wgmma {
+                format!("c{}v{}w", cfg.chunk, cfg.dv_tile)
+            } else {
+                format!(
+                    "c{}v{}s{}b{}",
+                    cfg.chunk, cfg.dv_tile, cfg.stages, cfg.blocks_per_sm
+                )
+            };
             eprintln!("recurrent bench kernel {workload} {tag} …");
             let file = format!("rbench_{}_{tag}", workload.replace('-', "_"));
             let entry = match recurrent_forward(&v, dk, dv, cfg) {

@@ -504,6 +504,7 @@ fn recurrent_backward_json(
         warps,
         stages,
         blocks_per_sm,
+        wgmma,
         elem,
     } = b.config;
     json!({
@@ -513,7 +514,7 @@ fn recurrent_backward_json(
         "sources": { STATES_MODULE: format!("kernels/{states_base}.cu") },
         "builds": builds,
         "head_dims": { "Dk": b.dk, "Dv": b.dv },
-        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "elem": elem.name() },
+        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "wgmma": wgmma, "elem": elem.name() },
         "normalized": b.normalized,
         "decay": b.decay,
         "kernels": b.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
@@ -529,6 +530,7 @@ fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> V
         warps,
         stages,
         blocks_per_sm,
+        wgmma,
         elem,
     } = k.config;
     json!({
@@ -537,7 +539,7 @@ fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> V
         "source": format!("kernels/{}.cu", k.name),
         "builds": builds,
         "head_dims": { "Dk": k.dk, "Dv": k.dv },
-        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "elem": elem.name() },
+        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "wgmma": wgmma, "elem": elem.name() },
         "normalized": k.normalized,
         "plan": plan,
     })

@@ -1,6 +1,14 @@
 // A block's DK × DVT slice of a recurrent state (or of its gradient), held by
-// each thread as SMT × SNT m16n8 accumulator tiles from row sm0 and column sn0
+// each thread as SMT × SNT m16n8 accumulator tiles from row sm0 and column sn0,
+// the m-tiles STATE_MT_ROWS rows apart (16: a warp's adjacent mma.sync tiles;
+// 64: a warpgroup's wgmma tiles), staged in shared memory at STATE_AT
 // (included by the recurrent templates; needs DK, DV, DVT, SVS, SMT, SNT, NT).
+#ifndef STATE_MT_ROWS
+#define STATE_MT_ROWS 16
+#endif
+#ifndef STATE_AT
+#define STATE_AT(s, r, c) ((s) + (r) * SVS + (c))
+#endif
 typedef float state_frag[SMT][SNT][4];
 
 // The thread's elements from an f32 [DK, DV] matrix at column e0 (zero where
@@ -12,7 +20,7 @@ __device__ __forceinline__ void state_load(state_frag& st, const float* src, int
     for (int nt = 0; nt < SNT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        const int r = sm0 + mt * 16 + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
+        const int r = sm0 + mt * STATE_MT_ROWS + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
         st[mt][nt][c] = src ? src[(long long)r * DV + e0 + col] : 0.f;
     }
 }
@@ -25,7 +33,7 @@ __device__ __forceinline__ void state_store(const state_frag& st, float* dst, in
     for (int nt = 0; nt < SNT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        const int r = sm0 + mt * 16 + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
+        const int r = sm0 + mt * STATE_MT_ROWS + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
         dst[(long long)r * DV + e0 + col] = st[mt][nt][c];
     }
 }
@@ -39,7 +47,7 @@ __device__ __forceinline__ void state_scale(state_frag& st, float f) {
     for (int c = 0; c < 4; ++c) st[mt][nt][c] *= f;
 }
 
-// The thread's elements, in the element type, into a DK × SVS shared tile.
+// The thread's elements, in the element type, into a DK × DVT shared tile.
 __device__ __forceinline__ void state_stage(const state_frag& st, elem_t* s, int sm0, int sn0, int g, int t4) {
 #pragma unroll
     for (int mt = 0; mt < SMT; ++mt)
@@ -47,8 +55,8 @@ __device__ __forceinline__ void state_stage(const state_frag& st, elem_t* s, int
     for (int nt = 0; nt < SNT; ++nt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        const int r = sm0 + mt * 16 + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
-        *reinterpret_cast<unsigned*>(s + r * SVS + col) = pack2(st[mt][nt][2 * hf], st[mt][nt][2 * hf + 1]);
+        const int r = sm0 + mt * STATE_MT_ROWS + g + 8 * hf, col = sn0 + nt * 8 + 2 * t4;
+        *reinterpret_cast<unsigned*>(STATE_AT(s, r, col)) = pack2(st[mt][nt][2 * hf], st[mt][nt][2 * hf + 1]);
     }
 }
 
@@ -58,6 +66,6 @@ __device__ __forceinline__ void state_copy_out(const elem_t* s, elem_t* dst, int
     constexpr int VEC = 8;  // elements per 16 bytes
     for (int x = tid; x < DK * DVT / VEC; x += NT) {
         const int r = x / (DVT / VEC), c = (x % (DVT / VEC)) * VEC;
-        *reinterpret_cast<uint4*>(dst + (long long)r * DV + c) = *reinterpret_cast<const uint4*>(s + r * SVS + c);
+        *reinterpret_cast<uint4*>(dst + (long long)r * DV + c) = *reinterpret_cast<const uint4*>(STATE_AT(s, r, c));
     }
 }

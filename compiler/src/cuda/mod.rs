@@ -4,4 +4,5 @@ pub mod backward;
 pub mod dialect;
 pub mod forward;
 pub mod recurrent;
+pub mod recurrent_wgmma;
 pub mod wgmma;

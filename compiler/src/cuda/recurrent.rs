@@ -5,6 +5,7 @@
 
 use super::dialect::{Elem, ElemSpelling, Isa, WARP_SIZE, elem_spelling};
 use super::forward::ArgKind;
+use super::recurrent_wgmma::{wgmma_dims_ok, wgmma_forward};
 use crate::CompileError;
 use crate::cxx::closures::{
     check_fixed_head_dims, custom_params, grad_atomics, recurrent_backward_closures,
@@ -34,6 +35,13 @@ pub struct RecurrentConfig {
     /// fit twice, so one block's loads and barriers overlap the other's
     /// GEMMs.
     pub blocks_per_sm: u32,
+    /// Prefer the sm_90a forward (templates/cuda/recurrent_fwd_sm90.cu:
+    /// warp-specialised, wgmma, a fixed 8 warps and two stages, Dv slices
+    /// of 64, Dk 64–256). It covers the forward of variants without a
+    /// normaliser; those with one, and the backward's states pass, use the
+    /// `mma.sync` template, which `warps`, `stages` and `blocks_per_sm`
+    /// describe.
+    pub wgmma: bool,
     pub elem: Elem,
 }
 
@@ -46,7 +54,8 @@ const MAX_STATE_REGS: u32 = 64;
 impl RecurrentConfig {
     /// The configuration used when none is tuned: 64-step chunks, 8 warps,
     /// 64 Dv columns per block (32 where Dv is not a multiple of 64), double
-    /// buffering where shared memory holds it.
+    /// buffering where shared memory holds it; on sm_90a the wgmma forward
+    /// where the head dims allow it.
     pub fn default_for(dk: u32, dv: u32, elem: Elem, isa: Isa) -> RecurrentConfig {
         let dv_tile = if dv.is_multiple_of(64) { 64 } else { 32 };
         let mut cfg = RecurrentConfig {
@@ -55,6 +64,7 @@ impl RecurrentConfig {
             warps: 8,
             stages: 2,
             blocks_per_sm: 1,
+            wgmma: isa == Isa::Sm90a && wgmma_dims_ok(dk, dv_tile),
             elem,
         };
         if recurrent_smem_bytes(&cfg, dk, false) > isa.max_dynamic_smem() {
@@ -95,6 +105,8 @@ pub struct RecurrentSource {
     /// Whether the variant has a normaliser (`normalize`): then the kernel
     /// takes `norm_in` and `norm_out`.
     pub normalized: bool,
+    /// Whether this is the sm_90a wgmma kernel (else the `mma.sync` one).
+    pub wgmma: bool,
 }
 
 impl RecurrentSource {
@@ -265,6 +277,9 @@ fn chunked_forward(
     let (rec, (state_warps_m, state_m_tiles, state_n_tiles)) =
         check_recurrent_inputs(variant, dk, dv, cfg)?;
     let normalize = rec.normalize.is_some();
+    if cfg.wgmma && !save_states && !normalize {
+        return wgmma_forward(variant, rec, dk, dv, cfg);
+    }
     let emit_o = !save_states || normalize;
 
     let kernel_name = format!(
@@ -310,6 +325,28 @@ fn chunked_forward(
     let source = template
         .render()
         .map_err(|e| CompileError(format!("template: {e}")))?;
+    let args = forward_args(variant, emit_o, normalize, save_states);
+    Ok(RecurrentSource {
+        name: kernel_name,
+        source,
+        threads: cfg.warps * WARP_SIZE,
+        smem_bytes: recurrent_smem_bytes(cfg, dk, normalize),
+        args,
+        dk,
+        dv,
+        config: *cfg,
+        normalized: normalize,
+        wgmma: false,
+    })
+}
+
+/// The forward's arguments in launch order (see [`RecurrentSource::args`]).
+pub(super) fn forward_args(
+    variant: &Variant,
+    emit_o: bool,
+    normalize: bool,
+    save_states: bool,
+) -> Vec<ArgKind> {
     let mut args = vec![
         ArgKind::Tensor("q"),
         ArgKind::Tensor("k"),
@@ -338,17 +375,7 @@ fn chunked_forward(
         }
     }
     args.extend([Axis::B, Axis::H, Axis::S].map(ArgKind::Size));
-    Ok(RecurrentSource {
-        name: kernel_name,
-        source,
-        threads: cfg.warps * WARP_SIZE,
-        smem_bytes: recurrent_smem_bytes(cfg, dk, normalize),
-        args,
-        dk,
-        dv,
-        config: *cfg,
-        normalized: normalize,
-    })
+    args
 }
 
 /// One kernel of the recurrent backward.

@@ -28,6 +28,10 @@ pub enum Form {
     /// M-major, B in shared memory N-major (`D (+)= A · B` with both stored
     /// transposed: rows of the tiles are the K dimension).
     SsTransposed,
+    /// `wgmma_ssn_n{N}(d, desc_a, desc_b, accumulate)`: A in shared memory
+    /// K-major, B in shared memory N-major (`D (+)= A · B` with B's rows the
+    /// K dimension).
+    SsNMajor,
     /// `wgmma_rsk_n{N}(d, a, desc_b, accumulate)`: A in registers, B in
     /// shared memory K-major (`D (+)= A · Bᵀ`).
     RsKMajor,
@@ -55,7 +59,13 @@ pub fn wgmma_fns(elem: Elem, uses: &[(u32, Form)]) -> String {
             n / 8,
             n / 8
         );
-        for form in [Form::Ss, Form::SsTransposed, Form::RsKMajor, Form::RsNMajor] {
+        for form in [
+            Form::Ss,
+            Form::SsTransposed,
+            Form::SsNMajor,
+            Form::RsKMajor,
+            Form::RsNMajor,
+        ] {
             if uses.contains(&(n, form)) {
                 out.push_str(&wgmma_fn(ty, n, form));
             }
@@ -81,13 +91,13 @@ fn wgmma_fn(ty: &str, n: u32, form: Form) -> String {
     let rows = n / 8;
     let mut f = String::new();
     match form {
-        Form::Ss | Form::SsTransposed => {
+        Form::Ss | Form::SsTransposed | Form::SsNMajor => {
             // Operands: d…, desc_a, desc_b, accumulate (0: D = A·B).
             let (a, b, sd) = (nreg, nreg + 1, nreg + 2);
-            let (name, trans) = if form == Form::Ss {
-                ("ss", "0, 0")
-            } else {
-                ("ss_tt", "1, 1")
+            let (name, trans) = match form {
+                Form::Ss => ("ss", "0, 0"),
+                Form::SsTransposed => ("ss_tt", "1, 1"),
+                _ => ("ssn", "0, 1"),
             };
             let _ = writeln!(
                 f,
@@ -160,6 +170,14 @@ mod tests {
         assert!(s.contains("{%32, %33, %34, %35}, %36, p, 1, 1, 0;"), "{s}");
         assert!(s.contains("setp.ne.b32 p, %37, 0"), "{s}");
         assert!(s.contains("int accumulate"), "{s}");
+    }
+
+    #[test]
+    fn shared_a_with_n_major_b_transposes_b_only() {
+        let s = wgmma_fns(Elem::Bf16, &[(64, Form::SsNMajor)]);
+        assert!(s.contains("void wgmma_ssn_n64("), "{s}");
+        assert!(s.contains("%31}, %32, %33, p, 1, 1, 0, 1;"), "{s}");
+        assert!(!s.contains("wgmma_ss_n64"), "{s}");
     }
 
     #[test]
