@@ -1,6 +1,6 @@
 """GPU check and benchmark of aec's recurrent (chunked) kernels.
 
-    python bench/recurrent_check.py <cases_dir> [--no-bench] [--only id,id]
+    python bench/recurrent_check.py <cases_dir> [--no-bench] [--fwd-only] [--only id,id]
 
 <cases_dir> is what `aec-bench <cases_dir> --nvcc …` wrote (its index.json's
 `recurrent_cases` and `recurrent_bench`). Each case runs our forward on the
@@ -13,7 +13,8 @@ where fla's backward refuses to run) on the recurrent workloads of
 workloads.json, in one process with the same timing method (triton's
 do_bench, median); it cross-checks our output against fla's and our gradients
 (q, k, v and the custom inputs) against PyTorch autograd in f32, and times
-each backward kernel alone. Results go to $OUT/recurrent.json.
+each backward kernel alone (`--fwd-only`: the forward rows only). Results go
+to $OUT/recurrent.json.
 """
 import ctypes, datetime, json, math, os, sys
 import torch
@@ -197,7 +198,7 @@ def flops(w):
     return 2.0 * b * h * s * 64 * (dk + dv) + 4.0 * b * h * s * dk * dv
 
 
-def run_bench(cases_dir, index, workloads):
+def run_bench(cases_dir, index, workloads, fwd_only=False):
     rows = []
     wl = {w["id"]: w for w in workloads["workloads"]}
 
@@ -265,6 +266,8 @@ def run_bench(cases_dir, index, workloads):
             try:
                 ref = fla_fn(*fla_args).transpose(1, 2).float()
                 record(work, "fla", bench(lambda: fla_fn(*fla_args)), fl)
+                if fwd_only:
+                    raise StopIteration
                 leaves = [t.detach().clone().requires_grad_() for t in fla_args]
                 do = torch.randn_like(fla_args[2])
 
@@ -272,6 +275,8 @@ def run_bench(cases_dir, index, workloads):
                     return torch.autograd.grad(fla_fn(*leaves), leaves, do)
                 fb()
                 record(work, "fla", bench(fb), 3 * fl, pas="fwd+bwd")
+            except StopIteration:
+                pass
             except Exception as e:  # the forward row is in; this is the fwd+bwd attempt
                 record(work, "fla", None, 3 * fl, pas="fwd+bwd",
                        error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
@@ -289,7 +294,8 @@ def run_bench(cases_dir, index, workloads):
                        config=e.get("config"))
             except Exception as ex:
                 record(work, impl, None, fl, error=f"{type(ex).__name__}: {ex}")
-        bench_backward(work, w, by_bwd.get(work), cases_dir, q, k, v, customs, fla_fn, fla_args, fla_error, record, fl)
+        if not fwd_only:
+            bench_backward(work, w, by_bwd.get(work), cases_dir, q, k, v, customs, fla_fn, fla_args, fla_error, record, fl)
         del q, k, v, tq, tk, tv
         torch.cuda.empty_cache()
     return rows
@@ -378,7 +384,7 @@ def main():
     rows = []
     if "--no-bench" not in args:
         workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
-        rows = run_bench(cases_dir, index, workloads)
+        rows = run_bench(cases_dir, index, workloads, fwd_only="--fwd-only" in args)
     result = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                   commit=os.environ.get("AEC_COMMIT", "unknown"),
                   command="python bench/recurrent_check.py " + " ".join(args),

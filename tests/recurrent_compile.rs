@@ -212,3 +212,43 @@ fn recurrent_backward_refuses_dk_16() {
         .to_string();
     assert!(e.contains("Dk = 16") && e.contains("backward"), "{e}");
 }
+
+/// A recurrent variant declared inline, parsed like a file.
+fn inline_variant(body: &str) -> aec::frontend::Variant {
+    let src = format!("attention! {{\n    pub struct Inline: recurrent {{\n{body}\n    }}\n}}\n");
+    let mut found = aec::frontend::parse_file(&src).expect("parses");
+    found.remove(0).variant.expect("valid variant")
+}
+
+#[test]
+fn row_scale_modifications_are_recognised() {
+    use aec::compiler::cxx::closures::row_scale_factor;
+    let factor = |v: &aec::frontend::Variant, which: &str| {
+        let rec = v.recurrent().expect("recurrent");
+        let region = match which {
+            "q" => rec.modify_q.as_ref(),
+            "k" => rec.modify_k.as_ref(),
+            _ => rec.modify_v.as_ref(),
+        };
+        row_scale_factor(region.expect("modification")).is_some()
+    };
+    // x · f(b, h, t): a row scale, either way round.
+    assert!(factor(&common::example("retnet_recurrent"), "q"));
+    assert!(factor(&common::example("mamba2"), "v"));
+    // Not linear in the element, or not a plain product with it.
+    let rfa = common::example("rfa");
+    assert!(!factor(&rfa, "q"));
+    assert!(!factor(&rfa, "k"));
+    let io = "        q: [B, H, S, Dk];\n        k: [B, H, S, Dk];\n        v: [B, H, S, Dv];";
+    let v = inline_variant(&format!(
+        "{io}\n        s: [B, H, S];\n        modify_q = |q, b, h, t| s * q;\n        modify_k = |k| k * k;\n        modify_v = |v| v * 2.0 + 1.0;"
+    ));
+    assert!(factor(&v, "q"));
+    assert!(!factor(&v, "k"));
+    assert!(!factor(&v, "v"));
+    // A factor that varies along the head dim scales columns, not rows.
+    let v = inline_variant(&format!(
+        "{io}\n        w: [B, H, S, Dk];\n        modify_q = |q| q * w;"
+    ));
+    assert!(!factor(&v, "q"));
+}

@@ -20,6 +20,9 @@
 //     A Ṽ with A as the register operand, and writes O. It also loads: chunk
 //     c + 2 into chunk c's stage once it has read it and the state
 //     warpgroup has released it (two stages: `full` / `empty` mbarriers).
+// A modification of q or v that scales whole rows (`x · f(b, h, t)`) is not
+// applied to the tiles: the row factors go to shared memory, q's scales the
+// output rows and v's the columns of A and the rows of Ṽd.
 // All tiles are 128-byte-swizzled panels (prelude_sm90.cu). Rows past the
 // end of the sequence are zero in K̃ and Ṽ, so they add nothing to S.
 #include <{{ sp.header }}>
@@ -99,7 +102,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     elem_t* sS = sV + 2 * C * DVT;    // 2 × DK × DVT: the state before the chunk
     elem_t* sVd = sS + 2 * DK * DVT;  // C × DVT: Ṽ decayed to the chunk's end
     float* sL = reinterpret_cast<float*>(sVd + C * DVT);  // 2 × C: cumulative log2 decay
-    __shared__ __align__(8) unsigned long long bar_full[2], bar_ready[2], bar_empty[2];
+{% if q_row %}    float* sMq = sL + 2 * C;  // 2 × C: q's row factors
+{% endif %}{% if v_row %}    float* sMv = sL + {% if q_row %}4{% else %}2{% endif %} * C;  // 2 × C: v's row factors
+{% endif %}    __shared__ __align__(8) unsigned long long bar_full[2], bar_ready[2], bar_empty[2];
 
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.S = S;
@@ -125,6 +130,28 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         const int sm0 = wwarp * 16;
         state_frag st;
         state_load(st, state_in ? state_in + bh * DK * DV : nullptr, e0, sm0, 0, g, t4);
+        // Per-step values that come from global memory — log2 of the decay
+        // (warp 0) and the row factors (warp 1) — are read a chunk ahead,
+        // while the state update runs, so their latency is off the chain.
+        float xd[C / WARP];
+{% if q_row %}        float fq[C / WARP];
+{% endif %}{% if v_row %}        float fv[C / WARP];
+{% endif %}        auto read_steps = [&](int ch) {
+#pragma unroll
+            for (int part = 0; part < C / WARP; ++part) {
+                const int t = ch * C + part * WARP + lane;
+                const Pt pt = {b, h, min(t, S - 1), 0};
+                if (wwarp == 0) {
+{% if decay %}                    xd[part] = t < S ? log2f(decay_fn(pt, P)) : 0.f;
+{% else %}                    xd[part] = 0.f;
+{% endif %}                }
+{% if q_row || v_row %}                if (wwarp == 1) {
+{% if q_row %}                    fq[part] = modify_q_row(pt, P);
+{% endif %}{% if v_row %}                    fv[part] = t < S ? modify_v_row(pt, P) : 0.f;  // rows past the end add nothing
+{% endif %}                }
+{% endif %}            }
+        };
+        read_steps(0);
         for (int ch = 0; ch < n_chunks; ++ch) {
             const int s = ch & 1, t0 = ch * C;
             mbar_wait(&bar_full[s], (ch >> 1) & 1);
@@ -132,19 +159,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             elem_t* cK = sK + s * C * DK;
             elem_t* cV = sV + s * C * DVT;
             float* cL = sL + s * C;
-{% if modify_q %}            modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, b, h, P, wtid);
+{% if modify_q && !q_row %}            modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, b, h, P, wtid);
 {% endif %}            {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, 1>(cK, t0, 0, b, h, P, wtid);
-            {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, 2>(cV, t0, e0, b, h, P, wtid);
-            if (wwarp == 0) {
+{% if !v_row %}            {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, 2>(cV, t0, e0, b, h, P, wtid);
+{% endif %}{% if q_row || v_row %}            if (wwarp == 1) {
+#pragma unroll
+                for (int part = 0; part < C / WARP; ++part) {
+{% if q_row %}                    sMq[s * C + part * WARP + lane] = fq[part];
+{% endif %}{% if v_row %}                    sMv[s * C + part * WARP + lane] = fv[part];
+{% endif %}                }
+            }
+{% endif %}            if (wwarp == 0) {
                 // Inclusive scan of log2(decay) over the chunk, C / WARP steps per lane.
                 float carry = 0.f;
 #pragma unroll
                 for (int part = 0; part < C / WARP; ++part) {
-                    const int r = part * WARP + lane, t = t0 + r;
-{% if decay %}                    const Pt pt = {b, h, min(t, S - 1), 0};
-                    float x = t < S ? log2f(decay_fn(pt, P)) : 0.f;
-{% else %}                    float x = 0.f;
-{% endif %}#pragma unroll
+                    const int r = part * WARP + lane;
+                    float x = xd[part];
+#pragma unroll
                     for (int off = 1; off < WARP; off *= 2) {
                         const float y = __shfl_up_sync(0xffffffffu, x, off);
                         if (lane >= off) x += y;
@@ -158,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             // Ṽ decayed to the end of the chunk: the state update's B operand.
             for (int x = wtid; x < C * DVT / 8; x += WG) {
                 const int r = x / (DVT / 8), c = (x % (DVT / 8)) * 8;
-                const float f = fast_exp2(l_last - cL[r]);
+                const float f = fast_exp2(l_last - cL[r]){% if v_row %} * sMv[s * C + r]{% endif %};
                 const int at = sw128_index<C>(r, c);
                 uint4 raw = *reinterpret_cast<const uint4*>(cV + at);
                 elem_t* e = reinterpret_cast<elem_t*>(&raw);
@@ -184,6 +216,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                                     sw128_desc(vd_base + kk * 16 * 128, C * 128), 1);
             }
             wgmma_commit();
+            if (ch + 1 < n_chunks) read_steps(ch + 1);
             wgmma_wait0();
 #pragma unroll
             for (int mt = 0; mt < SMT; ++mt) wgmma_fence_operands_n64(st[mt]);
@@ -237,10 +270,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         for (int nt = 0; nt < C / 8; ++nt) {
             const int s0 = nt * 8 + 2 * t4;
             const float ls0 = cL[s0], ls1 = cL[s0 + 1];
-            a[nt][0] = s0 <= r_lo ? a[nt][0] * fast_exp2(l_lo - ls0) : 0.f;
-            a[nt][1] = s0 + 1 <= r_lo ? a[nt][1] * fast_exp2(l_lo - ls1) : 0.f;
-            a[nt][2] = s0 <= r_hi ? a[nt][2] * fast_exp2(l_hi - ls0) : 0.f;
-            a[nt][3] = s0 + 1 <= r_hi ? a[nt][3] * fast_exp2(l_hi - ls1) : 0.f;
+{% if v_row %}            const float mv0 = sMv[s * C + s0], mv1 = sMv[s * C + s0 + 1];
+{% else %}            const float mv0 = 1.f, mv1 = 1.f;
+{% endif %}            a[nt][0] = s0 <= r_lo ? a[nt][0] * mv0 * fast_exp2(l_lo - ls0) : 0.f;
+            a[nt][1] = s0 + 1 <= r_lo ? a[nt][1] * mv1 * fast_exp2(l_lo - ls1) : 0.f;
+            a[nt][2] = s0 <= r_hi ? a[nt][2] * mv0 * fast_exp2(l_hi - ls0) : 0.f;
+            a[nt][3] = s0 + 1 <= r_hi ? a[nt][3] * mv1 * fast_exp2(l_hi - ls1) : 0.f;
         }
 #pragma unroll
         for (int kk = 0; kk < C / 16; ++kk) {
@@ -269,7 +304,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         wgmma_wait0();
         wgmma_fence_operands_n64(acc);
         fence_regs(pa);
-        if (ch + 2 < n_chunks) {
+{% if q_row %}        const float mq_lo = sMq[s * C + r_lo], mq_hi = sMq[s * C + r_hi];
+{% endif %}        if (ch + 2 < n_chunks) {
             // This warpgroup is done with the stage; the state warpgroup too
             // once it has moved S past this chunk.
             mbar_wait(&bar_empty[s], (ch >> 1) & 1);
@@ -281,8 +317,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         for (int hf = 0; hf < 2; ++hf) {
             const int t = t0 + (hf ? r_hi : r_lo);
             if (t < S)
-                *reinterpret_cast<unsigned*>(og + (long long)t * DV + nt * 8 + 2 * t4) =
+{% if q_row %}                *reinterpret_cast<unsigned*>(og + (long long)t * DV + nt * 8 + 2 * t4) =
+                    pack2(acc[nt][2 * hf] * (hf ? mq_hi : mq_lo), acc[nt][2 * hf + 1] * (hf ? mq_hi : mq_lo));
+{% else %}                *reinterpret_cast<unsigned*>(og + (long long)t * DV + nt * 8 + 2 * t4) =
                     pack2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+{% endif %}
         }
     }
     cp_async_wait_all();

@@ -6,7 +6,7 @@ use super::dialect::{WARP_SIZE, elem_spelling};
 use super::recurrent::{RecurrentConfig, RecurrentSource, forward_args};
 use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
-use crate::cxx::closures::{custom_params, recurrent_closures};
+use crate::cxx::closures::{custom_params, recurrent_closures, row_scale_factor, row_scale_fn};
 use aec_frontend::Variant;
 use aec_frontend::variant::Recurrent;
 use askama::Template;
@@ -25,12 +25,13 @@ pub fn wgmma_dims_ok(dk: u32, dv_tile: u32) -> bool {
 }
 
 /// Dynamic shared memory of the wgmma forward: two stages of Q̃, K̃, Ṽ, two
-/// staged states, Ṽ decayed, two chunks of the decay's prefix sums and 1 KiB
-/// to align the swizzled panels.
-pub fn wgmma_smem_bytes(cfg: &RecurrentConfig, dk: u32) -> u32 {
+/// staged states, Ṽ decayed, two chunks of the decay's prefix sums and of
+/// each row-scale modification's factors, and 1 KiB to align the swizzled
+/// panels.
+pub fn wgmma_smem_bytes(cfg: &RecurrentConfig, dk: u32, row_scales: u32) -> u32 {
     let c = cfg.chunk;
     let elems = 2 * c * (2 * dk + DV_SLICE) + 2 * dk * DV_SLICE + c * DV_SLICE;
-    elems * cfg.elem.bytes() + 2 * c * 4 + 1024
+    elems * cfg.elem.bytes() + 2 * c * 4 * (1 + row_scales) + 1024
 }
 
 #[derive(Template)]
@@ -52,6 +53,10 @@ struct RecurrentWgmmaTemplate<'a> {
     modify_q: bool,
     modify_k: bool,
     modify_v: bool,
+    /// modify_q scales rows: `modify_q_row` gives the factor.
+    q_row: bool,
+    /// modify_v scales rows: `modify_v_row` gives the factor.
+    v_row: bool,
     decay: bool,
 }
 
@@ -78,7 +83,15 @@ pub(super) fn wgmma_forward(
         cfg.chunk,
     );
     let customs = custom_params(variant.customs.len(), false);
-    let regions = recurrent_closures(variant);
+    let mut regions = recurrent_closures(variant);
+    let mut row_scale = |m: &Option<aec_frontend::ir::Region>, name: &str| {
+        let r = m.as_ref()?;
+        let factor = row_scale_factor(r)?;
+        regions.push_str(&row_scale_fn(variant, r, name, factor));
+        Some(())
+    };
+    let q_row = row_scale(&rec.modify_q, "modify_q").is_some();
+    let v_row = row_scale(&rec.modify_v, "modify_v").is_some();
     let fns = wgmma_fns(
         cfg.elem,
         &[
@@ -105,6 +118,8 @@ pub(super) fn wgmma_forward(
         modify_q: rec.modify_q.is_some(),
         modify_k: rec.modify_k.is_some(),
         modify_v: rec.modify_v.is_some(),
+        q_row,
+        v_row,
         decay: rec.decay.is_some(),
     };
     let source = template
@@ -114,7 +129,7 @@ pub(super) fn wgmma_forward(
         name: kernel_name,
         source,
         threads: WARPS * WARP_SIZE,
-        smem_bytes: wgmma_smem_bytes(cfg, dk),
+        smem_bytes: wgmma_smem_bytes(cfg, dk, u32::from(q_row) + u32::from(v_row)),
         args: forward_args(variant, true, false, false),
         dk,
         dv,

@@ -5,7 +5,7 @@
 use super::expr::{custom_element, pointwise};
 use crate::CompileError;
 use aec_frontend::Variant;
-use aec_frontend::ir::{Axis, Op, Region};
+use aec_frontend::ir::{Axis, Binary, NodeId, Op, Output, Region};
 use aec_frontend::variant::{Online, Parallel};
 use std::fmt::Write;
 
@@ -81,6 +81,45 @@ pub fn forward_closures(variant: &Variant) -> String {
         );
     }
     out
+}
+
+/// The factor `f` of a recurrent modification of the form `x · f` where `f`
+/// reads no element and does not vary over a head dim: a row scale, which a
+/// template may apply to whole rows (or fold into another factor) instead of
+/// rewriting every element. `None` for any other form.
+pub fn row_scale_factor(region: &Region) -> Option<NodeId> {
+    let g = &region.graph;
+    let root = g.node(region.outputs.first()?.node);
+    if root.op != Op::Binary(Binary::Mul) {
+        return None;
+    }
+    let is_param = |id: NodeId| matches!(g.node(id).op, Op::Param(_));
+    let factor = match (root.args[0], root.args[1]) {
+        (x, f) if is_param(x) => f,
+        (f, x) if is_param(x) => f,
+        _ => return None,
+    };
+    let axes = g.node(factor).axes;
+    let per_dim = [Axis::Dk, Axis::Dv, Axis::Dqk]
+        .into_iter()
+        .any(|a| axes.contains(a));
+    let reads_element = g.depends_on(factor, |n| matches!(n.op, Op::Param(_) | Op::Gather(_)));
+    (!per_dim && !reads_element).then_some(factor)
+}
+
+/// `float {name}_row(const Pt&, const Params&)`: the factor of a row-scale
+/// modification ([`row_scale_factor`]) at the point's row.
+pub fn row_scale_fn(variant: &Variant, region: &Region, name: &str, factor: NodeId) -> String {
+    let mut r = region.clone();
+    r.outputs = vec![Output {
+        name: "factor".into(),
+        node: factor,
+    }];
+    let (code, outs) = pointwise(&r, "n", &closure_leaf(variant, None));
+    format!(
+        "__device__ __forceinline__ float {name}_row(const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
+        outs[0]
+    )
 }
 
 /// The recurrent closures as device functions: `modify_q`, `modify_k`,
