@@ -130,9 +130,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         const int sm0 = wwarp * 16;
         state_frag st;
         state_load(st, state_in ? state_in + bh * DK * DV : nullptr, e0, sm0, 0, g, t4);
-        // Per-step values that come from global memory — log2 of the decay
-        // (warp 0) and the row factors (warp 1) — are read a chunk ahead,
-        // while the state update runs, so their latency is off the chain.
+        // Per-step values — log2 of the decay (warp 0) and the row factors
+        // (warp 1). Where they read custom inputs from global memory they are
+        // read a chunk ahead, while this warpgroup waits for the next chunk's
+        // tiles, so their latency is off the chain (without inputs that only
+        // costs registers).
         float xd[C / WARP];
 {% if q_row %}        float fq[C / WARP];
 {% endif %}{% if v_row %}        float fv[C / WARP];
@@ -151,10 +153,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}                }
 {% endif %}            }
         };
-        read_steps(0);
-        for (int ch = 0; ch < n_chunks; ++ch) {
+{% if prefetch_steps %}        read_steps(0);
+{% endif %}        for (int ch = 0; ch < n_chunks; ++ch) {
             const int s = ch & 1, t0 = ch * C;
-            mbar_wait(&bar_full[s], (ch >> 1) & 1);
+{% if !prefetch_steps %}            read_steps(ch);
+{% endif %}            mbar_wait(&bar_full[s], (ch >> 1) & 1);
             fence_proxy_async();
             elem_t* cK = sK + s * C * DK;
             elem_t* cV = sV + s * C * DVT;
@@ -216,11 +219,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                                     sw128_desc(vd_base + kk * 16 * 128, C * 128), 1);
             }
             wgmma_commit();
-            if (ch + 1 < n_chunks) read_steps(ch + 1);
             wgmma_wait0();
 #pragma unroll
             for (int mt = 0; mt < SMT; ++mt) wgmma_fence_operands_n64(st[mt]);
             mbar_arrive(&bar_empty[s]);
+{% if prefetch_steps %}            if (ch + 1 < n_chunks) read_steps(ch + 1);
+{% endif %}
         }
         if (state_out) state_store(st, state_out + bh * DK * DV, e0, sm0, 0, g, t4);
         return;

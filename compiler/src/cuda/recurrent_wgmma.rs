@@ -57,6 +57,8 @@ struct RecurrentWgmmaTemplate<'a> {
     q_row: bool,
     /// modify_v scales rows: `modify_v_row` gives the factor.
     v_row: bool,
+    /// Read the per-step values a chunk ahead (they come from custom inputs).
+    prefetch_steps: bool,
     decay: bool,
 }
 
@@ -120,6 +122,7 @@ pub(super) fn wgmma_forward(
         modify_v: rec.modify_v.is_some(),
         q_row,
         v_row,
+        prefetch_steps: !variant.customs.is_empty(),
         decay: rec.decay.is_some(),
     };
     let source = template
