@@ -50,21 +50,14 @@
 #define SMT {{ state_m_tiles }}
 #define SNT {{ state_n_tiles }}
 
-typedef {{ sp.c_type }} elem_t;
-
-struct Params {
-{{ params_fields }}    int B, H, S;
-};
-
-struct Pt {
-    int b, h, t, d;
-};
+{% include "cuda/recurrent_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/recurrent_state.cu" %}
 // ---- the variant's regions and their derived backward ---------------------
 {{ regions }}
 {{ bwd_regions }}
+{% include "cuda/recurrent_decay.cu" %}
 // ---------------------------------------------------------------------------
 
 #define BWD_ARGS                                                                                   \
@@ -121,26 +114,6 @@ __device__ __forceinline__ void grad_add(float* p, float v) {
         }
     }
     atomicAdd(p, v);
-}
-
-// Inclusive scan of log2(decay) over the chunk starting at t0 into sL (one warp).
-__device__ __forceinline__ void decay_scan(float* sL, int t0, int b, int h, const Params& P, int lane) {
-    float carry = 0.f;
-#pragma unroll
-    for (int part = 0; part < C / WARP; ++part) {
-        const int r = part * WARP + lane, t = t0 + r;
-{% if decay %}        const Pt pt = {b, h, min(t, P.S - 1), 0};
-        float x = t < P.S ? log2f(decay_fn(pt, P)) : 0.f;
-{% else %}        float x = 0.f;
-        (void)t; (void)b; (void)h; (void)P;
-{% endif %}#pragma unroll
-        for (int off = 1; off < WARP; off *= 2) {
-            const float y = __shfl_up_sync(0xffffffffu, x, off);
-            if (lane >= off) x += y;
-        }
-        sL[r] = x + carry;
-        carry += __shfl_sync(0xffffffffu, x, WARP - 1);
-    }
 }
 
 // A fragment (16 rows from m0, k from k0) of a row-major tile.

@@ -40,20 +40,13 @@
 #define SMT {{ state_m_tiles }}  // m16 tiles of S per warp
 #define SNT {{ state_n_tiles }}  // n8 tiles of S per warp
 
-typedef {{ sp.c_type }} elem_t;
-
-struct Params {
-{{ params_fields }}    int B, H, S;
-};
-
-struct Pt {
-    int b, h, t, d;
-};
+{% include "cuda/recurrent_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/recurrent_state.cu" %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
+{% include "cuda/recurrent_decay.cu" %}
 // ---------------------------------------------------------------------------
 
 // Rewrites a chunk tile in place: the variant's modification of each element
@@ -154,24 +147,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
         {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, SKS, 1>(cK, t0, 0, b, h, P, tid);
         {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, SVS, 2>(cV, t0, e0, b, h, P, tid);
-        if (warp == 0) {
-            // Inclusive scan of log2(decay) over the chunk, C / WARP steps per lane.
-            float carry = 0.f;
-#pragma unroll
-            for (int part = 0; part < C / WARP; ++part) {
-                const int r = part * WARP + lane, t = t0 + r;
-{% if decay %}                const Pt pt = {b, h, min(t, S - 1), 0};
-                float x = t < S ? log2f(decay_fn(pt, P)) : 0.f;
-{% else %}                float x = 0.f;
-{% endif %}#pragma unroll
-                for (int off = 1; off < WARP; off *= 2) {
-                    const float y = __shfl_up_sync(0xffffffffu, x, off);
-                    if (lane >= off) x += y;
-                }
-                sL[r] = x + carry;
-                carry += __shfl_sync(0xffffffffu, x, WARP - 1);
-            }
-        }
+        if (warp == 0) decay_scan(sL, t0, b, h, P, lane);
 {% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
 {% endif %}{% if emit_o || save_states %}        state_stage(st, sS, sm0, sn0, g, t4);
 {% endif %}        __syncthreads();

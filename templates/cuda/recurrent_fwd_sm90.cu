@@ -43,15 +43,7 @@
 #define STATE_MT_ROWS 64
 #define STATE_AT(s, r, c) ((s) + sw128_index<DK>((r), (c)))
 
-typedef {{ sp.c_type }} elem_t;
-
-struct Params {
-{{ params_fields }}    int B, H, S;
-};
-
-struct Pt {
-    int b, h, t, d;
-};
+{% include "cuda/recurrent_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/prelude_sm90.cu" %}
@@ -59,6 +51,7 @@ struct Pt {
 {% include "cuda/recurrent_state.cu" %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
+{% include "cuda/recurrent_decay.cu" %}
 // ---------------------------------------------------------------------------
 
 // Rewrites a swizzled C × COLS chunk tile in place, 16 bytes per step: the
@@ -139,20 +132,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if q_row %}        float fq[C / WARP];
 {% endif %}{% if v_row %}        float fv[C / WARP];
 {% endif %}        auto read_steps = [&](int ch) {
+            if (wwarp == 0) chunk_log_decays(xd, ch * C, b, h, P, lane);
+{% if q_row || v_row %}            if (wwarp == 1) {
 #pragma unroll
-            for (int part = 0; part < C / WARP; ++part) {
-                const int t = ch * C + part * WARP + lane;
-                const Pt pt = {b, h, min(t, S - 1), 0};
-                if (wwarp == 0) {
-{% if decay %}                    xd[part] = t < S ? log2f(decay_fn(pt, P)) : 0.f;
-{% else %}                    xd[part] = 0.f;
-{% endif %}                }
-{% if q_row || v_row %}                if (wwarp == 1) {
+                for (int part = 0; part < C / WARP; ++part) {
+                    const int t = ch * C + part * WARP + lane;
+                    const Pt pt = {b, h, min(t, S - 1), 0};
 {% if q_row %}                    fq[part] = modify_q_row(pt, P);
 {% endif %}{% if v_row %}                    fv[part] = t < S ? modify_v_row(pt, P) : 0.f;  // rows past the end add nothing
 {% endif %}                }
-{% endif %}            }
-        };
+            }
+{% endif %}        };
 {% if prefetch_steps %}        read_steps(0);
 {% endif %}        for (int ch = 0; ch < n_chunks; ++ch) {
             const int s = ch & 1, t0 = ch * C;
@@ -172,22 +162,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}{% if v_row %}                    sMv[s * C + part * WARP + lane] = fv[part];
 {% endif %}                }
             }
-{% endif %}            if (wwarp == 0) {
-                // Inclusive scan of log2(decay) over the chunk, C / WARP steps per lane.
-                float carry = 0.f;
-#pragma unroll
-                for (int part = 0; part < C / WARP; ++part) {
-                    const int r = part * WARP + lane;
-                    float x = xd[part];
-#pragma unroll
-                    for (int off = 1; off < WARP; off *= 2) {
-                        const float y = __shfl_up_sync(0xffffffffu, x, off);
-                        if (lane >= off) x += y;
-                    }
-                    cL[r] = x + carry;
-                    carry += __shfl_sync(0xffffffffu, x, WARP - 1);
-                }
-            }
+{% endif %}            if (wwarp == 0) chunk_prefix_sum(xd, cL, lane);
             warpgroup_sync(1);
             const float l_last = cL[C - 1];
             // Ṽ decayed to the end of the chunk: the state update's B operand.

@@ -69,3 +69,20 @@ __device__ __forceinline__ void state_copy_out(const elem_t* s, elem_t* dst, int
         *reinterpret_cast<uint4*>(dst + (long long)r * DV + c) = *reinterpret_cast<const uint4*>(STATE_AT(s, r, c));
     }
 }
+
+// Inclusive prefix sums of a chunk's per-step log2 decays into sL, one warp:
+// lane l holds steps l, l + WARP, … in x.
+__device__ __forceinline__ void chunk_prefix_sum(const float (&x)[C / WARP], float* sL, int lane) {
+    float carry = 0.f;
+#pragma unroll
+    for (int part = 0; part < C / WARP; ++part) {
+        float y = x[part];
+#pragma unroll
+        for (int off = 1; off < WARP; off *= 2) {
+            const float z = __shfl_up_sync(0xffffffffu, y, off);
+            if (lane >= off) y += z;
+        }
+        sL[part * WARP + lane] = y + carry;
+        carry += __shfl_sync(0xffffffffu, y, WARP - 1);
+    }
+}
