@@ -498,15 +498,6 @@ fn recurrent_backward_json(
     builds: Vec<Value>,
     plan: EntryPlan,
 ) -> Value {
-    let RecurrentConfig {
-        chunk,
-        dv_tile,
-        warps,
-        stages,
-        blocks_per_sm,
-        wgmma,
-        elem,
-    } = b.config;
     json!({
         "pass": "backward",
         "entry": b.name,
@@ -514,7 +505,7 @@ fn recurrent_backward_json(
         "sources": { STATES_MODULE: format!("kernels/{states_base}.cu") },
         "builds": builds,
         "head_dims": { "Dk": b.dk, "Dv": b.dv },
-        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "wgmma": wgmma, "elem": elem.name() },
+        "config": recurrent_config_json(&b.config),
         "normalized": b.normalized,
         "decay": b.decay,
         "kernels": b.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
@@ -522,8 +513,8 @@ fn recurrent_backward_json(
     })
 }
 
-/// The manifest record of a recurrent forward.
-fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> Value {
+/// A recurrent tile configuration as the manifest writes it.
+fn recurrent_config_json(c: &RecurrentConfig) -> Value {
     let RecurrentConfig {
         chunk,
         dv_tile,
@@ -532,14 +523,19 @@ fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> V
         blocks_per_sm,
         wgmma,
         elem,
-    } = k.config;
+    } = *c;
+    json!({ "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "wgmma": wgmma, "elem": elem.name() })
+}
+
+/// The manifest record of a recurrent forward.
+fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> Value {
     json!({
         "pass": "forward",
         "entry": k.name,
         "source": format!("kernels/{}.cu", k.name),
         "builds": builds,
         "head_dims": { "Dk": k.dk, "Dv": k.dv },
-        "config": { "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "wgmma": wgmma, "elem": elem.name() },
+        "config": recurrent_config_json(&k.config),
         "normalized": k.normalized,
         "plan": plan,
     })

@@ -47,29 +47,8 @@
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 {% include "cuda/recurrent_decay.cu" %}
+{% include "cuda/recurrent_modify.cu" %}
 // ---------------------------------------------------------------------------
-
-// Rewrites a chunk tile in place: the variant's modification of each element
-// (closures that read inputs by step get the step clamped into the
-// sequence) and zeros for steps past the end, so they add nothing to the state.
-template <int COLS, int STRIDE, int KIND>
-__device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int b, int h, const Params& P, int tid) {
-#pragma unroll 4
-    for (int x = tid; x < C * COLS / 2; x += NT) {
-        const int r = x / (COLS / 2), c = (x % (COLS / 2)) * 2;
-        const int t = t0 + r;
-        elem_t* p = s + r * STRIDE + c;
-        float v0 = to_f32(p[0]), v1 = to_f32(p[1]);
-        const Pt pt0 = {b, h, min(t, P.S - 1), col0 + c};
-        const Pt pt1 = {b, h, min(t, P.S - 1), col0 + c + 1};
-{% if modify_q %}        if (KIND == 0) { v0 = modify_q(v0, pt0, P); v1 = modify_q(v1, pt1, P); }
-{% endif %}{% if modify_k %}        if (KIND == 1) { v0 = modify_k(v0, pt0, P); v1 = modify_k(v1, pt1, P); }
-{% endif %}{% if modify_v %}        if (KIND == 2) { v0 = modify_v(v0, pt0, P); v1 = modify_v(v1, pt1, P); }
-{% endif %}        if (KIND != 0 && t >= P.S) { v0 = 0.f; v1 = 0.f; }
-        p[0] = from_f32(v0);
-        p[1] = from_f32(v1);
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
@@ -141,12 +120,12 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
         elem_t* cV = sV + buf * C * SVS;
 
         // Phase 1: modified tiles, the decay's prefix sums, the state as an MMA operand.
-{% if modify_q && emit_o %}        modify_tile<DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
+{% if modify_q && emit_o %}        modify_tile<C, DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
 {% endif %}{% if save_states && normalize %}        if (blockIdx.x == 0)
             for (int d = tid; d < DK; d += NT) norm_states[(bh * n_chunks + ch) * DK + d] = sZ[d];
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
-        {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, SKS, 1>(cK, t0, 0, b, h, P, tid);
-        {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, SVS, 2>(cV, t0, e0, b, h, P, tid);
+        {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<C, DK, SKS, 1>(cK, t0, 0, b, h, P, tid);
+        {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<C, DVT, SVS, 2>(cV, t0, e0, b, h, P, tid);
         if (warp == 0) decay_scan(sL, t0, b, h, P, lane);
 {% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
 {% endif %}{% if emit_o || save_states %}        state_stage(st, sS, sm0, sn0, g, t4);
