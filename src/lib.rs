@@ -35,8 +35,9 @@ pub use library::Library;
 pub mod run;
 pub use run::{
     Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
-    RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput, RecurrentShape, Shape,
-    backward_source, check_recurrent_shapes, check_shapes, forward_source, recurrent_source,
+    RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
+    RecurrentShape, Shape, backward_source, check_recurrent_shapes, check_shapes, forward_source,
+    recurrent_source, recurrent_step_source,
 };
 
 /// A variant declared with [`attention!`].
@@ -73,6 +74,17 @@ pub trait Variant {
     ) -> Result<RecurrentKernels, Error> {
         RecurrentKernels::compile(Self::definition(), device, dims, options)
     }
+
+    /// The step kernel for decoding with a recurrent variant:
+    /// [`RecurrentDecoder::compile`] with [`definition`](Self::definition).
+    /// Run it with [`RecurrentDecoder::step`]. See [`run::recurrent_decode`].
+    fn compile_recurrent_decoder(
+        device: &runtime::Device,
+        dims: RecurrentDims,
+        options: &KernelOptions,
+    ) -> Result<RecurrentDecoder, Error> {
+        RecurrentDecoder::compile(Self::definition(), device, dims, options)
+    }
 }
 
 pub mod prelude {
@@ -80,8 +92,8 @@ pub mod prelude {
     pub use crate::attention;
     pub use crate::run::{
         ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
-        RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput, RecurrentShape,
-        Shape,
+        RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
+        RecurrentShape, Shape,
     };
     pub use aec_compiler::{Elem, Isa};
     pub use aec_frontend::Pattern;

@@ -82,6 +82,7 @@ fn custom_range(name: &str) -> (f64, f64) {
         "a" => (-4.0, -0.5),
         "dt" => (0.01, 0.2),
         "g" => (0.5, 0.99),
+        "alpha" => (-0.5, -0.01),
         other => panic!("no range for custom input `{other}`"),
     }
 }
@@ -1114,4 +1115,217 @@ fn gpu_recurrent_input_errors_before_launch() {
         );
     }
     eprintln!("{test}: PASS (shape errors before launch, then a correct launch)");
+}
+
+// ------------------------------------------------------- the step kernel
+
+/// The step (decode) kernel of `examples/<name>.rs` for `sizes` from a
+/// random state (and normaliser): the output and the state and normaliser
+/// updated in place against the reference from the same initial ones.
+fn check_decode(test: &str, name: &str, sizes: [usize; 5]) {
+    let [b, h, s, dk, dv] = sizes;
+    let (dims, shape) = (
+        RecurrentDims::new(dk as u32, dv as u32),
+        RecurrentShape::new(b, h, s),
+    );
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example(name);
+    let Some(decoder) = compiled(
+        test,
+        RecurrentDecoder::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let seed = name.bytes().map(u64::from).sum::<u64>() * 31 + (s * dk + dv) as u64;
+    let call = random_call(&def, dims, shape, true, seed);
+    let up = upload(&stream, &call);
+    let customs = borrowed_customs(&up.customs);
+    let mut state = up.state.expect("initial state");
+    let mut normalizer = up.normalizer;
+    assert_eq!(decoder.normalized(), normalizer.is_some());
+    let o = decoder
+        .step(
+            &stream,
+            &up.q,
+            &up.k,
+            &up.v,
+            &customs,
+            shape,
+            &mut state,
+            normalizer.as_mut(),
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let o = download_f64(&stream, &o);
+    let st = download_f64(&stream, &state);
+    let z = normalizer.as_ref().map(|b| download_f64(&stream, b));
+    let fwd = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+    let errors = compare(test, &fwd, &o, &st, z.as_deref());
+    eprintln!(
+        "{test}: {} `{}` on {} {shape} Dk={dk} Dv={dv}: {}",
+        if errors.pass() { "PASS" } else { "FAIL" },
+        decoder.source().name,
+        device.name(),
+        errors.report()
+    );
+    assert!(errors.pass(), "{test}: {}", errors.report());
+}
+
+/// Every recurrent example's step kernel (GLA's per-key-dimension decay
+/// included), one step and a few, head dims that are not powers of two.
+#[test]
+fn gpu_recurrent_decode_every_example() {
+    let test = "gpu_recurrent_decode_every_example";
+    check_decode(test, "retnet_recurrent", [2, 3, 1, 64, 96]);
+    check_decode(test, "retnet_recurrent", [1, 2, 3, 256, 512]);
+    check_decode(test, "gated_retention", [3, 2, 1, 128, 128]);
+    check_decode(test, "mamba2", [2, 5, 1, 128, 64]);
+    check_decode(test, "mamba2", [1, 3, 4, 64, 32]);
+    check_decode(test, "rfa", [2, 2, 1, 64, 96]);
+    check_decode(test, "rfa", [1, 2, 3, 32, 128]);
+    check_decode(test, "gla", [2, 3, 1, 100, 64]);
+    check_decode(test, "gla", [1, 2, 2, 128, 128]);
+}
+
+/// Serving's sequence of calls: a prompt through the chunked forward, then
+/// one decode step at a time from its final state (state updated in place),
+/// equals the reference over the whole sequence (Mamba2: per-step custom
+/// inputs sliced per call).
+#[test]
+fn gpu_recurrent_decode_continues_a_prompt() {
+    let test = "gpu_recurrent_decode_continues_a_prompt";
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example("mamba2");
+    let dims = RecurrentDims::new(64, 64);
+    let options = KernelOptions::default();
+    let Some(kernels) = compiled(
+        test,
+        RecurrentKernels::compile(&def, &device, dims, &options),
+    ) else {
+        return;
+    };
+    let Some(decoder) = compiled(
+        test,
+        RecurrentDecoder::compile(&def, &device, dims, &options),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let whole = RecurrentShape::new(2, 3, 70);
+    let prompt = 67;
+    let call = random_call(&def, dims, whole, false, 7);
+    let mut o_all: Vec<(usize, Vec<f64>)> = Vec::new();
+    let mut state: Option<DeviceBuffer<f32>> = None;
+    let ranges = std::iter::once(0..prompt).chain((prompt..whole.s).map(|t| t..t + 1));
+    for range in ranges {
+        let shape = RecurrentShape::new(whole.b, whole.h, range.len());
+        let part = |host: &[bf16], axes: &[Axis]| {
+            stream
+                .upload(&steps(host, axes, dims, whole, range.clone()))
+                .unwrap()
+        };
+        let (q, k, v) = (
+            part(&call.q, &def.q.axes),
+            part(&call.k, &def.k.axes),
+            part(&call.v, &def.v.axes),
+        );
+        let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = def
+            .customs
+            .iter()
+            .zip(&call.customs)
+            .map(|(decl, (n, x))| {
+                let sliced = steps(x, &decl.axes, dims, whole, range.clone());
+                (n.clone(), stream.upload(&sliced).unwrap())
+            })
+            .collect();
+        let customs = borrowed_customs(&custom_bufs);
+        let o = match state.as_mut() {
+            None => {
+                let out = kernels
+                    .forward(&stream, &q, &k, &v, &customs, shape, None, None)
+                    .unwrap_or_else(|e| panic!("{test}: {e}"));
+                state = Some(out.final_state);
+                out.o
+            }
+            Some(st) => decoder
+                .step(&stream, &q, &k, &v, &customs, shape, st, None)
+                .unwrap_or_else(|e| panic!("{test}: {e}")),
+        };
+        o_all.push((range.len(), download_f64(&stream, &o)));
+    }
+    let st = download_f64(&stream, state.as_ref().expect("state"));
+    let dv = dims.dv as usize;
+    let mut o = Vec::with_capacity(whole.b * whole.h * whole.s * dv);
+    for bh in 0..whole.b * whole.h {
+        for (len, part) in &o_all {
+            o.extend_from_slice(&part[bh * len * dv..(bh + 1) * len * dv]);
+        }
+    }
+    let fwd = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+    let errors = compare(test, &fwd, &o, &st, None);
+    eprintln!(
+        "{test}: {} a {prompt}-step prompt through `{}`, then {} steps through `{}`: {}",
+        if errors.pass() { "PASS" } else { "FAIL" },
+        kernels.forward_source().name,
+        whole.s - prompt,
+        decoder.source().name,
+        errors.report()
+    );
+    assert!(errors.pass(), "{test}: {}", errors.report());
+}
+
+/// The step kernel's input errors, before anything runs.
+#[test]
+fn gpu_recurrent_decode_input_errors_before_launch() {
+    let test = "gpu_recurrent_decode_input_errors_before_launch";
+    let Some(device) = device(test) else {
+        return;
+    };
+    let dims = RecurrentDims::new(64, 64);
+    let options = KernelOptions::default();
+    let Some(retnet) = compiled(
+        test,
+        RecurrentDecoder::compile(&example("retnet_recurrent"), &device, dims, &options),
+    ) else {
+        return;
+    };
+    let Some(rfa) = compiled(
+        test,
+        RecurrentDecoder::compile(&example("rfa"), &device, dims, &options),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let shape = RecurrentShape::new(1, 2, 1);
+    let x = stream.upload(&vec![bf16::from_f32(0.25); 2 * 64]).unwrap();
+    let mut short_state = stream.upload(&vec![0.5f32; 2 * 64 * 64 - 1]).unwrap();
+    let mut state = stream.upload(&vec![0.5f32; 2 * 64 * 64]).unwrap();
+    let mut z = stream.upload(&vec![1.0f32; 2 * 64]).unwrap();
+    let shape_err = |r: Result<DeviceBuffer<bf16>, Error>| match r {
+        Err(Error::Shape(m)) => m,
+        other => panic!("{test}: expected Error::Shape, got {other:?}"),
+    };
+    assert_eq!(
+        shape_err(retnet.step(&stream, &x, &x, &x, &[], shape, &mut short_state, None)),
+        "tensor `state` has 8191 elements, expected [B, H, Dk, Dv] = [1, 2, 64, 64] = 8192 (f32)"
+    );
+    assert!(
+        shape_err(retnet.step(&stream, &x, &x, &x, &[], shape, &mut state, Some(&mut z)))
+            .contains("takes no `normalizer`")
+    );
+    let g = stream.upload(&[0.9f32; 2]).unwrap();
+    assert!(
+        shape_err(rfa.step(&stream, &x, &x, &x, &[("g", &g)], shape, &mut state, None))
+            .contains("has a normaliser")
+    );
+    let e = RecurrentDecoder::compile(&example("softmax"), &device, dims, &options)
+        .expect_err("a parallel variant");
+    assert!(matches!(e, Error::Pattern(_)), "{e:?}");
+    // Nothing ran: the state is as uploaded.
+    assert!(stream.download(&state).unwrap().iter().all(|&x| x == 0.5));
+    eprintln!("{test}: PASS");
 }

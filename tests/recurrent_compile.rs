@@ -252,3 +252,56 @@ fn row_scale_modifications_are_recognised() {
     ));
     assert!(!factor(&v, "q"));
 }
+
+/// Every recurrent example's step (decode) kernel — GLA's per-key-dimension
+/// decay included — compiles for sm_80 and sm_90a without spills or local
+/// memory; head dims it does not take are refused with their names.
+#[test]
+fn every_recurrent_step_kernel_compiles() {
+    use aec::compiler::recurrent_step;
+    let v = common::example("retnet_recurrent");
+    let err = |dk, dv| {
+        recurrent_step(&v, dk, dv, Elem::Bf16)
+            .expect_err("refused")
+            .to_string()
+    };
+    assert!(err(130, 128).contains("Dk = 130"));
+    assert!(err(512, 128).contains("Dk = 512"));
+    assert!(err(128, 80).contains("Dv = 80"));
+    let softmax = common::example("softmax");
+    let e = recurrent_step(&softmax, 64, 64, Elem::Bf16)
+        .expect_err("parallel")
+        .to_string();
+    assert!(e.contains("parallel variant"), "{e}");
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let cases = [
+        ("retnet_recurrent", 256, 512, Elem::Bf16),
+        ("gated_retention", 128, 128, Elem::F16),
+        ("mamba2", 128, 64, Elem::Bf16),
+        ("rfa", 64, 96, Elem::Bf16),
+        ("gla", 100, 64, Elem::Bf16),
+    ];
+    for (example, dk, dv, elem) in cases {
+        let v = common::example(example);
+        let k = recurrent_step(&v, dk, dv, elem).unwrap_or_else(|e| panic!("{example}: {e}"));
+        assert_eq!(k.normalized, example == "rfa");
+        for arch in ["sm_80", "sm_90a"] {
+            let compiled = compile(&k.source, &CompileOptions::new(arch))
+                .unwrap_or_else(|e| panic!("{example} ({arch}): {e}"));
+            let usage = ptxas_resources(&compiled.ptx, arch)
+                .unwrap_or_else(|e| panic!("{example} ({arch}): ptxas: {e}"));
+            let entry = usage
+                .iter()
+                .find(|u| u.function == k.name)
+                .unwrap_or_else(|| panic!("{example} ({arch}): no entry `{}`", k.name));
+            assert_eq!(entry.spill_store_bytes, 0, "{example} ({arch}): {entry:?}");
+            assert_eq!(entry.stack_frame_bytes, 0, "{example} ({arch}): {entry:?}");
+            eprintln!(
+                "{example:17} {dk:>3}/{dv:<3} {arch:7} {:>3} regs, {}",
+                entry.registers, k.name
+            );
+        }
+    }
+}

@@ -23,6 +23,7 @@ pub use cuda::recurrent::{
     RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,
     RecurrentSource, recurrent_backward, recurrent_forward, recurrent_states,
 };
+pub use cuda::recurrent_step::{RecurrentStepSource, recurrent_step};
 
 /// Why a variant cannot be compiled with a given configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

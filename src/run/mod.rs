@@ -64,6 +64,7 @@
 mod backward;
 pub mod recurrent;
 mod recurrent_backward;
+pub mod recurrent_decode;
 
 pub use backward::Gradients;
 pub use recurrent::{
@@ -71,6 +72,7 @@ pub use recurrent::{
     recurrent_source,
 };
 pub use recurrent_backward::RecurrentGradients;
+pub use recurrent_decode::{RecurrentDecoder, recurrent_step_source};
 
 use std::sync::OnceLock;
 

@@ -4,5 +4,6 @@ pub mod backward;
 pub mod dialect;
 pub mod forward;
 pub mod recurrent;
+pub mod recurrent_step;
 pub mod recurrent_wgmma;
 pub mod wgmma;
