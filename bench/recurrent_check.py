@@ -49,6 +49,8 @@ class RecurrentKernel:
                 vals.append(ctypes.c_uint64(t.data_ptr() if t is not None else 0))
             elif kind == "custom":
                 vals.append(ctypes.c_uint64(customs[a["name"]].data_ptr()))
+            elif kind == "cu_seqlens":
+                vals.append(ctypes.c_uint64(0))  # equal lengths: B sequences of S steps
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])

@@ -36,8 +36,8 @@ pub mod run;
 pub use run::{
     Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
     RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
-    RecurrentShape, Shape, backward_source, check_recurrent_shapes, check_shapes, forward_source,
-    recurrent_source, recurrent_step_source,
+    RecurrentShape, Shape, backward_source, check_recurrent_shapes, check_shapes, check_varlen,
+    forward_source, recurrent_source, recurrent_step_source,
 };
 
 /// A variant declared with [`attention!`].

@@ -332,6 +332,7 @@ fn cpu_recurrent_source_generates_without_a_gpu() {
             ArgKind::Custom("dt".into()),
             ArgKind::State("state_in"),
             ArgKind::State("state_out"),
+            ArgKind::CuSeqlens,
             ArgKind::Size(Axis::B),
             ArgKind::Size(Axis::H),
             ArgKind::Size(Axis::S),
@@ -1328,4 +1329,237 @@ fn gpu_recurrent_decode_input_errors_before_launch() {
     // Nothing ran: the state is as uploaded.
     assert!(stream.download(&state).unwrap().iter().all(|&x| x == 0.5));
     eprintln!("{test}: PASS");
+}
+
+// ------------------------------------------------- variable-length batches
+
+/// Steps `range` of a reference tensor whose axes include `S`, as a tensor
+/// of `range.len()` steps.
+fn tensor_steps(
+    t: &Tensor,
+    axes: &[Axis],
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    range: std::ops::Range<usize>,
+) -> Tensor {
+    let mut sizes = t.shape.clone();
+    if let Some(at) = axes.iter().position(|a| *a == Axis::S) {
+        sizes[at] = range.len();
+    }
+    Tensor {
+        shape: sizes,
+        data: steps(&t.data, axes, dims, shape, range),
+    }
+}
+
+/// Item `n` of the leading axis of a reference tensor.
+fn leading(t: &Tensor, n: usize) -> Tensor {
+    let inner: usize = t.shape[1..].iter().product();
+    let mut shape = t.shape.clone();
+    shape[0] = 1;
+    Tensor {
+        shape,
+        data: t.data[n * inner..(n + 1) * inner].to_vec(),
+    }
+}
+
+/// A packed batch of sequences of `lengths` steps (none a chunk multiple,
+/// one of a single step) through `forward_varlen`, each from its own initial
+/// state, against the reference run on each sequence alone.
+fn check_varlen_example(
+    test: &str,
+    name: &str,
+    heads: usize,
+    lengths: &[usize],
+    options: &KernelOptions,
+) {
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example(name);
+    let dims = RecurrentDims::new(64, 128);
+    let Some(kernels) = compiled(
+        test,
+        RecurrentKernels::compile(&def, &device, dims, options),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let mut cu = vec![0usize];
+    for l in lengths {
+        cu.push(cu.last().copied().unwrap_or(0) + l);
+    }
+    let total = *cu.last().expect("bounds");
+    let n = lengths.len();
+    let packed = RecurrentShape::new(1, heads, total);
+    // The packed inputs, and N initial states (normalisers) as a batch of N.
+    let call = random_call(&def, dims, packed, false, 11 + total as u64);
+    let initial = random_call(&def, dims, RecurrentShape::new(n, heads, 1), true, 5);
+    let up = upload(&stream, &call);
+    let customs = borrowed_customs(&up.customs);
+    let state = stream
+        .upload(initial.state.as_ref().expect("states"))
+        .unwrap();
+    let normalizer = initial
+        .normalizer
+        .as_ref()
+        .map(|z| stream.upload(z).unwrap());
+    let out = kernels
+        .forward_varlen(
+            &stream,
+            &up.q,
+            &up.k,
+            &up.v,
+            &customs,
+            heads,
+            &cu,
+            Some(&state),
+            normalizer.as_ref(),
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let o = download_f64(&stream, &out.o);
+    let st = download_f64(&stream, &out.final_state);
+    let z = out
+        .final_normalizer
+        .as_ref()
+        .map(|b| download_f64(&stream, b));
+
+    // The reference, sequence by sequence, reassembled like the kernel's outputs.
+    let dv = dims.dv as usize;
+    let mut o_want = vec![0.0; heads * total * dv];
+    let (mut st_want, mut z_want) = (Vec::new(), Vec::new());
+    for (s, w) in cu.windows(2).enumerate() {
+        let range = w[0]..w[1];
+        let cut = |t: &Tensor, axes: &[Axis]| tensor_steps(t, axes, dims, packed, range.clone());
+        let mut inputs = Inputs {
+            q: cut(&call.inputs.q, &def.q.axes),
+            k: cut(&call.inputs.k, &def.k.axes),
+            v: cut(&call.inputs.v, &def.v.axes),
+            customs: Default::default(),
+            initial_state: initial.inputs.initial_state.as_ref().map(|t| leading(t, s)),
+            initial_normalizer: initial
+                .inputs
+                .initial_normalizer
+                .as_ref()
+                .map(|t| leading(t, s)),
+        };
+        for c in &def.customs {
+            inputs
+                .customs
+                .insert(c.name.clone(), cut(&call.inputs.customs[&c.name], &c.axes));
+        }
+        let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference");
+        for h in 0..heads {
+            for (i, t) in range.clone().enumerate() {
+                let from = (h * range.len() + i) * dv;
+                o_want[(h * total + t) * dv..][..dv].copy_from_slice(&fwd.o.data[from..from + dv]);
+            }
+        }
+        st_want.extend_from_slice(&fwd.final_state.expect("final state").data);
+        if let Some(zf) = fwd.final_normalizer {
+            z_want.extend_from_slice(&zf.data);
+        }
+    }
+    let (e_o, e_st) = (rel_err(&o, &o_want), rel_err(&st, &st_want));
+    let e_z = z.as_ref().map(|z| rel_err(z, &z_want));
+    let nan = o.iter().chain(&st).any(|x| x.is_nan());
+    let pass = !nan && e_o < 1e-2 && e_st < 1e-2 && e_z.is_none_or(|e| e < 1e-2);
+    eprintln!(
+        "{test}: {} `{}` on {} H={heads} lengths {lengths:?}: rel_err(o)={e_o:.2e} \
+         rel_err(states)={e_st:.2e}{} nan={nan}",
+        if pass { "PASS" } else { "FAIL" },
+        kernels.forward_source().name,
+        device.name(),
+        e_z.map(|e| format!(" rel_err(normalizers)={e:.2e}"))
+            .unwrap_or_default()
+    );
+    assert!(
+        pass,
+        "{test}: o {e_o:.2e}, states {e_st:.2e}, normalizers {e_z:?}"
+    );
+}
+
+/// Every example through `forward_varlen`, on the device's default
+/// forward (wgmma on sm_90a where the dims allow) and the `mma.sync` one.
+#[test]
+fn gpu_recurrent_varlen() {
+    let test = "gpu_recurrent_varlen";
+    let defaults = KernelOptions::default();
+    let mma_sync = KernelOptions {
+        recurrent_config: Some(RecurrentConfig {
+            wgmma: false,
+            ..RecurrentConfig::default_for(64, 128, Elem::Bf16, Isa::Sm80)
+        }),
+        ..KernelOptions::default()
+    };
+    let lengths = [70, 1, 130, 64];
+    for options in [&defaults, &mma_sync] {
+        check_varlen_example(test, "retnet_recurrent", 2, &lengths, options);
+        check_varlen_example(test, "gated_retention", 3, &lengths, options);
+        check_varlen_example(test, "mamba2", 2, &lengths, options);
+    }
+    check_varlen_example(test, "rfa", 2, &lengths, &defaults);
+}
+
+/// `cu_seqlens` and the per-sequence states are checked before anything
+/// runs; variants whose closures read the step as a value are refused.
+#[test]
+fn cpu_varlen_errors_name_the_problem() {
+    let v = example("mamba2");
+    let dims = RecurrentDims::new(64, 32);
+    let (h, total) = (2, 10);
+    let packed = RecurrentShape::new(1, h, total);
+    let ok = lens(&v, dims, packed);
+    let check = |cu: &[usize], state: Option<usize>| {
+        aec::check_varlen(&v, dims, h, cu, &borrowed(&ok), state, None)
+    };
+    assert_eq!(check(&[0, 4, 10], None).expect("valid"), packed);
+    let err = |r: Result<RecurrentShape, Error>| shape_error(r.map(|_| ()));
+    assert!(err(check(&[0], None)).contains("has 1 entries"));
+    assert!(err(check(&[1, 4, 10], None)).contains("starts at 1"));
+    assert_eq!(
+        err(check(&[0, 4, 4, 10], None)),
+        "`cu_seqlens` is not increasing: entry 2 is 4 after 4 (sequence 1 would have no steps)"
+    );
+    assert_eq!(
+        err(check(&[0, 4, 9], None)),
+        "`cu_seqlens` ends at 9, but q holds 10 steps ([1, H, T, Dk] with H = 2, Dk = 64): the \
+         last entry must be the total number of steps"
+    );
+    assert_eq!(
+        err(check(&[0, 4, 10], Some(2 * 64 * 32))),
+        "tensor `initial_state` has 4096 elements, expected [N, H, Dk, Dv] = [2, 2, 64, 32] = \
+         8192 (f32, one state per sequence)"
+    );
+    // dt is [B, H, S]: packed, B = 1.
+    let wrong_dt = with(&ok, "dt", Some(2 * h * total));
+    let e = err(aec::check_varlen(
+        &v,
+        dims,
+        h,
+        &[0, 4, 10],
+        &borrowed(&wrong_dt),
+        None,
+        None,
+    ));
+    assert_eq!(
+        e,
+        "custom input `dt` has 40 elements, expected [B, H, S] = [1, 2, 10] = 20"
+    );
+    let positional = aec::frontend::parse_str(
+        "pub struct Positional: recurrent { q: [B, H, S, Dk]; k: [B, H, S, Dk]; \
+         v: [B, H, S, Dv]; decay = |b, h, t| 1.0 - 1.0 / (t + 2.0); }",
+    )
+    .expect("a valid variant");
+    let p_lens = lens(&positional, dims, packed);
+    let e = err(aec::check_varlen(
+        &positional,
+        dims,
+        h,
+        &[0, 4, 10],
+        &borrowed(&p_lens),
+        None,
+        None,
+    ));
+    assert!(e.contains("reads the step `t` as a value"), "{e}");
 }

@@ -49,7 +49,9 @@ fn call_args(args: &[ArgKind], shape: Shape, customs: &[(String, usize)], n_spli
             ArgKind::CustomGrad(name) => format!("g{}.data()", custom(name)),
             ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
             ArgKind::KvSplits => n_splits.to_string(),
-            ArgKind::State(n) => unreachable!("parallel kernels take no `{n}`"),
+            other @ (ArgKind::State(_) | ArgKind::CuSeqlens) => {
+                unreachable!("parallel kernels take no {other:?}")
+            }
         })
         .collect::<Vec<_>>()
         .join(", ")

@@ -73,9 +73,10 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
                 .find(|u| u.function == k.name)
                 .unwrap_or_else(|| panic!("{example} ({arch}): no entry `{}`", k.name));
             // Two blocks per SM cap registers at 128: NVRTC 13.0.88 spills
-            // 148 bytes for the Dk 256 state there (nvcc none); one block
-            // per SM must not spill.
-            let allowed = if cfg.blocks_per_sm == 2 { 160 } else { 0 };
+            // 196 bytes for the Dk 256 state there (148 before the kernel
+            // took packed variable-length batches; nvcc none), which the
+            // benchmark's sweep weighs; one block per SM must not spill.
+            let allowed = if cfg.blocks_per_sm == 2 { 224 } else { 0 };
             assert!(
                 entry.spill_store_bytes <= allowed,
                 "{example} {dk}/{dv} ({arch}): spills (allowed {allowed} B): {entry:?}"

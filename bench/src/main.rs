@@ -653,6 +653,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
             ArgKind::KvSplits => json!({ "kind": "kv_splits" }),
             ArgKind::State(n) => json!({ "kind": "state", "name": n }),
+            ArgKind::CuSeqlens => json!({ "kind": "cu_seqlens" }),
         })
         .collect()
 }

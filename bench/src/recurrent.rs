@@ -207,6 +207,7 @@ fn arg_meta(a: &ArgKind) -> Value {
         ArgKind::State(s) => json!({ "kind": "state", "name": s }),
         ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
         ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name() }),
+        ArgKind::CuSeqlens => json!({ "kind": "cu_seqlens" }),
         other => unreachable!("the recurrent kernels take no {other:?}"),
     }
 }

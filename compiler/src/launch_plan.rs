@@ -378,6 +378,7 @@ fn parallel_args(args: &[ArgKind], dims: &BTreeMap<Axis, u32>) -> Vec<ArgPlan> {
             ArgKind::CustomGrad(n) => ArgPlan::Ptr(grad_name(n)),
             ArgKind::Size(a) => ArgPlan::I32(axis_expr(*a, dims)),
             ArgKind::KvSplits => ArgPlan::I32(v("kv_splits")),
+            other => unreachable!("a parallel kernel takes no {other:?}"),
         })
         .collect()
 }
@@ -691,6 +692,8 @@ pub fn recurrent_forward_plan(variant: &Variant, k: &RecurrentSource) -> EntryPl
             }
             ArgKind::Custom(n) => ArgPlan::Ptr(n.clone()),
             ArgKind::Size(a) => ArgPlan::I32(axis_expr(*a, &dims)),
+            // Libraries launch batches of equal lengths so far.
+            ArgKind::CuSeqlens => ArgPlan::Null("cu_seqlens".to_string()),
             other => unreachable!("a recurrent forward takes no {other:?}"),
         })
         .collect();
@@ -754,6 +757,7 @@ fn recurrent_args(
             ArgKind::Custom(n) => ArgPlan::Ptr(n.clone()),
             ArgKind::CustomGrad(n) => ArgPlan::Ptr(grad_name(n)),
             ArgKind::Size(a) => ArgPlan::I32(axis_expr(*a, dims)),
+            ArgKind::CuSeqlens => ArgPlan::Null("cu_seqlens".to_string()),
             other => unreachable!("a recurrent kernel takes no {other:?}"),
         })
         .collect()

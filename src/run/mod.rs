@@ -69,7 +69,7 @@ pub mod recurrent_decode;
 pub use backward::Gradients;
 pub use recurrent::{
     RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, check_recurrent_shapes,
-    recurrent_source,
+    check_varlen, recurrent_source,
 };
 pub use recurrent_backward::RecurrentGradients;
 pub use recurrent_decode::{RecurrentDecoder, recurrent_step_source};
@@ -689,7 +689,8 @@ impl ParallelKernels {
                     other @ (ArgKind::Tensor(_)
                     | ArgKind::CustomGrad(_)
                     | ArgKind::Workspace(_)
-                    | ArgKind::State(_)) => {
+                    | ArgKind::State(_)
+                    | ArgKind::CuSeqlens) => {
                         unreachable!("params_of rejected argument {other:?}")
                     }
                 });

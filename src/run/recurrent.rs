@@ -356,6 +356,7 @@ fn recurrent_params(
     source: &RecurrentSource,
     with_state_in: bool,
     with_norm_in: bool,
+    with_cu_seqlens: bool,
 ) -> Result<Vec<Param>, Error> {
     let elem = dtype_of(source.config.elem);
     let declared = |name: &String| variant.customs.iter().any(|c| &c.name == name);
@@ -376,6 +377,8 @@ fn recurrent_params(
             ArgKind::State("state_in") => Ok(input(with_state_in)),
             ArgKind::State("norm_in") => Ok(input(with_norm_in)),
             ArgKind::State("state_out" | "norm_out") => Ok(Param::Out(DType::F32)),
+            ArgKind::CuSeqlens if with_cu_seqlens => Ok(Param::In(DType::I32)),
+            ArgKind::CuSeqlens => Ok(Param::U64),
             ArgKind::Size(Axis::B | Axis::H | Axis::S) => Ok(Param::I32),
             other => Err(Error::Compile {
                 variant: variant.name.clone(),
@@ -397,9 +400,9 @@ pub struct RecurrentKernels {
     dims: RecurrentDims,
     source: RecurrentSource,
     device: Device,
-    /// The forward, looked up once per combination of given initial state
-    /// and normaliser (each absent one is a null pointer): index
-    /// `state_in as usize | (norm_in as usize) << 1`.
+    /// The forward, looked up once per combination of given initial state,
+    /// normaliser and sequence boundaries (each absent one is a null
+    /// pointer): index `state_in | norm_in << 1 | cu_seqlens << 2`.
     launches: Vec<Kernel>,
     _module: Module,
     pub(super) options: KernelOptions,
@@ -433,10 +436,9 @@ impl RecurrentKernels {
         );
         let module = compile_and_load(device, &source.source, options, &what)?;
         let loading = loading_error(device, &what);
-        let combinations = if source.normalized { 4 } else { 2 };
-        let mut launches = Vec::with_capacity(combinations);
-        for c in 0..combinations {
-            let params = recurrent_params(variant, &source, c & 1 != 0, c & 2 != 0)?;
+        let mut launches = Vec::with_capacity(8);
+        for c in 0..8 {
+            let params = recurrent_params(variant, &source, c & 1 != 0, c & 2 != 0, c & 4 != 0)?;
             launches.push(module.kernel(&source.name, &params).map_err(&loading)?);
         }
         Ok(RecurrentKernels {
@@ -539,31 +541,123 @@ impl RecurrentKernels {
         initial_state: Option<&DeviceBuffer<f32>>,
         initial_normalizer: Option<&DeviceBuffer<f32>>,
     ) -> Result<RecurrentOutput<T>, Error> {
-        let name = &self.variant.name;
-        check_elem::<T>(name, self.elem(), "q, k and v")?;
-        let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())))
-            .chain(initial_state.map(|b| ("initial_state", b.ordinal())))
-            .chain(initial_normalizer.map(|b| ("initial_normalizer", b.ordinal())));
-        check_devices(&self.device, name, stream, buffers)?;
-        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
-            .collect();
+        let inputs = ForwardInputs {
+            q,
+            k,
+            v,
+            customs,
+            initial_state,
+            initial_normalizer,
+        };
+        self.check_buffers(stream, &inputs)?;
         self.check(
             shape,
-            &lens,
+            &inputs.lens(),
             initial_state.map(DeviceBuffer::len),
             initial_normalizer.map(DeviceBuffer::len),
         )?;
-        let grid = self.grid(shape).ok_or_else(|| {
+        self.launch(stream, &inputs, shape, shape.b, None)
+    }
+
+    /// Runs the forward over a packed batch of sequences of different
+    /// lengths (variable-length batches, as serving assembles them).
+    ///
+    /// - `cu_seqlens`: the sequence boundaries, `[N + 1]` increasing from 0:
+    ///   sequence `n` is steps `cu_seqlens[n] … cu_seqlens[n + 1] − 1`; the
+    ///   last entry is the total number of steps `T`.
+    /// - `q`, `k`: `[1, H, T, Dk]`, `v`: `[1, H, T, Dv]`, the sequences one
+    ///   after another; `customs` likewise with `B = 1`, `S = T`.
+    /// - `initial_state`: f32 `[N, H, Dk, Dv]`, one per sequence (`None`:
+    ///   zero); `initial_normalizer`: f32 `[N, H, Dk]`.
+    ///
+    /// Returns the output `[1, H, T, Dv]` and the final state of each
+    /// sequence, `[N, H, Dk, Dv]` (and normaliser `[N, H, Dk]`). Each
+    /// sequence starts from its own initial state, so the result equals N
+    /// separate [`forward`](Self::forward) calls. Variants whose closures
+    /// read the batch index or the step (`b`, `t`, `B`, `S`) as values are
+    /// refused: in a packed batch those are the packed coordinates.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_varlen<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        heads: usize,
+        cu_seqlens: &[usize],
+        initial_state: Option<&DeviceBuffer<f32>>,
+        initial_normalizer: Option<&DeviceBuffer<f32>>,
+    ) -> Result<RecurrentOutput<T>, Error> {
+        let inputs = ForwardInputs {
+            q,
+            k,
+            v,
+            customs,
+            initial_state,
+            initial_normalizer,
+        };
+        self.check_buffers(stream, &inputs)?;
+        let shape = check_varlen(
+            &self.variant,
+            self.dims,
+            heads,
+            cu_seqlens,
+            &inputs.lens(),
+            initial_state.map(DeviceBuffer::len),
+            initial_normalizer.map(DeviceBuffer::len),
+        )?;
+        let bounds: Vec<i32> = cu_seqlens
+            .iter()
+            .map(|&n| i32::try_from(n).unwrap_or(i32::MAX)) // bounded by check_varlen
+            .collect();
+        let cu = stream.upload(&bounds).map_err(|e| Error::Runtime {
+            during: "uploading `cu_seqlens`".into(),
+            source: e,
+        })?;
+        self.launch(stream, &inputs, shape, cu_seqlens.len() - 1, Some(&cu))
+    }
+
+    /// Checks that the stream and every buffer are on the kernels' device
+    /// and of their element type.
+    fn check_buffers<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        inputs: &ForwardInputs<'_, T>,
+    ) -> Result<(), Error> {
+        let name = &self.variant.name;
+        check_elem::<T>(name, self.elem(), "q, k and v")?;
+        let (q, k, v) = (inputs.q, inputs.k, inputs.v);
+        let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
+            .into_iter()
+            .chain(inputs.customs.iter().map(|(n, b)| (*n, b.ordinal())))
+            .chain(inputs.initial_state.map(|b| ("initial_state", b.ordinal())))
+            .chain(
+                inputs
+                    .initial_normalizer
+                    .map(|b| ("initial_normalizer", b.ordinal())),
+            );
+        check_devices(&self.device, name, stream, buffers)
+    }
+
+    /// Allocates the outputs and launches, after the checks: `shape` is the
+    /// inputs' (B, H, S), `sequences` the number of states (B, or N of a
+    /// packed batch given by `cu_seqlens`).
+    fn launch<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        inputs: &ForwardInputs<'_, T>,
+        shape: RecurrentShape,
+        sequences: usize,
+        cu_seqlens: Option<&DeviceBuffer<i32>>,
+    ) -> Result<RecurrentOutput<T>, Error> {
+        let name = &self.variant.name;
+        let grid = self.source.grid_for(sequences, shape.h).ok_or_else(|| {
             Error::Shape(format!(
                 "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",
                 self.source.name
             ))
         })?;
-
         let launching = || format!("launching `{}`", self.source.name);
         let runtime = |e| Error::Runtime {
             during: launching(),
@@ -573,10 +667,14 @@ impl RecurrentKernels {
         let (dk, dv) = (self.dims.dk as usize, self.dims.dv as usize);
         let mut o = stream.alloc_zeros::<T>(b * h * s * dv).map_err(runtime)?;
         let mut final_state = stream
-            .alloc_zeros::<f32>(b * h * dk * dv)
+            .alloc_zeros::<f32>(sequences * h * dk * dv)
             .map_err(runtime)?;
         let mut final_normalizer = if self.source.normalized {
-            Some(stream.alloc_zeros::<f32>(b * h * dk).map_err(runtime)?)
+            Some(
+                stream
+                    .alloc_zeros::<f32>(sequences * h * dk)
+                    .map_err(runtime)?,
+            )
         } else {
             None
         };
@@ -597,38 +695,37 @@ impl RecurrentKernels {
             let mut state_slot = Some(&mut final_state);
             let mut norm_slot = final_normalizer.as_mut();
             let size = |n: usize| {
-                // check_recurrent_shapes bounded B, H and S by i32::MAX.
+                // The checks bounded B, H and S by i32::MAX.
                 Arg::from(i32::try_from(n).unwrap_or(i32::MAX))
             };
+            let null = || Arg::from(0u64); // an absent input: start from zero
             let mut args: Vec<Arg<'_>> = Vec::with_capacity(self.source.args.len());
             for a in &self.source.args {
                 args.push(match a {
-                    ArgKind::Tensor("q") => T::arg(q),
-                    ArgKind::Tensor("k") => T::arg(k),
-                    ArgKind::Tensor("v") => T::arg(v),
+                    ArgKind::Tensor("q") => T::arg(inputs.q),
+                    ArgKind::Tensor("k") => T::arg(inputs.k),
+                    ArgKind::Tensor("v") => T::arg(inputs.v),
                     ArgKind::Tensor("o") => T::arg_mut(o_slot.take().ok_or_else(|| twice("o"))?),
                     ArgKind::Custom(c) => {
-                        let buf = customs
+                        let buf = inputs
+                            .customs
                             .iter()
                             .find(|(n, _)| n == c)
                             .map(|(_, b)| *b)
                             .ok_or_else(|| Error::Shape(format!("missing custom input `{c}`")))?;
                         Arg::from(buf)
                     }
-                    ArgKind::State("state_in") => match initial_state {
-                        Some(buf) => Arg::from(buf),
-                        None => Arg::from(0u64), // null: start from zero
-                    },
-                    ArgKind::State("norm_in") => match initial_normalizer {
-                        Some(buf) => Arg::from(buf),
-                        None => Arg::from(0u64),
-                    },
+                    ArgKind::State("state_in") => inputs.initial_state.map_or_else(null, Arg::from),
+                    ArgKind::State("norm_in") => {
+                        inputs.initial_normalizer.map_or_else(null, Arg::from)
+                    }
                     ArgKind::State("state_out") => {
                         Arg::from(state_slot.take().ok_or_else(|| twice("state_out"))?)
                     }
                     ArgKind::State("norm_out") => {
                         Arg::from(norm_slot.take().ok_or_else(|| twice("norm_out"))?)
                     }
+                    ArgKind::CuSeqlens => cu_seqlens.map_or_else(null, Arg::from),
                     ArgKind::Size(Axis::B) => size(b),
                     ArgKind::Size(Axis::H) => size(h),
                     ArgKind::Size(Axis::S) => size(s),
@@ -644,8 +741,9 @@ impl RecurrentKernels {
                     }
                 });
             }
-            let which = usize::from(initial_state.is_some())
-                | usize::from(initial_normalizer.is_some()) << 1;
+            let which = usize::from(inputs.initial_state.is_some())
+                | usize::from(inputs.initial_normalizer.is_some()) << 1
+                | usize::from(cu_seqlens.is_some()) << 2;
             let kernel = self.launches.get(which).ok_or_else(|| {
                 Error::Shape(format!(
                     "`{name}` has no normaliser, so it takes no initial normaliser: pass None"
@@ -669,6 +767,156 @@ impl RecurrentKernels {
             dims: self.dims,
         })
     }
+}
+
+/// The buffers of one forward call.
+struct ForwardInputs<'a, T: KernelElement> {
+    q: &'a DeviceBuffer<T>,
+    k: &'a DeviceBuffer<T>,
+    v: &'a DeviceBuffer<T>,
+    customs: &'a [(&'a str, &'a DeviceBuffer<f32>)],
+    initial_state: Option<&'a DeviceBuffer<f32>>,
+    initial_normalizer: Option<&'a DeviceBuffer<f32>>,
+}
+
+impl<T: KernelElement> ForwardInputs<'_, T> {
+    /// q, k, v and the custom inputs by name with their element counts.
+    fn lens(&self) -> Vec<(&str, usize)> {
+        [
+            ("q", self.q.len()),
+            ("k", self.k.len()),
+            ("v", self.v.len()),
+        ]
+        .into_iter()
+        .chain(self.customs.iter().map(|(n, b)| (*n, b.len())))
+        .collect()
+    }
+}
+
+/// Checks, without a GPU, a packed variable-length call of `variant`'s
+/// recurrent forward ([`RecurrentKernels::forward_varlen`]) and returns the
+/// inputs' shape `(1, H, T)`: `cu_seqlens` has at least two entries,
+/// starts at 0, increases strictly and ends at the steps q holds; the
+/// closures do not read `b`, `t`, `B` or `S` as values; q, k, v and the
+/// custom inputs fit `[1, H, T, …]` ([`check_recurrent_shapes`]); the
+/// initial state is `[N, H, Dk, Dv]` and the normaliser `[N, H, Dk]`.
+pub fn check_varlen(
+    variant: &frontend::Variant,
+    dims: RecurrentDims,
+    heads: usize,
+    cu_seqlens: &[usize],
+    tensors: &[(&str, usize)],
+    initial_state: Option<usize>,
+    initial_normalizer: Option<usize>,
+) -> Result<RecurrentShape, Error> {
+    require_recurrent(variant)?;
+    let bad = |m: String| Err(Error::Shape(m));
+    if let Some(axis) = packed_coordinate_read(variant) {
+        return bad(format!(
+            "`{}` reads {axis} as a value in a closure; in a packed variable-length batch that \
+             would be the packed coordinate, not the sequence's: run its sequences as separate \
+             calls of `forward`",
+            variant.name
+        ));
+    }
+    if cu_seqlens.len() < 2 {
+        return bad(format!(
+            "`cu_seqlens` has {} entries; a packed batch of N sequences needs N + 1 (0, the end \
+             of each sequence)",
+            cu_seqlens.len()
+        ));
+    }
+    if cu_seqlens[0] != 0 {
+        return bad(format!(
+            "`cu_seqlens` starts at {}; the first sequence starts at step 0",
+            cu_seqlens[0]
+        ));
+    }
+    if let Some(i) = cu_seqlens.windows(2).position(|w| w[1] <= w[0]) {
+        return bad(format!(
+            "`cu_seqlens` is not increasing: entry {} is {} after {} (sequence {i} would have \
+             no steps)",
+            i + 1,
+            cu_seqlens[i + 1],
+            cu_seqlens[i]
+        ));
+    }
+    let sequences = cu_seqlens.len() - 1;
+    if sequences > MAX_GRID_YZ {
+        return bad(format!(
+            "`cu_seqlens` holds {sequences} sequences; CUDA's grid takes at most {MAX_GRID_YZ} \
+             per call: split the batch"
+        ));
+    }
+    let total = cu_seqlens[sequences];
+    let dk = dims.dk as usize;
+    let q_len = tensors
+        .iter()
+        .find(|(n, _)| *n == "q")
+        .map_or(0, |&(_, n)| n);
+    if heads > 0 && q_len.is_multiple_of(heads * dk) && q_len / (heads * dk) != total {
+        return bad(format!(
+            "`cu_seqlens` ends at {total}, but q holds {} steps ([1, H, T, Dk] with H = {heads}, \
+             Dk = {dk}): the last entry must be the total number of steps",
+            q_len / (heads * dk)
+        ));
+    }
+    let shape = RecurrentShape::new(1, heads, total);
+    check_recurrent_shapes(variant, dims, shape, tensors, None, None)?;
+    let (dv, n, h) = (dims.dv as usize, sequences, heads);
+    let state = n * h * dk * dv; // ≤ the output's [1, H, T, Dv] times Dk: no overflow past the checks
+    if let Some(len) = initial_state
+        && len != state
+    {
+        return bad(format!(
+            "tensor `initial_state` has {len} elements, expected [N, H, Dk, Dv] = [{n}, {h}, \
+             {dk}, {dv}] = {state} (f32, one state per sequence)"
+        ));
+    }
+    if let Some(len) = initial_normalizer {
+        if !normalized(variant) {
+            return bad(format!(
+                "`{}` has no normaliser (no `normalize`), so it takes no `initial_normalizer`: \
+                 pass None",
+                variant.name
+            ));
+        }
+        if len != n * h * dk {
+            return bad(format!(
+                "tensor `initial_normalizer` has {len} elements, expected [N, H, Dk] = [{n}, \
+                 {h}, {dk}] = {} (f32, one per sequence)",
+                n * h * dk
+            ));
+        }
+    }
+    Ok(shape)
+}
+
+/// The first of `b`, `t`, `B`, `S` a recurrent closure reads as a value.
+fn packed_coordinate_read(variant: &frontend::Variant) -> Option<&'static str> {
+    use crate::frontend::ir::Op;
+    let rec = variant.recurrent()?;
+    let regions = [&rec.modify_q, &rec.modify_k, &rec.modify_v, &rec.normalize]
+        .into_iter()
+        .flatten()
+        .chain(rec.decay.as_ref().map(|d| &d.region));
+    let reads = [
+        (Op::Index(Axis::B), "the batch index `b`"),
+        (Op::Index(Axis::S), "the step `t`"),
+        (Op::Shape(Axis::B), "the batch size `B`"),
+        (Op::Shape(Axis::S), "the sequence length `S`"),
+    ];
+    for r in regions {
+        for out in &r.outputs {
+            if let Some((_, what)) = reads
+                .iter()
+                .find(|(op, _)| r.graph.depends_on(out.node, |n| n.op == *op))
+            {
+                return Some(what);
+            }
+        }
+    }
+    None
 }
 
 /// What [`RecurrentKernels::forward`] returns. The buffers are filled once

@@ -70,7 +70,8 @@
 
 #define INIT_PARAMS                                                                                \
     Params P;                                                                                      \
-    {{ params_init }}P.B = B; P.H = H; P.S = S;
+    {{ params_init }}P.B = B; P.H = H; P.S = S;                                                 \
+    P.seq_b = blockIdx.z; P.seq_t0 = 0; P.seq_len = S;
 
 // Whether tiles of kind KIND change under modification (else only the rows
 // past the end need zeros).
@@ -256,8 +257,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
                 for (int d = tid; d < DK; d += NT) dnorm_states[(bh * n_chunks + ch) * DK + d] = sDz[d];
             for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[bh * S + t0 + r] : 0.f;
 {% endif %}        }
-        modify_tile<C, DK, SKS, 0>(cQ, t0, 0, b, h, P, tid);
-        if (warp == 0) decay_scan(sL, t0, b, h, P, lane);
+        modify_tile<C, DK, SKS, 0>(cQ, t0, 0, h, P, tid);
+        if (warp == 0) decay_scan(sL, t0, h, P, lane);
         __syncthreads();
         state_copy_out(sDS, dstates + (bh * n_chunks + ch) * DK * DV + e0, tid);
 #pragma unroll 4
@@ -338,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     load_tile<DKT, ET, NT, DV>(sS, sg, 0, DKT, tid);
     load_tile<DKT, ET, NT, DV>(sDs, dsg, 0, DKT, tid);
     cp_async_commit();
-    if (warp == 0) decay_scan(sL, t0, b, h, P, lane);
+    if (warp == 0) decay_scan(sL, t0, h, P, lane);
 {% if normalize %}    for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[bh * S + t0 + r] : 0.f;
     for (int d = tid; d < DKT; d += NT) {
         sZ[d] = norm_states[(bh * n_chunks + ch) * DK + d0 + d];
@@ -368,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         __syncthreads();
         elem_t* cDo = sDo + buf * C * SES;
         elem_t* cV = sV + buf * C * SES;
-        if (modified<2>() || t0 + C > S) modify_tile<C, ET, SES, 2>(cV, t0, e0, b, h, P, tid);
+        if (modified<2>() || t0 + C > S) modify_tile<C, ET, SES, 2>(cV, t0, e0, h, P, tid);
         __syncthreads();
         const elem_t* cS = sS + buf * DKT * SES;
         const elem_t* cDs = sDs + buf * DKT * SES;
@@ -401,8 +402,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         }
         __syncthreads();
     }
-    if (modified<0>() || t0 + C > S) modify_tile<C, DKT, SKT, 0>(sQ, t0, d0, b, h, P, tid);
-    if (modified<1>() || t0 + C > S) modify_tile<C, DKT, SKT, 1>(sK, t0, d0, b, h, P, tid);
+    if (modified<0>() || t0 + C > S) modify_tile<C, DKT, SKT, 0>(sQ, t0, d0, h, P, tid);
+    if (modified<1>() || t0 + C > S) modify_tile<C, DKT, SKT, 1>(sK, t0, d0, h, P, tid);
     __syncthreads();
     const int r_lo = wm * 16 + g, r_hi = r_lo + 8;
     const float l_lo = sL[r_lo], l_hi = sL[r_hi], l_last = sL[C - 1];
@@ -509,11 +510,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
     load_tile<C, ET, NT, DV>(sDo, dog, t0, S, tid);
     load_tile<DK, ET, NT, DV>(sDs, dsg, 0, DK, tid);
     cp_async_commit();
-    if (warp == 0) decay_scan(sL, t0, b, h, P, lane);
+    if (warp == 0) decay_scan(sL, t0, h, P, lane);
     cp_async_wait_all();
     __syncthreads();
-    if (modified<0>() || t0 + C > S) modify_tile<C, DK, SKS, 0>(sQ, t0, 0, b, h, P, tid);
-    if (modified<1>() || t0 + C > S) modify_tile<C, DK, SKS, 1>(sK, t0, 0, b, h, P, tid);
+    if (modified<0>() || t0 + C > S) modify_tile<C, DK, SKS, 0>(sQ, t0, 0, h, P, tid);
+    if (modified<1>() || t0 + C > S) modify_tile<C, DK, SKS, 1>(sK, t0, 0, h, P, tid);
     __syncthreads();
     const int r_lo = wm * 16 + g, r_hi = r_lo + 8;
     const float l_last = sL[C - 1];

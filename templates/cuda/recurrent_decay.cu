@@ -1,20 +1,19 @@
 {# The chunk's decay as log2 prefix sums (included by the recurrent templates
    after the variant's regions; needs `decay` and, with it, decay_fn). #}// The log2 decays of the chunk's steps from t0 (lane l: steps l, l + WARP, …),
 // 0 past the end of the sequence.
-__device__ __forceinline__ void chunk_log_decays(float (&x)[C / WARP], int t0, int b, int h, const Params& P, int lane) {
+__device__ __forceinline__ void chunk_log_decays(float (&x)[C / WARP], int t0, int h, const Params& P, int lane) {
 #pragma unroll
     for (int part = 0; part < C / WARP; ++part) {
         const int t = t0 + part * WARP + lane;
-{% if decay %}        const Pt pt = {b, h, min(t, P.S - 1), 0};
-        x[part] = t < P.S ? log2f(decay_fn(pt, P)) : 0.f;
+{% if decay %}        x[part] = t < P.seq_len ? log2f(decay_fn(step_point(h, t, 0, P), P)) : 0.f;
 {% else %}        x[part] = 0.f;
-        (void)t; (void)b; (void)h; (void)P;
+        (void)t; (void)h; (void)P;
 {% endif %}    }
 }
 
 // Inclusive scan of log2(decay) over the chunk starting at t0 into sL (one warp).
-__device__ __forceinline__ void decay_scan(float* sL, int t0, int b, int h, const Params& P, int lane) {
+__device__ __forceinline__ void decay_scan(float* sL, int t0, int h, const Params& P, int lane) {
     float x[C / WARP];
-    chunk_log_decays(x, t0, b, h, P, lane);
+    chunk_log_decays(x, t0, h, P, lane);
     chunk_prefix_sum(x, sL, lane);
 }

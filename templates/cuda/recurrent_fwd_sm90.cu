@@ -58,7 +58,7 @@
 // variant's modification of each element (closures that read inputs by step
 // get the step clamped into the sequence) and zeros for steps past the end.
 template <int COLS, int KIND>
-__device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int b, int h, const Params& P, int wtid) {
+__device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int h, const Params& P, int wtid) {
     constexpr int VEC = 8;
 #pragma unroll 2
     for (int x = wtid; x < C * COLS / VEC; x += WG) {
@@ -70,11 +70,11 @@ __device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int b, 
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
             float val = to_f32(e[i]);
-            const Pt pt = {b, h, min(t, P.S - 1), col0 + c + i};
+            const Pt pt = step_point(h, t, col0 + c + i, P);
 {% if modify_q %}            if (KIND == 0) val = modify_q(val, pt, P);
 {% endif %}{% if modify_k %}            if (KIND == 1) val = modify_k(val, pt, P);
 {% endif %}{% if modify_v %}            if (KIND == 2) val = modify_v(val, pt, P);
-{% endif %}            if (KIND != 0 && t >= P.S) val = 0.f;
+{% endif %}            if (KIND != 0 && t >= P.seq_len) val = 0.f;
             e[i] = from_f32(val);
         }
         *p = raw;
@@ -85,7 +85,7 @@ __device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int b, 
 extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, {{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
-    int B, int H, int S) {
+    const int* __restrict__ cu_seqlens, int B, int H, int S_total) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -100,13 +100,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}    __shared__ __align__(8) unsigned long long bar_full[2], bar_ready[2], bar_empty[2];
 
     Params P;
-    {{ params_init }}P.B = B; P.H = H; P.S = S;
+    {{ params_init }}P.B = B; P.H = H; P.S = S_total;
 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int wg = tid / WG, wtid = tid % WG, wwarp = warp % 4;
     const int g = lane / 4, t4 = lane % 4;
     const int b = blockIdx.z, h = blockIdx.y, e0 = blockIdx.x * DVT;
-    const long long bh = (long long)b * H + h;
+    const long long bh = (long long)b * H + h;  // this sequence's state
+    sequence_of(P, b, cu_seqlens);
+    const int S = P.seq_len;  // this sequence's steps
+    const long long row0 = ((long long)P.seq_b * H + h) * S_total + P.seq_t0;
     const int n_chunks = (S + C - 1) / C;
 
     if (tid == 0) {
@@ -132,12 +135,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if q_row %}        float fq[C / WARP];
 {% endif %}{% if v_row %}        float fv[C / WARP];
 {% endif %}        auto read_steps = [&](int ch) {
-            if (wwarp == 0) chunk_log_decays(xd, ch * C, b, h, P, lane);
+            if (wwarp == 0) chunk_log_decays(xd, ch * C, h, P, lane);
 {% if q_row || v_row %}            if (wwarp == 1) {
 #pragma unroll
                 for (int part = 0; part < C / WARP; ++part) {
                     const int t = ch * C + part * WARP + lane;
-                    const Pt pt = {b, h, min(t, S - 1), 0};
+                    const Pt pt = step_point(h, t, 0, P);
 {% if q_row %}                    fq[part] = modify_q_row(pt, P);
 {% endif %}{% if v_row %}                    fv[part] = t < S ? modify_v_row(pt, P) : 0.f;  // rows past the end add nothing
 {% endif %}                }
@@ -152,9 +155,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             elem_t* cK = sK + s * C * DK;
             elem_t* cV = sV + s * C * DVT;
             float* cL = sL + s * C;
-{% if modify_q && !q_row %}            modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, b, h, P, wtid);
-{% endif %}            {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, 1>(cK, t0, 0, b, h, P, wtid);
-{% if !v_row %}            {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, 2>(cV, t0, e0, b, h, P, wtid);
+{% if modify_q && !q_row %}            modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, h, P, wtid);
+{% endif %}            {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, 1>(cK, t0, 0, h, P, wtid);
+{% if !v_row %}            {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, 2>(cV, t0, e0, h, P, wtid);
 {% endif %}{% if q_row || v_row %}            if (wwarp == 1) {
 #pragma unroll
                 for (int part = 0; part < C / WARP; ++part) {
@@ -206,9 +209,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     }
 
     // The output warpgroup, which also loads the chunks.
-    const elem_t* qg = q + bh * S * DK;
-    const elem_t* kg = k + bh * S * DK;
-    const elem_t* vg = v + bh * S * DV + e0;
+    const elem_t* qg = q + row0 * DK;
+    const elem_t* kg = k + row0 * DK;
+    const elem_t* vg = v + row0 * DV + e0;
     auto load_chunk = [&](int ch) {
         const int st = ch & 1, t0 = ch * C;
         load_tile_sw128<C, DK, WG>(sQ + st * C * DK, qg, t0, S, wtid);
@@ -217,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         mbar_arrive_cp_async(&bar_full[st]);
     };
     for (int ch = 0; ch < min(2, n_chunks); ++ch) load_chunk(ch);
-    elem_t* og = o + bh * S * DV + e0;
+    elem_t* og = o + row0 * DV + e0;
     for (int ch = 0; ch < n_chunks; ++ch) {
         const int s = ch & 1, t0 = ch * C;
         mbar_wait(&bar_ready[s], (ch >> 1) & 1);

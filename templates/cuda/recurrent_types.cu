@@ -4,9 +4,27 @@
 // The custom inputs (and, in the backward, their gradients) and the sizes.
 struct Params {
 {{ params_fields }}    int B, H, S;
+    // The block's sequence: its batch index in the inputs, first step and
+    // length. A packed variable-length batch has every sequence in batch 0,
+    // one after another along S; otherwise sequence b is batch b, all S steps.
+    int seq_b, seq_t0, seq_len;
 };
 
 // A point of the iteration space: batch, head, step, head-dim coordinate.
 struct Pt {
     int b, h, t, d;
 };
+
+// Sequence b: with `cu_seqlens` (a packed batch, S its total) steps
+// cu_seqlens[b] … cu_seqlens[b + 1] − 1 of batch 0, else batch b.
+__device__ __forceinline__ void sequence_of(Params& P, int b, const int* cu_seqlens) {
+    P.seq_b = cu_seqlens ? 0 : b;
+    P.seq_t0 = cu_seqlens ? cu_seqlens[b] : 0;
+    P.seq_len = cu_seqlens ? cu_seqlens[b + 1] - P.seq_t0 : P.S;
+}
+
+// Step t of the block's sequence as a point of the inputs (closures read
+// custom inputs there); steps past the end are clamped to the last one.
+__device__ __forceinline__ Pt step_point(int h, int t, int d, const Params& P) {
+    return Pt{P.seq_b, h, P.seq_t0 + min(t, P.seq_len - 1), d};
+}

@@ -180,6 +180,11 @@ pub enum ArgKind {
     /// `[B, H, Dk, Dv]`; `norm_in`, `norm_out`: f32 `[B, H, Dk]`). May be
     /// null: an absent initial state is zero, an absent output is not written.
     State(&'static str),
+    /// The sequence boundaries of a packed variable-length batch (recurrent
+    /// forward): i32 `[N + 1]`, increasing from 0 to the total steps `S`;
+    /// sequence `n` is steps `cu_seqlens[n] … cu_seqlens[n + 1] − 1` of
+    /// batch 0 and the grid's z (`B`) is `N`. Null: B sequences of S steps.
+    CuSeqlens,
 }
 
 /// The forward's arguments in launch order (every target's forward takes

@@ -365,6 +365,9 @@ pub(super) fn forward_args(
     if normalize {
         args.extend([ArgKind::State("norm_in"), ArgKind::State("norm_out")]);
     }
+    if !save_states {
+        args.push(ArgKind::CuSeqlens);
+    }
     if save_states {
         args.push(ArgKind::Workspace("states"));
         if normalize {
