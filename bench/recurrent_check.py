@@ -225,10 +225,12 @@ def run_bench(cases_dir, index, workloads, fwd_only=False):
         fla_error = None
     except Exception as e:
         fla_error = f"{type(e).__name__}: {e}"
-    by_work, by_bwd = {}, {}
+    by_work, by_bwd, by_dec = {}, {}, {}
     for e in index.get("recurrent_bench", []):
         if "backward" in e or "backward_error" in e:
             by_bwd[e["workload"]] = e
+        elif "decode" in e or "decode_error" in e:
+            by_dec[e["workload"]] = e
         else:
             by_work.setdefault(e["workload"], []).append(e)
     for work, entries in by_work.items():
@@ -300,7 +302,92 @@ def run_bench(cases_dir, index, workloads, fwd_only=False):
             bench_backward(work, w, by_bwd.get(work), cases_dir, q, k, v, customs, fla_fn, fla_args, fla_error, record, fl)
         del q, k, v, tq, tk, tv
         torch.cuda.empty_cache()
+        if work in by_dec:
+            bench_decode(work, w, by_dec[work], cases_dir, rows)
     return rows
+
+
+def bench_decode(work, w, entry, cases_dir, rows):
+    """One decode step (S = 1) from a state: aec's step kernel (state updated in place) next to fla's
+    fused_recurrent kernel (initial state in, final state out), at the workload's batch and at B = 16.
+    Both are bound by the f32 state's traffic, so rows report its read+write bandwidth; outputs and new
+    states are cross-checked."""
+    def record(b, impl, ms=None, err=None, error=None):
+        row = dict(workload=work, **{"pass": "decode"}, impl=impl, b=b)
+        if error is not None:
+            row["error"] = error
+            print(f"bench {work:44s} decode  B={b:<3d} {impl:16s} ERROR {error}", flush=True)
+        else:
+            gbs = 2 * state_bytes / (ms * 1e-3) / 1e9
+            row.update(ms=ms, state_gb_per_s=gbs)
+            if err is not None:
+                row["rel_err_vs_fla"] = err
+            print(f"bench {work:44s} decode  B={b:<3d} {impl:16s} {ms * 1e3:8.2f} us {gbs:7.0f} GB/s (state)"
+                  + (f" err_vs_fla={err}" if err is not None else ""), flush=True)
+        rows.append(row)
+
+    h, dk, dv, variant = w["h"], w["dqk"], w["dv"], w["variant"]
+    for b in sorted({w["b"], 16}):
+        state_bytes = b * h * dk * dv * 4
+        if "decode_error" in entry:
+            record(b, "aec", error=entry["decode_error"])
+            continue
+        torch.manual_seed(1)
+        q = (torch.randn(b, h, 1, dk, device=dev) * 0.1).to(torch.bfloat16)
+        k = (torch.randn(b, h, 1, dk, device=dev) * 0.1).to(torch.bfloat16)
+        v = torch.randn(b, h, 1, dv, device=dev, dtype=torch.bfloat16)
+        state0 = torch.randn(b, h, dk, dv, device=dev) * 0.1
+        customs = {}
+        tq, tk, tv = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        try:
+            if variant == "retnet_recurrent":
+                from fla.ops.retention import fused_recurrent_retention
+                fla_fn = lambda: fused_recurrent_retention(tq, tk, tv, initial_state=state0, output_final_state=True)
+            elif variant == "gated_retention":
+                from fla.ops.simple_gla import fused_recurrent_simple_gla
+                customs["gate"] = torch.randn(b, h, 1, device=dev) + 2.0
+                g = (F.logsigmoid(customs["gate"]) / 16).transpose(1, 2).contiguous()
+                fla_fn = lambda: fused_recurrent_simple_gla(tq, tk, tv, g, scale=dk ** -0.5, initial_state=state0,
+                                                            output_final_state=True)
+            elif variant == "mamba2":
+                from fla.ops.simple_gla import fused_recurrent_simple_gla
+                customs["a"] = -torch.empty(h, device=dev).uniform_(1.0, 16.0)
+                customs["dt"] = torch.empty(b, h, 1, device=dev).uniform_(0.001, 0.1)
+                g = (customs["dt"] * customs["a"][None, :, None]).transpose(1, 2).contiguous()
+                tvd = (v.float() * customs["dt"][..., None]).to(torch.bfloat16).transpose(1, 2).contiguous()
+                fla_fn = lambda: fused_recurrent_simple_gla(tq, tk, tvd, g, scale=1.0, initial_state=state0,
+                                                            output_final_state=True)
+            else:
+                raise ValueError(variant)
+            o_ref, s_ref = fla_fn()
+            record(b, "fla fused_recurrent", bench(fla_fn))
+            o_ref = o_ref.transpose(1, 2).float()
+        except Exception as e:
+            o_ref = s_ref = None
+            record(b, "fla fused_recurrent", error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        meta = entry["decode"]
+        fn = get_function(load_module(cases_dir, meta["cubin"]), meta["name"], 0)
+        o = torch.empty(b, h, 1, dv, device=dev, dtype=torch.bfloat16)
+        state = state0.clone()
+        bufs = dict(q=q, k=k, v=v, o=o, state=state)
+        vals = []
+        for a in meta["args"]:
+            if a["kind"] in ("tensor", "state"):
+                vals.append(ctypes.c_uint64(bufs[a["name"]].data_ptr()))
+            elif a["kind"] == "custom":
+                vals.append(ctypes.c_uint64(customs[a["name"]].data_ptr()))
+            else:
+                vals.append(ctypes.c_int32(dict(B=b, H=h, S=1)[a["axis"]]))
+        grid = (meta["grid_x"], h, b)
+        launch(fn, meta, grid, vals)
+        torch.cuda.synchronize()
+        err = None
+        if o_ref is not None:
+            err = dict(o=round(rel_err(o.float(), o_ref), 6), state=round(rel_err(state, s_ref.float()), 6))
+        # Each timed launch steps the state once more; the time does not depend on its values.
+        record(b, "aec", bench(lambda: launch(fn, meta, grid, vals)), err=err)
+        del q, k, v, o, state, state0
+        torch.cuda.empty_cache()
 
 
 def torch_inputs(variant, q, k, v, customs, dk):

@@ -7,7 +7,7 @@
 use crate::{as_bf16, as_f32, bf16_round, compile_source, load, normal};
 use aec_compiler::{
     ArgKind, Elem, Isa, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX, RecurrentSource,
-    recurrent_backward, recurrent_forward,
+    RecurrentStepSource, recurrent_backward, recurrent_forward, recurrent_step,
 };
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
@@ -195,8 +195,41 @@ pub fn write_all(
             }),
             Err(e) => json!({ "workload": workload, "backward_error": e.to_string() }),
         });
+        eprintln!("recurrent bench decode {workload} …");
+        let file = format!("rbench_{}_step", workload.replace('-', "_"));
+        bench.push(match recurrent_step(&v, dk, dv, Elem::Bf16) {
+            Ok(k) => json!({
+                "workload": workload,
+                "decode": step_meta(out, &file, &k, nvcc, includes),
+            }),
+            Err(e) => json!({ "workload": workload, "decode_error": e.to_string() }),
+        });
     }
     (cases, bench)
+}
+
+/// The step (decode) kernel compiled, with what launching it needs (grid
+/// `(grid_x, H, B)`).
+fn step_meta(
+    out: &Path,
+    file: &str,
+    k: &RecurrentStepSource,
+    nvcc: Option<&str>,
+    includes: &[String],
+) -> Value {
+    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
+    let grid_x = k.grid_for(1, 1).map_or(0, |g| g.0);
+    json!({
+        "name": k.name,
+        "source": cu,
+        "cubin": cubin,
+        "threads": k.threads,
+        "smem_bytes": 0,
+        "grid_x": grid_x,
+        "normalized": k.normalized,
+        "args": k.args.iter().map(arg_meta).collect::<Vec<_>>(),
+        "ptxas": ptxas,
+    })
 }
 
 fn arg_meta(a: &ArgKind) -> Value {
