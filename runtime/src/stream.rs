@@ -47,6 +47,25 @@ impl Stream {
         Ok(DeviceBuffer::new(slice))
     }
 
+    /// A buffer of `len` elements whose contents are unspecified: for
+    /// workspaces that kernels overwrite completely before reading them,
+    /// where [`alloc_zeros`](Self::alloc_zeros)'s fill would be wasted
+    /// bandwidth (the recurrent backward's per-chunk states are gigabytes).
+    /// Downloading it before a kernel wrote it gives arbitrary values.
+    #[allow(unsafe_code)]
+    pub fn alloc_scratch<T: Element>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        if len == 0 {
+            return self.alloc_zeros(0);
+        }
+        // SAFETY: the memory is only ever read by kernels and by copies to
+        // the host; every element type (f32, f16, bf16, i32, u32) is valid
+        // for any bit pattern, so unspecified contents are not undefined
+        // behaviour on either side.
+        let slice =
+            unsafe { self.inner.alloc::<T>(len) }.map_err(RuntimeError::driver("cuMemAlloc"))?;
+        Ok(DeviceBuffer::new(slice))
+    }
+
     /// A new buffer holding a copy of `host`.
     pub fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
         if host.is_empty() {

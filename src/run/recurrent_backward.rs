@@ -271,8 +271,12 @@ impl RecurrentKernels {
         let zeros_f32 = |n: usize| stream.alloc_zeros::<f32>(n.max(1)).map_err(runtime);
         let zeros_elem = |n: usize| stream.alloc_zeros::<T>(n.max(1)).map_err(runtime);
         let rows = b * h * s;
-        let mut states = zeros_elem(states_len)?;
-        let mut dstates = zeros_elem(states_len)?;
+        // The states pass and `_dstate` write every chunk's state and state
+        // gradient before anything reads them: no fill (2 × 1 GB for RetNet's
+        // benchmark shape).
+        let scratch = |n: usize| stream.alloc_scratch::<T>(n.max(1)).map_err(runtime);
+        let mut states = scratch(states_len)?;
+        let mut dstates = scratch(states_len)?;
         let norm_len = if normalized { b * h * n_chunks * dk } else { 1 };
         let mut norm_states = zeros_f32(norm_len)?;
         let mut dnorm_states = zeros_f32(norm_len)?;
