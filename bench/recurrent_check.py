@@ -108,6 +108,8 @@ class RecurrentBackward:
                     t = customs[a["name"]]
                 elif kind == "custom_grad":
                     t = grads[a["name"]]
+                elif kind == "cu_seqlens":
+                    t = None  # equal lengths: B sequences of S steps
                 else:
                     t = bufs.get(alias.get(a["name"], a["name"]))
                 vals.append(ctypes.c_uint64(t.data_ptr() if t is not None else 0))

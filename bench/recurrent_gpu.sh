@@ -27,7 +27,7 @@ grep -E "PASS|FAIL|test result|panicked" "$OUT/gpu_recurrent.log"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "${SAN:-}" ]; then
   for tool in memcheck racecheck initcheck; do
-    for case in gpu_recurrent_backward_rfa gpu_recurrent_backward_mamba2 gpu_recurrent_decode_every_example gpu_recurrent_varlen; do
+    for case in gpu_recurrent_backward_rfa gpu_recurrent_backward_mamba2 gpu_recurrent_decode_every_example gpu_recurrent_varlen gpu_recurrent_varlen_backward; do
       timeout 240 "$SAN" --tool $tool --error-exitcode 9 target/gpu-bin/gpu_recurrent $case --exact --test-threads=1 \
         >"$OUT/sanitizer-$tool-$case.log" 2>&1
       echo "$tool $case: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$case.log" | tail -1)"

@@ -1563,3 +1563,252 @@ fn cpu_varlen_errors_name_the_problem() {
     ));
     assert!(e.contains("reads the step `t` as a value"), "{e}");
 }
+
+/// Writes (or, for tensors without an `S` axis, adds) the steps `range` of a
+/// packed tensor from `part`, the tensor of those steps alone: the inverse of
+/// [`steps`].
+fn put_steps(
+    dst: &mut [f64],
+    part: &[f64],
+    axes: &[Axis],
+    dims: RecurrentDims,
+    packed: RecurrentShape,
+    range: std::ops::Range<usize>,
+) {
+    let Some(at) = axes.iter().position(|a| *a == Axis::S) else {
+        for (d, p) in dst.iter_mut().zip(part) {
+            *d += p;
+        }
+        return;
+    };
+    let sizes: Vec<usize> = axes.iter().map(|a| size_of(*a, dims, packed)).collect();
+    let outer: usize = sizes[..at].iter().product();
+    let inner: usize = sizes[at + 1..].iter().product();
+    let len = range.len();
+    for o in 0..outer {
+        let to = (o * packed.s + range.start) * inner;
+        dst[to..to + len * inner].copy_from_slice(&part[o * len * inner..(o + 1) * len * inner]);
+    }
+}
+
+/// `backward_varlen` on a packed batch (lengths not chunk multiples, one of
+/// a single step), with per-sequence initial states and final-state
+/// gradients, against the reference backward of each sequence alone: dq,
+/// dk, dv and the custom inputs' gradients packed (summed over sequences
+/// where the input has no `S` axis, as Mamba2's `a`), the initial states'.
+fn check_varlen_backward(test: &str, name: &str, heads: usize, lengths: &[usize]) {
+    let Some(device) = device(test) else {
+        return;
+    };
+    let def = example(name);
+    let dims = RecurrentDims::new(64, 128);
+    let (dk, dv) = (64usize, 128usize);
+    let Some(kernels) = compiled(
+        test,
+        RecurrentKernels::compile(&def, &device, dims, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let stream = device.stream();
+    let mut cu = vec![0usize];
+    for l in lengths {
+        cu.push(cu.last().copied().unwrap_or(0) + l);
+    }
+    let (n, total) = (lengths.len(), *cu.last().expect("bounds"));
+    let packed = RecurrentShape::new(1, heads, total);
+    let call = random_call(&def, dims, packed, false, 23 + total as u64);
+    let initial = random_call(&def, dims, RecurrentShape::new(n, heads, 1), true, 29);
+    let mut rng = StdRng::seed_from_u64(31);
+    let d_o: Vec<bf16> = (0..heads * total * dv)
+        .map(|_| bf16::from_f64(normal(&mut rng)))
+        .collect();
+    let d_fin: Vec<f32> = (0..n * heads * dk * dv)
+        .map(|_| normal(&mut rng) as f32)
+        .collect();
+    let d_fin_z: Option<Vec<f32>> = kernels.normalized().then(|| {
+        (0..n * heads * dk)
+            .map(|_| normal(&mut rng) as f32)
+            .collect()
+    });
+    let up = upload(&stream, &call);
+    let customs = borrowed_customs(&up.customs);
+    let state = stream
+        .upload(initial.state.as_ref().expect("states"))
+        .unwrap();
+    let normalizer = initial
+        .normalizer
+        .as_ref()
+        .map(|z| stream.upload(z).unwrap());
+    let d_o_buf = stream.upload(&d_o).unwrap();
+    let d_fin_buf = stream.upload(&d_fin).unwrap();
+    let d_fin_z_buf = d_fin_z.as_ref().map(|z| stream.upload(z).unwrap());
+    let grads = kernels
+        .backward_varlen(
+            &stream,
+            &up.q,
+            &up.k,
+            &up.v,
+            &customs,
+            heads,
+            &cu,
+            Some(&state),
+            normalizer.as_ref(),
+            &d_o_buf,
+            Some(&d_fin_buf),
+            d_fin_z_buf.as_ref(),
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+
+    let d_o_ref = Tensor {
+        shape: vec![1, heads, total, dv],
+        data: d_o.iter().map(|x| x.to_f64()).collect(),
+    };
+    let f64s = |x: &[f32], shape: Vec<usize>| Tensor {
+        shape,
+        data: x.iter().map(|&v| f64::from(v)).collect(),
+    };
+    let d_fin_ref = f64s(&d_fin, vec![n, heads, dk, dv]);
+    let d_fin_z_ref = d_fin_z.as_ref().map(|z| f64s(z, vec![n, heads, dk]));
+    let mut want_q = vec![0.0; heads * total * dk];
+    let mut want_k = vec![0.0; heads * total * dk];
+    let mut want_v = vec![0.0; heads * total * dv];
+    let mut want_c: Vec<Vec<f64>> = def
+        .customs
+        .iter()
+        .map(|c| vec![0.0; call.inputs.customs[&c.name].data.len()])
+        .collect();
+    let (mut want_s, mut want_z) = (Vec::new(), Vec::new());
+    for (s, w) in cu.windows(2).enumerate() {
+        let range = w[0]..w[1];
+        let cut = |t: &Tensor, axes: &[Axis]| tensor_steps(t, axes, dims, packed, range.clone());
+        let mut inputs = Inputs {
+            q: cut(&call.inputs.q, &def.q.axes),
+            k: cut(&call.inputs.k, &def.k.axes),
+            v: cut(&call.inputs.v, &def.v.axes),
+            customs: Default::default(),
+            initial_state: initial.inputs.initial_state.as_ref().map(|t| leading(t, s)),
+            initial_normalizer: initial
+                .inputs
+                .initial_normalizer
+                .as_ref()
+                .map(|t| leading(t, s)),
+        };
+        for c in &def.customs {
+            inputs
+                .customs
+                .insert(c.name.clone(), cut(&call.inputs.customs[&c.name], &c.axes));
+        }
+        let d_o_s = cut(&d_o_ref, &def.v.axes);
+        let g = reference::recurrent_backward(
+            &def,
+            &inputs,
+            &d_o_s,
+            Some(&leading(&d_fin_ref, s)),
+            d_fin_z_ref.as_ref().map(|z| leading(z, s)).as_ref(),
+        )
+        .expect("reference backward");
+        put_steps(
+            &mut want_q,
+            &g.dq.data,
+            &def.q.axes,
+            dims,
+            packed,
+            range.clone(),
+        );
+        put_steps(
+            &mut want_k,
+            &g.dk.data,
+            &def.k.axes,
+            dims,
+            packed,
+            range.clone(),
+        );
+        put_steps(
+            &mut want_v,
+            &g.dv.data,
+            &def.v.axes,
+            dims,
+            packed,
+            range.clone(),
+        );
+        for (c, acc) in def.customs.iter().zip(want_c.iter_mut()) {
+            put_steps(
+                acc,
+                &g.customs[&c.name].data,
+                &c.axes,
+                dims,
+                packed,
+                range.clone(),
+            );
+        }
+        want_s.extend_from_slice(&g.initial_state.expect("initial state's gradient").data);
+        if let Some(z) = g.initial_normalizer {
+            want_z.extend_from_slice(&z.data);
+        }
+    }
+    let mut rows: Vec<(String, f64, f64)> = vec![
+        (
+            "dq".into(),
+            rel_err(&download_f64(&stream, &grads.dq), &want_q),
+            2e-2,
+        ),
+        (
+            "dk".into(),
+            rel_err(&download_f64(&stream, &grads.dk), &want_k),
+            2e-2,
+        ),
+        (
+            "dv".into(),
+            rel_err(&download_f64(&stream, &grads.dv), &want_v),
+            2e-2,
+        ),
+    ];
+    for (c, want) in def.customs.iter().zip(&want_c) {
+        let got = grads.custom(&c.name).expect("custom gradient");
+        rows.push((
+            format!("d{}", c.name),
+            rel_err(&download_f64(&stream, got), want),
+            8e-2,
+        ));
+    }
+    let d_init = grads
+        .d_initial_state
+        .as_ref()
+        .expect("initial state's gradient");
+    rows.push((
+        "d_initial_state".into(),
+        rel_err(&download_f64(&stream, d_init), &want_s),
+        2e-2,
+    ));
+    if let Some(z) = &grads.d_initial_normalizer {
+        rows.push((
+            "d_initial_normalizer".into(),
+            rel_err(&download_f64(&stream, z), &want_z),
+            2e-2,
+        ));
+    }
+    let report: Vec<String> = rows
+        .iter()
+        .map(|(n, e, _)| format!("{n}={e:.2e}"))
+        .collect();
+    let pass = rows.iter().all(|(_, e, tol)| e < tol);
+    eprintln!(
+        "{test}: {} backward_varlen `{}` on {} H={heads} lengths {lengths:?}: {}",
+        if pass { "PASS" } else { "FAIL" },
+        kernels.forward_source().name,
+        device.name(),
+        report.join(" ")
+    );
+    assert!(pass, "{test}: {}", report.join(" "));
+}
+
+/// Every example's backward on a packed batch.
+#[test]
+fn gpu_recurrent_varlen_backward() {
+    let test = "gpu_recurrent_varlen_backward";
+    let lengths = [70, 1, 130, 64];
+    check_varlen_backward(test, "retnet_recurrent", 2, &lengths);
+    check_varlen_backward(test, "gated_retention", 2, &lengths);
+    check_varlen_backward(test, "mamba2", 3, &lengths);
+    check_varlen_backward(test, "rfa", 2, &lengths);
+}

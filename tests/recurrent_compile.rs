@@ -306,3 +306,96 @@ fn every_recurrent_step_kernel_compiles() {
         }
     }
 }
+
+/// The C parameter names of a kernel's signature, from the text after
+/// `open` to the closing parenthesis, or for a macro to its end (line
+/// continuations removed).
+fn parameter_names(source: &str, open: &str) -> Vec<String> {
+    let start = source.find(open).unwrap_or_else(|| panic!("no `{open}`")) + open.len();
+    let text = source[start..].replace("\\\n", " ");
+    let close = if open.starts_with("#define") {
+        '\n'
+    } else {
+        ')'
+    };
+    let end = text.find(close).expect("the signature's end");
+    text[..end]
+        .split(',')
+        .map(|p| {
+            p.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .rfind(|w| !w.is_empty())
+                .unwrap_or_default()
+                .to_string()
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// The C parameter name each argument kind binds to.
+fn c_name(variant: &aec::frontend::Variant, a: &aec::compiler::ArgKind) -> String {
+    use aec::compiler::ArgKind;
+    use aec::frontend::ir::Axis;
+    let custom = |n: &str| {
+        variant
+            .customs
+            .iter()
+            .position(|c| c.name == n)
+            .expect("custom")
+    };
+    match a {
+        ArgKind::Tensor("do") => "dout".into(),
+        ArgKind::Tensor(n) | ArgKind::State(n) | ArgKind::Workspace(n) => n.to_string(),
+        ArgKind::Custom(n) => format!("in{}", custom(n)),
+        ArgKind::CustomGrad(n) => format!("g{}", custom(n)),
+        ArgKind::CuSeqlens => "cu_seqlens".into(),
+        ArgKind::Size(Axis::S) => "S_total".into(),
+        ArgKind::Size(axis) => axis.name().to_string(),
+        other => panic!("a recurrent kernel takes no {other:?}"),
+    }
+}
+
+/// Every recurrent kernel's C signature takes its arguments in the order
+/// `args` says (the runtime and the launch plans bind by that list).
+#[test]
+fn recurrent_argument_lists_match_the_kernel_signatures() {
+    use aec::compiler::{recurrent_states, recurrent_step};
+    for (example, dk, dv) in [("mamba2", 128, 64), ("rfa", 64, 64), ("gla", 64, 64)] {
+        let v = common::example(example);
+        let mut sources = Vec::new();
+        if example != "gla" {
+            for isa in [Isa::Sm80, Isa::Sm90a] {
+                let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+                let fwd = recurrent_forward(&v, dk, dv, &cfg).expect("forward");
+                sources.push((
+                    fwd.source.clone(),
+                    format!("{}(", fwd.name),
+                    fwd.args.clone(),
+                ));
+                let st = recurrent_states(&v, dk, dv, &cfg).expect("states pass");
+                sources.push((st.source.clone(), format!("{}(", st.name), st.args.clone()));
+                let bwd = recurrent_backward(&v, dk, dv, &cfg, isa).expect("backward");
+                sources.push((
+                    bwd.source.clone(),
+                    "#define BWD_ARGS".into(),
+                    bwd.args.clone(),
+                ));
+            }
+        }
+        let step = recurrent_step(&v, dk, dv, Elem::Bf16).expect("step");
+        sources.push((
+            step.source.clone(),
+            format!("{}(", step.name),
+            step.args.clone(),
+        ));
+        for (source, open, args) in sources {
+            let got = parameter_names(&source, &open);
+            let mut want: Vec<String> = args.iter().map(|a| c_name(&v, a)).collect();
+            if open.contains("aec_rec_step") {
+                // The step kernel takes the whole call's S.
+                let last = want.len() - 1;
+                want[last] = "S".into();
+            }
+            assert_eq!(got, want, "{example}: `{open}`");
+        }
+    }
+}

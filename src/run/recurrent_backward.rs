@@ -6,7 +6,7 @@
 //! null pointers when absent, so each call declares its parameter list and
 //! looks its kernels up in the loaded modules (a cheap driver call).
 
-use super::recurrent::{RecurrentKernels, RecurrentShape};
+use super::recurrent::{RecurrentKernels, RecurrentShape, check_varlen};
 use super::{Error, KernelElement, check_devices, check_elem, compile_and_load, dtype_of};
 use crate::compiler::{ArgKind, CompileError, Isa, RecurrentBackwardSource, recurrent_backward};
 use crate::frontend::ir::Axis;
@@ -57,6 +57,34 @@ enum Slot<'a, T: KernelElement> {
     Null,
 }
 
+/// The buffers of one backward call.
+#[derive(Clone, Copy)]
+struct BackwardInputs<'a, T: KernelElement> {
+    q: &'a DeviceBuffer<T>,
+    k: &'a DeviceBuffer<T>,
+    v: &'a DeviceBuffer<T>,
+    customs: &'a [(&'a str, &'a DeviceBuffer<f32>)],
+    initial_state: Option<&'a DeviceBuffer<f32>>,
+    initial_normalizer: Option<&'a DeviceBuffer<f32>>,
+    d_o: &'a DeviceBuffer<T>,
+    d_final_state: Option<&'a DeviceBuffer<f32>>,
+    d_final_normalizer: Option<&'a DeviceBuffer<f32>>,
+}
+
+/// How a backward call's sequences lie in its inputs.
+struct Layout<'a> {
+    /// The inputs' (B, H, S): the sizes the kernels take.
+    shape: RecurrentShape,
+    /// Sequences, each with its own state: the grid's z.
+    sequences: usize,
+    /// The longest sequence's steps: the per-chunk grids' extent.
+    max_len: usize,
+    /// (sequence, head, chunk) triples: the per-chunk workspaces' rows.
+    chunk_units: usize,
+    /// A packed batch's boundaries and chunk offsets (`N + 1` each), or none.
+    cu: Option<&'a DeviceBuffer<i32>>,
+}
+
 /// Sizes B, H, S as kernel arguments (bounded by i32::MAX by the checks).
 fn size_arg(shape: RecurrentShape, axis: Axis) -> Arg<'static> {
     let n = shape.size(axis).unwrap_or(0);
@@ -69,6 +97,7 @@ fn bind<'a, T: KernelElement>(
     args: &[ArgKind],
     slots: &mut Vec<(String, Slot<'a, T>)>,
     shape: RecurrentShape,
+    cu_seqlens: Option<&'a DeviceBuffer<i32>>,
 ) -> Result<(Vec<Param>, Vec<Arg<'a>>), Error> {
     let elem = dtype_of(T::ELEM);
     let bug = |what: String| Error::Compile {
@@ -83,6 +112,19 @@ fn bind<'a, T: KernelElement>(
             ArgKind::Size(axis) => {
                 params.push(Param::I32);
                 out.push(size_arg(shape, *axis));
+                continue;
+            }
+            ArgKind::CuSeqlens => {
+                match cu_seqlens {
+                    Some(b) => {
+                        params.push(Param::In(DType::I32));
+                        out.push(Arg::from(b));
+                    }
+                    None => {
+                        params.push(Param::U64);
+                        out.push(Arg::from(0u64));
+                    }
+                }
                 continue;
             }
             ArgKind::Tensor(n) | ArgKind::State(n) | ArgKind::Workspace(n) => n.to_string(),
@@ -188,20 +230,18 @@ impl RecurrentKernels {
         d_final_normalizer: Option<&DeviceBuffer<f32>>,
     ) -> Result<RecurrentGradients<T>, Error> {
         let name = self.variant().name.clone();
-        check_elem::<T>(&name, self.elem(), "q, k, v and d_o")?;
-        let buffers = [
-            ("q", q.ordinal()),
-            ("k", k.ordinal()),
-            ("v", v.ordinal()),
-            ("d_o", d_o.ordinal()),
-        ]
-        .into_iter()
-        .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())))
-        .chain(initial_state.map(|b| ("initial_state", b.ordinal())))
-        .chain(initial_normalizer.map(|b| ("initial_normalizer", b.ordinal())))
-        .chain(d_final_state.map(|b| ("d_final_state", b.ordinal())))
-        .chain(d_final_normalizer.map(|b| ("d_final_normalizer", b.ordinal())));
-        check_devices(self.device(), &name, stream, buffers)?;
+        let inputs = BackwardInputs {
+            q,
+            k,
+            v,
+            customs,
+            initial_state,
+            initial_normalizer,
+            d_o,
+            d_final_state,
+            d_final_normalizer,
+        };
+        self.check_backward_buffers(stream, &inputs)?;
         let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
             .into_iter()
             .chain(customs.iter().map(|(n, b)| (*n, b.len())))
@@ -248,19 +288,208 @@ impl RecurrentKernels {
                 b * h * dk,
             )?;
         }
+        let chunk = self.backward_modules()?.source.config.chunk as usize;
+        let layout = Layout {
+            shape,
+            sequences: b,
+            max_len: s,
+            chunk_units: b * h * s.div_ceil(chunk),
+            cu: None,
+        };
+        self.run_backward(stream, &inputs, &layout)
+    }
+
+    /// The backward of [`forward_varlen`](Self::forward_varlen): a packed
+    /// batch of sequences of different lengths, `cu_seqlens` its boundaries
+    /// (host, `[N + 1]`, increasing from 0 to the total steps `T`). q, k, v
+    /// and `d_o` are `[1, H, T, ·]`, the custom inputs and their gradients
+    /// packed likewise; `initial_state`, `d_final_state` and the returned
+    /// `d_initial_state` are `[N, H, Dk, Dv]` (normalisers `[N, H, Dk]`). The
+    /// same checks as `forward_varlen`, and `d_o` and the final state's
+    /// gradients against those shapes, before anything is launched.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_varlen<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        heads: usize,
+        cu_seqlens: &[usize],
+        initial_state: Option<&DeviceBuffer<f32>>,
+        initial_normalizer: Option<&DeviceBuffer<f32>>,
+        d_o: &DeviceBuffer<T>,
+        d_final_state: Option<&DeviceBuffer<f32>>,
+        d_final_normalizer: Option<&DeviceBuffer<f32>>,
+    ) -> Result<RecurrentGradients<T>, Error> {
+        let inputs = BackwardInputs {
+            q,
+            k,
+            v,
+            customs,
+            initial_state,
+            initial_normalizer,
+            d_o,
+            d_final_state,
+            d_final_normalizer,
+        };
+        self.check_backward_buffers(stream, &inputs)?;
+        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
+            .into_iter()
+            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
+            .collect();
+        let shape = check_varlen(
+            self.variant(),
+            self.dims(),
+            heads,
+            cu_seqlens,
+            &lens,
+            initial_state.map(DeviceBuffer::len),
+            initial_normalizer.map(DeviceBuffer::len),
+        )?;
+        let n = cu_seqlens.len() - 1;
+        let (h, total) = (shape.h, shape.s);
+        let (dk, dv) = (self.dims().dk as usize, self.dims().dv as usize);
+        let expect = |what: &str, axes: String, len: usize, want: usize| {
+            if len == want {
+                Ok(())
+            } else {
+                Err(Error::Shape(format!(
+                    "tensor `{what}` has {len} elements, expected {axes} = {want}"
+                )))
+            }
+        };
+        expect(
+            "d_o",
+            format!("[1, H, T, Dv] = [1, {h}, {total}, {dv}]"),
+            d_o.len(),
+            h * total * dv,
+        )?;
+        if let Some(d) = d_final_state {
+            expect(
+                "d_final_state",
+                format!("[N, H, Dk, Dv] = [{n}, {h}, {dk}, {dv}] (f32)"),
+                d.len(),
+                n * h * dk * dv,
+            )?;
+        }
+        if let Some(d) = d_final_normalizer {
+            if !self.normalized() {
+                return Err(Error::Shape(format!(
+                    "`{}` has no normaliser (no `normalize`), so it takes no \
+                     `d_final_normalizer`: pass None",
+                    self.variant().name
+                )));
+            }
+            expect(
+                "d_final_normalizer",
+                format!("[N, H, Dk] = [{n}, {h}, {dk}] (f32)"),
+                d.len(),
+                n * h * dk,
+            )?;
+        }
+        // The boundaries, then where each sequence's chunks start.
+        let chunk = self.backward_modules()?.source.config.chunk as usize;
+        let mut bounds: Vec<i32> = Vec::with_capacity(2 * (n + 1));
+        bounds.extend(
+            cu_seqlens
+                .iter()
+                .map(|&t| i32::try_from(t).unwrap_or(i32::MAX)),
+        );
+        let mut chunks = 0usize;
+        bounds.push(0);
+        for w in cu_seqlens.windows(2) {
+            chunks += (w[1] - w[0]).div_ceil(chunk);
+            bounds.push(i32::try_from(chunks).unwrap_or(i32::MAX)); // ≤ T, checked above
+        }
+        let max_len = cu_seqlens
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0);
+        let cu = stream.upload(&bounds).map_err(|e| Error::Runtime {
+            during: "uploading `cu_seqlens`".into(),
+            source: e,
+        })?;
+        let layout = Layout {
+            shape,
+            sequences: n,
+            max_len,
+            chunk_units: h * chunks,
+            cu: Some(&cu),
+        };
+        self.run_backward(stream, &inputs, &layout)
+    }
+
+    /// The backward's buffers are on the kernels' device and of their type.
+    fn check_backward_buffers<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        inputs: &BackwardInputs<'_, T>,
+    ) -> Result<(), Error> {
+        let name = &self.variant().name;
+        check_elem::<T>(name, self.elem(), "q, k, v and d_o")?;
+        let buffers = [
+            ("q", inputs.q.ordinal()),
+            ("k", inputs.k.ordinal()),
+            ("v", inputs.v.ordinal()),
+            ("d_o", inputs.d_o.ordinal()),
+        ]
+        .into_iter()
+        .chain(inputs.customs.iter().map(|(n, b)| (*n, b.ordinal())))
+        .chain(inputs.initial_state.map(|b| ("initial_state", b.ordinal())))
+        .chain(
+            inputs
+                .initial_normalizer
+                .map(|b| ("initial_normalizer", b.ordinal())),
+        )
+        .chain(inputs.d_final_state.map(|b| ("d_final_state", b.ordinal())))
+        .chain(
+            inputs
+                .d_final_normalizer
+                .map(|b| ("d_final_normalizer", b.ordinal())),
+        );
+        check_devices(self.device(), name, stream, buffers)
+    }
+
+    /// Allocates the gradients and workspaces and launches the states pass
+    /// and the backward kernels, after the checks.
+    fn run_backward<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        inputs: &BackwardInputs<'_, T>,
+        layout: &Layout<'_>,
+    ) -> Result<RecurrentGradients<T>, Error> {
+        let name = self.variant().name.clone();
+        let BackwardInputs {
+            q,
+            k,
+            v,
+            customs,
+            initial_state,
+            initial_normalizer,
+            d_o,
+            d_final_state,
+            d_final_normalizer,
+        } = *inputs;
+        let shape = layout.shape;
+        let (b, h, s) = (shape.b, shape.h, shape.s);
+        let (dk, dv) = (self.dims().dk as usize, self.dims().dv as usize);
+        let normalized = self.normalized();
+        let sequences = layout.sequences;
         let modules = self.backward_modules()?;
         let src = &modules.source;
-        let chunk = src.config.chunk as usize;
-        let n_chunks = s.div_ceil(chunk);
-        let states_len = [b, h, n_chunks, dk, dv]
+        let units = layout.chunk_units;
+        let states_len = [units, dk, dv]
             .iter()
             .try_fold(1usize, |acc, &n| acc.checked_mul(n))
             .filter(|&n| n <= isize::MAX as usize / 4)
             .ok_or_else(|| {
                 Error::Shape(format!(
-                    "the shape {shape} needs a state per chunk of [B, H, chunks, Dk, Dv] = \
-                     [{b}, {h}, {n_chunks}, {dk}, {dv}] elements, more than this machine can \
-                     address: split the batch"
+                    "the shape {shape} needs a state per chunk and head of [{units}, Dk, Dv] = \
+                     [{units}, {dk}, {dv}] elements, more than this machine can address: split \
+                     the batch"
                 ))
             })?;
 
@@ -277,7 +506,7 @@ impl RecurrentKernels {
         let scratch = |n: usize| stream.alloc_scratch::<T>(n.max(1)).map_err(runtime);
         let mut states = scratch(states_len)?;
         let mut dstates = scratch(states_len)?;
-        let norm_len = if normalized { b * h * n_chunks * dk } else { 1 };
+        let norm_len = if normalized { units * dk } else { 1 };
         let mut norm_states = zeros_f32(norm_len)?;
         let mut dnorm_states = zeros_f32(norm_len)?;
         let mut o_raw = zeros_elem(if normalized { rows * dv } else { 1 })?;
@@ -298,11 +527,11 @@ impl RecurrentKernels {
             grads.push((c.name.clone(), zeros_f32(len)?));
         }
         let mut d_init = match initial_state {
-            Some(_) => Some(zeros_f32(b * h * dk * dv)?),
+            Some(_) => Some(zeros_f32(sequences * h * dk * dv)?),
             None => None,
         };
         let mut d_init_norm = match initial_normalizer {
-            Some(_) => Some(zeros_f32(b * h * dk)?),
+            Some(_) => Some(zeros_f32(sequences * h * dk)?),
             None => None,
         };
 
@@ -315,7 +544,7 @@ impl RecurrentKernels {
                         "the shape {shape} needs a grid larger than CUDA launches: split the call"
                     ))
                 })?;
-            Ok((x, h as u32, b as u32))
+            Ok((x, h as u32, sequences as u32))
         };
 
         // The states pass.
@@ -335,9 +564,9 @@ impl RecurrentKernels {
                 ("row_n".into(), Slot::F32Out(&mut row_n)),
             ];
             slots.extend(customs.iter().map(|(n, b)| (n.to_string(), Slot::F32(b))));
-            let (params, mut args) = bind(&name, &st.args, &mut slots, shape)?;
+            let (params, mut args) = bind(&name, &st.args, &mut slots, shape, layout.cu)?;
             let kernel = modules.states.kernel(&st.name, &params).map_err(runtime)?;
-            let g = st.grid_for(b, h).ok_or_else(|| {
+            let g = st.grid_for(sequences, h).ok_or_else(|| {
                 Error::Shape(format!(
                     "the shape {shape} needs a grid for `{}` larger than CUDA launches",
                     st.name
@@ -383,13 +612,13 @@ impl RecurrentKernels {
                     .iter_mut()
                     .map(|(n, b)| (format!("grad.{n}"), Slot::F32Out(b))),
             );
-            let (params, mut args) = bind(&name, &src.args, &mut slots, shape)?;
+            let (params, mut args) = bind(&name, &src.args, &mut slots, shape, layout.cu)?;
             for kern in &src.kernels {
                 let kernel = modules
                     .kernels
                     .kernel(&kern.name, &params)
                     .map_err(runtime)?;
-                let g = grid(kern.grid_x.extent(src.dv, s, src.config.chunk))?;
+                let g = grid(kern.grid_x.extent(src.dv, layout.max_len, src.config.chunk))?;
                 kernel
                     .launch(stream, g, (kern.threads, 1, 1), kern.smem_bytes, &mut args)
                     .map_err(runtime)?;

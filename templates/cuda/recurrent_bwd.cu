@@ -66,12 +66,17 @@
         const elem_t* __restrict__ dout, {{ custom_args }}const float* __restrict__ d_state_out,   \
         float* __restrict__ d_state_in, const elem_t* __restrict__ states,                         \
         elem_t* __restrict__ dstates, {{ extra_args }}elem_t* __restrict__ dq,                     \
-        elem_t* __restrict__ dk, elem_t* __restrict__ dv, int B, int H, int S
+        elem_t* __restrict__ dk, elem_t* __restrict__ dv, const int* __restrict__ cu_seqlens,        \
+        int B, int H, int S_total
 
 #define INIT_PARAMS                                                                                \
     Params P;                                                                                      \
-    {{ params_init }}P.B = B; P.H = H; P.S = S;                                                 \
-    P.seq_b = blockIdx.z; P.seq_t0 = 0; P.seq_len = S;
+    {{ params_init }}P.B = B; P.H = H; P.S = S_total;                                           \
+    sequence_of(P, blockIdx.z, cu_seqlens);                                                        \
+    const int S = P.seq_len; /* this sequence's steps */                                           \
+    const long long row0 = ((long long)P.seq_b * H + blockIdx.y) * S_total + P.seq_t0;             \
+    const long long chunk0 = chunk_base(P, blockIdx.z, blockIdx.y, (S + C - 1) / C, cu_seqlens);   \
+    (void)row0; (void)chunk0;
 
 // Whether tiles of kind KIND change under modification (else only the rows
 // past the end need zeros).
@@ -182,11 +187,11 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_pre(BWD_ARGS)
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int b = blockIdx.z, h = blockIdx.y, t = blockIdx.x * NWARPS + warp;
     if (t >= S) return;
-    const long long row = ((long long)b * H + h) * S + t;
+    const long long row = row0 + t;
     const float nrm = row_n[row];
     float dn_sum = 0.f;
     for (int e = lane; e < DV; e += WARP) {
-        const Pt pt = {b, h, t, e};
+        const Pt pt = step_point(h, t, e, P);
         float dn_e = 0.f;
         float gr[{{ norm_grads }}];
         const float d = normalize_bwd(to_f32(o_raw[row * DV + e]), nrm, to_f32(dout[row * DV + e]), pt, P, dn_e, gr);
@@ -215,8 +220,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
     const int g = lane / 4, t4 = lane % 4;
     const int b = blockIdx.z, h = blockIdx.y, e0 = blockIdx.x * DVT;
     const long long bh = (long long)b * H + h;
-    const elem_t* qg = q + bh * S * DK;
-    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + bh * S * DV + e0;
+    const elem_t* qg = q + row0 * DK;
+    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + row0 * DV + e0;
     const int n_chunks = (S + C - 1) / C;
     const int sm0 = (warp % SWM) * SMT * 16, sn0 = (warp / SWM) * SNT * 8;
 
@@ -254,13 +259,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
             // in shared memory, stored below in 16-byte rows.
             state_stage(ds, sDS, sm0, sn0, g, t4);
 {% if normalize %}            if (blockIdx.x == 0)
-                for (int d = tid; d < DK; d += NT) dnorm_states[(bh * n_chunks + ch) * DK + d] = sDz[d];
-            for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[bh * S + t0 + r] : 0.f;
+                for (int d = tid; d < DK; d += NT) dnorm_states[(chunk0 + ch) * DK + d] = sDz[d];
+            for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[row0 + t0 + r] : 0.f;
 {% endif %}        }
         modify_tile<C, DK, SKS, 0>(cQ, t0, 0, h, P, tid);
         if (warp == 0) decay_scan(sL, t0, h, P, lane);
         __syncthreads();
-        state_copy_out(sDS, dstates + (bh * n_chunks + ch) * DK * DV + e0, tid);
+        state_copy_out(sDS, dstates + (chunk0 + ch) * DK * DV + e0, tid);
 #pragma unroll 4
         for (int x = tid; x < C * DVT / 2; x += NT) {
             const int r = x / (DVT / 2), c = (x % (DVT / 2)) * 2;
@@ -322,28 +327,28 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     constexpr int KS = DK / DKT;
     const int ch = blockIdx.x / KS, d0 = (blockIdx.x % KS) * DKT;
     const int b = blockIdx.z, h = blockIdx.y, t0 = ch * C;
-    const long long bh = (long long)b * H + h;
     const int n_chunks = (S + C - 1) / C;
-    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + bh * S * DV;
-    const elem_t* vg = v + bh * S * DV;
-    const elem_t* sg = states + (bh * n_chunks + ch) * DK * DV + (long long)d0 * DV;
-    const elem_t* dsg = dstates + (bh * n_chunks + ch) * DK * DV + (long long)d0 * DV;
+    if (ch >= n_chunks) return;  // a shorter sequence of a packed batch
+    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + row0 * DV;
+    const elem_t* vg = v + row0 * DV;
+    const elem_t* sg = states + (chunk0 + ch) * DK * DV + (long long)d0 * DV;
+    const elem_t* dsg = dstates + (chunk0 + ch) * DK * DV + (long long)d0 * DV;
     const int wm = warp % CWM, wn = warp / CWM;
     constexpr int NCOL = C / CWN;  // columns of dP per warp
     constexpr int KCOL = DKT / CWN;  // columns of dq̃, dk̃ per warp
 
-    load_tile<C, DKT, NT, DK>(sQ, q + bh * S * DK + d0, t0, S, tid);
-    load_tile<C, DKT, NT, DK>(sK, k + bh * S * DK + d0, t0, S, tid);
+    load_tile<C, DKT, NT, DK>(sQ, q + row0 * DK + d0, t0, S, tid);
+    load_tile<C, DKT, NT, DK>(sK, k + row0 * DK + d0, t0, S, tid);
     load_tile<C, ET, NT, DV>(sDo, dog, t0, S, tid);
     load_tile<C, ET, NT, DV>(sV, vg, t0, S, tid);
     load_tile<DKT, ET, NT, DV>(sS, sg, 0, DKT, tid);
     load_tile<DKT, ET, NT, DV>(sDs, dsg, 0, DKT, tid);
     cp_async_commit();
     if (warp == 0) decay_scan(sL, t0, h, P, lane);
-{% if normalize %}    for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[bh * S + t0 + r] : 0.f;
+{% if normalize %}    for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[row0 + t0 + r] : 0.f;
     for (int d = tid; d < DKT; d += NT) {
-        sZ[d] = norm_states[(bh * n_chunks + ch) * DK + d0 + d];
-        sDz[d] = dnorm_states[(bh * n_chunks + ch) * DK + d0 + d];
+        sZ[d] = norm_states[(chunk0 + ch) * DK + d0 + d];
+        sDz[d] = dnorm_states[(chunk0 + ch) * DK + d0 + d];
     }
 {% endif %}
     float dp[NCOL / 8][4], dqa[KCOL / 8][4], dka[KCOL / 8][4];
@@ -436,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
 #pragma unroll
         for (int off = WARP / 2; off > 0; off /= 2) bnd += __shfl_xor_sync(0xffffffffu, bnd, off);
         // Added at the chunk's last step: the in-chunk running sum carries it to every step.
-        if (lane == 0) atomicAdd(&dlog[bh * S + min(t0 + C, S) - 1], bnd);
+        if (lane == 0) atomicAdd(&dlog[row0 + min(t0 + C, S) - 1], bnd);
     }
 {% endif %}    __syncthreads();
     warp_mma<C, KCOL / 8, false, false>(dqa, sP, SAS, wm * 16, sK, SKT, wn * KCOL, lane);  // dP K̃
@@ -455,8 +460,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         part_lo = row_lanes_sum(part_lo);
         part_hi = row_lanes_sum(part_hi);
         if (t4 == 0) {
-            if (t0 + r_lo < S) atomicAdd(&dlog[bh * S + t0 + r_lo], part_lo);
-            if (t0 + r_hi < S) atomicAdd(&dlog[bh * S + t0 + r_hi], part_hi);
+            if (t0 + r_lo < S) atomicAdd(&dlog[row0 + t0 + r_lo], part_lo);
+            if (t0 + r_hi < S) atomicAdd(&dlog[row0 + t0 + r_hi], part_hi);
         }
     }
 {% endif %}#pragma unroll
@@ -466,11 +471,11 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         const int t = t0 + (hf ? r_hi : r_lo);
         if (t >= S) continue;
         const int d = d0 + wn * KCOL + nt * 8 + 2 * t4;
-        const long long at = (bh * S + t) * DK + d;
+        const long long at = (row0 + t) * DK + d;
         float oq[2], ok[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            const Pt pt = {b, h, t, d + j};
+            const Pt pt = step_point(h, t, d + j, P);
             float gr[{{ grads_len }}];
             (void)pt; (void)gr;
             oq[j] = dqa[nt][2 * hf + j];
@@ -497,16 +502,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
     const int ch = blockIdx.x, b = blockIdx.z, h = blockIdx.y, t0 = ch * C;
-    const long long bh = (long long)b * H + h;
     const int n_chunks = (S + C - 1) / C;
-    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + bh * S * DV;
-    const elem_t* dsg = dstates + (bh * n_chunks + ch) * DK * DV;
+    if (ch >= n_chunks) return;  // a shorter sequence of a packed batch
+    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + row0 * DV;
+    const elem_t* dsg = dstates + (chunk0 + ch) * DK * DV;
     const int wm = warp % CWM, wn = warp / CWM;
     constexpr int NCOL = C / CWN;
     constexpr int ECOL = ET / CWN;
 
-    load_tile<C, DK>(sQ, q + bh * S * DK, t0, S, tid);
-    load_tile<C, DK>(sK, k + bh * S * DK, t0, S, tid);
+    load_tile<C, DK>(sQ, q + row0 * DK, t0, S, tid);
+    load_tile<C, DK>(sK, k + row0 * DK, t0, S, tid);
     load_tile<C, ET, NT, DV>(sDo, dog, t0, S, tid);
     load_tile<DK, ET, NT, DV>(sDs, dsg, 0, DK, tid);
     cp_async_commit();
@@ -564,11 +569,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
             const int t = t0 + (hf ? r_hi : r_lo);
             if (t >= S) continue;
             const int e = e0 + wn * ECOL + nt * 8 + 2 * t4;
-            const long long at = (bh * S + t) * DV + e;
+            const long long at = (row0 + t) * DV + e;
             float ov[2];
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                const Pt pt = {b, h, t, e + j};
+                const Pt pt = step_point(h, t, e + j, P);
                 float gr[{{ grads_len }}];
                 (void)pt; (void)gr;
                 ov[j] = acc[nt][2 * hf + j];
@@ -590,10 +595,9 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_decay(BWD_ARG
     __shared__ float total[NWARPS];
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int b = blockIdx.z, h = blockIdx.y;
-    const long long bh = (long long)b * H + h;
     for (int base = 0; base < S; base += NT) {
         const int t = base + tid;
-        float x = t < S ? dlog[bh * S + t] : 0.f;
+        float x = t < S ? dlog[row0 + t] : 0.f;
 #pragma unroll
         for (int off = 1; off < WARP; off *= 2) {
             const float y = __shfl_down_sync(0xffffffffu, x, off);
@@ -603,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_decay(BWD_ARG
         __syncthreads();
         if (warp % 2 == 0) x += total[warp + 1];  // the chunk's second half
         if (t < S) {
-            const Pt pt = {b, h, t, 0};
+            const Pt pt = step_point(h, t, 0, P);
             const float gv = decay_fn(pt, P);
             float gr[{{ grads_len }}];
             decay_bwd(x / gv, pt, P, gr);

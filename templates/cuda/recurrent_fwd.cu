@@ -55,8 +55,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
     {% if emit_o %}elem_t* __restrict__ o, {% endif %}{{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
 {% if normalize %}    const float* __restrict__ norm_in, float* __restrict__ norm_out,
 {% endif %}{% if save_states %}    elem_t* __restrict__ states,{% if normalize %} float* __restrict__ norm_states, float* __restrict__ row_n,{% endif %}
-{% endif %}{% if !save_states %}    const int* __restrict__ cu_seqlens,
-{% endif %}    int B, int H, int S_total) {
+{% endif %}    const int* __restrict__ cu_seqlens, int B, int H, int S_total) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);  // STAGES × C × SKS
     elem_t* sK = sQ + STAGES * C * SKS;                  // STAGES × C × SKS
@@ -75,16 +74,16 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
     const int g = lane / 4, t4 = lane % 4;
     const int b = blockIdx.z, h = blockIdx.y, e0 = blockIdx.x * DVT;
     const long long bh = (long long)b * H + h;  // this sequence's state
-{% if save_states %}    P.seq_b = b; P.seq_t0 = 0; P.seq_len = S_total;
-{% else %}    sequence_of(P, b, cu_seqlens);
-{% endif %}    const int S = P.seq_len;  // this sequence's steps
+    sequence_of(P, b, cu_seqlens);
+    const int S = P.seq_len;  // this sequence's steps
     const long long row0 = ((long long)P.seq_b * H + h) * S_total + P.seq_t0;
     const elem_t* qg = q + row0 * DK;
     const elem_t* kg = k + row0 * DK;
     const elem_t* vg = v + row0 * DV + e0;
 {% if emit_o %}    elem_t* og = o + row0 * DV + e0;
 {% endif %}    const int n_chunks = (S + C - 1) / C;
-
+{% if save_states %}    const long long chunk0 = chunk_base(P, b, h, n_chunks, cu_seqlens);  // this sequence's first chunk
+{% endif %}
     // This warp's tiles: rows wm·16 of the chunk GEMMs, columns wn; state
     // rows sm0 (Dk) and columns sn0 (Dv slice).
     const int wm = warp % CWM, wn = warp / CWM;
@@ -127,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
         // Phase 1: modified tiles, the decay's prefix sums, the state as an MMA operand.
 {% if modify_q && emit_o %}        modify_tile<C, DK, SKS, 0>(cQ, t0, 0, h, P, tid);
 {% endif %}{% if save_states && normalize %}        if (blockIdx.x == 0)
-            for (int d = tid; d < DK; d += NT) norm_states[(bh * n_chunks + ch) * DK + d] = sZ[d];
+            for (int d = tid; d < DK; d += NT) norm_states[(chunk0 + ch) * DK + d] = sZ[d];
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
         {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<C, DK, SKS, 1>(cK, t0, 0, h, P, tid);
         {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<C, DVT, SVS, 2>(cV, t0, e0, h, P, tid);
@@ -137,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}        __syncthreads();
         const float l_last = sL[C - 1];
 {% if save_states %}        // The state before this chunk, for the backward.
-        state_copy_out(sS, states + (bh * n_chunks + ch) * DK * DV + e0, tid);
+        state_copy_out(sS, states + (chunk0 + ch) * DK * DV + e0, tid);
 {% endif %}
 {% if emit_o %}
         // Phase 2: A = Q̃ K̃ᵀ and O = Q̃ S share the Q̃ fragments.
@@ -261,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                     float o0 = acc[nt][2 * hf], o1 = acc[nt][2 * hf + 1];
 {% if normalize %}                    const float nrm = hf ? nrm_hi : nrm_lo;
 {% if save_states %}                    // The backward's normaliser step needs o and n apart.
-                    if (blockIdx.x == 0 && wn == 0 && nt == 0 && t4 == 0) row_n[bh * S + t] = nrm;
+                    if (blockIdx.x == 0 && wn == 0 && nt == 0 && t4 == 0) row_n[row0 + t] = nrm;
 {% else %}                    o0 = normalize_fn(o0, nrm, step_point(h, t, e0 + col, P), P);
                     o1 = normalize_fn(o1, nrm, step_point(h, t, e0 + col + 1, P), P);
 {% endif %}{% endif %}                    *reinterpret_cast<unsigned*>(og + (long long)t * DV + col) = pack2(o0, o1);

@@ -23,6 +23,15 @@ __device__ __forceinline__ void sequence_of(Params& P, int b, const int* cu_seql
     P.seq_len = cu_seqlens ? cu_seqlens[b + 1] - P.seq_t0 : P.S;
 }
 
+// Where the chunks of sequence b, head h (n_chunks of them) start in the
+// per-chunk workspaces of the backward: sequence after sequence, each its
+// heads' chunks. A packed batch's chunk offsets follow its N + 1 boundaries
+// in `cu_seqlens` (N = gridDim.z).
+__device__ __forceinline__ long long chunk_base(const Params& P, int b, int h, int n_chunks, const int* cu_seqlens) {
+    return cu_seqlens ? (long long)cu_seqlens[gridDim.z + 1 + b] * P.H + (long long)h * n_chunks
+                      : ((long long)b * P.H + h) * n_chunks;
+}
+
 // Step t of the block's sequence as a point of the inputs (closures read
 // custom inputs there); steps past the end are clamped to the last one.
 __device__ __forceinline__ Pt step_point(int h, int t, int d, const Params& P) {

@@ -95,7 +95,8 @@ pub struct RecurrentSource {
     /// Launch order: q, k, v, o, the custom inputs, `state_in`,
     /// `state_out` (f32 `[B, H, Dk, Dv]`; either may be null: start from
     /// zero, do not write), with a normaliser `norm_in` and `norm_out` (f32
-    /// `[B, H, Dk]`), then the sizes B, H, S. The backward's states pass
+    /// `[B, H, Dk]`), `cu_seqlens` (i32, may be null: see
+    /// [`ArgKind::CuSeqlens`]), then the sizes B, H, S. The backward's states pass
     /// ([`recurrent_states`]) has no `o` without a normaliser and takes the
     /// workspaces `states` (and `norm_states`, `row_n`) before the sizes.
     pub args: Vec<ArgKind>,
@@ -365,9 +366,6 @@ pub(super) fn forward_args(
     if normalize {
         args.extend([ArgKind::State("norm_in"), ArgKind::State("norm_out")]);
     }
-    if !save_states {
-        args.push(ArgKind::CuSeqlens);
-    }
     if save_states {
         args.push(ArgKind::Workspace("states"));
         if normalize {
@@ -377,6 +375,7 @@ pub(super) fn forward_args(
             ]);
         }
     }
+    args.push(ArgKind::CuSeqlens);
     args.extend([Axis::B, Axis::H, Axis::S].map(ArgKind::Size));
     args
 }
@@ -436,8 +435,10 @@ pub struct RecurrentBackwardSource {
     /// `[B, H, Dk]`, may be null), `norm_states`, `dnorm_states` (f32
     /// `[B, H, chunks, Dk]`), `o_raw` (the element type, `[B, H, S, Dv]`),
     /// `row_n` (f32 `[B, H, S]`), `dob` (like `o_raw`), `dn` (like `row_n`);
-    /// with a decay `dlog` (f32 `[B, H, S]`, zeroed); then dq, dk, dv and the
-    /// sizes B, H, S. The states pass takes the forward's arguments (its
+    /// with a decay `dlog` (f32 `[B, H, S]`, zeroed); then dq, dk, dv,
+    /// `cu_seqlens` (null, or a packed batch's N + 1 boundaries followed by
+    /// its N + 1 chunk offsets, which place each sequence's chunks in the
+    /// per-chunk workspaces) and the sizes B, H, S. The states pass takes the forward's arguments (its
     /// `state_out` and `norm_out` may be null) and the workspaces `states`
     /// (and `norm_states`, `row_n`, and `o` for `o_raw`).
     pub args: Vec<ArgKind>,
@@ -668,6 +669,7 @@ pub fn recurrent_backward(
         ArgKind::Tensor("dq"),
         ArgKind::Tensor("dk"),
         ArgKind::Tensor("dv"),
+        ArgKind::CuSeqlens,
     ]);
     args.extend([Axis::B, Axis::H, Axis::S].map(ArgKind::Size));
 
