@@ -341,16 +341,21 @@ fn recurrent_variants_get_their_cuda_forward_and_backward() {
         assert_eq!(launch["threads"], 256);
         assert!(launch["dynamic_smem_bytes"].as_u64().unwrap() > 48 * 1024);
         assert_eq!(k["normalized"], false);
-        // Launch order: q, k, v, o, the custom inputs, the nullable states, B, H, S.
+        // Launch order: q, k, v, o, the custom inputs, the nullable states,
+        // cu_seqlens (null: libraries launch batches of equal lengths), B, H, S.
         let args: Vec<String> = launch["args"]
             .as_array()
             .expect("args")
             .iter()
-            .map(|a| a["ptr"].as_str().or(a["i32"].as_str()).unwrap().to_string())
+            .map(|a| match a["null"].as_str() {
+                Some(n) => format!("null {n}"),
+                None => a["ptr"].as_str().or(a["i32"].as_str()).unwrap().to_string(),
+            })
             .collect();
         let mut expected: Vec<String> = ["q", "k", "v", "o"].map(String::from).to_vec();
         expected.extend(customs.iter().map(|c| c.to_string()));
-        expected.extend(["state_in", "state_out", "B", "H", "S"].map(String::from));
+        expected
+            .extend(["state_in", "state_out", "null cu_seqlens", "B", "H", "S"].map(String::from));
         assert_eq!(args, expected);
         let buffers = k["plan"]["buffers"].as_array().unwrap();
         let role = |n: &str| {

@@ -1352,6 +1352,38 @@ fn tensor_steps(
     }
 }
 
+/// The reference inputs of sequence `s` (steps `range`) of a packed call,
+/// from its packed inputs and the batch of initial states.
+fn sequence_inputs(
+    def: &Definition,
+    dims: RecurrentDims,
+    packed: RecurrentShape,
+    call: &Call,
+    initial: &Call,
+    s: usize,
+    range: std::ops::Range<usize>,
+) -> Inputs {
+    let cut = |t: &Tensor, axes: &[Axis]| tensor_steps(t, axes, dims, packed, range.clone());
+    let mut inputs = Inputs {
+        q: cut(&call.inputs.q, &def.q.axes),
+        k: cut(&call.inputs.k, &def.k.axes),
+        v: cut(&call.inputs.v, &def.v.axes),
+        customs: Default::default(),
+        initial_state: initial.inputs.initial_state.as_ref().map(|t| leading(t, s)),
+        initial_normalizer: initial
+            .inputs
+            .initial_normalizer
+            .as_ref()
+            .map(|t| leading(t, s)),
+    };
+    for c in &def.customs {
+        inputs
+            .customs
+            .insert(c.name.clone(), cut(&call.inputs.customs[&c.name], &c.axes));
+    }
+    inputs
+}
+
 /// Item `n` of the leading axis of a reference tensor.
 fn leading(t: &Tensor, n: usize) -> Tensor {
     let inner: usize = t.shape[1..].iter().product();
@@ -1430,24 +1462,7 @@ fn check_varlen_example(
     let (mut st_want, mut z_want) = (Vec::new(), Vec::new());
     for (s, w) in cu.windows(2).enumerate() {
         let range = w[0]..w[1];
-        let cut = |t: &Tensor, axes: &[Axis]| tensor_steps(t, axes, dims, packed, range.clone());
-        let mut inputs = Inputs {
-            q: cut(&call.inputs.q, &def.q.axes),
-            k: cut(&call.inputs.k, &def.k.axes),
-            v: cut(&call.inputs.v, &def.v.axes),
-            customs: Default::default(),
-            initial_state: initial.inputs.initial_state.as_ref().map(|t| leading(t, s)),
-            initial_normalizer: initial
-                .inputs
-                .initial_normalizer
-                .as_ref()
-                .map(|t| leading(t, s)),
-        };
-        for c in &def.customs {
-            inputs
-                .customs
-                .insert(c.name.clone(), cut(&call.inputs.customs[&c.name], &c.axes));
-        }
+        let inputs = sequence_inputs(&def, dims, packed, &call, &initial, s, range.clone());
         let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference");
         for h in 0..heads {
             for (i, t) in range.clone().enumerate() {
@@ -1680,25 +1695,8 @@ fn check_varlen_backward(test: &str, name: &str, heads: usize, lengths: &[usize]
     let (mut want_s, mut want_z) = (Vec::new(), Vec::new());
     for (s, w) in cu.windows(2).enumerate() {
         let range = w[0]..w[1];
-        let cut = |t: &Tensor, axes: &[Axis]| tensor_steps(t, axes, dims, packed, range.clone());
-        let mut inputs = Inputs {
-            q: cut(&call.inputs.q, &def.q.axes),
-            k: cut(&call.inputs.k, &def.k.axes),
-            v: cut(&call.inputs.v, &def.v.axes),
-            customs: Default::default(),
-            initial_state: initial.inputs.initial_state.as_ref().map(|t| leading(t, s)),
-            initial_normalizer: initial
-                .inputs
-                .initial_normalizer
-                .as_ref()
-                .map(|t| leading(t, s)),
-        };
-        for c in &def.customs {
-            inputs
-                .customs
-                .insert(c.name.clone(), cut(&call.inputs.customs[&c.name], &c.axes));
-        }
-        let d_o_s = cut(&d_o_ref, &def.v.axes);
+        let inputs = sequence_inputs(&def, dims, packed, &call, &initial, s, range.clone());
+        let d_o_s = tensor_steps(&d_o_ref, &def.v.axes, dims, packed, range.clone());
         let g = reference::recurrent_backward(
             &def,
             &inputs,

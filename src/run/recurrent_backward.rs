@@ -71,6 +71,20 @@ struct BackwardInputs<'a, T: KernelElement> {
     d_final_normalizer: Option<&'a DeviceBuffer<f32>>,
 }
 
+impl<T: KernelElement> BackwardInputs<'_, T> {
+    /// q, k, v and the custom inputs by name with their element counts.
+    fn lens(&self) -> Vec<(&str, usize)> {
+        [
+            ("q", self.q.len()),
+            ("k", self.k.len()),
+            ("v", self.v.len()),
+        ]
+        .into_iter()
+        .chain(self.customs.iter().map(|(n, b)| (*n, b.len())))
+        .collect()
+    }
+}
+
 /// How a backward call's sequences lie in its inputs.
 struct Layout<'a> {
     /// The inputs' (B, H, S): the sizes the kernels take.
@@ -242,10 +256,7 @@ impl RecurrentKernels {
             d_final_normalizer,
         };
         self.check_backward_buffers(stream, &inputs)?;
-        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
-            .collect();
+        let lens = inputs.lens();
         self.check(
             shape,
             &lens,
@@ -335,10 +346,7 @@ impl RecurrentKernels {
             d_final_normalizer,
         };
         self.check_backward_buffers(stream, &inputs)?;
-        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
-            .collect();
+        let lens = inputs.lens();
         let shape = check_varlen(
             self.variant(),
             self.dims(),

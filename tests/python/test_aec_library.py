@@ -404,7 +404,9 @@ class WithManifest(unittest.TestCase):
         call = p.prepare(mamba(state_in=info((2, 4, 128, 64), "f32")), want=("state_out",))
         self.assertEqual(call.outputs, ["o", "state_out"])
         self.assertIn(("state_out", "f32", (2, 4, 128, 64), False), call.allocations)
-        self.assertNotIn(("ptr", None), call.launches[0][4])
+        # Every pointer given but cu_seqlens (last before B, H, S): equal lengths.
+        self.assertNotIn(("ptr", None), call.launches[0][4][:-4])
+        self.assertEqual(call.launches[0][4][-4], ("ptr", None))
         with self.assertRaisesRegex(Error, r"Mamba2 forward: initial_state \(state_in\): expected \[B, H, 128, 64\] = \[2, 4, 128, 64\], got \[2, 4, 64, 128\]"):
             p.prepare(mamba(state_in=info((2, 4, 64, 128), "f32")))
         with self.assertRaisesRegex(Error, r"dt: expected \[B, H, S\] = \[2, 4, 77\], got \[2, 4, 76\]"):
@@ -456,7 +458,8 @@ class WithManifest(unittest.TestCase):
             self.assertIn(("d_state_in", "f32", (2, 4, 128, 64), False), call.allocations)
             self.assertIn("d_state_in", call.outputs)
             self.assertEqual(call.launches[0][4][5:7], [("ptr", "state_in"), ("ptr", None)])
-            self.assertNotIn(("ptr", None), call.launches[1][4])
+            self.assertNotIn(("ptr", None), call.launches[1][4][:-4])
+            self.assertEqual(call.launches[1][4][-4], ("ptr", None))  # cu_seqlens
             # Refusals name the tensor and its shape.
             with self.assertRaisesRegex(Error, r"Mamba2 backward: do: expected \[B, H, S, 64\] = \[2, 4, 77, 64\], got \[2, 4, 77, 128\]"):
                 p.prepare(mamba(do=info((2, 4, 77, 128))))
