@@ -250,6 +250,8 @@ fn check_recurrent_backward(
                 ArgKind::Custom(n) => ArgPlan::Ptr(n.clone()),
                 ArgKind::CustomGrad(n) => ArgPlan::Ptr(grad_name(n)),
                 ArgKind::Size(a) => ArgPlan::I32(SizeExpr::var(a.name())),
+                // Libraries launch batches of equal lengths.
+                ArgKind::CuSeqlens => ArgPlan::Null("cu_seqlens".into()),
                 other => panic!("{name}: unexpected argument {other:?}"),
             })
             .collect()

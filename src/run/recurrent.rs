@@ -864,7 +864,15 @@ pub fn check_varlen(
     let shape = RecurrentShape::new(1, heads, total);
     check_recurrent_shapes(variant, dims, shape, tensors, None, None)?;
     let (dv, n, h) = (dims.dv as usize, sequences, heads);
-    let state = n * h * dk * dv; // ≤ the output's [1, H, T, Dv] times Dk: no overflow past the checks
+    let Some(state) = [n, h, dk, dv]
+        .iter()
+        .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+    else {
+        return bad(format!(
+            "the states would have [N, H, Dk, Dv] = [{n}, {h}, {dk}, {dv}] elements, more than \
+             this machine can address: split the batch"
+        ));
+    };
     if let Some(len) = initial_state
         && len != state
     {

@@ -379,7 +379,7 @@ impl RecurrentKernels {
                 "d_final_state",
                 format!("[N, H, Dk, Dv] = [{n}, {h}, {dk}, {dv}] (f32)"),
                 d.len(),
-                n * h * dk * dv,
+                n * h * dk * dv, // check_varlen bounded it
             )?;
         }
         if let Some(d) = d_final_normalizer {

@@ -164,7 +164,16 @@ impl RecurrentDecoder {
     ) -> Result<(), Error> {
         check_recurrent_shapes(&self.variant, self.dims, shape, tensors, None, None)?;
         let (dk, dv) = (self.dims.dk as usize, self.dims.dv as usize);
-        let expected = shape.b * shape.h * dk * dv; // checked by check_recurrent_shapes' o
+        let Some(expected) = [shape.b, shape.h, dk, dv]
+            .iter()
+            .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+        else {
+            return Err(Error::Shape(format!(
+                "the state would have [B, H, Dk, Dv] = [{}, {}, {dk}, {dv}] elements, more than \
+                 this machine can address: split the batch",
+                shape.b, shape.h
+            )));
+        };
         if state != expected {
             return Err(Error::Shape(format!(
                 "tensor `state` has {state} elements, expected [B, H, Dk, Dv] = [{}, {}, {dk}, \
