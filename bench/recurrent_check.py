@@ -329,6 +329,8 @@ def bench_decode(work, w, entry, cases_dir, rows):
         rows.append(row)
 
     h, dk, dv, variant = w["h"], w["dqk"], w["dv"], w["variant"]
+    meta = entry.get("decode")
+    fn = get_function(load_module(cases_dir, meta["cubin"]), meta["name"], 0) if meta else None
     for b in sorted({w["b"], 16}):
         state_bytes = b * h * dk * dv * 4
         if "decode_error" in entry:
@@ -367,8 +369,6 @@ def bench_decode(work, w, entry, cases_dir, rows):
         except Exception as e:
             o_ref = s_ref = None
             record(b, "fla fused_recurrent", error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-        meta = entry["decode"]
-        fn = get_function(load_module(cases_dir, meta["cubin"]), meta["name"], 0)
         o = torch.empty(b, h, 1, dv, device=dev, dtype=torch.bfloat16)
         state = state0.clone()
         bufs = dict(q=q, k=k, v=v, o=o, state=state)

@@ -869,16 +869,25 @@ fn check_backward(test: &str, name: &str, sizes: [usize; 5], initial: bool, seed
             ),
         }
     }
+    let what = format!(
+        "backward `{}` on {} {shape} Dk={dk} Dv={dv} initial_state={initial} seeds={seeds}",
+        kernels.forward_source().name,
+        device.name(),
+    );
+    report_gradients(test, &what, &rows);
+}
+
+/// Prints each gradient's relative error (name, error, tolerance) on one
+/// PASS/FAIL line and fails the test where one exceeds its tolerance.
+fn report_gradients(test: &str, what: &str, rows: &[(String, f64, f64)]) {
     let report: Vec<String> = rows
         .iter()
         .map(|(n, e, _)| format!("{n}={e:.2e}"))
         .collect();
     let pass = rows.iter().all(|(_, e, tol)| e < tol);
     eprintln!(
-        "{test}: {} backward `{}` on {} {shape} Dk={dk} Dv={dv} initial_state={initial} seeds={seeds}: {}",
+        "{test}: {} {what}: {}",
         if pass { "PASS" } else { "FAIL" },
-        kernels.forward_source().name,
-        device.name(),
         report.join(" ")
     );
     assert!(pass, "{test}: {}", report.join(" "));
@@ -1785,19 +1794,12 @@ fn check_varlen_backward(test: &str, name: &str, heads: usize, lengths: &[usize]
             2e-2,
         ));
     }
-    let report: Vec<String> = rows
-        .iter()
-        .map(|(n, e, _)| format!("{n}={e:.2e}"))
-        .collect();
-    let pass = rows.iter().all(|(_, e, tol)| e < tol);
-    eprintln!(
-        "{test}: {} backward_varlen `{}` on {} H={heads} lengths {lengths:?}: {}",
-        if pass { "PASS" } else { "FAIL" },
+    let what = format!(
+        "backward_varlen `{}` on {} H={heads} lengths {lengths:?}",
         kernels.forward_source().name,
         device.name(),
-        report.join(" ")
     );
-    assert!(pass, "{test}: {}", report.join(" "));
+    report_gradients(test, &what, &rows);
 }
 
 /// Every example's backward on a packed batch.

@@ -402,7 +402,8 @@ pub struct RecurrentKernels {
     device: Device,
     /// The forward, looked up once per combination of given initial state,
     /// normaliser and sequence boundaries (each absent one is a null
-    /// pointer): index `state_in | norm_in << 1 | cu_seqlens << 2`.
+    /// pointer): index `state_in | cu_seqlens << 1 | norm_in << 2`; the last
+    /// four only for variants with a normaliser.
     launches: Vec<Kernel>,
     _module: Module,
     pub(super) options: KernelOptions,
@@ -436,9 +437,10 @@ impl RecurrentKernels {
         );
         let module = compile_and_load(device, &source.source, options, &what)?;
         let loading = loading_error(device, &what);
-        let mut launches = Vec::with_capacity(8);
-        for c in 0..8 {
-            let params = recurrent_params(variant, &source, c & 1 != 0, c & 2 != 0, c & 4 != 0)?;
+        let combinations = if source.normalized { 8 } else { 4 };
+        let mut launches = Vec::with_capacity(combinations);
+        for c in 0..combinations {
+            let params = recurrent_params(variant, &source, c & 1 != 0, c & 4 != 0, c & 2 != 0)?;
             launches.push(module.kernel(&source.name, &params).map_err(&loading)?);
         }
         Ok(RecurrentKernels {
@@ -627,17 +629,7 @@ impl RecurrentKernels {
     ) -> Result<(), Error> {
         let name = &self.variant.name;
         check_elem::<T>(name, self.elem(), "q, k and v")?;
-        let (q, k, v) = (inputs.q, inputs.k, inputs.v);
-        let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
-            .into_iter()
-            .chain(inputs.customs.iter().map(|(n, b)| (*n, b.ordinal())))
-            .chain(inputs.initial_state.map(|b| ("initial_state", b.ordinal())))
-            .chain(
-                inputs
-                    .initial_normalizer
-                    .map(|b| ("initial_normalizer", b.ordinal())),
-            );
-        check_devices(&self.device, name, stream, buffers)
+        check_devices(&self.device, name, stream, inputs.ordinals())
     }
 
     /// Allocates the outputs and launches, after the checks: `shape` is the
@@ -665,14 +657,15 @@ impl RecurrentKernels {
         };
         let (b, h, s) = (shape.b, shape.h, shape.s);
         let (dk, dv) = (self.dims.dk as usize, self.dims.dv as usize);
-        let mut o = stream.alloc_zeros::<T>(b * h * s * dv).map_err(runtime)?;
+        // The kernel writes every element of the outputs: no fill.
+        let mut o = stream.alloc_scratch::<T>(b * h * s * dv).map_err(runtime)?;
         let mut final_state = stream
-            .alloc_zeros::<f32>(sequences * h * dk * dv)
+            .alloc_scratch::<f32>(sequences * h * dk * dv)
             .map_err(runtime)?;
         let mut final_normalizer = if self.source.normalized {
             Some(
                 stream
-                    .alloc_zeros::<f32>(sequences * h * dk)
+                    .alloc_scratch::<f32>(sequences * h * dk)
                     .map_err(runtime)?,
             )
         } else {
@@ -742,8 +735,8 @@ impl RecurrentKernels {
                 });
             }
             let which = usize::from(inputs.initial_state.is_some())
-                | usize::from(inputs.initial_normalizer.is_some()) << 1
-                | usize::from(cu_seqlens.is_some()) << 2;
+                | usize::from(cu_seqlens.is_some()) << 1
+                | usize::from(inputs.initial_normalizer.is_some()) << 2;
             let kernel = self.launches.get(which).ok_or_else(|| {
                 Error::Shape(format!(
                     "`{name}` has no normaliser, so it takes no initial normaliser: pass None"
@@ -769,19 +762,21 @@ impl RecurrentKernels {
     }
 }
 
-/// The buffers of one forward call.
-struct ForwardInputs<'a, T: KernelElement> {
-    q: &'a DeviceBuffer<T>,
-    k: &'a DeviceBuffer<T>,
-    v: &'a DeviceBuffer<T>,
-    customs: &'a [(&'a str, &'a DeviceBuffer<f32>)],
-    initial_state: Option<&'a DeviceBuffer<f32>>,
-    initial_normalizer: Option<&'a DeviceBuffer<f32>>,
+/// The buffers of one forward call (and the forward's part of a backward
+/// call).
+#[derive(Clone, Copy)]
+pub(super) struct ForwardInputs<'a, T: KernelElement> {
+    pub(super) q: &'a DeviceBuffer<T>,
+    pub(super) k: &'a DeviceBuffer<T>,
+    pub(super) v: &'a DeviceBuffer<T>,
+    pub(super) customs: &'a [(&'a str, &'a DeviceBuffer<f32>)],
+    pub(super) initial_state: Option<&'a DeviceBuffer<f32>>,
+    pub(super) initial_normalizer: Option<&'a DeviceBuffer<f32>>,
 }
 
 impl<T: KernelElement> ForwardInputs<'_, T> {
     /// q, k, v and the custom inputs by name with their element counts.
-    fn lens(&self) -> Vec<(&str, usize)> {
+    pub(super) fn lens(&self) -> Vec<(&str, usize)> {
         [
             ("q", self.q.len()),
             ("k", self.k.len()),
@@ -789,6 +784,23 @@ impl<T: KernelElement> ForwardInputs<'_, T> {
         ]
         .into_iter()
         .chain(self.customs.iter().map(|(n, b)| (*n, b.len())))
+        .collect()
+    }
+
+    /// Every given buffer by name with its device ordinal.
+    pub(super) fn ordinals(&self) -> Vec<(&str, usize)> {
+        [
+            ("q", self.q.ordinal()),
+            ("k", self.k.ordinal()),
+            ("v", self.v.ordinal()),
+        ]
+        .into_iter()
+        .chain(self.customs.iter().map(|(n, b)| (*n, b.ordinal())))
+        .chain(self.initial_state.map(|b| ("initial_state", b.ordinal())))
+        .chain(
+            self.initial_normalizer
+                .map(|b| ("initial_normalizer", b.ordinal())),
+        )
         .collect()
     }
 }

@@ -6,7 +6,7 @@
 //! null pointers when absent, so each call declares its parameter list and
 //! looks its kernels up in the loaded modules (a cheap driver call).
 
-use super::recurrent::{RecurrentKernels, RecurrentShape, check_varlen};
+use super::recurrent::{ForwardInputs, RecurrentKernels, RecurrentShape, check_varlen};
 use super::{Error, KernelElement, check_devices, check_elem, compile_and_load, dtype_of};
 use crate::compiler::{ArgKind, CompileError, Isa, RecurrentBackwardSource, recurrent_backward};
 use crate::frontend::ir::Axis;
@@ -60,29 +60,11 @@ enum Slot<'a, T: KernelElement> {
 /// The buffers of one backward call.
 #[derive(Clone, Copy)]
 struct BackwardInputs<'a, T: KernelElement> {
-    q: &'a DeviceBuffer<T>,
-    k: &'a DeviceBuffer<T>,
-    v: &'a DeviceBuffer<T>,
-    customs: &'a [(&'a str, &'a DeviceBuffer<f32>)],
-    initial_state: Option<&'a DeviceBuffer<f32>>,
-    initial_normalizer: Option<&'a DeviceBuffer<f32>>,
+    /// The forward's inputs, which the states pass reruns.
+    forward: ForwardInputs<'a, T>,
     d_o: &'a DeviceBuffer<T>,
     d_final_state: Option<&'a DeviceBuffer<f32>>,
     d_final_normalizer: Option<&'a DeviceBuffer<f32>>,
-}
-
-impl<T: KernelElement> BackwardInputs<'_, T> {
-    /// q, k, v and the custom inputs by name with their element counts.
-    fn lens(&self) -> Vec<(&str, usize)> {
-        [
-            ("q", self.q.len()),
-            ("k", self.k.len()),
-            ("v", self.v.len()),
-        ]
-        .into_iter()
-        .chain(self.customs.iter().map(|(n, b)| (*n, b.len())))
-        .collect()
-    }
 }
 
 /// How a backward call's sequences lie in its inputs.
@@ -245,18 +227,20 @@ impl RecurrentKernels {
     ) -> Result<RecurrentGradients<T>, Error> {
         let name = self.variant().name.clone();
         let inputs = BackwardInputs {
-            q,
-            k,
-            v,
-            customs,
-            initial_state,
-            initial_normalizer,
+            forward: ForwardInputs {
+                q,
+                k,
+                v,
+                customs,
+                initial_state,
+                initial_normalizer,
+            },
             d_o,
             d_final_state,
             d_final_normalizer,
         };
         self.check_backward_buffers(stream, &inputs)?;
-        let lens = inputs.lens();
+        let lens = inputs.forward.lens();
         self.check(
             shape,
             &lens,
@@ -335,18 +319,20 @@ impl RecurrentKernels {
         d_final_normalizer: Option<&DeviceBuffer<f32>>,
     ) -> Result<RecurrentGradients<T>, Error> {
         let inputs = BackwardInputs {
-            q,
-            k,
-            v,
-            customs,
-            initial_state,
-            initial_normalizer,
+            forward: ForwardInputs {
+                q,
+                k,
+                v,
+                customs,
+                initial_state,
+                initial_normalizer,
+            },
             d_o,
             d_final_state,
             d_final_normalizer,
         };
         self.check_backward_buffers(stream, &inputs)?;
-        let lens = inputs.lens();
+        let lens = inputs.forward.lens();
         let shape = check_varlen(
             self.variant(),
             self.dims(),
@@ -438,26 +424,17 @@ impl RecurrentKernels {
     ) -> Result<(), Error> {
         let name = &self.variant().name;
         check_elem::<T>(name, self.elem(), "q, k, v and d_o")?;
-        let buffers = [
-            ("q", inputs.q.ordinal()),
-            ("k", inputs.k.ordinal()),
-            ("v", inputs.v.ordinal()),
-            ("d_o", inputs.d_o.ordinal()),
-        ]
-        .into_iter()
-        .chain(inputs.customs.iter().map(|(n, b)| (*n, b.ordinal())))
-        .chain(inputs.initial_state.map(|b| ("initial_state", b.ordinal())))
-        .chain(
-            inputs
-                .initial_normalizer
-                .map(|b| ("initial_normalizer", b.ordinal())),
-        )
-        .chain(inputs.d_final_state.map(|b| ("d_final_state", b.ordinal())))
-        .chain(
-            inputs
-                .d_final_normalizer
-                .map(|b| ("d_final_normalizer", b.ordinal())),
-        );
+        let buffers = inputs
+            .forward
+            .ordinals()
+            .into_iter()
+            .chain([("d_o", inputs.d_o.ordinal())])
+            .chain(inputs.d_final_state.map(|b| ("d_final_state", b.ordinal())))
+            .chain(
+                inputs
+                    .d_final_normalizer
+                    .map(|b| ("d_final_normalizer", b.ordinal())),
+            );
         check_devices(self.device(), name, stream, buffers)
     }
 
@@ -471,12 +448,15 @@ impl RecurrentKernels {
     ) -> Result<RecurrentGradients<T>, Error> {
         let name = self.variant().name.clone();
         let BackwardInputs {
-            q,
-            k,
-            v,
-            customs,
-            initial_state,
-            initial_normalizer,
+            forward:
+                ForwardInputs {
+                    q,
+                    k,
+                    v,
+                    customs,
+                    initial_state,
+                    initial_normalizer,
+                },
             d_o,
             d_final_state,
             d_final_normalizer,

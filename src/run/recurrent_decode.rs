@@ -254,7 +254,8 @@ impl RecurrentDecoder {
             source: e,
         };
         let mut o = stream
-            .alloc_zeros::<T>(shape.b * shape.h * shape.s * self.dims.dv as usize)
+            // Every step writes all of its outputs: no fill on the decode path.
+            .alloc_scratch::<T>(shape.b * shape.h * shape.s * self.dims.dv as usize)
             .map_err(runtime)?;
         let size = |n: usize| Arg::from(i32::try_from(n).unwrap_or(i32::MAX));
         let mut state_slot = Some(state);

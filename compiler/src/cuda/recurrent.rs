@@ -9,7 +9,7 @@ use super::recurrent_wgmma::{wgmma_dims_ok, wgmma_forward};
 use crate::CompileError;
 use crate::cxx::closures::{
     check_fixed_head_dims, custom_params, grad_atomics, recurrent_backward_closures,
-    recurrent_closures,
+    recurrent_closures, refuse_indexed_inputs,
 };
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
@@ -240,12 +240,7 @@ fn check_recurrent_inputs<'v>(
             variant.name
         )));
     }
-    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
-        return Err(CompileError(format!(
-            "custom input `{}` has user axes (read by index); the GPU templates do not support indexed inputs yet",
-            c.name
-        )));
-    }
+    refuse_indexed_inputs(variant)?;
     if !RECURRENT_CHUNKS.contains(&cfg.chunk) {
         return Err(CompileError(format!(
             "chunk = {} is not supported by the recurrent template: it takes {RECURRENT_CHUNKS:?}",
@@ -341,6 +336,25 @@ fn chunked_forward(
     })
 }
 
+/// The arguments every recurrent kernel starts with: q, k, v, then `fourth`
+/// (the output `o`, or the backward's `do`) where given, then the custom
+/// inputs.
+pub(super) fn leading_args(variant: &Variant, fourth: Option<&'static str>) -> Vec<ArgKind> {
+    let mut args = vec![
+        ArgKind::Tensor("q"),
+        ArgKind::Tensor("k"),
+        ArgKind::Tensor("v"),
+    ];
+    args.extend(fourth.map(ArgKind::Tensor));
+    args.extend(
+        variant
+            .customs
+            .iter()
+            .map(|c| ArgKind::Custom(c.name.clone())),
+    );
+    args
+}
+
 /// The forward's arguments in launch order (see [`RecurrentSource::args`]).
 pub(super) fn forward_args(
     variant: &Variant,
@@ -348,20 +362,7 @@ pub(super) fn forward_args(
     normalize: bool,
     save_states: bool,
 ) -> Vec<ArgKind> {
-    let mut args = vec![
-        ArgKind::Tensor("q"),
-        ArgKind::Tensor("k"),
-        ArgKind::Tensor("v"),
-    ];
-    if emit_o {
-        args.push(ArgKind::Tensor("o"));
-    }
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::Custom(c.name.clone())),
-    );
+    let mut args = leading_args(variant, emit_o.then_some("o"));
     args.extend([ArgKind::State("state_in"), ArgKind::State("state_out")]);
     if normalize {
         args.extend([ArgKind::State("norm_in"), ArgKind::State("norm_out")]);
@@ -632,15 +633,7 @@ pub fn recurrent_backward(
         .render()
         .map_err(|e| CompileError(format!("template: {e}")))?;
 
-    let mut args = vec![
-        ArgKind::Tensor("q"),
-        ArgKind::Tensor("k"),
-        ArgKind::Tensor("v"),
-        ArgKind::Tensor("do"),
-    ];
-    for c in &variant.customs {
-        args.push(ArgKind::Custom(c.name.clone()));
-    }
+    let mut args = leading_args(variant, Some("do"));
     for c in &variant.customs {
         args.push(ArgKind::CustomGrad(c.name.clone()));
     }

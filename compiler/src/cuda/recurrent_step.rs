@@ -5,8 +5,11 @@
 
 use super::dialect::{Elem, WARP_SIZE, elem_spelling};
 use super::forward::ArgKind;
+use super::recurrent::leading_args;
 use crate::CompileError;
-use crate::cxx::closures::{check_fixed_head_dims, custom_params, recurrent_closures};
+use crate::cxx::closures::{
+    check_fixed_head_dims, custom_params, recurrent_closures, refuse_indexed_inputs,
+};
 use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
 use askama::Template;
@@ -96,12 +99,7 @@ pub fn recurrent_step(
             "head dimension Dv = {dv} is not supported by the recurrent step kernel: it needs a multiple of {WARP_SIZE} up to 512"
         )));
     }
-    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
-        return Err(CompileError(format!(
-            "custom input `{}` has user axes (read by index); the GPU templates do not support indexed inputs yet",
-            c.name
-        )));
-    }
+    refuse_indexed_inputs(variant)?;
     let normalize = rec.normalize.is_some();
     let slices = if normalize { dv / WARP_SIZE } else { 1 };
     let kernel_name = format!(
@@ -135,18 +133,7 @@ pub fn recurrent_step(
     let source = template
         .render()
         .map_err(|e| CompileError(format!("template: {e}")))?;
-    let mut args = vec![
-        ArgKind::Tensor("q"),
-        ArgKind::Tensor("k"),
-        ArgKind::Tensor("v"),
-        ArgKind::Tensor("o"),
-    ];
-    args.extend(
-        variant
-            .customs
-            .iter()
-            .map(|c| ArgKind::Custom(c.name.clone())),
-    );
+    let mut args = leading_args(variant, Some("o"));
     args.push(ArgKind::State("state"));
     if normalize {
         args.push(ArgKind::State("norm"));

@@ -271,6 +271,18 @@ pub fn check_fixed_head_dims(variant: &Variant, dims: &[(Axis, u32)]) -> Result<
     Ok(())
 }
 
+/// Refuses custom inputs read by index (user axes), which no GPU template
+/// takes yet.
+pub fn refuse_indexed_inputs(variant: &Variant) -> Result<(), CompileError> {
+    match variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
+        Some(c) => Err(CompileError(format!(
+            "custom input `{}` has user axes (read by index); the GPU templates do not support indexed inputs yet",
+            c.name
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// What every parallel template requires of a variant and its head dims:
 /// the parallel pattern, head dims matching the variant's fixed sizes and a
 /// multiple of 16 up to 256 (Dv up to 512), and no custom input read by index. `kernel`
@@ -296,12 +308,7 @@ pub fn parallel_inputs<'v>(
             )));
         }
     }
-    if let Some(c) = variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
-        return Err(CompileError(format!(
-            "custom input `{}` has user axes (read by index); the GPU templates do not support indexed inputs yet",
-            c.name
-        )));
-    }
+    refuse_indexed_inputs(variant)?;
     Ok(par)
 }
 
