@@ -14,7 +14,8 @@
 # and carried: target/gpu-bin, bench/cases, .whl. Logs and recurrent.json go to $OUT.
 # `bash bench/recurrent_gpu.sh tests` runs the tests and sanitizers only,
 # `bash bench/recurrent_gpu.sh bench` the check script only (each fits one
-# 10-minute device call); no argument runs both.
+# 10-minute device call); no argument runs both. TESTS (a filter, default
+# gpu_) and SAN_CASES (the tests run under each sanitizer) narrow a run.
 set -u
 OUT=${OUT:-/tmp/aec-out}
 mkdir -p "$OUT"
@@ -22,12 +23,12 @@ export AEC_REQUIRE_GPU=1 AEC_CACHE_DIR=/tmp/aec-cache
 status=0
 PART=${1:-all}
 if [ "$PART" != bench ]; then
-target/gpu-bin/gpu_recurrent --test-threads=1 --nocapture gpu_ >"$OUT/gpu_recurrent.log" 2>&1 || status=1
+target/gpu-bin/gpu_recurrent --test-threads=1 --nocapture ${TESTS:-gpu_} >"$OUT/gpu_recurrent.log" 2>&1 || status=1
 grep -E "PASS|FAIL|test result|panicked" "$OUT/gpu_recurrent.log"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "${SAN:-}" ]; then
   for tool in memcheck racecheck initcheck; do
-    for case in gpu_recurrent_backward_rfa gpu_recurrent_backward_mamba2 gpu_recurrent_decode_every_example gpu_recurrent_varlen gpu_recurrent_varlen_backward; do
+    for case in ${SAN_CASES:-gpu_recurrent_backward_rfa gpu_recurrent_backward_mamba2 gpu_recurrent_decode_every_example gpu_recurrent_varlen gpu_recurrent_varlen_backward gpu_recurrent_gla}; do
       timeout 240 "$SAN" --tool $tool --error-exitcode 9 target/gpu-bin/gpu_recurrent $case --exact --test-threads=1 \
         >"$OUT/sanitizer-$tool-$case.log" 2>&1
       echo "$tool $case: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$case.log" | tail -1)"

@@ -1,6 +1,6 @@
 //! Compile checks without a GPU for the recurrent (chunked) forward: every
-//! recurrent example with a scalar decay at its benchmark head dims and at
-//! small ones, compiled by NVRTC for sm_80 and sm_90a, ptxas's register and
+//! recurrent example at its benchmark head dims and at small ones (GLA, whose
+//! decay is per key dimension, forward only), compiled by NVRTC for sm_80 and sm_90a, ptxas's register and
 //! spill report read back, HMMA confirmed in the SASS. Bad configurations
 //! and head dims get an error that names them.
 //!
@@ -21,6 +21,10 @@ const CASES: &[(&str, u32, u32)] = &[
     ("rfa", 32, 128),
 ];
 
+/// (example, Dk, Dv) of variants with a forward but no chunked backward yet:
+/// GLA's decay per key dimension.
+const FORWARD_ONLY: &[(&str, u32, u32)] = &[("gla", 64, 64), ("gla", 128, 128), ("gla", 256, 256)];
+
 #[test]
 fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
     if !common::cuda_toolchain_ready() {
@@ -29,9 +33,10 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
     // The defaults on both architectures, and on sm_90a the two-blocks-per-SM
     // configurations the benchmark sweeps.
     let mut jobs = Vec::new();
-    for &(example, dk, dv) in CASES {
+    for &(example, dk, dv) in CASES.iter().chain(FORWARD_ONLY) {
         for arch in ["sm_80", "sm_90a"] {
-            let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, Isa::for_arch(arch));
+            let v = common::example(example);
+            let cfg = RecurrentConfig::for_variant(&v, dk, dv, Elem::Bf16, Isa::for_arch(arch));
             jobs.push((example, dk, dv, arch, cfg));
         }
     }
@@ -120,11 +125,29 @@ fn unsupported_recurrent_shapes_are_refused_with_their_names() {
         ..cfg
     };
     assert!(err(256, 256, &wide).contains("registers"));
+    // GLA's decay per key dimension: a forward, no chunked backward yet.
     let gla = common::example("gla");
-    let e = recurrent_forward(&gla, 128, 128, &cfg)
+    assert!(recurrent_forward(&gla, 128, 128, &cfg).is_ok());
+    let e = recurrent_backward(&gla, 128, 128, &cfg, Isa::Sm80)
         .expect_err("per-key-dimension decay")
         .to_string();
     assert!(e.contains("per key dimension"), "{e}");
+    // Its forward with a wgmma configuration still runs on `mma.sync`, and
+    // the default for it fits the A100's shared memory at Dk 256.
+    let hopper = RecurrentConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(hopper.wgmma);
+    assert!(
+        !recurrent_forward(&gla, 128, 128, &hopper)
+            .expect("forward")
+            .wgmma
+    );
+    let a100 = RecurrentConfig::for_variant(&gla, 256, 256, Elem::Bf16, Isa::Sm80);
+    let k = recurrent_forward(&gla, 256, 256, &a100).expect("forward");
+    assert!(
+        k.smem_bytes <= Isa::Sm80.max_dynamic_smem(),
+        "{a100:?}: {}",
+        k.smem_bytes
+    );
     let softmax = common::example("softmax");
     let e = recurrent_forward(&softmax, 128, 128, &cfg)
         .expect_err("parallel")

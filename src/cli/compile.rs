@@ -374,7 +374,7 @@ fn recurrent_variant(
     // one (the template is sm_80-class), one source with a cubin per arch.
     let mut generated: Vec<(RecurrentSource, Vec<Target>)> = Vec::new();
     for (isa, isa_targets) in cuda_isas(targets) {
-        let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+        let cfg = RecurrentConfig::for_variant(v, dk, dv, Elem::Bf16, isa);
         let k = recurrent_forward(v, dk, dv, &cfg)
             .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
         match generated
@@ -395,7 +395,7 @@ fn recurrent_variant(
     // where the sources agree.
     let mut backwards: Vec<(RecurrentBackwardSource, Vec<Target>, Isa)> = Vec::new();
     for (isa, isa_targets) in cuda_isas(targets) {
-        let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+        let cfg = RecurrentConfig::for_variant(v, dk, dv, Elem::Bf16, isa);
         let generated = recurrent_backward(v, dk, dv, &cfg, isa).and_then(|b| {
             let plan = recurrent_backward_plan(v, &b);
             aec::library::validate_plan(&plan).map_err(|e| {

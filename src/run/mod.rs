@@ -294,7 +294,7 @@ pub struct KernelOptions {
     /// [`BackwardConfig::default_for`]. Its `elem` must equal `elem`.
     pub backward_config: Option<BackwardConfig>,
     /// The recurrent forward's tile configuration ([`RecurrentKernels`]);
-    /// `None` uses [`RecurrentConfig::default_for`]. Its `elem` must equal
+    /// `None` uses [`RecurrentConfig::for_variant`]. Its `elem` must equal
     /// `elem`.
     pub recurrent_config: Option<RecurrentConfig>,
     /// Extra NVRTC options appended to `-std=c++17` and the include

@@ -190,9 +190,9 @@ pub fn recurrent_source(
 ) -> Result<RecurrentSource, Error> {
     require_recurrent(variant)?;
     check_recurrent_dims(variant, dims)?;
-    let cfg = options
-        .recurrent_config
-        .unwrap_or_else(|| RecurrentConfig::default_for(dims.dk, dims.dv, options.elem, isa));
+    let cfg = options.recurrent_config.unwrap_or_else(|| {
+        RecurrentConfig::for_variant(variant, dims.dk, dims.dv, options.elem, isa)
+    });
     if cfg.elem != options.elem {
         return Err(Error::Shape(format!(
             "the recurrent tile configuration asks for {} elements but the kernel options for \
@@ -414,7 +414,7 @@ pub struct RecurrentKernels {
 
 impl RecurrentKernels {
     /// Generates the recurrent forward of `variant` for `dims` (with
-    /// `options.recurrent_config`, else [`RecurrentConfig::default_for`]),
+    /// `options.recurrent_config`, else [`RecurrentConfig::for_variant`]),
     /// compiles it with NVRTC for `device.arch()` through the kernel cache
     /// and loads it onto `device`.
     ///

@@ -9,7 +9,16 @@
 //   O  = diag(2^L) Q̃ S + A Ṽ                              (both on tensor cores)
 //   S ← 2^(L_last) S + K̃ᵀ (diag(2^(L_last − L)) Ṽ)
 // With a normaliser, z (the decayed key sum) follows the same recurrence and
-// n_t = 2^(L_t) q̃_t·z + Σ_s A_ts.
+// n_t = 2^(L_t) q̃_t·z + Σ_s A_ts.{% if per_key %}
+//
+// This variant decays per key dimension: L_t is a vector and the decay moves
+// into the GEMM operands. The chunk splits into NB blocks of 16 steps; R_j is
+// the cumulative log2 decay before block j. Q̃ and K̃ are rescaled within
+// their block (Q' = q̃ 2^(L_t − R_i), K' = k̃ 2^(R_{j+1} − L_s), both ≤ 1), and
+// block (i, j ≤ i) of A is Q' diag(2^(R_i − R_{j+1})) K'ᵀ: every factor is at
+// most 1 except on the diagonal blocks, where it is the block's own 16-step
+// decay inverted. Then O = (Q' ⊙ 2^(R_i)) S + A Ṽ and
+// S ← diag(2^(L_last)) S + (K' ⊙ 2^(L_last − R_{j+1}))ᵀ Ṽ.{% endif %}
 {% if save_states %}//
 // States pass of the backward: also writes the state before each chunk
 // (`states`, [B, H, chunks, DK, DV]){% if normalize %}, the key sum before each chunk
@@ -37,6 +46,8 @@
 #define ONT (DVT / CWN / 8)  // n8 tiles of O per warp
 // Warp tiling of the state (DK × DVT): SWM warps along Dk.
 #define SWM {{ state_warps_m }}
+#define NB (C / 16)  // blocks of 16 steps per chunk
+#define PAIRS (NB * (NB + 1) / 2)  // blocks (i, j ≤ i) of the scores
 #define SMT {{ state_m_tiles }}  // m16 tiles of S per warp
 #define SNT {{ state_n_tiles }}  // n8 tiles of S per warp
 
@@ -48,7 +59,8 @@
 {{ regions }}
 {% include "cuda/recurrent_decay.cu" %}
 {% include "cuda/recurrent_modify.cu" %}
-// ---------------------------------------------------------------------------
+{% if per_key %}{% include "cuda/recurrent_per_key.cu" %}
+{% endif %}// ---------------------------------------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
@@ -62,9 +74,14 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
     elem_t* sV = sK + STAGES * C * SKS;                  // STAGES × C × SVS
     elem_t* sS = sV + STAGES * C * SVS;                  // DK × SVS: the state before the chunk
     elem_t* sA = sS + DK * SVS;                          // C × SAS: decayed scores
-    elem_t* sVd = sA + C * SAS;                          // C × SVS: Ṽ decayed to the chunk's end
+{% if per_key %}    elem_t* sKd = sA + C * SAS;                          // C × SKS: K̃ decayed to the chunk's end
+    float* sT = reinterpret_cast<float*>(sKd + C * SKS); // NB × DK: each block's log2 decay
+    float* sFa = sT + NB * DK;        // PAIRS × DK: 2^(R_i − R_{j+1}), block (i, j) of the scores
+    float* sFq = sFa + PAIRS * DK;    // (NB + 1) × DK: 2^(R_i); row NB is the chunk's decay
+    float* sFk = sFq + (NB + 1) * DK; // NB × DK: 2^(L_last − R_{j+1})
+{% else %}    elem_t* sVd = sA + C * SAS;                          // C × SVS: Ṽ decayed to the chunk's end
     float* sL = reinterpret_cast<float*>(sVd + C * SVS); // C: cumulative log2 decay
-{% if normalize %}    float* sN = sL + C;  // C: the rows' normalisers
+{% endif %}{% if normalize %}    float* sN = sL + C;  // C: the rows' normalisers
     float* sZ = sN + C;  // DK: the decayed key sum
 {% endif %}
     Params P;
@@ -130,12 +147,13 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
         {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<C, DK, SKS, 1>(cK, t0, 0, h, P, tid);
         {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<C, DVT, SVS, 2>(cV, t0, e0, h, P, tid);
-        if (warp == 0) decay_scan(sL, t0, h, P, lane);
-{% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
+{% if !per_key %}        if (warp == 0) decay_scan(sL, t0, h, P, lane);
+{% endif %}{% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
 {% endif %}{% if emit_o || save_states %}        state_stage(st, sS, sm0, sn0, g, t4);
 {% endif %}        __syncthreads();
-        const float l_last = sL[C - 1];
-{% if save_states %}        // The state before this chunk, for the backward.
+{% if per_key %}        decay_operands({% if emit_o %}cQ{% else %}nullptr{% endif %}, cK, sT, sFa, sFq, sFk, t0, h, P, tid);
+{% else %}        const float l_last = sL[C - 1];
+{% endif %}{% if save_states %}        // The state before this chunk, for the backward.
         state_copy_out(sS, states + (chunk0 + ch) * DK * DV + e0, tid);
 {% endif %}
 {% if emit_o %}
@@ -159,26 +177,36 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             }
 #pragma unroll
             for (int np = 0; np < ANT / 2; ++np) {
-                unsigned b0, b1, b2, b3;
+{% if per_key %}                // Block (wm, jb) of the scores: Q' scaled per key by 2^(R_wm − R_{jb+1}).
+                const int jb = wn * (C / CWN / 16) + np;
+                if (jb > wm) continue;  // above the diagonal: masked
+                unsigned qs[4];
+                scale_frag(qa, sFa + (wm * (wm + 1) / 2 + jb) * DK + kk * 16 + 2 * t4, qs);
+{% else %}                const unsigned (&qs)[4] = qa;
+{% endif %}                unsigned b0, b1, b2, b3;
                 const int row = wn * (C / CWN) + np * 16 + (lane / 16) * 8 + lane % 8;
                 const int col = kk * 16 + ((lane / 8) % 2) * 8;
                 ldmatrix_x4(smem_u32(cK + row * SKS + col), b0, b1, b2, b3);
-                mma16816(a[2 * np], qa, b0, b1);
-                mma16816(a[2 * np + 1], qa, b2, b3);
+                mma16816(a[2 * np], qs, b0, b1);
+                mma16816(a[2 * np + 1], qs, b2, b3);
             }
-#pragma unroll
+{% if per_key %}            // The state's share: Q' ⊙ 2^(R_wm) = q̃ ⊙ 2^(L_t).
+            unsigned qd[4];
+            scale_frag(qa, sFq + wm * DK + kk * 16 + 2 * t4, qd);
+{% else %}            const unsigned (&qd)[4] = qa;
+{% endif %}#pragma unroll
             for (int dp = 0; dp < ONT / 2; ++dp) {
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = wn * (DVT / CWN) + dp * 16 + (lane / 16) * 8;
                 ldmatrix_x4_trans(smem_u32(sS + row * SVS + col), b0, b1, b2, b3);
-                mma16816(acc[2 * dp], qa, b0, b1);
-                mma16816(acc[2 * dp + 1], qa, b2, b3);
+                mma16816(acc[2 * dp], qd, b0, b1);
+                mma16816(acc[2 * dp + 1], qd, b2, b3);
             }
         }
         const int r_lo = wm * 16 + g, r_hi = r_lo + 8;
-        const float l_lo = sL[r_lo], l_hi = sL[r_hi];
-        {
+{% if !per_key %}        const float l_lo = sL[r_lo], l_hi = sL[r_hi];
+{% endif %}        {
             // Causal decay inside the chunk; the state's share decays to each row.
 {% if normalize %}            float n_lo = 0.f, n_hi = 0.f;
 {% endif %}#pragma unroll
@@ -188,7 +216,9 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     const int r = c < 2 ? r_lo : r_hi, s = s0 + c % 2;
-                    w[c] = s <= r ? a[nt][c] * fast_exp2((c < 2 ? l_lo : l_hi) - sL[s]) : 0.f;
+{% if per_key %}                    w[c] = s <= r ? a[nt][c] : 0.f;  // the decay is in the operands
+{% else %}                    w[c] = s <= r ? a[nt][c] * fast_exp2((c < 2 ? l_lo : l_hi) - sL[s]) : 0.f;
+{% endif %}
                 }
 {% if normalize %}                n_lo += w[0] + w[1];
                 n_hi += w[2] + w[3];
@@ -201,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 atomicAdd(&sN[r_lo], n_lo);
                 atomicAdd(&sN[r_hi], n_hi);
             }
-{% endif %}            const float d_lo = fast_exp2(l_lo), d_hi = fast_exp2(l_hi);
+{% endif %}{% if !per_key %}            const float d_lo = fast_exp2(l_lo), d_hi = fast_exp2(l_hi);
 #pragma unroll
             for (int nt = 0; nt < ONT; ++nt) {
                 acc[nt][0] *= d_lo;
@@ -209,8 +239,18 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 acc[nt][2] *= d_hi;
                 acc[nt][3] *= d_hi;
             }
+{% endif %}        }
+{% endif %}{% if per_key %}        // K' decayed to the end of the chunk per key: the state update's A operand.
+#pragma unroll 4
+        for (int x = tid; x < C * DK / 2; x += NT) {
+            const int r = x / (DK / 2), c = (x % (DK / 2)) * 2;
+            const float* f = sFk + (r / 16) * DK + c;
+            *reinterpret_cast<unsigned*>(sKd + r * SKS + c) =
+                pack2(to_f32(cK[r * SKS + c]) * f[0], to_f32(cK[r * SKS + c + 1]) * f[1]);
         }
-{% endif %}        // Ṽ decayed to the end of the chunk: the state update's B operand.
+        const elem_t* kS = sKd;  // the state update's operands
+        const elem_t* vS = cV;
+{% else %}        // Ṽ decayed to the end of the chunk: the state update's B operand.
 #pragma unroll 4
         for (int x = tid; x < C * DVT / 2; x += NT) {
             const int r = x / (DVT / 2), c = (x % (DVT / 2)) * 2;
@@ -218,6 +258,9 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             *reinterpret_cast<unsigned*>(sVd + r * SVS + c) =
                 pack2(to_f32(cV[r * SVS + c]) * f, to_f32(cV[r * SVS + c + 1]) * f);
         }
+        const elem_t* kS = cK;  // the state update's operands
+        const elem_t* vS = sVd;
+{% endif %}
 {% if normalize %}        // The state's share of the normalisers: 2^(L_t) q̃_t·z, four lanes per row.
         for (int x = tid; x < 4 * C; x += NT) {
             const int r = x / 4, part = x % 4;
@@ -267,7 +310,9 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 }
             }
         }
-{% endif %}        state_scale(st, fast_exp2(l_last));
+{% endif %}{% if per_key %}        state_scale_rows(st, sFq + NB * DK, sm0, g);
+{% else %}        state_scale(st, fast_exp2(l_last));
+{% endif %}
 #pragma unroll
         for (int kk = 0; kk < C / 16; ++kk) {
             unsigned ka[SMT][4];
@@ -276,14 +321,14 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 // K̃ᵀ as the A operand: K̃ is stored step-major, so transpose.
                 const int row = kk * 16 + (lane / 16) * 8 + lane % 8;
                 const int col = sm0 + mt * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4_trans(smem_u32(cK + row * SKS + col), ka[mt][0], ka[mt][1], ka[mt][2], ka[mt][3]);
+                ldmatrix_x4_trans(smem_u32(kS + row * SKS + col), ka[mt][0], ka[mt][1], ka[mt][2], ka[mt][3]);
             }
 #pragma unroll
             for (int np = 0; np < SNT / 2; ++np) {
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = sn0 + np * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(smem_u32(sVd + row * SVS + col), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_u32(vS + row * SVS + col), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < SMT; ++mt) {
                     mma16816(st[mt][2 * np], ka[mt], b0, b1);

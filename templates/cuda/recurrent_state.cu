@@ -47,6 +47,18 @@ __device__ __forceinline__ void state_scale(state_frag& st, float f) {
     for (int c = 0; c < 4; ++c) st[mt][nt][c] *= f;
 }
 
+// Row r of the slice times f[r] (a decay per key dimension).
+__device__ __forceinline__ void state_scale_rows(state_frag& st, const float* f, int sm0, int g) {
+#pragma unroll
+    for (int mt = 0; mt < SMT; ++mt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const float x = f[sm0 + mt * STATE_MT_ROWS + g + 8 * (c / 2)];
+#pragma unroll
+        for (int nt = 0; nt < SNT; ++nt) st[mt][nt][c] *= x;
+    }
+}
+
 // The thread's elements, in the element type, into a DK × DVT shared tile.
 __device__ __forceinline__ void state_stage(const state_frag& st, elem_t* s, int sm0, int sn0, int g, int t4) {
 #pragma unroll

@@ -38,9 +38,9 @@ pub struct RecurrentConfig {
     /// Prefer the sm_90a forward (templates/cuda/recurrent_fwd_sm90.cu:
     /// warp-specialised, wgmma, a fixed 8 warps and two stages, Dv slices
     /// of 64, Dk 64–256). It covers the forward of variants without a
-    /// normaliser; those with one, and the backward's states pass, use the
-    /// `mma.sync` template, which `warps`, `stages` and `blocks_per_sm`
-    /// describe.
+    /// normaliser or a decay per key dimension; those, and the backward's
+    /// states pass, use the `mma.sync` template, which `warps`, `stages` and
+    /// `blocks_per_sm` describe.
     pub wgmma: bool,
     pub elem: Elem,
 }
@@ -67,21 +67,97 @@ impl RecurrentConfig {
             wgmma: isa == Isa::Sm90a && wgmma_dims_ok(dk, dv_tile),
             elem,
         };
-        if recurrent_smem_bytes(&cfg, dk, false) > isa.max_dynamic_smem() {
+        if recurrent_smem_bytes(&cfg, dk, ForwardKind::default()) > isa.max_dynamic_smem() {
             cfg.stages = 1;
+        }
+        cfg
+    }
+
+    /// The configuration used for `variant` when none is tuned:
+    /// [`default_for`](Self::default_for), except that a decay per key
+    /// dimension takes the `mma.sync` forward (the wgmma one scales no
+    /// operands per key) and, where its factor tables do not fit beside two
+    /// stages, one stage and then Dv slices of 32.
+    pub fn for_variant(
+        variant: &Variant,
+        dk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> RecurrentConfig {
+        let mut cfg = RecurrentConfig::default_for(dk, dv, elem, isa);
+        let kind = ForwardKind::of(variant);
+        if kind.per_key {
+            cfg.wgmma = false;
+            let tiles = [(2, cfg.dv_tile), (1, cfg.dv_tile), (1, 32)];
+            if let Some(&(stages, dv_tile)) = tiles.iter().find(|&&(stages, dv_tile)| {
+                let c = RecurrentConfig {
+                    stages,
+                    dv_tile,
+                    ..cfg
+                };
+                recurrent_smem_bytes(&c, dk, kind) <= isa.max_dynamic_smem()
+            }) {
+                cfg.stages = stages;
+                cfg.dv_tile = dv_tile;
+            }
         }
         cfg
     }
 }
 
+/// What of a recurrent variant changes the forward's shared memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForwardKind {
+    /// A normaliser: the rows' normalisers and the key sum.
+    pub normalize: bool,
+    /// A decay per key dimension: the decayed K̃ instead of the decayed Ṽ,
+    /// and the factor tables.
+    pub per_key: bool,
+}
+
+impl ForwardKind {
+    /// The kind of `variant` (a parallel variant's is the default).
+    pub fn of(variant: &Variant) -> ForwardKind {
+        let rec = variant.recurrent();
+        ForwardKind {
+            normalize: rec.is_some_and(|r| r.normalize.is_some()),
+            per_key: rec.is_some_and(per_key_decay),
+        }
+    }
+}
+
+/// Whether the variant's decay is per key dimension (GLA's).
+fn per_key_decay(rec: &Recurrent) -> bool {
+    rec.decay.as_ref().is_some_and(|d| d.per_key_dim)
+}
+
+/// 16-step blocks per chunk and (block, earlier block) pairs of a chunk's
+/// scores: the per-key factor tables have NB + PAIRS + (NB + 1) + NB rows.
+fn per_key_table_rows(chunk: u32) -> u32 {
+    let nb = chunk / 16;
+    nb + nb * (nb + 1) / 2 + (nb + 1) + nb
+}
+
 /// Dynamic shared memory of the recurrent forward.
-pub fn recurrent_smem_bytes(cfg: &RecurrentConfig, dk: u32, normalize: bool) -> u32 {
+pub fn recurrent_smem_bytes(cfg: &RecurrentConfig, dk: u32, kind: ForwardKind) -> u32 {
     let (c, pad) = (cfg.chunk, 8);
+    let decayed = if kind.per_key {
+        c * (dk + pad) // decayed K
+    } else {
+        c * (cfg.dv_tile + pad) // decayed V
+    };
     let elems = cfg.stages * c * (2 * (dk + pad) + cfg.dv_tile + pad) // Q, K, V chunks
         + dk * (cfg.dv_tile + pad) // the state as an MMA operand
         + c * (c + pad) // decayed scores
-        + c * (cfg.dv_tile + pad); // decayed V
-    let floats = c + if normalize { c + dk } else { 0 };
+        + decayed;
+    let mut floats = c;
+    if kind.normalize {
+        floats += c + dk;
+    }
+    if kind.per_key {
+        floats += per_key_table_rows(c) * dk;
+    }
     elems * cfg.elem.bytes() + floats * 4
 }
 
@@ -145,6 +221,8 @@ struct RecurrentTemplate<'a> {
     modify_k: bool,
     modify_v: bool,
     decay: bool,
+    /// The decay is per key dimension (GLA's).
+    per_key: bool,
     normalize: bool,
     /// The backward's states pass: write the state before each chunk.
     save_states: bool,
@@ -232,14 +310,6 @@ fn check_recurrent_inputs<'v>(
             "head dimension Dv = {dv} is not supported by the recurrent template: it needs a multiple of 32 up to 512"
         )));
     }
-    if let Some(d) = &rec.decay
-        && d.per_key_dim
-    {
-        return Err(CompileError(format!(
-            "`{}` decays per key dimension (`decay = |b, h, t, d| …`); the chunked kernels take a scalar decay per head and step only so far",
-            variant.name
-        )));
-    }
     refuse_indexed_inputs(variant)?;
     if !RECURRENT_CHUNKS.contains(&cfg.chunk) {
         return Err(CompileError(format!(
@@ -273,7 +343,19 @@ fn chunked_forward(
     let (rec, (state_warps_m, state_m_tiles, state_n_tiles)) =
         check_recurrent_inputs(variant, dk, dv, cfg)?;
     let normalize = rec.normalize.is_some();
-    if cfg.wgmma && !save_states && !normalize {
+    let per_key = per_key_decay(rec);
+    if per_key && (save_states || normalize) {
+        return Err(CompileError(format!(
+            "`{}` decays per key dimension (`decay = |b, h, t, d| …`); {} takes a scalar decay per head and step only so far",
+            variant.name,
+            if save_states {
+                "the chunked backward"
+            } else {
+                "the chunked forward with a normaliser"
+            }
+        )));
+    }
+    if cfg.wgmma && !save_states && !normalize && !per_key {
         return wgmma_forward(variant, rec, dk, dv, cfg);
     }
     let emit_o = !save_states || normalize;
@@ -314,6 +396,7 @@ fn chunked_forward(
         modify_k: rec.modify_k.is_some(),
         modify_v: rec.modify_v.is_some(),
         decay: rec.decay.is_some(),
+        per_key,
         normalize,
         save_states,
         emit_o,
@@ -326,7 +409,7 @@ fn chunked_forward(
         name: kernel_name,
         source,
         threads: cfg.warps * WARP_SIZE,
-        smem_bytes: recurrent_smem_bytes(cfg, dk, normalize),
+        smem_bytes: recurrent_smem_bytes(cfg, dk, ForwardKind { normalize, per_key }),
         args,
         dk,
         dv,
