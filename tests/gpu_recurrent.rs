@@ -364,8 +364,8 @@ fn cpu_recurrent_source_generates_without_a_gpu() {
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }
-    // GLA decays per key dimension: the `mma.sync` forward scales its
-    // operands per key (sm_90a too), and the chunked backward refuses it.
+    // GLA decays per key dimension: the `mma.sync` forward and backward
+    // scale their operands per key (sm_90a too).
     let gla = example("gla");
     let src = recurrent_source(
         &gla,
@@ -376,13 +376,9 @@ fn cpu_recurrent_source_generates_without_a_gpu() {
     .expect("GLA forward");
     assert!(!src.wgmma && !src.config.wgmma, "{:?}", src.config);
     assert!(src.source.contains("decay_operands("));
-    let e = aec::compiler::recurrent_backward(&gla, 64, 64, &src.config, Isa::Sm90a)
-        .expect_err("per-key backward")
-        .to_string();
-    assert!(
-        e.contains("decays per key dimension") && e.contains("the chunked backward"),
-        "{e}"
-    );
+    let bwd = aec::compiler::recurrent_backward(&gla, 64, 64, &src.config, Isa::Sm90a)
+        .expect("GLA backward");
+    assert!(bwd.per_key && bwd.decay);
     // A configuration whose element type contradicts the options'.
     let mixed = KernelOptions {
         recurrent_config: Some(RecurrentConfig {
@@ -948,6 +944,16 @@ fn gpu_recurrent_backward_retnet() {
         false,
     );
     check_backward(test, "retnet_recurrent", [1, 2, 64, 128, 64], false, true);
+}
+
+/// GLA's decay per key dimension: `dalpha` is a gradient per step and key.
+#[test]
+fn gpu_recurrent_backward_gla() {
+    let test = "gpu_recurrent_backward_gla";
+    check_backward(test, "gla", [2, 2, 150, 64, 64], true, true);
+    check_backward(test, "gla", [1, 2, 333, 128, 128], false, false);
+    check_backward(test, "gla", [1, 2, 77, 256, 256], true, true);
+    check_backward(test, "gla", [2, 1, 100, 32, 64], false, true);
 }
 
 #[test]
@@ -1855,4 +1861,5 @@ fn gpu_recurrent_varlen_backward() {
     check_varlen_backward(test, "gated_retention", 2, &lengths);
     check_varlen_backward(test, "mamba2", 3, &lengths);
     check_varlen_backward(test, "rfa", 2, &lengths);
+    check_varlen_backward(test, "gla", 2, &lengths);
 }

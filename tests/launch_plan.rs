@@ -345,7 +345,8 @@ fn check_recurrent_backward(
             assert_eq!(len("d_norm_out"), Some(bs * h * dk));
         }
         if b.decay {
-            assert_eq!(len("dlog"), Some(rows));
+            let per_step = if b.per_key { dk } else { 1 };
+            assert_eq!(len("dlog"), Some(rows * per_step), "{name}");
         }
         let el = |n: &str| plan.buffer(n).unwrap().dtype;
         assert_eq!(el("states"), Dtype::Bf16);

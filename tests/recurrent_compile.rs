@@ -1,6 +1,5 @@
 //! Compile checks without a GPU for the recurrent (chunked) forward: every
-//! recurrent example at its benchmark head dims and at small ones (GLA, whose
-//! decay is per key dimension, forward only), compiled by NVRTC for sm_80 and sm_90a, ptxas's register and
+//! recurrent example at its benchmark head dims and at small ones, compiled by NVRTC for sm_80 and sm_90a, ptxas's register and
 //! spill report read back, HMMA confirmed in the SASS. Bad configurations
 //! and head dims get an error that names them.
 //!
@@ -19,11 +18,10 @@ const CASES: &[(&str, u32, u32)] = &[
     ("mamba2", 128, 64),
     ("rfa", 64, 64),
     ("rfa", 32, 128),
+    ("gla", 64, 64),
+    ("gla", 128, 128),
+    ("gla", 256, 256),
 ];
-
-/// (example, Dk, Dv) of variants with a forward but no chunked backward yet:
-/// GLA's decay per key dimension.
-const FORWARD_ONLY: &[(&str, u32, u32)] = &[("gla", 64, 64), ("gla", 128, 128), ("gla", 256, 256)];
 
 #[test]
 fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
@@ -33,7 +31,7 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
     // The defaults on both architectures, and on sm_90a the two-blocks-per-SM
     // configurations the benchmark sweeps.
     let mut jobs = Vec::new();
-    for &(example, dk, dv) in CASES.iter().chain(FORWARD_ONLY) {
+    for &(example, dk, dv) in CASES {
         for arch in ["sm_80", "sm_90a"] {
             let v = common::example(example);
             let cfg = RecurrentConfig::for_variant(&v, dk, dv, Elem::Bf16, Isa::for_arch(arch));
@@ -125,15 +123,10 @@ fn unsupported_recurrent_shapes_are_refused_with_their_names() {
         ..cfg
     };
     assert!(err(256, 256, &wide).contains("registers"));
-    // GLA's decay per key dimension: a forward, no chunked backward yet.
+    // GLA's decay per key dimension: its forward with a wgmma configuration
+    // still runs on `mma.sync`, and the default for it fits the A100's
+    // shared memory at Dk 256.
     let gla = common::example("gla");
-    assert!(recurrent_forward(&gla, 128, 128, &cfg).is_ok());
-    let e = recurrent_backward(&gla, 128, 128, &cfg, Isa::Sm80)
-        .expect_err("per-key-dimension decay")
-        .to_string();
-    assert!(e.contains("per key dimension"), "{e}");
-    // Its forward with a wgmma configuration still runs on `mma.sync`, and
-    // the default for it fits the A100's shared memory at Dk 256.
     let hopper = RecurrentConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(hopper.wgmma);
     assert!(
@@ -167,7 +160,7 @@ fn every_recurrent_backward_compiles_for_sm80_and_sm90a() {
         for arch in ["sm_80", "sm_90a"] {
             let v = common::example(example);
             let isa = Isa::for_arch(arch);
-            let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+            let cfg = RecurrentConfig::for_variant(&v, dk, dv, Elem::Bf16, isa);
             let bwd = recurrent_backward(&v, dk, dv, &cfg, isa)
                 .unwrap_or_else(|e| panic!("{example} {dk}/{dv} ({arch}): {e}"));
             let rec = v.recurrent().expect("recurrent");
@@ -385,24 +378,22 @@ fn recurrent_argument_lists_match_the_kernel_signatures() {
     for (example, dk, dv) in [("mamba2", 128, 64), ("rfa", 64, 64), ("gla", 64, 64)] {
         let v = common::example(example);
         let mut sources = Vec::new();
-        if example != "gla" {
-            for isa in [Isa::Sm80, Isa::Sm90a] {
-                let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
-                let fwd = recurrent_forward(&v, dk, dv, &cfg).expect("forward");
-                sources.push((
-                    fwd.source.clone(),
-                    format!("{}(", fwd.name),
-                    fwd.args.clone(),
-                ));
-                let st = recurrent_states(&v, dk, dv, &cfg).expect("states pass");
-                sources.push((st.source.clone(), format!("{}(", st.name), st.args.clone()));
-                let bwd = recurrent_backward(&v, dk, dv, &cfg, isa).expect("backward");
-                sources.push((
-                    bwd.source.clone(),
-                    "#define BWD_ARGS".into(),
-                    bwd.args.clone(),
-                ));
-            }
+        for isa in [Isa::Sm80, Isa::Sm90a] {
+            let cfg = RecurrentConfig::for_variant(&v, dk, dv, Elem::Bf16, isa);
+            let fwd = recurrent_forward(&v, dk, dv, &cfg).expect("forward");
+            sources.push((
+                fwd.source.clone(),
+                format!("{}(", fwd.name),
+                fwd.args.clone(),
+            ));
+            let st = recurrent_states(&v, dk, dv, &cfg).expect("states pass");
+            sources.push((st.source.clone(), format!("{}(", st.name), st.args.clone()));
+            let bwd = recurrent_backward(&v, dk, dv, &cfg, isa).expect("backward");
+            sources.push((
+                bwd.source.clone(),
+                "#define BWD_ARGS".into(),
+                bwd.args.clone(),
+            ));
         }
         let step = recurrent_step(&v, dk, dv, Elem::Bf16).expect("step");
         sources.push((

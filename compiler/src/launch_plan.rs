@@ -928,15 +928,20 @@ pub fn recurrent_backward_plan(variant: &Variant, b: &RecurrentBackwardSource) -
         ));
     }
     if b.decay {
-        buffers.push(BufferPlan {
-            zeroed: true,
-            ..buf(
-                "dlog",
-                Role::Workspace,
-                Dtype::F32,
+        let (shape, what) = if b.per_key {
+            (
+                with(dk),
+                "the gradient of each step's log decay per key dimension (the kernels add into it)",
+            )
+        } else {
+            (
                 rows(),
                 "the gradient of each step's log decay (the kernels add into it)",
             )
+        };
+        buffers.push(BufferPlan {
+            zeroed: true,
+            ..buf("dlog", Role::Workspace, Dtype::F32, shape, what)
         });
     }
     let st = &b.states;

@@ -501,7 +501,12 @@ impl RecurrentKernels {
         let mut dob = zeros_elem(if normalized { rows * dv } else { 1 })?;
         let mut row_n = zeros_f32(if normalized { rows } else { 1 })?;
         let mut dn = zeros_f32(if normalized { rows } else { 1 })?;
-        let mut dlog = zeros_f32(if src.decay { rows } else { 1 })?;
+        let dlog_len = match (src.decay, src.per_key) {
+            (false, _) => 1,
+            (true, false) => rows,
+            (true, true) => rows * dk,
+        };
+        let mut dlog = zeros_f32(dlog_len)?;
         let mut dq = zeros_elem(rows * dk)?;
         let mut dkb = zeros_elem(rows * dk)?;
         let mut dvb = zeros_elem(rows * dv)?;

@@ -19,7 +19,12 @@
 //            backward. (Summing over the whole rest of the sequence instead would
 //            be exact too, but its terms cancel: with strong decays the error
 //            would grow with S.){% endif %}
-// The modifications' derived backward turns dq̃, dk̃, dṽ into dq, dk, dv and
+{% if per_key %}//
+// This variant decays per key dimension: L_t is a vector, the decay factors
+// scale the operands per element (Q̂ = q̃ ⊙ 2^L in _dstate; in _dqk and _dv
+// the scores per 16-step block as in the forward, the products rescaled per
+// block), and dlog holds a log decay gradient per step and key dimension.
+{% endif %}// The modifications' derived backward turns dq̃, dk̃, dṽ into dq, dk, dv and
 // adds the custom inputs' gradients.{% if normalize %} The normaliser acts as one more value
 // column of ones whose output gradient is dn.{% endif %}
 #include <{{ sp.header }}>
@@ -49,6 +54,8 @@
 #define SWM {{ state_warps_m }}
 #define SMT {{ state_m_tiles }}
 #define SNT {{ state_n_tiles }}
+#define NB (C / 16)  // blocks of 16 steps per chunk
+#define PAIRS (NB * (NB + 1) / 2)
 
 {% include "cuda/recurrent_types.cu" %}
 
@@ -59,7 +66,8 @@
 {{ bwd_regions }}
 {% include "cuda/recurrent_decay.cu" %}
 {% include "cuda/recurrent_modify.cu" %}
-// ---------------------------------------------------------------------------
+{% if per_key %}{% include "cuda/recurrent_per_key.cu" %}
+{% endif %}// ---------------------------------------------------------------------------
 
 #define BWD_ARGS                                                                                   \
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,      \
@@ -181,7 +189,21 @@ __device__ __forceinline__ void store_decayed(const float (&acc)[N8][4], elem_t*
     }
 }
 
-{% if normalize %}// dÕ and dn from do through the normaliser's derived backward: one warp per row.
+{% if per_key %}// A warp's C × C scores masked causally (the decay is in the operands).
+template <int N8>
+__device__ __forceinline__ void store_masked(const float (&acc)[N8][4], elem_t* dst, int r_lo, int s_base, int t4) {
+    const int r_hi = r_lo + 8;
+#pragma unroll
+    for (int nt = 0; nt < N8; ++nt) {
+        const int s0 = s_base + nt * 8 + 2 * t4;
+        *reinterpret_cast<unsigned*>(dst + r_lo * SAS + s0) =
+            pack2(s0 <= r_lo ? acc[nt][0] : 0.f, s0 + 1 <= r_lo ? acc[nt][1] : 0.f);
+        *reinterpret_cast<unsigned*>(dst + r_hi * SAS + s0) =
+            pack2(s0 <= r_hi ? acc[nt][2] : 0.f, s0 + 1 <= r_hi ? acc[nt][3] : 0.f);
+    }
+}
+
+{% endif %}{% if normalize %}// dÕ and dn from do through the normaliser's derived backward: one warp per row.
 extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_pre(BWD_ARGS) {
     INIT_PARAMS
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -215,6 +237,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
     float* sL = reinterpret_cast<float*>(sDS + DK * SVS); // C
 {% if normalize %}    float* sDn = sL + C;  // C: the rows' dn
     float* sDz = sDn + C;  // DK: the key sum's gradient
+{% endif %}{% if per_key %}    float* sLk = sL + C;       // C × DK: cumulative log2 decay per key
+    float* sT = sLk + C * DK;  // NB × DK
+    (void)sDd;
 {% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
@@ -263,7 +288,25 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
             for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[row0 + t0 + r] : 0.f;
 {% endif %}        }
         modify_tile<C, DK, SKS, 0>(cQ, t0, 0, h, P, tid);
-        if (warp == 0) decay_scan(sL, t0, h, P, lane);
+{% if per_key %}        decay_log_cumulative<DK>(sLk, sT, 0, t0, h, P, tid);
+        state_copy_out(sDS, dstates + (chunk0 + ch) * DK * DV + e0, tid);
+        // Q̂ = q̃ ⊙ 2^L in place; dÕ stays as it is.
+#pragma unroll 4
+        for (int x = tid; x < C * DK / 2; x += NT) {
+            const int r = x / (DK / 2), c = (x % (DK / 2)) * 2;
+            *reinterpret_cast<unsigned*>(cQ + r * SKS + c) =
+                pack2(to_f32(cQ[r * SKS + c]) * fast_exp2(sLk[r * DK + c]),
+                      to_f32(cQ[r * SKS + c + 1]) * fast_exp2(sLk[r * DK + c + 1]));
+        }
+        __syncthreads();
+        {
+            // dS ← diag(2^(L_last)) dS, row by row (staged as factors in sT).
+            for (int d = tid; d < DK; d += NT) sT[d] = fast_exp2(sLk[(C - 1) * DK + d]);
+            __syncthreads();
+            state_scale_rows(ds, sT, sm0, g);
+        }
+        const elem_t* dOp = cDo;  // the B operand of dS's update
+{% else %}        if (warp == 0) decay_scan(sL, t0, h, P, lane);
         __syncthreads();
         state_copy_out(sDS, dstates + (chunk0 + ch) * DK * DV + e0, tid);
 #pragma unroll 4
@@ -276,6 +319,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
         const float l_last = sL[C - 1];
         state_scale(ds, fast_exp2(l_last));
         __syncthreads();
+        const elem_t* dOp = sDd;
+{% endif %}
 #pragma unroll
         for (int kk = 0; kk < C / 16; ++kk) {
             unsigned qa[SMT][4];
@@ -284,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
 #pragma unroll
             for (int np = 0; np < SNT / 2; ++np) {
                 unsigned b0, b1, b2, b3;
-                frag_b_cols(sDd, SVS, sn0 + np * 16, kk * 16, lane, b0, b1, b2, b3);
+                frag_b_cols(dOp, SVS, sn0 + np * 16, kk * 16, lane, b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < SMT; ++mt) {
                     mma16816(ds[mt][2 * np], qa[mt], b0, b1);
@@ -317,8 +362,14 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     elem_t* sS = sV + 2 * C * SES;                       // 2 × DKT × SES: S before the chunk
     elem_t* sDs = sS + 2 * DKT * SES;                    // 2 × DKT × SES: dS after it
     elem_t* sP = sDs + 2 * DKT * SES;                    // C × SAS: dP, masked and decayed
-    float* sL = reinterpret_cast<float*>(sP + C * SAS);  // C
-{% if normalize %}    float* sDn = sL + C;   // C
+{% if per_key %}    elem_t* sQs = sP + C * SAS;   // C × SKT: Q̃ ⊙ 2^(L_t − R_i) (block i of step t)
+    elem_t* sKs = sQs + C * SKT;  // C × SKT: K̃ ⊙ 2^(R_{j+1} − L_s)
+    float* sL = reinterpret_cast<float*>(sKs + C * SKT);  // C
+    float* sLk = sL + C;           // C × DKT: cumulative log2 decay per key
+    float* sT = sLk + C * DKT;     // NB × DKT
+    float* sBnd = sT + NB * DKT;   // DKT: ⟨S_after, dS⟩ per key
+{% else %}    float* sL = reinterpret_cast<float*>(sP + C * SAS);  // C
+{% endif %}{% if normalize %}    float* sDn = sL + C;   // C
     float* sZ = sDn + C;   // DKT: the key sum before the chunk
     float* sDz = sZ + DKT; // DKT: its gradient after the chunk
 {% endif %}
@@ -344,8 +395,10 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     load_tile<DKT, ET, NT, DV>(sS, sg, 0, DKT, tid);
     load_tile<DKT, ET, NT, DV>(sDs, dsg, 0, DKT, tid);
     cp_async_commit();
-    if (warp == 0) decay_scan(sL, t0, h, P, lane);
-{% if normalize %}    for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[row0 + t0 + r] : 0.f;
+{% if per_key %}    for (int d = tid; d < DKT; d += NT) sBnd[d] = 0.f;
+    decay_log_cumulative<DKT>(sLk, sT, d0, t0, h, P, tid);
+{% else %}    if (warp == 0) decay_scan(sL, t0, h, P, lane);
+{% endif %}{% if normalize %}    for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[row0 + t0 + r] : 0.f;
     for (int d = tid; d < DKT; d += NT) {
         sZ[d] = norm_states[(chunk0 + ch) * DK + d0 + d];
         sDz[d] = dnorm_states[(chunk0 + ch) * DK + d0 + d];
@@ -356,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     zero(dqa);
     zero(dka);
 
-{% if decay %}    // ⟨S_after, dS⟩ of this chunk and Dk slice, S_after = 2^(L_last) S + K̃ᵀ diag(2^(L_last − L)) Ṽ:
+{% if decay && !per_key %}    // ⟨S_after, dS⟩ of this chunk and Dk slice, S_after = 2^(L_last) S + K̃ᵀ diag(2^(L_last − L)) Ṽ:
     // 2^(L_last)⟨S, dS⟩ here, Σ_s k̃_s·(the state's share of dk̃_s) below.
     float bnd = 0.f;
 {% endif %}    constexpr int E_STEPS = DV / ET;
@@ -378,7 +431,16 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         __syncthreads();
         const elem_t* cS = sS + buf * DKT * SES;
         const elem_t* cDs = sDs + buf * DKT * SES;
-{% if decay %}        for (int x = tid; x < DKT * ET; x += NT) {
+{% if per_key %}        // Four lanes per key: the same thread keeps the same key over the steps.
+        for (int x = tid; x < DKT * 4; x += NT) {
+            const int d = x / 4, part = x % 4;
+            float sum = 0.f;
+            for (int e = part; e < ET; e += 4) sum += to_f32(cS[d * SES + e]) * to_f32(cDs[d * SES + e]);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (part == 0) sBnd[d] += sum;
+        }
+{% else if decay %}        for (int x = tid; x < DKT * ET; x += NT) {
             const int d = x / ET, e = x % ET;
             bnd += to_f32(cS[d * SES + e]) * to_f32(cDs[d * SES + e]);
         }
@@ -411,7 +473,101 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
     if (modified<1>() || t0 + C > S) modify_tile<C, DKT, SKT, 1>(sK, t0, d0, h, P, tid);
     __syncthreads();
     const int r_lo = wm * 16 + g, r_hi = r_lo + 8;
-    const float l_lo = sL[r_lo], l_hi = sL[r_hi], l_last = sL[C - 1];
+{% if per_key %}    store_masked(dp, sP, r_lo, wn * NCOL, t4);
+    // The block-relative operands of the in-chunk products.
+    for (int x = tid; x < C * DKT; x += NT) {
+        const int t = x / DKT, c = x % DKT, blk = t / 16;
+        const float l = sLk[x];
+        const float before = blk > 0 ? sLk[(blk * 16 - 1) * DKT + c] : 0.f;
+        const float end = sLk[(blk * 16 + 15) * DKT + c];
+        sQs[t * SKT + c] = from_f32(to_f32(sQ[t * SKT + c]) * fast_exp2(l - before));
+        sKs[t * SKT + c] = from_f32(to_f32(sK[t * SKT + c]) * fast_exp2(end - l));
+    }
+    for (int d = tid; d < DKT; d += NT) sBnd[d] *= fast_exp2(sLk[(C - 1) * DKT + d]);
+    // The state's shares: dq̃ ⊙ 2^(L_t), dk̃ ⊙ 2^(L_last − L_s), per key.
+#pragma unroll
+    for (int nt = 0; nt < KCOL / 8; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int r = c < 2 ? r_lo : r_hi, d = wn * KCOL + nt * 8 + 2 * t4 + c % 2;
+        const float l = sLk[r * DKT + d], l_last = sLk[(C - 1) * DKT + d];
+        dqa[nt][c] *= fast_exp2(l);
+        dka[nt][c] *= fast_exp2(l_last - l);
+    }
+    __syncthreads();
+    {
+        // ⟨S_after, dS⟩ per key: Σ_s k̃_s ⊙ (the state's share of dk̃_s) joins
+        // 2^(L_last)⟨S, dS⟩, added at the chunk's last step.
+#pragma unroll
+        for (int nt = 0; nt < KCOL / 8; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int d = wn * KCOL + nt * 8 + 2 * t4 + j;
+            float x = to_f32(sK[r_lo * SKT + d]) * dka[nt][j] + to_f32(sK[r_hi * SKT + d]) * dka[nt][2 + j];
+            x += __shfl_xor_sync(0xffffffffu, x, 4);
+            x += __shfl_xor_sync(0xffffffffu, x, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 16);
+            if (g == 0) atomicAdd(&sBnd[d], x);
+        }
+    }
+    __syncthreads();
+    for (int d = tid; d < DKT; d += NT) atomicAdd(&dlog[(row0 + min(t0 + C, S) - 1) * DK + d0 + d], sBnd[d]);
+    {
+        // dq̃ += Σ_{j ≤ i} (dP_ij K̃'_j) ⊙ 2^(L_t − R_{j+1}) for this warp's block i = wm.
+        for (int jb = 0; jb <= wm; ++jb) {
+            float tmp[KCOL / 8][4];
+            zero(tmp);
+            unsigned fa[4];
+            frag_a(sP, SAS, wm * 16, jb * 16, lane, fa);
+#pragma unroll
+            for (int np = 0; np < KCOL / 16; ++np) {
+                unsigned b0, b1, b2, b3;
+                frag_b_cols(sKs, SKT, wn * KCOL + np * 16, jb * 16, lane, b0, b1, b2, b3);
+                mma16816(tmp[2 * np], fa, b0, b1);
+                mma16816(tmp[2 * np + 1], fa, b2, b3);
+            }
+#pragma unroll
+            for (int nt = 0; nt < KCOL / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = c < 2 ? r_lo : r_hi, d = wn * KCOL + nt * 8 + 2 * t4 + c % 2;
+                dqa[nt][c] += tmp[nt][c] * fast_exp2(sLk[r * DKT + d] - sLk[(jb * 16 + 15) * DKT + d]);
+            }
+        }
+        // dk̃ += Σ_{i ≥ j} (dP_ijᵀ Q̃'_i) ⊙ 2^(R_i − L_s) for this warp's block j = wm.
+        for (int ib = wm; ib < NB; ++ib) {
+            float tmp[KCOL / 8][4];
+            zero(tmp);
+            unsigned fa[4];
+            frag_a_t(sP, SAS, wm * 16, ib * 16, lane, fa);
+#pragma unroll
+            for (int np = 0; np < KCOL / 16; ++np) {
+                unsigned b0, b1, b2, b3;
+                frag_b_cols(sQs, SKT, wn * KCOL + np * 16, ib * 16, lane, b0, b1, b2, b3);
+                mma16816(tmp[2 * np], fa, b0, b1);
+                mma16816(tmp[2 * np + 1], fa, b2, b3);
+            }
+#pragma unroll
+            for (int nt = 0; nt < KCOL / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = c < 2 ? r_lo : r_hi, d = wn * KCOL + nt * 8 + 2 * t4 + c % 2;
+                const float before = ib > 0 ? sLk[(ib * 16 - 1) * DKT + d] : 0.f;
+                dka[nt][c] += tmp[nt][c] * fast_exp2(before - sLk[r * DKT + d]);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < KCOL / 8; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        // The log decay's gradient per step and key: q̃·dq̃ − k̃·dk̃.
+        const int r = c < 2 ? r_lo : r_hi, d = wn * KCOL + nt * 8 + 2 * t4 + c % 2;
+        if (t0 + r < S)
+            atomicAdd(&dlog[(row0 + t0 + r) * DK + d0 + d],
+                      to_f32(sQ[r * SKT + d]) * dqa[nt][c] - to_f32(sK[r * SKT + d]) * dka[nt][c]);
+    }
+{% else %}    const float l_lo = sL[r_lo], l_hi = sL[r_hi], l_last = sL[C - 1];
     store_decayed(dp, sP, sL, r_lo, wn * NCOL, t4, {% if normalize %}sDn{% else %}nullptr{% endif %});
     {
         const float q_lo = fast_exp2(l_lo), q_hi = fast_exp2(l_hi);
@@ -464,7 +620,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
             if (t0 + r_hi < S) atomicAdd(&dlog[row0 + t0 + r_hi], part_hi);
         }
     }
-{% endif %}#pragma unroll
+{% endif %}{% endif %}#pragma unroll
     for (int nt = 0; nt < KCOL / 8; ++nt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -498,7 +654,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
     elem_t* sDo = sA + C * SAS;                          // DV_STAGES × C × SES
     elem_t* sDs = sDo + DV_STAGES * C * SES;             // DV_STAGES × DK × SES
     float* sL = reinterpret_cast<float*>(sDs + DV_STAGES * DK * SES);  // C
-
+{% if per_key %}    float* sT = sL + C;               // NB × DK
+    float* sFa = sT + NB * DK;        // PAIRS × DK: the scores' block factors
+    float* sFq = sFa + PAIRS * DK;    // (NB + 1) × DK
+    float* sFk = sFq + (NB + 1) * DK; // NB × DK: K̃' to K̃ decayed to the chunk's end
+{% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
     const int ch = blockIdx.x, b = blockIdx.z, h = blockIdx.y, t0 = ch * C;
@@ -515,14 +675,48 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
     load_tile<C, ET, NT, DV>(sDo, dog, t0, S, tid);
     load_tile<DK, ET, NT, DV>(sDs, dsg, 0, DK, tid);
     cp_async_commit();
-    if (warp == 0) decay_scan(sL, t0, h, P, lane);
-    cp_async_wait_all();
+{% if !per_key %}    if (warp == 0) decay_scan(sL, t0, h, P, lane);
+{% endif %}    cp_async_wait_all();
     __syncthreads();
     if (modified<0>() || t0 + C > S) modify_tile<C, DK, SKS, 0>(sQ, t0, 0, h, P, tid);
     if (modified<1>() || t0 + C > S) modify_tile<C, DK, SKS, 1>(sK, t0, 0, h, P, tid);
     __syncthreads();
     const int r_lo = wm * 16 + g, r_hi = r_lo + 8;
-    const float l_last = sL[C - 1];
+{% if per_key %}    decay_operands(sQ, sK, sT, sFa, sFq, sFk, t0, h, P, tid);
+    {
+        // A per 16-step block pair as in the forward: Q̃' scaled per key by the pair's factors.
+        float a[NCOL / 8][4];
+        zero(a);
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; ++kk) {
+            unsigned qa[4];
+            frag_a(sQ, SKS, wm * 16, kk * 16, lane, qa);
+#pragma unroll
+            for (int np = 0; np < NCOL / 16; ++np) {
+                const int jb = wn * (NCOL / 16) + np;
+                if (jb > wm) continue;  // above the diagonal: masked
+                unsigned qs[4];
+                scale_frag(qa, sFa + (wm * (wm + 1) / 2 + jb) * DK + kk * 16 + 2 * t4, qs);
+                unsigned b0, b1, b2, b3;
+                frag_b_rows(sK, SKS, wn * NCOL + np * 16, kk * 16, lane, b0, b1, b2, b3);
+                mma16816(a[2 * np], qs, b0, b1);
+                mma16816(a[2 * np + 1], qs, b2, b3);
+            }
+        }
+        store_masked(a, sA, r_lo, wn * NCOL, t4);
+    }
+    __syncthreads();
+    // K̃' → K̃ decayed to the chunk's end, per key, in place.
+#pragma unroll 4
+    for (int x = tid; x < C * DK / 2; x += NT) {
+        const int r = x / (DK / 2), c = (x % (DK / 2)) * 2;
+        const float* f = sFk + (r / 16) * DK + c;
+        *reinterpret_cast<unsigned*>(sK + r * SKS + c) =
+            pack2(to_f32(sK[r * SKS + c]) * f[0], to_f32(sK[r * SKS + c + 1]) * f[1]);
+    }
+    const float f_lo = 1.f, f_hi = 1.f;  // the decay is in K̃
+    (void)sFq;
+{% else %}    const float l_last = sL[C - 1];
     {
         float a[NCOL / 8][4];
         zero(a);
@@ -530,7 +724,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
         store_decayed(a, sA, sL, r_lo, wn * NCOL, t4, nullptr);
     }
     const float f_lo = fast_exp2(l_last - sL[r_lo]), f_hi = fast_exp2(l_last - sL[r_hi]);
-    __syncthreads();
+{% endif %}    __syncthreads();
     constexpr int E_STEPS = DV / ET;
     for (int es = 0; es < E_STEPS; ++es) {
         const int e0 = es * ET;
@@ -584,7 +778,28 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dv(BWD_ARG
         __syncthreads();
     }
 }
-{% if decay %}
+{% if per_key %}
+// The decay's gradient per step and key dimension: a running sum of dlog from
+// the end of each chunk back to its start (dlog holds the chunk's boundary
+// term at its last step), divided by the decay, through the decay's derived
+// backward. One block per (chunk, head, batch); a thread per key dimension.
+extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_decay(BWD_ARGS) {
+    INIT_PARAMS
+    const int h = blockIdx.y, t0 = blockIdx.x * C;
+    if (t0 >= S) return;  // a shorter sequence of a packed batch
+    const int t_end = min(t0 + C, S);
+    for (int d = threadIdx.x; d < DK; d += NT) {
+        float x = 0.f;
+        for (int t = t_end - 1; t >= t0; --t) {
+            x += dlog[(row0 + t) * DK + d];
+            const Pt pt = step_point(h, t, d, P);
+            const float gv = decay_fn(pt, P);
+            float gr[{{ grads_len }}];
+            decay_bwd(x / gv, pt, P, gr);
+{{ grads_decay }}        }
+    }
+}
+{% else if decay %}
 // The decay's gradient per step: a running sum of dlog from the end of each
 // chunk back to its start (dlog holds the chunk's boundary term at its last
 // step), divided by the decay (d ln g = dg · g), through the decay's derived

@@ -1,4 +1,4 @@
-{# A decay per key dimension in the chunked forward (included after the
+{# A decay per key dimension in the chunked kernels (included after the
    variant's regions; needs C, DK, NB, PAIRS, SKS, NT and decay_fn). #}// Scales an m16k16 A fragment per column: f points at the table entry of the
 // lane's first column (registers 0, 1 hold columns c, c + 1; 2, 3 hold c + 8, c + 9).
 __device__ __forceinline__ unsigned scale2(unsigned x, float f0, float f1) {
@@ -15,6 +15,41 @@ __device__ __forceinline__ void scale_frag(const unsigned (&a)[4], const float* 
     out[3] = scale2(a[3], hi.x, hi.y);
 }
 
+// Column c (key dimension col0 + c) of block blk of the chunk from t0: the
+// in-block prefix sums of its log2 decays (0 past the end of the sequence);
+// returns the block's total.
+__device__ __forceinline__ float block_log_prefix(float (&pre)[16], int col0, int c, int blk, int t0, int h, const Params& P) {
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int t = t0 + blk * 16 + i;
+        sum += t < P.seq_len ? log2f(decay_fn(step_point(h, t, col0 + c, P), P)) : 0.f;
+        pre[i] = sum;
+    }
+    return sum;
+}
+
+// The chunk's cumulative log2 decay per key column, sLk[t * COLS + c] = L_t
+// of key dimension col0 + c (sT: NB × COLS scratch); ends with a barrier.
+template <int COLS>
+__device__ __forceinline__ void decay_log_cumulative(float* sLk, float* sT, int col0, int t0, int h, const Params& P, int tid) {
+    for (int x = tid; x < COLS * NB; x += NT) {
+        const int c = x % COLS, blk = x / COLS;
+        float pre[16];
+        sT[blk * COLS + c] = block_log_prefix(pre, col0, c, blk, t0, h, P);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) sLk[(blk * 16 + i) * COLS + c] = pre[i];
+    }
+    __syncthreads();
+    for (int x = tid; x < C * COLS; x += NT) {
+        const int c = x % COLS, blk = x / COLS / 16;
+        float before = 0.f;
+        for (int j = 0; j < blk; ++j) before += sT[j * COLS + c];
+        sLk[x] += before;
+    }
+    __syncthreads();
+}
+
 // The chunk's decay per key dimension folded into its operands (the modified
 // tiles Q̃ (when given) and K̃ must be complete; ends with a barrier):
 // Q̃ → q̃ 2^(L_t − R_i) and K̃ → k̃ 2^(R_{i+1} − L_t) within each 16-step block i,
@@ -25,13 +60,7 @@ __device__ __forceinline__ void decay_operands(elem_t* cQ, elem_t* cK, float* sT
     for (int x = tid; x < DK * NB; x += NT) {
         const int d = x % DK, blk = x / DK;
         float pre[16];
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const int t = t0 + blk * 16 + i;
-            sum += t < P.seq_len ? log2f(decay_fn(step_point(h, t, d, P), P)) : 0.f;
-            pre[i] = sum;
-        }
+        const float sum = block_log_prefix(pre, 0, d, blk, t0, h, P);
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             const int r = blk * 16 + i;

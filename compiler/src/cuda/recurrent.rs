@@ -344,15 +344,10 @@ fn chunked_forward(
         check_recurrent_inputs(variant, dk, dv, cfg)?;
     let normalize = rec.normalize.is_some();
     let per_key = per_key_decay(rec);
-    if per_key && (save_states || normalize) {
+    if per_key && normalize {
         return Err(CompileError(format!(
-            "`{}` decays per key dimension (`decay = |b, h, t, d| …`); {} takes a scalar decay per head and step only so far",
-            variant.name,
-            if save_states {
-                "the chunked backward"
-            } else {
-                "the chunked forward with a normaliser"
-            }
+            "`{}` decays per key dimension (`decay = |b, h, t, d| …`) and has a normaliser: the chunked kernels take a normaliser with a scalar decay per head and step only so far",
+            variant.name
         )));
     }
     if cfg.wgmma && !save_states && !normalize && !per_key {
@@ -519,7 +514,8 @@ pub struct RecurrentBackwardSource {
     /// `[B, H, Dk]`, may be null), `norm_states`, `dnorm_states` (f32
     /// `[B, H, chunks, Dk]`), `o_raw` (the element type, `[B, H, S, Dv]`),
     /// `row_n` (f32 `[B, H, S]`), `dob` (like `o_raw`), `dn` (like `row_n`);
-    /// with a decay `dlog` (f32 `[B, H, S]`, zeroed); then dq, dk, dv,
+    /// with a decay `dlog` (f32 `[B, H, S]`, or `[B, H, S, Dk]` for a decay
+    /// per key dimension; zeroed); then dq, dk, dv,
     /// `cu_seqlens` (null, or a packed batch's N + 1 boundaries followed by
     /// its N + 1 chunk offsets, which place each sequence's chunks in the
     /// per-chunk workspaces) and the sizes B, H, S. The states pass takes the forward's arguments (its
@@ -531,6 +527,9 @@ pub struct RecurrentBackwardSource {
     pub config: RecurrentConfig,
     pub normalized: bool,
     pub decay: bool,
+    /// The decay is per key dimension: `dlog` is f32 `[B, H, S, Dk]` and
+    /// the `_decay` kernel runs one block per chunk.
+    pub per_key: bool,
 }
 
 #[derive(Template)]
@@ -572,6 +571,7 @@ struct RecurrentBwdTemplate<'a> {
     modify_k: bool,
     modify_v: bool,
     decay: bool,
+    per_key: bool,
     normalize: bool,
 }
 
@@ -582,18 +582,39 @@ fn recurrent_bwd_smem(
     dk: u32,
     tiles: (u32, u32),
     dv_stages: u32,
-    normalize: bool,
+    kind: ForwardKind,
 ) -> (u32, u32, u32) {
     let (c, pad, e) = (cfg.chunk, 8, cfg.elem.bytes());
     let (dkt, et) = tiles;
+    let normalize = kind.normalize;
+    // A decay per key dimension: cumulative log decays per key (`_dstate`,
+    // `_dqk`), block-relative copies of Q̃ and K̃ (`_dqk`), the forward's
+    // factor tables (`_dv`).
+    let nb = c / 16;
+    let (key_dstate, key_dqk_elems, key_dqk, key_dv) = if kind.per_key {
+        (
+            (c + nb) * dk,
+            2 * c * (dkt + pad),
+            (c + nb + 1) * dkt,
+            per_key_table_rows(c) * dk,
+        )
+    } else {
+        (0, 0, 0, 0)
+    };
     let dstate = (cfg.stages * c * (dk + pad)
         + (cfg.stages + 1) * c * (cfg.dv_tile + pad)
         + dk * (cfg.dv_tile + pad))
         * e
-        + (c + if normalize { c + dk } else { 0 }) * 4;
-    let dqk = (2 * c * (dkt + pad) + 4 * c * (et + pad) + 4 * dkt * (et + pad) + c * (c + pad)) * e
-        + (c + if normalize { c + 2 * dkt } else { 0 }) * 4;
-    let dv = (2 * c * (dk + pad) + c * (c + pad) + dv_stages * (c + dk) * (et + pad)) * e + c * 4;
+        + (c + if normalize { c + dk } else { 0 } + key_dstate) * 4;
+    let dqk = (2 * c * (dkt + pad)
+        + 4 * c * (et + pad)
+        + 4 * dkt * (et + pad)
+        + c * (c + pad)
+        + key_dqk_elems)
+        * e
+        + (c + if normalize { c + 2 * dkt } else { 0 } + key_dqk) * 4;
+    let dv = (2 * c * (dk + pad) + c * (c + pad) + dv_stages * (c + dk) * (et + pad)) * e
+        + (c + key_dv) * 4;
     (dstate, dqk, dv)
 }
 
@@ -616,16 +637,18 @@ pub fn recurrent_backward(
     let states = recurrent_states(variant, dk, dv, cfg)?;
     let normalize = rec.normalize.is_some();
     let decay = rec.decay.is_some();
+    let per_key = per_key_decay(rec);
+    let kind = ForwardKind { normalize, per_key };
     let dk_tile = dk.min(64);
     let e_tile = if dv.is_multiple_of(64) { 64 } else { 32 };
     let limit = isa.max_dynamic_smem();
-    let dv_stages = if recurrent_bwd_smem(cfg, dk, (dk_tile, e_tile), 2, normalize).2 <= limit {
+    let dv_stages = if recurrent_bwd_smem(cfg, dk, (dk_tile, e_tile), 2, kind).2 <= limit {
         2
     } else {
         1
     };
     let (smem_dstate, smem_dqk, smem_dv) =
-        recurrent_bwd_smem(cfg, dk, (dk_tile, e_tile), dv_stages, normalize);
+        recurrent_bwd_smem(cfg, dk, (dk_tile, e_tile), dv_stages, kind);
     if let Some(over) = [smem_dstate, smem_dqk, smem_dv]
         .into_iter()
         .find(|&b| b > limit)
@@ -710,6 +733,7 @@ pub fn recurrent_backward(
         modify_k: rec.modify_k.is_some(),
         modify_v: rec.modify_v.is_some(),
         decay,
+        per_key,
         normalize,
     };
     let source = template
@@ -772,7 +796,12 @@ pub fn recurrent_backward(
     ));
     kernels.push(kernel("dv", smem_dv, RecurrentGridX::Chunks(1)));
     if decay {
-        kernels.push(kernel("decay", 0, RecurrentGridX::One));
+        let grid = if per_key {
+            RecurrentGridX::Chunks(1)
+        } else {
+            RecurrentGridX::One
+        };
+        kernels.push(kernel("decay", 0, grid));
     }
     Ok(RecurrentBackwardSource {
         states,
@@ -785,5 +814,6 @@ pub fn recurrent_backward(
         config: *cfg,
         normalized: normalize,
         decay,
+        per_key,
     })
 }
