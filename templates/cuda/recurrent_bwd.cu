@@ -517,15 +517,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         for (int jb = 0; jb <= wm; ++jb) {
             float tmp[KCOL / 8][4];
             zero(tmp);
-            unsigned fa[4];
-            frag_a(sP, SAS, wm * 16, jb * 16, lane, fa);
-#pragma unroll
-            for (int np = 0; np < KCOL / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                frag_b_cols(sKs, SKT, wn * KCOL + np * 16, jb * 16, lane, b0, b1, b2, b3);
-                mma16816(tmp[2 * np], fa, b0, b1);
-                mma16816(tmp[2 * np + 1], fa, b2, b3);
-            }
+            warp_mma<16, KCOL / 8, false, false>(tmp, sP + jb * 16, SAS, wm * 16, sKs + jb * 16 * SKT, SKT, wn * KCOL, lane);
 #pragma unroll
             for (int nt = 0; nt < KCOL / 8; ++nt)
 #pragma unroll
@@ -538,15 +530,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ dqk_blocks }}) {{ kernel_nam
         for (int ib = wm; ib < NB; ++ib) {
             float tmp[KCOL / 8][4];
             zero(tmp);
-            unsigned fa[4];
-            frag_a_t(sP, SAS, wm * 16, ib * 16, lane, fa);
-#pragma unroll
-            for (int np = 0; np < KCOL / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                frag_b_cols(sQs, SKT, wn * KCOL + np * 16, ib * 16, lane, b0, b1, b2, b3);
-                mma16816(tmp[2 * np], fa, b0, b1);
-                mma16816(tmp[2 * np + 1], fa, b2, b3);
-            }
+            warp_mma<16, KCOL / 8, true, false>(tmp, sP + ib * 16 * SAS, SAS, wm * 16, sQs + ib * 16 * SKT, SKT, wn * KCOL, lane);
 #pragma unroll
             for (int nt = 0; nt < KCOL / 8; ++nt)
 #pragma unroll
