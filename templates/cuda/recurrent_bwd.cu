@@ -232,14 +232,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);  // STAGES × C × SKS
     elem_t* sDo = sQ + STAGES * C * SKS;                 // STAGES × C × SVS
-    elem_t* sDd = sDo + STAGES * C * SVS;                // C × SVS: dÕ decayed to the chunk's start
+{% if per_key %}    elem_t* sDS = sDo + STAGES * C * SVS;                // DK × SVS: dS on its way to global memory
+{% else %}    elem_t* sDd = sDo + STAGES * C * SVS;                // C × SVS: dÕ decayed to the chunk's start
     elem_t* sDS = sDd + C * SVS;                         // DK × SVS: dS on its way to global memory
-    float* sL = reinterpret_cast<float*>(sDS + DK * SVS); // C
+{% endif %}    float* sL = reinterpret_cast<float*>(sDS + DK * SVS); // C
 {% if normalize %}    float* sDn = sL + C;  // C: the rows' dn
     float* sDz = sDn + C;  // DK: the key sum's gradient
 {% endif %}{% if per_key %}    float* sLk = sL + C;       // C × DK: cumulative log2 decay per key
     float* sT = sLk + C * DK;  // NB × DK
-    (void)sDd;
 {% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;

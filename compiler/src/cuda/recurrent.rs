@@ -128,7 +128,7 @@ impl ForwardKind {
 }
 
 /// Whether the variant's decay is per key dimension (GLA's).
-fn per_key_decay(rec: &Recurrent) -> bool {
+pub(super) fn per_key_decay(rec: &Recurrent) -> bool {
     rec.decay.as_ref().is_some_and(|d| d.per_key_dim)
 }
 
@@ -601,8 +601,10 @@ fn recurrent_bwd_smem(
     } else {
         (0, 0, 0, 0)
     };
+    // dÕ's buffers, and without a per-key decay dÕ decayed to the chunk's start.
+    let do_tiles = cfg.stages + u32::from(!kind.per_key);
     let dstate = (cfg.stages * c * (dk + pad)
-        + (cfg.stages + 1) * c * (cfg.dv_tile + pad)
+        + do_tiles * c * (cfg.dv_tile + pad)
         + dk * (cfg.dv_tile + pad))
         * e
         + (c + if normalize { c + dk } else { 0 } + key_dstate) * 4;

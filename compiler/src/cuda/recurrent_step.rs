@@ -127,7 +127,7 @@ pub fn recurrent_step(
         modify_k: rec.modify_k.is_some(),
         modify_v: rec.modify_v.is_some(),
         decay: rec.decay.is_some(),
-        per_key_decay: rec.decay.as_ref().is_some_and(|d| d.per_key_dim),
+        per_key_decay: super::recurrent::per_key_decay(rec),
         normalize,
     };
     let source = template
