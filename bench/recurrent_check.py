@@ -23,13 +23,31 @@ import torch.nn.functional as F
 from gpu_check import OUT, bench, check, dev, get_function, libcuda, load_bin, load_module, rel_err
 
 
-class RecurrentKernel:
-    """A generated recurrent forward loaded from its cubin."""
+MIN_SEGMENT_CHUNKS, MAX_SEGMENTS = 4, 16
 
-    def __init__(self, cases_dir, meta):
+
+def segment_split(chains, chunks, sms):
+    """(whole, tail, segments): SegmentSplit::for_launch of
+    compiler/src/cuda/recurrent_wgmma.rs, which the Rust runtime uses."""
+    tail = chains % sms
+    if tail == 0:
+        return chains, 0, 1
+    segments = min(sms // tail, chunks // MIN_SEGMENT_CHUNKS, MAX_SEGMENTS)
+    if segments < 2:
+        return chains, 0, 1
+    return chains - tail, tail, segments
+
+
+class RecurrentKernel:
+    """A generated recurrent forward loaded from its cubin; `whole`: walk
+    every chain whole even where the kernel can run segments."""
+
+    def __init__(self, cases_dir, meta, whole=False):
         self.meta = meta
         self.module = load_module(cases_dir, meta["cubin"])
         self.fn = get_function(self.module, meta["name"], meta["smem_bytes"])
+        self.whole = whole or not meta.get("segments", False)
+        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count
 
     def __call__(self, q, k, v, customs, state_in=None, norm_in=None, want_state=True):
         b, h, s, dk = q.shape
@@ -41,21 +59,33 @@ class RecurrentKernel:
         norm_out = torch.empty(b, h, dk, device=dev, dtype=torch.float32) if want_state else None
         bufs = dict(q=q, k=k, v=v, o=o, state_in=state_in, state_out=state_out, norm_in=norm_in, norm_out=norm_out)
         sizes = dict(B=b, H=h, S=s)
+        slices = dv // self.meta["dv_tile"]
+        grid = (slices, h, b)
+        whole, tail, n_seg = slices * h * b, 0, 1
+        if not self.whole:
+            whole, tail, n_seg = segment_split(slices * h * b, -(-s // self.meta["chunk"]), self.sms)
+        if n_seg > 1:
+            # The schedule's counter and flags start at zero each launch.
+            bufs["sched"] = torch.zeros(1 + tail * n_seg, device=dev, dtype=torch.int32)
+            bufs["carry"] = torch.empty(tail * n_seg * self.meta["dk"] * 64, device=dev, dtype=torch.float32)
+            grid = (whole + tail * n_seg, 1, 1)
+        segs = dict(n_whole=whole, n_tail=tail, n_seg=n_seg)
         vals = []
         for a in self.meta["args"]:
             kind = a["kind"]
-            if kind in ("tensor", "state"):
-                t = bufs[a["name"]]
+            if kind in ("tensor", "state", "workspace"):
+                t = bufs.get(a["name"])
                 vals.append(ctypes.c_uint64(t.data_ptr() if t is not None else 0))
             elif kind == "custom":
                 vals.append(ctypes.c_uint64(customs[a["name"]].data_ptr()))
             elif kind == "cu_seqlens":
                 vals.append(ctypes.c_uint64(0))  # equal lengths: B sequences of S steps
+            elif kind == "segments":
+                vals.append(ctypes.c_int32(segs[a["name"]]))
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
         stream = torch.cuda.current_stream().cuda_stream
-        grid = (dv // self.meta["dv_tile"], h, b)
         check(libcuda.cuLaunchKernel(self.fn, *grid, self.meta["threads"], 1, 1, self.meta["smem_bytes"],
                                      ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
         return o, state_out, norm_out
@@ -298,6 +328,13 @@ def run_bench(cases_dir, index, workloads, fwd_only=False):
                 err = rel_err(o.float(), ref) if ref is not None else None
                 record(work, impl, bench(lambda: kern(q, k, v, customs, want_state=False)), fl, err=err,
                        config=e.get("config"))
+                if e["kernel"].get("segments"):
+                    # The same kernel with every chain whole: what the segments gain.
+                    whole = RecurrentKernel(cases_dir, e["kernel"], whole=True)
+                    chains = dv // e["kernel"]["dv_tile"] * h * b
+                    plan = segment_split(chains, -(-s // e["kernel"]["chunk"]), kern.sms)
+                    record(work, impl + " whole chains", bench(lambda: whole(q, k, v, customs, want_state=False)),
+                           fl, config=f"{e.get('config')} (segments {plan} vs whole)")
             except Exception as ex:
                 record(work, impl, None, fl, error=f"{type(ex).__name__}: {ex}")
         if not fwd_only:

@@ -749,6 +749,37 @@ fn gpu_recurrent_mamba2() {
     check_example_mma_sync(test, "mamba2", [1, 3, 200, 128, 64], false);
 }
 
+/// Few chains over long sequences: on a GPU with many multiprocessors the
+/// sm_90a forward cuts each chain into sequence segments
+/// (`SegmentSplit`): entering states from the initial state (segment 1)
+/// and published by the previous segment (later ones), uneven segments,
+/// lengths that are not chunk multiples.
+#[test]
+fn gpu_recurrent_segments() {
+    let test = "gpu_recurrent_segments";
+    for (name, sizes, initial) in [
+        ("retnet_recurrent", [1, 2, 1500, 128, 128], true),
+        ("gated_retention", [2, 1, 1000, 128, 64], false),
+        ("mamba2", [1, 3, 777, 64, 64], true),
+    ] {
+        let Some((_, _, kernels, _, _)) =
+            example_kernels(test, name, sizes, &KernelOptions::default())
+        else {
+            return;
+        };
+        let [b, h, s, ..] = sizes;
+        let split = kernels.segment_split(b, h, s);
+        eprintln!(
+            "{test}: {name} {sizes:?}: {} whole chains, {} cut into {} segments",
+            split.whole, split.tail, split.segments
+        );
+        if kernels.forward_source().segments && kernels.device().sm_count() >= 32 {
+            assert!(split.segments >= 3, "{test}: {name}: {split:?}");
+        }
+        check_example(test, name, sizes, initial);
+    }
+}
+
 /// GLA's decay per key dimension (the `mma.sync` forward scales the
 /// operands per key in 16-step blocks), also with gates 8× stronger than
 /// the usual range: up to 92 in log2 over one 16-step block, near what the
@@ -1573,6 +1604,11 @@ fn gpu_recurrent_varlen() {
     }
     check_varlen_example(test, "rfa", 2, &lengths, &defaults);
     check_varlen_example(test, "gla", 2, &lengths, &defaults);
+    // Long and short sequences cut into segments (sm_90a), some of them
+    // empty for the short ones.
+    let long = [900, 1, 300, 64];
+    check_varlen_example(test, "retnet_recurrent", 2, &long, &defaults);
+    check_varlen_example(test, "mamba2", 2, &long, &defaults);
 }
 
 /// `cu_seqlens` and the per-sequence states are checked before anything

@@ -49,7 +49,7 @@ fn call_args(args: &[ArgKind], shape: Shape, customs: &[(String, usize)], n_spli
             ArgKind::CustomGrad(name) => format!("g{}.data()", custom(name)),
             ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
             ArgKind::KvSplits => n_splits.to_string(),
-            other @ (ArgKind::State(_) | ArgKind::CuSeqlens) => {
+            other @ (ArgKind::State(_) | ArgKind::CuSeqlens | ArgKind::Segments(_)) => {
                 unreachable!("parallel kernels take no {other:?}")
             }
         })

@@ -654,6 +654,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::KvSplits => json!({ "kind": "kv_splits" }),
             ArgKind::State(n) => json!({ "kind": "state", "name": n }),
             ArgKind::CuSeqlens => json!({ "kind": "cu_seqlens" }),
+            ArgKind::Segments(n) => json!({ "kind": "segments", "name": n }),
         })
         .collect()
 }

@@ -241,6 +241,7 @@ fn arg_meta(a: &ArgKind) -> Value {
         ArgKind::Workspace(w) => json!({ "kind": "workspace", "name": w }),
         ArgKind::Size(ax) => json!({ "kind": "size", "axis": ax.name() }),
         ArgKind::CuSeqlens => json!({ "kind": "cu_seqlens" }),
+        ArgKind::Segments(n) => json!({ "kind": "segments", "name": n }),
         other => unreachable!("the recurrent kernels take no {other:?}"),
     }
 }
@@ -309,6 +310,8 @@ fn kernel_meta(
         "smem_bytes": k.smem_bytes,
         "dv_tile": k.config.dv_tile,
         "chunk": k.config.chunk,
+        "dk": k.dk,
+        "segments": k.segments,
         "args": args,
         "ptxas": ptxas,
     })

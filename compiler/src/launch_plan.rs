@@ -687,6 +687,10 @@ pub fn recurrent_forward_plan(variant: &Variant, k: &RecurrentSource) -> EntryPl
         .args
         .iter()
         .map(|a| match a {
+            // Libraries walk every chain of the sm_90a forward whole so far:
+            // no segment schedule (its sizes are then ignored).
+            ArgKind::Workspace(n @ ("sched" | "carry")) => ArgPlan::Null(n.to_string()),
+            ArgKind::Segments(_) => ArgPlan::I32(c(0)),
             ArgKind::Tensor(n) | ArgKind::State(n) | ArgKind::Workspace(n) => {
                 ArgPlan::Ptr(n.to_string())
             }

@@ -24,6 +24,7 @@ pub use cuda::recurrent::{
     RecurrentSource, recurrent_backward, recurrent_forward, recurrent_states,
 };
 pub use cuda::recurrent_step::{RecurrentStepSource, recurrent_step};
+pub use cuda::recurrent_wgmma::SegmentSplit;
 
 /// Why a variant cannot be compiled with a given configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -297,6 +297,12 @@ pub struct KernelOptions {
     /// `None` uses [`RecurrentConfig::for_variant`]. Its `elem` must equal
     /// `elem`.
     pub recurrent_config: Option<RecurrentConfig>,
+    /// Walk every chain of the sm_90a recurrent forward whole. By default
+    /// (`false`) the chains of a last, partly filled wave are cut into
+    /// sequence segments that run side by side ([`SegmentSplit`]).
+    ///
+    /// [`SegmentSplit`]: crate::compiler::SegmentSplit
+    pub whole_recurrent_chains: bool,
     /// Extra NVRTC options appended to `-std=c++17` and the include
     /// directories (e.g. `-lineinfo`).
     pub nvrtc_flags: Vec<String>,
@@ -690,7 +696,8 @@ impl ParallelKernels {
                     | ArgKind::CustomGrad(_)
                     | ArgKind::Workspace(_)
                     | ArgKind::State(_)
-                    | ArgKind::CuSeqlens) => {
+                    | ArgKind::CuSeqlens
+                    | ArgKind::Segments(_)) => {
                         unreachable!("params_of rejected argument {other:?}")
                     }
                 });

@@ -57,7 +57,8 @@ use super::{
 };
 use crate::compiler::cuda::recurrent::RECURRENT_CHUNKS;
 use crate::compiler::{
-    ArgKind, CompileError, Elem, Isa, RecurrentConfig, RecurrentSource, recurrent_forward,
+    ArgKind, CompileError, Elem, Isa, RecurrentConfig, RecurrentSource, SegmentSplit,
+    recurrent_forward,
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::{self, Pattern};
@@ -357,6 +358,7 @@ fn recurrent_params(
     with_state_in: bool,
     with_norm_in: bool,
     with_cu_seqlens: bool,
+    segmented: bool,
 ) -> Result<Vec<Param>, Error> {
     let elem = dtype_of(source.config.elem);
     let declared = |name: &String| variant.customs.iter().any(|c| &c.name == name);
@@ -379,6 +381,12 @@ fn recurrent_params(
             ArgKind::State("state_out" | "norm_out") => Ok(Param::Out(DType::F32)),
             ArgKind::CuSeqlens if with_cu_seqlens => Ok(Param::In(DType::I32)),
             ArgKind::CuSeqlens => Ok(Param::U64),
+            // The segment schedule: null (and its sizes ignored) when every
+            // chain is whole.
+            ArgKind::Workspace("sched") if segmented => Ok(Param::Out(DType::I32)),
+            ArgKind::Workspace("carry") if segmented => Ok(Param::Out(DType::F32)),
+            ArgKind::Workspace("sched" | "carry") => Ok(Param::U64),
+            ArgKind::Segments(_) => Ok(Param::I32),
             ArgKind::Size(Axis::B | Axis::H | Axis::S) => Ok(Param::I32),
             other => Err(Error::Compile {
                 variant: variant.name.clone(),
@@ -401,10 +409,11 @@ pub struct RecurrentKernels {
     source: RecurrentSource,
     device: Device,
     /// The forward, looked up once per combination of given initial state,
-    /// normaliser and sequence boundaries (each absent one is a null
-    /// pointer): index `state_in | cu_seqlens << 1 | norm_in << 2`; the last
-    /// four only for variants with a normaliser.
-    launches: Vec<Kernel>,
+    /// normaliser, sequence boundaries and segment schedule (each absent one
+    /// is a null pointer): index `state_in | cu_seqlens << 1 | norm_in << 2
+    /// | segmented << 3`; `norm_in` only for variants with a normaliser, the
+    /// schedule only for kernels with segments.
+    launches: Vec<Option<Kernel>>,
     _module: Module,
     pub(super) options: KernelOptions,
     /// The backward's two modules, compiled on the first
@@ -437,11 +446,18 @@ impl RecurrentKernels {
         );
         let module = compile_and_load(device, &source.source, options, &what)?;
         let loading = loading_error(device, &what);
-        let combinations = if source.normalized { 8 } else { 4 };
-        let mut launches = Vec::with_capacity(combinations);
-        for c in 0..combinations {
-            let params = recurrent_params(variant, &source, c & 1 != 0, c & 4 != 0, c & 2 != 0)?;
-            launches.push(module.kernel(&source.name, &params).map_err(&loading)?);
+        let mut launches = Vec::with_capacity(16);
+        for c in 0..16 {
+            let (norm_in, segmented) = (c & 4 != 0, c & 8 != 0);
+            if (norm_in && !source.normalized) || (segmented && !source.segments) {
+                launches.push(None);
+                continue;
+            }
+            let params =
+                recurrent_params(variant, &source, c & 1 != 0, norm_in, c & 2 != 0, segmented)?;
+            launches.push(Some(
+                module.kernel(&source.name, &params).map_err(&loading)?,
+            ));
         }
         Ok(RecurrentKernels {
             variant: variant.clone(),
@@ -558,7 +574,7 @@ impl RecurrentKernels {
             initial_state.map(DeviceBuffer::len),
             initial_normalizer.map(DeviceBuffer::len),
         )?;
-        self.launch(stream, &inputs, shape, shape.b, None)
+        self.launch(stream, &inputs, shape, shape.b, shape.s, None)
     }
 
     /// Runs the forward over a packed batch of sequences of different
@@ -617,7 +633,19 @@ impl RecurrentKernels {
             during: "uploading `cu_seqlens`".into(),
             source: e,
         })?;
-        self.launch(stream, &inputs, shape, cu_seqlens.len() - 1, Some(&cu))
+        let longest = cu_seqlens
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0);
+        self.launch(
+            stream,
+            &inputs,
+            shape,
+            cu_seqlens.len() - 1,
+            longest,
+            Some(&cu),
+        )
     }
 
     /// Checks that the stream and every buffer are on the kernels' device
@@ -632,24 +660,52 @@ impl RecurrentKernels {
         check_devices(&self.device, name, stream, inputs.ordinals())
     }
 
+    /// How the sm_90a forward spreads its chains for `sequences` sequences
+    /// of at most `longest` steps (every chain whole for kernels without
+    /// segments or when the options say so).
+    pub fn segment_split(&self, sequences: usize, heads: usize, longest: usize) -> SegmentSplit {
+        let chains =
+            (self.dims.dv / self.source.config.dv_tile) as u64 * sequences as u64 * heads as u64;
+        if !self.source.segments || self.options.whole_recurrent_chains {
+            return SegmentSplit::for_launch(chains, 0, 1);
+        }
+        let chunks = longest.div_ceil(self.source.config.chunk as usize) as u64;
+        SegmentSplit::for_launch(chains, chunks, self.device.sm_count())
+    }
+
     /// Allocates the outputs and launches, after the checks: `shape` is the
     /// inputs' (B, H, S), `sequences` the number of states (B, or N of a
-    /// packed batch given by `cu_seqlens`).
+    /// packed batch given by `cu_seqlens`), `longest` the longest one's steps.
     fn launch<T: KernelElement>(
         &self,
         stream: &Stream,
         inputs: &ForwardInputs<'_, T>,
         shape: RecurrentShape,
         sequences: usize,
+        longest: usize,
         cu_seqlens: Option<&DeviceBuffer<i32>>,
     ) -> Result<RecurrentOutput<T>, Error> {
         let name = &self.variant.name;
-        let grid = self.source.grid_for(sequences, shape.h).ok_or_else(|| {
+        let too_large = || {
             Error::Shape(format!(
                 "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",
                 self.source.name
             ))
-        })?;
+        };
+        let grid = self
+            .source
+            .grid_for(sequences, shape.h)
+            .ok_or_else(too_large)?;
+        let split = self.segment_split(sequences, shape.h, longest);
+        let grid = if split.segments > 1 {
+            (
+                u32::try_from(split.blocks()).map_err(|_| too_large())?,
+                1,
+                1,
+            )
+        } else {
+            grid
+        };
         let launching = || format!("launching `{}`", self.source.name);
         let runtime = |e| Error::Runtime {
             during: launching(),
@@ -662,6 +718,23 @@ impl RecurrentKernels {
         let mut final_state = stream
             .alloc_scratch::<f32>(sequences * h * dk * dv)
             .map_err(runtime)?;
+        // The segment schedule's counter and flags start at zero each launch.
+        let (mut sched, mut carry) = if split.segments > 1 {
+            (
+                Some(
+                    stream
+                        .alloc_zeros::<i32>(split.sched_len())
+                        .map_err(runtime)?,
+                ),
+                Some(
+                    stream
+                        .alloc_scratch::<f32>(split.carry_len(self.dims.dk))
+                        .map_err(runtime)?,
+                ),
+            )
+        } else {
+            (None, None)
+        };
         let mut final_normalizer = if self.source.normalized {
             Some(
                 stream
@@ -687,6 +760,7 @@ impl RecurrentKernels {
             let mut o_slot = Some(&mut o);
             let mut state_slot = Some(&mut final_state);
             let mut norm_slot = final_normalizer.as_mut();
+            let (mut sched_slot, mut carry_slot) = (sched.as_mut(), carry.as_mut());
             let size = |n: usize| {
                 // The checks bounded B, H and S by i32::MAX.
                 Arg::from(i32::try_from(n).unwrap_or(i32::MAX))
@@ -719,6 +793,9 @@ impl RecurrentKernels {
                         Arg::from(norm_slot.take().ok_or_else(|| twice("norm_out"))?)
                     }
                     ArgKind::CuSeqlens => cu_seqlens.map_or_else(null, Arg::from),
+                    ArgKind::Workspace("sched") => sched_slot.take().map_or_else(null, Arg::from),
+                    ArgKind::Workspace("carry") => carry_slot.take().map_or_else(null, Arg::from),
+                    ArgKind::Segments(n) => size(split.arg(n).unwrap_or(0) as usize),
                     ArgKind::Size(Axis::B) => size(b),
                     ArgKind::Size(Axis::H) => size(h),
                     ArgKind::Size(Axis::S) => size(s),
@@ -736,12 +813,17 @@ impl RecurrentKernels {
             }
             let which = usize::from(inputs.initial_state.is_some())
                 | usize::from(cu_seqlens.is_some()) << 1
-                | usize::from(inputs.initial_normalizer.is_some()) << 2;
-            let kernel = self.launches.get(which).ok_or_else(|| {
-                Error::Shape(format!(
-                    "`{name}` has no normaliser, so it takes no initial normaliser: pass None"
-                ))
-            })?;
+                | usize::from(inputs.initial_normalizer.is_some()) << 2
+                | usize::from(split.segments > 1) << 3;
+            let kernel = self
+                .launches
+                .get(which)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| {
+                    Error::Shape(format!(
+                        "`{name}` has no normaliser, so it takes no initial normaliser: pass None"
+                    ))
+                })?;
             kernel
                 .launch(
                     stream,

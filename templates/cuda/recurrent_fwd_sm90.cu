@@ -23,6 +23,10 @@
 // A modification of q or v that scales whole rows (`x · f(b, h, t)`) is not
 // applied to the tiles: the row factors go to shared memory, q's scales the
 // output rows and v's the columns of A and the rows of Ṽd.
+// A block walks a whole chain or one segment of it (recurrent_segments.cu):
+// a segment after the first first walks its predecessor's chunks for the
+// state alone (K̃ and Ṽ only, no output), so the chunks a block visits are
+// one run, its own from visit `n_state_only` on.
 // All tiles are 128-byte-swizzled panels (prelude_sm90.cu). Rows past the
 // end of the sequence are zero in K̃ and Ṽ, so they add nothing to S.
 #include <{{ sp.header }}>
@@ -36,6 +40,9 @@
 #define NT (2 * WG)
 #define PAD 0
 #define SVS DVT
+// Whether the kernel runs segments of a chain (recurrent_segments.cu): not at
+// DK 256, where the state leaves no registers for it.
+#define SEGMENTS {{ segments }}
 // The state as wgmma accumulators: DK / 64 m64 tiles of 64 columns; the
 // state warpgroup's warp w holds rows 16w.. of each (recurrent_state.cu).
 #define SMT (DK / 64)
@@ -49,6 +56,7 @@
 {% include "cuda/prelude_sm90.cu" %}
 {{ wgmma_fns }}
 {% include "cuda/recurrent_state.cu" %}
+{% include "cuda/recurrent_segments.cu" %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 {% include "cuda/recurrent_decay.cu" %}
@@ -85,7 +93,8 @@ __device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int h, 
 extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, {{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
-    const int* __restrict__ cu_seqlens, int B, int H, int S_total) {
+    const int* __restrict__ cu_seqlens, int* sched, float* carry, int B, int H, int S_total, int n_whole, int n_tail,
+    int n_seg) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -98,6 +107,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if q_row %}    float* sMq = sL + 2 * C;  // 2 × C: q's row factors
 {% endif %}{% if v_row %}    float* sMv = sL + {% if q_row %}4{% else %}2{% endif %} * C;  // 2 × C: v's row factors
 {% endif %}    __shared__ __align__(8) unsigned long long bar_full[2], bar_ready[2], bar_empty[2];
+    __shared__ int s_item;
 
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.S = S_total;
@@ -105,12 +115,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int wg = tid / WG, wtid = tid % WG, wwarp = warp % 4;
     const int g = lane / 4, t4 = lane % 4;
-    const int b = blockIdx.z, h = blockIdx.y, e0 = blockIdx.x * DVT;
+    take_work(sched, &s_item);
+    const Work w = work_of(&s_item, sched, n_whole, n_tail, n_seg);
+    const int e0 = (w.chain % (DV / DVT)) * DVT, h = (w.chain / (DV / DVT)) % H, b = w.chain / (DV / DVT) / H;
     const long long bh = (long long)b * H + h;  // this sequence's state
     sequence_of(P, b, cu_seqlens);
     const int S = P.seq_len;  // this sequence's steps
     const long long row0 = ((long long)P.seq_b * H + h) * S_total + P.seq_t0;
     const int n_chunks = (S + C - 1) / C;
+    // The chunks this block visits: visit i is chunk first + i; the first
+    // n_state_only are the previous segment's.
+    const int own = segment_chunk(n_chunks, w.seg, w.n_seg);
+    const int first = w.seg > 0 ? segment_chunk(n_chunks, w.seg - 1, w.n_seg) : own;
+    const int n_state_only = own - first;
+    const int n_visits = segment_chunk(n_chunks, w.seg + 1, w.n_seg) - first;
 
     if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
@@ -125,7 +143,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // The state warpgroup.
         const int sm0 = wwarp * 16;
         state_frag st;
-        state_load(st, state_in ? state_in + bh * DK * DV : nullptr, e0, sm0, 0, g, t4);
+        // A later segment first sums the previous segment's steps from zero.
+        state_load(st, state_in && w.seg == 0 ? state_in + bh * DK * DV : nullptr, e0, sm0, 0, g, t4);
+        float l_prev = 0.f;  // log2 of the decay over the previous segment
         // Per-step values — log2 of the decay (warp 0) and the row factors
         // (warp 1). Where they read custom inputs from global memory they are
         // read a chunk ahead, while this warpgroup waits for the next chunk's
@@ -146,16 +166,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}                }
             }
 {% endif %}        };
-{% if prefetch_steps %}        read_steps(0);
-{% endif %}        for (int ch = 0; ch < n_chunks; ++ch) {
-            const int s = ch & 1, t0 = ch * C;
+{% if prefetch_steps %}        if (n_visits > 0) read_steps(first);
+{% endif %}        // Visit i: the chunk's tiles in, S moved past it (and, from the
+        // block's own chunks on, staged for the output warpgroup first).
+        auto visit = [&](int i, bool output) {
+            const int s = i & 1, ch = first + i, t0 = ch * C;
 {% if !prefetch_steps %}            read_steps(ch);
-{% endif %}            mbar_wait(&bar_full[s], (ch >> 1) & 1);
+{% endif %}            mbar_wait(&bar_full[s], (i >> 1) & 1);
             fence_proxy_async();
             elem_t* cK = sK + s * C * DK;
             elem_t* cV = sV + s * C * DVT;
             float* cL = sL + s * C;
-{% if modify_q && !q_row %}            modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, h, P, wtid);
+{% if modify_q && !q_row %}            if (output) modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, h, P, wtid);
 {% endif %}            {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, 1>(cK, t0, 0, h, P, wtid);
 {% if !v_row %}            {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, 2>(cV, t0, e0, h, P, wtid);
 {% endif %}{% if q_row || v_row %}            if (wwarp == 1) {
@@ -168,6 +190,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}            if (wwarp == 0) chunk_prefix_sum(xd, cL, lane);
             warpgroup_sync(1);
             const float l_last = cL[C - 1];
+            if (!output) l_prev += l_last;
             // Ṽ decayed to the end of the chunk: the state update's B operand.
             for (int x = wtid; x < C * DVT / 8; x += WG) {
                 const int r = x / (DVT / 8), c = (x % (DVT / 8)) * 8;
@@ -176,10 +199,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 uint4 raw = *reinterpret_cast<const uint4*>(cV + at);
                 elem_t* e = reinterpret_cast<elem_t*>(&raw);
 #pragma unroll
-                for (int i = 0; i < 8; ++i) e[i] = from_f32(to_f32(e[i]) * f);
+                for (int j = 0; j < 8; ++j) e[j] = from_f32(to_f32(e[j]) * f);
                 *reinterpret_cast<uint4*>(sVd + at) = raw;
             }
-            state_stage(st, sS + s * DK * DVT, sm0, 0, g, t4);
+            if (output) state_stage(st, sS + s * DK * DVT, sm0, 0, g, t4);
             fence_proxy_async();
             warpgroup_sync(1);
             mbar_arrive(&bar_ready[s]);
@@ -201,29 +224,75 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 #pragma unroll
             for (int mt = 0; mt < SMT; ++mt) wgmma_fence_operands_n64(st[mt]);
             mbar_arrive(&bar_empty[s]);
-{% if prefetch_steps %}            if (ch + 1 < n_chunks) read_steps(ch + 1);
-{% endif %}
+{% if prefetch_steps %}            if (i + 1 < n_visits) read_steps(ch + 1);
+{% endif %}        };
+        for (int i = 0; i < n_state_only; ++i) visit(i, false);
+        // The work item and where its state lives are recomputed (from
+        // shared memory) after each loop rather than held across it: the
+        // state takes the registers.
+        {
+            const Work mine = work_of(&s_item, sched, n_whole, n_tail, n_seg);
+            if (mine.seg > 0) {
+                // Before the block's own chunks: add the state entering the
+                // previous segment, decayed over it, and publish the sum for
+                // the next segment. The sum is formed in this segment's
+                // `carry` slot (through memory: with the state in registers
+                // ptxas would spill).
+                int* flags = sched + 1 + mine.tail * mine.n_seg;
+                float* slot = carry + ((long long)mine.tail * mine.n_seg + mine.seg) * DK * DVT;
+                state_store<DVT>(st, slot, 0, sm0, 0, g, t4);
+                const float* prev = nullptr;
+                int prev_ld = DVT;
+                if (mine.seg == 1) {
+                    if (state_in)
+                        prev = state_in + (long long)(mine.chain / (DV / DVT)) * DK * DV + (mine.chain % (DV / DVT)) * DVT;
+                    prev_ld = DV;
+                } else {
+                    if (wtid == 0) flag_acquire(flags + mine.seg - 1);
+                    prev = slot - DK * DVT;
+                }
+                warpgroup_sync(1);
+                if (prev) state_combine(slot, prev, prev_ld, fast_exp2(l_prev), wtid);
+                __threadfence();
+                warpgroup_sync(1);
+                if (wtid == 0 && mine.seg + 1 < mine.n_seg) flag_release(flags + mine.seg);
+                state_load<DVT>(st, slot, 0, sm0, 0, g, t4);
+            }
         }
-        if (state_out) state_store(st, state_out + bh * DK * DV, e0, sm0, 0, g, t4);
+        for (int i = n_state_only; i < n_visits; ++i) visit(i, true);
+        const Work mine = work_of(&s_item, sched, n_whole, n_tail, n_seg);
+        // chain / slices = b · H + h: the sequence's state.
+        if (state_out && mine.seg + 1 == mine.n_seg)
+            state_store(st, state_out + (long long)(mine.chain / (DV / DVT)) * DK * DV, (mine.chain % (DV / DVT)) * DVT,
+                        sm0, 0, g, t4);
         return;
     }
 
-    // The output warpgroup, which also loads the chunks.
+    // The output warpgroup, which also loads the chunks (Q̃ only for the
+    // block's own).
     const elem_t* qg = q + row0 * DK;
     const elem_t* kg = k + row0 * DK;
     const elem_t* vg = v + row0 * DV + e0;
-    auto load_chunk = [&](int ch) {
-        const int st = ch & 1, t0 = ch * C;
-        load_tile_sw128<C, DK, WG>(sQ + st * C * DK, qg, t0, S, wtid);
+    auto load_visit = [&](int i) {
+        const int st = i & 1, t0 = (first + i) * C;
+        if (i >= n_state_only) load_tile_sw128<C, DK, WG>(sQ + st * C * DK, qg, t0, S, wtid);
         load_tile_sw128<C, DK, WG>(sK + st * C * DK, kg, t0, S, wtid);
         load_tile_sw128<C, DVT, WG, DV>(sV + st * C * DVT, vg, t0, S, wtid);
         mbar_arrive_cp_async(&bar_full[st]);
     };
-    for (int ch = 0; ch < min(2, n_chunks); ++ch) load_chunk(ch);
+    for (int i = 0; i < min(2, n_visits); ++i) load_visit(i);
     elem_t* og = o + row0 * DV + e0;
-    for (int ch = 0; ch < n_chunks; ++ch) {
-        const int s = ch & 1, t0 = ch * C;
-        mbar_wait(&bar_ready[s], (ch >> 1) & 1);
+    for (int i = 0; i < n_visits; ++i) {
+        const int s = i & 1, t0 = (first + i) * C;
+        mbar_wait(&bar_ready[s], (i >> 1) & 1);
+        if (i < n_state_only) {
+            // The state warpgroup reads K̃ and Ṽ alone: reload once it is done.
+            if (i + 2 < n_visits) {
+                mbar_wait(&bar_empty[s], (i >> 1) & 1);
+                load_visit(i + 2);
+            }
+            continue;
+        }
         fence_proxy_async();
         const float* cL = sL + s * C;
         float a[C / 8][4], acc[DVT / 8][4];
@@ -243,7 +312,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         wgmma_wait0();
         wgmma_fence_operands_n64(a);
         wgmma_fence_operands_n64(acc);
-
         // Causal decay inside the chunk; the state's share decays to each row.
         const int r_lo = wwarp * 16 + g, r_hi = r_lo + 8;
         const float l_lo = cL[r_lo], l_hi = cL[r_hi];
@@ -287,11 +355,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         wgmma_fence_operands_n64(acc);
         fence_regs(pa);
 {% if q_row %}        const float mq_lo = sMq[s * C + r_lo], mq_hi = sMq[s * C + r_hi];
-{% endif %}        if (ch + 2 < n_chunks) {
+{% endif %}        if (i + 2 < n_visits) {
             // This warpgroup is done with the stage; the state warpgroup too
             // once it has moved S past this chunk.
-            mbar_wait(&bar_empty[s], (ch >> 1) & 1);
-            load_chunk(ch + 2);
+            mbar_wait(&bar_empty[s], (i >> 1) & 1);
+            load_visit(i + 2);
         }
 #pragma unroll
         for (int nt = 0; nt < DVT / 8; ++nt)

@@ -11,8 +11,9 @@
 #endif
 typedef float state_frag[SMT][SNT][4];
 
-// The thread's elements from an f32 [DK, DV] matrix at column e0 (zero where
+// The thread's elements from an f32 [DK, LD] matrix at column e0 (zero where
 // `src` is null).
+template <int LD = DV>
 __device__ __forceinline__ void state_load(state_frag& st, const float* src, int e0, int sm0, int sn0, int g, int t4) {
 #pragma unroll
     for (int mt = 0; mt < SMT; ++mt)
@@ -21,11 +22,12 @@ __device__ __forceinline__ void state_load(state_frag& st, const float* src, int
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         const int r = sm0 + mt * STATE_MT_ROWS + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
-        st[mt][nt][c] = src ? src[(long long)r * DV + e0 + col] : 0.f;
+        st[mt][nt][c] = src ? src[(long long)r * LD + e0 + col] : 0.f;
     }
 }
 
-// The thread's elements into an f32 [DK, DV] matrix at column e0.
+// The thread's elements into an f32 [DK, LD] matrix at column e0.
+template <int LD = DV>
 __device__ __forceinline__ void state_store(const state_frag& st, float* dst, int e0, int sm0, int sn0, int g, int t4) {
 #pragma unroll
     for (int mt = 0; mt < SMT; ++mt)
@@ -34,7 +36,7 @@ __device__ __forceinline__ void state_store(const state_frag& st, float* dst, in
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
         const int r = sm0 + mt * STATE_MT_ROWS + g + 8 * (c / 2), col = sn0 + nt * 8 + 2 * t4 + c % 2;
-        dst[(long long)r * DV + e0 + col] = st[mt][nt][c];
+        dst[(long long)r * LD + e0 + col] = st[mt][nt][c];
     }
 }
 

@@ -185,6 +185,11 @@ pub enum ArgKind {
     /// sequence `n` is steps `cu_seqlens[n] … cu_seqlens[n + 1] − 1` of
     /// batch 0 and the grid's z (`B`) is `N`. Null: B sequences of S steps.
     CuSeqlens,
+    /// An `i32` of the sequence-segment schedule of the sm_90a recurrent
+    /// forward (`n_whole`, `n_tail`, `n_seg`; see
+    /// [`SegmentSplit`](super::recurrent_wgmma::SegmentSplit)). Ignored when
+    /// its `sched` workspace is null.
+    Segments(&'static str),
 }
 
 /// The forward's arguments in launch order (every target's forward takes

@@ -184,6 +184,11 @@ pub struct RecurrentSource {
     pub normalized: bool,
     /// Whether this is the sm_90a wgmma kernel (else the `mma.sync` one).
     pub wgmma: bool,
+    /// Whether the kernel can run chains in sequence segments
+    /// ([`SegmentSplit`](super::recurrent_wgmma::SegmentSplit)): the wgmma
+    /// kernel up to Dk 128 (at Dk 256 the state leaves no registers for
+    /// it). It still takes the schedule's arguments otherwise.
+    pub segments: bool,
 }
 
 impl RecurrentSource {
@@ -411,6 +416,7 @@ fn chunked_forward(
         config: *cfg,
         normalized: normalize,
         wgmma: false,
+        segments: false,
     })
 }
 
