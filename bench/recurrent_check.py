@@ -66,9 +66,10 @@ class RecurrentKernel:
             whole, tail, n_seg = segment_split(slices * h * b, -(-s // self.meta["chunk"]), self.sms)
         if n_seg > 1:
             # The schedule's counter and flags start at zero each launch.
-            bufs["sched"] = torch.zeros(1 + tail * n_seg, device=dev, dtype=torch.int32)
-            bufs["carry"] = torch.empty(tail * n_seg * self.meta["dk"] * 64, device=dev, dtype=torch.float32)
-            grid = (whole + tail * n_seg, 1, 1)
+            published = tail * (n_seg - 1)  # segments run for the state alone
+            bufs["sched"] = torch.zeros(1 + published, device=dev, dtype=torch.int32)
+            bufs["carry"] = torch.empty(published * (2 * self.meta["dk"] * 64 + 1), device=dev, dtype=torch.float32)
+            grid = (whole + tail * n_seg + published, 1, 1)
         segs = dict(n_whole=whole, n_tail=tail, n_seg=n_seg)
         vals = []
         for a in self.meta["args"]:

@@ -333,10 +333,19 @@ fn cpu_recurrent_source_generates_without_a_gpu() {
             ArgKind::State("state_in"),
             ArgKind::State("state_out"),
             ArgKind::CuSeqlens,
+            ArgKind::Workspace("sched"),
+            ArgKind::Workspace("carry"),
             ArgKind::Size(Axis::B),
             ArgKind::Size(Axis::H),
             ArgKind::Size(Axis::S),
+            ArgKind::Segments("n_whole"),
+            ArgKind::Segments("n_tail"),
+            ArgKind::Segments("n_seg"),
         ]
+    );
+    assert!(
+        src.wgmma && src.segments,
+        "the sm_90a kernel at Dk 128 runs segments"
     );
     assert!(!src.normalized);
     assert_eq!((src.dk, src.dv), (128, 64));
@@ -760,6 +769,7 @@ fn gpu_recurrent_segments() {
     for (name, sizes, initial) in [
         ("retnet_recurrent", [1, 2, 1500, 128, 128], true),
         ("gated_retention", [2, 1, 1000, 128, 64], false),
+        ("gated_retention", [1, 1, 1100, 256, 256], true),
         ("mamba2", [1, 3, 777, 64, 64], true),
     ] {
         let Some((_, _, kernels, _, _)) =

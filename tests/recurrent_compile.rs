@@ -364,6 +364,7 @@ fn c_name(variant: &aec::frontend::Variant, a: &aec::compiler::ArgKind) -> Strin
         ArgKind::Custom(n) => format!("in{}", custom(n)),
         ArgKind::CustomGrad(n) => format!("g{}", custom(n)),
         ArgKind::CuSeqlens => "cu_seqlens".into(),
+        ArgKind::Segments(n) => n.to_string(),
         ArgKind::Size(Axis::S) => "S_total".into(),
         ArgKind::Size(axis) => axis.name().to_string(),
         other => panic!("a recurrent kernel takes no {other:?}"),

@@ -23,10 +23,8 @@
 // A modification of q or v that scales whole rows (`x · f(b, h, t)`) is not
 // applied to the tiles: the row factors go to shared memory, q's scales the
 // output rows and v's the columns of A and the rows of Ṽd.
-// A block walks a whole chain or one segment of it (recurrent_segments.cu):
-// a segment after the first first walks its predecessor's chunks for the
-// state alone (K̃ and Ṽ only, no output), so the chunks a block visits are
-// one run, its own from visit `n_state_only` on.
+// A block walks a whole chain, or one segment of it for the output or for
+// the state alone (recurrent_segments.cu).
 // All tiles are 128-byte-swizzled panels (prelude_sm90.cu). Rows past the
 // end of the sequence are zero in K̃ and Ṽ, so they add nothing to S.
 #include <{{ sp.header }}>
@@ -40,9 +38,6 @@
 #define NT (2 * WG)
 #define PAD 0
 #define SVS DVT
-// Whether the kernel runs segments of a chain (recurrent_segments.cu): not at
-// DK 256, where the state leaves no registers for it.
-#define SEGMENTS {{ segments }}
 // The state as wgmma accumulators: DK / 64 m64 tiles of 64 columns; the
 // state warpgroup's warp w holds rows 16w.. of each (recurrent_state.cu).
 #define SMT (DK / 64)
@@ -123,13 +118,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const int S = P.seq_len;  // this sequence's steps
     const long long row0 = ((long long)P.seq_b * H + h) * S_total + P.seq_t0;
     const int n_chunks = (S + C - 1) / C;
-    // The chunks this block visits: visit i is chunk first + i; the first
-    // n_state_only are the previous segment's.
-    const int own = segment_chunk(n_chunks, w.seg, w.n_seg);
-    const int first = w.seg > 0 ? segment_chunk(n_chunks, w.seg - 1, w.n_seg) : own;
-    const int n_state_only = own - first;
+    // The chunks this block visits: visit i is chunk first + i.
+    const int first = segment_chunk(n_chunks, w.seg, w.n_seg);
     const int n_visits = segment_chunk(n_chunks, w.seg + 1, w.n_seg) - first;
+    const bool state_only = w.state_only;
 
+    if (w.seg > 0 && !state_only)
+        fold_entering_state(carry, sched, n_tail, n_seg, w, state_in ? state_in + bh * DK * DV + e0 : nullptr, tid);
     if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
             mbar_init(&bar_full[st], WG);
@@ -143,9 +138,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // The state warpgroup.
         const int sm0 = wwarp * 16;
         state_frag st;
-        // A later segment first sums the previous segment's steps from zero.
-        state_load(st, state_in && w.seg == 0 ? state_in + bh * DK * DV : nullptr, e0, sm0, 0, g, t4);
-        float l_prev = 0.f;  // log2 of the decay over the previous segment
+        // A segment for the state alone starts from zero, a later segment
+        // from the folded state, every other walk from the initial state.
+        if (w.seg > 0 && !state_only)
+            state_load<DVT>(st, entering_slot(carry, n_tail, n_seg, w.tail, w.seg), 0, sm0, 0, g, t4);
+        else
+            state_load(st, state_in && !state_only ? state_in + bh * DK * DV : nullptr, e0, sm0, 0, g, t4);
+        float l_sum = 0.f;  // log2 of the decay over a segment for the state alone
         // Per-step values — log2 of the decay (warp 0) and the row factors
         // (warp 1). Where they read custom inputs from global memory they are
         // read a chunk ahead, while this warpgroup waits for the next chunk's
@@ -190,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}            if (wwarp == 0) chunk_prefix_sum(xd, cL, lane);
             warpgroup_sync(1);
             const float l_last = cL[C - 1];
-            if (!output) l_prev += l_last;
+            if (!output) l_sum += l_last;
             // Ṽ decayed to the end of the chunk: the state update's B operand.
             for (int x = wtid; x < C * DVT / 8; x += WG) {
                 const int r = x / (DVT / 8), c = (x % (DVT / 8)) * 8;
@@ -226,40 +225,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             mbar_arrive(&bar_empty[s]);
 {% if prefetch_steps %}            if (i + 1 < n_visits) read_steps(ch + 1);
 {% endif %}        };
-        for (int i = 0; i < n_state_only; ++i) visit(i, false);
-        // The work item and where its state lives are recomputed (from
-        // shared memory) after each loop rather than held across it: the
-        // state takes the registers.
-        {
+        if (state_only) {
+            for (int i = 0; i < n_visits; ++i) visit(i, false);
+            // Publish the segment's state and decay (the item is recomputed
+            // rather than held across the loop: the state takes the registers).
             const Work mine = work_of(&s_item, sched, n_whole, n_tail, n_seg);
-            if (mine.seg > 0) {
-                // Before the block's own chunks: add the state entering the
-                // previous segment, decayed over it, and publish the sum for
-                // the next segment. The sum is formed in this segment's
-                // `carry` slot (through memory: with the state in registers
-                // ptxas would spill).
-                int* flags = sched + 1 + mine.tail * mine.n_seg;
-                float* slot = carry + ((long long)mine.tail * mine.n_seg + mine.seg) * DK * DVT;
-                state_store<DVT>(st, slot, 0, sm0, 0, g, t4);
-                const float* prev = nullptr;
-                int prev_ld = DVT;
-                if (mine.seg == 1) {
-                    if (state_in)
-                        prev = state_in + (long long)(mine.chain / (DV / DVT)) * DK * DV + (mine.chain % (DV / DVT)) * DVT;
-                    prev_ld = DV;
-                } else {
-                    if (wtid == 0) flag_acquire(flags + mine.seg - 1);
-                    prev = slot - DK * DVT;
-                }
-                warpgroup_sync(1);
-                if (prev) state_combine(slot, prev, prev_ld, fast_exp2(l_prev), wtid);
-                __threadfence();
-                warpgroup_sync(1);
-                if (wtid == 0 && mine.seg + 1 < mine.n_seg) flag_release(flags + mine.seg);
-                state_load<DVT>(st, slot, 0, sm0, 0, g, t4);
-            }
+            const int j = published(mine.tail, mine.seg, mine.n_seg);
+            state_store<DVT>(st, carry + (long long)j * DK * DVT, 0, sm0, 0, g, t4);
+            if (wtid == 0) published_log_decays(carry, n_tail, n_seg)[j] = l_sum;
+            __threadfence();
+            warpgroup_sync(1);
+            if (wtid == 0) flag_release(sched + 1 + j);
+            return;
         }
-        for (int i = n_state_only; i < n_visits; ++i) visit(i, true);
+        for (int i = 0; i < n_visits; ++i) visit(i, true);
         const Work mine = work_of(&s_item, sched, n_whole, n_tail, n_seg);
         // chain / slices = b · H + h: the sequence's state.
         if (state_out && mine.seg + 1 == mine.n_seg)
@@ -275,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* vg = v + row0 * DV + e0;
     auto load_visit = [&](int i) {
         const int st = i & 1, t0 = (first + i) * C;
-        if (i >= n_state_only) load_tile_sw128<C, DK, WG>(sQ + st * C * DK, qg, t0, S, wtid);
+        if (!state_only) load_tile_sw128<C, DK, WG>(sQ + st * C * DK, qg, t0, S, wtid);
         load_tile_sw128<C, DK, WG>(sK + st * C * DK, kg, t0, S, wtid);
         load_tile_sw128<C, DVT, WG, DV>(sV + st * C * DVT, vg, t0, S, wtid);
         mbar_arrive_cp_async(&bar_full[st]);
@@ -285,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     for (int i = 0; i < n_visits; ++i) {
         const int s = i & 1, t0 = (first + i) * C;
         mbar_wait(&bar_ready[s], (i >> 1) & 1);
-        if (i < n_state_only) {
+        if (state_only) {
             // The state warpgroup reads K̃ and Ṽ alone: reload once it is done.
             if (i + 2 < n_visits) {
                 mbar_wait(&bar_empty[s], (i >> 1) & 1);

@@ -186,8 +186,7 @@ pub struct RecurrentSource {
     pub wgmma: bool,
     /// Whether the kernel can run chains in sequence segments
     /// ([`SegmentSplit`](super::recurrent_wgmma::SegmentSplit)): the wgmma
-    /// kernel up to Dk 128 (at Dk 256 the state leaves no registers for
-    /// it). It still takes the schedule's arguments otherwise.
+    /// kernel (which then takes the schedule's arguments).
     pub segments: bool,
 }
 

@@ -18,18 +18,13 @@ const DV_SLICE: u32 = 64;
 /// Warps of the wgmma forward: two warpgroups.
 const WARPS: u32 = 8;
 
-/// The largest Dk whose kernel runs segments: at Dk 256 the state warpgroup
-/// already holds 128 f32 registers of state per thread and ptxas spills the
-/// segment bookkeeping.
-const SEGMENTS_MAX_DK: u32 = 128;
-
-/// Segments of a split chain are at least this many chunks long: each
-/// segment after the first re-reads its predecessor's K and V to find its
-/// entering state, which only pays off over a few chunks.
+/// Segments of a split chain are at least this many chunks long: all but
+/// the last also run once for the state alone (K and V read twice), which
+/// only pays off over a few chunks.
 const MIN_SEGMENT_CHUNKS: u64 = 4;
 
-/// At most this many segments per chain: their entering states are chained
-/// one after another through global memory.
+/// At most this many segments per chain: the last one folds the states of
+/// all the others.
 const MAX_SEGMENTS: u64 = 16;
 
 /// How the wgmma forward's chains (one per Dv slice, head and sequence, each
@@ -39,14 +34,15 @@ const MAX_SEGMENTS: u64 = 16;
 /// `sms`; a last wave of a few chains would leave most multiprocessors idle
 /// for a whole chain's time. Instead the first `whole` chains (full waves)
 /// run as they are and each of the last `tail` chains is cut into `segments`
-/// pieces of its sequence that run side by side. Segment `p > 0` first runs
-/// the state recurrence alone over segment `p − 1` (K and V only), combines
-/// it with the state entering segment `p − 1` — the initial state for
-/// `p = 1`, otherwise published by that segment's block through the `carry`
-/// workspace — publishes its own entering state for segment `p + 1` and then
-/// runs the full chunked forward over its steps. Blocks take their work in
-/// launch order from a counter in the `sched` workspace, so a block only
-/// waits on work already taken by a running block.
+/// pieces of its sequence that run side by side. For that, segments
+/// `0 … segments − 2` of each cut chain first run for the state alone (K and
+/// V only, from a zero state; blocks taken before the whole chains, so they
+/// overlap them) and publish it with its total decay in the `carry`
+/// workspace; segment `p` then starts from the initial state with the
+/// published segments before it folded on. Blocks take their work in launch
+/// order from a counter in the `sched` workspace (which also holds the
+/// published flags), so a block only waits on work already taken by a
+/// running block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentSplit {
     /// Chains run whole (the first ones, in (slice, head, sequence) order).
@@ -88,21 +84,28 @@ impl SegmentSplit {
         }
     }
 
-    /// Blocks to launch: one per whole chain and per segment.
+    /// Segments run for the state alone: all but the last of each cut chain.
+    fn published(&self) -> u64 {
+        u64::from(self.tail) * u64::from(self.segments.saturating_sub(1))
+    }
+
+    /// Blocks to launch: one per whole chain, per segment and per segment
+    /// run for the state alone.
     pub fn blocks(&self) -> u64 {
-        u64::from(self.whole) + u64::from(self.tail) * u64::from(self.segments)
+        u64::from(self.whole) + u64::from(self.tail) * u64::from(self.segments) + self.published()
     }
 
     /// i32 elements of the `sched` workspace (zeroed before each launch):
-    /// the work counter and one ready flag per segment.
+    /// the work counter and one flag per published segment.
     pub fn sched_len(&self) -> usize {
-        1 + self.tail as usize * self.segments as usize
+        1 + self.published() as usize
     }
 
-    /// f32 elements of the `carry` workspace: one DK × 64 entering state per
-    /// segment.
+    /// f32 elements of the `carry` workspace: per published segment a
+    /// DK × 64 state and its total log2 decay, then per later segment the
+    /// DK × 64 state it enters with.
     pub fn carry_len(&self, dk: u32) -> usize {
-        self.tail as usize * self.segments as usize * dk as usize * DV_SLICE as usize
+        self.published() as usize * (2 * dk as usize * DV_SLICE as usize + 1)
     }
 
     /// The value of kernel argument [`ArgKind::Segments`]`(name)`.
@@ -159,8 +162,6 @@ struct RecurrentWgmmaTemplate<'a> {
     /// Read the per-step values a chunk ahead (they come from custom inputs).
     prefetch_steps: bool,
     decay: bool,
-    /// 1: the kernel can run a segment schedule (`SEGMENTS`).
-    segments: u32,
 }
 
 /// The wgmma forward's arguments: the forward's (see
@@ -222,7 +223,6 @@ pub(super) fn wgmma_forward(
             (DV_SLICE, Form::RsNMajor),
         ],
     );
-    let segments = dk <= SEGMENTS_MAX_DK;
     let template = RecurrentWgmmaTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -244,7 +244,6 @@ pub(super) fn wgmma_forward(
         v_row,
         prefetch_steps: !variant.customs.is_empty(),
         decay: rec.decay.is_some(),
-        segments: u32::from(segments),
     };
     let source = template
         .render()
@@ -260,6 +259,43 @@ pub(super) fn wgmma_forward(
         config: *cfg,
         normalized: false,
         wgmma: true,
-        segments,
+        segments: true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SegmentSplit;
+
+    #[test]
+    fn segment_split_cuts_only_a_partial_last_wave() {
+        // Mamba2's benchmark workload on 132 SMs: 160 chains, 64 chunks.
+        let m = SegmentSplit::for_launch(160, 64, 132);
+        assert_eq!((m.whole, m.tail, m.segments), (132, 28, 4));
+        assert_eq!(m.blocks(), 132 + 28 * 4 + 28 * 3);
+        assert_eq!(m.sched_len(), 1 + 28 * 3);
+        assert_eq!(m.carry_len(128), 28 * 3 * (2 * 128 * 64 + 1));
+        assert_eq!(
+            [m.arg("n_whole"), m.arg("n_tail"), m.arg("n_seg")],
+            [Some(132), Some(28), Some(4)]
+        );
+        assert_eq!(m.arg("B"), None);
+        // Gated retention: 320 chains, two full waves and 56 left.
+        let g = SegmentSplit::for_launch(320, 64, 132);
+        assert_eq!((g.whole, g.tail, g.segments), (264, 56, 2));
+        // Few chains over a long sequence: as many segments as the cap.
+        let few = SegmentSplit::for_launch(4, 1000, 132);
+        assert_eq!((few.whole, few.tail, few.segments), (0, 4, 16));
+        // Whole waves, short sequences or a nearly full last wave: no cut.
+        for (chains, chunks) in [(264, 64), (4, 7), (130, 64)] {
+            let s = SegmentSplit::for_launch(chains, chunks, 132);
+            assert_eq!(
+                (s.whole, s.tail, s.segments),
+                (chains as u32, 0, 1),
+                "{chains} {chunks}"
+            );
+            assert_eq!(s.blocks(), chains);
+            assert_eq!((s.sched_len(), s.carry_len(256)), (1, 0));
+        }
+    }
 }
