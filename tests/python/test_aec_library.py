@@ -404,9 +404,18 @@ class WithManifest(unittest.TestCase):
         call = p.prepare(mamba(state_in=info((2, 4, 128, 64), "f32")), want=("state_out",))
         self.assertEqual(call.outputs, ["o", "state_out"])
         self.assertIn(("state_out", "f32", (2, 4, 128, 64), False), call.allocations)
-        # Every pointer given but cu_seqlens (last before B, H, S): equal lengths.
-        self.assertNotIn(("ptr", None), call.launches[0][4][:-4])
-        self.assertEqual(call.launches[0][4][-4], ("ptr", None))
+        # Every pointer given but those the plan passes null: cu_seqlens (equal
+        # lengths) and, for the sm_90a kernel, the segment schedule (chains
+        # run whole).
+        plan_args = p.launch_plans[0]["args"]
+        nulls = {a["null"] for a in plan_args if "null" in a}
+        self.assertIn("cu_seqlens", nulls)
+        self.assertLessEqual(nulls, {"cu_seqlens", "sched", "carry"})
+        for a, given in zip(plan_args, call.launches[0][4]):
+            if "null" in a:
+                self.assertEqual(given, ("ptr", None), a)
+            else:
+                self.assertNotEqual(given, ("ptr", None), a)
         with self.assertRaisesRegex(Error, r"Mamba2 forward: initial_state \(state_in\): expected \[B, H, 128, 64\] = \[2, 4, 128, 64\], got \[2, 4, 64, 128\]"):
             p.prepare(mamba(state_in=info((2, 4, 64, 128), "f32")))
         with self.assertRaisesRegex(Error, r"dt: expected \[B, H, S\] = \[2, 4, 77\], got \[2, 4, 76\]"):
