@@ -166,9 +166,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             }
 {% endif %}        };
 {% if prefetch_steps %}        if (n_visits > 0) read_steps(first);
-{% endif %}        // Visit i: the chunk's tiles in, S moved past it (and, from the
-        // block's own chunks on, staged for the output warpgroup first).
-        auto visit = [&](int i, bool output) {
+{% endif %}        // Visit i: the chunk's tiles in, S moved past it (staged for the
+        // output warpgroup first, unless the block runs for the state alone).
+        for (int i = 0; i < n_visits; ++i) {
             const int s = i & 1, ch = first + i, t0 = ch * C;
 {% if !prefetch_steps %}            read_steps(ch);
 {% endif %}            mbar_wait(&bar_full[s], (i >> 1) & 1);
@@ -176,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             elem_t* cK = sK + s * C * DK;
             elem_t* cV = sV + s * C * DVT;
             float* cL = sL + s * C;
-{% if modify_q && !q_row %}            if (output) modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, h, P, wtid);
+{% if modify_q && !q_row %}            if (!state_only) modify_tile<DK, 0>(sQ + s * C * DK, t0, 0, h, P, wtid);
 {% endif %}            {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<DK, 1>(cK, t0, 0, h, P, wtid);
 {% if !v_row %}            {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<DVT, 2>(cV, t0, e0, h, P, wtid);
 {% endif %}{% if q_row || v_row %}            if (wwarp == 1) {
@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}            if (wwarp == 0) chunk_prefix_sum(xd, cL, lane);
             warpgroup_sync(1);
             const float l_last = cL[C - 1];
-            if (!output) l_sum += l_last;
+            if (state_only) l_sum += l_last;
             // Ṽ decayed to the end of the chunk: the state update's B operand.
             for (int x = wtid; x < C * DVT / 8; x += WG) {
                 const int r = x / (DVT / 8), c = (x % (DVT / 8)) * 8;
@@ -201,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 for (int j = 0; j < 8; ++j) e[j] = from_f32(to_f32(e[j]) * f);
                 *reinterpret_cast<uint4*>(sVd + at) = raw;
             }
-            if (output) state_stage(st, sS + s * DK * DVT, sm0, 0, g, t4);
+            if (!state_only) state_stage(st, sS + s * DK * DVT, sm0, 0, g, t4);
             fence_proxy_async();
             warpgroup_sync(1);
             mbar_arrive(&bar_ready[s]);
@@ -224,9 +224,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             for (int mt = 0; mt < SMT; ++mt) wgmma_fence_operands_n64(st[mt]);
             mbar_arrive(&bar_empty[s]);
 {% if prefetch_steps %}            if (i + 1 < n_visits) read_steps(ch + 1);
-{% endif %}        };
+{% endif %}        }
         if (state_only) {
-            for (int i = 0; i < n_visits; ++i) visit(i, false);
             // Publish the segment's state and decay (the item is recomputed
             // rather than held across the loop: the state takes the registers).
             const Work mine = work_of(&s_item, sched, n_whole, n_tail, n_seg);
@@ -238,7 +237,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             if (wtid == 0) flag_release(sched + 1 + j);
             return;
         }
-        for (int i = 0; i < n_visits; ++i) visit(i, true);
         const Work mine = work_of(&s_item, sched, n_whole, n_tail, n_seg);
         // chain / slices = b · H + h: the sequence's state.
         if (state_out && mine.seg + 1 == mine.n_seg)
