@@ -33,6 +33,7 @@ pub use aec_runtime as runtime;
 pub mod library;
 pub use library::Library;
 pub mod run;
+pub mod tune;
 pub use run::{
     Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
     RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,

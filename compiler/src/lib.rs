@@ -12,6 +12,7 @@ pub mod cxx;
 pub mod hip;
 pub mod intervals;
 pub mod launch_plan;
+pub mod schedule;
 pub mod simplify;
 
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};

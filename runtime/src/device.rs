@@ -28,6 +28,25 @@ fn require_driver() -> Result<()> {
     }
 }
 
+/// The CUDA driver's version as (major, minor), e.g. (13, 0): part of
+/// tuning-cache keys, since a driver update can change what is fastest.
+#[allow(unsafe_code)]
+pub fn driver_version() -> Result<(u32, u32)> {
+    require_driver()?;
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: the driver library is present (checked above); the call only
+    // writes the version through the valid pointer it is given, and needs
+    // no cuInit.
+    let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    if status != cudaError_enum::CUDA_SUCCESS {
+        return Err(RuntimeError::NoDriver {
+            detail: format!("cuDriverGetVersion failed: {status:?}"),
+        });
+    }
+    let v = u32::try_from(v).unwrap_or(0);
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
 /// What the compiler and launcher need to know about a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {

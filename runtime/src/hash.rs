@@ -36,6 +36,12 @@ pub(crate) fn fnv128(data: &[u8]) -> u128 {
     Fnv128::new().bytes(data).finish()
 }
 
+/// A hex digest (FNV-1a, 128 bit) of `data`: stable across runs, versions
+/// and platforms; for keys (tuning cache, variants), not for security.
+pub fn hex_digest(data: &[u8]) -> String {
+    format!("{:032x}", Fnv128::new().bytes(data).finish())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

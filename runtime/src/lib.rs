@@ -8,6 +8,8 @@
 //! - [`Module`], [`Kernel`], [`Arg`]: loading and checked launches.
 //! - [`Stream`], [`DeviceBuffer`]: copies; [`time_ms`]: event timing.
 //! - [`ptxas_resources`], [`sass`]: the compile checks' view of a kernel.
+//! - [`tuning`]: the autotuner's persistent results ([`TuningCache`]), one
+//!   JSON file shared by every process (`AEC_TUNING_CACHE`).
 //! - [`hip_compile`], [`hip_resources`], [`hip_isa`]: AMD code objects built
 //!   and read offline (no AMD GPU or HIP runtime needed).
 //! - With the cargo feature `hip`: [`HipDevice`], [`HipModule`],
@@ -30,10 +32,12 @@ mod resources;
 mod stream;
 mod timer;
 mod tools;
+pub mod tuning;
 
 pub use cache::{CacheKey, KernelCache, default_dir as default_cache_dir};
-pub use device::{Device, DeviceInfo, arch_for, driver_present};
+pub use device::{Device, DeviceInfo, arch_for, driver_present, driver_version};
 pub use error::{Result, RuntimeError};
+pub use hash::hex_digest;
 #[cfg(feature = "hip")]
 pub use hip_runtime::{HipBuffer, HipDevice, HipKernel, HipModule, HipParam, hip_time_ms};
 pub use hip_tools::{
@@ -49,6 +53,10 @@ pub use resources::{ResourceUsage, parse_ptxas_verbose};
 pub use stream::Stream;
 pub use timer::{Timing, time_ms};
 pub use tools::{find_tool, ptxas_resources, sass, toolchains_required};
+pub use tuning::{
+    Rejection, ShapeBucket, TUNING_CACHE_VERSION, TunedEntry, TuningCache, TuningCacheError,
+    TuningKey, bucket_len, performance_portability,
+};
 
 /// The element types device buffers hold.
 pub use half::{bf16, f16};

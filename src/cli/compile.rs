@@ -51,7 +51,7 @@ pub enum Target {
 }
 
 impl Target {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Target::A100 => "a100",
             Target::H100 => "h100",

@@ -1,8 +1,10 @@
 //! Command-line interface. Only this layer reads files and sets exit codes.
 
+mod cache;
 mod check;
 mod compile;
 mod devices;
+mod tune;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -29,6 +31,15 @@ enum Command {
     /// List the GPUs kernels can run on here: NVIDIA (CUDA driver) and, when
     /// built with the `hip` feature, AMD (HIP runtime).
     Devices(devices::DevicesArgs),
+    /// Tune a variant's parallel forward on the GPU present: rank the tile
+    /// configurations with the cost model, compile the best in parallel,
+    /// profile them and the default, and store the fastest per shape bucket
+    /// in the tuning cache (read by `ParallelKernels::compile_for_shape`).
+    /// `--target` ranks with the model only, without a GPU.
+    Tune(tune::TuneArgs),
+    /// Inspect and manage the autotuner's tuning cache: list, show, clear,
+    /// export, import.
+    Cache(cache::CacheArgs),
 }
 
 /// Exit code for problems in the user's input (bad file, DSL errors).
@@ -40,5 +51,7 @@ pub fn run() -> ExitCode {
         Command::Check(args) => check::run(&args),
         Command::Compile(args) => compile::run(&args),
         Command::Devices(args) => devices::run(&args),
+        Command::Tune(args) => tune::run(&args),
+        Command::Cache(args) => cache::run(&args),
     }
 }

@@ -103,6 +103,10 @@ pub trait KernelElement: Element + sealed::Sealed {
     fn arg(b: &DeviceBuffer<Self>) -> Arg<'_>;
     #[doc(hidden)]
     fn arg_mut(b: &mut DeviceBuffer<Self>) -> Arg<'_>;
+    #[doc(hidden)]
+    fn from_f32(x: f32) -> Self;
+    #[doc(hidden)]
+    fn to_f32(self) -> f32;
 }
 
 impl KernelElement for bf16 {
@@ -113,6 +117,12 @@ impl KernelElement for bf16 {
     fn arg_mut(b: &mut DeviceBuffer<Self>) -> Arg<'_> {
         Arg::from(b)
     }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
 }
 
 impl KernelElement for f16 {
@@ -122,6 +132,12 @@ impl KernelElement for f16 {
     }
     fn arg_mut(b: &mut DeviceBuffer<Self>) -> Arg<'_> {
         Arg::from(b)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
     }
 }
 
@@ -333,6 +349,19 @@ fn compile_and_load(
     Module::load(device, &compiled.cubin).map_err(loading_error(device, what))
 }
 
+/// Compiles `code` for `device` into the kernel cache without loading it:
+/// NVRTC is thread-safe, so the tuner compiles its plans in parallel this
+/// way and loads them afterwards from the cache.
+pub(crate) fn warm_kernel_cache(
+    device: &Device,
+    code: &str,
+    options: &KernelOptions,
+) -> Result<(), RuntimeError> {
+    let mut opts = CompileOptions::new(device.arch());
+    opts.flags.extend(options.nvrtc_flags.iter().cloned());
+    cache().compile(code, &opts).map(|_| ())
+}
+
 /// The error of loading `what` (a module, or a kernel looked up in it) onto
 /// `device`.
 fn loading_error(device: &Device, what: &str) -> impl Fn(RuntimeError) -> Error {
@@ -497,6 +526,39 @@ impl ParallelKernels {
         })
     }
 
+    /// [`compile`](Self::compile) for calls of `shape`'s bucket: when
+    /// `options` names no configuration, the one `aec tune` stored in the
+    /// tuning cache for this variant, GPU, toolchain and shape bucket, else
+    /// the default. It never tunes; a missing or unreadable cache means the
+    /// default.
+    pub fn compile_for_shape(
+        variant: &frontend::Variant,
+        device: &Device,
+        dims: HeadDims,
+        shape: Shape,
+        options: &KernelOptions,
+    ) -> Result<ParallelKernels, Error> {
+        let mut options = options.clone();
+        if options.config.is_none() {
+            use crate::tune::{KeyParts, dispatch};
+            let (gpu, target, driver, toolkit) = dispatch::device_key_parts(device);
+            let parts = KeyParts {
+                gpu: &gpu,
+                target: &target,
+                driver: &driver,
+                toolkit: &toolkit,
+            };
+            let plan = dispatch::ForwardDispatch::new(variant, dims, options.elem, &parts);
+            let cache = dispatch::process_cache()
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((_, config)) = plan.lookup(&cache, shape) {
+                options.config = Some(config);
+            }
+        }
+        ParallelKernels::compile(variant, device, dims, &options)
+    }
+
     /// The variant the kernels were generated from.
     pub fn variant(&self) -> &frontend::Variant {
         &self.variant
@@ -598,6 +660,91 @@ impl ParallelKernels {
         customs: &[(&str, &DeviceBuffer<f32>)],
         shape: Shape,
     ) -> Result<ForwardOutput<T>, Error> {
+        self.check_inputs(stream, q, k, v, customs, shape)?;
+
+        let mut out = self.alloc_output::<T>(stream, shape)?;
+        self.launch_into(stream, q, k, v, customs, &mut out)?;
+        Ok(out)
+    }
+
+    /// Allocates (zeroed) what [`forward`](Self::forward) returns for `shape`,
+    /// for [`forward_into`](Self::forward_into).
+    pub fn alloc_output<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        shape: Shape,
+    ) -> Result<ForwardOutput<T>, Error> {
+        let runtime = |e| Error::Runtime {
+            during: format!("allocating the outputs of `{}`", self.source.name),
+            source: e,
+        };
+        let rows = shape.rows();
+        let n_rows = self.source.row_outputs.len();
+        let o = stream
+            .alloc_zeros::<T>(rows * self.dims.dv as usize)
+            .map_err(runtime)?;
+        let row_outputs = stream
+            .alloc_zeros::<f32>(n_rows.max(1) * rows)
+            .map_err(runtime)?;
+        Ok(ForwardOutput {
+            o,
+            row_outputs,
+            row_names: self.source.row_outputs.clone(),
+            shape,
+            dv: self.dims.dv,
+        })
+    }
+
+    /// [`forward`](Self::forward) into outputs allocated before (by
+    /// [`alloc_output`](Self::alloc_output) for `out.shape`): no allocation
+    /// of o or the row outputs, so repeated calls (benchmarks, tuning) time
+    /// the kernels alone. The same checks as `forward`, and `out`'s buffers
+    /// must have its shape's lengths.
+    pub fn forward_into<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        out: &mut ForwardOutput<T>,
+    ) -> Result<(), Error> {
+        let shape = out.shape;
+        self.check_inputs(stream, q, k, v, customs, shape)?;
+
+        let rows = shape.rows();
+        let n_rows = self.source.row_outputs.len().max(1);
+        for (name, len, want) in [
+            ("o", out.o.len(), rows * self.dims.dv as usize),
+            ("rowout", out.row_outputs.len(), n_rows * rows),
+        ] {
+            if len != want {
+                return Err(Error::Shape(format!(
+                    "output `{name}` has {len} elements, but the shape {shape} needs {want}: \
+                     allocate it with alloc_output"
+                )));
+            }
+        }
+        self.check_devices(
+            stream,
+            [
+                ("o", out.o.ordinal()),
+                ("rowout", out.row_outputs.ordinal()),
+            ],
+        )?;
+        self.launch_into(stream, q, k, v, customs, out)
+    }
+
+    /// The forward's input checks: element type, devices, shapes.
+    fn check_inputs<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        shape: Shape,
+    ) -> Result<(), Error> {
         self.check_elem::<T>("q, k and v")?;
         let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
             .into_iter()
@@ -608,7 +755,20 @@ impl ParallelKernels {
             .chain(customs.iter().map(|(n, b)| (*n, b.len())))
             .collect();
         self.check(shape, &lens)?;
+        Ok(())
+    }
 
+    /// Launches the forward (and the combine) into `out` after the checks.
+    fn launch_into<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        out: &mut ForwardOutput<T>,
+    ) -> Result<(), Error> {
+        let shape = out.shape;
         // Split-KV where the grid leaves the GPU idle (decoding): partial rows
         // into two workspaces, merged by the combine kernel.
         let n_splits = self.kv_splits(shape);
@@ -627,13 +787,7 @@ impl ParallelKernels {
             source: e,
         };
         let rows = shape.rows();
-        let n_rows = self.source.row_outputs.len();
-        let mut o = stream
-            .alloc_zeros::<T>(rows * self.dims.dv as usize)
-            .map_err(runtime)?;
-        let mut row_outputs = stream
-            .alloc_zeros::<f32>(n_rows.max(1) * rows)
-            .map_err(runtime)?;
+        let (o, row_outputs) = (&mut out.o, &mut out.row_outputs);
         let workspace = |name: &str| {
             let n = if n_splits > 1 {
                 self.source.workspace_len(name, rows, n_splits)
@@ -651,8 +805,8 @@ impl ParallelKernels {
             (None, None)
         };
         {
-            let mut o_slot = Some(&mut o);
-            let mut rows_slot = Some(&mut row_outputs);
+            let mut o_slot = Some(o);
+            let mut rows_slot = Some(row_outputs);
             let (mut opart_slot, mut spart_slot) = (opart.as_mut(), spart.as_mut());
             let twice = |what: &str| Error::Compile {
                 variant: self.variant.name.clone(),
@@ -728,13 +882,7 @@ impl ParallelKernels {
                     .map_err(runtime)?;
             }
         }
-        Ok(ForwardOutput {
-            o,
-            row_outputs,
-            row_names: self.source.row_outputs.clone(),
-            shape,
-            dv: self.dims.dv,
-        })
+        Ok(())
     }
 }
 

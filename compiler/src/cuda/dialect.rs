@@ -1,7 +1,10 @@
 //! The CUDA dialect: everything target-specific the emitters need, in one place.
 
 /// Element type of q, k, v and o in memory (bf16 unless asked otherwise).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Elem {
     #[default]
     Bf16,

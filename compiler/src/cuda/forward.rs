@@ -15,7 +15,7 @@ use aec_frontend::ir::{Axis, Op};
 use askama::Template;
 
 /// Tile configuration of the forward kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ForwardConfig {
     /// Query rows per thread block.
     pub block_m: u32,
@@ -325,6 +325,15 @@ impl KernelSource {
     }
 }
 
+/// The forward template and the preludes it includes, as text: their digest
+/// is part of tuning keys, so a changed template never reuses old results.
+pub const TEMPLATE_TEXT: &str = concat!(
+    include_str!("../../../templates/cuda/parallel_fwd.cu"),
+    include_str!("../../../templates/cuda/prelude.cu"),
+    include_str!("../../../templates/cuda/prelude_sm90.cu"),
+    include_str!("../../../templates/cuda/tile_layout.cu"),
+);
+
 /// The largest Dv one block computes: a warp's 16-row accumulator tile of
 /// 256 columns takes 128 registers per thread.
 pub const MAX_DV_SLICE: u32 = 256;
@@ -340,12 +349,12 @@ pub fn default_dv_split(dv: u32) -> u32 {
 
 /// Static shared memory of the warp-specialised kernel (its mbarriers),
 /// rounded up: it shares the per-block limit with the dynamic allocation.
-const WS_STATIC_SMEM: u32 = 128;
+pub(crate) const WS_STATIC_SMEM: u32 = 128;
 
 /// Dynamic shared memory of the forward kernel: Q, and `stages` K and V
 /// tiles (rows padded by 8 elements for `ldmatrix` on sm_80; swizzled tiles
 /// unpadded plus 1 KiB to align them to 1024 bytes).
-fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
+pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     let (pad, align_slack) = if cfg.wgmma { (0, 1024) } else { (8, 0) };
     let elems = cfg.block_m * (dqk + pad) + cfg.stages * cfg.block_n * (dqk + dv + 2 * pad);
     elems * 2 + align_slack
@@ -552,7 +561,11 @@ pub fn check_dv_split(split: u32, dv_total: u32) -> Result<(), CompileError> {
     Ok(())
 }
 
-fn check_config(cfg: &ForwardConfig, dqk: u32, dv_total: u32) -> Result<(), CompileError> {
+pub(crate) fn check_config(
+    cfg: &ForwardConfig,
+    dqk: u32,
+    dv_total: u32,
+) -> Result<(), CompileError> {
     let split = cfg.dv_split;
     check_dv_split(split, dv_total)?;
     let dv = dv_total / split;

@@ -18,7 +18,7 @@ use aec_frontend::ir::{Axis, Op};
 use askama::Template;
 
 /// Tile configuration of the HIP forward kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct HipForwardConfig {
     /// Query rows per workgroup.
     pub block_m: u32,
@@ -236,7 +236,11 @@ pub fn hip_parallel_forward(
     })
 }
 
-fn check_config(cfg: &HipForwardConfig, dqk: u32, dv_total: u32) -> Result<(), CompileError> {
+pub(crate) fn check_config(
+    cfg: &HipForwardConfig,
+    dqk: u32,
+    dv_total: u32,
+) -> Result<(), CompileError> {
     let split = cfg.dv_split;
     check_dv_split(split, dv_total)?;
     if !matches!(cfg.block_m, 16 | 32 | 64 | 128)

@@ -1,0 +1,241 @@
+//! The scheduler without a GPU: level 1 enumerates only configurations the
+//! templates render, level 2 rejects what cannot fit (with the reason) and
+//! places Q where it fits, the cost model ranks hand-checkable cases the
+//! right way round, and AMD targets are ranked without hardware.
+
+use aec_compiler::schedule::{
+    DeviceConfig, Engine, KernelConfig, Problem, Target, Tier, device, forward_space, rank_forward,
+};
+use aec_compiler::{Elem, ForwardConfig, Isa};
+use aec_frontend::{Variant, parse_file};
+use std::path::PathBuf;
+
+fn example(name: &str) -> Variant {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.rs"));
+    let src = std::fs::read_to_string(&path).expect("read example");
+    parse_file(&src)
+        .expect("rust file")
+        .remove(0)
+        .variant
+        .expect("valid variant")
+}
+
+fn problem(b: usize, h: usize, s: usize, dqk: u32, dv: u32) -> Problem {
+    Problem {
+        b,
+        h,
+        hkv: h,
+        sq: s,
+        skv: s,
+        dqk,
+        dv,
+        elem: Elem::Bf16,
+    }
+}
+
+fn cuda(c: &KernelConfig) -> ForwardConfig {
+    match c {
+        KernelConfig::Cuda(c) => *c,
+        KernelConfig::Hip(_) => panic!("not a CUDA configuration"),
+    }
+}
+
+#[test]
+fn every_candidate_fits_and_every_rejection_says_why() {
+    let v = example("softmax");
+    for device in device::known() {
+        for (dqk, dv) in [(64, 64), (128, 128), (128, 256), (192, 128), (256, 512)] {
+            let p = problem(2, 8, 1000, dqk, dv);
+            let space = forward_space(&v, &p, &device);
+            assert!(!space.candidates.is_empty(), "{} {dqk}x{dv}", device.name);
+            for c in &space.candidates {
+                // Level 2's figures are within the device's limits.
+                assert!(c.placement.shared <= device.smem_per_block, "{c:?}");
+                assert!(c.placement.registers <= device.regs_per_thread, "{c:?}");
+                assert!(c.plan.blocks_per_sm >= 1);
+                // Every candidate renders with its template.
+                match c.config {
+                    KernelConfig::Cuda(cfg) => {
+                        aec_compiler::parallel_forward(&v, dqk, dv, &cfg).unwrap();
+                    }
+                    KernelConfig::Hip(cfg) => {
+                        aec_compiler::hip::forward::hip_parallel_forward(
+                            &v,
+                            dqk,
+                            dv,
+                            &cfg,
+                            match device.target {
+                                Target::Hip(g) => g,
+                                Target::Cuda(_) => unreachable!(),
+                            },
+                            aec_compiler::hip::dialect::HipPrelude::Amdgcn,
+                        )
+                        .unwrap();
+                    }
+                }
+            }
+            for r in &space.rejected {
+                assert!(!r.reason.is_empty());
+            }
+        }
+    }
+}
+
+#[test]
+fn level_two_rejects_what_cannot_fit_and_places_q() {
+    let v = example("softmax");
+    let h100 = DeviceConfig::named("h100").unwrap();
+    // Dv 256 with 128-key blocks: O (128) + S (64) + P (32) registers
+    // leave no room in a consumer warpgroup.
+    let space = forward_space(&v, &problem(8, 12, 2048, 128, 256), &h100);
+    let r = space
+        .rejected
+        .iter()
+        .find(|r| {
+            let c = cuda(&r.config);
+            c.warp_specialized && c.block_n == 128 && c.dv_split == 1
+        })
+        .expect("a rejected 128-key wgmma plan");
+    assert!(r.reason.contains("registers per thread"), "{}", r.reason);
+    // d64: Q fits in registers next to the tiles, so level 2 keeps it there.
+    let space = forward_space(&v, &problem(8, 8, 2048, 64, 64), &h100);
+    assert!(
+        space
+            .candidates
+            .iter()
+            .any(|c| cuda(&c.config).q_in_registers)
+    );
+    // d128 with 128-key blocks: Q goes to shared memory (the default).
+    let space = forward_space(&v, &problem(8, 8, 2048, 128, 128), &h100);
+    let c = space
+        .candidates
+        .iter()
+        .find(|c| {
+            let c = cuda(&c.config);
+            c.warp_specialized && c.block_n == 128 && c.block_m == 128
+        })
+        .unwrap();
+    assert_eq!(c.placement.tier_of("q"), Some(Tier::Shared));
+    // The ring is as deep as shared memory allows: d256/v256 at 4
+    // stages of 128 keys does not fit.
+    let space = forward_space(&v, &problem(1, 8, 4096, 256, 256), &h100);
+    assert!(!space.candidates.iter().any(|c| {
+        let c = cuda(&c.config);
+        c.block_n == 128 && c.stages == 4 && c.dv_split == 1
+    }));
+}
+
+#[test]
+fn the_model_ranks_sensibly() {
+    let v = example("softmax");
+    let h100 = DeviceConfig::named("h100").unwrap();
+    let big = problem(8, 32, 2048, 128, 128);
+    let (ranked, _) = rank_forward(&v, &big, &h100);
+    // Hopper: a warp-specialised wgmma plan first, every mma.sync plan
+    // below every warp-specialised one with 128-row blocks.
+    let best = cuda(&ranked[0].candidate.config);
+    assert!(best.wgmma && best.warp_specialized, "{best:?}");
+    let t = |pred: &dyn Fn(&ForwardConfig) -> bool| {
+        ranked
+            .iter()
+            .filter(|r| pred(&cuda(&r.candidate.config)))
+            .map(|r| r.estimate.micros)
+            .fold(f64::NAN, f64::min)
+    };
+    assert!(t(&|c| c.warp_specialized && c.block_m == 128) < t(&|c| !c.wgmma));
+    // The same problem on an A100: no wgmma candidates at all.
+    let a100 = DeviceConfig::named("a100").unwrap();
+    let (ranked_a, _) = rank_forward(&v, &big, &a100);
+    assert!(ranked_a.iter().all(|r| !cuda(&r.candidate.config).wgmma));
+    // The model's FLOP rate stays below the device's peak.
+    for r in ranked.iter().chain(&ranked_a) {
+        assert!(r.estimate.tflops < 989.0, "{r:?}");
+    }
+    // Causal: about half the work of the full problem.
+    let vc = example("softmax_causal");
+    let (ranked_c, _) = rank_forward(&vc, &big, &h100);
+    let ratio = ranked_c[0].estimate.micros / ranked[0].estimate.micros;
+    assert!((0.45..0.7).contains(&ratio), "causal / full = {ratio}");
+    // A grid too small for the GPU: smaller row blocks (more blocks) win.
+    let small = problem(1, 4, 512, 128, 128);
+    let (ranked_s, _) = rank_forward(&v, &small, &h100);
+    assert_eq!(
+        cuda(&ranked_s[0].candidate.config).block_m,
+        64,
+        "{:?}",
+        ranked_s[0]
+    );
+    // Twice the keys, about twice the time.
+    let long = problem(8, 32, 4096, 128, 128);
+    let long_best = rank_forward(&v, &long, &h100).0[0].estimate.micros;
+    let r = long_best / ranked[0].estimate.micros;
+    assert!((3.5..4.5).contains(&r), "s4096 / s2048 = {r}");
+    // Dv 512 must be split; splitting into four recomputes the scores
+    // four times and ranks below splitting into two.
+    let wide = problem(2, 32, 2048, 256, 512);
+    let (ranked_w, _) = rank_forward(&v, &wide, &h100);
+    let split = |n: u32| {
+        ranked_w
+            .iter()
+            .filter(|r| cuda(&r.candidate.config).dv_split == n)
+            .map(|r| r.estimate.micros)
+            .fold(f64::INFINITY, f64::min)
+    };
+    assert!(split(2) < split(4));
+    assert!(
+        ranked_w
+            .iter()
+            .all(|r| cuda(&r.candidate.config).dv_split > 1)
+    );
+}
+
+#[test]
+fn amd_devices_are_ranked_without_hardware() {
+    let v = example("softmax");
+    for name in ["mi250", "mi300x"] {
+        let d = DeviceConfig::named(name).unwrap();
+        let (ranked, rejected) = rank_forward(&v, &problem(8, 32, 2048, 128, 128), &d);
+        assert!(ranked.len() >= 4, "{name}");
+        assert!(
+            ranked
+                .iter()
+                .all(|r| r.candidate.plan.engine == Engine::Mfma)
+        );
+        // 128-key blocks of d128 K plus a 128-column Vᵀ exceed 64 KiB? No:
+        // they fit (52 KiB); but two-tile waves at Dv 128 exceed 512 - 40
+        // registers for none, so nothing is rejected for registers here.
+        assert!(rejected.iter().all(|r| !r.reason.is_empty()));
+    }
+    // MI300X, with three times the CUs and bandwidth, is faster.
+    let p = problem(8, 32, 2048, 128, 128);
+    let t = |n| {
+        rank_forward(&v, &p, &DeviceConfig::named(n).unwrap()).0[0]
+            .estimate
+            .micros
+    };
+    assert!(t("mi300x") < t("mi250") / 2.0);
+}
+
+#[test]
+fn the_default_is_in_the_space() {
+    // The hand-written default of each head-dim pair is a candidate, so
+    // tuning can only pick it or something measured faster.
+    let v = example("softmax_causal");
+    let h100 = DeviceConfig::named("h100").unwrap();
+    for (dqk, dv) in [(64, 64), (128, 128), (128, 256), (192, 128), (256, 512)] {
+        let p = problem(8, 16, 2048, dqk, dv);
+        let default = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+        let space = forward_space(&v, &p, &h100);
+        // Level 2 may place Q differently; the tile itself is a candidate.
+        let same_tile = |c: &ForwardConfig| {
+            ForwardConfig {
+                q_in_registers: false,
+                ..*c
+            } == default
+        };
+        assert!(
+            space.candidates.iter().any(|c| same_tile(&cuda(&c.config))),
+            "{dqk}x{dv}: {default:?} not among the candidates"
+        );
+    }
+}

@@ -1,0 +1,456 @@
+//! `aec tune <variant.rs> --shape B,H,Hkv,Sq,Skv --head-dims D`: tunes the
+//! parallel forward for each shape on the GPU present (model ranking,
+//! parallel compilation, profiling of the top plans and the default) and
+//! stores the winners in the tuning cache, which `ParallelKernels::
+//! compile_for_shape` reads. With `--target <device>` it only ranks the
+//! plans with the cost model, which needs no GPU (AMD targets included).
+
+use super::EXIT_INPUT;
+use super::compile::Target;
+use aec::compiler::schedule::{DeviceConfig, rank_forward};
+use aec::frontend::{Invocation, Variant};
+use aec::run::{HeadDims, Shape};
+use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
+use aec::tune::gpu::GpuProfiler;
+use aec::tune::{
+    KeyParts, TuneOptions, TuneProgress, TuneReport, dispatch, forward_key, problem_of,
+    tune_forward, variant_hash,
+};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// A Rust file with `attention! { … }` (a parallel variant).
+    pub file: PathBuf,
+    /// The variant to tune when the file holds several (by name).
+    #[arg(long)]
+    pub variant: Option<String>,
+    /// A call shape `B,H,Hkv,Sq,Skv` (repeatable). Tuning results are kept
+    /// per shape bucket: sequence lengths rounded up to powers of two.
+    #[arg(long = "shape", required = true, value_parser = parse_shape)]
+    pub shapes: Vec<Shape>,
+    /// Head dims: `D` or `DQKxDV` (e.g. 128 or 192x128).
+    #[arg(long, default_value = "128")]
+    pub head_dims: String,
+    /// fp16 operands instead of bf16.
+    #[arg(long)]
+    pub f16: bool,
+    /// Rank with the cost model for this device instead of profiling on the
+    /// GPU present (no GPU needed; the only way for AMD targets here).
+    #[arg(long, value_enum)]
+    pub target: Option<Target>,
+    /// The CUDA device to tune on.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Plans from the top of the model's ranking to profile, besides the
+    /// default.
+    #[arg(long, default_value_t = 8)]
+    pub top: usize,
+    /// Timed runs per plan (the median is kept).
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// The tuning cache file (default: $AEC_TUNING_CACHE, else
+    /// $XDG_CACHE_HOME/aec/tuning-v1.json, else ~/.cache/aec/tuning-v1.json).
+    #[arg(long)]
+    pub file_cache: Option<PathBuf>,
+    /// Tune and report without storing the results.
+    #[arg(long)]
+    pub no_save: bool,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+fn parse_shape(s: &str) -> Result<Shape, String> {
+    let n: Vec<usize> = s
+        .split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("`{s}`: expected B,H,Hkv,Sq,Skv, e.g. 8,32,32,2048,2048"))?;
+    match n[..] {
+        [b, h, hkv, sq, skv] if n.iter().all(|&x| x > 0) => Ok(Shape::new(b, h, hkv, sq, skv)),
+        _ => Err(format!(
+            "`{s}`: expected five sizes B,H,Hkv,Sq,Skv, each at least 1"
+        )),
+    }
+}
+
+pub fn run(args: &TuneArgs) -> ExitCode {
+    match tune(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(EXIT_INPUT)
+        }
+    }
+}
+
+fn load_variant(args: &TuneArgs) -> Result<Variant, String> {
+    let shown = args.file.display().to_string();
+    let source = std::fs::read_to_string(&args.file).map_err(|e| format!("{shown}: {e}"))?;
+    let found = aec::frontend::parse_file(&source).map_err(|d| d.render(&shown, &source))?;
+    let mut variants = Vec::new();
+    for Invocation { variant, .. } in found {
+        variants.push(variant.map_err(|d| d.render(&shown, &source).trim_end().to_string())?);
+    }
+    let names: Vec<String> = variants.iter().map(|v| v.name.clone()).collect();
+    let v = match &args.variant {
+        Some(name) => variants
+            .into_iter()
+            .find(|v| &v.name == name)
+            .ok_or_else(|| {
+                format!(
+                    "{shown} has no variant `{name}` (it has: {})",
+                    names.join(", ")
+                )
+            })?,
+        None if variants.len() == 1 => variants.remove(0),
+        None if variants.is_empty() => {
+            return Err(format!("no `attention! {{ … }}` found in {shown}"));
+        }
+        None => {
+            return Err(format!(
+                "{shown} has several variants ({}): choose one with --variant",
+                names.join(", ")
+            ));
+        }
+    };
+    if v.parallel().is_none() {
+        return Err(format!(
+            "{shown}: `{}` is a recurrent variant; `aec tune` tunes the parallel forward only so far",
+            v.name
+        ));
+    }
+    Ok(v)
+}
+
+fn parse_dims(s: &str) -> Result<HeadDims, String> {
+    let bad = || format!("--head-dims `{s}`: expected `D` or `DQKxDV`, e.g. `128` or `192x128`");
+    let (a, b) = s.split_once('x').unwrap_or((s, s));
+    Ok(HeadDims::new(
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    ))
+}
+
+fn tune(args: &TuneArgs) -> Result<(), String> {
+    let variant = load_variant(args)?;
+    let dims = parse_dims(&args.head_dims)?;
+    let elem = if args.f16 {
+        aec::compiler::Elem::F16
+    } else {
+        aec::compiler::Elem::Bf16
+    };
+    for shape in &args.shapes {
+        let lens = aec::tune::declared_lens(&variant, dims, *shape)
+            .map_err(|e| format!("--shape {shape}: {e}"))?;
+        let lens: Vec<(&str, usize)> = lens.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+        aec::run::check_shapes(&variant, dims, *shape, &lens)
+            .map_err(|e| format!("--shape {shape}: {e}"))?;
+    }
+    if let Some(target) = args.target {
+        return rank_only(args, &variant, dims, elem, target);
+    }
+    if !aec::runtime::driver_present() || Device::count().unwrap_or(0) == 0 {
+        return Err(
+            "no CUDA GPU found: tuning measures plans on a GPU; pass --target <device> to rank them with the cost model only"
+                .into(),
+        );
+    }
+    let device = Device::open(args.device).map_err(|e| e.to_string())?;
+    let config = DeviceConfig::detect(
+        device.name(),
+        device.compute_capability(),
+        device.sm_count(),
+    );
+    let (gpu, target, driver, toolkit) = dispatch::device_key_parts(&device);
+    let parts = KeyParts {
+        gpu: &gpu,
+        target: &target,
+        driver: &driver,
+        toolkit: &toolkit,
+    };
+    let hash = variant_hash(&variant);
+    let mut cache = open_cache(args)?;
+    eprintln!(
+        "tuning the forward of `{}` ({}x{}, {}) on {} ({}, model entry `{}`)",
+        variant.name,
+        dims.dqk,
+        dims.dv,
+        elem.name(),
+        device.name(),
+        target,
+        config.name
+    );
+    let options = TuneOptions {
+        top: args.top,
+        reps: args.reps,
+        ..TuneOptions::default()
+    };
+    let mut reports = Vec::new();
+    for &shape in &args.shapes {
+        let key = forward_key(&variant, &hash, dims, shape, elem, &parts);
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} (ETA {eta})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{shape}"));
+        let mut progress = |p: TuneProgress| match p {
+            TuneProgress::Compiled { done, total } => {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+                bar.set_message("compiling");
+            }
+            TuneProgress::Measured {
+                done,
+                total,
+                label,
+                micros,
+            } => {
+                if done == 1 {
+                    bar.reset_eta();
+                }
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+                bar.set_message(match micros {
+                    Some(t) => format!("measured {label}: {t:.1} µs"),
+                    None => format!("rejected {label}"),
+                });
+            }
+        };
+        let report = match elem {
+            aec::compiler::Elem::Bf16 => {
+                let mut profiler = GpuProfiler::<bf16>::new(
+                    &variant,
+                    &device,
+                    dims,
+                    shape,
+                    options.clone(),
+                    Vec::new(),
+                )?;
+                tune_forward(
+                    &variant,
+                    &config,
+                    dims,
+                    shape,
+                    elem,
+                    key,
+                    &options,
+                    &mut profiler,
+                    &mut progress,
+                )?
+            }
+            aec::compiler::Elem::F16 => {
+                let mut profiler = GpuProfiler::<f16>::new(
+                    &variant,
+                    &device,
+                    dims,
+                    shape,
+                    options.clone(),
+                    Vec::new(),
+                )?;
+                tune_forward(
+                    &variant,
+                    &config,
+                    dims,
+                    shape,
+                    elem,
+                    key,
+                    &options,
+                    &mut profiler,
+                    &mut progress,
+                )?
+            }
+        };
+        bar.finish_and_clear();
+        print_report(shape, &report);
+        if !args.no_save {
+            cache
+                .record(vec![report.entry.clone()])
+                .map_err(|e| e.to_string())?;
+        }
+        reports.push((shape, report));
+    }
+    if !args.no_save {
+        match cache.path() {
+            Some(p) => println!("stored {} result(s) in {}", reports.len(), p.display()),
+            None => println!(
+                "no tuning cache location (set AEC_TUNING_CACHE or HOME): results not stored"
+            ),
+        }
+        print_portability(&cache, &reports);
+    }
+    if let Some(path) = &args.json {
+        let rows: Vec<_> = reports.iter().map(|(s, r)| report_json(*s, r)).collect();
+        let doc = json!({
+            "variant": variant.name, "dqk": dims.dqk, "dv": dims.dv, "dtype": elem.name(),
+            "gpu": gpu, "target": target, "driver": driver, "toolkit": toolkit,
+            "shapes": rows,
+        });
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&doc).expect("json") + "\n",
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn open_cache(args: &TuneArgs) -> Result<TuningCache, String> {
+    let path = args.file_cache.clone().or_else(TuningCache::default_path);
+    Ok(match path {
+        Some(p) => {
+            let (cache, warning) = TuningCache::open(p);
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
+            cache
+        }
+        None => TuningCache::in_memory(),
+    })
+}
+
+fn print_report(shape: Shape, r: &TuneReport) {
+    let e = &r.entry;
+    println!(
+        "{shape}: best {} at {:.1} µs ({:.0} TFLOP/s), default {:.1} µs: {:.3}x; tuning impact (median / best) {:.3}; {} plans fit, {} profiled, {} rejected; {:.1} s",
+        e.config_label,
+        e.best_us,
+        e.tflops,
+        e.default_us,
+        e.speedup(),
+        e.impact(),
+        r.space_size,
+        e.plans_tried,
+        e.rejected.len(),
+        e.tuning_seconds
+    );
+    for p in &r.profiled {
+        let model = p
+            .model_micros
+            .map_or("     -".to_string(), |m| format!("{m:6.1}"));
+        match &p.measured {
+            Ok(t) => println!("  {:<40} model {model} µs  measured {t:8.1} µs", p.label),
+            Err(e) => println!("  {:<40} model {model} µs  rejected: {e}", p.label),
+        }
+    }
+    // Rejections by the space, grouped by reason.
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for x in &r.space_rejected {
+        let head = x.reason.split(';').next().unwrap_or(&x.reason);
+        let key = head.split(" needed").next().unwrap_or(head).to_string();
+        *reasons
+            .entry(if head.contains("needed") {
+                format!(
+                    "{} (registers or shared memory)",
+                    key.split_whitespace().last().unwrap_or("")
+                )
+            } else {
+                head.to_string()
+            })
+            .or_default() += 1;
+    }
+    for (reason, n) in reasons {
+        println!("  rejected before profiling ({n}): {reason}");
+    }
+}
+
+fn report_json(shape: Shape, r: &TuneReport) -> serde_json::Value {
+    let e = &r.entry;
+    json!({
+        "shape": [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
+        "best": e.config_label, "best_us": e.best_us, "default_us": e.default_us,
+        "speedup": e.speedup(), "impact": e.impact(), "tflops": e.tflops,
+        "efficiency": e.efficiency, "tuning_seconds": e.tuning_seconds,
+        "space_size": r.space_size, "plans_tried": e.plans_tried,
+        "rejected_before_profiling": r.space_rejected.len(),
+        "profiled": r.profiled.iter().map(|p| json!({
+            "config": p.label, "model_us": p.model_micros,
+            "measured_us": p.measured.as_ref().ok(),
+            "rejected": p.measured.as_ref().err(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Φ over the GPUs in the cache for each tuned problem (same variant,
+/// kernel, dtype, dims, shape) that more than one GPU has results for.
+fn print_portability(cache: &TuningCache, reports: &[(Shape, TuneReport)]) {
+    for (_, r) in reports {
+        let k = &r.entry.key;
+        let mut by_gpu: BTreeMap<&str, f64> = BTreeMap::new();
+        for e in cache.entries() {
+            let o = &e.key;
+            if (&o.variant_hash, &o.kernel, &o.dtype, o.dqk, o.dv, &o.shape)
+                == (&k.variant_hash, &k.kernel, &k.dtype, k.dqk, k.dv, &k.shape)
+            {
+                let best = by_gpu.entry(o.gpu.as_str()).or_insert(0.0);
+                *best = best.max(e.efficiency);
+            }
+        }
+        if by_gpu.len() > 1 {
+            let eff: Vec<f64> = by_gpu.values().copied().collect();
+            println!(
+                "performance portability over {} GPUs: {:.3}",
+                eff.len(),
+                performance_portability(&eff)
+            );
+        }
+    }
+}
+
+/// `--target`: the model's ranking, no GPU.
+fn rank_only(
+    args: &TuneArgs,
+    variant: &Variant,
+    dims: HeadDims,
+    elem: aec::compiler::Elem,
+    target: Target,
+) -> Result<(), String> {
+    let device = DeviceConfig::named(target.name()).expect("every target has a device entry");
+    let mut doc = Vec::new();
+    for &shape in &args.shapes {
+        let problem = problem_of(dims, shape, elem);
+        let (ranked, rejected) = rank_forward(variant, &problem, &device);
+        println!(
+            "{shape} on {} (cost model only, nothing measured): {} plans fit, {} rejected",
+            device.name,
+            ranked.len(),
+            rejected.len()
+        );
+        for r in ranked.iter().take(args.top.max(1)) {
+            println!(
+                "  {:<40} model {:8.1} µs  {:5.0} TFLOP/s  bound: {}",
+                r.candidate.config.label(),
+                r.estimate.micros,
+                r.estimate.tflops,
+                r.estimate.bound
+            );
+        }
+        doc.push(json!({
+            "shape": [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
+            "ranked": ranked.iter().map(|r| json!({
+                "config": r.candidate.config.label(), "model_us": r.estimate.micros,
+                "bound": r.estimate.bound,
+            })).collect::<Vec<_>>(),
+            "rejected": rejected.iter().map(|r| json!({
+                "config": r.config.label(), "reason": r.reason,
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({ "variant": variant.name, "device": device.name, "shapes": doc });
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&doc).expect("json") + "\n",
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}

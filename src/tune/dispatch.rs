@@ -1,0 +1,91 @@
+//! Dispatch: the configuration a call runs with. The tuned configuration of
+//! the call's shape bucket when the tuning cache has one for this variant,
+//! kernel, toolchain and GPU; otherwise the default. Nothing here tunes.
+
+use super::{KeyParts, entry_config, forward_key, variant_hash};
+use crate::run::{HeadDims, Shape};
+use aec_compiler::{Elem, ForwardConfig};
+use aec_frontend::Variant;
+use aec_runtime::{Device, ShapeBucket, TunedEntry, TuningCache, TuningKey};
+use std::sync::{Mutex, OnceLock};
+
+/// The tuning key of one kernel with everything but the shape filled in:
+/// built once per compiled kernel (hashing the variant costs far more than
+/// a lookup), then [`ForwardDispatch::lookup`] per call.
+#[derive(Clone, Debug)]
+pub struct ForwardDispatch {
+    base: TuningKey,
+}
+
+impl ForwardDispatch {
+    /// The dispatch of the forward of `variant` for `dims` and `elem` on a
+    /// GPU described by `parts`.
+    pub fn new(variant: &Variant, dims: HeadDims, elem: Elem, parts: &KeyParts<'_>) -> Self {
+        ForwardDispatch {
+            base: forward_key(
+                variant,
+                &variant_hash(variant),
+                dims,
+                Shape::mha(1, 1, 1, 1),
+                elem,
+                parts,
+            ),
+        }
+    }
+
+    /// The key for a call of `shape`.
+    pub fn key(&self, shape: Shape) -> TuningKey {
+        TuningKey {
+            shape: ShapeBucket::of(shape.b, shape.h, shape.hkv, shape.sq, shape.skv),
+            ..self.base.clone()
+        }
+    }
+
+    /// The tuned entry and its configuration for `shape`, if the cache has
+    /// one this aec can read. One hash lookup, no I/O.
+    pub fn lookup<'c>(
+        &self,
+        cache: &'c TuningCache,
+        shape: Shape,
+    ) -> Option<(&'c TunedEntry, ForwardConfig)> {
+        let entry = cache.lookup(&self.key(shape))?;
+        entry_config(entry).map(|c| (entry, c))
+    }
+}
+
+/// The key parts of a CUDA device: its name, instruction set, driver and
+/// NVRTC versions.
+pub fn device_key_parts(device: &Device) -> (String, String, String, String) {
+    let driver = aec_runtime::driver_version()
+        .map(|(a, b)| format!("{a}.{b}"))
+        .unwrap_or_else(|_| "unknown".into());
+    let toolkit = aec_runtime::nvrtc_version()
+        .map(|(a, b)| format!("nvrtc {a}.{b}"))
+        .unwrap_or_else(|_| "unknown".into());
+    (
+        device.name().to_string(),
+        device.arch().to_string(),
+        driver,
+        toolkit,
+    )
+}
+
+/// The process's tuning cache (read once, from
+/// [`TuningCache::default_path`]; a warning about an unreadable file is
+/// printed once and the cache is then empty).
+pub fn process_cache() -> &'static Mutex<TuningCache> {
+    static CACHE: OnceLock<Mutex<TuningCache>> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        let cache = match TuningCache::default_path() {
+            Some(path) => {
+                let (cache, warning) = TuningCache::open(path);
+                if let Some(w) = warning {
+                    eprintln!("aec: warning: {w}");
+                }
+                cache
+            }
+            None => TuningCache::in_memory(),
+        };
+        Mutex::new(cache)
+    })
+}

@@ -1,0 +1,340 @@
+//! Autotuning and dispatch of the parallel forward.
+//!
+//! [`tune_forward`] takes the scheduler's ranking
+//! ([`aec_compiler::schedule::rank_forward`]), profiles the top plans and
+//! the hand-set default with a [`Profiler`], and returns the winner as a
+//! [`TunedEntry`] for the persistent tuning cache. The selection logic is
+//! independent of the GPU: [`gpu::GpuProfiler`] measures on a device, the
+//! tests use a fake one. [`dispatch`] answers, per call shape, which
+//! configuration to run: the tuned one of the shape's bucket, else the
+//! default; it never tunes by itself.
+
+pub mod dispatch;
+pub mod gpu;
+
+use crate::run::{HeadDims, Shape};
+use aec_compiler::schedule::{
+    DeviceConfig, KernelConfig, Problem, Ranked, Rejected, VariantFacts, rank_forward, useful_flops,
+};
+use aec_compiler::{Elem, ForwardConfig, Isa};
+use aec_frontend::Variant;
+use aec_runtime::{Rejection, ShapeBucket, TunedEntry, TuningKey};
+use std::time::Instant;
+
+/// The kernel name tuning keys use for the parallel forward.
+pub const PARALLEL_FORWARD: &str = "parallel_forward";
+
+/// How much to profile.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// Plans from the top of the model's ranking to profile (the default
+    /// configuration is profiled in addition).
+    pub top: usize,
+    /// Untimed runs before timing each plan.
+    pub warmup: usize,
+    /// Timed runs per plan (the median is kept).
+    pub reps: usize,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions {
+            top: 8,
+            warmup: 3,
+            reps: 20,
+        }
+    }
+}
+
+/// Measures plans. `prepare` sees every plan first (a GPU profiler compiles
+/// them in parallel there); `measure` returns a plan's median time in
+/// microseconds, or why it cannot be used (it failed to compile, launch, or
+/// its output differs from the default's).
+pub trait Profiler {
+    fn prepare(&mut self, plans: &[ForwardConfig], progress: &mut dyn FnMut(TuneProgress));
+    fn measure(&mut self, plan: &ForwardConfig) -> Result<f64, String>;
+}
+
+/// Progress of a tuning run, for a progress bar.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TuneProgress {
+    /// `done` of `total` plans compiled.
+    Compiled { done: usize, total: usize },
+    /// `done` of `total` plans measured; the last one's label and time.
+    Measured {
+        done: usize,
+        total: usize,
+        label: String,
+        micros: Option<f64>,
+    },
+}
+
+/// One profiled plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfiledPlan {
+    pub config: ForwardConfig,
+    pub label: String,
+    /// The model's estimate, µs (`None` for a default the space does not
+    /// hold).
+    pub model_micros: Option<f64>,
+    /// The measured median, µs, or why there is none.
+    pub measured: Result<f64, String>,
+}
+
+/// The outcome of tuning one kernel for one shape bucket.
+#[derive(Clone, Debug)]
+pub struct TuneReport {
+    /// What goes into the tuning cache.
+    pub entry: TunedEntry,
+    /// Every profiled plan, in the order measured (the default first).
+    pub profiled: Vec<ProfiledPlan>,
+    /// Plans the space rejected before profiling, with why.
+    pub space_rejected: Vec<Rejected>,
+    /// Plans in the space that fit (profiled or not).
+    pub space_size: usize,
+}
+
+/// What identifies a GPU and its toolchain in tuning keys: its name,
+/// instruction set (`sm_90a`), driver and NVRTC versions.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyParts<'a> {
+    pub gpu: &'a str,
+    pub target: &'a str,
+    pub driver: &'a str,
+    pub toolkit: &'a str,
+}
+
+/// A stable digest of a variant's definition: its traced regions as text.
+pub fn variant_hash(variant: &Variant) -> String {
+    aec_runtime::hex_digest(aec_frontend::print::render(variant).as_bytes())
+}
+
+/// The template version part of tuning keys: aec's version and a digest of
+/// the forward template, so results of other kernels are never reused.
+pub fn template_version() -> String {
+    format!(
+        "{}+{}",
+        env!("CARGO_PKG_VERSION"),
+        &aec_runtime::hex_digest(aec_compiler::cuda::forward::TEMPLATE_TEXT.as_bytes())[..12]
+    )
+}
+
+/// The key of the parallel forward of a variant (by its hash) for a call.
+pub fn forward_key(
+    variant: &Variant,
+    variant_hash: &str,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    parts: &KeyParts<'_>,
+) -> TuningKey {
+    TuningKey {
+        variant: variant.name.clone(),
+        variant_hash: variant_hash.to_string(),
+        kernel: PARALLEL_FORWARD.to_string(),
+        template_version: template_version(),
+        target: parts.target.to_string(),
+        gpu: parts.gpu.to_string(),
+        driver: parts.driver.to_string(),
+        toolkit: parts.toolkit.to_string(),
+        dtype: elem.name().to_string(),
+        dqk: dims.dqk,
+        dv: dims.dv,
+        shape: ShapeBucket::of(shape.b, shape.h, shape.hkv, shape.sq, shape.skv),
+    }
+}
+
+/// The element counts of q, k, v and the custom inputs of `variant` for a
+/// call (by their declared axes), as [`crate::run::check_shapes`] takes them.
+pub fn declared_lens(
+    variant: &Variant,
+    dims: HeadDims,
+    shape: Shape,
+) -> Result<Vec<(String, usize)>, String> {
+    use aec_frontend::ir::Axis;
+    let size = |a: Axis| match a {
+        Axis::Dqk => Some(dims.dqk as usize),
+        Axis::Dv => Some(dims.dv as usize),
+        other => shape.size(other),
+    };
+    [&variant.q, &variant.k, &variant.v]
+        .into_iter()
+        .chain(&variant.customs)
+        .map(|d| {
+            let n = d
+                .axes
+                .iter()
+                .map(|&a| {
+                    size(a).ok_or_else(|| {
+                        format!("`{}` has an axis ({a}) a call shape does not size", d.name)
+                    })
+                })
+                .try_fold(1usize, |acc, n| n.map(|n| acc.saturating_mul(n)))?;
+            Ok((d.name.clone(), n))
+        })
+        .collect()
+}
+
+/// The scheduler's problem for a call.
+pub fn problem_of(dims: HeadDims, shape: Shape, elem: Elem) -> Problem {
+    Problem {
+        b: shape.b,
+        h: shape.h,
+        hkv: shape.hkv,
+        sq: shape.sq,
+        skv: shape.skv,
+        dqk: dims.dqk,
+        dv: dims.dv,
+        elem,
+    }
+}
+
+/// The plans to profile: the default first, then the model's top `top`
+/// (without repeating the default).
+pub fn plans_to_profile(
+    ranked: &[Ranked],
+    default: ForwardConfig,
+    top: usize,
+) -> Vec<(ForwardConfig, Option<f64>)> {
+    let model_of = |c: &ForwardConfig| {
+        ranked
+            .iter()
+            .find(|r| r.candidate.config == KernelConfig::Cuda(*c))
+            .map(|r| r.estimate.micros)
+    };
+    let mut plans = vec![(default, model_of(&default))];
+    for r in ranked {
+        if plans.len() > top {
+            break;
+        }
+        if let KernelConfig::Cuda(c) = r.candidate.config
+            && c != default
+        {
+            plans.push((c, Some(r.estimate.micros)));
+        }
+    }
+    plans
+}
+
+/// Tunes the parallel forward of `variant` for `shape` on `device`: ranks
+/// the space, profiles the default and the model's top plans with
+/// `profiler`, and returns the fastest measured plan (the default when
+/// nothing beats it). Fails only when the default itself cannot be measured.
+#[allow(clippy::too_many_arguments)]
+pub fn tune_forward(
+    variant: &Variant,
+    device: &DeviceConfig,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    key: TuningKey,
+    options: &TuneOptions,
+    profiler: &mut dyn Profiler,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport, String> {
+    let started = Instant::now();
+    let problem = problem_of(dims, shape, elem);
+    let (ranked, space_rejected) = rank_forward(variant, &problem, device);
+    let isa = match device.target {
+        aec_compiler::schedule::Target::Cuda(isa) => isa,
+        aec_compiler::schedule::Target::Hip(_) => {
+            return Err(format!(
+                "{} is an AMD device: profiling there needs the HIP runtime, which cannot launch the forward yet",
+                device.name
+            ));
+        }
+    };
+    let default = ForwardConfig::default_for(variant, dims.dqk, dims.dv, elem, isa);
+    let plans = plans_to_profile(&ranked, default, options.top);
+    let configs: Vec<ForwardConfig> = plans.iter().map(|(c, _)| *c).collect();
+    profiler.prepare(&configs, progress);
+    let mut profiled = Vec::with_capacity(plans.len());
+    for (i, (config, model_micros)) in plans.into_iter().enumerate() {
+        let measured = profiler.measure(&config);
+        let label = KernelConfig::Cuda(config).label();
+        progress(TuneProgress::Measured {
+            done: i + 1,
+            total: configs.len(),
+            label: label.clone(),
+            micros: measured.as_ref().ok().copied(),
+        });
+        profiled.push(ProfiledPlan {
+            config,
+            label,
+            model_micros,
+            measured,
+        });
+    }
+    let default_us = match &profiled[0].measured {
+        Ok(t) => *t,
+        Err(e) => {
+            return Err(format!(
+                "the default plan {} failed: {e}",
+                profiled[0].label
+            ));
+        }
+    };
+    let times: Vec<f64> = profiled
+        .iter()
+        .filter_map(|p| p.measured.as_ref().ok().copied())
+        .collect();
+    // The first of the fastest (the default wins ties).
+    let best = profiled
+        .iter()
+        .filter_map(|p| p.measured.as_ref().ok().map(|t| (p, *t)))
+        .fold(None::<(&ProfiledPlan, f64)>, |acc, (p, t)| match acc {
+            Some((_, bt)) if bt <= t => acc,
+            _ => Some((p, t)),
+        })
+        .expect("the default was measured");
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median_us = sorted[sorted.len() / 2];
+    let flops = useful_flops(&problem, &VariantFacts::of(variant));
+    let tflops = flops / (best.1 * 1e-6) / 1e12;
+    let rejected = space_rejected
+        .iter()
+        .map(|r| Rejection {
+            config: r.config.label(),
+            reason: r.reason.clone(),
+        })
+        .chain(profiled.iter().filter_map(|p| {
+            p.measured.as_ref().err().map(|e| Rejection {
+                config: p.label.clone(),
+                reason: e.clone(),
+            })
+        }))
+        .collect();
+    let entry = TunedEntry {
+        key,
+        config: serde_json::to_value(best.0.config).expect("configs serialise"),
+        config_label: best.0.label.clone(),
+        best_us: best.1,
+        default_us,
+        median_us,
+        plans_tried: profiled.len() as u32,
+        rejected,
+        tuning_seconds: started.elapsed().as_secs_f64(),
+        tflops,
+        efficiency: tflops / device.peak_tflops,
+    };
+    Ok(TuneReport {
+        entry,
+        profiled,
+        space_rejected,
+        space_size: ranked.len(),
+    })
+}
+
+/// The configuration a tuning entry holds, if it is one this aec reads.
+pub fn entry_config(entry: &TunedEntry) -> Option<ForwardConfig> {
+    serde_json::from_value(entry.config.clone()).ok()
+}
+
+/// The instruction set of a device config (CUDA devices only).
+pub fn cuda_isa(device: &DeviceConfig) -> Option<Isa> {
+    match device.target {
+        aec_compiler::schedule::Target::Cuda(isa) => Some(isa),
+        aec_compiler::schedule::Target::Hip(_) => None,
+    }
+}
