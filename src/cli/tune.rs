@@ -9,7 +9,7 @@ use super::EXIT_INPUT;
 use super::compile::Target;
 use aec::compiler::schedule::{DeviceConfig, rank_forward};
 use aec::frontend::{Invocation, Variant};
-use aec::run::{HeadDims, Shape};
+use aec::run::{HeadDims, KernelElement, Shape};
 use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
 use aec::tune::gpu::GpuProfiler;
 use aec::tune::{
@@ -226,48 +226,26 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
             }
         };
         let report = match elem {
-            aec::compiler::Elem::Bf16 => {
-                let mut profiler = GpuProfiler::<bf16>::new(
-                    &variant,
-                    &device,
-                    dims,
-                    shape,
-                    options.clone(),
-                    Vec::new(),
-                )?;
-                tune_forward(
-                    &variant,
-                    &config,
-                    dims,
-                    shape,
-                    elem,
-                    key,
-                    &options,
-                    &mut profiler,
-                    &mut progress,
-                )?
-            }
-            aec::compiler::Elem::F16 => {
-                let mut profiler = GpuProfiler::<f16>::new(
-                    &variant,
-                    &device,
-                    dims,
-                    shape,
-                    options.clone(),
-                    Vec::new(),
-                )?;
-                tune_forward(
-                    &variant,
-                    &config,
-                    dims,
-                    shape,
-                    elem,
-                    key,
-                    &options,
-                    &mut profiler,
-                    &mut progress,
-                )?
-            }
+            aec::compiler::Elem::Bf16 => tune_on::<bf16>(
+                &variant,
+                &device,
+                &config,
+                dims,
+                shape,
+                key,
+                &options,
+                &mut progress,
+            )?,
+            aec::compiler::Elem::F16 => tune_on::<f16>(
+                &variant,
+                &device,
+                &config,
+                dims,
+                shape,
+                key,
+                &options,
+                &mut progress,
+            )?,
         };
         bar.finish_and_clear();
         print_report(shape, &report);
@@ -301,6 +279,33 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// Tunes one shape with operands of type `T` on `device`.
+#[allow(clippy::too_many_arguments)]
+fn tune_on<T: KernelElement>(
+    variant: &Variant,
+    device: &Device,
+    config: &DeviceConfig,
+    dims: HeadDims,
+    shape: Shape,
+    key: aec::runtime::TuningKey,
+    options: &TuneOptions,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport, String> {
+    let mut profiler =
+        GpuProfiler::<T>::new(variant, device, dims, shape, options.clone(), Vec::new())?;
+    tune_forward(
+        variant,
+        config,
+        dims,
+        shape,
+        T::ELEM,
+        key,
+        options,
+        &mut profiler,
+        progress,
+    )
 }
 
 fn open_cache(args: &TuneArgs) -> Result<TuningCache, String> {

@@ -1,0 +1,94 @@
+//! `aec tune` without a GPU: the model's ranking for a named device (AMD
+//! included), clear errors for bad shapes, recurrent variants and a missing
+//! GPU.
+
+use std::process::Command;
+
+fn aec(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_aec"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env(
+            "AEC_TUNING_CACHE",
+            std::env::temp_dir().join("aec-cli-tune-unused.json"),
+        )
+        .output()
+        .expect("run aec");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn target_ranks_with_the_model_without_a_gpu() {
+    for target in ["h100", "mi300x"] {
+        let (code, out, err) = aec(&[
+            "tune",
+            "examples/softmax_causal.rs",
+            "--shape",
+            "4,8,8,1000,1000",
+            "--target",
+            target,
+            "--top",
+            "3",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("cost model only, nothing measured"), "{out}");
+        assert!(out.contains("plans fit"), "{out}");
+        // Three ranked plans, each with an estimate.
+        assert_eq!(out.matches(" µs ").count(), 3, "{out}");
+    }
+}
+
+#[test]
+fn bad_input_is_refused_with_the_problem_named() {
+    // Softmax has no grouped-query heads.
+    let (code, _, err) = aec(&[
+        "tune",
+        "examples/softmax.rs",
+        "--shape",
+        "4,8,4,1000,1000",
+        "--target",
+        "h100",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--shape") && err.contains("Hkv"), "{err}");
+    let (code, _, err) = aec(&[
+        "tune",
+        "examples/softmax.rs",
+        "--shape",
+        "4,8",
+        "--target",
+        "h100",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("B,H,Hkv,Sq,Skv"), "{err}");
+    let (code, _, err) = aec(&[
+        "tune",
+        "examples/mamba2.rs",
+        "--shape",
+        "1,8,8,256,256",
+        "--target",
+        "h100",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("recurrent variant"), "{err}");
+    let (code, _, err) = aec(&["tune", "examples/nope.rs", "--shape", "1,8,8,256,256"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("examples/nope.rs"), "{err}");
+}
+
+#[test]
+fn without_a_gpu_tuning_says_so() {
+    if aec::runtime::driver_present() {
+        return; // a GPU machine tunes instead
+    }
+    let (code, _, err) = aec(&["tune", "examples/softmax.rs", "--shape", "4,8,8,1000,1000"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no CUDA GPU found") && err.contains("--target"),
+        "{err}"
+    );
+}
