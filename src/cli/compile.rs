@@ -115,7 +115,7 @@ pub fn run(args: &CompileArgs) -> ExitCode {
     }
 }
 
-fn parse_dims(s: &str) -> Result<(u32, u32), String> {
+pub(crate) fn parse_dims(s: &str) -> Result<(u32, u32), String> {
     let bad = || format!("--head-dims `{s}`: expected `D` or `DQKxDV`, e.g. `128` or `192x128`");
     let (a, b) = s.split_once('x').unwrap_or((s, s));
     Ok((

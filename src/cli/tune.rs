@@ -13,8 +13,8 @@ use aec::run::{HeadDims, KernelElement, Shape};
 use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
 use aec::tune::gpu::GpuProfiler;
 use aec::tune::{
-    KeyParts, TuneOptions, TuneProgress, TuneReport, dispatch, forward_key, problem_of,
-    tune_forward, variant_hash,
+    TuneOptions, TuneProgress, TuneReport, dispatch, forward_key, problem_of, tune_forward,
+    variant_hash,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -129,18 +129,10 @@ fn load_variant(args: &TuneArgs) -> Result<Variant, String> {
     Ok(v)
 }
 
-fn parse_dims(s: &str) -> Result<HeadDims, String> {
-    let bad = || format!("--head-dims `{s}`: expected `D` or `DQKxDV`, e.g. `128` or `192x128`");
-    let (a, b) = s.split_once('x').unwrap_or((s, s));
-    Ok(HeadDims::new(
-        a.trim().parse().map_err(|_| bad())?,
-        b.trim().parse().map_err(|_| bad())?,
-    ))
-}
-
 fn tune(args: &TuneArgs) -> Result<(), String> {
     let variant = load_variant(args)?;
-    let dims = parse_dims(&args.head_dims)?;
+    let (dqk, dv) = super::compile::parse_dims(&args.head_dims)?;
+    let dims = HeadDims::new(dqk, dv);
     let elem = if args.f16 {
         aec::compiler::Elem::F16
     } else {
@@ -168,13 +160,8 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         device.compute_capability(),
         device.sm_count(),
     );
-    let (gpu, target, driver, toolkit) = dispatch::device_key_parts(&device);
-    let parts = KeyParts {
-        gpu: &gpu,
-        target: &target,
-        driver: &driver,
-        toolkit: &toolkit,
-    };
+    let key_parts = dispatch::DeviceKeyParts::of(&device);
+    let parts = key_parts.parts();
     let hash = variant_hash(&variant);
     let mut cache = open_cache(args)?;
     eprintln!(
@@ -184,7 +171,7 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         dims.dv,
         elem.name(),
         device.name(),
-        target,
+        key_parts.target,
         config.name
     );
     let options = TuneOptions {
@@ -225,28 +212,20 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
                 });
             }
         };
-        let report = match elem {
-            aec::compiler::Elem::Bf16 => tune_on::<bf16>(
-                &variant,
-                &device,
-                &config,
-                dims,
-                shape,
-                key,
-                &options,
-                &mut progress,
-            )?,
-            aec::compiler::Elem::F16 => tune_on::<f16>(
-                &variant,
-                &device,
-                &config,
-                dims,
-                shape,
-                key,
-                &options,
-                &mut progress,
-            )?,
+        let tune_with = match elem {
+            aec::compiler::Elem::Bf16 => tune_on::<bf16>,
+            aec::compiler::Elem::F16 => tune_on::<f16>,
         };
+        let report = tune_with(
+            &variant,
+            &device,
+            &config,
+            dims,
+            shape,
+            key,
+            &options,
+            &mut progress,
+        )?;
         bar.finish_and_clear();
         print_report(shape, &report);
         if !args.no_save {
@@ -269,7 +248,8 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         let rows: Vec<_> = reports.iter().map(|(s, r)| report_json(*s, r)).collect();
         let doc = json!({
             "variant": variant.name, "dqk": dims.dqk, "dv": dims.dv, "dtype": elem.name(),
-            "gpu": gpu, "target": target, "driver": driver, "toolkit": toolkit,
+            "gpu": key_parts.gpu, "target": key_parts.target,
+            "driver": key_parts.driver, "toolkit": key_parts.toolkit,
             "shapes": rows,
         });
         std::fs::write(
@@ -346,21 +326,18 @@ fn print_report(shape: Shape, r: &TuneReport) {
             Err(e) => println!("  {:<40} model {model} µs  rejected: {e}", p.label),
         }
     }
-    // Rejections by the space, grouped by reason.
-    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    // Rejections by the space, grouped by what did not fit (or the
+    // template's own reason).
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
     for x in &r.space_rejected {
-        let head = x.reason.split(';').next().unwrap_or(&x.reason);
-        let key = head.split(" needed").next().unwrap_or(head).to_string();
-        *reasons
-            .entry(if head.contains("needed") {
-                format!(
-                    "{} (registers or shared memory)",
-                    key.split_whitespace().last().unwrap_or("")
-                )
-            } else {
-                head.to_string()
-            })
-            .or_default() += 1;
+        let group = if x.reason.contains("registers per thread needed") {
+            "too many registers"
+        } else if x.reason.contains("bytes of shared memory needed") {
+            "too much shared memory"
+        } else {
+            x.reason.split(';').next().unwrap_or(&x.reason)
+        };
+        *reasons.entry(group).or_default() += 1;
     }
     for (reason, n) in reasons {
         println!("  rejected before profiling ({n}): {reason}");

@@ -540,15 +540,9 @@ impl ParallelKernels {
     ) -> Result<ParallelKernels, Error> {
         let mut options = options.clone();
         if options.config.is_none() {
-            use crate::tune::{KeyParts, dispatch};
-            let (gpu, target, driver, toolkit) = dispatch::device_key_parts(device);
-            let parts = KeyParts {
-                gpu: &gpu,
-                target: &target,
-                driver: &driver,
-                toolkit: &toolkit,
-            };
-            let plan = dispatch::ForwardDispatch::new(variant, dims, options.elem, &parts);
+            use crate::tune::dispatch;
+            let parts = dispatch::DeviceKeyParts::of(device);
+            let plan = dispatch::ForwardDispatch::new(variant, dims, options.elem, &parts.parts());
             let cache = dispatch::process_cache()
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -53,21 +53,40 @@ impl ForwardDispatch {
     }
 }
 
-/// The key parts of a CUDA device: its name, instruction set, driver and
-/// NVRTC versions.
-pub fn device_key_parts(device: &Device) -> (String, String, String, String) {
-    let driver = aec_runtime::driver_version()
-        .map(|(a, b)| format!("{a}.{b}"))
-        .unwrap_or_else(|_| "unknown".into());
-    let toolkit = aec_runtime::nvrtc_version()
-        .map(|(a, b)| format!("nvrtc {a}.{b}"))
-        .unwrap_or_else(|_| "unknown".into());
-    (
-        device.name().to_string(),
-        device.arch().to_string(),
-        driver,
-        toolkit,
-    )
+/// What identifies a CUDA device and its toolchain in tuning keys, owned
+/// (see [`KeyParts`] for the borrowed form keys are built from).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceKeyParts {
+    pub gpu: String,
+    pub target: String,
+    pub driver: String,
+    pub toolkit: String,
+}
+
+impl DeviceKeyParts {
+    /// The parts of `device`: its name, instruction set, driver and NVRTC
+    /// versions (`unknown` where the library cannot say).
+    pub fn of(device: &Device) -> DeviceKeyParts {
+        DeviceKeyParts {
+            gpu: device.name().to_string(),
+            target: device.arch().to_string(),
+            driver: aec_runtime::driver_version()
+                .map(|(a, b)| format!("{a}.{b}"))
+                .unwrap_or_else(|_| "unknown".into()),
+            toolkit: aec_runtime::nvrtc_version()
+                .map(|(a, b)| format!("nvrtc {a}.{b}"))
+                .unwrap_or_else(|_| "unknown".into()),
+        }
+    }
+
+    pub fn parts(&self) -> KeyParts<'_> {
+        KeyParts {
+            gpu: &self.gpu,
+            target: &self.target,
+            driver: &self.driver,
+            toolkit: &self.toolkit,
+        }
+    }
 }
 
 /// The process's tuning cache (read once, from

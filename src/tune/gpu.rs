@@ -7,9 +7,7 @@
 use super::{Profiler, TuneOptions, TuneProgress};
 use crate::run::{ForwardOutput, HeadDims, KernelElement, KernelOptions, ParallelKernels, Shape};
 use aec_compiler::ForwardConfig;
-use aec_compiler::schedule::KernelConfig;
 use aec_frontend::Variant;
-use aec_frontend::ir::Axis;
 use aec_runtime::{Device, DeviceBuffer, Stream, time_ms};
 use std::collections::HashMap;
 
@@ -36,7 +34,9 @@ pub struct GpuProfiler<'a, T: KernelElement> {
     nvrtc_flags: Vec<String>,
     stream: Stream,
     inputs: Vec<InputSet<T>>,
-    out: ForwardOutput<T>,
+    /// The output, allocated by the first kernels measured (again when a
+    /// plan's row outputs differ).
+    out: Option<ForwardOutput<T>>,
     kernels: HashMap<ForwardConfig, Result<ParallelKernels, String>>,
     /// The default plan's output (the first plan measured).
     reference: Option<Vec<f32>>,
@@ -79,21 +79,8 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
         nvrtc_flags: Vec<String>,
     ) -> Result<GpuProfiler<'a, T>, String> {
         let stream = device.stream();
-        let size = |a: Axis| match a {
-            Axis::Dqk => Some(dims.dqk as usize),
-            Axis::Dv => Some(dims.dv as usize),
-            other => shape.size(other),
-        };
-        let len = |axes: &[Axis]| -> Result<usize, String> {
-            axes.iter()
-                .map(|&a| size(a).ok_or_else(|| format!("no size for axis {a}")))
-                .product()
-        };
-        let (nq, nk, nv) = (
-            len(&variant.q.axes)?,
-            len(&variant.k.axes)?,
-            len(&variant.v.axes)?,
-        );
+        let lens = super::declared_lens(variant, dims, shape)?;
+        let (nq, nk, nv) = (lens[0].1, lens[1].1, lens[2].1);
         // Copies of the inputs until they exceed twice a 50 MiB L2 (at most 4).
         let set_bytes = (nq + nk + nv) * std::mem::size_of::<T>();
         let copies = (100usize << 20).div_ceil(set_bytes.max(1)).clamp(1, 4);
@@ -105,10 +92,9 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
                 |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.next(-1.0, 1.0))).collect() };
             let (hq, hk, hv) = (host(nq), host(nk), host(nv));
             let mut customs = Vec::new();
-            for c in &variant.customs {
-                let n = len(&c.axes)?;
-                let values: Vec<f32> = (0..n).map(|_| rng.next(0.5, 1.0)).collect();
-                customs.push((c.name.clone(), stream.upload(&values).map_err(gpu)?));
+            for (name, n) in &lens[3..] {
+                let values: Vec<f32> = (0..*n).map(|_| rng.next(0.5, 1.0)).collect();
+                customs.push((name.clone(), stream.upload(&values).map_err(gpu)?));
             }
             inputs.push(InputSet {
                 q: stream.upload(&hq).map_err(gpu)?,
@@ -117,18 +103,6 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
                 customs,
             });
         }
-        // Any compiled kernels can allocate the output; compile the first
-        // plan lazily in `prepare`, allocate here through a plain buffer.
-        let rows = shape.rows();
-        let out = ForwardOutput {
-            o: stream
-                .alloc_zeros::<T>(rows * dims.dv as usize)
-                .map_err(gpu)?,
-            row_outputs: stream.alloc_zeros::<f32>(1).map_err(gpu)?,
-            row_names: Vec::new(),
-            shape,
-            dv: dims.dv,
-        };
         Ok(GpuProfiler {
             variant,
             device,
@@ -138,7 +112,7 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
             nvrtc_flags,
             stream,
             inputs,
-            out,
+            out: None,
             kernels: HashMap::new(),
             reference: None,
         })
@@ -160,15 +134,9 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
             .iter()
             .map(|(n, b)| (n.as_str(), b))
             .collect();
+        let out = self.out.as_mut().expect("measure allocates the output");
         kernels
-            .forward_into(
-                &self.stream,
-                &inputs.q,
-                &inputs.k,
-                &inputs.v,
-                &customs,
-                &mut self.out,
-            )
+            .forward_into(&self.stream, &inputs.q, &inputs.k, &inputs.v, &customs, out)
             .map_err(|e| e.to_string())
     }
 }
@@ -233,19 +201,24 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
             )
             .map_err(|e| format!("compile: {e}"))?,
         };
-        // The row outputs' length is the kernels' own.
+        // Plans of one variant share the row outputs; allocate once.
         let rows = self.shape.rows() * kernels.row_output_names().len().max(1);
-        if self.out.row_outputs.len() != rows {
-            self.out.row_outputs = self
-                .stream
-                .alloc_zeros::<f32>(rows)
-                .map_err(|e| format!("allocating row outputs: {e}"))?;
+        if self
+            .out
+            .as_ref()
+            .is_none_or(|o| o.row_outputs.len() != rows)
+        {
+            self.out = Some(
+                kernels
+                    .alloc_output(&self.stream, self.shape)
+                    .map_err(|e| e.to_string())?,
+            );
         }
         // Correctness first: against the default's output.
         self.run_once(&kernels, 0)?;
         let o: Vec<f32> = self
             .stream
-            .download(&self.out.o)
+            .download(&self.out.as_ref().expect("allocated above").o)
             .map_err(|e| format!("download: {e}"))?
             .into_iter()
             .map(T::to_f32)
@@ -279,9 +252,4 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
         .map_err(|e| format!("timing: {e}"))?;
         Ok(timing.median_ms * 1e3)
     }
-}
-
-/// A label for a configuration (as reports print it).
-pub fn label(config: &ForwardConfig) -> String {
-    KernelConfig::Cuda(*config).label()
 }

@@ -112,11 +112,17 @@ pub fn variant_hash(variant: &Variant) -> String {
 /// The template version part of tuning keys: aec's version and a digest of
 /// the forward template, so results of other kernels are never reused.
 pub fn template_version() -> String {
-    format!(
-        "{}+{}",
-        env!("CARGO_PKG_VERSION"),
-        &aec_runtime::hex_digest(aec_compiler::cuda::forward::TEMPLATE_TEXT.as_bytes())[..12]
-    )
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            format!(
+                "{}+{}",
+                env!("CARGO_PKG_VERSION"),
+                &aec_runtime::hex_digest(aec_compiler::cuda::forward::TEMPLATE_TEXT.as_bytes())
+                    [..12]
+            )
+        })
+        .clone()
 }
 
 /// The key of the parallel forward of a variant (by its hash) for a call.
@@ -235,14 +241,11 @@ pub fn tune_forward(
     let started = Instant::now();
     let problem = problem_of(dims, shape, elem);
     let (ranked, space_rejected) = rank_forward(variant, &problem, device);
-    let isa = match device.target {
-        aec_compiler::schedule::Target::Cuda(isa) => isa,
-        aec_compiler::schedule::Target::Hip(_) => {
-            return Err(format!(
-                "{} is an AMD device: profiling there needs the HIP runtime, which cannot launch the forward yet",
-                device.name
-            ));
-        }
+    let Some(isa) = cuda_isa(device) else {
+        return Err(format!(
+            "{} is an AMD device: profiling there needs the HIP runtime, which cannot launch the forward yet",
+            device.name
+        ));
     };
     let default = ForwardConfig::default_for(variant, dims.dqk, dims.dv, elem, isa);
     let plans = plans_to_profile(&ranked, default, options.top);
