@@ -82,12 +82,23 @@ class Kernel:
         self.splits_override = None  # an int forces the number of KV splits
 
     def grid(self, sizes):
+        """KernelSource::grid_for: the row blocks (times Dv slices), heads, batch."""
         bm, split = self.meta["block_m"], self.meta.get("dv_split", 1)
         b, h, sq = sizes["B"], sizes["H"], sizes["Sq"]
         if self.meta.get("packed_gqa"):
             hkv = sizes["Hkv"]
             return ((h // hkv * sq + bm - 1) // bm * split, hkv, b)
         return ((sq + bm - 1) // bm * split, h, b)
+
+    def launch_grid(self, sizes, n_splits):
+        """KernelSource::launch_grid: a persistent kernel walks units of two
+        row blocks with at most one block per multiprocessor."""
+        x, y, z = self.grid(sizes)
+        if not self.meta.get("persistent"):
+            return x * n_splits, y, z
+        split = self.meta.get("dv_split", 1)
+        units = ((x // split) + 1) // 2 * split * y * z
+        return min(units, self.sms), 1, 1
 
     def kv_splits(self, sizes):
         """KernelSource::kv_splits (compiler/src/cuda/forward.rs), the same rule."""
@@ -130,8 +141,8 @@ class Kernel:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
         stream = torch.cuda.current_stream().cuda_stream
-        x, y, z = self.grid(sizes)
-        check(libcuda.cuLaunchKernel(self.fn, x * n_splits, y, z, self.meta["threads"], 1, 1,
+        x, y, z = self.launch_grid(sizes, n_splits)
+        check(libcuda.cuLaunchKernel(self.fn, x, y, z, self.meta["threads"], 1, 1,
                                      self.meta["smem_bytes"], ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
         if n_splits > 1:
             per = self.meta["combine_rows_per_block"]

@@ -206,10 +206,11 @@ fn main() {
     // `--recurrent-only`: only the recurrent cases and kernels (the parallel
     // lists stay empty).
     let recurrent_only = args.iter().any(|a| a == "--recurrent-only");
+    let persistent = args.iter().any(|a| a == "--persistent");
     for case in CASES.iter().filter(|_| !recurrent_only) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
-        let meta = write_case(&out, case, &v, nvcc.as_deref(), &includes);
+        let meta = write_case(&out, case, &v, persistent, nvcc.as_deref(), &includes);
         index.push(meta);
     }
     let mut bench = Vec::new();
@@ -220,7 +221,7 @@ fn main() {
             "softmax_gqa_causal" => gqa_causal(&root),
             e => load(&root, e),
         };
-        let cfg = ForwardConfig::default_for(&v, *dqk, *dv, Elem::Bf16, Isa::Sm90a);
+        let cfg = forward_config(&v, *dqk, *dv, persistent);
         let file = format!("bench_{}", workload.replace('-', "_"));
         let mut entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
             Ok(k) => {
@@ -280,8 +281,10 @@ fn main() {
     // configurations on the plain and the causal softmax workloads.
     let mut fwd_sweep = Vec::new();
     if args.iter().any(|a| a == "--fwd-sweep") {
-        let wg = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false);
-        let rq = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true);
+        let wg = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false, false);
+        let rq = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true, false);
+        // Persistent (one CTA per SM walking the row blocks).
+        let wp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false, true);
         for (example, workload, dqk, dv, configs) in [
             (
                 "softmax",
@@ -289,12 +292,13 @@ fn main() {
                 128,
                 128,
                 vec![
-                    (128, 64, 4, false, false, 2, false),
-                    (128, 128, 8, true, false, 2, false),
+                    (128, 64, 4, false, false, 2, false, false),
+                    (128, 128, 8, true, false, 2, false, false),
                     wg(128, 128, 8, 2),
                     wg(128, 128, 8, 3),
                     rq(128, 128, 8, 3),
                     rq(128, 64, 8, 4),
+                    wp(128, 128, 8, 3),
                 ],
             ),
             (
@@ -303,9 +307,10 @@ fn main() {
                 128,
                 128,
                 vec![
-                    (128, 64, 4, false, false, 2, false),
+                    (128, 64, 4, false, false, 2, false, false),
                     wg(128, 128, 8, 3),
                     rq(128, 128, 8, 3),
+                    wp(128, 128, 8, 3),
                 ],
             ),
             (
@@ -313,18 +318,28 @@ fn main() {
                 "diff-causal-b8-h12-s2048-d128-v256",
                 128,
                 256,
-                vec![wg(128, 64, 8, 4), rq(128, 64, 8, 4), rq(128, 64, 8, 3)],
+                vec![
+                    wg(128, 64, 8, 4),
+                    wp(128, 64, 8, 4),
+                    rq(128, 64, 8, 4),
+                    rq(128, 64, 8, 3),
+                ],
             ),
             (
                 "deepseek",
                 "deepseek-causal-b8-h16-s2048-d192-v128",
                 192,
                 128,
-                vec![wg(128, 64, 8, 4), rq(128, 64, 8, 4), rq(128, 128, 8, 2)],
+                vec![
+                    wg(128, 64, 8, 4),
+                    wp(128, 64, 8, 4),
+                    rq(128, 64, 8, 4),
+                    rq(128, 128, 8, 2),
+                ],
             ),
         ] {
             let v = load(&root, example);
-            for (bm, bn, warps, wgmma, ws, stages, q_regs) in configs {
+            for (bm, bn, warps, wgmma, ws, stages, q_regs, persistent) in configs {
                 let cfg = ForwardConfig {
                     block_m: bm,
                     block_n: bn,
@@ -337,12 +352,14 @@ fn main() {
                     q_in_registers: q_regs,
                     dv_split: 1,
                     split_kv: false,
+                    persistent,
                 };
                 let tag = format!(
-                    "m{bm}n{bn}w{warps}{}{}{}{}",
+                    "m{bm}n{bn}w{warps}{}{}{}{}{}",
                     if wgmma { "_wgmma" } else { "" },
                     if ws { "_ws" } else { "" },
                     if q_regs { "_rq" } else { "" },
+                    if persistent { "_p" } else { "" },
                     if stages == 2 {
                         String::new()
                     } else {
@@ -442,10 +459,20 @@ pub(crate) fn as_f32(t: &Tensor) -> Vec<u8> {
         .collect()
 }
 
+/// The default sm_90a forward configuration; with `--persistent`, the
+/// warp-specialised kernels made persistent (to check and time them with
+/// every case and workload).
+fn forward_config(v: &Variant, dqk: u32, dv: u32, persistent: bool) -> ForwardConfig {
+    let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+    cfg.persistent = persistent && cfg.warp_specialized;
+    cfg
+}
+
 fn write_case(
     out: &Path,
     case: &Case,
     v: &Variant,
+    persistent: bool,
     nvcc: Option<&str>,
     includes: &[String],
 ) -> Value {
@@ -502,7 +529,7 @@ fn write_case(
         v,
         dqk as u32,
         dv as u32,
-        &ForwardConfig::default_for(v, dqk as u32, dv as u32, Elem::Bf16, Isa::Sm90a),
+        &forward_config(v, dqk as u32, dv as u32, persistent),
     )
     .unwrap_or_else(|e| panic!("{}: {e}", case.id));
     let km = kernel_meta(out, case.id, &kernel, nvcc, includes);
@@ -556,6 +583,7 @@ fn kernel_meta(
         "row_outputs": k.row_outputs,
         "packed_gqa": k.packed_gqa,
         "dv_split": k.dv_split,
+        "persistent": k.persistent,
         "combine": k.combine,
         "combine_threads": k.combine_threads,
         "combine_rows_per_block": COMBINE_ROWS_PER_BLOCK,

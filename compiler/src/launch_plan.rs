@@ -404,7 +404,16 @@ fn parallel_constraints(variant: &Variant) -> (Vec<[String; 2]>, Vec<[String; 2]
 const PARALLEL_SIZES: [Axis; 5] = [Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv];
 
 /// The plan of a parallel forward (either target's [`KernelSource`]).
+///
+/// Persistent kernels (`ForwardConfig::persistent`) have no plan yet: their
+/// grid depends on the GPU's multiprocessor count, which plans cannot
+/// express; `aec compile` builds the default, non-persistent kernels.
 pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
+    assert!(
+        !k.persistent,
+        "launch plans do not describe persistent kernels yet (`{}`)",
+        k.name
+    );
     let dims = parallel_dims(k.dqk, k.dv);
     let rows = || [v("B"), v("H"), v("Sq")];
     let mut buffers = declared_inputs(variant, &dims, k.elem);

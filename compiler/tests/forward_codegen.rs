@@ -67,6 +67,7 @@ const CFG: ForwardConfig = ForwardConfig {
     q_in_registers: false,
     dv_split: 1,
     split_kv: false,
+    persistent: false,
 };
 
 #[test]
@@ -451,6 +452,49 @@ fn wgmma_configurations_out_of_range_are_refused_with_reasons() {
     .to_string();
     assert!(
         err.contains("Dqk, Dv of 64 or 128") && err.contains("Dqk 192"),
+        "{err}"
+    );
+}
+
+/// The persistent warp-specialised forward: one block per multiprocessor
+/// walks units of two row blocks (ranks x and n - 1 - x).
+#[test]
+fn persistent_kernels_walk_pairs_of_row_blocks() {
+    let v = example("softmax_causal");
+    let mut cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.warp_specialized && !cfg.persistent, "{cfg:?}");
+    cfg.persistent = true;
+    let k = parallel_forward(&v, 128, 128, &cfg).expect("persistent kernel");
+    assert!(k.persistent && k.name.contains("_ws_p"), "{}", k.name);
+    assert!(k.source.contains("bar_q_free") && k.source.contains("n_units"));
+    // Sq 2048 in 128-row blocks: 16 row blocks, 8 pairs per head; 8 × 32 heads
+    // × 8 batches = 2048 units, launched on at most one block per SM.
+    assert_eq!(k.persistent_units([8, 32, 32, 2048]), 2048);
+    assert_eq!(k.launch_grid([8, 32, 32, 2048], 132, 1), Some((132, 1, 1)));
+    // An odd count pairs all but the middle block: 250 rows = 2 blocks → 1
+    // unit; 300 rows = 3 blocks → 2 units (blocks 0 and 2, block 1 alone).
+    assert_eq!(k.persistent_units([1, 2, 2, 250]), 2);
+    assert_eq!(k.persistent_units([1, 2, 2, 300]), 4);
+    assert_eq!(k.launch_grid([1, 2, 2, 300], 132, 1), Some((4, 1, 1)));
+    // The same tile without persistence launches the whole grid.
+    cfg.persistent = false;
+    let plain = parallel_forward(&v, 128, 128, &cfg).expect("kernel");
+    assert_eq!(plain.launch_grid([1, 2, 2, 300], 132, 1), Some((3, 2, 1)));
+    assert_ne!(plain.name, k.name);
+}
+
+#[test]
+fn persistence_needs_the_warp_specialised_kernel() {
+    let v = example("softmax");
+    let cfg = ForwardConfig {
+        persistent: true,
+        ..CFG
+    };
+    let err = parallel_forward(&v, 128, 128, &cfg)
+        .expect_err("persistent sm_80 kernel")
+        .to_string();
+    assert!(
+        err.contains("persistent") && err.contains("warp_specialized"),
         "{err}"
     );
 }

@@ -143,6 +143,23 @@ fn the_model_ranks_sensibly() {
             .fold(f64::NAN, f64::min)
     };
     assert!(t(&|c| c.warp_specialized && c.block_m == 128) < t(&|c| !c.wgmma));
+    // Persistent blocks pay one prologue per SM instead of one per row
+    // block: the model ranks them ahead of the same tile launched per block.
+    let same_tile = |persistent: bool| {
+        t(&|c| {
+            c.warp_specialized
+                && c.block_m == 128
+                && c.block_n == 128
+                && c.stages == 3
+                && !c.q_in_registers
+                && c.persistent == persistent
+        })
+    };
+    assert!(same_tile(true) < same_tile(false));
+    assert!(ranked.iter().all(|r| {
+        let c = cuda(&r.candidate.config);
+        !c.persistent || c.warp_specialized
+    }));
     // The same problem on an A100: no wgmma candidates at all.
     let a100 = DeviceConfig::named("a100").unwrap();
     let (ranked_a, _) = rank_forward(&v, &big, &a100);

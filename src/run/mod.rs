@@ -581,13 +581,18 @@ impl ParallelKernels {
         &self.source.row_outputs
     }
 
-    /// The launch grid for `shape`: `(ceil(Sq / block_m) · dv_split, H, B)`,
-    /// or with the query heads of a group packed into the rows (decoding
-    /// kernels) `(ceil(H/Hkv · Sq / block_m) · dv_split, Hkv, B)`; `None`
-    /// when it exceeds what CUDA launches.
+    /// The launch grid for `shape` (without KV splits): `(ceil(Sq / block_m)
+    /// · dv_split, H, B)`, or with the query heads of a group packed into the
+    /// rows (decoding kernels) `(ceil(H/Hkv · Sq / block_m) · dv_split, Hkv,
+    /// B)`; for a persistent kernel `(min(units, SMs), 1, 1)`
+    /// ([`KernelSource::launch_grid`]). `None` when it exceeds what CUDA
+    /// launches.
     pub fn grid(&self, shape: Shape) -> Option<(u32, u32, u32)> {
-        self.source
-            .grid_for([shape.b, shape.h, shape.hkv, shape.sq])
+        self.source.launch_grid(
+            [shape.b, shape.h, shape.hkv, shape.sq],
+            self.device.sm_count(),
+            1,
+        )
     }
 
     /// The KV splits the forward launches with for `shape` on this device
@@ -768,7 +773,11 @@ impl ParallelKernels {
         let n_splits = self.kv_splits(shape);
         let grid = self
             .source
-            .split_grid_for([shape.b, shape.h, shape.hkv, shape.sq], n_splits)
+            .launch_grid(
+                [shape.b, shape.h, shape.hkv, shape.sq],
+                self.device.sm_count(),
+                n_splits,
+            )
             .ok_or_else(|| {
             Error::Shape(format!(
                 "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",

@@ -42,12 +42,13 @@
 {% endmacro %}
 {% macro block_scores() %}
         // Scores of this thread's rows (modification, mask, bounds) and the
-        // online normalisation; tiles inside Skv that the mask fully shows
-        // take a copy without per-score validity.
+        // online normalisation.
         float sr[NR][NE];
         bool vr[NR][NE];
         float pr[NR][NE];
         float alpha[NR];
+        // Tiles inside Skv that the mask fully shows take a copy without
+        // per-score validity.
         if (n0 + BN <= Skv && cls == 2) {
 {% call scores_online(true) %}{% endcall %}
         } else {
@@ -56,10 +57,11 @@
 {% endmacro %}
 {% macro pipelined_block(first) %}
         // Block `it` (the first block has no P·V in flight).
-{% if first %}        const int it = 0, cur = 0;
-{% else %}        const int cur = it % STAGES, prev = (it + STAGES - 1) % STAGES;
+        // Ring positions count from the CTA's first tile (`ring` blocks before this one).
+{% if first %}        const int it = 0, cur = ring % STAGES;
+{% else %}        const int cur = (ring + it) % STAGES, prev = (ring + it + STAGES - 1) % STAGES;
 {% endif %}        const int n0 = (n_begin + it) * BN;
-        mbar_wait(&bar_full[cur], (it / STAGES) & 1);
+        mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
         fence_proxy_async();
 {% if mask %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
         // the pipeline keeps one shape; leading and trailing ones are trimmed.
@@ -163,7 +165,142 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         wgmma_rs_n{{ dv }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
 }
 
-{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
+{% endif %}{% macro tile_setup() %}
+        // This tile: row block `bx` (with its Dv slice) of head `by`, batch `bz`.
+{% if packed %}        // Grouped-query heads packed into the rows: this block's rows are the
+        // (head, position) pairs of the G query heads that share KV head hk,
+        // head-major — row r is position r % Sq of head h + r / Sq. They are
+        // contiguous in q and o, and every K/V tile feeds all of them.
+        const int b = bz, hk = by, m0 = (bx / DV_SPLIT) * BM;
+        const int h = hk * (H / Hkv);  // the first head of the group
+        const int n_rows = (H / Hkv) * Sq;
+#define ROW_HEAD(r) (h + (r) / Sq)
+#define ROW_POS(r) ((r) % Sq)
+{% else %}{% if causal %}        // Causal: the longest row blocks (last rows) come first.
+        const int b = bz, h = by, m0 = (nbx / DV_SPLIT - 1 - bx / DV_SPLIT) * BM;
+{% else %}        const int b = bz, h = by, m0 = (bx / DV_SPLIT) * BM;
+{% endif %}
+        const int hk = h / (H / Hkv);
+        const int n_rows = Sq;
+#define ROW_HEAD(r) (h)
+#define ROW_POS(r) (r)
+{% endif %}        const elem_t* qg = q + (long long)(b * H + h) * Sq * DQK;
+        const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
+        // This tile's slice of the V and O columns (the slices of one row block
+        // are adjacent in the launch, so their K tiles are shared through L2).
+        const int dv0 = (bx % DV_SPLIT) * DV;
+        const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DVG + dv0;
+        int row_i[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
+        // The positions this block's rows cover (all of them when packed rows
+        // cross a head boundary) and whether they belong to one head.
+        const int r_last = min(m0 + BM, n_rows) - 1;
+        const bool one_head = ROW_HEAD(m0) == ROW_HEAD(r_last);
+        const int i_first = one_head ? ROW_POS(m0) : 0, i_last = one_head ? ROW_POS(r_last) : Sq - 1;
+        // The KV blocks to visit: all, cut at the diagonal for masks that imply
+        // causality, then trimmed of leading and trailing blocks the mask hides
+        // from every row of this block (tile classification).
+        int n_begin = 0, n_end = (Skv + BN - 1) / BN;
+{% if causal %}        n_end = min(n_end, (i_last + BN) / BN);
+{% endif %}{% if mask %}        // 0: the mask hides keys [j0, j1] from every row here; 1: it may not.
+        // (A macro: a capturing lambda put its captures on the stack.)
+{% if mask_reads_head %}#define TILE_CLASS(j0, j1) (one_head ? mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P) : 1)
+{% else %}#define TILE_CLASS(j0, j1) mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P)
+{% endif %}        {
+            // Each warp classifies the blocks on its own (lanes take every
+            // WARP-th one) and reduces: no block-wide barrier, which the
+            // warp-specialised roles could not share.
+            int first = n_end, last = n_begin - 1;
+            for (int nb = n_begin + lane; nb < n_end; nb += WARP)
+                if (TILE_CLASS(nb * BN, min(nb * BN + BN, Skv) - 1) != 0) {
+                    first = min(first, nb);
+                    last = max(last, nb);
+                }
+            first = __reduce_min_sync(0xffffffffu, first);
+            last = __reduce_max_sync(0xffffffffu, last);
+            n_begin = first;
+            n_end = max(last + 1, n_begin);
+        }
+{% endif %}{% if split_kv %}        {
+            // This block's share of the visible KV blocks.
+            const int per = (n_end - n_begin + n_splits - 1) / n_splits;
+            n_begin = min(n_end, n_begin + split * per);
+            n_end = min(n_end, n_begin + per);
+        }
+{% endif %}        const int n_iter = n_end - n_begin;
+{% endmacro %}
+{% macro tile_loop() %}{% if persistent %}
+    // Persistent: the CTA walks units of work, each the row blocks of rank x
+    // and n_rb - 1 - x of one head and Dv slice (under a causal mask a long
+    // and a short one: every unit costs about the same, so a static stride
+    // balances). Units of one head are adjacent, so concurrent CTAs share
+    // K and V through L2.
+    for (int unit = blockIdx.x; unit < n_units; unit += gridDim.x)
+    for (int second = 0; second < 2; ++second) {
+        const int slice = unit % DV_SPLIT, pair = (unit / DV_SPLIT) % n_pairs, yz = unit / DV_SPLIT / n_pairs;
+        const int rank = second ? n_rb - 1 - pair : pair;
+        if (second && rank == pair) continue;  // odd n_rb: the middle block is alone
+        const int bx = rank * DV_SPLIT + slice, by = yz % NY, bz = yz / NY;
+{% else %}    {
+        const int by = blockIdx.y, bz = blockIdx.z;
+{% endif %}{% endmacro %}
+{% macro epilogue() %}
+        // Epilogue: finish the rows, write O, the final row scales and the state.
+        const long long rows = (long long)B * H * Sq;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const int i = row_i[r];
+            const int mt = r / 2, half = r % 2;
+            if (i >= n_rows) continue;
+            const long long row = (long long)(b * H + h) * Sq + i;  // packed rows are contiguous
+{% if split_kv %}            if (n_splits > 1) {
+                // A partial row for the combine kernel: the unnormalised output,
+                // the state and whether any key was seen.
+                float* prow = opart + ((long long)split * rows + row) * DVG + dv0;
+#pragma unroll
+                for (int dt = 0; dt < DV / 8; ++dt)
+                    *reinterpret_cast<float2*>(prow + dt * 8 + 2 * t4) = make_float2(acc[mt][dt][2 * half], acc[mt][dt][2 * half + 1]);
+                if (t4 == 0 && dv0 == 0) {
+                    float* srow = spart + ((long long)split * rows + row) * (NSTATE + 1);
+#pragma unroll
+                    for (int f = 0; f < NSTATE; ++f) srow[f] = st[r][f];
+                    srow[NSTATE] = seen[r] ? 1.0f : 0.0f;
+                }
+                continue;
+            }
+{% endif %}            elem_t* orow = o + row * DVG + dv0;
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt) {
+                const int col = dt * 8 + 2 * t4;
+                const float o0 = seen[r] ? epilogue_o(acc[mt][dt][2 * half], st[r], P) : 0.0f;
+                const float o1 = seen[r] ? epilogue_o(acc[mt][dt][2 * half + 1], st[r], P) : 0.0f;
+                *reinterpret_cast<unsigned*>(orow + col) = pack2(o0, o1);
+            }
+            if (t4 == 0 && dv0 == 0) {  // every slice has the same row state
+                float sc[NSCALES_ARR];
+                epilogue_scales(st[r], sc, P);
+#pragma unroll
+                for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
+#pragma unroll
+                for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
+            }
+        }
+{% endmacro %}
+{% macro init_rows() %}
+        float acc[MT][DV / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
+        float st[NR][NSTATE_ARR];
+        bool seen[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            seen[r] = false;
+{{ state_init }}        }
+{% endmacro %}
+extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
@@ -183,179 +320,133 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
 {% if split_kv %}    // Split-KV: the n_splits blocks of one row block are adjacent in x.
-    const int split = blockIdx.x % n_splits, bx = blockIdx.x / n_splits, nbx = gridDim.x / n_splits;
-{% else %}    const int bx = blockIdx.x, nbx = gridDim.x;
-{% endif %}{% if packed %}    // Grouped-query heads packed into the rows: this block's rows are the
-    // (head, position) pairs of the G query heads that share KV head hk,
-    // head-major — row r is position r % Sq of head h + r / Sq. They are
-    // contiguous in q and o, and every K/V tile feeds all of them.
-    const int b = blockIdx.z, hk = blockIdx.y, m0 = (bx / DV_SPLIT) * BM;
-    const int h = hk * (H / Hkv);  // the first head of the group
-    const int n_rows = (H / Hkv) * Sq;
-#define ROW_HEAD(r) (h + (r) / Sq)
-#define ROW_POS(r) ((r) % Sq)
-{% else %}{% if causal %}    // Causal: the longest row blocks (last rows) start first, so the short
-    // ones fill the tail of the launch.
-    const int b = blockIdx.z, h = blockIdx.y, m0 = (nbx / DV_SPLIT - 1 - bx / DV_SPLIT) * BM;
-{% else %}    const int b = blockIdx.z, h = blockIdx.y, m0 = (bx / DV_SPLIT) * BM;
-{% endif %}
-    const int hk = h / (H / Hkv);
-    const int n_rows = Sq;
-#define ROW_HEAD(r) (h)
-#define ROW_POS(r) (r)
-{% endif %}    const elem_t* qg = q + (long long)(b * H + h) * Sq * DQK;
-    const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
-    // This block's slice of the V and O columns (the blocks of one row block
-    // are adjacent in the launch, so their K tiles are shared through L2).
-    const int dv0 = (bx % DV_SPLIT) * DV;
-    const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DVG + dv0;
-    int row_i[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
-    // The positions this block's rows cover (all of them when packed rows
-    // cross a head boundary) and whether they belong to one head.
-    const int r_last = min(m0 + BM, n_rows) - 1;
-    const bool one_head = ROW_HEAD(m0) == ROW_HEAD(r_last);
-    const int i_first = one_head ? ROW_POS(m0) : 0, i_last = one_head ? ROW_POS(r_last) : Sq - 1;
-    // The KV blocks to visit: all, cut at the diagonal for masks that imply
-    // causality, then trimmed of leading and trailing blocks the mask hides
-    // from every row of this block (tile classification).
-    int n_begin = 0, n_end = (Skv + BN - 1) / BN;
-{% if causal %}    n_end = min(n_end, (i_last + BN) / BN);
-{% endif %}{% if mask %}    // 0: the mask hides keys [j0, j1] from every row here; 1: it may not.
-    // (A macro: a capturing lambda put its captures on the stack.)
-{% if mask_reads_head %}#define TILE_CLASS(j0, j1) (one_head ? mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P) : 1)
-{% else %}#define TILE_CLASS(j0, j1) mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P)
-{% endif %}    {
-        // Every thread classifies other blocks; the first and last visible
-        // ones bound the loop.
-        __shared__ int s_first, s_last;
-        if (tid == 0) {
-            s_first = n_end;
-            s_last = n_begin - 1;
-        }
-        __syncthreads();
-        for (int nb = n_begin + tid; nb < n_end; nb += NT)
-            if (TILE_CLASS(nb * BN, min(nb * BN + BN, Skv) - 1) != 0) {
-                atomicMin(&s_first, nb);
-                atomicMax(&s_last, nb);
-            }
-        __syncthreads();
-        n_begin = s_first;
-        n_end = max(s_last + 1, n_begin);
-    }
-{% endif %}{% if split_kv %}    {
-        // This block's share of the visible KV blocks.
-        const int per = (n_end - n_begin + n_splits - 1) / n_splits;
-        n_begin = min(n_end, n_begin + split * per);
-        n_end = min(n_end, n_begin + per);
-    }
-{% endif %}
-{% if ws %}    // Warp specialisation: the last warpgroup copies Q once and K/V blocks
-    // into a ring of STAGES buffers (cp.async, completion signalled on `full`); the
-    // other warpgroups compute, each at its own pace, and release a stage on
-    // `empty` once both of its GEMMs have read it.
-    __shared__ __align__(8) unsigned long long bar_full[STAGES], bar_empty[STAGES], bar_q;
+    const int split = blockIdx.x % n_splits, nbx = gridDim.x / n_splits;
+{% else %}{% if persistent %}    // The grid's row blocks (times Dv slices), heads and batches, walked as units.
+    const int NY = {% if packed %}Hkv{% else %}H{% endif %};
+    const int n_rb = ({% if packed %}(H / Hkv) * Sq{% else %}Sq{% endif %} + BM - 1) / BM;
+    const int nbx = n_rb * DV_SPLIT, n_pairs = (n_rb + 1) / 2;
+    const int n_units = n_pairs * DV_SPLIT * NY * B;
+{% else %}    const int nbx = gridDim.x;
+{% endif %}{% endif %}
+{% if ws %}    // Warp specialisation: the last warpgroup copies Q once per tile and K/V
+    // blocks into a ring of STAGES buffers (cp.async, completion signalled on
+    // `full`); the other warpgroups compute, each at its own pace, and release
+    // a stage on `empty` once both of its GEMMs have read it{% if persistent %}, and Q on
+    // `q_free` once their last S GEMM of the tile has. Ring positions and
+    // barrier phases run on across tiles{% endif %}.
+    __shared__ __align__(8) unsigned long long bar_full[STAGES], bar_empty[STAGES], bar_q{% if persistent %}, bar_q_free{% endif %};
     if (tid == 0) {
         mbar_init(&bar_q, NPWARPS * WARP);
-        for (int st = 0; st < STAGES; ++st) {
+{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
+{% endif %}        for (int st = 0; st < STAGES; ++st) {
             mbar_init(&bar_full[st], NPWARPS * WARP);
             mbar_init(&bar_empty[st], NWARPS * WARP);
         }
     }
     __syncthreads();
-    const int n_iter = n_end - n_begin;
     if (warp >= NWARPS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         const int ptid = tid - NWARPS * WARP;
-        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
+        int ring = 0, lt = 0;  // K/V blocks and tiles loaded so far
+{% call tile_loop() %}{% endcall %}
+{% if !persistent %}        const int bx = blockIdx.x;
+{% endif %}{% call tile_setup() %}{% endcall %}
+{% if persistent %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
+{% endif %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
         mbar_arrive_cp_async(&bar_q);
         for (int it = 0; it < n_iter; ++it) {
-            const int st = it % STAGES;
-            if (it >= STAGES) mbar_wait(&bar_empty[st], (it / STAGES - 1) & 1);
+            const int gi = ring + it, st = gi % STAGES;
+            if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
             const int n0 = (n_begin + it) * BN;
             load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid);
             load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid);
             mbar_arrive_cp_async(&bar_full[st]);
         }
+        ring += n_iter;
+        ++lt;
+    }
         cp_async_wait_all();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    mbar_wait(&bar_q, 0);
-    fence_proxy_async();
+    int ring = 0, lt = 0;  // K/V blocks and tiles consumed so far
+{% call tile_loop() %}{% endcall %}
+{% if !persistent %}        const int bx = blockIdx.x;
+{% endif %}{% call tile_setup() %}{% endcall %}
+        mbar_wait(&bar_q, lt & 1);
+        fence_proxy_async();
 {% if modify_q %}
-    // Each warpgroup modifies its own 64 rows of Q.
-    for (int x = tid % 128; x < 64 * DQK; x += 128) {
-        const int r = (warp / 4) * 64 + x / DQK, dd = x % DQK;
-        if (m0 + r < n_rows) {
-            elem_t* p = TILE_AT(sQ, BM, DQK, r, dd);
-            const Pt pt = {b, ROW_HEAD(m0 + r), hk, ROW_POS(m0 + r), 0, dd};
-            *p = from_f32(modify_q(to_f32(*p), pt, P));
+        // Each warpgroup modifies its own 64 rows of Q.
+        for (int x = tid % 128; x < 64 * DQK; x += 128) {
+            const int r = (warp / 4) * 64 + x / DQK, dd = x % DQK;
+            if (m0 + r < n_rows) {
+                elem_t* p = TILE_AT(sQ, BM, DQK, r, dd);
+                const Pt pt = {b, ROW_HEAD(m0 + r), hk, ROW_POS(m0 + r), 0, dd};
+                *p = from_f32(modify_q(to_f32(*p), pt, P));
+            }
         }
-    }
-    fence_proxy_async();
-    warpgroup_sync(1 + warp / 4);
-{% endif %}{% if q_regs %}    // This warp's 16 rows of Q as wgmma A fragments, kept in registers: the
-    // S GEMM then reads only K from shared memory.
-    unsigned qf[DQK / 16][4];
+        fence_proxy_async();
+        warpgroup_sync(1 + warp / 4);
+{% endif %}{% if q_regs %}        // This warp's 16 rows of Q as wgmma A fragments, kept in registers: the
+        // S GEMM then reads only K from shared memory.
+        unsigned qf[DQK / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < DQK / 16; ++kk) {
-        const int row = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-        const int col = kk * 16 + (lane / 16) * 8;
-        ldmatrix_x4(smem_u32(TILE_AT(sQ, BM, DQK, row, col)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
-    }
-{% endif %}{% else %}    LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
-    if (n_begin < n_end) {
-        LOAD_TILE<BN, DQK>(sK, kg, n_begin * BN, Skv, tid);
-        LOAD_TILE<BN, DV, NT, DVG>(sV, vg, n_begin * BN, Skv, tid);
-    }
-    cp_async_commit();
-    cp_async_wait_all();
-    SYNC_SMEM_WRITES();
-{% if modify_q %}
-    for (int x = tid; x < BM * DQK; x += NT) {
-        const int r = x / DQK, dd = x % DQK;
-        if (m0 + r < n_rows) {
-            elem_t* p = TILE_AT(sQ, BM, DQK, r, dd);
-            const Pt pt = {b, ROW_HEAD(m0 + r), hk, ROW_POS(m0 + r), 0, dd};
-            *p = from_f32(modify_q(to_f32(*p), pt, P));
+        for (int kk = 0; kk < DQK / 16; ++kk) {
+            const int row = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+            const int col = kk * 16 + (lane / 16) * 8;
+            ldmatrix_x4(smem_u32(TILE_AT(sQ, BM, DQK, row, col)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
         }
-    }
-    SYNC_SMEM_WRITES();
-{% endif %}{% endif %}
-    float acc[MT][DV / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
-    float st[NR][NSTATE_ARR];
-    bool seen[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        seen[r] = false;
-{{ state_init }}    }
-
-{% if ws %}    // The FlashAttention-3 schedule inside a warpgroup: block it's scores
-    // and online step run while block it-1's P·V is on the tensor cores;
-    // a stage goes back to the producer once its P·V has finished.
-    unsigned pa[BN / 16][4];  // P of the previous block, packed
-    if (n_iter > 0) {
+{% if persistent %}        mbar_arrive(&bar_q_free);
+{% endif %}{% endif %}{% call init_rows() %}{% endcall %}
+        // The FlashAttention-3 schedule inside a warpgroup: block it's scores
+        // and online step run while block it-1's P·V is on the tensor cores;
+        // a stage goes back to the producer once its P·V has finished.
+        unsigned pa[BN / 16][4];  // P of the previous block, packed
+        if (n_iter > 0) {
 {% call pipelined_block(true) %}{% endcall %}
-    }
-    for (int it = 1; it < n_iter; ++it) {
+        }
+        for (int it = 1; it < n_iter; ++it) {
 {% call pipelined_block(false) %}{% endcall %}
+        }
+{% if persistent && !q_regs %}        mbar_arrive(&bar_q_free);  // the tile's S GEMMs are done with Q
+{% endif %}        if (n_iter > 0) {
+            // The last block's P·V.
+            const int last = (ring + n_iter - 1) % STAGES;
+            wgmma_fence();
+            pv_gemm(acc[0], pa, smem_u32(sV + last * BN * SVS));
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands_n{{ dv }}(acc[0]);
+{% if persistent %}            mbar_arrive(&bar_empty[last]);
+{% endif %}        }
+{% call epilogue() %}{% endcall %}
+        ring += n_iter;
+        ++lt;
     }
-    if (n_iter > 0) {
-        // The last block's P·V.
-        const unsigned v_base = smem_u32(sV + ((n_iter - 1) % STAGES) * BN * SVS);
-        wgmma_fence();
-        pv_gemm(acc[0], pa, v_base);
-        wgmma_commit();
-        wgmma_wait0();
-        wgmma_fence_operands_n{{ dv }}(acc[0]);
-    }
-{% else %}    for (int nb = n_begin; nb < n_end; ++nb) {
+{% else %}
+    {
+        const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %}, by = blockIdx.y, bz = blockIdx.z;
+{% call tile_setup() %}{% endcall %}
+        LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
+        if (n_begin < n_end) {
+            LOAD_TILE<BN, DQK>(sK, kg, n_begin * BN, Skv, tid);
+            LOAD_TILE<BN, DV, NT, DVG>(sV, vg, n_begin * BN, Skv, tid);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        SYNC_SMEM_WRITES();
+{% if modify_q %}
+        for (int x = tid; x < BM * DQK; x += NT) {
+            const int r = x / DQK, dd = x % DQK;
+            if (m0 + r < n_rows) {
+                elem_t* p = TILE_AT(sQ, BM, DQK, r, dd);
+                const Pt pt = {b, ROW_HEAD(m0 + r), hk, ROW_POS(m0 + r), 0, dd};
+                *p = from_f32(modify_q(to_f32(*p), pt, P));
+            }
+        }
+        SYNC_SMEM_WRITES();
+{% endif %}{% call init_rows() %}{% endcall %}
+    for (int nb = n_begin; nb < n_end; ++nb) {
         const int cur = (nb - n_begin) & 1;
         elem_t* sKc = sK + cur * BN * SQS;
         elem_t* sVc = sV + cur * BN * SVS;
@@ -493,48 +584,9 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 
     }
 
-{% endif %}
-    // Epilogue: finish the rows, write O, the final row scales and the state.
-    const long long rows = (long long)B * H * Sq;
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        const int i = row_i[r];
-        const int mt = r / 2, half = r % 2;
-        if (i >= n_rows) continue;
-        const long long row = (long long)(b * H + h) * Sq + i;  // packed rows are contiguous
-{% if split_kv %}        if (n_splits > 1) {
-            // A partial row for the combine kernel: the unnormalised output,
-            // the state and whether any key was seen.
-            float* prow = opart + ((long long)split * rows + row) * DVG + dv0;
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt)
-                *reinterpret_cast<float2*>(prow + dt * 8 + 2 * t4) = make_float2(acc[mt][dt][2 * half], acc[mt][dt][2 * half + 1]);
-            if (t4 == 0 && dv0 == 0) {
-                float* srow = spart + ((long long)split * rows + row) * (NSTATE + 1);
-#pragma unroll
-                for (int f = 0; f < NSTATE; ++f) srow[f] = st[r][f];
-                srow[NSTATE] = seen[r] ? 1.0f : 0.0f;
-            }
-            continue;
-        }
-{% endif %}        elem_t* orow = o + row * DVG + dv0;
-#pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt) {
-            const int col = dt * 8 + 2 * t4;
-            const float o0 = seen[r] ? epilogue_o(acc[mt][dt][2 * half], st[r], P) : 0.0f;
-            const float o1 = seen[r] ? epilogue_o(acc[mt][dt][2 * half + 1], st[r], P) : 0.0f;
-            *reinterpret_cast<unsigned*>(orow + col) = pack2(o0, o1);
-        }
-        if (t4 == 0 && dv0 == 0) {  // every slice has the same row state
-            float sc[NSCALES_ARR];
-            epilogue_scales(st[r], sc, P);
-#pragma unroll
-            for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
-#pragma unroll
-            for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
-        }
+{% call epilogue() %}{% endcall %}
     }
-}
+{% endif %}}
 {% if split_kv %}
 // Merges the n_splits partial rows of each query row (one warp per row):
 // the merged state from the partials that saw a key, each partial's output

@@ -60,6 +60,15 @@ pub struct ForwardConfig {
     /// ([`crate::combine`]). For decoding, where few query rows leave the
     /// GPU idle. Not with warp specialisation.
     pub split_kv: bool,
+    /// With warp specialisation: one CTA per multiprocessor walks the row
+    /// blocks (grid `(min(units, SMs), 1, 1)`, see
+    /// [`KernelSource::launch_grid`]), so the producer loads the next tile's
+    /// Q and K/V while the consumers finish the last one (the pipeline never
+    /// drains between tiles). Each unit of work pairs row blocks `x` and
+    /// `n - 1 - x` of one head, which under a causal mask cost about the same
+    /// together.
+    #[serde(default)]
+    pub persistent: bool,
 }
 
 impl ForwardConfig {
@@ -125,6 +134,7 @@ impl ForwardConfig {
                 && variant
                     .parallel()
                     .is_some_and(|p| combine_plan(&p.online).is_ok()),
+            persistent: false,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -240,6 +250,9 @@ pub struct KernelSource {
     pub dv_split: u32,
     /// The element type of q, k, v and o.
     pub elem: Elem,
+    /// A persistent kernel: launched with [`KernelSource::launch_grid`]
+    /// (at most one block per multiprocessor), not [`KernelSource::grid_for`].
+    pub persistent: bool,
     pub dqk: u32,
     /// The whole Dv of v and o (a block computes `dv / dv_split` columns).
     pub dv: u32,
@@ -277,6 +290,37 @@ impl KernelSource {
         let x = rows.div_ceil(bm) * self.dv_split.max(1) as usize;
         let fits = x < (1 << 31) && y < 65536 && b < 65536;
         fits.then_some((x as u32, y as u32, b as u32))
+    }
+
+    /// Units of work of a persistent kernel for sizes `B, H, Hkv, Sq`: the
+    /// row blocks of a head and Dv slice in pairs (`x`, `n - 1 - x`), over
+    /// every head and batch.
+    pub fn persistent_units(&self, [b, h, hkv, sq]: [usize; 4]) -> usize {
+        let (rows, y) = if self.packed_gqa {
+            ((h / hkv.max(1)) * sq, hkv)
+        } else {
+            (sq, h)
+        };
+        rows.div_ceil(self.block_m as usize).div_ceil(2) * self.dv_split.max(1) as usize * y * b
+    }
+
+    /// The grid to launch with on a GPU with `sms` multiprocessors and
+    /// `n_splits` KV splits: [`KernelSource::split_grid_for`], or for a
+    /// persistent kernel `(min(units, sms), 1, 1)` (every block walks units
+    /// `blockIdx.x, blockIdx.x + gridDim.x, …`). `None` when it exceeds what
+    /// CUDA launches.
+    pub fn launch_grid(
+        &self,
+        sizes: [usize; 4],
+        sms: u32,
+        n_splits: u32,
+    ) -> Option<(u32, u32, u32)> {
+        let grid = self.split_grid_for(sizes, n_splits)?;
+        if !self.persistent {
+            return Some(grid);
+        }
+        let units = self.persistent_units(sizes).min(sms.max(1) as usize);
+        Some((units as u32, 1, 1))
     }
 
     /// How many KV splits to launch with for sizes `B, H, Hkv, Sq, Skv` on a
@@ -401,6 +445,7 @@ struct ForwardTemplate<'a> {
     clamp: bool,
     wgmma: bool,
     ws: bool,
+    persistent: bool,
     stages: u32,
     q_regs: bool,
     split_kv: bool,
@@ -438,7 +483,7 @@ pub fn parallel_forward(
     } = custom_params(variant.customs.len(), false);
     let state_init = state_init(online);
     let kernel_name = format!(
-        "aec_fwd_{}_{}_d{dqk}x{dv_total}_m{}n{}w{}{}{}",
+        "aec_fwd_{}_{}_d{dqk}x{dv_total}_m{}n{}w{}{}{}{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
@@ -451,6 +496,7 @@ pub fn parallel_forward(
             (false, true) => "_wgmma",
             (false, false) => "",
         },
+        if cfg.persistent { "_p" } else { "" },
         if cfg.stages == 2 {
             String::new()
         } else {
@@ -495,6 +541,7 @@ pub fn parallel_forward(
         clamp: scores_read_customs_by_position(variant),
         wgmma: cfg.wgmma,
         ws: cfg.warp_specialized,
+        persistent: cfg.persistent,
         stages: cfg.stages,
         q_regs: cfg.q_in_registers,
         split_kv: cfg.split_kv,
@@ -534,6 +581,7 @@ pub fn parallel_forward(
         packed_gqa: cfg.pack_gqa,
         dv_split: cfg.dv_split,
         elem: cfg.elem,
+        persistent: cfg.persistent,
         dqk,
         dv: dv_total,
         block_n: cfg.block_n,
@@ -583,6 +631,11 @@ pub(crate) fn check_config(
     if cfg.q_in_registers && !cfg.warp_specialized {
         return Err(CompileError(
             "Q in registers is implemented for the warp-specialised wgmma forward only".into(),
+        ));
+    }
+    if cfg.persistent && !cfg.warp_specialized {
+        return Err(CompileError(
+            "persistent kernels are implemented for the warp-specialised wgmma forward only (set warp_specialized: true)".into(),
         ));
     }
     if cfg.warp_specialized && !cfg.wgmma {

@@ -229,6 +229,7 @@ pub fn hip_parallel_forward(
         packed_gqa: cfg.pack_gqa,
         dv_split: cfg.dv_split,
         elem: cfg.elem,
+        persistent: false,
         dqk,
         dv: dv_total,
         block_n: cfg.block_n,

@@ -63,6 +63,9 @@ pub struct TilePlan {
     pub blocks_per_sm: u32,
     pub packed_gqa: bool,
     pub split_kv: bool,
+    /// One block per SM walks the row blocks in pairs (`x`, `n - 1 - x`),
+    /// the next tile's loads overlapping the last one's epilogue.
+    pub persistent: bool,
 }
 
 /// The model's figures for one plan.
@@ -81,6 +84,10 @@ pub struct Estimate {
 const LOAD_LATENCY: f64 = 2500.0;
 /// Fixed cycles of a block's start (launch, Q load issue) and end.
 const BLOCK_OVERHEAD: f64 = 1500.0;
+/// Cycles a persistent block spends between two tiles (the consumers'
+/// epilogue stores and state reset; the loads for the next tile are already
+/// in flight).
+const TILE_SWITCH: f64 = 600.0;
 /// FP32 lanes per multiprocessor per clock for the elementwise score work.
 const ALU_PER_CLK: f64 = 128.0;
 /// Elementwise operations per score besides transcendentals (scale, max,
@@ -208,8 +215,34 @@ pub fn estimate(
     // its SM with others takes `bps` times as long per step, while its
     // prologue and epilogue overlap theirs.
     let slots = (device.sms * plan.blocks_per_sm).max(1) as usize;
-    let mut free: BinaryHeap<Reverse<u64>> = (0..slots).map(|_| Reverse(0)).collect();
     let per_head = problem.b * heads * plan.dv_split as usize * splits;
+    if plan.persistent {
+        // Units of two row blocks (rank x and n - 1 - x) strided over the
+        // blocks; one prologue and epilogue per block.
+        let n_pairs = row_blocks.div_ceil(2);
+        let pair_steps: Vec<usize> = (0..n_pairs)
+            .map(|x| {
+                let other = row_blocks - 1 - x;
+                steps[x] + if other != x { steps[other] } else { 0 }
+            })
+            .collect();
+        let tiles = |x: usize| if row_blocks - 1 - x != x { 2.0 } else { 1.0 };
+        let n_units = n_pairs * per_head;
+        let grid = n_units.min(slots).max(1);
+        let mut load = vec![0.0f64; grid];
+        for u in 0..n_units {
+            let x = (u / (plan.dv_split as usize * splits)) % n_pairs;
+            load[u % grid] += pair_steps[x] as f64 * step * bps + tiles(x) * TILE_SWITCH;
+        }
+        let makespan = load.iter().cloned().fold(0.0, f64::max) + prologue + epilogue;
+        let micros = makespan / clock * 1e6;
+        return Estimate {
+            micros,
+            tflops: useful_flops(problem, facts) / (micros * 1e-6) / 1e12,
+            bound,
+        };
+    }
+    let mut free: BinaryHeap<Reverse<u64>> = (0..slots).map(|_| Reverse(0)).collect();
     let mut makespan = 0u64;
     for &n in &steps {
         let n = n.div_ceil(splits);

@@ -108,7 +108,7 @@ impl KernelConfig {
     pub fn label(&self) -> String {
         match self {
             KernelConfig::Cuda(c) => format!(
-                "m{} n{} w{} s{} {}{}{}{}",
+                "m{} n{} w{} s{} {}{}{}{}{}",
                 c.block_m,
                 c.block_n,
                 c.warps,
@@ -118,6 +118,7 @@ impl KernelConfig {
                     (true, false) => "wgmma",
                     _ => "mma.sync",
                 },
+                if c.persistent { " persistent" } else { "" },
                 if c.q_in_registers { " q-regs" } else { "" },
                 if c.dv_split > 1 {
                     format!(" dv/{}", c.dv_split)
@@ -220,6 +221,7 @@ fn cuda_forward_configs(
         q_in_registers: false,
         dv_split: 1,
         split_kv: false,
+        persistent: false,
     };
     let mut out = Vec::new();
     for &dv_split in splits {
@@ -247,16 +249,20 @@ fn cuda_forward_configs(
                         }
                         let stages: &[u32] = if ws { &[2, 3, 4] } else { &[2] };
                         for &stages in stages {
-                            out.push(ForwardConfig {
-                                block_m: 16 * warps,
-                                block_n,
-                                warps,
-                                wgmma: true,
-                                warp_specialized: ws,
-                                stages,
-                                dv_split,
-                                ..base
-                            });
+                            let persistent: &[bool] = if ws { &[false, true] } else { &[false] };
+                            for &persistent in persistent {
+                                out.push(ForwardConfig {
+                                    block_m: 16 * warps,
+                                    block_n,
+                                    warps,
+                                    wgmma: true,
+                                    warp_specialized: ws,
+                                    stages,
+                                    dv_split,
+                                    persistent,
+                                    ..base
+                                });
+                            }
                         }
                     }
                 }
@@ -411,6 +417,7 @@ fn consider_cuda(
         blocks_per_sm,
         packed_gqa: cfg.pack_gqa,
         split_kv: cfg.split_kv,
+        persistent: cfg.persistent,
     };
     space.candidates.push(Candidate {
         config: KernelConfig::Cuda(cfg),
@@ -507,6 +514,7 @@ fn consider_hip(
         blocks_per_sm,
         packed_gqa: cfg.pack_gqa,
         split_kv: cfg.split_kv,
+        persistent: false,
     };
     space.candidates.push(Candidate {
         config: KernelConfig::Hip(cfg),
