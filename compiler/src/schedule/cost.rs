@@ -211,50 +211,44 @@ pub fn estimate(
     };
     let epilogue = bm * dvs * eb / (device.dram_gbs * 1e9 / (device.sms as f64 * clock));
     let prologue = BLOCK_OVERHEAD + (bm * dqk + bn * (dqk + dvs)) * eb / l2_per_sm_clk;
-    // A list schedule of the blocks over the device's slots; a block sharing
-    // its SM with others takes `bps` times as long per step, while its
-    // prologue and epilogue overlap theirs.
     let slots = (device.sms * plan.blocks_per_sm).max(1) as usize;
     let per_head = problem.b * heads * plan.dv_split as usize * splits;
-    if plan.persistent {
-        // Units of two row blocks (rank x and n - 1 - x) strided over the
-        // blocks; one prologue and epilogue per block.
-        let n_pairs = row_blocks.div_ceil(2);
-        let pair_steps: Vec<usize> = (0..n_pairs)
-            .map(|x| {
-                let other = row_blocks - 1 - x;
-                steps[x] + if other != x { steps[other] } else { 0 }
+    let makespan = if plan.persistent {
+        // Units of two row blocks (rank x and n - 1 - x) strided over one
+        // block per slot; one prologue and epilogue per block.
+        let units: Vec<(usize, f64)> = (0..row_blocks.div_ceil(2))
+            .map(|x| match row_blocks - 1 - x {
+                other if other != x => (steps[x] + steps[other], 2.0),
+                _ => (steps[x], 1.0),
             })
             .collect();
-        let tiles = |x: usize| if row_blocks - 1 - x != x { 2.0 } else { 1.0 };
-        let n_units = n_pairs * per_head;
+        let n_units = units.len() * per_head;
         let grid = n_units.min(slots).max(1);
         let mut load = vec![0.0f64; grid];
         for u in 0..n_units {
-            let x = (u / (plan.dv_split as usize * splits)) % n_pairs;
-            load[u % grid] += pair_steps[x] as f64 * step * bps + tiles(x) * TILE_SWITCH;
+            let (n, tiles) = units[(u / (plan.dv_split as usize * splits)) % units.len()];
+            load[u % grid] += n as f64 * step * bps + tiles * TILE_SWITCH;
         }
-        let makespan = load.iter().cloned().fold(0.0, f64::max) + prologue + epilogue;
-        let micros = makespan / clock * 1e6;
-        return Estimate {
-            micros,
-            tflops: useful_flops(problem, facts) / (micros * 1e-6) / 1e12,
-            bound,
-        };
-    }
-    let mut free: BinaryHeap<Reverse<u64>> = (0..slots).map(|_| Reverse(0)).collect();
-    let mut makespan = 0u64;
-    for &n in &steps {
-        let n = n.div_ceil(splits);
-        let cycles = (prologue + epilogue + n as f64 * step * bps) as u64;
-        for _ in 0..per_head {
-            let Reverse(start) = free.pop().unwrap();
-            let end = start + cycles;
-            makespan = makespan.max(end);
-            free.push(Reverse(end));
+        load.iter().cloned().fold(0.0, f64::max) + prologue + epilogue
+    } else {
+        // A list schedule of the blocks over the device's slots; a block
+        // sharing its SM with others takes `bps` times as long per step,
+        // while its prologue and epilogue overlap theirs.
+        let mut free: BinaryHeap<Reverse<u64>> = (0..slots).map(|_| Reverse(0)).collect();
+        let mut makespan = 0u64;
+        for &n in &steps {
+            let n = n.div_ceil(splits);
+            let cycles = (prologue + epilogue + n as f64 * step * bps) as u64;
+            for _ in 0..per_head {
+                let Reverse(start) = free.pop().unwrap();
+                let end = start + cycles;
+                makespan = makespan.max(end);
+                free.push(Reverse(end));
+            }
         }
-    }
-    let mut micros = makespan as f64 / clock * 1e6;
+        makespan as f64
+    };
+    let mut micros = makespan / clock * 1e6;
     if splits > 1 {
         // The combine kernel reads every partial row once.
         let bytes = (problem.b * problem.h * problem.sq * splits) as f64 * dvs * 4.0;
