@@ -90,8 +90,10 @@ fn spill_budget(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
         // consumers a few registers: 8-60 bytes spill (sliding window 60).
         if dqk + dv > 256 { 96 } else { 64 }
     } else if cfg.wgmma {
-        // The consumer warpgroups get 232 registers (setmaxnreg).
-        if dqk + dv > 256 { 64 } else { 0 }
+        // The consumer warpgroups get 232 registers (setmaxnreg). The loop
+        // over masked tiles holds P·V in flight next to the mask and the
+        // score modification: RetNet's per-score decay spills 24 bytes there.
+        if dqk + dv > 256 { 64 } else { 32 }
     } else if dv > 128 {
         64
     } else if cfg.m_tiles() > 1 {

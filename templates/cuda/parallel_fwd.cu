@@ -40,34 +40,35 @@
             for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = nst[f];
         }
 {% endmacro %}
-{% macro block_scores() %}
+{% macro block_scores(path) %}
         // Scores of this thread's rows (modification, mask, bounds) and the
         // online normalisation.
         float sr[NR][NE];
         bool vr[NR][NE];
         float pr[NR][NE];
         float alpha[NR];
-        // Tiles inside Skv that the mask fully shows take a copy without
+{% if path == 0 %}        // Tiles inside Skv that the mask fully shows take a copy without
         // per-score validity.
         if (n0 + BN <= Skv && cls == 2) {
 {% call scores_online(true) %}{% endcall %}
         } else {
 {% call scores_online(false) %}{% endcall %}
         }
+{% else %}{% if path == 2 %}{% call scores_online(true) %}{% endcall %}{% else %}{% call scores_online(false) %}{% endcall %}{% endif %}{% endif %}
 {% endmacro %}
-{% macro pipelined_block(first) %}
+{% macro pipelined_block(first, path) %}
         // Block `it` (the first block has no P·V in flight).
         // Ring positions count from the CTA's first tile (`ring` blocks before this one).
 {% if first %}        const int it = 0, cur = ring % STAGES;
 {% else %}        const int cur = (ring + it) % STAGES, prev = (ring + it + STAGES - 1) % STAGES;
-{% endif %}        const int n0 = (n_begin + it) * BN;
+{% endif %}        const int n0 = KV_N0(it);
         mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
         fence_proxy_async();
-{% if mask %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
+{% if path == 0 %}{% if mask %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
         // the pipeline keeps one shape; leading and trailing ones are trimmed.
         const int cls = TILE_CLASS(n0, min(n0 + BN, Skv) - 1);
 {% else %}        const int cls = 2;
-{% endif %}        float s[MT][BN / 8][4];
+{% endif %}{% endif %}        float s[MT][BN / 8][4];
         wgmma_fence();
         {
             const unsigned k_base = smem_u32(sK + cur * BN * SQS);
@@ -89,7 +90,7 @@
         wgmma_commit();
         wgmma_wait1();
 {% endif %}        wgmma_fence_operands_n{{ bn }}(s[0]);
-{% call block_scores() %}{% endcall %}
+{% call block_scores(path) %}{% endcall %}
 {% if !first %}        wgmma_wait0();
         wgmma_fence_operands_n{{ dv }}(acc[0]);
         fence_regs(pa);
@@ -229,7 +230,13 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
             n_end = min(n_end, n_begin + per);
         }
 {% endif %}        const int n_iter = n_end - n_begin;
-{% endmacro %}
+{% if wgmma && ws %}        // The K/V block of step `it`: last block first, so that under a causal
+        // mask the diagonal tile (the one that needs masking) is the first,
+        // with no P·V in flight, and the rest is one run of full tiles.
+#define KV_N0(it) ((n_end - 1 - (it)) * BN)
+        // Whether the tile at key n0 needs no per-score validity.
+#define TILE_FULL(n0) ((n0) + BN <= Skv{% if mask %} && TILE_CLASS((n0), (n0) + BN - 1) == 2{% endif %})
+{% endif %}{% endmacro %}
 {% macro tile_loop() %}{% if persistent %}
     // Persistent: the CTA walks units of work, each the row blocks of rank x
     // and n_rb - 1 - x of one head and Dv slice (under a causal mask a long
@@ -357,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         for (int it = 0; it < n_iter; ++it) {
             const int gi = ring + it, st = gi % STAGES;
             if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
-            const int n0 = (n_begin + it) * BN;
+            const int n0 = KV_N0(it);
             load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid);
             load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid);
             mbar_arrive_cp_async(&bar_full[st]);
@@ -403,10 +410,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // a stage goes back to the producer once its P·V has finished.
         unsigned pa[BN / 16][4];  // P of the previous block, packed
         if (n_iter > 0) {
-{% call pipelined_block(true) %}{% endcall %}
+{% call pipelined_block(true, 0) %}{% endcall %}
         }
-        for (int it = 1; it < n_iter; ++it) {
-{% call pipelined_block(false) %}{% endcall %}
+        // Runs of tiles that need per-score masking and runs that do not, each
+        // loop body with one path: one body branching between the two paths
+        // while P·V is in flight measured far slower on the tiles that take
+        // the masked path (H100, causal: 0.95 ms against 0.82 ms).
+        for (int it = 1; it < n_iter;) {
+            for (; it < n_iter && !TILE_FULL(KV_N0(it)); ++it) {
+{% call pipelined_block(false, 1) %}{% endcall %}
+            }
+            for (; it < n_iter && TILE_FULL(KV_N0(it)); ++it) {
+{% call pipelined_block(false, 2) %}{% endcall %}
+            }
         }
 {% if persistent && !q_regs %}        mbar_arrive(&bar_q_free);  // the tile's S GEMMs are done with Q
 {% endif %}        if (n_iter > 0) {
@@ -529,7 +545,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }
 
 {% endif %}
-{% call block_scores() %}{% endcall %}
+{% call block_scores(0) %}{% endcall %}
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
