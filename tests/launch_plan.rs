@@ -29,6 +29,11 @@ const SHAPES: [[usize; 5]; 6] = [
 ];
 
 fn vars(shape: [usize; 5], splits: u64) -> impl Fn(&str) -> Option<u64> {
+    vars_on(shape, splits, 132)
+}
+
+/// [`vars`] on a device with `sms` multiprocessors (persistent grids read it).
+fn vars_on(shape: [usize; 5], splits: u64, sms: u64) -> impl Fn(&str) -> Option<u64> {
     move |n: &str| {
         Some(match n {
             "B" => shape[0] as u64,
@@ -37,6 +42,7 @@ fn vars(shape: [usize; 5], splits: u64) -> impl Fn(&str) -> Option<u64> {
             "Sq" => shape[3] as u64,
             "Skv" => shape[4] as u64,
             "kv_splits" => splits,
+            "sms" => sms,
             _ => return None,
         })
     }
@@ -72,6 +78,7 @@ fn check_arguments(name: &str, plan: &EntryPlan) {
 #[test]
 fn plans_match_the_runtime_launch_logic() {
     let mut checked_splits = 0;
+    let mut checked_persistent = 0;
     for (name, v) in common::parallel_examples() {
         let (dqk, dv) = common::head_dims(&v);
         for isa in [Isa::Sm80, Isa::Sm90a] {
@@ -100,11 +107,14 @@ fn plans_match_the_runtime_launch_logic() {
                 let at = vars(shape, planned);
                 let main = &plan.launches[0];
                 assert_eq!(main.entry, k.name);
-                assert_eq!(
-                    Some(grid(&main.grid, &at)),
-                    k.split_grid_for([b, h, hkv, sq], splits),
-                    "{name} {isa:?} {shape:?}: forward grid"
-                );
+                for sms in [132, 7] {
+                    assert_eq!(
+                        Some(grid(&main.grid, &vars_on(shape, planned, sms))),
+                        k.launch_grid([b, h, hkv, sq], sms as u32, splits),
+                        "{name} {isa:?} {shape:?} on {sms} SMs: forward grid"
+                    );
+                }
+                checked_persistent += usize::from(k.persistent);
                 if let Some(combine) = plan.launches.get(1) {
                     assert_eq!(combine.when, Some(Condition::SplitKv));
                     assert_eq!(Some(grid(&combine.grid, &at)), k.combine_grid(b * h * sq));
@@ -161,6 +171,10 @@ fn plans_match_the_runtime_launch_logic() {
         }
     }
     assert!(checked_splits > 0, "some shape must split the KV sequence");
+    assert!(
+        checked_persistent > 0,
+        "some default Hopper forward must be persistent"
+    );
 }
 
 /// Recurrent shapes `[B, H, S]`: one step, part of a chunk, a chunk and one

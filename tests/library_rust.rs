@@ -320,10 +320,15 @@ fn a_compiled_library_reads_back_and_its_calls_check() {
                 .unwrap_or_else(|e| panic!("{variant} {arch}: {e}"));
             assert_eq!(call.kv_splits, 1);
             assert_eq!(call.launches.len(), 1);
-            let (_, y, z) = call.launches[0].grid;
+            // sm_90a: persistent, min(units, SMs) blocks, a unit one pair
+            // of row blocks (here one: ceil(97 / 128)) per head and batch.
+            let expected = if arch == "sm_90a" {
+                (8, 1, 1)
+            } else {
+                (1, 4, 2)
+            };
             assert_eq!(
-                (y, z),
-                (4, 2),
+                call.launches[0].grid, expected,
                 "{variant} {arch}: one block row per head and batch"
             );
             assert!(passes(&fwd, &call, 0, "o") && passes(&fwd, &call, 0, "row_outputs"));
@@ -462,7 +467,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
     assert_eq!(
         read("{\"format\": 1, \"variants\": []}"),
         at(&format!(
-            "manifest format 1, but this aec ({}) reads format 2: compile the library again \
+            "manifest format 1, but this aec ({}) reads format 3: compile the library again \
              with this version's `aec compile`",
             env!("CARGO_PKG_VERSION")
         ))
@@ -472,7 +477,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
         at("the manifest: expected an object, found an array")
     );
     assert_eq!(
-        read("{\"format\": 2, \"aec_version\": \"0.1.0\"}"),
+        read("{\"format\": 3, \"aec_version\": \"0.1.0\"}"),
         at("the manifest: missing field `variants`")
     );
 
@@ -480,7 +485,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
     let plan = serde_json::to_value(parallel_forward("softmax", Isa::Sm80)).unwrap();
     let manifest = |plan: Value| {
         json!({
-            "format": 2, "aec_version": "0.1.0",
+            "format": 3, "aec_version": "0.1.0",
             "variants": [{
                 "name": "Softmax", "file": "examples/softmax.rs", "pattern": "parallel",
                 "kernels": [{
@@ -543,7 +548,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
 /// variant without a backward; `aec compile` writes recurrent backwards).
 fn selection_manifest() -> Manifest {
     let text = json!({
-        "format": 2, "aec_version": "0.1.0",
+        "format": 3, "aec_version": "0.1.0",
         "variants": [
             {
                 "name": "Softmax", "file": "examples/softmax.rs", "pattern": "parallel",
@@ -969,7 +974,7 @@ fn a_module_the_builds_lack_is_refused() {
     let states = plan["launches"][0]["entry"].as_str().unwrap().to_string();
     let manifest = |build: Value| {
         json!({
-            "format": 2, "aec_version": "0.1.0",
+            "format": 3, "aec_version": "0.1.0",
             "variants": [{
                 "name": "Mamba2", "file": "examples/mamba2.rs", "pattern": "recurrent",
                 "kernels": [{ "pass": "backward", "builds": [build], "plan": plan.clone() }],

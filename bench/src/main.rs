@@ -206,11 +206,13 @@ fn main() {
     // `--recurrent-only`: only the recurrent cases and kernels (the parallel
     // lists stay empty).
     let recurrent_only = args.iter().any(|a| a == "--recurrent-only");
-    let persistent = args.iter().any(|a| a == "--persistent");
+    // `--per-block`: the warp-specialised kernels launched with a block per
+    // row block instead of persistent (to check and time that form).
+    let per_block = args.iter().any(|a| a == "--per-block");
     for case in CASES.iter().filter(|_| !recurrent_only) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
-        let meta = write_case(&out, case, &v, persistent, nvcc.as_deref(), &includes);
+        let meta = write_case(&out, case, &v, per_block, nvcc.as_deref(), &includes);
         index.push(meta);
     }
     let mut bench = Vec::new();
@@ -221,7 +223,7 @@ fn main() {
             "softmax_gqa_causal" => gqa_causal(&root),
             e => load(&root, e),
         };
-        let cfg = forward_config(&v, *dqk, *dv, persistent);
+        let cfg = forward_config(&v, *dqk, *dv, per_block);
         let file = format!("bench_{}", workload.replace('-', "_"));
         let mut entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
             Ok(k) => {
@@ -459,12 +461,11 @@ pub(crate) fn as_f32(t: &Tensor) -> Vec<u8> {
         .collect()
 }
 
-/// The default sm_90a forward configuration; with `--persistent`, the
-/// warp-specialised kernels made persistent (to check and time them with
-/// every case and workload).
-fn forward_config(v: &Variant, dqk: u32, dv: u32, persistent: bool) -> ForwardConfig {
+/// The default sm_90a forward configuration; with `--per-block`, the
+/// persistent kernels launched with a block per row block instead.
+fn forward_config(v: &Variant, dqk: u32, dv: u32, per_block: bool) -> ForwardConfig {
     let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm90a);
-    cfg.persistent = persistent && cfg.warp_specialized;
+    cfg.persistent &= !per_block;
     cfg
 }
 
@@ -472,7 +473,7 @@ fn write_case(
     out: &Path,
     case: &Case,
     v: &Variant,
-    persistent: bool,
+    per_block: bool,
     nvcc: Option<&str>,
     includes: &[String],
 ) -> Value {
@@ -529,7 +530,7 @@ fn write_case(
         v,
         dqk as u32,
         dv as u32,
-        &forward_config(v, dqk as u32, dv as u32, persistent),
+        &forward_config(v, dqk as u32, dv as u32, per_block),
     )
     .unwrap_or_else(|e| panic!("{}: {e}", case.id));
     let km = kernel_meta(out, case.id, &kernel, nvcc, includes);

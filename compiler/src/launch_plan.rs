@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// A size as an expression of the call's sizes (`B`, `H`, `Hkv`, `Sq`,
-/// `Skv`, `S`) and `kv_splits`. In JSON: a number, a name, or
-/// `{"mul": [..]}`, `{"ceil_div": [a, b]}`.
+/// `Skv`, `S`), `kv_splits` and, in launch grids only, [`SMS`] (the device's
+/// multiprocessor count). In JSON: a number, a name, or `{"mul": [..]}`,
+/// `{"ceil_div": [a, b]}`, `{"min": [a, b]}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum SizeExpr {
@@ -39,7 +40,13 @@ pub enum SizeOp {
     Mul(Vec<SizeExpr>),
     /// `ceil(a / b)`, b ≥ 1.
     CeilDiv(Box<SizeExpr>, Box<SizeExpr>),
+    /// The smaller of `a` and `b`.
+    Min(Box<SizeExpr>, Box<SizeExpr>),
 }
+
+/// The name under which launch grids read the device's multiprocessor count
+/// (persistent kernels launch one block per multiprocessor at most).
+pub const SMS: &str = "sms";
 
 impl SizeExpr {
     pub fn var(name: &str) -> SizeExpr {
@@ -61,6 +68,10 @@ impl SizeExpr {
         SizeExpr::Op(SizeOp::CeilDiv(Box::new(a), Box::new(b)))
     }
 
+    pub fn min(a: SizeExpr, b: SizeExpr) -> SizeExpr {
+        SizeExpr::Op(SizeOp::Min(Box::new(a), Box::new(b)))
+    }
+
     /// The value for the sizes `vars` gives; `None` for a name it lacks or
     /// an overflow of 64 bits.
     pub fn eval(&self, vars: &dyn Fn(&str) -> Option<u64>) -> Option<u64> {
@@ -74,6 +85,7 @@ impl SizeExpr {
                 let (a, b) = (a.eval(vars)?, b.eval(vars)?);
                 (b > 0).then(|| a.div_ceil(b))
             }
+            SizeExpr::Op(SizeOp::Min(a, b)) => Some(a.eval(vars)?.min(b.eval(vars)?)),
         }
     }
 
@@ -83,7 +95,7 @@ impl SizeExpr {
             SizeExpr::Const(_) => vec![],
             SizeExpr::Var(v) => vec![v.as_str()],
             SizeExpr::Op(SizeOp::Mul(ts)) => ts.iter().flat_map(|t| t.vars()).collect(),
-            SizeExpr::Op(SizeOp::CeilDiv(a, b)) => {
+            SizeExpr::Op(SizeOp::CeilDiv(a, b) | SizeOp::Min(a, b)) => {
                 let mut v = a.vars();
                 v.extend(b.vars());
                 v
@@ -107,6 +119,7 @@ impl std::fmt::Display for SizeExpr {
                 Ok(())
             }
             SizeExpr::Op(SizeOp::CeilDiv(a, b)) => write!(f, "ceil({a} / {b})"),
+            SizeExpr::Op(SizeOp::Min(a, b)) => write!(f, "min({a}, {b})"),
         }
     }
 }
@@ -404,16 +417,7 @@ fn parallel_constraints(variant: &Variant) -> (Vec<[String; 2]>, Vec<[String; 2]
 const PARALLEL_SIZES: [Axis; 5] = [Axis::B, Axis::H, Axis::Hkv, Axis::Sq, Axis::Skv];
 
 /// The plan of a parallel forward (either target's [`KernelSource`]).
-///
-/// Persistent kernels (`ForwardConfig::persistent`) have no plan yet: their
-/// grid depends on the GPU's multiprocessor count, which plans cannot
-/// express; `aec compile` builds the default, non-persistent kernels.
 pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
-    assert!(
-        !k.persistent,
-        "launch plans do not describe persistent kernels yet (`{}`)",
-        k.name
-    );
     let dims = parallel_dims(k.dqk, k.dv);
     let rows = || [v("B"), v("H"), v("Sq")];
     let mut buffers = declared_inputs(variant, &dims, k.elem);
@@ -458,11 +462,25 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
     let mut launches = Vec::new();
     let mut kv_splits = None;
     let args = parallel_args(&k.args, &dims);
+    // A persistent kernel walks pairs of row blocks (per Dv slice, head row
+    // and batch) with at most one block per multiprocessor
+    // ([`KernelSource::persistent_units`]).
+    let grid = if k.persistent {
+        let units = SizeExpr::mul(
+            [SizeExpr::ceil_div(block_rows.clone(), c(2))]
+                .into_iter()
+                .chain((k.dv_split > 1).then(|| c(k.dv_split)))
+                .chain([y.clone(), v("B")]),
+        );
+        [SizeExpr::min(units, v(SMS)), c(1), c(1)]
+    } else {
+        [x.clone(), y.clone(), v("B")]
+    };
     match &k.combine {
         None => launches.push(LaunchPlan {
             entry: k.name.clone(),
             module: None,
-            grid: [x, y, v("B")],
+            grid,
             threads: k.threads,
             dynamic_smem_bytes: k.smem_bytes,
             args,
@@ -1014,6 +1032,17 @@ mod tests {
         assert_eq!(json, r#"{"mul":[{"ceil_div":[{"mul":["H","Sq"]},128]},2]}"#);
         assert_eq!(serde_json::from_str::<SizeExpr>(&json).unwrap(), e);
         assert_eq!(v("Skv").eval(&vars), None);
+        // A persistent grid: the units, at most one block per multiprocessor.
+        let g = SizeExpr::min(SizeExpr::mul([v("H"), v("Sq")]), v(SMS));
+        let on = |sms: u64| move |n: &str| if n == SMS { Some(sms) } else { vars(n) };
+        assert_eq!(g.eval(&on(132)), Some(132));
+        assert_eq!(g.eval(&on(1000)), Some(300));
+        assert_eq!(g.eval(&vars), None);
+        assert_eq!(g.to_string(), "min(H * Sq, sms)");
+        let json = serde_json::to_string(&g).unwrap();
+        assert_eq!(json, r#"{"min":[{"mul":["H","Sq"]},"sms"]}"#);
+        assert_eq!(serde_json::from_str::<SizeExpr>(&json).unwrap(), g);
+        assert_eq!(g.vars(), ["H", "Sq", "sms"]);
     }
 
     #[test]

@@ -456,14 +456,19 @@ fn wgmma_configurations_out_of_range_are_refused_with_reasons() {
     );
 }
 
-/// The persistent warp-specialised forward: one block per multiprocessor
-/// walks units of two row blocks (ranks x and n - 1 - x).
+/// The persistent warp-specialised forward (the default on Hopper): one
+/// block per multiprocessor walks units of two row blocks (ranks x and
+/// n - 1 - x).
 #[test]
 fn persistent_kernels_walk_pairs_of_row_blocks() {
     let v = example("softmax_causal");
     let mut cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
-    assert!(cfg.warp_specialized && !cfg.persistent, "{cfg:?}");
-    cfg.persistent = true;
+    assert!(cfg.warp_specialized && cfg.persistent, "{cfg:?}");
+    // Not where the kernel cannot be warp-specialised (sm_80, decoding).
+    let sm80 = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm80);
+    assert!(!sm80.persistent, "{sm80:?}");
+    let decode = ForwardConfig::default_for(&example("decode"), 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(!decode.persistent && decode.split_kv, "{decode:?}");
     let k = parallel_forward(&v, 128, 128, &cfg).expect("persistent kernel");
     assert!(k.persistent && k.name.contains("_ws_p"), "{}", k.name);
     assert!(k.source.contains("bar_q_free") && k.source.contains("n_units"));

@@ -275,7 +275,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let workloads = workload_records(&args.workloads, &definitions)?;
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
-        "format": 2,
+        "format": aec::library::MANIFEST_FORMAT,
         "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA forward and backward of recurrent variants (the recurrent backward is two modules: the backward kernels, each build's `cubin`, and the states pass, its `modules.states`; no HIP recurrent kernels yet); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
         "tools": {
             "aec": env!("CARGO_PKG_VERSION"),

@@ -20,7 +20,9 @@
 //! with the plan's rule and launches the kernels in order. The text depends
 //! on the manifest only, so the same manifest gives the same header.
 
-use aec_compiler::launch_plan::{ArgPlan, Condition, Dtype, EntryPlan, Role, SizeExpr, SizeOp};
+use aec_compiler::launch_plan::{
+    ArgPlan, Condition, Dtype, EntryPlan, Role, SMS, SizeExpr, SizeOp,
+};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -172,6 +174,9 @@ pub fn c_expr(e: &SizeExpr, var: &dyn Fn(&str) -> String) -> String {
                 c_expr(a, var),
                 c_expr(b, var)
             )
+        }
+        SizeExpr::Op(SizeOp::Min(a, b)) => {
+            format!("aecl_min({}, {})", c_expr(a, var), c_expr(b, var))
         }
     }
 }
@@ -343,9 +348,10 @@ fn parse_head_dims(k: &Value, at: &str) -> Result<Vec<(String, u64)>, String> {
 fn validate_plan(p: &EntryPlan, at: &str) -> Result<(), String> {
     let mut names = BTreeSet::new();
     for s in &p.sizes {
-        if s.name == "kv_splits" {
+        if s.name == "kv_splits" || s.name == SMS {
             return Err(format!(
-                "manifest {at}: a size may not be called `kv_splits`"
+                "manifest {at}: a size may not be called `{}`",
+                s.name
             ));
         }
         if !names.insert(s.name.as_str()) {
@@ -363,14 +369,19 @@ fn validate_plan(p: &EntryPlan, at: &str) -> Result<(), String> {
         }
     }
     let known = |v: &str| names.contains(v) || v == "kv_splits";
-    let check_expr = |e: &SizeExpr, what: &str| -> Result<(), String> {
-        match e.vars().into_iter().find(|v| !known(v)) {
+    let check_expr_in = |e: &SizeExpr, what: &str, grid: bool| -> Result<(), String> {
+        match e
+            .vars()
+            .into_iter()
+            .find(|v| !(known(v) || grid && *v == SMS))
+        {
             Some(v) => Err(format!(
                 "manifest {at}: {what} uses `{v}`, which is not one of the plan's sizes"
             )),
             None => Ok(()),
         }
     };
+    let check_expr = |e: &SizeExpr, what: &str| check_expr_in(e, what, false);
     for pair in p.multiple_of.iter().chain(&p.equal) {
         for n in pair {
             if !names.contains(n.as_str()) {
@@ -423,7 +434,7 @@ fn validate_plan(p: &EntryPlan, at: &str) -> Result<(), String> {
             ));
         }
         for (d, e) in l.grid.iter().enumerate() {
-            check_expr(e, &format!("launch {i} ({}) grid[{d}]", l.entry))?;
+            check_expr_in(e, &format!("launch {i} ({}) grid[{d}]", l.entry), true)?;
         }
         for (j, a) in l.args.iter().enumerate() {
             match a {
@@ -947,11 +958,15 @@ fn single_head_dims(v: &VariantC) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The C local holding a size (`n_<field>`) or `kv_splits`.
+/// The C local holding a size (`n_<field>`) or `kv_splits`, or the
+/// library's multiprocessor count.
 fn local_of<'a>(v: &'a VariantC) -> impl Fn(&str) -> String + 'a {
     move |name: &str| {
         if name == "kv_splits" {
             return "n_kv_splits".to_string();
+        }
+        if name == SMS {
+            return "n_sms".to_string();
         }
         match v.sizes.iter().find(|s| s.name == name) {
             Some(s) => format!("n_{}", s.field),
@@ -1342,6 +1357,9 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
             let _ = writeln!(out, "    uint64_t n_{f} = (uint64_t)s->{f};", f = s.field);
         }
     }
+    if used.contains(SMS) {
+        out.push_str("    uint64_t n_sms = lib->sm_count < 1 ? 1u : (uint64_t)lib->sm_count;\n");
+    }
     let uses_kv_var = used.contains("kv_splits");
     if uses_kv_var || uses_split {
         out.push_str("    uint64_t n_kv_splits = 1;\n");
@@ -1672,6 +1690,12 @@ mod tests {
             "aecl_mul(aecl_ceil_div(aecl_mul(n_H, n_Sq, &ovf), 128u, &ovf), n_kv_splits, &ovf)"
         );
         assert_eq!(c_expr(&SizeExpr::Const(5_000_000_000), &var), "5000000000u");
+        let g: SizeExpr =
+            serde_json::from_value(json!({"min": [{"mul": ["H", "B"]}, "sms"]})).unwrap();
+        assert_eq!(
+            c_expr(&g, &var),
+            "aecl_min(aecl_mul(n_H, n_B, &ovf), n_sms)"
+        );
         assert_eq!(c_expr(&SizeExpr::Op(SizeOp::Mul(vec![])), &var), "1u");
         assert_eq!(
             shape_text(&[SizeExpr::var("B"), SizeExpr::Const(64)]),
@@ -1732,7 +1756,7 @@ mod tests {
 
     #[test]
     fn malformed_manifests_are_refused_with_the_place() {
-        let e = generate(&json!({"format": 2})).unwrap_err();
+        let e = generate(&json!({"format": 3})).unwrap_err();
         assert!(e.contains("`variants`"), "{e}");
         let mut m = manifest("Tiny", x());
         m["variants"][0]["kernels"][0]["plan"]["launches"][0]["grid"][0] = json!("Q");

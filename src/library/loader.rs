@@ -60,14 +60,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
 
-use crate::compiler::launch_plan::{ArgPlan, Condition, Role, SizeExpr};
+use crate::compiler::launch_plan::{ArgPlan, Condition, Role, SMS, SizeExpr};
 pub use crate::compiler::launch_plan::{Dtype, EntryPlan};
 use crate::frontend::diag::suggest;
 use crate::run::Error;
 use crate::runtime::{Arg, DType, Device, DeviceBuffer, Kernel, Module, Param, Stream, bf16, f16};
 
 /// The manifest format this loader reads (`"format"` in `manifest.json`).
-pub const MANIFEST_FORMAT: u64 = 2;
+pub const MANIFEST_FORMAT: u64 = 3;
 
 /// The passes an entry point can be, in the manifest's spelling.
 pub const PASSES: [&str; 2] = ["forward", "backward"];
@@ -555,9 +555,10 @@ fn check_modules(plan: &EntryPlan, build: &Build) -> Result<(), String> {
 pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
     let mut sizes: Vec<&str> = Vec::new();
     for s in &plan.sizes {
-        if s.name == KV_SPLITS {
+        if s.name == KV_SPLITS || s.name == SMS {
             return Err(format!(
-                "`{KV_SPLITS}` is computed by the loader, not a size of the call"
+                "`{}` is computed by the loader, not a size of the call",
+                s.name
             ));
         }
         if sizes.contains(&s.name.as_str()) {
@@ -565,9 +566,10 @@ pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
         }
         sizes.push(&s.name);
     }
-    let known = |e: &SizeExpr, with_splits: bool, what: &str| -> Result<(), String> {
+    // `kv_splits` where `with_splits`, the multiprocessor count in grids.
+    let known = |e: &SizeExpr, with_splits: bool, grid: bool, what: &str| -> Result<(), String> {
         for v in e.vars() {
-            let bound = sizes.contains(&v) || (with_splits && v == KV_SPLITS);
+            let bound = sizes.contains(&v) || (with_splits && v == KV_SPLITS) || (grid && v == SMS);
             if !bound {
                 return Err(format!(
                     "{what} reads `{v}`, which is not a size of the plan"
@@ -578,7 +580,7 @@ pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
     };
     for [a, b] in plan.multiple_of.iter().chain(&plan.equal) {
         for n in [a, b] {
-            known(&SizeExpr::var(n), false, "a constraint")?;
+            known(&SizeExpr::var(n), false, false, "a constraint")?;
         }
     }
     let mut names: Vec<&str> = Vec::new();
@@ -588,12 +590,12 @@ pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
         }
         names.push(&b.name);
         for e in &b.shape {
-            known(e, true, &format!("the shape of `{}`", b.name))?;
+            known(e, true, false, &format!("the shape of `{}`", b.name))?;
         }
     }
     if let Some(k) = &plan.kv_splits {
-        known(&k.blocks, false, "the split rule")?;
-        known(&k.key_blocks, false, "the split rule")?;
+        known(&k.blocks, false, false, "the split rule")?;
+        known(&k.key_blocks, false, false, "the split rule")?;
     }
     if plan.launches.is_empty() {
         return Err("the plan has no launches".to_string());
@@ -604,7 +606,7 @@ pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
             return Err(format!("{what} has 0 threads"));
         }
         for e in &l.grid {
-            known(e, true, &format!("the grid of {what}"))?;
+            known(e, true, true, &format!("the grid of {what}"))?;
         }
         let mut written: Vec<&str> = Vec::new();
         for a in &l.args {
@@ -620,7 +622,7 @@ pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
                         written.push(n);
                     }
                 }
-                ArgPlan::I32(e) => known(e, true, &format!("an argument of {what}"))?,
+                ArgPlan::I32(e) => known(e, true, false, &format!("an argument of {what}"))?,
                 ArgPlan::Null(_) => {}
             }
         }
@@ -822,7 +824,7 @@ fn shape_text(shape: &[SizeExpr], vars: &dyn Fn(&str) -> Option<u64>) -> String 
 /// Checks a call of `plan` without a GPU and binds it: `sizes` (see
 /// [`bind_sizes`]), `tensors` the given inputs as (name, dtype, element
 /// count), `want` the optional outputs asked for, `sms` the device's
-/// multiprocessor count (for the KV split rule).
+/// multiprocessor count (for the KV split rule and persistent grids).
 ///
 /// Errors ([`Error::Shape`]), in order: the sizes; a tensor given twice,
 /// unknown, or an output or workspace given as input; a required input
@@ -843,6 +845,7 @@ pub fn check_call(
         k.splits(&|n: &str| vars.get(n).copied(), u64::from(sms))
     });
     vars.insert(KV_SPLITS.to_string(), kv_splits);
+    vars.insert(SMS.to_string(), u64::from(sms.max(1)));
     let lookup = |n: &str| vars.get(n).copied();
 
     let inputs = || {

@@ -38,7 +38,7 @@ import threading
 __all__ = ["Error", "load", "Library", "Variant", "Plan", "TensorInfo"]
 
 #: The manifest format this module reads.
-FORMAT = 2
+FORMAT = 3
 
 I32_MAX = 2**31 - 1
 GRID_X_MAX = 2**31 - 1
@@ -64,7 +64,8 @@ class Error(ValueError):
 
 # --------------------------------------------------------------------------
 # Size expressions (SizeExpr in compiler/src/launch_plan.rs): a number, a
-# size name, {"mul": [e, ...]} or {"ceil_div": [a, b]}.
+# size name, {"mul": [e, ...]}, {"ceil_div": [a, b]} or {"min": [a, b]}.
+# Grids may also read `sms`, the device's multiprocessor count.
 
 
 def eval_size(expr, sizes):
@@ -91,6 +92,8 @@ def eval_size(expr, sizes):
             if b < 1:
                 raise Error(f"size expression {show_size(expr)} divides by {b}")
             return -(-a // b)
+        if op == "min" and isinstance(terms, list) and len(terms) == 2:
+            return min(eval_size(terms[0], sizes), eval_size(terms[1], sizes))
     raise Error(f"malformed size expression {expr!r}")
 
 
@@ -102,6 +105,8 @@ def show_size(expr):
             return " * ".join(show_size(t) for t in terms)
         if op == "ceil_div" and len(terms) == 2:
             return f"ceil({show_size(terms[0])} / {show_size(terms[1])})"
+        if op == "min" and len(terms) == 2:
+            return f"min({show_size(terms[0])}, {show_size(terms[1])})"
     return str(expr)
 
 
@@ -503,6 +508,8 @@ class Plan:
         sizes = {n: sizes[n] for n in self.size_names}
         splits = self.kv_splits(sizes, sms, kv_splits)
         sizes["kv_splits"] = splits
+        # Grids may also read the multiprocessor count (persistent kernels).
+        grid_sizes = dict(sizes, sms=max(int(sms), 1))
         present = set(infos)
         allocations = []
         for b in self.plan["buffers"]:
@@ -520,7 +527,7 @@ class Plan:
         for launch in self.launch_plans:
             if launch.get("when") == "split_kv" and splits <= 1:
                 continue
-            grid = tuple(eval_size(e, sizes) for e in launch["grid"])
+            grid = tuple(eval_size(e, grid_sizes) for e in launch["grid"])
             if not (1 <= grid[0] <= GRID_X_MAX and 1 <= grid[1] <= GRID_YZ_MAX and 1 <= grid[2] <= GRID_YZ_MAX):
                 bound = ", ".join(f"{n}={sizes[n]}" for n in self.size_names)
                 raise Error(

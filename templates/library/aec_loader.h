@@ -149,7 +149,7 @@ typedef struct aec_library {
     char device_name[128];        /* e.g. "NVIDIA H100 80GB HBM3" */
     int cc_major, cc_minor;       /* compute capability, e.g. 9 and 0 */
     char arch[16];                /* the builds this GPU runs: "sm_90a" (9.0), "sm_80" (8.x), "sm_XY" */
-    int sm_count;                 /* multiprocessors (the KV-split rule reads it) */
+    int sm_count;                 /* multiprocessors (the KV-split rule and persistent grids read it) */
     char *dir;                    /* the library directory */
     aecl_module *modules;         /* loaded modules */
     size_t n_modules;
@@ -244,6 +244,11 @@ static inline uint64_t aecl_ceil_div(uint64_t a, uint64_t b, int *overflow)
         return 0;
     }
     return a / b + (a % b != 0);
+}
+
+static inline uint64_t aecl_min(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
 }
 
 static inline uint64_t aecl_align(uint64_t bytes, int *overflow)

@@ -105,19 +105,19 @@ class Architectures(unittest.TestCase):
 
 class ManifestFormat(unittest.TestCase):
     def test_format_and_shape(self):
-        with self.assertRaisesRegex(Error, "x.json: format 1, but this module reads format 2"):
+        with self.assertRaisesRegex(Error, "x.json: format 1, but this module reads format 3"):
             al.check_manifest({"format": 1, "variants": []}, "x.json")
         with self.assertRaisesRegex(Error, "no `format` field"):
             al.check_manifest({"variants": []})
         with self.assertRaisesRegex(Error, "not a JSON object"):
             al.check_manifest([])
         with self.assertRaisesRegex(Error, "no `variants` list"):
-            al.check_manifest({"format": 2})
+            al.check_manifest({"format": 3})
         with self.assertRaisesRegex(Error, "variant 'X' has no `kernels`"):
-            al.check_manifest({"format": 2, "variants": [{"name": "X", "pattern": "parallel", "inputs": []}]})
+            al.check_manifest({"format": 3, "variants": [{"name": "X", "pattern": "parallel", "inputs": []}]})
         with self.assertRaisesRegex(Error, "unknown pattern 'other'"):
-            al.check_manifest({"format": 2, "variants": [{"name": "X", "pattern": "other", "inputs": [], "kernels": []}]})
-        self.assertEqual(al.check_manifest({"format": 2, "variants": []})["format"], 2)
+            al.check_manifest({"format": 3, "variants": [{"name": "X", "pattern": "other", "inputs": [], "kernels": []}]})
+        self.assertEqual(al.check_manifest({"format": 3, "variants": []})["format"], 3)
 
     def test_reading(self):
         with tempfile.TemporaryDirectory() as d:
@@ -128,9 +128,9 @@ class ManifestFormat(unittest.TestCase):
             with self.assertRaisesRegex(Error, "not valid JSON"):
                 al.read_manifest(d)
             with open(os.path.join(d, "manifest.json"), "w") as fh:
-                json.dump({"format": 3, "variants": []}, fh)
+                json.dump({"format": 4, "variants": []}, fh)
             # load() reads the manifest before it needs PyTorch or a GPU.
-            with self.assertRaisesRegex(Error, "format 3, but this module reads format 2"):
+            with self.assertRaisesRegex(Error, "format 4, but this module reads format 3"):
                 al.load(d)
 
     def test_imports_without_torch(self):
@@ -143,7 +143,7 @@ class ManifestFormat(unittest.TestCase):
         except ImportError:
             with tempfile.TemporaryDirectory() as d:
                 with open(os.path.join(d, "manifest.json"), "w") as fh:
-                    json.dump({"format": 2, "variants": []}, fh)
+                    json.dump({"format": 3, "variants": []}, fh)
                 with self.assertRaisesRegex(Error, "needs PyTorch"):
                     al.load(d)
         else:
@@ -265,7 +265,13 @@ class WithManifest(unittest.TestCase):
             self.assertEqual(allocs["row_outputs"], ("f32", (3, 2, 8, 100), False))
             self.assertEqual(call.outputs, ["o", "row_outputs"])
             [(entry, grid, threads, smem, args)] = call.launches
-            self.assertEqual(grid, (1, 8, 2))
+            if arch == "sm_90a":
+                # Persistent: min(units, SMs) blocks, a unit two row blocks
+                # (here one: ceil(100 / 128)) of a head and batch.
+                self.assertEqual(grid, (16, 1, 1))
+                self.assertEqual(p.prepare(self.alibi(), sms=7).launches[0][1], (7, 1, 1))
+            else:
+                self.assertEqual(grid, (1, 8, 2))
             self.assertGreater(threads, 0)
             self.assertEqual(
                 args,
@@ -310,7 +316,7 @@ class WithManifest(unittest.TestCase):
                     p.prepare(self.alibi(**over), device="cuda:0")
 
     def test_size_errors(self):
-        p = self.plan("Alibi")
+        p = self.plan("Alibi", arch=self.archs[0])
         with self.assertRaisesRegex(Error, r"Alibi forward: Sq = 0 \(from q's dim 2\): every size must be at least 1"):
             p.prepare(self.alibi(sq=0))
         with self.assertRaisesRegex(Error, r"Skv = 2147483648 \(from k's dim 2\): every size must fit a 32-bit int"):

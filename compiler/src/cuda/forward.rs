@@ -134,7 +134,10 @@ impl ForwardConfig {
                 && variant
                     .parallel()
                     .is_some_and(|p| combine_plan(&p.online).is_ok()),
-            persistent: false,
+            // One block per multiprocessor walking pairs of row blocks: the
+            // blocks' prologue and epilogue overlap the next tile's loads
+            // (H100: 2-11% faster than a block per row block).
+            persistent: hopper && !decode && !modifies_kv,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
