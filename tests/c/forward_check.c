@@ -76,7 +76,9 @@ static inline double fc_scaled_error(const float *got, const float *ref, size_t 
 #endif
 #ifdef AEC_HAVE_DECODE_FORWARD
 #define FC_VARIANT decode
+#define FC_GRID_LIMITS /* split-KV decode: grid (x, Hkv, B) */
 #include "forward_check_run.h"
+#undef FC_GRID_LIMITS
 #undef FC_VARIANT
 #endif
 
