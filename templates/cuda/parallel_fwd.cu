@@ -259,11 +259,13 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         for (int r = 0; r < NR; ++r) {
             const int i = row_i[r];
             const int mt = r / 2, half = r % 2;
-            if (i >= n_rows) continue;
+            // Rows past the end still take part in the quad's shuffles.
+            const bool row_ok = i < n_rows;
             const long long row = (long long)(b * H + h) * Sq + i;  // packed rows are contiguous
 {% if split_kv %}            if (n_splits > 1) {
                 // A partial row for the combine kernel: the unnormalised output,
                 // the state and whether any key was seen.
+                if (!row_ok) continue;
                 float* prow = opart + ((long long)split * rows + row) * DVG + dv0;
 #pragma unroll
                 for (int dt = 0; dt < DV / 8; ++dt)
@@ -277,14 +279,31 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
                 continue;
             }
 {% endif %}            elem_t* orow = o + row * DVG + dv0;
+            // The epilogue is o times a row factor; fully masked rows are 0.
+            const float of = epilogue_o_factor(st[r], P);
+            // Four 8-column groups at a time: each lane of a quad holds two
+            // columns of each; transposed across the quad, each lane holds one
+            // whole group and stores it as 16 bytes (a warp writes 64-byte row
+            // segments, not 16-byte pieces).
 #pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt) {
-                const int col = dt * 8 + 2 * t4;
-                const float o0 = seen[r] ? epilogue_o(acc[mt][dt][2 * half], st[r], P) : 0.0f;
-                const float o1 = seen[r] ? epilogue_o(acc[mt][dt][2 * half + 1], st[r], P) : 0.0f;
-                *reinterpret_cast<unsigned*>(orow + col) = pack2(o0, o1);
+            for (int q = 0; q < DV / 32; ++q) {
+                unsigned w[4];
+#pragma unroll
+                for (int d = 0; d < 4; ++d) {
+                    const float o0 = seen[r] ? acc[mt][4 * q + d][2 * half] * of : 0.0f;
+                    const float o1 = seen[r] ? acc[mt][4 * q + d][2 * half + 1] * of : 0.0f;
+                    w[d] = pack2(o0, o1);
+                }
+                quad_transpose(w, t4);
+                if (row_ok) *reinterpret_cast<uint4*>(orow + (4 * q + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
             }
-            if (t4 == 0 && dv0 == 0) {  // every slice has the same row state
+#pragma unroll
+            for (int dt = DV / 32 * 4; dt < DV / 8; ++dt) {
+                const float o0 = seen[r] ? acc[mt][dt][2 * half] * of : 0.0f;
+                const float o1 = seen[r] ? acc[mt][dt][2 * half + 1] * of : 0.0f;
+                if (row_ok) *reinterpret_cast<unsigned*>(orow + dt * 8 + 2 * t4) = pack2(o0, o1);
+            }
+            if (row_ok && t4 == 0 && dv0 == 0) {  // every slice has the same row state
                 float sc[NSCALES_ARR];
                 epilogue_scales(st[r], sc, P);
 #pragma unroll
@@ -661,9 +680,10 @@ extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kerne
     }
     if (any) combine_scaled_finish(m, acc_st);
     elem_t* orow = o + row * DVG;
+    const float of = epilogue_o_factor(m, P);
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e)
-        if (lane + e * WARP < DVG) orow[lane + e * WARP] = from_f32(any ? epilogue_o(out[e], m, P) : 0.0f);
+        if (lane + e * WARP < DVG) orow[lane + e * WARP] = from_f32(any ? out[e] * of : 0.0f);
     if (lane == 0) {
         float sc[NSCALES_ARR];
         epilogue_scales(m, sc, P);

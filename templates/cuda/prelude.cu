@@ -69,6 +69,30 @@ __device__ __forceinline__ bool row_lanes_any(bool x) {
     return v != 0;
 }
 
+// Transposes a 4 x 4 matrix of words held one row per lane of a quad: lane t
+// starts with row t and ends with column t (two butterfly exchanges).
+__device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int t4) {
+    const bool hi2 = (t4 & 2) != 0, hi1 = (t4 & 1) != 0;
+    unsigned x0 = __shfl_xor_sync(0xffffffffu, hi2 ? w[0] : w[2], 2);
+    unsigned x1 = __shfl_xor_sync(0xffffffffu, hi2 ? w[1] : w[3], 2);
+    if (hi2) {
+        w[0] = x0;
+        w[1] = x1;
+    } else {
+        w[2] = x0;
+        w[3] = x1;
+    }
+    x0 = __shfl_xor_sync(0xffffffffu, hi1 ? w[0] : w[1], 1);
+    x1 = __shfl_xor_sync(0xffffffffu, hi1 ? w[2] : w[3], 1);
+    if (hi1) {
+        w[0] = x0;
+        w[2] = x1;
+    } else {
+        w[1] = x0;
+        w[3] = x1;
+    }
+}
+
 // Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
 // apart in global memory) into shared memory (row stride COLS + PAD) with NTH
 // threads; rows past `limit` are zero-filled.

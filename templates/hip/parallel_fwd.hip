@@ -323,11 +323,13 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
             continue;
         }
 {% endif %}        elem_t* orow = o + row * DVG + dv0;
+        // The epilogue is o times a row factor; fully masked rows are 0.
+        const float of = epilogue_o_factor(st[qt], P);
 #pragma unroll
         for (int dt = 0; dt < DV / 16; ++dt) {
             elem_t x[4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) x[c] = from_f32(seen[qt] ? epilogue_o(oacc[qt][dt][c], st[qt], P) : 0.0f);
+            for (int c = 0; c < 4; ++c) x[c] = from_f32(seen[qt] ? oacc[qt][dt][c] * of : 0.0f);
             store4(orow + dt * 16 + 4 * grp, x[0], x[1], x[2], x[3]);
         }
         if (grp == 0 && dv0 == 0) {  // every slice has the same row state
@@ -398,9 +400,10 @@ KERNEL LAUNCH_BOUNDS({{ combine_rows }} * WAVE) void {{ kernel_name }}_combine(
     }
     if (any) combine_scaled_finish(m, acc_st);
     elem_t* orow = o + row * DVG;
+    const float of = epilogue_o_factor(m, P);
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e)
-        if (lane + e * WAVE < DVG) orow[lane + e * WAVE] = from_f32(any ? epilogue_o(out[e], m, P) : 0.0f);
+        if (lane + e * WAVE < DVG) orow[lane + e * WAVE] = from_f32(any ? out[e] * of : 0.0f);
     if (lane == 0) {
         float sc[NSCALES_ARR];
         epilogue_scales(m, sc, P);

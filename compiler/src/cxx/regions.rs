@@ -2,7 +2,7 @@
 //!
 //! Forward:
 //! the user's closures, the mask's tile classification, the online block
-//! update (`online_fwd`), the epilogue (`epilogue_o`, `epilogue_scales`) and,
+//! update (`online_fwd`), the epilogue (`epilogue_o_factor`, `epilogue_scales`) and,
 //! for split-KV kernels, the derived combine. They call only helpers every
 //! prelude defines (`row_lanes_*`, `fast_exp2`, …) and read the template's
 //! `NE`, `NSTATE_ARR` and `NSCALES_ARR`.
@@ -351,10 +351,22 @@ pub fn forward_regions(variant: &Variant, split_kv: bool) -> Result<String, Comp
                 .collect(),
             ..epi.clone()
         };
-        let (code, outs) = pointwise(&only(&|n| n == "o"), "n", &leaf);
+        // The output is linear in o (`o · c(state)`, checked by the
+        // frontend), so the templates compute c once per row — the epilogue
+        // at o = 1 — and scale each element by it: one multiply per element
+        // instead of, for softmax, a division.
+        let factor_leaf = |op: &Op| -> String {
+            match op {
+                Op::Param(p) if matches!(epi.params[*p as usize].role, ParamRole::Element) => {
+                    "1.0f".into()
+                }
+                other => leaf(other),
+            }
+        };
+        let (code, outs) = pointwise(&only(&|n| n == "o"), "n", &factor_leaf);
         let _ = writeln!(
             regions,
-            "__device__ __forceinline__ float epilogue_o(float x, const float (&st)[NSTATE_ARR], const Params& P) {{\n{code}    return {};\n}}\n",
+            "__device__ __forceinline__ float epilogue_o_factor(const float (&st)[NSTATE_ARR], const Params& P) {{\n{code}    return {};\n}}\n",
             outs[0]
         );
         let scales = only(&|n| n.starts_with("scale."));
