@@ -168,10 +168,11 @@ pub struct Space {
 
 /// Registers every thread needs besides its tiles (addresses, loop
 /// counters, the row state, closure temporaries). Calibrated on the
-/// sm_90a forward: at d128 with 128-key blocks, Q in registers spilled
-/// (48 bytes, bench/NOTES.md w6) while the same tile with Q in shared
-/// memory does not.
-const FIXED_REGISTERS: u32 = 48;
+/// sm_90a forward: at d128 with 128-key blocks, Q in registers (192 tile
+/// registers) spilled 48 bytes (bench/NOTES.md w6), while Dqk 128 / Dv 256
+/// with 80-key blocks (188) spills at most 4 bytes and is the fastest tile
+/// there; 96-key blocks (200) spill 40.
+const FIXED_REGISTERS: u32 = 44;
 
 /// Registers a computing warpgroup of the warp-specialised kernel gets
 /// (`setmaxnreg`; the producer gives its registers up).
@@ -242,7 +243,10 @@ fn cuda_forward_configs(
         let slice = problem.dv / dv_split;
         if isa == Isa::Sm90a && wgmma_dims_ok(problem.dqk, slice) {
             for warps in [4, 8] {
-                for block_n in [32, 64, 128] {
+                // 80 and 96: the key blocks that fit beside a Dv = 256
+                // accumulator (check_config refuses them where the loader
+                // cannot split them evenly).
+                for block_n in [32, 64, 80, 96, 128] {
                     for ws in [true, false] {
                         if ws && facts.modifies_kv {
                             continue;
