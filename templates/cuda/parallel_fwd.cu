@@ -123,6 +123,8 @@
 #define SQS (DQK + PAD)
 #define SVS (DV + PAD)
 #define NE (BN / 4)
+// Groups of 32 O columns written 16 bytes per lane in the epilogue.
+#define QUAD_GROUPS {% if quad_stores %}(DV / 32){% else %}0{% endif %}
 #define STAGES {{ stages }}  // K/V ring depth
 #define NR (2 * MT)  // rows of S held per thread
 #define NSTATE {{ nstate }}
@@ -281,12 +283,13 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 {% endif %}            elem_t* orow = o + row * DVG + dv0;
             // The epilogue is o times a row factor; fully masked rows are 0.
             const float of = epilogue_o_factor(st[r], P);
-            // Four 8-column groups at a time: each lane of a quad holds two
-            // columns of each; transposed across the quad, each lane holds one
-            // whole group and stores it as 16 bytes (a warp writes 64-byte row
-            // segments, not 16-byte pieces).
+            // Four 8-column groups at a time (QUAD_GROUPS): each lane of a
+            // quad holds two columns of each; transposed across the quad, each
+            // lane holds one whole group and stores it as 16 bytes (a warp
+            // writes 64-byte row segments, not 16-byte pieces). The rest two
+            // columns per lane.
 #pragma unroll
-            for (int q = 0; q < DV / 32; ++q) {
+            for (int q = 0; q < QUAD_GROUPS; ++q) {
                 unsigned w[4];
 #pragma unroll
                 for (int d = 0; d < 4; ++d) {
@@ -298,7 +301,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
                 if (row_ok) *reinterpret_cast<uint4*>(orow + (4 * q + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
             }
 #pragma unroll
-            for (int dt = DV / 32 * 4; dt < DV / 8; ++dt) {
+            for (int dt = QUAD_GROUPS * 4; dt < DV / 8; ++dt) {
                 const float o0 = seen[r] ? acc[mt][dt][2 * half] * of : 0.0f;
                 const float o1 = seen[r] ? acc[mt][dt][2 * half + 1] * of : 0.0f;
                 if (row_ok) *reinterpret_cast<unsigned*>(orow + dt * 8 + 2 * t4) = pack2(o0, o1);

@@ -463,6 +463,9 @@ struct ForwardTemplate<'a> {
     stages: u32,
     q_regs: bool,
     split_kv: bool,
+    /// O is written 16 bytes per lane after a transpose across each quad
+    /// (see the template's epilogue).
+    quad_stores: bool,
     combine_rows: u32,
     wgmma_fns: String,
 }
@@ -559,6 +562,11 @@ pub fn parallel_forward(
         stages: cfg.stages,
         q_regs: cfg.q_in_registers,
         split_kv: cfg.split_kv,
+        // The transpose keeps a few more values live in the epilogue: at
+        // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
+        // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved
+        // spills into the main loop and cost 6% (bench/NOTES.md).
+        quad_stores: dqk <= 128,
         combine_rows: COMBINE_ROWS_PER_BLOCK,
         wgmma_fns: if cfg.wgmma {
             wgmma_fns(
