@@ -91,11 +91,13 @@ fn the_fastest_measured_plan_wins_and_failures_are_recorded() {
     let v = example("softmax");
     let shape = Shape::mha(4, 16, 1000, 1000);
     let default = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
-    // 64-key blocks are the fastest; non-warp-specialised plans fail.
+    // Key blocks shorter than the default's are the fastest (fewer stages
+    // faster still); non-warp-specialised plans fail.
+    let fast = |c: &ForwardConfig| c.warp_specialized && c.block_n < default.block_n;
     let (r, measured) = tune_with(&v, shape, |c| {
         if !c.warp_specialized {
             Err("launch failed".into())
-        } else if c.block_n == 64 {
+        } else if fast(c) {
             Ok(50.0 + c.stages as f64)
         } else {
             Ok(100.0)
@@ -104,12 +106,13 @@ fn the_fastest_measured_plan_wins_and_failures_are_recorded() {
     .unwrap();
     assert_eq!(measured[0], default, "the default is measured first");
     assert_eq!(measured.len(), 6, "the default and the top 5");
+    assert!(measured.iter().any(fast), "{measured:?}");
     let best = entry_config(&r.entry).unwrap();
-    assert_eq!(best.block_n, 64);
+    assert!(fast(&best), "{best:?}");
     assert!(
         measured
             .iter()
-            .all(|c| c.block_n != 64 || 50.0 + c.stages as f64 >= r.entry.best_us)
+            .all(|c| !fast(c) || 50.0 + c.stages as f64 >= r.entry.best_us)
     );
     assert_eq!(r.entry.default_us, 100.0);
     assert!((r.entry.speedup() - 100.0 / r.entry.best_us).abs() < 1e-12);
