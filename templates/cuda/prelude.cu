@@ -69,28 +69,25 @@ __device__ __forceinline__ bool row_lanes_any(bool x) {
     return v != 0;
 }
 
+// One butterfly stage across the quad: lanes with bit M of t4 set trade their
+// words at indices without bit M for the partner's words at indices with it.
+template <int M>
+__device__ __forceinline__ void quad_exchange(unsigned (&w)[4], int t4) {
+    const bool hi = (t4 & M) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        if (!(i & M)) {
+            const unsigned x = __shfl_xor_sync(0xffffffffu, hi ? w[i] : w[i | M], M);
+            if (hi) w[i] = x;
+            else w[i | M] = x;
+        }
+}
+
 // Transposes a 4 x 4 matrix of words held one row per lane of a quad: lane t
-// starts with row t and ends with column t (two butterfly exchanges).
+// starts with row t and ends with column t.
 __device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int t4) {
-    const bool hi2 = (t4 & 2) != 0, hi1 = (t4 & 1) != 0;
-    unsigned x0 = __shfl_xor_sync(0xffffffffu, hi2 ? w[0] : w[2], 2);
-    unsigned x1 = __shfl_xor_sync(0xffffffffu, hi2 ? w[1] : w[3], 2);
-    if (hi2) {
-        w[0] = x0;
-        w[1] = x1;
-    } else {
-        w[2] = x0;
-        w[3] = x1;
-    }
-    x0 = __shfl_xor_sync(0xffffffffu, hi1 ? w[0] : w[1], 1);
-    x1 = __shfl_xor_sync(0xffffffffu, hi1 ? w[2] : w[3], 1);
-    if (hi1) {
-        w[0] = x0;
-        w[2] = x1;
-    } else {
-        w[1] = x0;
-        w[3] = x1;
-    }
+    quad_exchange<2>(w, t4);
+    quad_exchange<1>(w, t4);
 }
 
 // Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
