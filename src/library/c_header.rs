@@ -47,6 +47,7 @@ const LOADER_NAMES: &[&str] = &[
     "AEC_ERROR_CAPACITY",
     "AEC_WORKSPACE_INVALID",
     "AEC_WORKSPACE_ALIGN",
+    "AEC_TENSOR_ALIGN",
     "aec_library",
     "aec_library_open",
     "aec_library_close",
@@ -1193,7 +1194,8 @@ fn emit_check(out: &mut String, v: &VariantC, p: &Pass, base: &str) {
     let required: Vec<_> = caller_buffers(&r0.plan)
         .filter(|b| matches!(b.role, Role::Input | Role::Output) && b.when.is_none())
         .collect();
-    if !required.is_empty() {
+    let all_buffers: Vec<_> = caller_buffers(&r0.plan).collect();
+    if !all_buffers.is_empty() {
         out.push_str("    if (b == NULL)\n        return AEC_OK;\n");
     }
     for b in required {
@@ -1208,6 +1210,17 @@ fn emit_check(out: &mut String, v: &VariantC, p: &Pass, base: &str) {
             c_str(&b.name, true),
             b.dtype.name(),
             all.iter().map(|a| format!(", {a}")).collect::<String>()
+        );
+    }
+    // Optional buffers too, when given: a misaligned pointer would fault in
+    // a 16-byte load or store, or read the wrong bytes.
+    for b in all_buffers {
+        let f = c_identifier(&b.name);
+        let _ = writeln!(
+            out,
+            "    if (b->{f} != NULL && (uintptr_t)b->{f} % AEC_TENSOR_ALIGN != 0)\n        return aecl_fail(err, errn, AEC_ERROR_ARGUMENT, \"{fname}: buffers->{f} = %p is not 16-byte aligned: the kernels access the {} {} 16 bytes at a time (a pointer into the middle of an allocation?)\", (const void *)b->{f});",
+            role_text(b.role),
+            c_str(&b.name, true),
         );
     }
     out.push_str("    return AEC_OK;\n}\n\n");

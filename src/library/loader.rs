@@ -1063,7 +1063,9 @@ pub fn check_call(
 // ---------------------------------------------------------------- tensors
 
 /// A given tensor: a device buffer of one of the plans' dtypes. Made with
-/// `Tensor::from(&buffer)` or `(&buffer).into()`.
+/// `Tensor::from(&buffer)` or `(&buffer).into()`. A buffer is a whole
+/// device allocation (256-byte aligned), so it meets the kernels' 16-byte
+/// access alignment that the C header and the Python module check.
 #[derive(Clone, Copy, Debug)]
 pub enum Tensor<'a> {
     Bf16(&'a DeviceBuffer<bf16>),

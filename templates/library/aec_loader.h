@@ -76,6 +76,11 @@ enum {
    given to a call must be aligned to it (cuMemAlloc's are). */
 #define AEC_WORKSPACE_ALIGN 256u
 
+/* Every tensor given to a call must start at a multiple of this many bytes:
+   the kernels load and store 16 bytes per lane (cp.async, vector stores).
+   cuMemAlloc's allocations are; a pointer into the middle of one may not be. */
+#define AEC_TENSOR_ALIGN 16u
+
 /* The CUDA driver types the loader uses (same layout as cuda.h). */
 typedef int aecl_CUresult;
 typedef int aecl_CUdevice;

@@ -147,6 +147,13 @@ static void softmax_checks(aec_library *lib)
     check_status(lib, aec_softmax_forward(lib, &s, &f, NULL, NULL), AEC_ERROR_ARGUMENT, "buffers->row_outputs is NULL",
                  "softmax row_outputs NULL");
     f.row_outputs = (float *)FAKE;
+    f.k = (const char *)FAKE + 8;
+    check_status(lib, aec_softmax_forward(lib, &s, &f, NULL, NULL), AEC_ERROR_ARGUMENT,
+                 "aec_softmax_forward: buffers->k = 0x", "softmax k misaligned");
+    check_status(lib, aec_softmax_forward(lib, &s, &f, NULL, NULL), AEC_ERROR_ARGUMENT,
+                 "is not 16-byte aligned: the kernels access the input k 16 bytes at a time",
+                 "softmax k misaligned names the rule");
+    f.k = FAKE;
     check_status(lib, aec_softmax_forward(lib, NULL, &f, NULL, NULL), AEC_ERROR_ARGUMENT, "sizes is NULL",
                  "softmax sizes NULL");
     check_status(lib, aec_softmax_forward(lib, &s, NULL, NULL, NULL), AEC_ERROR_ARGUMENT, "buffers is NULL",
