@@ -14,9 +14,14 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// Runs aec with no tuning cache location (the user's cache would add
+/// tuned kernels to the libraries these tests compile).
 fn aec(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_aec"))
         .args(args)
+        .env_remove("AEC_TUNING_CACHE")
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("HOME")
         .current_dir(root())
         .output()
         .expect("run aec");
@@ -161,6 +166,9 @@ fn compiles_an_example_into_a_library_deterministically() {
 fn aec_with_path(args: &[&str], path: &str) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_aec"))
         .args(args)
+        .env_remove("AEC_TUNING_CACHE")
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("HOME")
         .current_dir(root())
         .env("PATH", path)
         .env_remove("AEC_HIPCC")

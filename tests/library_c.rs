@@ -52,7 +52,14 @@ fn compile_library(dir: &Path) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_aec"))
         .arg("compile")
         .args(["softmax", "alibi", "decode", "mamba2"].map(|n| ex.join(format!("{n}.rs"))))
-        .args(["--target", "h100,a100", "--head-dims", "128x64", "-o"])
+        .args([
+            "--target",
+            "h100,a100",
+            "--head-dims",
+            "128x64",
+            "--no-tuning",
+            "-o",
+        ])
         .arg(dir)
         .output()
         .expect("run aec compile");

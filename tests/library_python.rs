@@ -46,6 +46,7 @@ fn python_module_unit_tests_pass_on_a_compiled_library() {
             "128x64",
             "--target",
             "h100,a100",
+            "--no-tuning",
             "-o",
         ])
         .arg(lib.path())

@@ -198,6 +198,7 @@ fn compile_library(dir: &Path) {
             "h100,a100",
             "--head-dims",
             "128x64",
+            "--no-tuning",
             "-o",
         ])
         .arg(dir)
@@ -467,7 +468,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
     assert_eq!(
         read("{\"format\": 1, \"variants\": []}"),
         at(&format!(
-            "manifest format 1, but this aec ({}) reads format 3: compile the library again \
+            "manifest format 1, but this aec ({}) reads format 4: compile the library again \
              with this version's `aec compile`",
             env!("CARGO_PKG_VERSION")
         ))
@@ -477,7 +478,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
         at("the manifest: expected an object, found an array")
     );
     assert_eq!(
-        read("{\"format\": 3, \"aec_version\": \"0.1.0\"}"),
+        read("{\"format\": 4, \"aec_version\": \"0.1.0\"}"),
         at("the manifest: missing field `variants`")
     );
 
@@ -485,7 +486,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
     let plan = serde_json::to_value(parallel_forward("softmax", Isa::Sm80)).unwrap();
     let manifest = |plan: Value| {
         json!({
-            "format": 3, "aec_version": "0.1.0",
+            "format": 4, "aec_version": "0.1.0",
             "variants": [{
                 "name": "Softmax", "file": "examples/softmax.rs", "pattern": "parallel",
                 "kernels": [{
@@ -548,7 +549,7 @@ fn a_missing_or_malformed_manifest_is_an_error_naming_the_file() {
 /// variant without a backward; `aec compile` writes recurrent backwards).
 fn selection_manifest() -> Manifest {
     let text = json!({
-        "format": 3, "aec_version": "0.1.0",
+        "format": 4, "aec_version": "0.1.0",
         "variants": [
             {
                 "name": "Softmax", "file": "examples/softmax.rs", "pattern": "parallel",
@@ -974,7 +975,7 @@ fn a_module_the_builds_lack_is_refused() {
     let states = plan["launches"][0]["entry"].as_str().unwrap().to_string();
     let manifest = |build: Value| {
         json!({
-            "format": 3, "aec_version": "0.1.0",
+            "format": 4, "aec_version": "0.1.0",
             "variants": [{
                 "name": "Mamba2", "file": "examples/mamba2.rs", "pattern": "recurrent",
                 "kernels": [{ "pass": "backward", "builds": [build], "plan": plan.clone() }],

@@ -30,11 +30,13 @@ use aec::compiler::{
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
+use aec::library::tuning_table::{BUCKET_SIZES, BUCKETED, TableKey, TunedFor, tuned_configs};
 use aec::library::{c_header, python};
 use aec::runtime::{
-    CompileOptions, HIP_TOOLCHAIN_HINT, compile, find_hip_compiler, hip_compile, hip_resources,
-    nvrtc_present, nvrtc_version,
+    CompileOptions, HIP_TOOLCHAIN_HINT, TuningCache, compile, find_hip_compiler, hip_compile,
+    hip_resources, nvrtc_present, nvrtc_version,
 };
+use aec::tune::{PARALLEL_FORWARD, template_version, variant_hash};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -103,6 +105,16 @@ pub struct CompileArgs {
     /// recorded for every definition whose free sizes it names exactly.
     #[arg(long = "workload", value_name = "SIZES")]
     pub workloads: Vec<String>,
+    /// The tuning cache whose results become the library's tuning table
+    /// (default: $AEC_TUNING_CACHE, else $XDG_CACHE_HOME/aec/tuning-v1.json,
+    /// else ~/.cache/aec/tuning-v1.json; `aec tune` fills it). Each tuned
+    /// forward configuration that differs from the default is built as one
+    /// more kernel, launched for its GPU and shape buckets.
+    #[arg(long, value_name = "FILE")]
+    pub tuning_cache: Option<PathBuf>,
+    /// Build the default configurations only, without reading a tuning cache.
+    #[arg(long, conflicts_with = "tuning_cache")]
+    pub no_tuning: bool,
 }
 
 pub fn run(args: &CompileArgs) -> ExitCode {
@@ -151,6 +163,10 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     }
     let kernels_dir = args.out.join("kernels");
     std::fs::create_dir_all(&kernels_dir).map_err(|e| format!("{}: {e}", kernels_dir.display()))?;
+    let cache = tuning_cache(args)?;
+    let toolkit = nvrtc_version().ok().map(|(a, b)| format!("nvrtc {a}.{b}"));
+    let mut tuned_kernels = 0usize;
+    let mut tuned_buckets = 0usize;
     let mut manifest_variants = Vec::new();
     for (file, v) in &variants {
         if v.recurrent().is_some() {
@@ -206,14 +222,64 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 "builds": builds,
                 "head_dims": { "Dqk": vq, "Dv": vv },
                 "row_outputs": k.row_outputs,
-                "config": json!({
-                    "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.warps,
-                    "stages": cfg.stages, "wgmma": cfg.wgmma,
-                    "warp_specialized": cfg.warp_specialized, "pack_gqa": cfg.pack_gqa,
-                    "dv_split": cfg.dv_split, "elem": cfg.elem.name(),
-                }),
+                "config": forward_config_json(&cfg),
                 "plan": forward_plan(v, &k),
             }));
+            // The tuning table: one more forward per tuned configuration,
+            // launched for the GPUs and shape buckets it won.
+            let Some(cache) = &cache else { continue };
+            let hash = variant_hash(v);
+            let version = template_version();
+            let key = TableKey {
+                variant_hash: &hash,
+                kernel: PARALLEL_FORWARD,
+                template_version: &version,
+                arch: isa.arch(),
+                dtype: Elem::Bf16.name(),
+                dqk: vq,
+                dv: vv,
+            };
+            for (tcfg, tuned_for) in tuned_configs(cache.entries(), &key, &cfg, toolkit.as_deref())
+            {
+                let tk = match parallel_forward(v, vq, vv, &tcfg) {
+                    Ok(tk) if tk.name != k.name => tk,
+                    Ok(_) => {
+                        eprintln!(
+                            "warning: `{}`: the tuned configuration {} has the default kernel's name; left out of the tuning table",
+                            v.name, tuned_for[0].config_label
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "warning: `{}`: the tuned configuration {} from the tuning cache cannot be generated ({e}); left out of the tuning table",
+                            v.name, tuned_for[0].config_label
+                        );
+                        continue;
+                    }
+                };
+                let builds = write_and_compile(
+                    &kernels_dir,
+                    &tk.name,
+                    &tk.source,
+                    &targets_of(isa),
+                    with_nvrtc,
+                    &v.name,
+                )?;
+                tuned_kernels += 1;
+                tuned_buckets += tuned_for.len();
+                kernels.push(json!({
+                    "pass": "forward",
+                    "entry": tk.name,
+                    "source": format!("kernels/{}.cu", tk.name),
+                    "builds": builds,
+                    "head_dims": { "Dqk": vq, "Dv": vv },
+                    "row_outputs": tk.row_outputs,
+                    "config": forward_config_json(&tcfg),
+                    "tuned_for": tuned_for.iter().map(TunedFor::to_json).collect::<Vec<_>>(),
+                    "plan": forward_plan(v, &tk),
+                }));
+            }
         }
         // The backward, per instruction set: three kernels in one source,
         // launched in order with the same arguments.
@@ -253,7 +319,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                     eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
                     kernels.push(json!({
                         "pass": "backward",
-                        "arch": if isa == Isa::Sm90a { "sm_90a" } else { "sm_80" },
+                        "arch": isa.arch(),
                         "targets": targets_of(isa).iter().map(|t| t.name()).collect::<Vec<_>>(),
                         "skipped": e.to_string(),
                     }));
@@ -286,10 +352,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 Value::Null
             },
         },
-        "tuning": {
-            "method": "defaults",
-            "note": "no autotuning yet: every kernel uses its tile configuration's defaults for its head dims and architecture (the `config` of each kernel record), one configuration for all shapes",
-        },
+        "tuning": tuning_json(cache.as_ref(), tuned_kernels, tuned_buckets),
         "definitions": definitions,
         "workloads": workloads,
         "variants": manifest_variants,
@@ -302,6 +365,81 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         args.out.join("manifest.json").display()
     );
     Ok(())
+}
+
+/// The tuning cache `aec compile` reads (`--tuning-cache`, else the default
+/// file), or None with `--no-tuning` or when no default path is set. A
+/// missing default file is an empty cache; a missing file given by name is
+/// an error; an unreadable or outdated one is a warning and an empty cache.
+fn tuning_cache(args: &CompileArgs) -> Result<Option<TuningCache>, String> {
+    if args.no_tuning {
+        return Ok(None);
+    }
+    let path = match &args.tuning_cache {
+        Some(p) => {
+            if !p.is_file() {
+                return Err(format!(
+                    "--tuning-cache {}: no such file (`aec tune --file-cache {}` writes one)",
+                    p.display(),
+                    p.display()
+                ));
+            }
+            p.clone()
+        }
+        None => match TuningCache::default_path() {
+            Some(p) => p,
+            None => return Ok(None),
+        },
+    };
+    let (cache, warning) = TuningCache::open(&path);
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
+    Ok(Some(cache))
+}
+
+/// The manifest's `tuning` section: where the table came from and what it
+/// holds (the tuned records themselves carry `tuned_for`).
+fn tuning_json(cache: Option<&TuningCache>, kernels: usize, buckets: usize) -> Value {
+    let Some(cache) = cache else {
+        return json!({
+            "method": "defaults",
+            "note": "built without a tuning cache: every kernel uses its tile configuration's default for its head dims and architecture (the `config` of each kernel record), one configuration for all shapes",
+        });
+    };
+    let from = cache
+        .path()
+        .map_or_else(|| "memory".to_string(), |p| p.display().to_string());
+    eprintln!(
+        "tuning table: {kernels} tuned forward kernel{} for {buckets} GPU and shape bucket{} from {from}{}",
+        if kernels == 1 { "" } else { "s" },
+        if buckets == 1 { "" } else { "s" },
+        if kernels == 0 {
+            " (every kernel uses its default; `aec tune` fills the cache)"
+        } else {
+            ""
+        }
+    );
+    json!({
+        "method": "tuning cache",
+        "cache": from,
+        "tuned_kernels": kernels,
+        "tuned_buckets": buckets,
+        "bucket_sizes": BUCKET_SIZES,
+        "bucketed": BUCKETED,
+        "note": "a forward record with `tuned_for` runs on the GPU named there (the driver's device name) for calls whose B, H and Hkv equal its sizes and whose Sq and Skv round up to its powers of two; every other call runs the record without `tuned_for`, the default configuration",
+    })
+}
+
+/// A forward configuration as the manifest records it.
+fn forward_config_json(cfg: &ForwardConfig) -> Value {
+    json!({
+        "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.warps,
+        "stages": cfg.stages, "wgmma": cfg.wgmma,
+        "warp_specialized": cfg.warp_specialized, "pack_gqa": cfg.pack_gqa,
+        "persistent": cfg.persistent, "q_in_registers": cfg.q_in_registers,
+        "dv_split": cfg.dv_split, "elem": cfg.elem.name(),
+    })
 }
 
 /// The library's loaders next to its manifest: the Python module and the C
@@ -420,7 +558,7 @@ fn recurrent_variant(
                 eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
                 kernels.push(json!({
                     "pass": "backward",
-                    "arch": if isa == Isa::Sm90a { "sm_90a" } else { "sm_80" },
+                    "arch": isa.arch(),
                     "targets": isa_targets.iter().map(|t| t.name()).collect::<Vec<_>>(),
                     "skipped": e.to_string(),
                 }));

@@ -20,6 +20,7 @@
 //! with the plan's rule and launches the kernels in order. The text depends
 //! on the manifest only, so the same manifest gives the same header.
 
+use crate::library::loader::{TunedBucket, parse_tuned_bucket};
 use aec_compiler::launch_plan::{
     ArgPlan, Condition, Dtype, EntryPlan, Role, SMS, SizeExpr, SizeOp,
 };
@@ -232,6 +233,8 @@ struct Record {
     head_dims: Vec<(String, u64)>,
     builds: Vec<Build>,
     plan: EntryPlan,
+    /// A tuning-table record's GPUs and buckets (empty: a default record).
+    tuned_for: Vec<TunedBucket>,
 }
 
 #[derive(Clone, Debug)]
@@ -526,11 +529,25 @@ fn parse_variant(v: &Value, i: usize) -> Result<VariantC, String> {
                 }
             }
         }
+        let tuned_for = match k.get("tuned_for") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(t) => t
+                .as_array()
+                .ok_or_else(|| format!("manifest {kat}.tuned_for: not an array"))?
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    parse_tuned_bucket(item, &format!("{kat}.tuned_for[{i}]"))
+                        .map_err(|e| format!("manifest {e}"))
+                })
+                .collect::<Result<_, _>>()?,
+        };
         let record = Record {
             at: kat.clone(),
             head_dims: parse_head_dims(k, &kat)?,
             builds,
             plan,
+            tuned_for,
         };
         match passes.iter_mut().find(|p| p.name == pass) {
             Some(p) => p.records.push(record),
@@ -640,6 +657,20 @@ fn parse_variant(v: &Value, i: usize) -> Result<VariantC, String> {
         }
     }
     for p in &passes {
+        for r in &p.records {
+            for t in &r.tuned_for {
+                if let Some((n, _)) = t
+                    .sizes
+                    .iter()
+                    .find(|(n, _)| !sizes.iter().any(|s| &s.name == n))
+                {
+                    return Err(format!(
+                        "manifest {}.tuned_for: the bucket size `{n}` is not one of the variant's sizes",
+                        r.at
+                    ));
+                }
+            }
+        }
         // Caller buffers and workspaces both become C names (fields, locals).
         for r in &p.records {
             let mut fields = BTreeMap::new();
@@ -1236,7 +1267,52 @@ fn emit_pick(out: &mut String, v: &VariantC, p: &Pass, base: &str) {
         v.ident
     );
     let mut any = false;
-    for (i, r) in p.records.iter().enumerate() {
+    // The tuning table's records first: each for its GPU and buckets.
+    let order = p
+        .records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.tuned_for.is_empty())
+        .chain(
+            p.records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.tuned_for.is_empty()),
+        );
+    for (i, r) in order {
+        let buckets: Vec<String> = r
+            .tuned_for
+            .iter()
+            .map(|t| {
+                let sizes: Vec<String> = t
+                    .sizes
+                    .iter()
+                    .map(|(n, want)| {
+                        let f = &v
+                            .sizes
+                            .iter()
+                            .find(|s| &s.name == n)
+                            .expect("checked")
+                            .field;
+                        if t.bucketed.contains(n) {
+                            format!(" && aecl_bucket(s->{f}) == {want}u")
+                        } else {
+                            format!(" && (uint64_t)s->{f} == {want}u")
+                        }
+                    })
+                    .collect();
+                format!(
+                    "(strcmp(lib->device_name, \"{}\") == 0{})",
+                    c_str(&t.gpu, false),
+                    sizes.concat()
+                )
+            })
+            .collect();
+        let tuned = if buckets.is_empty() {
+            String::new()
+        } else {
+            format!(" && ({})", buckets.join(" || "))
+        };
         let dims: Vec<String> = r
             .head_dims
             .iter()
@@ -1252,7 +1328,7 @@ fn emit_pick(out: &mut String, v: &VariantC, p: &Pass, base: &str) {
                 any = true;
                 let _ = writeln!(
                     out,
-                    "    if (strcmp(lib->arch, \"{}\") == 0{}) {{\n        *record = {i};\n        *cubin = \"{}\";\n        return AEC_OK;\n    }}",
+                    "    if (strcmp(lib->arch, \"{}\") == 0{}{tuned}) {{\n        *record = {i};\n        *cubin = \"{}\";\n        return AEC_OK;\n    }}",
                     c_str(&b.arch, false),
                     dims.concat(),
                     c_str(file, false)
@@ -1769,7 +1845,7 @@ mod tests {
 
     #[test]
     fn malformed_manifests_are_refused_with_the_place() {
-        let e = generate(&json!({"format": 3})).unwrap_err();
+        let e = generate(&json!({"format": 4})).unwrap_err();
         assert!(e.contains("`variants`"), "{e}");
         let mut m = manifest("Tiny", x());
         m["variants"][0]["kernels"][0]["plan"]["launches"][0]["grid"][0] = json!("Q");

@@ -63,11 +63,12 @@ use serde_json::Value;
 use crate::compiler::launch_plan::{ArgPlan, Condition, Role, SMS, SizeExpr};
 pub use crate::compiler::launch_plan::{Dtype, EntryPlan};
 use crate::frontend::diag::suggest;
+use crate::library::tuning_table::in_bucket;
 use crate::run::Error;
 use crate::runtime::{Arg, DType, Device, DeviceBuffer, Kernel, Module, Param, Stream, bf16, f16};
 
 /// The manifest format this loader reads (`"format"` in `manifest.json`).
-pub const MANIFEST_FORMAT: u64 = 3;
+pub const MANIFEST_FORMAT: u64 = 4;
 
 /// The passes an entry point can be, in the manifest's spelling.
 pub const PASSES: [&str; 2] = ["forward", "backward"];
@@ -124,6 +125,32 @@ pub struct KernelRecord {
     pub skipped: Option<String>,
     /// The target a skipped record is about, where it names one.
     pub target: Option<String>,
+    /// A tuning-table record (empty for the default ones): the GPUs and
+    /// shape buckets `aec tune` chose this record's configuration for.
+    pub tuned_for: Vec<TunedBucket>,
+}
+
+/// Where a tuning-table record runs: on GPUs of the driver name `gpu`, for
+/// calls whose sizes equal `sizes` after rounding those in `bucketed` up to
+/// powers of two.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TunedBucket {
+    pub gpu: String,
+    pub sizes: Vec<(String, u64)>,
+    pub bucketed: Vec<String>,
+}
+
+impl TunedBucket {
+    /// Whether a call of `sizes` (by name) falls in this bucket (on any GPU).
+    pub fn contains(&self, sizes: &[(&str, usize)]) -> bool {
+        let bucketed: Vec<&str> = self.bucketed.iter().map(String::as_str).collect();
+        in_bucket(&self.sizes, &bucketed, &|name: &str| {
+            sizes
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|&(_, v)| v as u64)
+        })
+    }
 }
 
 /// One variant of a library.
@@ -259,7 +286,13 @@ impl Manifest {
                 "no pass `{pass}`: an entry point is `forward` or `backward`{hint}"
             )));
         }
-        let records: Vec<&KernelRecord> = v.kernels.iter().filter(|k| k.pass == pass).collect();
+        // The tuning table's records are alternatives to these (see
+        // `select_tuned`), never the default.
+        let records: Vec<&KernelRecord> = v
+            .kernels
+            .iter()
+            .filter(|k| k.pass == pass && k.tuned_for.is_empty())
+            .collect();
         for k in &records {
             if k.plan.is_some()
                 && let Some(b) = k
@@ -330,6 +363,40 @@ impl Manifest {
             v.name,
             archs.join(", ")
         )))
+    }
+}
+
+impl Manifest {
+    /// The tuning table's records of `variant`'s `pass` with a cubin for
+    /// `arch` and a bucket on the GPU named `gpu`, with those buckets, in
+    /// manifest order (a call takes the first whose bucket holds it).
+    pub fn select_tuned(
+        &self,
+        variant: &str,
+        pass: &str,
+        arch: &str,
+        gpu: &str,
+    ) -> Vec<(&KernelRecord, &Build, Vec<TunedBucket>)> {
+        let Some(v) = self.variants.iter().find(|v| v.name == variant) else {
+            return Vec::new();
+        };
+        v.kernels
+            .iter()
+            .filter(|k| k.pass == pass && k.plan.is_some())
+            .filter_map(|k| {
+                let buckets: Vec<TunedBucket> = k
+                    .tuned_for
+                    .iter()
+                    .filter(|t| t.gpu == gpu)
+                    .cloned()
+                    .collect();
+                let build = k
+                    .builds
+                    .iter()
+                    .find(|b| b.arch == arch && b.cubin.is_some())?;
+                (!buckets.is_empty()).then_some((k, build, buckets))
+            })
+            .collect()
     }
 }
 
@@ -505,6 +572,21 @@ fn parse_kernel(k: &Value, at: &str) -> Result<KernelRecord, String> {
             })
             .ok_or_else(|| format!("{at}.row_outputs: expected an array of strings"))?,
     };
+    let tuned_for = match o.get("tuned_for") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(t) => {
+            let tat = format!("{at}.tuned_for");
+            t.as_array()
+                .ok_or_else(|| format!("{tat}: expected an array, found {}", kind(t)))?
+                .iter()
+                .enumerate()
+                .map(|(i, item)| parse_tuned_bucket(item, &format!("{tat}[{i}]")))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    if !tuned_for.is_empty() && plan.is_none() {
+        return Err(format!("{at}: a tuning-table record needs a `plan`"));
+    }
     Ok(KernelRecord {
         pass,
         source: opt_string(o, "source", at)?.map(PathBuf::from),
@@ -514,6 +596,41 @@ fn parse_kernel(k: &Value, at: &str) -> Result<KernelRecord, String> {
         plan,
         skipped,
         target,
+        tuned_for,
+    })
+}
+
+/// A `tuned_for` item of a kernel record (also read by the C header's
+/// generator).
+pub(crate) fn parse_tuned_bucket(item: &Value, at: &str) -> Result<TunedBucket, String> {
+    let o = object(item, at)?;
+    let sizes = object(
+        o.get("sizes")
+            .ok_or_else(|| format!("{at}: missing field `sizes`"))?,
+        &format!("{at}.sizes"),
+    )?
+    .iter()
+    .map(|(name, n)| {
+        n.as_u64()
+            .map(|n| (name.clone(), n))
+            .ok_or_else(|| format!("{at}.sizes.{name}: expected a number, found {}", kind(n)))
+    })
+    .collect::<Result<_, _>>()?;
+    let bucketed = match o.get("bucketed") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(b) => b
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_str().map(String::from))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| format!("{at}.bucketed: expected an array of size names"))?,
+    };
+    Ok(TunedBucket {
+        gpu: string(o, "gpu", at)?,
+        sizes,
+        bucketed,
     })
 }
 
@@ -1303,6 +1420,10 @@ pub struct Entry {
     /// The build's own module first, then the named ones.
     modules: Vec<Module>,
     launches: Vec<LaunchKernels>,
+    /// This record's tuning-table buckets on the device (empty: a default).
+    tuned_for: Vec<TunedBucket>,
+    /// A default entry's tuning-table alternatives for the device's GPU.
+    tuned: Vec<Entry>,
 }
 
 impl Entry {
@@ -1423,7 +1544,36 @@ impl Entry {
             device: device.clone(),
             modules,
             launches,
+            tuned_for: Vec::new(),
+            tuned: Vec::new(),
         })
+    }
+
+    /// The entry a call of `sizes` runs: the first of the tuning table's
+    /// alternatives for this GPU whose bucket holds the sizes, else this one.
+    pub fn for_sizes(&self, sizes: &[(&str, usize)]) -> &Entry {
+        self.tuned
+            .iter()
+            .find(|t| t.tuned_for.iter().any(|b| b.contains(sizes)))
+            .unwrap_or(self)
+    }
+
+    /// The tuning table's buckets this entry was loaded for (on the
+    /// library's GPU); empty for the default configuration.
+    pub fn tuned_for(&self) -> &[TunedBucket] {
+        &self.tuned_for
+    }
+
+    /// The tuning table's alternatives to this default entry on the
+    /// library's GPU (see [`for_sizes`](Self::for_sizes)).
+    pub fn tuned(&self) -> &[Entry] {
+        &self.tuned
+    }
+
+    /// The kernel the plan launches first (the forward's kernel name, which
+    /// spells its configuration).
+    pub fn kernel_name(&self) -> &str {
+        self.plan.launches.first().map_or("", |l| l.entry.as_str())
     }
 
     /// The launch plan: sizes, buffers (names, roles, dtypes, shapes) and
@@ -1483,13 +1633,17 @@ impl Entry {
         tensors: &[(&str, Dtype, usize)],
         want: &[&str],
     ) -> Result<CallPlan, Error> {
-        check_call(&self.plan, sizes, tensors, want, self.device.sm_count())
-            .map_err(|e| self.context(e))
+        let e = self.for_sizes(sizes);
+        check_call(&e.plan, sizes, tensors, want, e.device.sm_count()).map_err(|err| e.context(err))
     }
 
     /// The KV splits a call with `sizes` launches with on this device (1
     /// without split-KV).
     pub fn kv_splits(&self, sizes: &[(&str, usize)]) -> Result<u64, Error> {
+        let e = self.for_sizes(sizes);
+        if !std::ptr::eq(e, self) {
+            return e.kv_splits(sizes);
+        }
         let vars = bind_sizes(&self.plan, sizes).map_err(|e| self.context(e))?;
         Ok(self.plan.kv_splits.as_ref().map_or(1, |k| {
             k.splits(
@@ -1542,6 +1696,10 @@ impl Entry {
         sizes: &[(&str, usize)],
         want: &[&str],
     ) -> Result<Outputs, Error> {
+        let chosen = self.for_sizes(sizes);
+        if !std::ptr::eq(chosen, self) {
+            return chosen.run(stream, tensors, sizes, want);
+        }
         let ordinal = self.device.ordinal();
         if stream.ordinal() != ordinal {
             return Err(Error::Device(format!(
@@ -1744,7 +1902,15 @@ impl Library {
         for v in &manifest.variants {
             for pass in PASSES {
                 if let Ok((v, record, build)) = manifest.select(&v.name, pass, arch) {
-                    entries.push(Entry::load(device, manifest.dir(), v, record, build)?);
+                    let mut entry = Entry::load(device, manifest.dir(), v, record, build)?;
+                    for (record, build, buckets) in
+                        manifest.select_tuned(&v.name, pass, arch, device.name())
+                    {
+                        let mut tuned = Entry::load(device, manifest.dir(), v, record, build)?;
+                        tuned.tuned_for = buckets;
+                        entry.tuned.push(tuned);
+                    }
+                    entries.push(entry);
                 }
             }
         }

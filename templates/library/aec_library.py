@@ -38,7 +38,7 @@ import threading
 __all__ = ["Error", "load", "Library", "Variant", "Plan", "TensorInfo"]
 
 #: The manifest format this module reads.
-FORMAT = 3
+FORMAT = 4
 
 I32_MAX = 2**31 - 1
 GRID_X_MAX = 2**31 - 1
@@ -161,6 +161,14 @@ def check_manifest(manifest, where="manifest.json"):
                 raise Error(f"{where}: variant {v.get('name', '?')!r} has no `{key}`")
         if v["pattern"] not in ("parallel", "recurrent"):
             raise Error(f"{where}: variant {v['name']}: unknown pattern {v['pattern']!r}")
+        for i, k in enumerate(v["kernels"]):
+            for j, t in enumerate(k.get("tuned_for") or ()):
+                at = f"{where}: variant {v['name']}: kernels[{i}].tuned_for[{j}]"
+                sizes = t.get("sizes") if isinstance(t, dict) else None
+                if not isinstance(t.get("gpu") if isinstance(t, dict) else None, str):
+                    raise Error(f"{at}: no `gpu` name")
+                if not isinstance(sizes, dict) or not all(isinstance(x, int) for x in sizes.values()):
+                    raise Error(f"{at}: `sizes` is not an object of integers")
     return manifest
 
 
@@ -248,6 +256,8 @@ def select_build(variant, pass_name, arch):
     name = variant["name"]
     records = [k for k in variant["kernels"] if k.get("pass") == pass_name and "plan" in k]
     for k in records:
+        if k.get("tuned_for"):
+            continue  # the tuning table's kernels: see select_tuned
         for b in k.get("builds") or []:
             if b.get("arch") == arch and "cubin" in b:
                 if not b["cubin"]:
@@ -267,6 +277,42 @@ def select_build(variant, pass_name, arch):
         f"{name} {pass_name}: no kernel for {arch} in this library; it has {pass_name} kernels for: "
         f"{', '.join(have) or 'none'}{why}"
     )
+
+
+def bucket_len(n):
+    """A sequence length's tuning bucket: the next power of two (450 -> 512),
+    at most 2^31, as `aec tune` keys its results."""
+    return min(1 << max(int(n) - 1, 0).bit_length(), 1 << 31)
+
+
+def in_bucket(tuned, sizes):
+    """Whether a call of `sizes` (name -> value) falls in the bucket of a
+    `tuned_for` item: its sizes equal, the `bucketed` ones after bucket_len."""
+    bucketed = set(tuned.get("bucketed") or ())
+    for name, want in tuned["sizes"].items():
+        if name not in sizes:
+            return False
+        got = bucket_len(sizes[name]) if name in bucketed else sizes[name]
+        if got != want:
+            return False
+    return True
+
+
+def select_tuned(variant, pass_name, arch, gpu, sizes):
+    """The tuning table's kernel record of `variant` for `pass_name` on
+    `arch` that `aec tune` chose for the GPU named `gpu` and the bucket of
+    `sizes`, with its build and the matching `tuned_for` item; None when the
+    table has none (the default record then runs)."""
+    for k in variant["kernels"]:
+        if k.get("pass") != pass_name or "plan" not in k or not k.get("tuned_for"):
+            continue
+        build = next((b for b in k.get("builds") or [] if b.get("arch") == arch and b.get("cubin")), None)
+        if build is None:
+            continue
+        for t in k["tuned_for"]:
+            if t.get("gpu") == gpu and in_bucket(t, sizes):
+                return k, build, t
+    return None
 
 
 def backward_unavailable(variant, arch):
@@ -679,6 +725,9 @@ class Library:
         self.manifest = manifest
         self.arch = arch
         self.device = torch.device("cuda", device_index)
+        #: The driver's name of the device: the tuning table's kernels are
+        #: chosen for GPUs of this name.
+        self.device_name = torch.cuda.get_device_name(device_index)
         self.sms = torch.cuda.get_device_properties(device_index).multi_processor_count
         with torch.cuda.device(device_index):
             torch.zeros(1, device=self.device)  # PyTorch's context exists from here on
@@ -800,10 +849,15 @@ class Variant:
         self.input_names = [i["name"] for i in record["inputs"]]
         self.custom_names = self.input_names[3:]
         self._plans = {}
+        self._tuned_plans = {}  # entry -> (Plan, cubin) of the tuning table's records
         self._calls = {}  # checked calls by shapes (see run)
         self._backward_note = backward_unavailable(record, library.arch)
         #: The number of KV splits of the last call (1 without split-KV).
         self.last_kv_splits = None
+        #: The kernel entry the last call ran first, and the `tuned_for`
+        #: item of the tuning table that chose it (None: the default).
+        self.last_entry = None
+        self.last_tuned_for = None
 
     def __repr__(self):
         return f"<aec {self.pattern} variant {self.name}({', '.join(self.input_names)})>"
@@ -847,9 +901,19 @@ class Variant:
         call = self._calls.get(key)
         if call is None:
             call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device))
+            _, cubin, modules = self._plans[pass_name]
+            call.tuned_for = None
+            tuned = select_tuned(self.record, pass_name, lib.arch, lib.device_name, call.sizes)
+            if tuned is not None:
+                record, build, call_tuned_for = tuned
+                if record["entry"] not in self._tuned_plans:
+                    self._tuned_plans[record["entry"]] = (Plan(self.name, record["plan"]), build["cubin"])
+                tuned_plan, cubin = self._tuned_plans[record["entry"]]
+                modules = build_modules(self.record, record, build)
+                call = tuned_plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device))
+                call.tuned_for = call_tuned_for
             dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
             call.torch_allocations = [(n, dtypes[d], s, z) for n, d, s, z in call.allocations]
-            _, cubin, modules = self._plans[pass_name]
             call.functions = [
                 lib._function(cubin if m is None else modules[m], entry, smem)
                 for (entry, _, _, smem, _), m in zip(call.launches, call.modules)
@@ -872,6 +936,8 @@ class Variant:
                 if res:
                     drv.check(res, f"{plan.where}: cuLaunchKernel {entry} grid {_dims(grid)} block {threads} smem {smem}")
         self.last_kv_splits = call.kv_splits
+        self.last_entry = call.launches[0][0]
+        self.last_tuned_for = call.tuned_for
         return {n: bufs[n] for n in call.outputs}
 
     def __call__(self, q, k, v, **kwargs):

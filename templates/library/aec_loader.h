@@ -256,6 +256,17 @@ static inline uint64_t aecl_min(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
+/* A sequence length's tuning bucket: the next power of two (450 -> 512),
+   at most 2^31, as `aec tune` keys its results. The tuning table's kernels
+   are picked by it. */
+static inline uint64_t aecl_bucket(int n)
+{
+    uint64_t p = 1;
+    while (p < (uint64_t)(n < 1 ? 1 : n) && p < ((uint64_t)1 << 31))
+        p <<= 1;
+    return p;
+}
+
 static inline uint64_t aecl_align(uint64_t bytes, int *overflow)
 {
     return aecl_mul(aecl_ceil_div(bytes, AEC_WORKSPACE_ALIGN, overflow), AEC_WORKSPACE_ALIGN, overflow);

@@ -105,19 +105,19 @@ class Architectures(unittest.TestCase):
 
 class ManifestFormat(unittest.TestCase):
     def test_format_and_shape(self):
-        with self.assertRaisesRegex(Error, "x.json: format 1, but this module reads format 3"):
+        with self.assertRaisesRegex(Error, "x.json: format 1, but this module reads format 4"):
             al.check_manifest({"format": 1, "variants": []}, "x.json")
         with self.assertRaisesRegex(Error, "no `format` field"):
             al.check_manifest({"variants": []})
         with self.assertRaisesRegex(Error, "not a JSON object"):
             al.check_manifest([])
         with self.assertRaisesRegex(Error, "no `variants` list"):
-            al.check_manifest({"format": 3})
+            al.check_manifest({"format": 4})
         with self.assertRaisesRegex(Error, "variant 'X' has no `kernels`"):
-            al.check_manifest({"format": 3, "variants": [{"name": "X", "pattern": "parallel", "inputs": []}]})
+            al.check_manifest({"format": 4, "variants": [{"name": "X", "pattern": "parallel", "inputs": []}]})
         with self.assertRaisesRegex(Error, "unknown pattern 'other'"):
-            al.check_manifest({"format": 3, "variants": [{"name": "X", "pattern": "other", "inputs": [], "kernels": []}]})
-        self.assertEqual(al.check_manifest({"format": 3, "variants": []})["format"], 3)
+            al.check_manifest({"format": 4, "variants": [{"name": "X", "pattern": "other", "inputs": [], "kernels": []}]})
+        self.assertEqual(al.check_manifest({"format": 4, "variants": []})["format"], 4)
 
     def test_reading(self):
         with tempfile.TemporaryDirectory() as d:
@@ -128,9 +128,9 @@ class ManifestFormat(unittest.TestCase):
             with self.assertRaisesRegex(Error, "not valid JSON"):
                 al.read_manifest(d)
             with open(os.path.join(d, "manifest.json"), "w") as fh:
-                json.dump({"format": 4, "variants": []}, fh)
+                json.dump({"format": 5, "variants": []}, fh)
             # load() reads the manifest before it needs PyTorch or a GPU.
-            with self.assertRaisesRegex(Error, "format 4, but this module reads format 3"):
+            with self.assertRaisesRegex(Error, "format 5, but this module reads format 4"):
                 al.load(d)
 
     def test_imports_without_torch(self):
@@ -143,7 +143,7 @@ class ManifestFormat(unittest.TestCase):
         except ImportError:
             with tempfile.TemporaryDirectory() as d:
                 with open(os.path.join(d, "manifest.json"), "w") as fh:
-                    json.dump({"format": 3, "variants": []}, fh)
+                    json.dump({"format": 4, "variants": []}, fh)
                 with self.assertRaisesRegex(Error, "needs PyTorch"):
                     al.load(d)
         else:
@@ -211,6 +211,41 @@ class WithManifest(unittest.TestCase):
             self.skipTest("no sm_90a builds")
         record, _ = al.select_kernel(self.v["Alibi"], "forward", "sm_90a")
         self.assertIn("wgmma", record["plan"]["launches"][0]["entry"])
+
+    def test_tuning_table_records_are_chosen_by_gpu_and_bucket(self):
+        gpu = "NVIDIA H100 80GB HBM3"
+        alibi = copy.deepcopy(self.v["Alibi"])
+        default = next(k for k in alibi["kernels"] if k["pass"] == "forward" and any(b["arch"] == "sm_90a" for b in k["builds"]))
+        tuned = copy.deepcopy(default)
+        tuned["entry"] = "aec_fwd_tuned"
+        tuned["builds"] = [dict(b, cubin="kernels/aec_fwd_tuned.sm_90a.cubin") for b in tuned["builds"]]
+        tuned["tuned_for"] = [{"gpu": gpu, "sizes": {"B": 2, "H": 8, "Hkv": 8, "Sq": 512, "Skv": 1024}, "bucketed": ["Sq", "Skv"]}]
+        # First in the list: the default choice must still skip it.
+        alibi["kernels"].insert(0, tuned)
+        record, cubin = al.select_kernel(alibi, "forward", "sm_90a")
+        self.assertIsNot(record, tuned)
+        self.assertNotEqual(cubin, "kernels/aec_fwd_tuned.sm_90a.cubin")
+        call = dict(B=2, H=8, Hkv=8, Sq=450, Skv=1000, kv_splits=1)
+        found = al.select_tuned(alibi, "forward", "sm_90a", gpu, call)
+        self.assertIsNotNone(found)
+        self.assertIs(found[0], tuned)
+        self.assertEqual(found[1]["cubin"], "kernels/aec_fwd_tuned.sm_90a.cubin")
+        self.assertIs(found[2], tuned["tuned_for"][0])
+        for why, args in [
+            ("another GPU", ("sm_90a", "NVIDIA H200", call)),
+            ("another architecture", ("sm_80", gpu, call)),
+            ("Sq 513 is bucket 1024", ("sm_90a", gpu, dict(call, Sq=513))),
+            ("Skv 1025 is bucket 2048", ("sm_90a", gpu, dict(call, Skv=1025))),
+            ("B is matched exactly", ("sm_90a", gpu, dict(call, B=3))),
+            ("a size the call lacks", ("sm_90a", gpu, {n: x for n, x in call.items() if n != "Hkv"})),
+        ]:
+            self.assertIsNone(al.select_tuned(alibi, "forward", *args), why)
+        self.assertIsNone(al.select_tuned(alibi, "backward", "sm_90a", gpu, call))
+        self.assertEqual([al.bucket_len(n) for n in (0, 1, 2, 3, 450, 512, 513, 1 << 40)], [1, 1, 2, 4, 512, 512, 1024, 1 << 31])
+        broken = copy.deepcopy(self.m)
+        next(v for v in broken["variants"] if v["name"] == "Alibi")["kernels"].append(dict(tuned, tuned_for=[{"gpu": gpu, "sizes": {"Sq": "512"}}]))
+        with self.assertRaisesRegex(Error, r"variant Alibi: kernels\[\d+\]\.tuned_for\[0\]: `sizes` is not an object of integers"):
+            al.check_manifest(broken)
 
     def test_without_cubins(self):
         bare = _with_cubins(self.m, None)

@@ -60,6 +60,15 @@ impl Isa {
         }
     }
 
+    /// The NVRTC architecture name of the instruction set's builds (also
+    /// the `target` of tuning keys): `sm_80`, `sm_90a`.
+    pub fn arch(self) -> &'static str {
+        match self {
+            Isa::Sm80 => "sm_80",
+            Isa::Sm90a => "sm_90a",
+        }
+    }
+
     /// Shared memory one thread block may use (static and dynamic): 163 KiB
     /// on sm_80 (A100), 227 KiB on sm_90 (H100, H200).
     /// Shared memory of one multiprocessor, less the 1 KiB the driver

@@ -1,0 +1,343 @@
+//! The tuning table of kernel libraries, without a GPU: `aec compile` reads
+//! a tuning cache (written here through the runtime's API, as `aec tune`
+//! writes it) and adds one forward kernel per tuned configuration with the
+//! GPUs and shape buckets it serves; the Rust loader's and the C header's
+//! choice of kernel follows the GPU name and the call's bucket, and falls
+//! back to the default elsewhere. (The Python module's choice is tested in
+//! `tests/python/test_aec_library.py`; on a GPU, `bench/library_gpu.sh`.)
+
+use aec::compiler::{Elem, ForwardConfig, Isa};
+use aec::library::Manifest;
+use aec::library::c_header::{LOADER_H, generate};
+use aec::runtime::{ShapeBucket, TunedEntry, TuningCache, TuningKey, toolchains_required};
+use aec::tune::{PARALLEL_FORWARD, template_version, variant_hash};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const H100: &str = "NVIDIA H100 80GB HBM3";
+const H200: &str = "NVIDIA H200";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn softmax() -> aec::frontend::Variant {
+    let source = std::fs::read_to_string(repo().join("examples/softmax.rs")).unwrap();
+    let mut found = aec::frontend::parse_file(&source).expect("examples/softmax.rs parses");
+    found.remove(0).variant.expect("Softmax traces")
+}
+
+/// A result of `aec tune` for the softmax forward on `gpu`, as the tuner
+/// keys it.
+fn tuned(gpu: &str, shape: ShapeBucket, config: ForwardConfig, variant_hash: &str) -> TunedEntry {
+    TunedEntry {
+        key: TuningKey {
+            variant: "Softmax".into(),
+            variant_hash: variant_hash.into(),
+            kernel: PARALLEL_FORWARD.into(),
+            template_version: template_version(),
+            target: "sm_90a".into(),
+            gpu: gpu.into(),
+            driver: "580.65".into(),
+            toolkit: "nvrtc 13.0".into(),
+            dtype: "bf16".into(),
+            dqk: 128,
+            dv: 128,
+            shape,
+        },
+        config: serde_json::to_value(config).unwrap(),
+        config_label: format!("n{} s{}", config.block_n, config.stages),
+        best_us: 100.0,
+        default_us: 120.0,
+        median_us: 130.0,
+        plans_tried: 9,
+        rejected: vec![],
+        tuning_seconds: 20.0,
+        tflops: 500.0,
+        efficiency: 0.5,
+    }
+}
+
+/// `aec compile examples/softmax.rs -t h100` with `extra` arguments, the
+/// environment's cache locations removed and NVRTC off the loader path
+/// (sources only: fast).
+fn compile(dir: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aec"))
+        .args(["compile", "examples/softmax.rs", "-t", "h100", "-o"])
+        .arg(dir)
+        .args(extra)
+        .env_remove("AEC_TUNING_CACHE")
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("HOME")
+        .env_remove("LD_LIBRARY_PATH")
+        .current_dir(repo())
+        .output()
+        .expect("run aec compile")
+}
+
+fn manifest(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
+/// The manifest with a cubin path in every sm_90a build, as a compile with
+/// NVRTC would have written.
+fn with_cubins(mut m: Value) -> Value {
+    for v in m["variants"].as_array_mut().unwrap() {
+        for k in v["kernels"].as_array_mut().unwrap() {
+            let entry = k["entry"].as_str().unwrap_or("backward").to_string();
+            for b in k["builds"].as_array_mut().into_iter().flatten() {
+                b["cubin"] = Value::String(format!("kernels/{entry}.sm_90a.cubin"));
+            }
+        }
+    }
+    m
+}
+
+#[test]
+fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v = softmax();
+    let hash = variant_hash(&v);
+    let default = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let x = ForwardConfig {
+        block_n: 64,
+        stages: 2,
+        ..default
+    };
+    let y = ForwardConfig {
+        persistent: !default.persistent,
+        ..default
+    };
+    assert!(x != default && y != default && x != y);
+    let cache_file = tmp.path().join("tuning.json");
+    let (mut cache, warning) = TuningCache::open(&cache_file);
+    assert_eq!(warning, None);
+    cache
+        .record(vec![
+            tuned(H100, ShapeBucket::of(2, 3, 3, 450, 450), x, &hash),
+            tuned(H200, ShapeBucket::of(1, 8, 8, 64, 64), x, &hash),
+            tuned(H100, ShapeBucket::of(2, 3, 3, 4000, 4000), y, &hash),
+            // The default won here: no kernel of its own.
+            tuned(H100, ShapeBucket::of(8, 16, 16, 2048, 2048), default, &hash),
+            // Another variant's result (an edited softmax): ignored.
+            tuned(
+                H100,
+                ShapeBucket::of(2, 3, 3, 100, 100),
+                y,
+                "0123456789abcdef",
+            ),
+        ])
+        .unwrap();
+
+    let lib = tmp.path().join("lib");
+    let out = compile(&lib, &["--tuning-cache", cache_file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tuning table: 2 tuned forward kernels for 3 GPU and shape buckets from"),
+        "{stderr}"
+    );
+    let m = manifest(&lib);
+    assert_eq!(m["tuning"]["method"], "tuning cache");
+    assert_eq!(m["tuning"]["tuned_kernels"], 2);
+    let forwards: Vec<&Value> = m["variants"][0]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["pass"] == "forward")
+        .collect();
+    assert_eq!(forwards.len(), 3, "the default and two tuned forwards");
+    assert!(forwards[0].get("tuned_for").is_none());
+    let names: Vec<&str> = forwards
+        .iter()
+        .map(|k| k["entry"].as_str().unwrap())
+        .collect();
+    for (k, cfg) in forwards[1..].iter().zip([x, y]) {
+        assert_eq!(k["config"]["block_n"], cfg.block_n);
+        assert_eq!(k["config"]["persistent"], cfg.persistent);
+        let source = lib.join(k["source"].as_str().unwrap());
+        assert!(source.is_file(), "{} written", source.display());
+    }
+    assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2]);
+    let x_for = forwards[1]["tuned_for"].as_array().unwrap();
+    assert_eq!(x_for.len(), 2);
+    assert_eq!(x_for[0]["gpu"], H100);
+    assert_eq!(x_for[0]["sizes"]["Sq"], 512);
+    assert_eq!(x_for[0]["sizes"]["B"], 2);
+    assert_eq!(x_for[1]["gpu"], H200);
+    assert_eq!(forwards[2]["tuned_for"][0]["sizes"]["Skv"], 4096);
+
+    // Without the flag, the default cache location ($AEC_TUNING_CACHE here)
+    // gives the same table.
+    let by_env = tmp.path().join("by-env");
+    let out = Command::new(env!("CARGO_BIN_EXE_aec"))
+        .args(["compile", "examples/softmax.rs", "-t", "h100", "-o"])
+        .arg(&by_env)
+        .env("AEC_TUNING_CACHE", &cache_file)
+        .env_remove("LD_LIBRARY_PATH")
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let again = manifest(&by_env);
+    assert_eq!(again["tuning"]["tuned_kernels"], 2);
+    assert_eq!(again["variants"][0]["kernels"], m["variants"][0]["kernels"]);
+
+    // The Rust loader: the default stays the default; the table's records
+    // are found for their GPU and hold their buckets.
+    let patched = with_cubins(m.clone());
+    let text = serde_json::to_string(&patched).unwrap();
+    let parsed = Manifest::parse(&lib, &text).expect("the manifest reads");
+    let (_, record, _) = parsed.select("Softmax", "forward", "sm_90a").unwrap();
+    assert!(record.tuned_for.is_empty());
+    assert_eq!(
+        record.plan.as_ref().unwrap().launches[0].entry,
+        names[0],
+        "the default record"
+    );
+    let on_h100 = parsed.select_tuned("Softmax", "forward", "sm_90a", H100);
+    assert_eq!(on_h100.len(), 2);
+    let sizes = |b, h, sq, skv| [("B", b), ("H", h), ("Hkv", h), ("Sq", sq), ("Skv", skv)];
+    assert!(on_h100[0].2[0].contains(&sizes(2, 3, 300, 511)));
+    assert!(!on_h100[0].2[0].contains(&sizes(2, 3, 300, 513)));
+    assert!(on_h100[1].2[0].contains(&sizes(2, 3, 2049, 4096)));
+    assert_eq!(
+        parsed
+            .select_tuned("Softmax", "forward", "sm_90a", H200)
+            .len(),
+        1
+    );
+    assert!(
+        parsed
+            .select_tuned("Softmax", "forward", "sm_90a", "NVIDIA A100")
+            .is_empty()
+    );
+    assert!(
+        parsed
+            .select_tuned("Softmax", "backward", "sm_90a", H100)
+            .is_empty()
+    );
+    assert!(
+        parsed
+            .select_tuned("Softmax", "forward", "sm_80", H100)
+            .is_empty()
+    );
+
+    // The C header: the pick follows the GPU name and the bucket.
+    if !cc_ready() {
+        return;
+    }
+    let include = lib.join("include");
+    std::fs::write(include.join("aec_library.h"), generate(&patched).unwrap()).unwrap();
+    std::fs::write(include.join("aec_loader.h"), LOADER_H).unwrap();
+    let exe = tmp.path().join("tuning_pick");
+    let built = Command::new("cc")
+        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(&include)
+        .arg(repo().join("tests/c/tuning_pick.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", show(&built));
+    let pick = |gpu: &str, b: u32, h: u32, sq: u32, skv: u32| -> String {
+        let o = Command::new(&exe)
+            .arg(gpu)
+            .args([b, h, sq, skv].map(|n| n.to_string()))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let cubin = |i: usize| format!("kernels/{}.sm_90a.cubin", names[i]);
+    assert_eq!(pick(H100, 2, 3, 450, 300), cubin(1));
+    assert_eq!(pick(H100, 2, 3, 512, 257), cubin(1));
+    assert_eq!(
+        pick(H100, 2, 3, 513, 300),
+        cubin(0),
+        "Sq 513 is bucket 1024"
+    );
+    assert_eq!(pick(H100, 3, 3, 450, 300), cubin(0), "B is matched exactly");
+    assert_eq!(pick(H100, 2, 3, 3000, 4096), cubin(2));
+    assert_eq!(pick(H200, 1, 8, 33, 64), cubin(1));
+    assert_eq!(pick(H200, 2, 3, 450, 300), cubin(0), "the H100's bucket");
+    assert_eq!(pick("NVIDIA A100", 2, 3, 450, 300), cubin(0));
+}
+
+fn cc_ready() -> bool {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let msg = "`cc` not found: the C header's pick is not compiled";
+        assert!(!toolchains_required(), "{msg}");
+        eprintln!("skipped: {msg}");
+    }
+    ok
+}
+
+#[test]
+fn compile_without_a_tuning_table_and_with_bad_caches() {
+    let tmp = tempfile::tempdir().unwrap();
+    // --no-tuning: the defaults, said so in the manifest.
+    let lib = tmp.path().join("plain");
+    let out = compile(&lib, &["--no-tuning"]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(manifest(&lib)["tuning"]["method"], "defaults");
+    // A cache named but missing: an error naming it, nothing written.
+    let missing = tmp.path().join("nope.json");
+    let lib = tmp.path().join("missing");
+    let out = compile(&lib, &["--tuning-cache", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--tuning-cache {}: no such file",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!lib.join("manifest.json").exists());
+    // A corrupt cache: a warning, then the defaults.
+    let corrupt = tmp.path().join("corrupt.json");
+    std::fs::write(&corrupt, "{ not json").unwrap();
+    let lib = tmp.path().join("corrupt");
+    let out = compile(&lib, &["--tuning-cache", corrupt.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is not a valid aec tuning cache"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("tuning table: 0 tuned forward kernels"),
+        "{stderr}"
+    );
+    let m = manifest(&lib);
+    assert_eq!(m["tuning"]["tuned_kernels"], 0);
+    let forwards = m["variants"][0]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["pass"] == "forward")
+        .count();
+    assert_eq!(forwards, 1);
+    // Both flags: clap refuses.
+    let out = compile(
+        &tmp.path().join("both"),
+        &["--no-tuning", "--tuning-cache", corrupt.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+}
