@@ -94,6 +94,26 @@ def run(cmd, what):
         f.write(f"==== {what}: exit {p.returncode}\n$ " + " ".join(cmd) + "\n" + p.stdout + "--- stderr\n" + p.stderr + "\n")
     return p
 
+def bucket_len(n):
+    return min(1 << max(int(n) - 1, 0).bit_length(), 1 << 31)
+
+def expected_kernel(lib, name, sizes):
+    """The forward kernel the loaders' rule picks for `sizes` on this GPU:
+    a tuning-table record whose bucket holds them, else the default."""
+    manifest = json.load(open(os.path.join(lib, "manifest.json")))
+    cap = torch.cuda.get_device_capability(0)
+    arch = "sm_90a" if cap == (9, 0) else "sm_80"
+    v = next(v for v in manifest["variants"] if v["name"] == name)
+    recs = [k for k in v["kernels"] if k.get("pass") == "forward" and "plan" in k
+            and any(b.get("arch") == arch and b.get("cubin") for b in k.get("builds") or [])]
+    for k in recs:
+        for t in k.get("tuned_for") or ():
+            if t["gpu"] == device and all(
+                    (bucket_len(sizes[n]) if n in t.get("bucketed", ()) else sizes[n]) == want
+                    for n, want in t["sizes"].items()):
+                return k["entry"]
+    return next(k["entry"] for k in recs if not k.get("tuned_for"))
+
 def forward_record(lib, name):
     """The first forward record of variant `name` in lib's manifest, or None."""
     manifest = json.load(open(os.path.join(lib, "manifest.json")))
@@ -168,8 +188,13 @@ for li, lib in enumerate(libdirs):
                             errs[key] = float(val)
                         except ValueError:
                             errs[key] = val
-                row = dict(case, lang=lang, exit=p.returncode, passed=p.returncode == 0, errors=errs,
+                want = expected_kernel(lib, name, dict(B=B, H=H, Hkv=Hkv, Sq=Sq, Skv=Skv))
+                ran = errs.get("kernel")
+                row = dict(case, lang=lang, exit=p.returncode, passed=p.returncode == 0 and ran == want, errors=errs,
+                           kernel=ran, expected_kernel=want,
                            failures=[x for x in p.stderr.splitlines() if x.startswith("FAIL")])
+                if p.returncode == 0 and ran != want:
+                    errors.append(f"forward_check {lang} {case}: ran {ran}, but the tuning-table rule picks {want}")
                 cases.append(row)
                 print(f"forward_check {lang} {name} B={B} H={H} Hkv={Hkv} Sq={Sq} Skv={Skv}: "
                       f"{'PASS' if p.returncode == 0 else 'FAIL'} exit={p.returncode} {result or p.stderr.strip()[-300:]}",

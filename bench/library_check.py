@@ -1,8 +1,10 @@
 """GPU check of a kernel library through its Python module, on a GPU machine.
 
-    # here, with NVRTC (see the README):
+    # here, with NVRTC (see the README; the tuning cache is optional, e.g.
+    # the fixture of bench/src/bin/tuning_fixture.rs):
     aec compile examples/softmax.rs examples/sigmoid.rs examples/retnet_parallel.rs \
-        examples/mamba2.rs examples/decode.rs --target h100 --head-dims 128 -o LIBDIR
+        examples/mamba2.rs examples/decode.rs --target h100 --head-dims 128 \
+        --tuning-cache FIXTURE.json -o LIBDIR
     # there:
     python bench/library_check.py LIBDIR [--no-bench]
 
@@ -18,6 +20,11 @@ where the library has none), loads the library on the current GPU and checks:
   at two shapes each whose sequence lengths are not multiples of 128, against
   float64 PyTorch references written here from examples/*.rs. Tolerance: a
   relative error max|ours - ref| / max|ref| of at most 2e-2 (bf16 inputs);
+- the tuning table: for each tuning-table kernel of the library for this
+  GPU, a call in each of its buckets runs it (checked as above, forward and
+  backward) and a call outside runs the default kernel
+  (`variant.last_entry`); without any, a note (a failure where
+  AEC_REQUIRE_TUNED=1);
 - refusals: wrong dtype, wrong shape, non-contiguous and CPU tensors, a
   missing custom input, each a clear error naming
   the tensor (or the variant);
@@ -154,6 +161,7 @@ def check_parallel(lib, name, ref, sizes, customs, backward=True, kv_splits=(Non
             torch.cuda.synchronize()
             err = rel_err(o, o_ref.detach())
             record(f"{name} forward", variant=name, shape=shape, kv_splits=variant.last_kv_splits,
+                   kernel=variant.last_entry, tuned_for=variant.last_tuned_for,
                    rel_err_o=err, finite=bool(torch.isfinite(o).all()), passed=err <= TOL and bool(torch.isfinite(o).all()))
         guarded(f"{name} forward", forward, variant=name, shape=shape, kv_splits=splits)
 
@@ -174,6 +182,46 @@ def check_parallel(lib, name, ref, sizes, customs, backward=True, kv_splits=(Non
         record(f"{name} backward", variant=name, shape=shape, finite=finite,
                passed=finite and all(e <= TOL for e in errs.values()), **row)
     guarded(f"{name} backward", grads, variant=name, shape=shape)
+
+
+def inside(bucket):
+    """A length of the power-of-two bucket `bucket` that is not a power of two where it can be."""
+    return bucket if bucket <= 2 else bucket - bucket // 4 + 1
+
+
+def check_tuning_table(lib, refs):
+    """Every tuning-table kernel of the library for this GPU: a call in each
+    of its buckets runs it (forward and backward against float64), a call
+    outside every bucket runs the default."""
+    found = 0
+    for name in lib.variants:
+        variant = lib[name]
+        for k in variant.record["kernels"]:
+            items = [t for t in k.get("tuned_for") or () if t["gpu"] == lib.device_name]
+            if k.get("pass") != "forward" or not items or name not in refs:
+                continue
+            d = k["head_dims"]["Dqk"]
+            for t in items:
+                found += 1
+                z = t["sizes"]
+                sizes = (z["B"], z["H"], z["Hkv"], inside(z["Sq"]), inside(z["Skv"]), d)
+                check_parallel(lib, name, refs[name], sizes, {})
+                row = next(c for c in reversed(checks) if c["check"] == f"{name} forward")
+                ran = row.get("kernel")
+                record(f"{name} tuning table", variant=name, bucket=z, gpu=t["gpu"], kernel=ran, expected=k["entry"],
+                       shape=row["shape"], passed=ran == k["entry"] and row["passed"])
+                outside = (z["B"], z["H"], z["Hkv"], 2 * z["Sq"] + 1, z["Skv"], d)
+                check_parallel(lib, name, refs[name], outside, {}, backward=False)
+                row = next(c for c in reversed(checks) if c["check"] == f"{name} forward")
+                default = next(r for r in variant.record["kernels"]
+                               if r.get("pass") == "forward" and not r.get("tuned_for")
+                               and any(b.get("arch") == lib.arch for b in r.get("builds") or []))
+                record(f"{name} outside the tuning table", variant=name, shape=row["shape"], kernel=row.get("kernel"),
+                       expected=default["entry"], passed=row.get("kernel") == default["entry"] and row.get("tuned_for") is None)
+    if not found:
+        required = os.environ.get("AEC_REQUIRE_TUNED") == "1"
+        record("tuning table", gpu=lib.device_name, note=f"the library has no tuning-table kernels for {lib.device_name}",
+               passed=not required)
 
 
 def check_mamba2(lib, sizes):
@@ -333,6 +381,7 @@ def main():
     dk, dv = mb["q"]["shape"][3], mb["v"]["shape"][3]
     for b, h, s in ((2, 4, 200), (1, 3, 77)):
         check_mamba2(lib, (b, h, s, dk, dv))
+    check_tuning_table(lib, {"Softmax": ref_softmax, "Sigmoid": ref_sigmoid})
     check_refusals(lib)
     speed = [] if "--no-bench" in sys.argv else bench_softmax(lib)
     ok = all(c["passed"] for c in checks)

@@ -4,14 +4,21 @@
 # libraries and the test binary built here and carried:
 #
 #   C=target/toolchains/cuda/nvidia; export LD_LIBRARY_PATH=$C/cu13/lib AEC_CUDA_INCLUDE=$C/cu13/include
+#   cargo build --release -p aec-bench --bin tuning_fixture
+#   target/release/tuning_fixture target/libs/tuning-fixture.json   # tuning-table kernels to check
+#   T="--tuning-cache target/libs/tuning-fixture.json"
 #   aec compile examples/softmax.rs examples/sigmoid.rs examples/retnet_parallel.rs \
-#       examples/mamba2.rs examples/decode.rs --target h100 --head-dims 128 -o target/libs/py
-#   aec compile examples/softmax.rs --target h100 --head-dims 128 -o target/libs/c_softmax
+#       examples/mamba2.rs examples/decode.rs --target h100 --head-dims 128 $T -o target/libs/py
+#   aec compile examples/softmax.rs --target h100 --head-dims 128 $T -o target/libs/c_softmax
 #   aec compile examples/alibi.rs examples/decode.rs examples/mamba2.rs examples/softmax.rs \
-#       --target h100,a100 --head-dims 128x64 -o target/libs/more
+#       --target h100,a100 --head-dims 128x64 $T -o target/libs/more
 #   cargo test --release --test gpu_library --no-run   # copied to target/gpu-bin/gpu_library
 #
 #   OUT=$OUT bash bench/library_gpu.sh
+#
+# With the fixture every loader's check runs a tuning-table kernel in its
+# bucket and the default outside (AEC_REQUIRE_TUNED=1 makes a library
+# without one for this GPU a failure).
 #
 # Runs the PyTorch module's check and benchmark (bench/library_check.py),
 # the C header's check (bench/library_c_check.sh) and the Rust loader's GPU

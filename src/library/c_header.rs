@@ -10,6 +10,9 @@
 //!   (inputs, outputs, optional ones), in plan order, typed by dtype
 //!   (`const void*` for bf16/f16 inputs, `float*` for f32 outputs, …);
 //! - `size_t aec_<variant>_<pass>_workspace_bytes(lib, sizes)`;
+//! - `const char *aec_<variant>_<pass>_kernel(lib, sizes)`: the kernel a
+//!   call of `sizes` launches first on the library's GPU (a tuning-table
+//!   kernel where the table has one for the GPU and the sizes' bucket);
 //! - `int aec_<variant>_<pass>(lib, sizes, buffers, workspace, stream)`.
 //!
 //! The generated C follows the plan: it makes every call-time check (sizes at
@@ -744,6 +747,7 @@ pub fn generate(manifest: &Value) -> Result<String, String> {
                 format!("aec_{base}"),
                 format!("aec_{base}_buffers"),
                 format!("aec_{base}_workspace_bytes"),
+                format!("aec_{base}_kernel"),
                 format!("aecg_{base}_check"),
                 format!("aecg_{base}_pick"),
             ]);
@@ -1086,6 +1090,11 @@ fn emit_pass(out: &mut String, v: &VariantC, p: &Pass) {
     );
     let _ = writeln!(
         out,
+        "/* The kernel {fname} launches first for `sizes` on the library's GPU: its\n   name spells the tile configuration (a tuning-table kernel where the\n   library's tuning table has one for this GPU and the sizes' bucket).\n   NULL when it cannot run them (the call says why). */\nstatic inline const char *{fname}_kernel(const aec_library *lib, const aec_{}_sizes *sizes);\n",
+        v.ident
+    );
+    let _ = writeln!(
+        out,
         "/* Runs the {} {} on `stream` (a CUstream; NULL: the default stream).\n   `workspace`: device memory of {fname}_workspace_bytes bytes, 256-byte\n   aligned, or NULL (allocated and freed by the call, after synchronizing\n   `stream`: slow). Returns AEC_OK or a status; aec_last_error(lib) says\n   what is wrong. Nothing is launched when a check fails. */\nstatic inline int {fname}(aec_library *lib, const aec_{}_sizes *sizes,\n    const {fname}_buffers *buffers, void *workspace, void *stream);\n",
         comment(&v.name),
         p.name,
@@ -1109,6 +1118,21 @@ fn emit_pass(out: &mut String, v: &VariantC, p: &Pass) {
         );
     }
     out.push_str("    default:\n        return AEC_WORKSPACE_INVALID;\n    }\n}\n\n");
+    // kernel
+    let _ = writeln!(
+        out,
+        "static inline const char *{fname}_kernel(const aec_library *lib, const aec_{}_sizes *sizes)\n{{\n    char err[AEC_ERROR_CAPACITY];\n    int record = -1;\n    const char *cubin = NULL;\n    if (lib == NULL || sizes == NULL || !lib->is_open)\n        return NULL;\n    if (aecg_{base}_check(sizes, NULL, err, sizeof err) != AEC_OK || aecg_{base}_pick(lib, sizes, &record, &cubin, err, sizeof err) != AEC_OK)\n        return NULL;\n    switch (record) {{",
+        v.ident
+    );
+    for (i, r) in p.records.iter().enumerate() {
+        let entry = r.plan.launches.first().map_or("", |l| l.entry.as_str());
+        let _ = writeln!(
+            out,
+            "    case {i}:\n        return \"{}\";",
+            c_str(entry, false)
+        );
+    }
+    out.push_str("    default:\n        return NULL;\n    }\n}\n\n");
     // the call
     let _ = writeln!(
         out,

@@ -163,6 +163,8 @@ static void softmax_checks(aec_library *lib)
                      "softmax on a library that is not open");
         check_true(aec_softmax_forward_workspace_bytes(lib, &s) == AEC_WORKSPACE_INVALID,
                    "softmax workspace_bytes of a library that is not open is AEC_WORKSPACE_INVALID");
+        check_true(aec_softmax_forward_kernel(lib, &s) == NULL,
+                   "softmax kernel of a library that is not open is NULL");
         return;
     }
     {
@@ -175,6 +177,9 @@ static void softmax_checks(aec_library *lib)
         size_t ws = aec_softmax_forward_workspace_bytes(lib, &s);
         float *o;
         check_true(ws != AEC_WORKSPACE_INVALID, "softmax workspace_bytes is valid");
+        check_true(aec_softmax_forward_kernel(lib, &s) != NULL &&
+                       strncmp(aec_softmax_forward_kernel(lib, &s), "aec_fwd_softmax_", 16) == 0,
+                   "softmax forward names its kernel");
         f.q = check_upload(lib, q, nq * 2, "q");
         f.k = check_upload(lib, k, nk * 2, "k");
         f.v = check_upload(lib, v, (size_t)s.B * s.Hkv * s.Skv * DV * 2, "v");

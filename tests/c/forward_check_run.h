@@ -7,6 +7,7 @@
 #define FC_BUFFERS FC_XCAT3(aec_, FC_VARIANT, _forward_buffers)
 #define FC_FORWARD FC_XCAT3(aec_, FC_VARIANT, _forward)
 #define FC_WORKSPACE FC_XCAT3(aec_, FC_VARIANT, _forward_workspace_bytes)
+#define FC_KERNEL FC_XCAT3(aec_, FC_VARIANT, _forward_kernel)
 #define FC_RUN FC_XCAT3(fc_run_, FC_VARIANT, )
 
 static int FC_RUN(aec_library *lib, const fc_args *a)
@@ -96,8 +97,8 @@ static int FC_RUN(aec_library *lib, const fc_args *a)
         free(o);
         free(rows);
     }
-    printf("RESULT o=%.6g rows=%.6g workspace=%lu runs=%d tol=%g\n", worst_o, worst_rows, (unsigned long)ws,
-           w != NULL ? 2 : 1, a->tol);
+    printf("RESULT o=%.6g rows=%.6g workspace=%lu runs=%d tol=%g kernel=%s\n", worst_o, worst_rows, (unsigned long)ws,
+           w != NULL ? 2 : 1, a->tol, FC_KERNEL(lib, &s) ? FC_KERNEL(lib, &s) : "(none)");
     if (!(worst_o <= a->tol) || !(worst_rows <= a->tol)) {
         fprintf(stderr, "FAIL error above the tolerance %g: o %.6g, rows %.6g\n", a->tol, worst_o, worst_rows);
         failed = 1;
@@ -115,4 +116,5 @@ static int FC_RUN(aec_library *lib, const fc_args *a)
 #undef FC_BUFFERS
 #undef FC_FORWARD
 #undef FC_WORKSPACE
+#undef FC_KERNEL
 #undef FC_RUN
