@@ -25,8 +25,9 @@ use aec::compiler::launch_plan::{
     recurrent_forward_plan,
 };
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, RecurrentBackwardSource, RecurrentConfig,
-    RecurrentSource, parallel_backward, parallel_forward, recurrent_backward, recurrent_forward,
+    BackwardConfig, Elem, ForwardConfig, Isa, KernelSource, RecurrentBackwardSource,
+    RecurrentConfig, RecurrentSource, parallel_backward, parallel_forward, recurrent_backward,
+    recurrent_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -203,33 +204,22 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 .filter(|t| t.cuda_arch().map(Isa::for_arch) == Some(isa))
                 .collect()
         };
+        let (hash, version) = (variant_hash(v), template_version());
         for &isa in &isas {
             let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, isa);
             let k = parallel_forward(v, vq, vv, &cfg)
                 .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
-            let builds = write_and_compile(
-                &kernels_dir,
-                &k.name,
-                &k.source,
-                &targets_of(isa),
+            let forward = ForwardRecord {
+                dir: &kernels_dir,
+                variant: v,
+                dims: (vq, vv),
+                targets: &targets_of(isa),
                 with_nvrtc,
-                &v.name,
-            )?;
-            kernels.push(json!({
-                "pass": "forward",
-                "entry": k.name,
-                "source": format!("kernels/{}.cu", k.name),
-                "builds": builds,
-                "head_dims": { "Dqk": vq, "Dv": vv },
-                "row_outputs": k.row_outputs,
-                "config": forward_config_json(&cfg),
-                "plan": forward_plan(v, &k),
-            }));
+            };
+            kernels.push(forward.write(&k, &cfg)?);
             // The tuning table: one more forward per tuned configuration,
             // launched for the GPUs and shape buckets it won.
             let Some(cache) = &cache else { continue };
-            let hash = variant_hash(v);
-            let version = template_version();
             let key = TableKey {
                 variant_hash: &hash,
                 kernel: PARALLEL_FORWARD,
@@ -258,27 +248,11 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         continue;
                     }
                 };
-                let builds = write_and_compile(
-                    &kernels_dir,
-                    &tk.name,
-                    &tk.source,
-                    &targets_of(isa),
-                    with_nvrtc,
-                    &v.name,
-                )?;
+                let mut record = forward.write(&tk, &tcfg)?;
+                record["tuned_for"] = tuned_for.iter().map(TunedFor::to_json).collect();
                 tuned_kernels += 1;
                 tuned_buckets += tuned_for.len();
-                kernels.push(json!({
-                    "pass": "forward",
-                    "entry": tk.name,
-                    "source": format!("kernels/{}.cu", tk.name),
-                    "builds": builds,
-                    "head_dims": { "Dqk": vq, "Dv": vv },
-                    "row_outputs": tk.row_outputs,
-                    "config": forward_config_json(&tcfg),
-                    "tuned_for": tuned_for.iter().map(TunedFor::to_json).collect::<Vec<_>>(),
-                    "plan": forward_plan(v, &tk),
-                }));
+                kernels.push(record);
             }
         }
         // The backward, per instruction set: three kernels in one source,
@@ -429,6 +403,40 @@ fn tuning_json(cache: Option<&TuningCache>, kernels: usize, buckets: usize) -> V
         "bucketed": BUCKETED,
         "note": "a forward record with `tuned_for` runs on the GPU named there (the driver's device name) for calls whose B, H and Hkv equal its sizes and whose Sq and Skv round up to its powers of two; every other call runs the record without `tuned_for`, the default configuration",
     })
+}
+
+/// Where and for what a parallel variant's forward kernels are written.
+struct ForwardRecord<'a> {
+    dir: &'a Path,
+    variant: &'a Variant,
+    dims: (u32, u32),
+    targets: &'a [Target],
+    with_nvrtc: bool,
+}
+
+impl ForwardRecord<'_> {
+    /// Writes the forward kernel `k` of configuration `cfg` (and its cubins)
+    /// and returns its manifest record.
+    fn write(&self, k: &KernelSource, cfg: &ForwardConfig) -> Result<Value, String> {
+        let builds = write_and_compile(
+            self.dir,
+            &k.name,
+            &k.source,
+            self.targets,
+            self.with_nvrtc,
+            &self.variant.name,
+        )?;
+        Ok(json!({
+            "pass": "forward",
+            "entry": k.name,
+            "source": format!("kernels/{}.cu", k.name),
+            "builds": builds,
+            "head_dims": { "Dqk": self.dims.0, "Dv": self.dims.1 },
+            "row_outputs": k.row_outputs,
+            "config": forward_config_json(cfg),
+            "plan": forward_plan(self.variant, k),
+        }))
+    }
 }
 
 /// A forward configuration as the manifest records it.
