@@ -94,25 +94,19 @@ def run(cmd, what):
         f.write(f"==== {what}: exit {p.returncode}\n$ " + " ".join(cmd) + "\n" + p.stdout + "--- stderr\n" + p.stderr + "\n")
     return p
 
-def bucket_len(n):
-    return min(1 << max(int(n) - 1, 0).bit_length(), 1 << 31)
-
 def expected_kernel(lib, name, sizes):
-    """The forward kernel the loaders' rule picks for `sizes` on this GPU:
-    a tuning-table record whose bucket holds them, else the default."""
-    manifest = json.load(open(os.path.join(lib, "manifest.json")))
-    cap = torch.cuda.get_device_capability(0)
-    arch = "sm_90a" if cap == (9, 0) else "sm_80"
+    """The forward kernel the loaders' rule picks for `sizes` on this GPU
+    (the library's own Python module says): a tuning-table kernel whose
+    bucket holds them, else the default."""
+    sys.path.insert(0, os.path.join(lib, "python"))
+    import aec_library
+    sys.path.pop(0)
+    manifest = aec_library.read_manifest(lib)
+    arch = aec_library.arch_for_capability(torch.cuda.get_device_capability(0))
     v = next(v for v in manifest["variants"] if v["name"] == name)
-    recs = [k for k in v["kernels"] if k.get("pass") == "forward" and "plan" in k
-            and any(b.get("arch") == arch and b.get("cubin") for b in k.get("builds") or [])]
-    for k in recs:
-        for t in k.get("tuned_for") or ():
-            if t["gpu"] == device and all(
-                    (bucket_len(sizes[n]) if n in t.get("bucketed", ()) else sizes[n]) == want
-                    for n, want in t["sizes"].items()):
-                return k["entry"]
-    return next(k["entry"] for k in recs if not k.get("tuned_for"))
+    tuned = aec_library.select_tuned(v, "forward", arch, device, sizes)
+    record = tuned[0] if tuned else aec_library.select_kernel(v, "forward", arch)[0]
+    return record["entry"]
 
 def forward_record(lib, name):
     """The first forward record of variant `name` in lib's manifest, or None."""

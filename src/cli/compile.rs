@@ -31,13 +31,14 @@ use aec::compiler::{
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
-use aec::library::tuning_table::{BUCKET_SIZES, BUCKETED, TableKey, TunedFor, tuned_configs};
+use aec::library::tuning_table::{BUCKET_SIZES, BUCKETED, TunedFor, tuned_configs};
 use aec::library::{c_header, python};
+use aec::run::{HeadDims, Shape};
 use aec::runtime::{
     CompileOptions, HIP_TOOLCHAIN_HINT, TuningCache, compile, find_hip_compiler, hip_compile,
     hip_resources, nvrtc_present, nvrtc_version,
 };
-use aec::tune::{PARALLEL_FORWARD, template_version, variant_hash};
+use aec::tune::{KeyParts, forward_key, variant_hash};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -204,7 +205,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 .filter(|t| t.cuda_arch().map(Isa::for_arch) == Some(isa))
                 .collect()
         };
-        let (hash, version) = (variant_hash(v), template_version());
+        let hash = variant_hash(v);
         for &isa in &isas {
             let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, isa);
             let k = parallel_forward(v, vq, vv, &cfg)
@@ -220,15 +221,21 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             // The tuning table: one more forward per tuned configuration,
             // launched for the GPUs and shape buckets it won.
             let Some(cache) = &cache else { continue };
-            let key = TableKey {
-                variant_hash: &hash,
-                kernel: PARALLEL_FORWARD,
-                template_version: &version,
-                arch: isa.arch(),
-                dtype: Elem::Bf16.name(),
-                dqk: vq,
-                dv: vv,
+            // The tuner's key for this kernel; any GPU, toolchain and shape.
+            let parts = KeyParts {
+                gpu: "",
+                target: isa.arch(),
+                driver: "",
+                toolkit: "",
             };
+            let key = forward_key(
+                v,
+                &hash,
+                HeadDims::new(vq, vv),
+                Shape::mha(1, 1, 1, 1),
+                Elem::Bf16,
+                &parts,
+            );
             for (tcfg, tuned_for) in tuned_configs(cache.entries(), &key, &cfg, toolkit.as_deref())
             {
                 let tk = match parallel_forward(v, vq, vv, &tcfg) {
@@ -331,6 +338,19 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         "workloads": workloads,
         "variants": manifest_variants,
     });
+    if let Some(cache) = &cache {
+        eprintln!(
+            "tuning table: {tuned_kernels} tuned forward kernel{} for {tuned_buckets} GPU and shape bucket{} from {}{}",
+            if tuned_kernels == 1 { "" } else { "s" },
+            if tuned_buckets == 1 { "" } else { "s" },
+            cache_name(cache),
+            if tuned_kernels == 0 {
+                " (every kernel uses its default; `aec tune` fills the cache)"
+            } else {
+                ""
+            }
+        );
+    }
     let text = serde_json::to_string_pretty(&manifest).expect("JSON values serialise") + "\n";
     write(&args.out.join("manifest.json"), text.as_bytes())?;
     write_loaders(&args.out, &manifest)?;
@@ -381,19 +401,7 @@ fn tuning_json(cache: Option<&TuningCache>, kernels: usize, buckets: usize) -> V
             "note": "built without a tuning cache: every kernel uses its tile configuration's default for its head dims and architecture (the `config` of each kernel record), one configuration for all shapes",
         });
     };
-    let from = cache
-        .path()
-        .map_or_else(|| "memory".to_string(), |p| p.display().to_string());
-    eprintln!(
-        "tuning table: {kernels} tuned forward kernel{} for {buckets} GPU and shape bucket{} from {from}{}",
-        if kernels == 1 { "" } else { "s" },
-        if buckets == 1 { "" } else { "s" },
-        if kernels == 0 {
-            " (every kernel uses its default; `aec tune` fills the cache)"
-        } else {
-            ""
-        }
-    );
+    let from = cache_name(cache);
     json!({
         "method": "tuning cache",
         "cache": from,
@@ -437,6 +445,13 @@ impl ForwardRecord<'_> {
             "plan": forward_plan(self.variant, k),
         }))
     }
+}
+
+/// Where a tuning cache lives, for the manifest and messages.
+fn cache_name(cache: &TuningCache) -> String {
+    cache
+        .path()
+        .map_or_else(|| "memory".to_string(), |p| p.display().to_string())
 }
 
 /// A forward configuration as the manifest records it.

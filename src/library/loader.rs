@@ -549,28 +549,11 @@ fn parse_kernel(k: &Value, at: &str) -> Result<KernelRecord, String> {
     }
     let head_dims = match o.get("head_dims") {
         None | Some(Value::Null) => Vec::new(),
-        Some(h) => object(h, &format!("{at}.head_dims"))?
-            .iter()
-            .map(|(name, n)| {
-                n.as_u64().map(|n| (name.clone(), n)).ok_or_else(|| {
-                    format!(
-                        "{at}.head_dims.{name}: expected a number, found {}",
-                        kind(n)
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?,
+        Some(h) => named_numbers(h, &format!("{at}.head_dims"))?,
     };
     let row_outputs = match o.get("row_outputs") {
         None | Some(Value::Null) => Vec::new(),
-        Some(r) => r
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_str().map(String::from))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .ok_or_else(|| format!("{at}.row_outputs: expected an array of strings"))?,
+        Some(r) => strings(r, &format!("{at}.row_outputs"))?,
     };
     let tuned_for = match o.get("tuned_for") {
         None | Some(Value::Null) => Vec::new(),
@@ -600,32 +583,41 @@ fn parse_kernel(k: &Value, at: &str) -> Result<KernelRecord, String> {
     })
 }
 
+/// An object of numbers (`{"Dqk": 128, "Dv": 64}`) as (name, value) pairs.
+fn named_numbers(v: &Value, at: &str) -> Result<Vec<(String, u64)>, String> {
+    object(v, at)?
+        .iter()
+        .map(|(name, n)| {
+            n.as_u64()
+                .map(|n| (name.clone(), n))
+                .ok_or_else(|| format!("{at}.{name}: expected a number, found {}", kind(n)))
+        })
+        .collect()
+}
+
+/// An array of strings.
+fn strings(v: &Value, at: &str) -> Result<Vec<String>, String> {
+    v.as_array()
+        .and_then(|a| {
+            a.iter()
+                .map(|x| x.as_str().map(String::from))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or_else(|| format!("{at}: expected an array of strings"))
+}
+
 /// A `tuned_for` item of a kernel record (also read by the C header's
 /// generator).
 pub(crate) fn parse_tuned_bucket(item: &Value, at: &str) -> Result<TunedBucket, String> {
     let o = object(item, at)?;
-    let sizes = object(
+    let sizes = named_numbers(
         o.get("sizes")
             .ok_or_else(|| format!("{at}: missing field `sizes`"))?,
         &format!("{at}.sizes"),
-    )?
-    .iter()
-    .map(|(name, n)| {
-        n.as_u64()
-            .map(|n| (name.clone(), n))
-            .ok_or_else(|| format!("{at}.sizes.{name}: expected a number, found {}", kind(n)))
-    })
-    .collect::<Result<_, _>>()?;
+    )?;
     let bucketed = match o.get("bucketed") {
         None | Some(Value::Null) => Vec::new(),
-        Some(b) => b
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_str().map(String::from))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .ok_or_else(|| format!("{at}.bucketed: expected an array of size names"))?,
+        Some(b) => strings(b, &format!("{at}.bucketed"))?,
     };
     Ok(TunedBucket {
         gpu: string(o, "gpu", at)?,
@@ -1641,14 +1633,11 @@ impl Entry {
     /// without split-KV).
     pub fn kv_splits(&self, sizes: &[(&str, usize)]) -> Result<u64, Error> {
         let e = self.for_sizes(sizes);
-        if !std::ptr::eq(e, self) {
-            return e.kv_splits(sizes);
-        }
-        let vars = bind_sizes(&self.plan, sizes).map_err(|e| self.context(e))?;
-        Ok(self.plan.kv_splits.as_ref().map_or(1, |k| {
+        let vars = bind_sizes(&e.plan, sizes).map_err(|err| e.context(err))?;
+        Ok(e.plan.kv_splits.as_ref().map_or(1, |k| {
             k.splits(
                 &|n: &str| vars.get(n).copied(),
-                u64::from(self.device.sm_count()),
+                u64::from(e.device.sm_count()),
             )
         }))
     }

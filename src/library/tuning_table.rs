@@ -6,7 +6,7 @@
 //! the default kernel otherwise.
 
 use crate::compiler::ForwardConfig;
-use crate::runtime::{TunedEntry, bucket_len};
+use crate::runtime::{TunedEntry, TuningKey, bucket_len};
 use serde_json::{Value, json};
 
 /// The sizes a bucket is matched on: B, H and Hkv exactly, the sequence
@@ -55,28 +55,16 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// What the cache entries must match to serve one kernel of a library.
-#[derive(Clone, Copy, Debug)]
-pub struct TableKey<'a> {
-    pub variant_hash: &'a str,
-    pub kernel: &'a str,
-    pub template_version: &'a str,
-    /// `sm_90a`, `sm_80`.
-    pub arch: &'a str,
-    pub dtype: &'a str,
-    pub dqk: u32,
-    pub dv: u32,
-}
-
-/// The tuned configurations among `entries` for `key` that differ from
-/// `default`, each with where it applies, in a deterministic order (by
-/// first GPU and bucket). Where the cache has several results for one GPU
-/// and bucket (other drivers or toolkits), the one measured with `toolkit`
-/// wins, else the last in the cache's key order. Entries whose
-/// configuration this aec cannot read are left out.
+/// The tuned configurations among `entries` for the kernel of `key` (a key
+/// as the tuner builds it; its GPU, driver, toolkit and shape are ignored)
+/// that differ from `default`, each with where it applies, in a
+/// deterministic order (by first GPU and bucket). Where the cache has
+/// several results for one GPU and bucket (other drivers or toolkits), the
+/// one measured with `toolkit` wins, else the last in the cache's key
+/// order. Entries whose configuration this aec cannot read are left out.
 pub fn tuned_configs<'e>(
     entries: impl IntoIterator<Item = &'e TunedEntry>,
-    key: &TableKey<'_>,
+    key: &TuningKey,
     default: &ForwardConfig,
     toolkit: Option<&str>,
 ) -> Vec<(ForwardConfig, Vec<TunedFor>)> {
@@ -88,7 +76,7 @@ pub fn tuned_configs<'e>(
         if k.variant_hash != key.variant_hash
             || k.kernel != key.kernel
             || k.template_version != key.template_version
-            || k.target != key.arch
+            || k.target != key.target
             || k.dtype != key.dtype
             || k.dqk != key.dqk
             || k.dv != key.dv
@@ -154,7 +142,7 @@ pub fn in_bucket(
 mod tests {
     use super::*;
     use crate::compiler::Elem;
-    use crate::runtime::{ShapeBucket, TuningKey};
+    use crate::runtime::ShapeBucket;
 
     fn config(block_n: u32, persistent: bool) -> ForwardConfig {
         ForwardConfig {
@@ -202,15 +190,11 @@ mod tests {
         }
     }
 
-    const KEY: TableKey<'static> = TableKey {
-        variant_hash: "abc",
-        kernel: "parallel_forward",
-        template_version: "0.1.0+t",
-        arch: "sm_90a",
-        dtype: "bf16",
-        dqk: 128,
-        dv: 128,
-    };
+    /// The key the entries are matched against (its GPU and shape do not
+    /// matter).
+    fn key() -> TuningKey {
+        entry("any", 1, "any", config(128, true)).key
+    }
 
     #[test]
     fn configurations_are_grouped_and_the_default_left_out() {
@@ -231,7 +215,7 @@ mod tests {
             other_dims,
             unreadable,
         ];
-        let table = tuned_configs(&entries, &KEY, &default, Some("nvrtc 13.0"));
+        let table = tuned_configs(&entries, &key(), &default, Some("nvrtc 13.0"));
         assert_eq!(table.len(), 2, "{table:?}");
         let (cfg, items) = &table[0];
         assert_eq!(*cfg, x);
@@ -255,13 +239,13 @@ mod tests {
             entry("H100", 1000, "nvrtc 12.8", x),
             entry("H100", 1000, "nvrtc 13.0", y),
         ];
-        let pick = |toolkit| tuned_configs(&entries, &KEY, &default, toolkit)[0].0;
+        let pick = |toolkit| tuned_configs(&entries, &key(), &default, toolkit)[0].0;
         assert_eq!(pick(Some("nvrtc 12.8")), x);
         assert_eq!(pick(Some("nvrtc 13.0")), y);
         assert_eq!(pick(None), y, "without NVRTC the last in key order");
         let reversed = [entries[1].clone(), entries[0].clone()];
         assert_eq!(
-            tuned_configs(&reversed, &KEY, &default, Some("nvrtc 12.8"))[0].0,
+            tuned_configs(&reversed, &key(), &default, Some("nvrtc 12.8"))[0].0,
             x,
             "the matching toolkit wins whatever the order"
         );

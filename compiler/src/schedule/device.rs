@@ -15,25 +15,18 @@ pub enum Target {
 }
 
 fn isa_name<S: serde::Serializer>(isa: &Isa, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(isa_arch(*isa))
+    s.serialize_str(isa.arch())
 }
 
 fn gfx_name<S: serde::Serializer>(gfx: &Gfx, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(gfx.name())
 }
 
-fn isa_arch(isa: Isa) -> &'static str {
-    match isa {
-        Isa::Sm80 => "sm_80",
-        Isa::Sm90a => "sm_90a",
-    }
-}
-
 impl Target {
     /// The architecture name (`sm_90a`, `gfx942`, …): part of tuning keys.
     pub fn name(self) -> &'static str {
         match self {
-            Target::Cuda(isa) => isa_arch(isa),
+            Target::Cuda(isa) => isa.arch(),
             Target::Hip(gfx) => gfx.name(),
         }
     }
