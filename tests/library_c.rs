@@ -238,7 +238,8 @@ fn c_interface_compiles_checks_calls_and_reports_the_missing_driver() {
     for (name, record) in [
         (
             "amd",
-            json!({"target": "mi300x", "arch": "gfx942", "code_object": "kernels/x.co"}),
+            json!({"target": "mi300x", "arch": "gfx942", "code_object": "kernels/x.co",
+                   "modules": {"states": "kernels/x_states.co"}}),
         ),
         (
             "no_nvrtc",
@@ -258,19 +259,49 @@ fn c_interface_compiles_checks_calls_and_reports_the_missing_driver() {
         std::fs::write(other.join("manifest.json"), m.to_string()).unwrap();
         let h = generate(&m).unwrap_or_else(|e| panic!("generate ({name}): {e}"));
         let arch = record["arch"].as_str().unwrap();
-        assert!(
-            h.contains(&format!("kernels for {arch} (")) && !h.contains("strcmp(lib->arch"),
-            "{name}: the header should list {arch} and pick nothing"
-        );
+        if name == "amd" {
+            // The HIP builds are picked by arch, and only the HIP backend is
+            // tried when the library is opened.
+            assert!(
+                h.contains("strcmp(lib->arch, \"gfx942\") == 0")
+                    && h.contains("#define AEC_LIBRARY_BACKENDS (AEC_BACKEND_HIP)")
+                    && !h.contains("sm_90a"),
+                "{name}: the header should pick gfx942 and try HIP only"
+            );
+        } else {
+            assert!(
+                h.contains(&format!("kernels for {arch} (")) && !h.contains("strcmp(lib->arch"),
+                "{name}: the header should list {arch} and pick nothing"
+            );
+        }
         std::fs::write(other.join("include/aec_library.h"), h).unwrap();
         std::fs::write(other.join("include/aec_loader.h"), LOADER_H).unwrap();
         let exe = tmp.path().join(format!("api_check_{name}"));
         build(&c_dir.join("api_check.c"), &other, false, &exe);
-        if !driver_present() {
-            let out = Command::new(&exe)
-                .arg(&other)
-                .output()
-                .expect("run api_check");
+        let out = Command::new(&exe)
+            .arg(&other)
+            .output()
+            .expect("run api_check");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if name == "amd" {
+            // No AMD GPU here: ROCm's runtime is absent (3), or present and
+            // sees no GPU (4, as in CI, which installs libamdhip64). The
+            // CUDA driver is never tried.
+            match out.status.code() {
+                Some(3) => assert!(
+                    stderr.contains("aec_library_open: libamdhip64.so not found"),
+                    "api_check ({name}): {}",
+                    show(&out)
+                ),
+                Some(4) => assert!(
+                    stderr.contains("aec_library_open: hip"),
+                    "api_check ({name}): {}",
+                    show(&out)
+                ),
+                _ => panic!("api_check ({name}) without an AMD GPU: {}", show(&out)),
+            }
+            assert!(!stderr.contains("libcuda"), "{name}: {}", show(&out));
+        } else if !driver_present() {
             assert_eq!(
                 out.status.code(),
                 Some(3),

@@ -517,10 +517,10 @@ fn parse_variant(v: &Value, i: usize) -> Result<VariantC, String> {
         let builds = parse_builds(k, &kat)?;
         for (i, l) in plan.launches.iter().enumerate() {
             let Some(key) = &l.module else { continue };
-            // A CUDA build with a cubin needs the module's cubin too (one
-            // without, or a HIP one, is never picked).
+            // A build with a code object needs the module's too (one
+            // without is never picked).
             for (b, build) in builds.iter().enumerate() {
-                if build.hip || build.file.is_none() {
+                if build.file.is_none() {
                     continue;
                 }
                 let module = build.modules.iter().find(|(k, _)| k == key);
@@ -807,7 +807,8 @@ fn header_preamble(out: &mut String, manifest: &Value, vs: &[VariantC]) {
     }
     out.push_str(
         r#" *
- * Usage (link with -ldl; libcuda.so.1 is loaded at run time):
+ * Usage (link with -ldl; the driver, libcuda.so.1 or libamdhip64.so, is
+ * loaded at run time):
  *
  *     aec_library lib;
  *     if (aec_library_open(&lib, "DIR") != AEC_OK) { puts(aec_last_error(&lib)); return 1; }
@@ -820,21 +821,49 @@ fn header_preamble(out: &mut String, manifest: &Value, vs: &[VariantC]) {
  * head dims, required pointers, launch limits) and returns a status with a
  * message naming the size or buffer; it picks the build for the GPU's
  * architecture (AEC_ERROR_NO_KERNEL lists the ones the library has). Calls
- * are asynchronous on `stream` (a CUstream; NULL: the default stream).
+ * are asynchronous on `stream` (a CUstream or hipStream_t; NULL: the
+ * default stream).
  *
  * Workspace: aec_<variant>_<pass>_workspace_bytes says how many bytes a
  * call needs (0: none). Pass that much device memory, 256-byte aligned, as
- * `workspace`; with NULL the call allocates it with cuMemAlloc and frees it
+ * `workspace`; with NULL the call allocates it (cuMemAlloc, hipMalloc) and frees it
  * after synchronizing `stream`, which is slow: give a workspace where calls
  * repeat.
  */
 #ifndef AEC_LIBRARY_H
 #define AEC_LIBRARY_H
 
-#include "aec_loader.h"
+"#,
+    );
+    // aec_library_open tries the backends the library has builds for.
+    let mut cuda = false;
+    let mut hip = false;
+    for b in vs
+        .iter()
+        .flat_map(|v| &v.passes)
+        .flat_map(|p| &p.records)
+        .flat_map(|r| &r.builds)
+    {
+        if b.hip {
+            hip = true;
+        } else {
+            cuda = true;
+        }
+    }
+    let backends = match (cuda, hip) {
+        (true, false) => "AEC_BACKEND_CUDA",
+        (false, true) => "AEC_BACKEND_HIP",
+        _ => "AEC_BACKEND_CUDA | AEC_BACKEND_HIP",
+    };
+    let _ = writeln!(
+        out,
+        "/* The backends aec_library_open tries: those this library has builds for. */\n#define AEC_LIBRARY_BACKENDS ({backends})\n"
+    );
+    out.push_str(
+        r#"#include "aec_loader.h"
 
-#if !defined(AEC_LOADER_VERSION) || AEC_LOADER_VERSION != 1
-#error "aec_library.h needs the aec_loader.h written with it (AEC_LOADER_VERSION 1)"
+#if !defined(AEC_LOADER_VERSION) || AEC_LOADER_VERSION != 2
+#error "aec_library.h needs the aec_loader.h written with it (AEC_LOADER_VERSION 2)"
 #endif
 
 #ifdef __cplusplus
@@ -874,7 +903,11 @@ fn builds_text(p: &Pass, with_dims: bool) -> String {
                 (None, false) => {
                     "; no cubin: NVRTC was absent when the library was built".to_string()
                 }
-                (_, true) => "; a HIP code object: this C loader runs CUDA only".to_string(),
+                (Some(_), true) => String::new(),
+                (None, true) => {
+                    "; no code object: the HIP compiler was absent when the library was built"
+                        .to_string()
+                }
             };
             parts.push(format!("{} ({}{what}){dims}", b.arch, b.target));
         }
@@ -1095,7 +1128,7 @@ fn emit_pass(out: &mut String, v: &VariantC, p: &Pass) {
     );
     let _ = writeln!(
         out,
-        "/* Runs the {} {} on `stream` (a CUstream; NULL: the default stream).\n   `workspace`: device memory of {fname}_workspace_bytes bytes, 256-byte\n   aligned, or NULL (allocated and freed by the call, after synchronizing\n   `stream`: slow). Returns AEC_OK or a status; aec_last_error(lib) says\n   what is wrong. Nothing is launched when a check fails. */\nstatic inline int {fname}(aec_library *lib, const aec_{}_sizes *sizes,\n    const {fname}_buffers *buffers, void *workspace, void *stream);\n",
+        "/* Runs the {} {} on `stream` (a CUstream or hipStream_t; NULL: the default stream).\n   `workspace`: device memory of {fname}_workspace_bytes bytes, 256-byte\n   aligned, or NULL (allocated and freed by the call, after synchronizing\n   `stream`: slow). Returns AEC_OK or a status; aec_last_error(lib) says\n   what is wrong. Nothing is launched when a check fails. */\nstatic inline int {fname}(aec_library *lib, const aec_{}_sizes *sizes,\n    const {fname}_buffers *buffers, void *workspace, void *stream);\n",
         comment(&v.name),
         p.name,
         v.ident
@@ -1347,7 +1380,7 @@ fn emit_pick(out: &mut String, v: &VariantC, p: &Pass, base: &str) {
                     .map(|s| format!(" && s->{} == {d}", s.field))
             })
             .collect();
-        for b in r.builds.iter().filter(|b| !b.hip) {
+        for b in &r.builds {
             if let Some(file) = &b.file {
                 any = true;
                 let _ = writeln!(
@@ -1563,8 +1596,9 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     for (l, launch) in plan.launches.iter().enumerate() {
         let _ = writeln!(
             out,
-            "    if ((status = aecl_check_grid(err, errn, \"{fname}\", \"{}\", L->grid[{l}])) != AEC_OK)\n        return status;",
-            c_str(&launch.entry, false)
+            "    if ((status = aecl_check_grid(lib, err, errn, \"{fname}\", \"{}\", L->grid[{l}], {}u)) != AEC_OK)\n        return status;",
+            c_str(&launch.entry, false),
+            launch.threads
         );
     }
     for (a, (e, l)) in i32_args.iter().enumerate() {
@@ -1584,11 +1618,11 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     // _run
     let _ = writeln!(
         out,
-        "static inline int aecg_{base}_r{i}_run(aec_library *lib, const aec_{}_sizes *s, const aec_{base}_buffers *b,\n    void *workspace, void *stream, const char *cubin)\n{{\n    aecg_{base}_r{i}_layout L;\n    aecl_CUdeviceptr ws = aecl_dptr(workspace);\n    int status, owned = 0;",
+        "static inline int aecg_{base}_r{i}_run(aec_library *lib, const aec_{}_sizes *s, const aec_{base}_buffers *b,\n    void *workspace, void *stream, const char *cubin)\n{{\n    aecg_{base}_r{i}_layout L;\n    aecl_devptr ws = aecl_dptr(workspace);\n    int status, owned = 0;",
         v.ident
     );
     let nl = plan.launches.len();
-    let _ = writeln!(out, "    aecl_CUfunction fn[{nl}];");
+    let _ = writeln!(out, "    aecl_kernel fn[{nl}];");
     // The record's other modules (`LaunchPlan::module`), by architecture.
     let mut module_keys: Vec<&str> = Vec::new();
     for l in &plan.launches {
@@ -1617,10 +1651,10 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
         .iter()
         .any(|l| l.args.iter().any(|a| matches!(a, ArgPlan::Null(_))));
     if uses_null {
-        out.push_str("    aecl_CUdeviceptr null_arg = 0;\n");
+        out.push_str("    aecl_devptr null_arg = 0;\n");
     }
     for b in &plan.buffers {
-        let _ = writeln!(out, "    aecl_CUdeviceptr p_{} = 0;", buf_field(&b.name));
+        let _ = writeln!(out, "    aecl_devptr p_{} = 0;", buf_field(&b.name));
     }
     let _ = writeln!(
         out,
@@ -1642,7 +1676,7 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     for k in &module_keys {
         let local = module_local(k);
         let mut seen: Vec<&str> = Vec::new();
-        for b in r.builds.iter().filter(|b| !b.hip && b.file.is_some()) {
+        for b in r.builds.iter().filter(|b| b.file.is_some()) {
             if seen.contains(&b.arch.as_str()) {
                 continue;
             }
@@ -1658,7 +1692,7 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
         }
         let _ = writeln!(
             out,
-            "    if ({local} == NULL)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_KERNEL, \"{fname}: no cubin of the module {} for %s\", lib->arch);",
+            "    if ({local} == NULL)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_KERNEL, \"{fname}: no code object of the module {} for %s\", lib->arch);",
             c_str(k, true)
         );
     }

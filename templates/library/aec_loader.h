@@ -3,10 +3,11 @@
  * as DIR/include/aec_loader.h next to the generated DIR/include/aec_library.h).
  *
  * Header-only, C99 and C++ (every function is `static inline`). It needs no
- * CUDA toolkit headers: it declares the few driver types it uses and loads
- * the CUDA driver (libcuda.so.1) with dlopen at run time, so a program built
- * against it links only libdl (`-ldl`; part of libc on glibc 2.34+) and runs
- * wherever the NVIDIA driver is installed. Without a driver every call
+ * CUDA or ROCm headers: it declares the few driver types it uses and loads
+ * the GPU driver with dlopen at run time -- the CUDA driver (libcuda.so.1)
+ * for NVIDIA GPUs, the HIP runtime (libamdhip64.so) for AMD GPUs -- so a
+ * program built against it links only libdl (`-ldl`; part of libc on glibc
+ * 2.34+) and runs wherever either is installed. Without a driver every call
  * returns a status and a message; nothing crashes. Linux/POSIX only.
  *
  *     aec_library lib;
@@ -17,21 +18,31 @@
  *     ... aec_<variant>_<pass>(&lib, &sizes, &buffers, NULL, NULL) ...
  *     aec_library_close(&lib);
  *
- * aec_library_open uses the CUDA context current on the calling thread, or
+ * aec_library_open takes the first backend, of those the library has builds
+ * for, whose driver loads and sees a GPU: CUDA, then HIP
+ * (aec_library_open_backend names one). lib.backend says which.
+ *
+ * CUDA: aec_library_open uses the context current on the calling thread, or
  * retains device 0's primary context (the one the CUDA runtime and PyTorch
  * use) and makes it current. Later calls run in that context: on a thread
  * with no current context they make it current; on a thread with another
- * context current they refuse (AEC_ERROR_ARGUMENT). An aec_library caches the
- * modules and functions it loads: use one aec_library per thread, or
- * serialise calls on a shared one.
+ * context current they refuse (AEC_ERROR_ARGUMENT).
  *
- * Device pointers are passed as `void*` (a CUdeviceptr cast to a pointer),
- * streams as `void*` (a CUstream; NULL is the legacy default stream).
+ * HIP: aec_library_open uses the calling thread's current device
+ * (hipSetDevice picks it). Later calls refuse (AEC_ERROR_ARGUMENT) on a
+ * thread whose current device is another one.
+ *
+ * An aec_library caches the modules and functions it loads: use one
+ * aec_library per thread, or serialise calls on a shared one.
+ *
+ * Device pointers are passed as `void*` (a CUdeviceptr cast to a pointer, or
+ * a HIP device pointer), streams as `void*` (a CUstream or hipStream_t; NULL
+ * is the default stream).
  */
 #ifndef AEC_LOADER_H
 #define AEC_LOADER_H
 
-#define AEC_LOADER_VERSION 1
+#define AEC_LOADER_VERSION 2
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -50,7 +61,7 @@ extern "C" {
 enum {
     AEC_OK = 0,
     /* A NULL pointer where one is required, a misaligned workspace, a
-       library that is not open, another CUDA context current. */
+       library that is not open, another CUDA context or HIP device current. */
     AEC_ERROR_ARGUMENT = 1,
     /* Sizes that break the plan: below 1, a fixed size with another value,
        a broken multiple-of/equal rule, head dims the library lacks, a grid
@@ -58,9 +69,11 @@ enum {
     AEC_ERROR_SHAPE = 2,
     /* No kernel for this GPU's architecture in the library. */
     AEC_ERROR_NO_KERNEL = 3,
-    /* libcuda.so.1 (the NVIDIA driver) could not be loaded. */
+    /* No driver of the backends tried could be loaded (libcuda.so.1 for
+       CUDA, libamdhip64.so for HIP). */
     AEC_ERROR_NO_DRIVER = 4,
-    /* A CUDA driver call failed (the message names it and the error). */
+    /* A driver call failed, or a driver loaded but sees no GPU (the message
+       names the call and the error). */
     AEC_ERROR_DRIVER = 5,
     /* The library directory or a code object could not be read. */
     AEC_ERROR_FILE = 6,
@@ -73,21 +86,38 @@ enum {
 #define AEC_WORKSPACE_INVALID ((size_t)-1)
 
 /* Workspace sub-buffers start at multiples of this many bytes; a workspace
-   given to a call must be aligned to it (cuMemAlloc's are). */
+   given to a call must be aligned to it (cuMemAlloc's and hipMalloc's are). */
 #define AEC_WORKSPACE_ALIGN 256u
 
 /* Every tensor given to a call must start at a multiple of this many bytes:
    the kernels load and store 16 bytes per lane (cp.async, vector stores).
-   cuMemAlloc's allocations are; a pointer into the middle of one may not be. */
+   cuMemAlloc's and hipMalloc's allocations are; a pointer into the middle of
+   one may not be. */
 #define AEC_TENSOR_ALIGN 16u
+
+/* The backends: where a library's kernels run. */
+enum {
+    AEC_BACKEND_AUTO = 0, /* aec_library_open_backend: the first that works */
+    AEC_BACKEND_CUDA = 1, /* NVIDIA GPUs, cubins, the CUDA driver */
+    AEC_BACKEND_HIP = 2   /* AMD GPUs, code objects, the HIP runtime */
+};
+
+/* The backends aec_library_open tries: aec_library.h defines it as those
+   the library has builds for; alone, aec_loader.h tries both. */
+#ifndef AEC_LIBRARY_BACKENDS
+#define AEC_LIBRARY_BACKENDS (AEC_BACKEND_CUDA | AEC_BACKEND_HIP)
+#endif
+
+/* A device address as kernels take it (a CUdeviceptr, or a HIP device
+   pointer's bits), and loaded modules and functions of either backend. */
+typedef unsigned long long aecl_devptr;
+typedef void *aecl_module_handle;
+typedef void *aecl_kernel;
 
 /* The CUDA driver types the loader uses (same layout as cuda.h). */
 typedef int aecl_CUresult;
 typedef int aecl_CUdevice;
-typedef unsigned long long aecl_CUdeviceptr;
 typedef struct aecl_CUctx_st *aecl_CUcontext;
-typedef struct aecl_CUmod_st *aecl_CUmodule;
-typedef struct aecl_CUfunc_st *aecl_CUfunction;
 typedef struct aecl_CUstream_st *aecl_CUstream;
 
 #define AECL_CUDA_SUCCESS 0
@@ -96,8 +126,8 @@ typedef struct aecl_CUstream_st *aecl_CUstream;
 #define AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 #define AECL_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
-/* The driver entry points, loaded with dlsym (the `_v2` symbols where the
-   driver exports them). */
+/* The CUDA driver entry points, loaded with dlsym (the `_v2` symbols where
+   the driver exports them). */
 typedef struct aecl_cuda_api {
     aecl_CUresult (*cuInit)(unsigned int);
     aecl_CUresult (*cuGetErrorName)(aecl_CUresult, const char **);
@@ -111,33 +141,69 @@ typedef struct aecl_cuda_api {
     aecl_CUresult (*cuCtxSynchronize)(void);
     aecl_CUresult (*cuDevicePrimaryCtxRetain)(aecl_CUcontext *, aecl_CUdevice);
     aecl_CUresult (*cuDevicePrimaryCtxRelease)(aecl_CUdevice);
-    aecl_CUresult (*cuModuleLoadData)(aecl_CUmodule *, const void *);
-    aecl_CUresult (*cuModuleUnload)(aecl_CUmodule);
-    aecl_CUresult (*cuModuleGetFunction)(aecl_CUfunction *, aecl_CUmodule, const char *);
-    aecl_CUresult (*cuFuncSetAttribute)(aecl_CUfunction, int, int);
-    aecl_CUresult (*cuLaunchKernel)(aecl_CUfunction, unsigned int, unsigned int, unsigned int,
+    aecl_CUresult (*cuModuleLoadData)(aecl_module_handle *, const void *);
+    aecl_CUresult (*cuModuleUnload)(aecl_module_handle);
+    aecl_CUresult (*cuModuleGetFunction)(aecl_kernel *, aecl_module_handle, const char *);
+    aecl_CUresult (*cuFuncSetAttribute)(aecl_kernel, int, int);
+    aecl_CUresult (*cuLaunchKernel)(aecl_kernel, unsigned int, unsigned int, unsigned int,
                                     unsigned int, unsigned int, unsigned int, unsigned int,
                                     aecl_CUstream, void **, void **);
-    aecl_CUresult (*cuMemsetD32Async)(aecl_CUdeviceptr, unsigned int, size_t, aecl_CUstream);
-    aecl_CUresult (*cuMemsetD16Async)(aecl_CUdeviceptr, unsigned short, size_t, aecl_CUstream);
-    aecl_CUresult (*cuMemAlloc)(aecl_CUdeviceptr *, size_t);
-    aecl_CUresult (*cuMemFree)(aecl_CUdeviceptr);
-    aecl_CUresult (*cuMemcpyHtoD)(aecl_CUdeviceptr, const void *, size_t);
-    aecl_CUresult (*cuMemcpyDtoH)(void *, aecl_CUdeviceptr, size_t);
+    aecl_CUresult (*cuMemsetD32Async)(aecl_devptr, unsigned int, size_t, aecl_CUstream);
+    aecl_CUresult (*cuMemsetD16Async)(aecl_devptr, unsigned short, size_t, aecl_CUstream);
+    aecl_CUresult (*cuMemAlloc)(aecl_devptr *, size_t);
+    aecl_CUresult (*cuMemFree)(aecl_devptr);
+    aecl_CUresult (*cuMemcpyHtoD)(aecl_devptr, const void *, size_t);
+    aecl_CUresult (*cuMemcpyDtoH)(void *, aecl_devptr, size_t);
     aecl_CUresult (*cuStreamSynchronize)(aecl_CUstream);
 } aecl_cuda_api;
 
-/* A loaded code object (one per cubin path). */
+/* The HIP runtime types the loader uses (same layout as hip_runtime_api.h,
+   ROCm 5 to 7). */
+typedef int aecl_hipError;
+typedef struct aecl_hipStream_st *aecl_hipStream;
+
+#define AECL_HIP_SUCCESS 0
+/* hipDeviceAttribute_t values (unchanged from ROCm 5.2 to 7). */
+#define AECL_HIP_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 23
+#define AECL_HIP_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 61
+#define AECL_HIP_ATTRIBUTE_MULTIPROCESSOR_COUNT 63
+
+/* The HIP runtime entry points, loaded with dlsym. */
+typedef struct aecl_hip_api {
+    aecl_hipError (*hipInit)(unsigned int);
+    const char *(*hipGetErrorName)(aecl_hipError);
+    const char *(*hipGetErrorString)(aecl_hipError);
+    aecl_hipError (*hipGetDeviceCount)(int *);
+    aecl_hipError (*hipGetDevice)(int *);
+    aecl_hipError (*hipDeviceGetAttribute)(int *, int, int);
+    aecl_hipError (*hipDeviceGetName)(char *, int, int);
+    aecl_hipError (*hipDeviceSynchronize)(void);
+    aecl_hipError (*hipModuleLoadData)(aecl_module_handle *, const void *);
+    aecl_hipError (*hipModuleUnload)(aecl_module_handle);
+    aecl_hipError (*hipModuleGetFunction)(aecl_kernel *, aecl_module_handle, const char *);
+    aecl_hipError (*hipModuleLaunchKernel)(aecl_kernel, unsigned int, unsigned int, unsigned int,
+                                           unsigned int, unsigned int, unsigned int, unsigned int,
+                                           aecl_hipStream, void **, void **);
+    aecl_hipError (*hipMemsetD32Async)(void *, int, size_t, aecl_hipStream);
+    aecl_hipError (*hipMemsetD16Async)(void *, unsigned short, size_t, aecl_hipStream);
+    aecl_hipError (*hipMalloc)(void **, size_t);
+    aecl_hipError (*hipFree)(void *);
+    aecl_hipError (*hipMemcpyHtoD)(void *, void *, size_t);
+    aecl_hipError (*hipMemcpyDtoH)(void *, void *, size_t);
+    aecl_hipError (*hipStreamSynchronize)(aecl_hipStream);
+} aecl_hip_api;
+
+/* A loaded code object (one per cubin or code-object path). */
 typedef struct aecl_module {
     char *path;
-    aecl_CUmodule module;
+    aecl_module_handle module;
 } aecl_module;
 
 /* A kernel function fetched from a module, its shared-memory limit set. */
 typedef struct aecl_function {
     size_t module;
     char *entry;
-    aecl_CUfunction function;
+    aecl_kernel function;
 } aecl_function;
 
 #define AEC_ERROR_CAPACITY 1024
@@ -146,15 +212,17 @@ typedef struct aecl_function {
    aec_library_close; read the fields, never write them. */
 typedef struct aec_library {
     int is_open;
-    void *driver;                 /* dlopen handle of libcuda.so.1 */
-    aecl_cuda_api cu;             /* its entry points */
-    aecl_CUcontext context;       /* the context calls run in */
-    aecl_CUdevice device;         /* its device */
-    int owns_primary_context;     /* 1: retained by aec_library_open */
-    char device_name[128];        /* e.g. "NVIDIA H100 80GB HBM3" */
-    int cc_major, cc_minor;       /* compute capability, e.g. 9 and 0 */
-    char arch[16];                /* the builds this GPU runs: "sm_90a" (9.0), "sm_80" (8.x), "sm_XY" */
-    int sm_count;                 /* multiprocessors (the KV-split rule and persistent grids read it) */
+    int backend;                  /* AEC_BACKEND_CUDA or AEC_BACKEND_HIP (0 until open) */
+    void *driver;                 /* dlopen handle of libcuda.so.1 or libamdhip64.so */
+    aecl_cuda_api cu;             /* CUDA: the driver's entry points */
+    aecl_hip_api hip;             /* HIP: the runtime's entry points */
+    aecl_CUcontext context;       /* CUDA: the context calls run in */
+    int device;                   /* its device (HIP: the device calls run on) */
+    int owns_primary_context;     /* CUDA: 1 when retained by aec_library_open */
+    char device_name[128];        /* e.g. "NVIDIA H100 80GB HBM3", "AMD Instinct MI300X" */
+    int cc_major, cc_minor;       /* compute capability, e.g. 9 and 0 (HIP: the gfx version, 9 and 4 for gfx942) */
+    char arch[16];                /* the builds this GPU runs: "sm_90a" (9.0), "sm_80" (8.x), "sm_XY"; "gfx90a", "gfx942" */
+    int sm_count;                 /* multiprocessors or compute units (the KV-split rule and persistent grids read it) */
     char *dir;                    /* the library directory */
     aecl_module *modules;         /* loaded modules */
     size_t n_modules;
@@ -206,20 +274,31 @@ static inline const char *aec_status_name(int status)
     }
 }
 
-/* AEC_ERROR_DRIVER with "<what> failed: CUDA_ERROR_X (its description)". */
-static inline int aecl_driver_fail(aec_library *lib, aecl_CUresult r, const char *what)
+/* AEC_ERROR_DRIVER with "<what> failed: CUDA_ERROR_X (its description)"
+   (HIP: "hipErrorX (its description)"). */
+static inline int aecl_driver_fail(aec_library *lib, int r, const char *what)
 {
     const char *name = NULL, *text = NULL;
-    if (lib->cu.cuGetErrorName == NULL || lib->cu.cuGetErrorName(r, &name) != AECL_CUDA_SUCCESS)
-        name = NULL;
-    if (lib->cu.cuGetErrorString == NULL || lib->cu.cuGetErrorString(r, &text) != AECL_CUDA_SUCCESS)
-        text = NULL;
+    if (lib->backend == AEC_BACKEND_HIP) {
+        if (lib->hip.hipGetErrorName != NULL)
+            name = lib->hip.hipGetErrorName(r);
+        if (lib->hip.hipGetErrorString != NULL)
+            text = lib->hip.hipGetErrorString(r);
+    } else {
+        if (lib->cu.cuGetErrorName == NULL || lib->cu.cuGetErrorName(r, &name) != AECL_CUDA_SUCCESS)
+            name = NULL;
+        if (lib->cu.cuGetErrorString == NULL || lib->cu.cuGetErrorString(r, &text) != AECL_CUDA_SUCCESS)
+            text = NULL;
+    }
     if (name != NULL)
         return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_DRIVER, "%s failed: %s (%s)", what,
                          name, text != NULL ? text : "no description");
-    return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_DRIVER, "%s failed: CUDA error %d",
-                     what, (int)r);
+    return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_DRIVER, "%s failed: %s error %d", what,
+                     lib->backend == AEC_BACKEND_HIP ? "HIP" : "CUDA", r);
 }
+
+/* The name of a driver call on the library's backend (for messages). */
+#define AECL_CALL(lib, cuda_name, hip_name) ((lib)->backend == AEC_BACKEND_HIP ? (hip_name) : (cuda_name))
 
 /* ---- 64-bit size arithmetic (the generated code's SizeExprs) ---- */
 
@@ -290,15 +369,27 @@ static inline uint64_t aecl_kv_splits(uint64_t blocks, uint64_t key_blocks, uint
     return aecl_clamp((2 * sms + blocks - 1) / blocks, 1, most);
 }
 
-/* AEC_ERROR_SHAPE unless 1 <= x < 2^31 and 1 <= y, z < 65536. */
-static inline int aecl_check_grid(char *err, size_t n, const char *fn, const char *entry, const uint64_t g[3])
+/* AEC_ERROR_SHAPE unless 1 <= x < 2^31 and 1 <= y, z < 65536; on HIP also
+   unless each dimension times the block's threads fits 32 bits (HIP's
+   global work size). */
+static inline int aecl_check_grid(const aec_library *lib, char *err, size_t n, const char *fn, const char *entry,
+                                  const uint64_t g[3], unsigned int threads)
 {
+    int d;
     if (g[0] < 1 || g[0] > 2147483647u || g[1] < 1 || g[1] > 65535u || g[2] < 1 || g[2] > 65535u)
         return aecl_fail(err, n, AEC_ERROR_SHAPE,
-                         "%s: the grid of kernel %s would be (%llu, %llu, %llu); CUDA allows x in "
+                         "%s: the grid of kernel %s would be (%llu, %llu, %llu); CUDA and HIP allow x in "
                          "[1, 2^31 - 1] and y, z in [1, 65535]: use smaller sizes",
                          fn, entry, (unsigned long long)g[0], (unsigned long long)g[1],
                          (unsigned long long)g[2]);
+    if (lib != NULL && lib->backend == AEC_BACKEND_HIP)
+        for (d = 0; d < 3; d++)
+            if (g[d] * threads > 4294967295u)
+                return aecl_fail(err, n, AEC_ERROR_SHAPE,
+                                 "%s: the grid of kernel %s would be (%llu, %llu, %llu) blocks of %u threads; "
+                                 "HIP allows at most 2^32 - 1 threads along each dimension: use smaller sizes",
+                                 fn, entry, (unsigned long long)g[0], (unsigned long long)g[1],
+                                 (unsigned long long)g[2], threads);
     return AEC_OK;
 }
 
@@ -312,9 +403,14 @@ static inline int aecl_check_i32(char *err, size_t n, const char *fn, const char
     return AEC_OK;
 }
 
-static inline aecl_CUdeviceptr aecl_dptr(const void *p)
+static inline aecl_devptr aecl_dptr(const void *p)
 {
-    return (aecl_CUdeviceptr)(uintptr_t)p;
+    return (aecl_devptr)(uintptr_t)p;
+}
+
+static inline void *aecl_hptr(aecl_devptr p)
+{
+    return (void *)(uintptr_t)p;
 }
 
 /* ---- opening and closing ---- */
@@ -342,14 +438,14 @@ static inline char *aecl_join(const char *dir, const char *rel)
 }
 
 /* Closes `lib`: unloads its modules, releases the primary context it
-   retained, unloads the driver. Safe on a library whose open failed and on
-   a closed one. */
+   retained (CUDA), unloads the driver. Safe on a library whose open failed
+   and on a closed one. */
 static inline void aec_library_close(aec_library *lib)
 {
     size_t i;
     if (lib == NULL)
         return;
-    if (lib->is_open) {
+    if (lib->is_open && lib->backend == AEC_BACKEND_CUDA) {
         aecl_CUcontext cur = NULL;
         if (lib->cu.cuCtxGetCurrent(&cur) == AECL_CUDA_SUCCESS && cur == NULL)
             lib->cu.cuCtxSetCurrent(lib->context);
@@ -357,6 +453,9 @@ static inline void aec_library_close(aec_library *lib)
             lib->cu.cuModuleUnload(lib->modules[i].module);
         if (lib->owns_primary_context)
             lib->cu.cuDevicePrimaryCtxRelease(lib->device);
+    } else if (lib->is_open && lib->backend == AEC_BACKEND_HIP) {
+        for (i = 0; i < lib->n_modules; i++)
+            lib->hip.hipModuleUnload(lib->modules[i].module);
     }
     for (i = 0; i < lib->n_modules; i++)
         free(lib->modules[i].path);
@@ -370,8 +469,30 @@ static inline void aec_library_close(aec_library *lib)
     memset(lib, 0, sizeof *lib);
 }
 
-/* Loads every driver entry point; AEC_ERROR_DRIVER naming a missing one. */
-static inline int aecl_load_driver_api(aec_library *lib)
+/* Resolves `n` symbols of lib->driver into `slots` (function pointers, in
+   order); AEC_ERROR_DRIVER naming the first one missing. */
+static inline int aecl_resolve(aec_library *lib, const char *const *names, void **slots, size_t n,
+                               const char *library, const char *too_old)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        /* dlsym gives object pointers; copy their bits into the function
+           pointers (POSIX guarantees they have the same representation). */
+        void *sym = dlsym(lib->driver, names[i]);
+        if (sym == NULL)
+            return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_DRIVER,
+                             "aec_library_open: %s lacks %s: %s", library, names[i], too_old);
+        memcpy(&slots[i], &sym, sizeof sym);
+    }
+    return AEC_OK;
+}
+
+/* The API tables are arrays of function pointers filled in order. */
+typedef char aecl_cuda_api_is_24_pointers[sizeof(aecl_cuda_api) == 24 * sizeof(void (*)(void)) ? 1 : -1];
+typedef char aecl_hip_api_is_19_pointers[sizeof(aecl_hip_api) == 19 * sizeof(void (*)(void)) ? 1 : -1];
+
+/* Loads every CUDA driver entry point. */
+static inline int aecl_load_cuda_api(aec_library *lib)
 {
     static const char *const names[] = {
         "cuInit", "cuGetErrorName", "cuGetErrorString", "cuDeviceGet", "cuDeviceGetAttribute",
@@ -381,69 +502,204 @@ static inline int aecl_load_driver_api(aec_library *lib)
         "cuLaunchKernel", "cuMemsetD32Async", "cuMemsetD16Async", "cuMemAlloc_v2", "cuMemFree_v2",
         "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuStreamSynchronize",
     };
-    aecl_cuda_api *c = &lib->cu;
-    /* The slots in the order of `names`. */
+    /* The fields of aecl_cuda_api in the order of `names`. */
     void *slots[sizeof names / sizeof names[0]];
-    size_t i, n = sizeof names / sizeof names[0];
-    for (i = 0; i < n; i++) {
-        slots[i] = dlsym(lib->driver, names[i]);
-        if (slots[i] == NULL)
-            return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_DRIVER,
-                             "aec_library_open: libcuda.so.1 lacks %s: the NVIDIA driver is too old "
-                             "(CUDA 12 or newer is needed)",
-                             names[i]);
-    }
-    /* dlsym gives object pointers; copy their bits into the function
-       pointers (POSIX guarantees they have the same representation). */
-#define AECL_SET(field, idx) memcpy(&c->field, &slots[idx], sizeof c->field)
-    AECL_SET(cuInit, 0);
-    AECL_SET(cuGetErrorName, 1);
-    AECL_SET(cuGetErrorString, 2);
-    AECL_SET(cuDeviceGet, 3);
-    AECL_SET(cuDeviceGetAttribute, 4);
-    AECL_SET(cuDeviceGetName, 5);
-    AECL_SET(cuCtxGetCurrent, 6);
-    AECL_SET(cuCtxSetCurrent, 7);
-    AECL_SET(cuCtxGetDevice, 8);
-    AECL_SET(cuCtxSynchronize, 9);
-    AECL_SET(cuDevicePrimaryCtxRetain, 10);
-    AECL_SET(cuDevicePrimaryCtxRelease, 11);
-    AECL_SET(cuModuleLoadData, 12);
-    AECL_SET(cuModuleUnload, 13);
-    AECL_SET(cuModuleGetFunction, 14);
-    AECL_SET(cuFuncSetAttribute, 15);
-    AECL_SET(cuLaunchKernel, 16);
-    AECL_SET(cuMemsetD32Async, 17);
-    AECL_SET(cuMemsetD16Async, 18);
-    AECL_SET(cuMemAlloc, 19);
-    AECL_SET(cuMemFree, 20);
-    AECL_SET(cuMemcpyHtoD, 21);
-    AECL_SET(cuMemcpyDtoH, 22);
-    AECL_SET(cuStreamSynchronize, 23);
-#undef AECL_SET
+    int status = aecl_resolve(lib, names, slots, sizeof names / sizeof names[0], "libcuda.so.1",
+                              "the NVIDIA driver is too old (CUDA 12 or newer is needed)");
+    if (status != AEC_OK)
+        return status;
+    memcpy(&lib->cu, slots, sizeof lib->cu);
     return AEC_OK;
 }
 
-/* Opens the kernel library in directory `dir` (what `aec compile -o DIR`
-   wrote): checks DIR/manifest.json is there, loads the CUDA driver, and
-   takes the calling thread's current context or retains device 0's primary
-   context. Code objects are loaded on first use. On failure `lib` is left
-   closed with the reason in aec_last_error(lib): AEC_ERROR_FILE (no
-   library at `dir`), AEC_ERROR_NO_DRIVER (no libcuda.so.1),
-   AEC_ERROR_DRIVER (no device, or a driver call failed). */
-static inline int aec_library_open(aec_library *lib, const char *dir)
+/* Loads every HIP runtime entry point. */
+static inline int aecl_load_hip_api(aec_library *lib)
 {
-    char *manifest;
-    FILE *f;
+    static const char *const names[] = {
+        "hipInit", "hipGetErrorName", "hipGetErrorString", "hipGetDeviceCount", "hipGetDevice",
+        "hipDeviceGetAttribute", "hipDeviceGetName", "hipDeviceSynchronize", "hipModuleLoadData",
+        "hipModuleUnload", "hipModuleGetFunction", "hipModuleLaunchKernel", "hipMemsetD32Async",
+        "hipMemsetD16Async", "hipMalloc", "hipFree", "hipMemcpyHtoD", "hipMemcpyDtoH",
+        "hipStreamSynchronize",
+    };
+    /* The fields of aecl_hip_api in the order of `names`. */
+    void *slots[sizeof names / sizeof names[0]];
+    int status = aecl_resolve(lib, names, slots, sizeof names / sizeof names[0], "libamdhip64.so",
+                              "the ROCm installation is too old (ROCm 5.2 or newer is needed)");
+    if (status != AEC_OK)
+        return status;
+    memcpy(&lib->hip, slots, sizeof lib->hip);
+    return AEC_OK;
+}
+
+/* What a backend's open gives when its driver is absent or sees no GPU
+   (aec_library_open then tries the next backend). */
+#define AECL_ABSENT (-1)
+
+/* Opens the CUDA backend: AEC_OK, AECL_ABSENT (no libcuda.so.1: NO_DRIVER
+   in `*absent_status`; cuInit failed: DRIVER), or an error status. */
+static inline int aecl_open_cuda(aec_library *lib, int *absent_status)
+{
     aecl_CUresult r;
     aecl_CUcontext cur = NULL;
     int v = 0, status;
+    lib->backend = AEC_BACKEND_CUDA;
+    lib->driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib->driver == NULL) {
+        const char *why = dlerror();
+        aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_DRIVER,
+                  "aec_library_open: libcuda.so.1 not found: the NVIDIA driver is not installed "
+                  "or not on the library path (dlopen: %s); the library's CUDA kernels need an NVIDIA GPU "
+                  "and its driver",
+                  why != NULL ? why : "dlopen failed");
+        *absent_status = AEC_ERROR_NO_DRIVER;
+        return AECL_ABSENT;
+    }
+    if ((status = aecl_load_cuda_api(lib)) != AEC_OK)
+        return status;
+    r = lib->cu.cuInit(0);
+    if (r != AECL_CUDA_SUCCESS) {
+        *absent_status = aecl_driver_fail(lib, r, "aec_library_open: cuInit (is there an NVIDIA GPU?)");
+        return AECL_ABSENT;
+    }
+    if ((r = lib->cu.cuCtxGetCurrent(&cur)) != AECL_CUDA_SUCCESS)
+        return aecl_driver_fail(lib, r, "aec_library_open: cuCtxGetCurrent");
+    if (cur != NULL) {
+        lib->context = cur;
+        if ((r = lib->cu.cuCtxGetDevice(&lib->device)) != AECL_CUDA_SUCCESS)
+            return aecl_driver_fail(lib, r, "aec_library_open: cuCtxGetDevice");
+    } else {
+        if ((r = lib->cu.cuDeviceGet(&lib->device, 0)) != AECL_CUDA_SUCCESS)
+            return aecl_driver_fail(lib, r, "aec_library_open: cuDeviceGet(0)");
+        if ((r = lib->cu.cuDevicePrimaryCtxRetain(&lib->context, lib->device)) != AECL_CUDA_SUCCESS)
+            return aecl_driver_fail(lib, r, "aec_library_open: cuDevicePrimaryCtxRetain(device 0)");
+        lib->owns_primary_context = 1;
+        if ((r = lib->cu.cuCtxSetCurrent(lib->context)) != AECL_CUDA_SUCCESS)
+            return aecl_driver_fail(lib, r, "aec_library_open: cuCtxSetCurrent");
+    }
+    if ((r = lib->cu.cuDeviceGetAttribute(&lib->cc_major, AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, lib->device)) != AECL_CUDA_SUCCESS ||
+        (r = lib->cu.cuDeviceGetAttribute(&lib->cc_minor, AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, lib->device)) != AECL_CUDA_SUCCESS ||
+        (r = lib->cu.cuDeviceGetAttribute(&v, AECL_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, lib->device)) != AECL_CUDA_SUCCESS)
+        return aecl_driver_fail(lib, r, "aec_library_open: cuDeviceGetAttribute");
+    lib->sm_count = v;
+    if (lib->cu.cuDeviceGetName(lib->device_name, (int)sizeof lib->device_name, lib->device) != AECL_CUDA_SUCCESS)
+        snprintf(lib->device_name, sizeof lib->device_name, "CUDA device %d", lib->device);
+    /* 9.0 runs the sm_90a builds; every 8.x the sm_80 ones. */
+    if (lib->cc_major == 9 && lib->cc_minor == 0)
+        snprintf(lib->arch, sizeof lib->arch, "sm_90a");
+    else if (lib->cc_major == 8)
+        snprintf(lib->arch, sizeof lib->arch, "sm_80");
+    else
+        snprintf(lib->arch, sizeof lib->arch, "sm_%d%d", lib->cc_major, lib->cc_minor);
+    return AEC_OK;
+}
+
+/* Opens the HIP backend, as aecl_open_cuda. */
+static inline int aecl_open_hip(aec_library *lib, int *absent_status)
+{
+    /* The unversioned name comes with ROCm's development files; runtime-only
+       installs have the versioned ones. */
+    static const char *const names[] = {
+        "libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
+        "/opt/rocm/lib/libamdhip64.so",
+    };
+    char first_why[256] = "";
+    aecl_hipError r;
+    int count = 0, v = 0, status;
+    size_t i;
+    lib->backend = AEC_BACKEND_HIP;
+    for (i = 0; i < sizeof names / sizeof names[0] && lib->driver == NULL; i++) {
+        lib->driver = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib->driver == NULL && i == 0) {
+            const char *why = dlerror();
+            snprintf(first_why, sizeof first_why, "%s", why != NULL ? why : "dlopen failed");
+        }
+    }
+    if (lib->driver == NULL) {
+        aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_DRIVER,
+                  "aec_library_open: libamdhip64.so not found: ROCm's HIP runtime is not installed or "
+                  "not on the library path (dlopen: %s); the library's HIP kernels need an AMD GPU and ROCm",
+                  first_why);
+        *absent_status = AEC_ERROR_NO_DRIVER;
+        return AECL_ABSENT;
+    }
+    if ((status = aecl_load_hip_api(lib)) != AEC_OK)
+        return status;
+    r = lib->hip.hipInit(0);
+    if (r != AECL_HIP_SUCCESS) {
+        *absent_status = aecl_driver_fail(lib, r, "aec_library_open: hipInit (is there an AMD GPU?)");
+        return AECL_ABSENT;
+    }
+    r = lib->hip.hipGetDeviceCount(&count);
+    if (r != AECL_HIP_SUCCESS || count < 1) {
+        *absent_status = r != AECL_HIP_SUCCESS
+                             ? aecl_driver_fail(lib, r, "aec_library_open: hipGetDeviceCount (is there an AMD GPU?)")
+                             : aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_DRIVER,
+                                         "aec_library_open: the HIP runtime sees no AMD GPU");
+        return AECL_ABSENT;
+    }
+    if ((r = lib->hip.hipGetDevice(&lib->device)) != AECL_HIP_SUCCESS)
+        return aecl_driver_fail(lib, r, "aec_library_open: hipGetDevice");
+    if ((r = lib->hip.hipDeviceGetAttribute(&lib->cc_major, AECL_HIP_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, lib->device)) != AECL_HIP_SUCCESS ||
+        (r = lib->hip.hipDeviceGetAttribute(&lib->cc_minor, AECL_HIP_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, lib->device)) != AECL_HIP_SUCCESS ||
+        (r = lib->hip.hipDeviceGetAttribute(&v, AECL_HIP_ATTRIBUTE_MULTIPROCESSOR_COUNT, lib->device)) != AECL_HIP_SUCCESS)
+        return aecl_driver_fail(lib, r, "aec_library_open: hipDeviceGetAttribute");
+    lib->sm_count = v;
+    if (lib->hip.hipDeviceGetName(lib->device_name, (int)sizeof lib->device_name, lib->device) != AECL_HIP_SUCCESS)
+        snprintf(lib->device_name, sizeof lib->device_name, "HIP device %d", lib->device);
+    /* HIP reports the gfx version as the compute capability: 9.0 is the
+       MI200 series (gfx90a; also older gfx906/gfx908, whose code objects
+       the library lacks: loading refuses them), 9.4 the MI300 series. */
+    if (lib->cc_major == 9 && lib->cc_minor == 0)
+        snprintf(lib->arch, sizeof lib->arch, "gfx90a");
+    else if (lib->cc_major == 9 && lib->cc_minor == 4)
+        snprintf(lib->arch, sizeof lib->arch, "gfx942");
+    else
+        snprintf(lib->arch, sizeof lib->arch, "gfx%d%d", lib->cc_major, lib->cc_minor);
+    return AEC_OK;
+}
+
+/* Undoes a backend's partial open, keeping lib->dir and the message. */
+static inline void aecl_open_undo(aec_library *lib)
+{
+    if (lib->backend == AEC_BACKEND_CUDA && lib->owns_primary_context)
+        lib->cu.cuDevicePrimaryCtxRelease(lib->device);
+    if (lib->driver != NULL)
+        dlclose(lib->driver);
+    lib->driver = NULL;
+    lib->owns_primary_context = 0;
+    lib->context = NULL;
+    lib->backend = 0;
+    memset(&lib->cu, 0, sizeof lib->cu);
+    memset(&lib->hip, 0, sizeof lib->hip);
+}
+
+/* Opens the kernel library in directory `dir` (what `aec compile -o DIR`
+   wrote) on `backend`: AEC_BACKEND_CUDA, AEC_BACKEND_HIP, or
+   AEC_BACKEND_AUTO (those in AEC_LIBRARY_BACKENDS in turn, CUDA first,
+   the first whose driver sees a GPU). Checks DIR/manifest.json is there and
+   loads the driver; code objects are loaded on first use. On failure `lib`
+   is left closed with the reason in aec_last_error(lib): AEC_ERROR_FILE (no
+   library at `dir`), AEC_ERROR_NO_DRIVER (no driver could be loaded),
+   AEC_ERROR_DRIVER (no GPU, or a driver call failed), AEC_ERROR_ARGUMENT
+   (an unknown backend). */
+static inline int aec_library_open_backend(aec_library *lib, const char *dir, int backend)
+{
+    char *manifest;
+    FILE *f;
+    int status = AEC_OK, absent = AEC_OK, tried = 0, loaded_any = 0, b;
+    char tried_text[AEC_ERROR_CAPACITY] = "";
     if (lib == NULL)
         return AEC_ERROR_ARGUMENT;
     memset(lib, 0, sizeof *lib);
     if (dir == NULL)
         return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
                          "aec_library_open: the directory is NULL");
+    if (backend != AEC_BACKEND_AUTO && backend != AEC_BACKEND_CUDA && backend != AEC_BACKEND_HIP)
+        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
+                         "aec_library_open_backend: backend %d is none of AEC_BACKEND_AUTO, AEC_BACKEND_CUDA, "
+                         "AEC_BACKEND_HIP",
+                         backend);
     manifest = aecl_join(dir, "manifest.json");
     if (manifest == NULL)
         return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_MEMORY, "aec_library_open: out of memory");
@@ -462,114 +718,131 @@ static inline int aec_library_open(aec_library *lib, const char *dir)
     if (lib->dir == NULL)
         return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_MEMORY, "aec_library_open: out of memory");
 
-    lib->driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib->driver == NULL) {
-        const char *why = dlerror();
-        char detail[512];
-        snprintf(detail, sizeof detail, "%s", why != NULL ? why : "dlopen failed");
+    for (b = AEC_BACKEND_CUDA; b <= AEC_BACKEND_HIP; b++) {
+        if (backend != AEC_BACKEND_AUTO ? backend != b : (AEC_LIBRARY_BACKENDS & b) == 0)
+            continue;
+        absent = AEC_OK;
+        status = b == AEC_BACKEND_CUDA ? aecl_open_cuda(lib, &absent) : aecl_open_hip(lib, &absent);
+        if (status == AEC_OK) {
+            lib->is_open = 1;
+            lib->error[0] = '\0';
+            return AEC_OK;
+        }
+        if (status != AECL_ABSENT)
+            break;
+        /* This backend's driver is missing or sees no GPU: remember why and
+           try the next. */
+        loaded_any |= absent != AEC_ERROR_NO_DRIVER;
+        if (tried++ > 0)
+            strncat(tried_text, "; ", sizeof tried_text - strlen(tried_text) - 1);
+        strncat(tried_text, lib->error, sizeof tried_text - strlen(tried_text) - 1);
+        aecl_open_undo(lib);
+    }
+    if (status == AECL_ABSENT || tried == 0) {
+        /* Every backend tried is absent (one message each, in order). */
         aec_library_close(lib);
-        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_DRIVER,
-                         "aec_library_open: libcuda.so.1 not found: the NVIDIA driver is not installed "
-                         "or not on the library path (dlopen: %s); aec kernels need an NVIDIA GPU and "
-                         "its driver",
-                         detail);
+        if (tried == 0)
+            return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_DRIVER,
+                             "aec_library_open: the library has no builds for a backend to try");
+        memcpy(lib->error, tried_text, sizeof lib->error);
+        return loaded_any ? AEC_ERROR_DRIVER : AEC_ERROR_NO_DRIVER;
     }
-    status = aecl_load_driver_api(lib);
-    if (status != AEC_OK)
-        goto fail;
-    r = lib->cu.cuInit(0);
-    if (r != AECL_CUDA_SUCCESS) {
-        status = aecl_driver_fail(lib, r, "aec_library_open: cuInit (is there an NVIDIA GPU?)");
-        goto fail;
-    }
-    r = lib->cu.cuCtxGetCurrent(&cur);
-    if (r != AECL_CUDA_SUCCESS) {
-        status = aecl_driver_fail(lib, r, "aec_library_open: cuCtxGetCurrent");
-        goto fail;
-    }
-    if (cur != NULL) {
-        lib->context = cur;
-        r = lib->cu.cuCtxGetDevice(&lib->device);
-        if (r != AECL_CUDA_SUCCESS) {
-            status = aecl_driver_fail(lib, r, "aec_library_open: cuCtxGetDevice");
-            goto fail;
-        }
-    } else {
-        r = lib->cu.cuDeviceGet(&lib->device, 0);
-        if (r != AECL_CUDA_SUCCESS) {
-            status = aecl_driver_fail(lib, r, "aec_library_open: cuDeviceGet(0)");
-            goto fail;
-        }
-        r = lib->cu.cuDevicePrimaryCtxRetain(&lib->context, lib->device);
-        if (r != AECL_CUDA_SUCCESS) {
-            status = aecl_driver_fail(lib, r, "aec_library_open: cuDevicePrimaryCtxRetain(device 0)");
-            goto fail;
-        }
-        lib->owns_primary_context = 1;
-        r = lib->cu.cuCtxSetCurrent(lib->context);
-        if (r != AECL_CUDA_SUCCESS) {
-            status = aecl_driver_fail(lib, r, "aec_library_open: cuCtxSetCurrent");
-            goto fail;
-        }
-    }
-    if ((r = lib->cu.cuDeviceGetAttribute(&lib->cc_major, AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, lib->device)) != AECL_CUDA_SUCCESS ||
-        (r = lib->cu.cuDeviceGetAttribute(&lib->cc_minor, AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, lib->device)) != AECL_CUDA_SUCCESS ||
-        (r = lib->cu.cuDeviceGetAttribute(&v, AECL_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, lib->device)) != AECL_CUDA_SUCCESS) {
-        status = aecl_driver_fail(lib, r, "aec_library_open: cuDeviceGetAttribute");
-        goto fail;
-    }
-    lib->sm_count = v;
-    if (lib->cu.cuDeviceGetName(lib->device_name, (int)sizeof lib->device_name, lib->device) != AECL_CUDA_SUCCESS)
-        snprintf(lib->device_name, sizeof lib->device_name, "CUDA device %d", (int)lib->device);
-    /* 9.0 runs the sm_90a builds; every 8.x the sm_80 ones. */
-    if (lib->cc_major == 9 && lib->cc_minor == 0)
-        snprintf(lib->arch, sizeof lib->arch, "sm_90a");
-    else if (lib->cc_major == 8)
-        snprintf(lib->arch, sizeof lib->arch, "sm_80");
-    else
-        snprintf(lib->arch, sizeof lib->arch, "sm_%d%d", lib->cc_major, lib->cc_minor);
-    lib->is_open = 1;
-    lib->error[0] = '\0';
-    return AEC_OK;
-fail:
     {
         char saved[AEC_ERROR_CAPACITY];
         memcpy(saved, lib->error, sizeof saved);
-        if (lib->owns_primary_context)
-            lib->cu.cuDevicePrimaryCtxRelease(lib->device);
-        lib->owns_primary_context = 0;
+        aecl_open_undo(lib);
         aec_library_close(lib);
         memcpy(lib->error, saved, sizeof saved);
         return status;
     }
 }
 
+/* aec_library_open_backend(lib, dir, AEC_BACKEND_AUTO). */
+static inline int aec_library_open(aec_library *lib, const char *dir)
+{
+    return aec_library_open_backend(lib, dir, AEC_BACKEND_AUTO);
+}
+
 /* ---- the calls' helpers ---- */
 
-/* AEC_OK when the library is open and its context is current on the
-   calling thread (made current when none is). `fn` names the caller. */
+/* AEC_OK when the library is open and can run on the calling thread: CUDA,
+   its context is current (made current when none is); HIP, its device is
+   the current one. `fn` names the caller. */
 static inline int aecl_enter(aec_library *lib, const char *fn)
 {
-    aecl_CUcontext cur = NULL;
-    aecl_CUresult r;
     if (!lib->is_open)
         return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
                          "%s: the aec_library is not open (aec_library_open failed or was not called)", fn);
-    r = lib->cu.cuCtxGetCurrent(&cur);
-    if (r != AECL_CUDA_SUCCESS)
-        return aecl_driver_fail(lib, r, "cuCtxGetCurrent");
-    if (cur == NULL) {
-        r = lib->cu.cuCtxSetCurrent(lib->context);
+    if (lib->backend == AEC_BACKEND_HIP) {
+        int cur = -1;
+        aecl_hipError r = lib->hip.hipGetDevice(&cur);
+        if (r != AECL_HIP_SUCCESS)
+            return aecl_driver_fail(lib, r, "hipGetDevice");
+        if (cur != lib->device)
+            return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
+                             "%s: the calling thread's current HIP device is %d, but the library was opened on "
+                             "device %d; hipSetDevice(%d) first (or open another aec_library on device %d)",
+                             fn, cur, lib->device, lib->device, cur);
+    } else {
+        aecl_CUcontext cur = NULL;
+        aecl_CUresult r = lib->cu.cuCtxGetCurrent(&cur);
         if (r != AECL_CUDA_SUCCESS)
-            return aecl_driver_fail(lib, r, "cuCtxSetCurrent");
-    } else if (cur != lib->context) {
-        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
-                         "%s: the calling thread's current CUDA context is not the one the library was "
-                         "opened in; make that one current (or open another aec_library in this one)",
-                         fn);
+            return aecl_driver_fail(lib, r, "cuCtxGetCurrent");
+        if (cur == NULL) {
+            r = lib->cu.cuCtxSetCurrent(lib->context);
+            if (r != AECL_CUDA_SUCCESS)
+                return aecl_driver_fail(lib, r, "cuCtxSetCurrent");
+        } else if (cur != lib->context) {
+            return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
+                             "%s: the calling thread's current CUDA context is not the one the library was "
+                             "opened in; make that one current (or open another aec_library in this one)",
+                             fn);
+        }
     }
     lib->error[0] = '\0';
     return AEC_OK;
+}
+
+/* The backend's calls, each returning the driver's result (0: success). */
+static inline int aecl_call_module_load(aec_library *lib, aecl_module_handle *m, const void *image)
+{
+    return lib->backend == AEC_BACKEND_HIP ? lib->hip.hipModuleLoadData(m, image) : lib->cu.cuModuleLoadData(m, image);
+}
+
+static inline void aecl_call_module_unload(aec_library *lib, aecl_module_handle m)
+{
+    if (lib->backend == AEC_BACKEND_HIP)
+        lib->hip.hipModuleUnload(m);
+    else
+        lib->cu.cuModuleUnload(m);
+}
+
+static inline int aecl_call_get_function(aec_library *lib, aecl_kernel *f, aecl_module_handle m, const char *entry)
+{
+    return lib->backend == AEC_BACKEND_HIP ? lib->hip.hipModuleGetFunction(f, m, entry)
+                                           : lib->cu.cuModuleGetFunction(f, m, entry);
+}
+
+static inline int aecl_call_malloc(aec_library *lib, aecl_devptr *p, size_t bytes)
+{
+    if (lib->backend == AEC_BACKEND_HIP) {
+        void *h = NULL;
+        int r = lib->hip.hipMalloc(&h, bytes);
+        *p = aecl_dptr(h);
+        return r;
+    }
+    return lib->cu.cuMemAlloc(p, bytes);
+}
+
+static inline int aecl_call_free(aec_library *lib, aecl_devptr p)
+{
+    return lib->backend == AEC_BACKEND_HIP ? lib->hip.hipFree(aecl_hptr(p)) : lib->cu.cuMemFree(p);
+}
+
+static inline int aecl_call_stream_sync(aec_library *lib, void *stream)
+{
+    return lib->backend == AEC_BACKEND_HIP ? lib->hip.hipStreamSynchronize((aecl_hipStream)stream)
+                                           : lib->cu.cuStreamSynchronize((aecl_CUstream)stream);
 }
 
 /* Reads a whole file into malloc'd memory. */
@@ -606,15 +879,17 @@ static inline int aecl_read_file(aec_library *lib, const char *path, void **data
     return AEC_OK;
 }
 
-/* The function `entry` of the cubin at `cubin` (relative to the library
-   directory), loading the module on first use and setting its dynamic
-   shared memory limit to `smem` bytes when smem > 0. Cached. */
+/* The function `entry` of the code object at `cubin` (a cubin or a HIP
+   code object, relative to the library directory), loading the module on
+   first use and, on CUDA, setting its dynamic shared memory limit to `smem`
+   bytes when smem > 0 (HIP kernels use static LDS: their plans ask for none).
+   Cached. */
 static inline int aecl_function_get(aec_library *lib, const char *cubin, const char *entry, unsigned int smem,
-                                    aecl_CUfunction *out)
+                                    aecl_kernel *out)
 {
     size_t m, i;
-    aecl_CUresult r;
-    aecl_CUfunction fn = NULL;
+    int r;
+    aecl_kernel fn = NULL;
     char what[512];
     *out = NULL;
     for (m = 0; m < lib->n_modules; m++)
@@ -624,7 +899,7 @@ static inline int aecl_function_get(aec_library *lib, const char *cubin, const c
         void *image = NULL;
         char *full = aecl_join(lib->dir, cubin);
         aecl_module *grown;
-        aecl_CUmodule module = NULL;
+        aecl_module_handle module = NULL;
         int status;
         if (full == NULL)
             return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_MEMORY, "out of memory");
@@ -633,24 +908,25 @@ static inline int aecl_function_get(aec_library *lib, const char *cubin, const c
             free(full);
             return status;
         }
-        r = lib->cu.cuModuleLoadData(&module, image);
+        r = aecl_call_module_load(lib, &module, image);
         free(image);
-        if (r != AECL_CUDA_SUCCESS) {
-            snprintf(what, sizeof what, "cuModuleLoadData(%s) on %s (%s)", full, lib->device_name, lib->arch);
+        if (r != 0) {
+            snprintf(what, sizeof what, "%s(%s) on %s (%s)", AECL_CALL(lib, "cuModuleLoadData", "hipModuleLoadData"),
+                     full, lib->device_name, lib->arch);
             free(full);
             return aecl_driver_fail(lib, r, what);
         }
         free(full);
         grown = (aecl_module *)realloc(lib->modules, (lib->n_modules + 1) * sizeof *grown);
         if (grown == NULL) {
-            lib->cu.cuModuleUnload(module);
+            aecl_call_module_unload(lib, module);
             return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_MEMORY, "out of memory");
         }
         lib->modules = grown;
         lib->modules[m].path = aecl_strdup(cubin);
         lib->modules[m].module = module;
         if (lib->modules[m].path == NULL) {
-            lib->cu.cuModuleUnload(module);
+            aecl_call_module_unload(lib, module);
             return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_MEMORY, "out of memory");
         }
         lib->n_modules++;
@@ -660,12 +936,13 @@ static inline int aecl_function_get(aec_library *lib, const char *cubin, const c
             *out = lib->functions[i].function;
             return AEC_OK;
         }
-    r = lib->cu.cuModuleGetFunction(&fn, lib->modules[m].module, entry);
-    if (r != AECL_CUDA_SUCCESS) {
-        snprintf(what, sizeof what, "cuModuleGetFunction(%s) in %s", entry, cubin);
+    r = aecl_call_get_function(lib, &fn, lib->modules[m].module, entry);
+    if (r != 0) {
+        snprintf(what, sizeof what, "%s(%s) in %s", AECL_CALL(lib, "cuModuleGetFunction", "hipModuleGetFunction"),
+                 entry, cubin);
         return aecl_driver_fail(lib, r, what);
     }
-    if (smem > 0) {
+    if (smem > 0 && lib->backend == AEC_BACKEND_CUDA) {
         r = lib->cu.cuFuncSetAttribute(fn, AECL_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
         if (r != AECL_CUDA_SUCCESS) {
             snprintf(what, sizeof what,
@@ -691,15 +968,18 @@ static inline int aecl_function_get(aec_library *lib, const char *cubin, const c
 }
 
 /* Launches `fn` with blockDim (threads, 1, 1). */
-static inline int aecl_launch(aec_library *lib, aecl_CUfunction fn, const uint64_t grid[3], unsigned int threads,
+static inline int aecl_launch(aec_library *lib, aecl_kernel fn, const uint64_t grid[3], unsigned int threads,
                               unsigned int smem, void *stream, void **args, const char *caller, const char *entry)
 {
-    aecl_CUresult r = lib->cu.cuLaunchKernel(fn, (unsigned int)grid[0], (unsigned int)grid[1], (unsigned int)grid[2],
-                                             threads, 1, 1, smem, (aecl_CUstream)stream, args, NULL);
-    if (r != AECL_CUDA_SUCCESS) {
+    unsigned int gx = (unsigned int)grid[0], gy = (unsigned int)grid[1], gz = (unsigned int)grid[2];
+    int r = lib->backend == AEC_BACKEND_HIP
+                ? lib->hip.hipModuleLaunchKernel(fn, gx, gy, gz, threads, 1, 1, smem, (aecl_hipStream)stream, args, NULL)
+                : lib->cu.cuLaunchKernel(fn, gx, gy, gz, threads, 1, 1, smem, (aecl_CUstream)stream, args, NULL);
+    if (r != 0) {
         char what[512];
-        snprintf(what, sizeof what, "%s: cuLaunchKernel(%s, grid (%llu, %llu, %llu), %u threads, %u bytes of shared memory)",
-                 caller, entry, (unsigned long long)grid[0], (unsigned long long)grid[1],
+        snprintf(what, sizeof what, "%s: %s(%s, grid (%llu, %llu, %llu), %u threads, %u bytes of shared memory)",
+                 caller, AECL_CALL(lib, "cuLaunchKernel", "hipModuleLaunchKernel"), entry,
+                 (unsigned long long)grid[0], (unsigned long long)grid[1],
                  (unsigned long long)grid[2], threads, smem);
         return aecl_driver_fail(lib, r, what);
     }
@@ -707,18 +987,21 @@ static inline int aecl_launch(aec_library *lib, aecl_CUfunction fn, const uint64
 }
 
 /* Fills `bytes` bytes at `p` with zeros on `stream` (p == 0: nothing). */
-static inline int aecl_zero(aec_library *lib, aecl_CUdeviceptr p, uint64_t bytes, void *stream, const char *caller,
+static inline int aecl_zero(aec_library *lib, aecl_devptr p, uint64_t bytes, void *stream, const char *caller,
                             const char *buffer)
 {
-    aecl_CUresult r;
+    int r;
     char what[256];
     if (p == 0 || bytes == 0)
         return AEC_OK;
-    if (bytes % 4 == 0)
-        r = lib->cu.cuMemsetD32Async(p, 0u, (size_t)(bytes / 4), (aecl_CUstream)stream);
+    if (lib->backend == AEC_BACKEND_HIP)
+        r = bytes % 4 == 0
+                ? lib->hip.hipMemsetD32Async(aecl_hptr(p), 0, (size_t)(bytes / 4), (aecl_hipStream)stream)
+                : lib->hip.hipMemsetD16Async(aecl_hptr(p), 0u, (size_t)(bytes / 2), (aecl_hipStream)stream);
     else
-        r = lib->cu.cuMemsetD16Async(p, 0u, (size_t)(bytes / 2), (aecl_CUstream)stream);
-    if (r != AECL_CUDA_SUCCESS) {
+        r = bytes % 4 == 0 ? lib->cu.cuMemsetD32Async(p, 0u, (size_t)(bytes / 4), (aecl_CUstream)stream)
+                           : lib->cu.cuMemsetD16Async(p, 0u, (size_t)(bytes / 2), (aecl_CUstream)stream);
+    if (r != 0) {
         snprintf(what, sizeof what, "%s: zero-filling %s (%llu bytes)", caller, buffer, (unsigned long long)bytes);
         return aecl_driver_fail(lib, r, what);
     }
@@ -726,17 +1009,18 @@ static inline int aecl_zero(aec_library *lib, aecl_CUdeviceptr p, uint64_t bytes
 }
 
 /* Allocates a call's workspace when the caller gave none. */
-static inline int aecl_workspace_alloc(aec_library *lib, uint64_t bytes, aecl_CUdeviceptr *p, const char *caller)
+static inline int aecl_workspace_alloc(aec_library *lib, uint64_t bytes, aecl_devptr *p, const char *caller)
 {
-    aecl_CUresult r;
+    int r;
     char what[256];
     if ((uint64_t)(size_t)bytes != bytes)
         return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_SHAPE,
                          "%s: the workspace would be %llu bytes, more than size_t holds", caller,
                          (unsigned long long)bytes);
-    r = lib->cu.cuMemAlloc(p, (size_t)bytes);
-    if (r != AECL_CUDA_SUCCESS) {
-        snprintf(what, sizeof what, "%s: cuMemAlloc of the workspace (%llu bytes)", caller, (unsigned long long)bytes);
+    r = aecl_call_malloc(lib, p, (size_t)bytes);
+    if (r != 0) {
+        snprintf(what, sizeof what, "%s: %s of the workspace (%llu bytes)", caller,
+                 AECL_CALL(lib, "cuMemAlloc", "hipMalloc"), (unsigned long long)bytes);
         return aecl_driver_fail(lib, r, what);
     }
     return AEC_OK;
@@ -744,20 +1028,21 @@ static inline int aecl_workspace_alloc(aec_library *lib, uint64_t bytes, aecl_CU
 
 /* Waits for `stream` and frees a workspace the call allocated; returns
    `status` when it is already an error, else the result of the two. */
-static inline int aecl_workspace_release(aec_library *lib, aecl_CUdeviceptr p, void *stream, int status,
+static inline int aecl_workspace_release(aec_library *lib, aecl_devptr p, void *stream, int status,
                                          const char *caller)
 {
     char what[256];
-    aecl_CUresult r = lib->cu.cuStreamSynchronize((aecl_CUstream)stream);
-    aecl_CUresult f = lib->cu.cuMemFree(p);
+    int r = aecl_call_stream_sync(lib, stream);
+    int f = aecl_call_free(lib, p);
     if (status != AEC_OK)
         return status;
-    if (r != AECL_CUDA_SUCCESS) {
-        snprintf(what, sizeof what, "%s: cuStreamSynchronize before freeing the workspace", caller);
+    if (r != 0) {
+        snprintf(what, sizeof what, "%s: %s before freeing the workspace", caller,
+                 AECL_CALL(lib, "cuStreamSynchronize", "hipStreamSynchronize"));
         return aecl_driver_fail(lib, r, what);
     }
-    if (f != AECL_CUDA_SUCCESS) {
-        snprintf(what, sizeof what, "%s: cuMemFree of the workspace", caller);
+    if (f != 0) {
+        snprintf(what, sizeof what, "%s: %s of the workspace", caller, AECL_CALL(lib, "cuMemFree", "hipFree"));
         return aecl_driver_fail(lib, f, what);
     }
     return AEC_OK;
@@ -765,48 +1050,47 @@ static inline int aecl_workspace_release(aec_library *lib, aecl_CUdeviceptr p, v
 
 /* ---- device memory, for programs that use nothing but this library ---- */
 
-/* Allocates `bytes` of device memory (cuMemAlloc: 256-byte aligned or more). */
+/* Allocates `bytes` of device memory (cuMemAlloc / hipMalloc: 256-byte
+   aligned or more). */
 static inline int aec_device_alloc(aec_library *lib, size_t bytes, void **ptr)
 {
-    aecl_CUdeviceptr p = 0;
-    aecl_CUresult r;
-    int status;
+    aecl_devptr p = 0;
+    int r, status;
     if (lib == NULL || ptr == NULL)
         return lib == NULL ? AEC_ERROR_ARGUMENT
                            : aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT, "aec_device_alloc: ptr is NULL");
     *ptr = NULL;
     if ((status = aecl_enter(lib, "aec_device_alloc")) != AEC_OK)
         return status;
-    r = lib->cu.cuMemAlloc(&p, bytes);
-    if (r != AECL_CUDA_SUCCESS) {
+    r = aecl_call_malloc(lib, &p, bytes);
+    if (r != 0) {
         char what[128];
-        snprintf(what, sizeof what, "aec_device_alloc: cuMemAlloc(%lu bytes)", (unsigned long)bytes);
+        snprintf(what, sizeof what, "aec_device_alloc: %s(%lu bytes)", AECL_CALL(lib, "cuMemAlloc", "hipMalloc"),
+                 (unsigned long)bytes);
         return aecl_driver_fail(lib, r, what);
     }
-    *ptr = (void *)(uintptr_t)p;
+    *ptr = aecl_hptr(p);
     return AEC_OK;
 }
 
 /* Frees memory from aec_device_alloc (NULL: nothing). */
 static inline int aec_device_free(aec_library *lib, void *ptr)
 {
-    aecl_CUresult r;
-    int status;
+    int r, status;
     if (lib == NULL)
         return AEC_ERROR_ARGUMENT;
     if (ptr == NULL)
         return AEC_OK;
     if ((status = aecl_enter(lib, "aec_device_free")) != AEC_OK)
         return status;
-    r = lib->cu.cuMemFree(aecl_dptr(ptr));
-    return r == AECL_CUDA_SUCCESS ? AEC_OK : aecl_driver_fail(lib, r, "aec_device_free: cuMemFree");
+    r = aecl_call_free(lib, aecl_dptr(ptr));
+    return r == 0 ? AEC_OK : aecl_driver_fail(lib, r, AECL_CALL(lib, "aec_device_free: cuMemFree", "aec_device_free: hipFree"));
 }
 
 /* Copies `bytes` from host memory to device memory (synchronous). */
 static inline int aec_copy_to_device(aec_library *lib, void *device_dst, const void *host_src, size_t bytes)
 {
-    aecl_CUresult r;
-    int status;
+    int r, status;
     if (lib == NULL)
         return AEC_ERROR_ARGUMENT;
     if ((device_dst == NULL || host_src == NULL) && bytes > 0)
@@ -816,15 +1100,16 @@ static inline int aec_copy_to_device(aec_library *lib, void *device_dst, const v
         return status;
     if (bytes == 0)
         return AEC_OK;
-    r = lib->cu.cuMemcpyHtoD(aecl_dptr(device_dst), host_src, bytes);
-    return r == AECL_CUDA_SUCCESS ? AEC_OK : aecl_driver_fail(lib, r, "aec_copy_to_device: cuMemcpyHtoD");
+    r = lib->backend == AEC_BACKEND_HIP ? lib->hip.hipMemcpyHtoD(device_dst, (void *)(uintptr_t)host_src, bytes)
+                                        : lib->cu.cuMemcpyHtoD(aecl_dptr(device_dst), host_src, bytes);
+    return r == 0 ? AEC_OK
+                  : aecl_driver_fail(lib, r, AECL_CALL(lib, "aec_copy_to_device: cuMemcpyHtoD", "aec_copy_to_device: hipMemcpyHtoD"));
 }
 
 /* Copies `bytes` from device memory to host memory (synchronous). */
 static inline int aec_copy_to_host(aec_library *lib, void *host_dst, const void *device_src, size_t bytes)
 {
-    aecl_CUresult r;
-    int status;
+    int r, status;
     if (lib == NULL)
         return AEC_ERROR_ARGUMENT;
     if ((host_dst == NULL || device_src == NULL) && bytes > 0)
@@ -834,35 +1119,39 @@ static inline int aec_copy_to_host(aec_library *lib, void *host_dst, const void 
         return status;
     if (bytes == 0)
         return AEC_OK;
-    r = lib->cu.cuMemcpyDtoH(host_dst, aecl_dptr(device_src), bytes);
-    return r == AECL_CUDA_SUCCESS ? AEC_OK : aecl_driver_fail(lib, r, "aec_copy_to_host: cuMemcpyDtoH");
+    r = lib->backend == AEC_BACKEND_HIP ? lib->hip.hipMemcpyDtoH(host_dst, (void *)(uintptr_t)device_src, bytes)
+                                        : lib->cu.cuMemcpyDtoH(host_dst, aecl_dptr(device_src), bytes);
+    return r == 0 ? AEC_OK
+                  : aecl_driver_fail(lib, r, AECL_CALL(lib, "aec_copy_to_host: cuMemcpyDtoH", "aec_copy_to_host: hipMemcpyDtoH"));
 }
 
-/* Waits for all work in the library's context (kernel faults surface here). */
+/* Waits for all work on the library's context (CUDA) or device (HIP);
+   kernel faults surface here. */
 static inline int aec_synchronize(aec_library *lib)
 {
-    aecl_CUresult r;
-    int status;
+    int r, status;
     if (lib == NULL)
         return AEC_ERROR_ARGUMENT;
     if ((status = aecl_enter(lib, "aec_synchronize")) != AEC_OK)
         return status;
-    r = lib->cu.cuCtxSynchronize();
-    return r == AECL_CUDA_SUCCESS ? AEC_OK : aecl_driver_fail(lib, r, "aec_synchronize: cuCtxSynchronize");
+    r = lib->backend == AEC_BACKEND_HIP ? lib->hip.hipDeviceSynchronize() : lib->cu.cuCtxSynchronize();
+    return r == 0 ? AEC_OK
+                  : aecl_driver_fail(lib, r, AECL_CALL(lib, "aec_synchronize: cuCtxSynchronize", "aec_synchronize: hipDeviceSynchronize"));
 }
 
-/* Waits for the work on `stream` (a CUstream; NULL: the default stream). */
+/* Waits for the work on `stream` (a CUstream or hipStream_t; NULL: the
+   default stream). */
 static inline int aec_stream_synchronize(aec_library *lib, void *stream)
 {
-    aecl_CUresult r;
-    int status;
+    int r, status;
     if (lib == NULL)
         return AEC_ERROR_ARGUMENT;
     if ((status = aecl_enter(lib, "aec_stream_synchronize")) != AEC_OK)
         return status;
-    r = lib->cu.cuStreamSynchronize((aecl_CUstream)stream);
-    return r == AECL_CUDA_SUCCESS ? AEC_OK
-                                  : aecl_driver_fail(lib, r, "aec_stream_synchronize: cuStreamSynchronize");
+    r = aecl_call_stream_sync(lib, stream);
+    return r == 0 ? AEC_OK
+                  : aecl_driver_fail(lib, r, AECL_CALL(lib, "aec_stream_synchronize: cuStreamSynchronize",
+                                                       "aec_stream_synchronize: hipStreamSynchronize"));
 }
 
 #ifdef __cplusplus
