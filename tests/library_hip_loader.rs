@@ -9,9 +9,10 @@
 //! header, opens it (only the HIP backend is tried), runs the forward and
 //! the backward, and checks errors by name; this test then compares every
 //! logged launch with the manifest's plan for those sizes: entry, grid,
-//! block, shared memory, pointers and 32-bit sizes, in order. The Python
-//! module's HIP driver is run against the same double in
-//! `tests/python/test_aec_library.py`'s HIP case (see library_python.rs).
+//! block, shared memory, pointers and 32-bit sizes, in order. Then the
+//! Python module's HIP tests (`HipBuilds` in
+//! `tests/python/test_aec_library.py`) run its HIP driver over the same
+//! double and library.
 //!
 //! Needs `cc` and the HIP toolchain (`cargo xtask toolchains`); without them
 //! the test is skipped with a note, or fails where `AEC_REQUIRE_TOOLCHAINS=1`.
@@ -290,4 +291,38 @@ fn c_loader_runs_hip_code_objects_through_the_hip_runtime() {
         logged[0]
     );
     assert!(stdout.contains("failed: hipErrorLaunchFailure"), "{stdout}");
+
+    // The Python module's HIP driver over the same double and library.
+    let py = Command::new("python3")
+        .args(["-m", "unittest", "-v", "tests/python/test_aec_library.py"])
+        .env("AEC_TEST_HIP_LIBRARY", &lib)
+        .env("AEC_TEST_FAKE_HIP", fake.join("libamdhip64.so"))
+        .env("AEC_FAKE_HIP_LOG", tmp.path().join("python-launches.log"))
+        .env_remove("AEC_TEST_LIBRARY")
+        .env_remove("AEC_TEST_MANIFEST")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(repo())
+        .output();
+    let Ok(py) = py else {
+        let msg = "python3 not found: the Python module's HIP driver is not tested";
+        assert!(!toolchains_required(), "{msg}");
+        eprintln!("skipped: {msg}");
+        return;
+    };
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
+    assert!(py.status.success(), "the Python HIP tests failed:\n{log}");
+    for test in [
+        "test_code_objects_are_chosen_by_gfx_arch",
+        "test_hip_grid_limit",
+        "test_driver_loads_and_launches_through_the_hip_runtime",
+    ] {
+        assert!(
+            log.contains(&format!("HipBuilds.{test}) ... ok")),
+            "{test} did not run:\n{log}"
+        );
+    }
 }

@@ -1,16 +1,16 @@
 """PyTorch bindings of an aec kernel library.
 
 `aec compile … -o DIR` copies this file, unchanged, to `DIR/python/aec_library.py`.
-It reads `DIR/manifest.json` (format 2): per variant and pass a *launch plan*
+It reads `DIR/manifest.json` (format 4): per variant and pass a *launch plan*
 (the sizes a call binds, the buffers with their dtypes and shapes, the
-launches in order with their grids and arguments) and the cubins built for
-each GPU architecture. Nothing here is specific to one variant: every call
-interprets the plan.
+launches in order with their grids and arguments) and the code objects built
+for each GPU architecture: cubins (CUDA) and HIP code objects (AMD).
+Nothing here is specific to one variant: every call interprets the plan.
 
     import sys; sys.path.insert(0, "DIR/python")
     import aec_library
 
-    lib = aec_library.load("DIR")                 # the current CUDA device
+    lib = aec_library.load("DIR")                 # the current GPU (CUDA or ROCm PyTorch)
     o = lib.Softmax(q, k, v)                      # differentiable
     o = lib.RetnetParallel(q, k, v, gamma=gamma)  # custom inputs by name
     o, state = lib.Mamba2(q, k, v, a=a, dt=dt, output_final_state=True)
@@ -23,11 +23,14 @@ split-KV rule) is plain Python over shapes given as tuples.
 
 A launch whose plan names a `module` (the recurrent backward's states pass)
 is loaded from that module of the build (`builds[i].modules[name]`), the
-others from the build's own `cubin`.
+others from the build's own `cubin` (or `code_object`).
 
-Kernels are loaded from their cubins through the CUDA driver (ctypes,
-`libcuda.so.1`) into PyTorch's context of the device and launched on
-PyTorch's current stream, so they order with PyTorch's own work.
+With PyTorch built for CUDA, kernels are loaded from their cubins through
+the CUDA driver (ctypes, `libcuda.so.1`) into PyTorch's context of the
+device; with PyTorch built for ROCm, from the HIP code objects through the
+HIP runtime (ctypes, `libamdhip64.so`, the one PyTorch uses) on the device.
+Either way they are launched on PyTorch's current stream, so they order
+with PyTorch's own work.
 """
 
 import ctypes
@@ -43,6 +46,8 @@ FORMAT = 4
 I32_MAX = 2**31 - 1
 GRID_X_MAX = 2**31 - 1
 GRID_YZ_MAX = 65535
+#: HIP's grids: at most this many threads along each dimension.
+HIP_WORK_MAX = 2**32 - 1
 #: Every tensor handed to a kernel starts at a multiple of this many bytes
 #: (the Hopper kernels read q, k and v with the bulk tensor copy engine).
 ALIGN_BYTES = 16
@@ -54,7 +59,35 @@ ROLES = ("input", "optional_input", "output", "optional_output", "workspace")
 # version: 9.0 runs sm_90a cubins (Hopper-only instructions), 8.x runs sm_80.
 _ARCH_OF_MAJOR = {9: "sm_90a", 8: "sm_80"}
 # The `--target` names that build an architecture, for error messages.
-_TARGETS_OF_ARCH = {"sm_90a": "h100 or h200", "sm_80": "a100"}
+_TARGETS_OF_ARCH = {"sm_90a": "h100 or h200", "sm_80": "a100", "gfx90a": "mi250", "gfx942": "mi300x"}
+
+
+def is_hip_arch(arch):
+    """Whether `arch` is an AMD one (`gfx942`), built as HIP code objects."""
+    return arch.startswith("gfx")
+
+
+def binary_of(build):
+    """A build's code object, relative to the library: its `cubin` (CUDA) or
+    `code_object` (HIP); None when it was not compiled (sources only)."""
+    return build.get("cubin") if "cubin" in build else build.get("code_object")
+
+
+def _is_build(build):
+    return "cubin" in build or "code_object" in build
+
+
+def _not_compiled(arch):
+    """Why a library has `arch` sources but no code objects, and the remedy."""
+    if is_hip_arch(arch):
+        return (
+            "it was compiled without the HIP compiler (hipcc or clang-19): sources only; compile it again "
+            "where the HIP toolchain is installed (`cargo xtask toolchains` installs it)"
+        )
+    return (
+        "it was compiled without NVRTC: sources only; compile it again with NVRTC (libnvrtc.so.13) "
+        "on LD_LIBRARY_PATH"
+    )
 
 
 class Error(ValueError):
@@ -187,13 +220,14 @@ def read_manifest(directory):
     return check_manifest(manifest, path)
 
 
-def cuda_archs(manifest):
-    """The CUDA architectures the library holds cubins for, sorted."""
+def built_archs(manifest):
+    """The architectures the library holds code objects for (cubins or HIP
+    code objects), sorted."""
     archs = set()
     for v in manifest["variants"]:
         for k in v["kernels"]:
             for b in k.get("builds") or []:
-                if "cubin" in b and b.get("cubin"):
+                if _is_build(b) and binary_of(b):
                     archs.add(b["arch"])
     return sorted(archs)
 
@@ -204,16 +238,14 @@ def all_archs(manifest):
 
 
 def check_arch(manifest, arch, capability=None):
-    """Refuses a library without a single cubin for `arch`."""
-    if arch in cuda_archs(manifest):
+    """Refuses a library without a single code object for `arch`."""
+    if arch in built_archs(manifest):
         return
     cap = f" (compute capability {capability[0]}.{capability[1]})" if capability else ""
     have = all_archs(manifest)
     if arch in have:
-        raise Error(
-            f"this library has {arch} kernels but no cubins (it was compiled without NVRTC: sources only); "
-            f"compile it again with NVRTC (libnvrtc.so.13) on LD_LIBRARY_PATH"
-        )
+        what = "HIP code objects" if is_hip_arch(arch) else "cubins"
+        raise Error(f"this library has {arch} kernels but no {what} ({_not_compiled(arch)})")
     target = _TARGETS_OF_ARCH.get(arch)
     hint = f"; compile it again with `--target {target}`" if target else ""
     raise Error(
@@ -224,10 +256,10 @@ def check_arch(manifest, arch, capability=None):
 
 def select_kernel(variant, pass_name, arch):
     """The kernel record of `variant` (a manifest entry) for `pass_name` on
-    `arch` and the path of its cubin (relative to the library), or an Error
-    that says why there is none."""
+    `arch` and the path of its code object (relative to the library), or an
+    Error that says why there is none."""
     record, build = select_build(variant, pass_name, arch)
-    return record, build["cubin"]
+    return record, binary_of(build)
 
 
 def build_modules(variant, record, build):
@@ -259,12 +291,10 @@ def select_build(variant, pass_name, arch):
         if k.get("tuned_for"):
             continue  # the tuning table's kernels: see select_tuned
         for b in k.get("builds") or []:
-            if b.get("arch") == arch and "cubin" in b:
-                if not b["cubin"]:
-                    raise Error(
-                        f"{name} {pass_name}: the library has no {arch} cubin (it was compiled without NVRTC: "
-                        f"sources only); compile it again with NVRTC (libnvrtc.so.13) on LD_LIBRARY_PATH"
-                    )
+            if b.get("arch") == arch and _is_build(b):
+                if not binary_of(b):
+                    what = "HIP code object" if is_hip_arch(arch) else "cubin"
+                    raise Error(f"{name} {pass_name}: the library has no {arch} {what} ({_not_compiled(arch)})")
                 build_modules(variant, k, b)
                 return k, b
     if pass_name == "backward":
@@ -306,7 +336,7 @@ def select_tuned(variant, pass_name, arch, gpu, sizes):
     for k in variant["kernels"]:
         if k.get("pass") != pass_name or "plan" not in k or not k.get("tuned_for"):
             continue
-        build = next((b for b in k.get("builds") or [] if b.get("arch") == arch and b.get("cubin")), None)
+        build = next((b for b in k.get("builds") or [] if b.get("arch") == arch and _is_build(b) and binary_of(b)), None)
         if build is None:
             continue
         for t in k["tuned_for"]:
@@ -322,8 +352,12 @@ def backward_unavailable(variant, arch):
     records = [k for k in variant["kernels"] if k.get("pass") == "backward"]
     for k in records:
         for b in k.get("builds") or []:
-            if b.get("arch") == arch and "cubin" in b:
-                return None if b["cubin"] else f"the {arch} backward was compiled without NVRTC (no cubin)"
+            if b.get("arch") == arch and _is_build(b):
+                if binary_of(b):
+                    return None
+                if is_hip_arch(arch):
+                    return f"the {arch} backward was compiled without the HIP compiler (no code object)"
+                return f"the {arch} backward was compiled without NVRTC (no cubin)"
     # Skipped CUDA backwards carry no target; skipped HIP ones name theirs.
     skipped = [k["skipped"] for k in records if "skipped" in k and "target" not in k]
     if skipped:
@@ -542,9 +576,11 @@ class Plan:
             raise Error(f"{self.where}: kv_splits={override!r}: expected an int from 1 to {top}")
         return override
 
-    def prepare(self, infos, want=(), sms=1, kv_splits=None, device=None):
+    def prepare(self, infos, want=(), sms=1, kv_splits=None, device=None, hip=False):
         """Checks a call with the tensors `infos` (name -> TensorInfo) and
-        plans it: a Call, or an Error naming what is wrong."""
+        plans it: a Call, or an Error naming what is wrong. `hip`: the launch
+        goes through HIP, whose grids also have at most 2^32 - 1 threads
+        along each dimension."""
         self.check_names(infos, want)
         for b in self.plan["buffers"]:
             if b["name"] in infos:
@@ -581,6 +617,12 @@ class Plan:
                     f"{_dims(show_size(e) for e in launch['grid'])} is beyond CUDA's limits "
                     f"(x < 2^31, y and z < 65536) for {bound}"
                 )
+            if hip and max(grid) * launch["threads"] > HIP_WORK_MAX:
+                bound = ", ".join(f"{n}={sizes[n]}" for n in self.size_names)
+                raise Error(
+                    f"{self.where}: launch {launch['entry']}: grid {_dims(grid)} of {launch['threads']}-thread blocks "
+                    f"is beyond HIP's limit (at most 2^32 - 1 threads along each dimension) for {bound}"
+                )
             args = []
             for a in launch["args"]:
                 if "ptr" in a:
@@ -606,12 +648,15 @@ _TORCH_DTYPE_NAMES = {"bf16": "torch.bfloat16", "f16": "torch.float16", "f32": "
 
 
 # --------------------------------------------------------------------------
-# The CUDA driver, through ctypes.
+# The GPU drivers, through ctypes: the CUDA driver and the HIP runtime, with
+# the same few calls.
 
 
 class _Driver:
     """The few driver calls the loader makes (libcuda.so.1)."""
 
+    NAME = "CUDA"
+    LAUNCH = "cuLaunchKernel"
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
     def __init__(self):
@@ -646,6 +691,29 @@ class _Driver:
         self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
         return ctx
 
+    def current(self, ctx):
+        """A context manager that runs its body in `ctx` (primary_context's)."""
+        return _Current(self, ctx)
+
+    def load_module(self, data, path):
+        module = ctypes.c_void_p()
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), data), f"cuModuleLoadData {path}")
+        return module
+
+    def get_function(self, module, entry, smem):
+        fn = ctypes.c_void_p()
+        self.check(self.lib.cuModuleGetFunction(ctypes.byref(fn), module, entry.encode()), f"cuModuleGetFunction {entry}")
+        if smem > 0:
+            self.check(
+                self.lib.cuFuncSetAttribute(fn, self.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                f"cuFuncSetAttribute {entry} (MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem})",
+            )
+        return fn
+
+    def launch(self, fn, grid, threads, smem, stream, params):
+        """cuLaunchKernel's result (0: launched)."""
+        return self.lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params, None)
+
 
 class _Current:
     """Makes `ctx` the calling thread's current context for a while (the
@@ -668,14 +736,126 @@ class _Current:
             self.pushed = False
 
 
-_driver = None
+def _loaded_hip_runtime():
+    """The path of the libamdhip64 this process has loaded (ROCm PyTorch's),
+    or None: the kernels must go through the runtime PyTorch uses."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.split()[-1] if line.strip() else ""
+                if os.path.basename(path).startswith("libamdhip64.so"):
+                    return path
+    except OSError:
+        pass
+    return None
 
 
-def _get_driver():
-    global _driver
-    if _driver is None:
-        _driver = _Driver()
-    return _driver
+class _HipDriver:
+    """The same calls through the HIP runtime (libamdhip64.so), for PyTorch
+    built for ROCm. HIP has no contexts to manage: calls run on the current
+    device, which `current` sets for a while."""
+
+    NAME = "HIP"
+    LAUNCH = "hipModuleLaunchKernel"
+    #: LDS a workgroup may use without asking (the HIP kernels' plans use
+    #: static LDS and ask for no dynamic shared memory).
+    LDS_BYTES = 65536
+
+    def __init__(self, path=None):
+        names = [path] if path else [n for n in (_loaded_hip_runtime(),) if n] + [
+            "libamdhip64.so",
+            "libamdhip64.so.7",
+            "libamdhip64.so.6",
+            "libamdhip64.so.5",
+        ]
+        lib, errors = None, []
+        for name in names:
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError as e:
+                errors.append(str(e))
+        if lib is None:
+            raise Error(f"the HIP runtime (libamdhip64.so) cannot be loaded: {'; '.join(errors)}")
+        p, vp, i, u = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+        lib.hipInit.argtypes = [u]
+        lib.hipGetErrorName.argtypes = [i]
+        lib.hipGetErrorName.restype = ctypes.c_char_p
+        lib.hipGetDevice.argtypes = [p(i)]
+        lib.hipSetDevice.argtypes = [i]
+        lib.hipModuleLoadData.argtypes = [p(vp), ctypes.c_char_p]
+        lib.hipModuleGetFunction.argtypes = [p(vp), vp, ctypes.c_char_p]
+        lib.hipModuleLaunchKernel.argtypes = [vp] + [u] * 7 + [vp, vp, vp]
+        self.lib = lib
+        self.check(lib.hipInit(0), "hipInit")
+
+    def check(self, res, what):
+        if res != 0:
+            name = self.lib.hipGetErrorName(res)
+            raise RuntimeError(f"{what}: {name.decode() if name else f'HIP error {res}'}")
+
+    def primary_context(self, ordinal):
+        return ordinal  # the device stands for the context
+
+    def current(self, ordinal):
+        return _HipCurrent(self, ordinal)
+
+    def load_module(self, data, path):
+        module = ctypes.c_void_p()
+        self.check(self.lib.hipModuleLoadData(ctypes.byref(module), data), f"hipModuleLoadData {path}")
+        return module
+
+    def get_function(self, module, entry, smem):
+        if smem > self.LDS_BYTES:
+            raise Error(f"{entry}: {smem} bytes of dynamic shared memory, more than the {self.LDS_BYTES} a HIP kernel may use")
+        fn = ctypes.c_void_p()
+        self.check(self.lib.hipModuleGetFunction(ctypes.byref(fn), module, entry.encode()), f"hipModuleGetFunction {entry}")
+        return fn
+
+    def launch(self, fn, grid, threads, smem, stream, params):
+        """hipModuleLaunchKernel's result (0: launched)."""
+        return self.lib.hipModuleLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params, None)
+
+
+class _HipCurrent:
+    """Makes `ordinal` the calling thread's current HIP device for a while."""
+
+    def __init__(self, driver, ordinal):
+        self.driver, self.ordinal, self.old = driver, ordinal, None
+
+    def __enter__(self):
+        cur = ctypes.c_int()
+        self.driver.check(self.driver.lib.hipGetDevice(ctypes.byref(cur)), "hipGetDevice")
+        if cur.value != self.ordinal:
+            self.driver.check(self.driver.lib.hipSetDevice(self.ordinal), f"hipSetDevice({self.ordinal})")
+            self.old = cur.value
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            self.driver.check(self.driver.lib.hipSetDevice(self.old), f"hipSetDevice({self.old})")
+            self.old = None
+
+
+_drivers = {}
+
+
+def _get_driver(hip=False):
+    key = "hip" if hip else "cuda"
+    if key not in _drivers:
+        _drivers[key] = _HipDriver() if hip else _Driver()
+    return _drivers[key]
+
+
+def hip_arch(gcn_arch_name):
+    """The architecture of a ROCm device's `gcnArchName`
+    (`gfx942:sramecc+:xnack-` -> `gfx942`)."""
+    arch = (gcn_arch_name or "").split(":")[0]
+    if not arch.startswith("gfx"):
+        raise Error(
+            f"cannot tell the AMD GPU's architecture from gcnArchName {gcn_arch_name!r} "
+            f"(torch.cuda.get_device_properties; PyTorch for ROCm 5.x or newer reports it)"
+        )
+    return arch
 
 
 # --------------------------------------------------------------------------
@@ -692,26 +872,29 @@ def _torch():
 
 def load(directory, device=None):
     """The kernel library in `directory` (what `aec compile -o` wrote), for
-    the CUDA device `device` (an index, `"cuda:N"` or a torch.device; the
-    current device when None)."""
+    the GPU `device` (an index, `"cuda:N"` or a torch.device; the current
+    device when None). With PyTorch built for CUDA the library's cubins run;
+    with PyTorch built for ROCm (whose GPUs are `cuda` devices too), its HIP
+    code objects."""
     manifest = read_manifest(directory)
     torch = _torch()
-    if getattr(torch.version, "hip", None):
-        raise Error(
-            "PyTorch here is built for ROCm: this module runs the library's CUDA cubins only "
-            "(the HIP code objects are in kernels/*.co)"
-        )
+    hip = bool(getattr(torch.version, "hip", None))
     if not torch.cuda.is_available():
-        raise Error("no CUDA device: torch.cuda.is_available() is False")
+        kind = "AMD GPU (PyTorch for ROCm)" if hip else "CUDA device"
+        raise Error(f"no {kind}: torch.cuda.is_available() is False")
     if device is None:
         index = torch.cuda.current_device()
     else:
         d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
         if d.type != "cuda":
-            raise Error(f"device {device!r}: the kernels run on CUDA devices only")
+            raise Error(f"device {device!r}: the kernels run on GPU (`cuda`) devices only")
         index = d.index if d.index is not None else torch.cuda.current_device()
-    capability = torch.cuda.get_device_capability(index)
-    arch = arch_for_capability(capability)
+    if hip:
+        capability = None
+        arch = hip_arch(getattr(torch.cuda.get_device_properties(index), "gcnArchName", ""))
+    else:
+        capability = torch.cuda.get_device_capability(index)
+        arch = arch_for_capability(capability)
     check_arch(manifest, arch, capability)
     return Library(directory, manifest, index, arch)
 
@@ -731,10 +914,12 @@ class Library:
         self.sms = torch.cuda.get_device_properties(device_index).multi_processor_count
         with torch.cuda.device(device_index):
             torch.zeros(1, device=self.device)  # PyTorch's context exists from here on
-        self._driver = _get_driver()
+        #: "cuda" or "hip": the driver the kernels go through.
+        self.backend = "hip" if is_hip_arch(arch) else "cuda"
+        self._driver = _get_driver(self.backend == "hip")
         self._ctx = self._driver.primary_context(device_index)
-        self._modules = {}  # cubin path -> module
-        self._functions = {}  # (cubin path, entry) -> function
+        self._modules = {}  # code object path -> module
+        self._functions = {}  # (code object path, entry) -> function
         self._variants = {v["name"]: Variant(self, v) for v in manifest["variants"]}
 
     @property
@@ -765,7 +950,7 @@ class Library:
         if fn is not None:
             return fn
         drv = self._driver
-        with _Current(drv, self._ctx):
+        with drv.current(self._ctx):
             module = self._modules.get(cubin)
             if module is None:
                 path = os.path.join(self.dir, cubin)
@@ -774,16 +959,9 @@ class Library:
                         data = fh.read()
                 except OSError as e:
                     raise Error(f"{path}: {e.strerror or e}") from None
-                module = ctypes.c_void_p()
-                drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), data), f"cuModuleLoadData {path}")
+                module = drv.load_module(data, path)
                 self._modules[cubin] = module
-            fn = ctypes.c_void_p()
-            drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(fn), module, entry.encode()), f"cuModuleGetFunction {entry}")
-            if smem > 0:
-                drv.check(
-                    drv.lib.cuFuncSetAttribute(fn, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                    f"cuFuncSetAttribute {entry} (MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem})",
-                )
+            fn = drv.get_function(module, entry, smem)
         self._functions[key] = fn
         return fn
 
@@ -810,7 +988,7 @@ def _info(torch, t, where, name):
 
 
 def _params(args):
-    """A launch's kernel parameters as cuLaunchKernel takes them (an array of
+    """A launch's kernel parameters as cuLaunchKernel and hipModuleLaunchKernel take them (an array of
     pointers to the values), and the pointer slots a call fills in: (slot,
     buffer name); null pointers and the 32-bit sizes are set once."""
     values, slots = [], []
@@ -879,7 +1057,7 @@ class Variant:
             if self.pattern == "recurrent":
                 plan.labels = {"state_in": "initial_state", "norm_in": "initial_norm"}
             modules = build_modules(self.record, record, build)
-            self._plans[pass_name] = (plan, build["cubin"], modules)
+            self._plans[pass_name] = (plan, binary_of(build), modules)
         return self._plans[pass_name][0]
 
     def run(self, pass_name, tensors, want=(), kv_splits=None):
@@ -900,17 +1078,18 @@ class Variant:
         )
         call = self._calls.get(key)
         if call is None:
-            call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device))
+            hip = lib.backend == "hip"
+            call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip)
             _, cubin, modules = self._plans[pass_name]
             call.tuned_for = None
             tuned = select_tuned(self.record, pass_name, lib.arch, lib.device_name, call.sizes)
             if tuned is not None:
                 record, build, call_tuned_for = tuned
                 if record["entry"] not in self._tuned_plans:
-                    self._tuned_plans[record["entry"]] = (Plan(self.name, record["plan"]), build["cubin"])
+                    self._tuned_plans[record["entry"]] = (Plan(self.name, record["plan"]), binary_of(build))
                 tuned_plan, cubin = self._tuned_plans[record["entry"]]
                 modules = build_modules(self.record, record, build)
-                call = tuned_plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device))
+                call = tuned_plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip)
                 call.tuned_for = call_tuned_for
             dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
             call.torch_allocations = [(n, dtypes[d], s, z) for n, d, s, z in call.allocations]
@@ -928,13 +1107,13 @@ class Variant:
             bufs[name] = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=lib.device)
         drv = lib._driver
         stream = ctypes.c_void_p(torch.cuda.current_stream(lib.device).cuda_stream)
-        with call.lock, _Current(drv, lib._ctx):
+        with call.lock, drv.current(lib._ctx):
             for fn, (entry, grid, threads, smem, _), (params, slots) in zip(call.functions, call.launches, call.params):
                 for slot, name in slots:
                     slot.value = bufs[name].data_ptr()
-                res = drv.lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params, None)
+                res = drv.launch(fn, grid, threads, smem, stream, params)
                 if res:
-                    drv.check(res, f"{plan.where}: cuLaunchKernel {entry} grid {_dims(grid)} block {threads} smem {smem}")
+                    drv.check(res, f"{plan.where}: {drv.LAUNCH} {entry} grid {_dims(grid)} block {threads} smem {smem}")
         self.last_kv_splits = call.kv_splits
         self.last_entry = call.launches[0][0]
         self.last_tuned_for = call.tuned_for

@@ -10,6 +10,13 @@ tested is DIR/python/aec_library.py where the library has one, else
 templates/library/aec_library.py. AEC_TEST_MANIFEST=path/manifest.json
 reads the plans from that file instead. Without either, only the tests that
 need no manifest run.
+
+    AEC_TEST_HIP_LIBRARY=DIR AEC_TEST_FAKE_HIP=.../libamdhip64.so \
+        AEC_FAKE_HIP_LOG=FILE python3 -m unittest tests/python/test_aec_library.py
+
+runs the HIP tests too: DIR a softmax library for mi250 and mi300x, the
+runtime the test double tests/c/fake_hip.c (`cargo test --test
+library_hip_loader` sets all three).
 """
 import copy
 import json
@@ -572,6 +579,116 @@ class WithManifest(unittest.TestCase):
                             self.assertIn(x, names)
                 count += 1
         self.assertGreaterEqual(count, 5)
+
+
+
+class HipArchitectures(unittest.TestCase):
+    def test_gcn_arch_names(self):
+        self.assertEqual(al.hip_arch("gfx942:sramecc+:xnack-"), "gfx942")
+        self.assertEqual(al.hip_arch("gfx90a"), "gfx90a")
+        for bad in ("", None, "sm_90a"):
+            with self.assertRaisesRegex(Error, "cannot tell the AMD GPU's architecture"):
+                al.hip_arch(bad)
+        self.assertTrue(al.is_hip_arch("gfx942"))
+        self.assertFalse(al.is_hip_arch("sm_90a"))
+
+
+HIP_LIBRARY = os.environ.get("AEC_TEST_HIP_LIBRARY")
+FAKE_HIP = os.environ.get("AEC_TEST_FAKE_HIP")
+FAKE_LOG = os.environ.get("AEC_FAKE_HIP_LOG")
+
+
+@unittest.skipUnless(HIP_LIBRARY and FAKE_HIP and FAKE_LOG, "set AEC_TEST_HIP_LIBRARY, AEC_TEST_FAKE_HIP, AEC_FAKE_HIP_LOG")
+class HipBuilds(unittest.TestCase):
+    """A library for mi250 and mi300x, run through the HIP driver class over
+    the test double of the HIP runtime."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.m = al.read_manifest(HIP_LIBRARY)
+        cls.softmax = next(v for v in cls.m["variants"] if v["name"] == "Softmax")
+
+    def test_code_objects_are_chosen_by_gfx_arch(self):
+        self.assertEqual(al.built_archs(self.m), ["gfx90a", "gfx942"])
+        for arch in ("gfx90a", "gfx942"):
+            al.check_arch(self.m, arch)
+            for pass_name in ("forward", "backward"):
+                record, co = al.select_kernel(self.softmax, pass_name, arch)
+                self.assertTrue(co.startswith("kernels/") and co.endswith(f"_{arch}.co"), co)
+                self.assertIsNone(al.backward_unavailable(self.softmax, arch))
+        with self.assertRaisesRegex(Error, r"no kernels for sm_90a.*it has: gfx90a, gfx942"):
+            al.check_arch(self.m, "sm_90a", (9, 0))
+        bare = copy.deepcopy(self.m)
+        for v in bare["variants"]:
+            for k in v["kernels"]:
+                for b in k.get("builds") or []:
+                    b["code_object"] = None
+        with self.assertRaisesRegex(Error, "gfx942 kernels but no HIP code objects .*without the HIP compiler"):
+            al.check_arch(bare, "gfx942")
+        with self.assertRaisesRegex(Error, "Softmax forward: the library has no gfx942 HIP code object"):
+            al.select_kernel(bare["variants"][0], "forward", "gfx942")
+        self.assertIn("without the HIP compiler", al.backward_unavailable(bare["variants"][0], "gfx942"))
+
+    def test_hip_grid_limit(self):
+        record, _ = al.select_kernel(self.softmax, "backward", "gfx942")
+        plan = al.Plan("Softmax", record["plan"])
+        # The backward's last launch has a grid of B*H*Sq*128/256 blocks of
+        # 256 threads: 2^32 threads along x at B*H*Sq = 2^25.
+        big = dict(q=info((1, 1 << 10, 1 << 15, 128)), k=info((1, 1 << 10, 64, 128)), v=info((1, 1 << 10, 64, 128)))
+        big.update(o=info((1, 1 << 10, 1 << 15, 128)), row_outputs=info((3, 1, 1 << 10, 1 << 15), "f32"))
+        big.update(dout=info((1, 1 << 10, 1 << 15, 128)))
+        plan.prepare(big, sms=304)  # within CUDA's limits
+        with self.assertRaisesRegex(Error, r"beyond HIP's limit \(at most 2\^32 - 1 threads along each dimension\)"):
+            plan.prepare(big, sms=304, hip=True)
+
+    def test_driver_loads_and_launches_through_the_hip_runtime(self):
+        record, co = al.select_kernel(self.softmax, "forward", "gfx942")
+        plan = al.Plan("Softmax", record["plan"])
+        shapes = dict(q=(2, 3, 77, 128), k=(2, 3, 100, 128), v=(2, 3, 100, 128))
+        call = plan.prepare({n: info(s) for n, s in shapes.items()}, sms=304, hip=True)
+        drv = al._HipDriver(FAKE_HIP)
+        addresses = {"q": 0x10000, "k": 0x20000, "v": 0x30000, "o": 0x40000, "row_outputs": 0x50000}
+        open(FAKE_LOG, "w").close()
+        os.environ["AEC_FAKE_HIP_ARGS"] = "5:5"
+        try:
+            with drv.current(drv.primary_context(0)):
+                with open(os.path.join(HIP_LIBRARY, co), "rb") as fh:
+                    module = drv.load_module(fh.read(), co)
+                for entry, grid, threads, smem, args in call.launches:
+                    fn = drv.get_function(module, entry, smem)
+                    params, slots = al._params(args)
+                    for slot, name in slots:
+                        slot.value = addresses[name]
+                    drv.check(drv.launch(fn, grid, threads, smem, None, params), f"{drv.LAUNCH} {entry}")
+        finally:
+            del os.environ["AEC_FAKE_HIP_ARGS"]
+        with open(FAKE_LOG) as fh:
+            logged = fh.read().splitlines()
+        self.assertEqual(
+            logged,
+            [
+                f"launch {record['entry']} grid 2 3 2 block 256 1 1 smem 0 args "
+                "p10000 p20000 p30000 p40000 p50000 i2 i3 i3 i77 i100"
+            ],
+        )
+        # The runtime's refusals come back by name.
+        with open(os.path.join(HIP_LIBRARY, co.replace("_gfx942", "_gfx90a")), "rb") as fh:
+            other = fh.read()
+        with self.assertRaisesRegex(RuntimeError, "hipModuleLoadData .*_gfx90a.co: hipErrorNoBinaryForGpu"):
+            drv.load_module(other, co.replace("_gfx942", "_gfx90a"))
+        with self.assertRaisesRegex(RuntimeError, "hipModuleGetFunction aec_missing: hipErrorNotFound"):
+            drv.get_function(module, "aec_missing", 0)
+        with self.assertRaisesRegex(Error, "more than the 65536 a HIP kernel may use"):
+            drv.get_function(module, record["entry"], 70000)
+        # `current` switches the device for a while and back.
+        cur = al.ctypes.c_int()
+        with drv.current(1):
+            drv.check(drv.lib.hipGetDevice(al.ctypes.byref(cur)), "hipGetDevice")
+            self.assertEqual(cur.value, 1)
+        drv.check(drv.lib.hipGetDevice(al.ctypes.byref(cur)), "hipGetDevice")
+        self.assertEqual(cur.value, 0)
+        with self.assertRaisesRegex(Error, "the HIP runtime \\(libamdhip64.so\\) cannot be loaded"):
+            al._HipDriver("/nonexistent/libamdhip64.so")
 
 
 if __name__ == "__main__":
