@@ -579,6 +579,7 @@ fn selection_manifest() -> Manifest {
                     "builds": [
                         { "target": "a100", "arch": "sm_80", "cubin": "kernels/m.sm_80.cubin" },
                         { "target": "h100", "arch": "sm_90a", "cubin": "kernels/m.sm_90a.cubin" },
+                        { "target": "mi300x", "arch": "gfx942", "code_object": "kernels/m_gfx942.co" },
                     ],
                     "plan": mamba2_forward(),
                 }],
@@ -592,6 +593,7 @@ fn selection_manifest() -> Manifest {
 fn entry_selection_says_why_there_is_no_entry() {
     let m = selection_manifest();
     assert_eq!(m.cuda_archs(), ["sm_80", "sm_90a"]);
+    assert_eq!(m.hip_archs(), ["gfx942"]);
     let (_, k, b) = m.select("Softmax", "forward", "sm_90a").unwrap();
     assert_eq!(k.pass, "forward");
     assert_eq!(

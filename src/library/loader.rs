@@ -93,8 +93,8 @@ pub struct Build {
     /// CUDA: the cubin, relative to the library directory; `None` when the
     /// library was compiled without NVRTC (sources only).
     pub cubin: Option<PathBuf>,
-    /// HIP: the code object, relative to the library directory (this
-    /// loader runs CUDA only).
+    /// HIP: the code object, relative to the library directory (run by the
+    /// C header and the Python module; this loader runs CUDA only).
     pub code_object: Option<PathBuf>,
     /// CUDA: the other modules of the record by key (the recurrent
     /// backward's `states` pass), each a cubin relative to the library
@@ -230,6 +230,22 @@ impl Manifest {
             .flat_map(|v| &v.kernels)
             .flat_map(|k| &k.builds)
             .filter(|b| b.cubin.is_some())
+            .map(|b| b.arch.as_str())
+            .collect();
+        archs.sort_unstable();
+        archs.dedup();
+        archs
+    }
+
+    /// The AMD architectures the library has HIP code objects for, sorted
+    /// (the C header and the Python module run them; this loader does not).
+    pub fn hip_archs(&self) -> Vec<&str> {
+        let mut archs: Vec<&str> = self
+            .variants
+            .iter()
+            .flat_map(|v| &v.kernels)
+            .flat_map(|k| &k.builds)
+            .filter(|b| b.code_object.is_some())
             .map(|b| b.arch.as_str())
             .collect();
         archs.sort_unstable();
@@ -1854,10 +1870,18 @@ impl Library {
     fn load(manifest: Manifest, device: &Device) -> Result<Library, Error> {
         let (major, minor) = device.compute_capability();
         let present = manifest.cuda_archs();
-        let has = if present.is_empty() {
-            "none (it was compiled without NVRTC or for AMD targets only)".to_string()
-        } else {
-            present.join(", ")
+        let hip = manifest.hip_archs();
+        let has = match (present.is_empty(), hip.is_empty()) {
+            (false, _) => present.join(", "),
+            (true, true) => "none (it was compiled without NVRTC or for AMD targets only)".into(),
+            // The AMD side of a library is for the C header and the Python
+            // module (both load HIP code objects); this loader is CUDA's.
+            (true, false) => format!(
+                "none: it has HIP code objects for {}, which this Rust loader does not run \
+                 (it runs CUDA cubins); on AMD GPUs call them through include/aec_library.h \
+                 or python/aec_library.py under PyTorch for ROCm",
+                hip.join(", ")
+            ),
         };
         let Some(arch) = cuda_arch_for(major, minor) else {
             return Err(Error::Library {
