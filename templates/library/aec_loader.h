@@ -437,6 +437,15 @@ static inline char *aecl_join(const char *dir, const char *rel)
     return p;
 }
 
+/* Appends `src` to the string in `dst` (capacity `cap`), cut to fit. */
+static inline void aecl_append(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(dst);
+    while (*src != '\0' && n + 1 < cap)
+        dst[n++] = *src++;
+    dst[n] = '\0';
+}
+
 /* Closes `lib`: unloads its modules, releases the primary context it
    retained (CUDA), unloads the driver. Safe on a library whose open failed
    and on a closed one. */
@@ -734,8 +743,8 @@ static inline int aec_library_open_backend(aec_library *lib, const char *dir, in
            try the next. */
         loaded_any |= absent != AEC_ERROR_NO_DRIVER;
         if (tried++ > 0)
-            strncat(tried_text, "; ", sizeof tried_text - strlen(tried_text) - 1);
-        strncat(tried_text, lib->error, sizeof tried_text - strlen(tried_text) - 1);
+            aecl_append(tried_text, sizeof tried_text, "; ");
+        aecl_append(tried_text, sizeof tried_text, lib->error);
         aecl_open_undo(lib);
     }
     if (status == AECL_ABSENT || tried == 0) {

@@ -47,7 +47,7 @@ static int FC_RUN(aec_library *lib, const fc_args *a)
        forward on sm_90a, launches min(units, SMs) blocks whatever B is, and
        would run with these small buffers.) */
     s.B = 70000;
-    check_status(lib, FC_FORWARD(lib, &s, &f, NULL, NULL), AEC_ERROR_SHAPE, "CUDA allows",
+    check_status(lib, FC_FORWARD(lib, &s, &f, NULL, NULL), AEC_ERROR_SHAPE, "CUDA and HIP allow x in [1, 2^31 - 1]",
                  "a grid over the launch limits");
     s.B = a->B;
 #endif
