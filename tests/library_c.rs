@@ -104,12 +104,19 @@ fn build(source: &Path, dir: &Path, cpp: bool, exe: &Path) {
         c
     };
     // Fortified as Ubuntu builds by default (its checks warn where plain -O2 does not).
-    cmd.args(["-Wall", "-Wextra", "-Werror", "-O2", "-D_FORTIFY_SOURCE=2", "-I"])
-        .arg(dir.join("include"))
-        .arg(source)
-        .arg("-o")
-        .arg(exe)
-        .args(["-ldl", "-lm"]);
+    cmd.args([
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-O2",
+        "-D_FORTIFY_SOURCE=2",
+        "-I",
+    ])
+    .arg(dir.join("include"))
+    .arg(source)
+    .arg("-o")
+    .arg(exe)
+    .args(["-ldl", "-lm"]);
     let out = cmd.output().expect("run the compiler");
     assert!(
         out.status.success(),
