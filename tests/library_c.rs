@@ -11,15 +11,14 @@
 //! skipped with a note, or fails where `AEC_REQUIRE_TOOLCHAINS=1` says they
 //! must be there. The GPU side is `bench/library_c_check.sh`.
 
+mod common;
+
 use aec::library::c_header::{LOADER_H, generate};
 use aec::runtime::{driver_present, toolchains_required};
+use common::{repo, show};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use std::path::Path;
+use std::process::Command;
 
 /// Whether `tool` runs; otherwise a skip note, or a failure where
 /// toolchains are required.
@@ -34,15 +33,6 @@ fn tool_ready(tool: &str) -> bool {
         eprintln!("skipped: {msg}");
     }
     ok
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// `aec compile` of the four examples into `dir`; the include/ files from

@@ -17,23 +17,13 @@
 //! Needs `cc` and the HIP toolchain (`cargo xtask toolchains`); without them
 //! the test is skipped with a note, or fails where `AEC_REQUIRE_TOOLCHAINS=1`.
 
+mod common;
+
 use aec::runtime::{find_hip_compiler, toolchains_required};
+use common::{repo, show};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn ready() -> bool {
     let mut missing: Vec<String> = ["gfx90a", "gfx942"]

@@ -6,30 +6,20 @@
 //! back to the default elsewhere. (The Python module's choice is tested in
 //! `tests/python/test_aec_library.py`; on a GPU, `bench/library_gpu.sh`.)
 
+mod common;
+
 use aec::compiler::{Elem, ForwardConfig, Isa};
 use aec::library::Manifest;
 use aec::library::c_header::{LOADER_H, generate};
 use aec::runtime::{ShapeBucket, TunedEntry, TuningCache, TuningKey, toolchains_required};
 use aec::tune::{PARALLEL_FORWARD, template_version, variant_hash};
+use common::{repo, show};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const H200: &str = "NVIDIA H200";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn softmax() -> aec::frontend::Variant {
     let source = std::fs::read_to_string(repo().join("examples/softmax.rs")).unwrap();

@@ -224,28 +224,23 @@ impl Manifest {
 
     /// The CUDA architectures the library has cubins for, sorted.
     pub fn cuda_archs(&self) -> Vec<&str> {
-        let mut archs: Vec<&str> = self
-            .variants
-            .iter()
-            .flat_map(|v| &v.kernels)
-            .flat_map(|k| &k.builds)
-            .filter(|b| b.cubin.is_some())
-            .map(|b| b.arch.as_str())
-            .collect();
-        archs.sort_unstable();
-        archs.dedup();
-        archs
+        self.archs_where(|b| b.cubin.is_some())
     }
 
     /// The AMD architectures the library has HIP code objects for, sorted
     /// (the C header and the Python module run them; this loader does not).
     pub fn hip_archs(&self) -> Vec<&str> {
+        self.archs_where(|b| b.code_object.is_some())
+    }
+
+    /// The architectures of the builds `keep` accepts, sorted, once each.
+    fn archs_where(&self, keep: impl Fn(&Build) -> bool) -> Vec<&str> {
         let mut archs: Vec<&str> = self
             .variants
             .iter()
             .flat_map(|v| &v.kernels)
             .flat_map(|k| &k.builds)
-            .filter(|b| b.code_object.is_some())
+            .filter(|b| keep(b))
             .map(|b| b.arch.as_str())
             .collect();
         archs.sort_unstable();

@@ -336,3 +336,18 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
     let err = got.rel_err(want);
     assert!(err < tol, "{what}: relative error {err:e} ≥ {tol:e}");
 }
+
+/// The repository root (where examples/, tests/ and templates/ are).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A finished command's exit status, stdout and stderr, for assertion messages.
+pub fn show(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
