@@ -1,5 +1,6 @@
 //! HIP compile checks without an AMD GPU (issue: AMD backend): the parallel
-//! forward and backward of every parallel example, compiled for gfx90a (MI250) and gfx942
+//! forward and backward of every parallel example and the recurrent forward of
+//! every recurrent example, compiled for gfx90a (MI250) and gfx942
 //! (MI300X), with its resources read back from the code object's metadata and
 //! the matrix instructions (`v_mfma`) confirmed in the ISA: no scratch, no
 //! spills, LDS within a workgroup's 64 KiB, 64-lane wavefronts.
@@ -13,6 +14,9 @@ mod common;
 use aec::compiler::hip::backward::{HipBackwardConfig, MAX_BACKWARD_DV, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
+use aec::compiler::hip::recurrent::{
+    HipRecurrentConfig, HipRecurrentKind, hip_recurrent_forward, recurrent_lds_bytes,
+};
 use aec::compiler::{Elem, KernelSource};
 use aec::frontend::Variant;
 use aec::runtime::{
@@ -175,4 +179,68 @@ fn head_dims_and_element_types_compile_for_both_targets() {
             }
         }
     }
+}
+
+/// The recurrent forward of every recurrent example (RetNet, gated retention,
+/// Mamba2, random-feature attention with its normaliser, GLA with a decay per
+/// key dimension) at Dk × Dv 128 × 128, and the head dims that change its
+/// tiles (Dk 256: 32-step chunks; Dv 96: 32-column slices of two waves; f16).
+#[test]
+fn every_recurrent_forward_compiles_for_gfx90a_and_gfx942() {
+    if !toolchain_ready() {
+        return;
+    }
+    let examples = common::recurrent_examples();
+    assert!(examples.len() >= 5, "found {} examples", examples.len());
+    let mut report = String::new();
+    let mut cases: Vec<(String, Variant, u32, u32, Elem)> = examples
+        .into_iter()
+        .map(|(name, v)| (name, v, 128, 128, Elem::Bf16))
+        .collect();
+    for (name, dk, dv, elem) in [
+        ("retnet_recurrent", 256, 512, Elem::Bf16),
+        ("gated_retention", 256, 256, Elem::F16),
+        ("mamba2", 64, 96, Elem::Bf16),
+        ("gla", 256, 64, Elem::Bf16),
+        ("rfa", 16, 32, Elem::Bf16),
+    ] {
+        cases.push((name.to_string(), common::example(name), dk, dv, elem));
+    }
+    for (name, v, dk, dv, elem) in &cases {
+        let kind = HipRecurrentKind::of(v);
+        let cfg = HipRecurrentConfig::default_for(*dk, *dv, kind, *elem);
+        for gfx in [Gfx::Gfx90a, Gfx::Gfx942] {
+            let k = hip_recurrent_forward(v, *dk, *dv, &cfg, gfx, HipPrelude::Amdgcn)
+                .unwrap_or_else(|e| panic!("{name} {dk}x{dv}: {e}"));
+            let c = compile_checked(&k.source, &k.name, gfx);
+            assert_healthy(&k.name, k.threads, gfx, &c);
+            let lds = recurrent_lds_bytes(&cfg, *dk, kind);
+            assert!(
+                c.resources.lds_bytes >= lds,
+                "{}: {} B of LDS in the code object, the model counts {lds}",
+                k.name,
+                c.resources.lds_bytes
+            );
+            if !kind.per_key {
+                assert!(
+                    c.isa.contains("ds_bpermute_b32"),
+                    "{}: the decay scan exchanges lanes with ds_bpermute",
+                    k.name
+                );
+            }
+            let r = &c.resources;
+            report.push_str(&format!(
+                "{name:<18} {dk}x{dv} {elem:?} c{} v{} {:<7} {:>3} VGPRs ({:>3} AGPRs) {:>3} SGPRs {:>6} B LDS, {} waves/SIMD\n",
+                cfg.chunk,
+                cfg.dv_tile,
+                gfx.name(),
+                r.vgprs,
+                r.agprs,
+                r.sgprs,
+                r.lds_bytes,
+                r.waves_per_simd(cfg.waves())
+            ));
+        }
+    }
+    eprintln!("{report}");
 }

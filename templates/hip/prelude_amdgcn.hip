@@ -54,6 +54,10 @@ __device__ __forceinline__ int lane_xor_i(int x, int m) {
 __device__ __forceinline__ float lane_xor_f(float x, int m) {
     return __builtin_bit_cast(float, lane_xor_i(__builtin_bit_cast(int, x), m));
 }
+// Lane `src`'s x (any lane of the wave).
+__device__ __forceinline__ float lane_read_f(float x, int src) {
+    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, x)));
+}
 
 // f32 atomic add in global memory (hardware float atomics where the target
 // has them; the compile uses -munsafe-fp-atomics, valid for hipMalloc memory).

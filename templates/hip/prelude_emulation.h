@@ -139,6 +139,15 @@ inline int lane_xor_i(int x, int m) {
     return r;
 }
 inline float lane_xor_f(float x, int m) { return __builtin_bit_cast(float, lane_xor_i(__builtin_bit_cast(int, x), m)); }
+inline float lane_read_f(float x, int src) {
+    aec_emu::Wave& w = aec_emu::wave();
+    const int l = aec_emu::lane();
+    w.xi[l] = __builtin_bit_cast(int, x);
+    w.bar.arrive_and_wait();
+    const int r = w.xi[src];
+    w.bar.arrive_and_wait();
+    return __builtin_bit_cast(float, r);
+}
 
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline int atomic_min_shared(int* p, int v) {

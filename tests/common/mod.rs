@@ -69,6 +69,16 @@ pub fn example(name: &str) -> Variant {
 
 /// Every parallel example without indexed inputs, by file stem, sorted.
 pub fn parallel_examples() -> Vec<(String, Variant)> {
+    examples_where(|v| v.parallel().is_some())
+}
+
+/// Every recurrent example, by file stem, sorted.
+pub fn recurrent_examples() -> Vec<(String, Variant)> {
+    examples_where(|v| v.recurrent().is_some())
+}
+
+/// The examples without indexed inputs that `keep` accepts, by file stem, sorted.
+fn examples_where(keep: impl Fn(&Variant) -> bool) -> Vec<(String, Variant)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(examples_dir()).expect("examples dir") {
         let path = entry.expect("entry").path();
@@ -76,7 +86,7 @@ pub fn parallel_examples() -> Vec<(String, Variant)> {
         for inv in parse_file(&src).expect("rust file") {
             let v = inv.variant.expect("valid example");
             let indexed = v.customs.iter().any(|c| !c.user_axes.is_empty());
-            if v.parallel().is_some() && !indexed {
+            if keep(&v) && !indexed {
                 out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
             }
         }

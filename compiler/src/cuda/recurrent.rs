@@ -128,7 +128,7 @@ impl ForwardKind {
 }
 
 /// Whether the variant's decay is per key dimension (GLA's).
-pub(super) fn per_key_decay(rec: &Recurrent) -> bool {
+pub(crate) fn per_key_decay(rec: &Recurrent) -> bool {
     rec.decay.as_ref().is_some_and(|d| d.per_key_dim)
 }
 
@@ -289,14 +289,15 @@ pub fn recurrent_states(
     chunked_forward(variant, dk, dv, cfg, true)
 }
 
-/// What the recurrent templates require of a variant, its head dims and the
-/// configuration; returns the variant's recurrent body and the state tiling.
-fn check_recurrent_inputs<'v>(
-    variant: &'v Variant,
+/// What every recurrent template (CUDA and HIP) requires of a variant and
+/// its head dims: the recurrent pattern, head dims matching the variant's
+/// fixed sizes, Dk a power of two from 16 to 256, Dv a multiple of 32 up to
+/// 512, and no custom input read by index.
+pub(crate) fn check_recurrent_dims(
+    variant: &Variant,
     dk: u32,
     dv: u32,
-    cfg: &RecurrentConfig,
-) -> Result<(&'v Recurrent, (u32, u32, u32)), CompileError> {
+) -> Result<&Recurrent, CompileError> {
     let rec = variant.recurrent().ok_or_else(|| {
         CompileError(format!(
             "`{}` is a parallel variant; the recurrent forward needs a recurrent one",
@@ -315,6 +316,18 @@ fn check_recurrent_inputs<'v>(
         )));
     }
     refuse_indexed_inputs(variant)?;
+    Ok(rec)
+}
+
+/// What the recurrent templates require of a variant, its head dims and the
+/// configuration; returns the variant's recurrent body and the state tiling.
+fn check_recurrent_inputs<'v>(
+    variant: &'v Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &RecurrentConfig,
+) -> Result<(&'v Recurrent, (u32, u32, u32)), CompileError> {
+    let rec = check_recurrent_dims(variant, dk, dv)?;
     if !RECURRENT_CHUNKS.contains(&cfg.chunk) {
         return Err(CompileError(format!(
             "chunk = {} is not supported by the recurrent template: it takes {RECURRENT_CHUNKS:?}",
@@ -422,7 +435,7 @@ fn chunked_forward(
 /// The arguments every recurrent kernel starts with: q, k, v, then `fourth`
 /// (the output `o`, or the backward's `do`) where given, then the custom
 /// inputs.
-pub(super) fn leading_args(variant: &Variant, fourth: Option<&'static str>) -> Vec<ArgKind> {
+pub(crate) fn leading_args(variant: &Variant, fourth: Option<&'static str>) -> Vec<ArgKind> {
     let mut args = vec![
         ArgKind::Tensor("q"),
         ArgKind::Tensor("k"),
@@ -439,7 +452,7 @@ pub(super) fn leading_args(variant: &Variant, fourth: Option<&'static str>) -> V
 }
 
 /// The forward's arguments in launch order (see [`RecurrentSource::args`]).
-pub(super) fn forward_args(
+pub(crate) fn forward_args(
     variant: &Variant,
     emit_o: bool,
     normalize: bool,

@@ -3,3 +3,4 @@
 pub mod backward;
 pub mod dialect;
 pub mod forward;
+pub mod recurrent;
