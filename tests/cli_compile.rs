@@ -484,7 +484,8 @@ fn check_recurrent_backward(dir: &Path, bk: &serde_json::Value, customs: &[&str]
 
 /// A normalised variant takes the normaliser's states too; the A100 and the
 /// Hopper targets share one source where their configurations agree; AMD
-/// targets get a warning and a manifest note, no fake kernel.
+/// targets get the HIP forward (its code object where the HIP toolchain is
+/// installed) and a skipped backward record with a warning, no fake kernel.
 #[test]
 fn recurrent_normaliser_shared_sources_and_amd_targets() {
     let dir = scratch("rec-rfa");
@@ -498,8 +499,7 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        err.contains("warning: `Rfa` (examples/rfa.rs) is recurrent: no HIP kernel exists for recurrent variants yet")
-            && err.contains("mi250"),
+        err.contains("warning: `Rfa` (examples/rfa.rs): no HIP recurrent backward exists yet: the AMD build has the forward only (skipped the backward for mi250)"),
         "{err}"
     );
     let m = manifest(&dir);
@@ -507,7 +507,7 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
     let kernels = v["kernels"].as_array().expect("kernels");
     let cuda: Vec<_> = kernels
         .iter()
-        .filter(|k| k.get("entry").is_some() && k["pass"] == "forward")
+        .filter(|k| k["pass"] == "forward" && k["builds"][0].get("cubin").is_some())
         .collect();
     // Dk = Dv = 128 (the default): double-buffered on both instruction sets,
     // so one source with a cubin per architecture.
@@ -544,17 +544,66 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
             assert_eq!(&std::fs::read(dir.join(c)).expect("cubin")[..4], b"\x7fELF");
         }
     }
-    let amd: Vec<_> = kernels.iter().filter(|k| k["target"] == "mi250").collect();
+    let amd: Vec<_> = kernels
+        .iter()
+        .filter(|k| k["target"] == "mi250" || k["builds"][0]["target"] == "mi250")
+        .collect();
     assert_eq!(amd.len(), 2, "{kernels:?}");
-    for (k, pass) in amd.iter().zip(["forward", "backward"]) {
-        assert_eq!(k["pass"], pass);
+    let (fwd, bwd) = (amd[0], amd[1]);
+    assert_eq!(
+        fwd["entry"], "aec_rec_fwd_rfa_bf16_d128x128_c64v64_gfx90a",
+        "{fwd}"
+    );
+    assert_eq!(
+        fwd["source"],
+        "kernels/aec_rec_fwd_rfa_bf16_d128x128_c64v64_gfx90a.hip"
+    );
+    assert!(dir.join(fwd["source"].as_str().unwrap()).is_file());
+    assert_eq!(fwd["normalized"], true);
+    assert_eq!(fwd["config"]["warps"], 4, "four waves: {fwd}");
+    let plan_names: Vec<&str> = fwd["plan"]["buffers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        plan_names,
+        [
+            "q",
+            "k",
+            "v",
+            "g",
+            "o",
+            "state_in",
+            "state_out",
+            "norm_in",
+            "norm_out"
+        ]
+    );
+    let build = &fwd["builds"][0];
+    assert_eq!(build["arch"], "gfx90a");
+    if aec::runtime::find_hip_compiler("gfx90a").is_ok() {
+        let co = dir.join(build["code_object"].as_str().expect("code object"));
+        assert_eq!(&std::fs::read(co).expect("code object")[..4], b"\x7fELF");
+        let usage = &build["report"]["usage"];
+        assert_eq!(usage["scratch_bytes"], 0, "{build}");
         assert!(
-            k["skipped"]
-                .as_str()
-                .is_some_and(|s| s.contains("no HIP kernel exists for recurrent variants yet")),
-            "{k}"
+            usage["lds_bytes"]
+                .as_u64()
+                .is_some_and(|l| l > 0 && l <= 65536),
+            "{build}"
         );
+    } else {
+        assert!(build["code_object"].is_null(), "{build}");
     }
+    assert_eq!(bwd["pass"], "backward");
+    assert!(
+        bwd["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("no HIP recurrent backward exists yet")),
+        "{bwd}"
+    );
     // The backward: per instruction set (the `_dv` kernel's buffers follow
     // the shared memory), the normaliser's workspaces and gradients in the
     // plan, each record's files its own.

@@ -8,8 +8,9 @@
 //! two sources (the states pass and the backward kernels), each with its
 //! cubins, in one record whose launch plan names the states pass's module.
 //! Where the backward cannot be generated (e.g. Dk = 16) the manifest has a
-//! skipped backward record with the reason. No HIP recurrent kernel exists
-//! yet, and the manifest says so.
+//! skipped backward record with the reason. AMD targets get the HIP
+//! recurrent forward; no HIP recurrent backward exists yet, and the manifest
+//! says so in a skipped backward record.
 //!
 //! Next to the kernels it writes the library's loaders: `include/` (the C
 //! header generated from the launch plans and the header-only loader) and
@@ -20,6 +21,7 @@ use super::EXIT_INPUT;
 use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
+use aec::compiler::hip::recurrent::{HipRecurrentConfig, HipRecurrentKind, hip_recurrent_forward};
 use aec::compiler::launch_plan::{
     EntryPlan, Role, STATES_MODULE, SizeExpr, backward_plan, forward_plan, recurrent_backward_plan,
     recurrent_forward_plan,
@@ -323,7 +325,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": aec::library::MANIFEST_FORMAT,
-        "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA forward and backward of recurrent variants (the recurrent backward is two modules: the backward kernels, each build's `cubin`, and the states pass, its `modules.states`; no HIP recurrent kernels yet); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
+        "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA forward and backward and the HIP forward of recurrent variants (the recurrent backward is two modules: the backward kernels, each build's `cubin`, and the states pass, its `modules.states`; no HIP recurrent backward yet); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
         "tools": {
             "aec": env!("CARGO_PKG_VERSION"),
             "templates": format!("built into aec {}", env!("CARGO_PKG_VERSION")),
@@ -507,9 +509,9 @@ fn cuda_isas(targets: &[Target]) -> Vec<(Isa, Vec<Target>)> {
     out
 }
 
-/// What the manifest and the warning say of AMD targets for a recurrent variant.
-const RECURRENT_HIP_NOTE: &str =
-    "no HIP kernel exists for recurrent variants yet: nothing is generated for AMD targets";
+/// What the manifest and the warning say of the recurrent backward on AMD targets.
+const RECURRENT_HIP_BACKWARD_NOTE: &str =
+    "no HIP recurrent backward exists yet: the AMD build has the forward only";
 
 /// A recurrent variant's manifest record: its CUDA forward and backward per
 /// instruction set among the targets (sources, cubins with NVRTC, launch
@@ -625,21 +627,8 @@ fn recurrent_variant(
             recurrent_backward_plan(v, b),
         ));
     }
-    let amd: Vec<Target> = targets
-        .iter()
-        .copied()
-        .filter(|t| t.gfx().is_some())
-        .collect();
-    for t in &amd {
-        eprintln!(
-            "warning: `{}` ({file}) is recurrent: {RECURRENT_HIP_NOTE} (skipped {})",
-            v.name,
-            t.name()
-        );
-        for pass in ["forward", "backward"] {
-            kernels
-                .push(json!({ "pass": pass, "target": t.name(), "skipped": RECURRENT_HIP_NOTE }));
-        }
+    for t in targets.iter().copied().filter(|t| t.gfx().is_some()) {
+        kernels.extend(hip_recurrent_kernels(dir, v, file, (dk, dv), t)?);
     }
     Ok(json!({
         "name": v.name,
@@ -648,6 +637,49 @@ fn recurrent_variant(
         "inputs": aec::frontend::print::to_json(v)["inputs"].clone(),
         "kernels": kernels,
     }))
+}
+
+/// A recurrent variant's kernels for one AMD target: the HIP forward (source,
+/// code object with its resources, launch plan, configuration) and a skipped
+/// backward record.
+fn hip_recurrent_kernels(
+    dir: &Path,
+    v: &Variant,
+    file: &str,
+    (dk, dv): (u32, u32),
+    target: Target,
+) -> Result<Vec<Value>, String> {
+    let gfx = target.gfx().expect("AMD target");
+    let cfg = HipRecurrentConfig::default_for(dk, dv, HipRecurrentKind::of(v), Elem::Bf16);
+    let k = hip_recurrent_forward(v, dk, dv, &cfg, gfx, HipPrelude::Amdgcn)
+        .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
+    let build = hip_build(
+        dir,
+        &k.name,
+        &k.source,
+        &k.name,
+        cfg.waves(),
+        target,
+        &v.name,
+    )?;
+    eprintln!(
+        "warning: `{}` ({file}): {RECURRENT_HIP_BACKWARD_NOTE} (skipped the backward for {})",
+        v.name,
+        target.name()
+    );
+    Ok(vec![
+        json!({
+            "pass": "forward",
+            "entry": k.name,
+            "source": format!("kernels/{}.hip", k.name),
+            "builds": [build],
+            "head_dims": { "Dk": k.dk, "Dv": k.dv },
+            "config": recurrent_config_json(&k.config),
+            "normalized": k.normalized,
+            "plan": recurrent_forward_plan(v, &k),
+        }),
+        json!({ "pass": "backward", "target": target.name(), "skipped": RECURRENT_HIP_BACKWARD_NOTE }),
+    ])
 }
 
 /// The manifest record of a recurrent backward: the backward kernels'
