@@ -4,8 +4,8 @@
 //! objects, finds entries only if they are in the image, and logs each
 //! launch instead of running it.
 //!
-//! A softmax library is compiled for mi250 and mi300x with the real HIP
-//! toolchain. The C program `tests/c/hip_loader_check.c`, built against its
+//! A softmax and Mamba2 (recurrent) library is compiled for mi250 and
+//! mi300x with the real HIP toolchain. The C program `tests/c/hip_loader_check.c`, built against its
 //! header, opens it (only the HIP backend is tried), runs the forward and
 //! the backward, and checks errors by name; this test then compares every
 //! logged launch with the manifest's plan for those sizes: entry, grid,
@@ -99,14 +99,19 @@ fn eval(expr: &Value, sizes: &[(&str, u64)]) -> u64 {
     }
 }
 
-/// The gfx942 record of `pass` in the manifest's softmax variant.
-fn record<'a>(manifest: &'a Value, pass: &str) -> &'a Value {
-    manifest["variants"][0]["kernels"]
+/// The gfx942 record of `pass` in the manifest's variant `name`.
+fn record<'a>(manifest: &'a Value, name: &str, pass: &str) -> &'a Value {
+    manifest["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no variant {name}"))["kernels"]
         .as_array()
         .unwrap()
         .iter()
         .find(|k| k["pass"] == pass && k["builds"][0]["arch"] == "gfx942")
-        .unwrap_or_else(|| panic!("no gfx942 {pass} record"))
+        .unwrap_or_else(|| panic!("no gfx942 {pass} record of {name}"))
 }
 
 /// The log lines the plan's launches should produce with `ptrs` (buffer
@@ -133,6 +138,8 @@ fn expected_launches(rec: &Value, sizes: &[(&str, u64)], ptrs: &[(&str, &str)]) 
                         .map(|(_, a)| a.to_string())
                         .unwrap_or_else(|| "workspace".into());
                     args.push_str(&format!(" p{addr}"));
+                } else if a.get("null").is_some() {
+                    args.push_str(" p0");
                 } else {
                     ints.push_str(&format!(" i{}", eval(&a["i32"], sizes)));
                 }
@@ -197,6 +204,7 @@ fn c_loader_runs_hip_code_objects_through_the_hip_runtime() {
         Command::new(env!("CARGO_BIN_EXE_aec"))
             .arg("compile")
             .arg(repo().join("examples/softmax.rs"))
+            .arg(repo().join("examples/mamba2.rs"))
             .args(["--target", "mi250,mi300x", "--no-tuning", "-o"])
             .arg(&lib),
         "aec compile --target mi250,mi300x",
@@ -260,8 +268,8 @@ fn c_loader_runs_hip_code_objects_through_the_hip_runtime() {
         .into_iter()
         .zip(bwd.iter().copied())
         .collect();
-    let forward = record(&manifest, "forward");
-    let backward = record(&manifest, "backward");
+    let forward = record(&manifest, "Softmax", "forward");
+    let backward = record(&manifest, "Softmax", "backward");
     assert!(
         stdout.contains(&format!(
             "forward kernel {}",
@@ -271,6 +279,17 @@ fn c_loader_runs_hip_code_objects_through_the_hip_runtime() {
     );
     let mut expected = expected_launches(forward, &sizes, &fwd_ptrs);
     expected.extend(expected_launches(backward, &sizes, &bwd_ptrs));
+    // The recurrent forward (its plan passes a null `cu_seqlens`).
+    let mamba2 = record(&manifest, "Mamba2", "forward");
+    let m_ptrs: Vec<(&str, &str)> = ["q", "k", "v", "a", "dt", "o", "state_in", "state_out"]
+        .into_iter()
+        .zip(printed(&stdout, "mamba2 ptrs "))
+        .collect();
+    expected.extend(expected_launches(
+        mamba2,
+        &[("B", 2), ("H", 3), ("S", 150)],
+        &m_ptrs,
+    ));
     let text = std::fs::read_to_string(&log).expect("the double's launch log");
     let logged: Vec<&str> = text.lines().collect();
     assert_launches(&logged, &expected);
@@ -280,6 +299,13 @@ fn c_loader_runs_hip_code_objects_through_the_hip_runtime() {
         "{}",
         logged[0]
     );
+    // Mamba2 at Dk = Dv = 128: 64-column slices of four waves, 2 x H x B.
+    let m = logged
+        .iter()
+        .find(|l| l.contains("aec_rec_fwd_mamba2"))
+        .expect("a Mamba2 launch");
+    assert!(m.contains(" grid 2 3 2 block 256 1 1 smem 0 "), "{m}");
+    assert!(stdout.contains("mamba2 wrong Dk: "), "{stdout}");
     assert!(stdout.contains("failed: hipErrorLaunchFailure"), "{stdout}");
 
     // The Python module's HIP driver over the same double and library.

@@ -1,14 +1,15 @@
 /*
  * The C loader's HIP backend against tests/c/fake_hip.c, the test double of
  * ROCm's runtime (tests/library_hip_loader.rs builds and runs it): a
- * softmax library built for mi250 and mi300x opens on the double's gfx942
- * device, picks the gfx942 code objects, moves bytes, launches the forward
- * and the backward (the double logs the launches; the Rust test checks the
- * log against the manifest's plans), and reports a failed launch and a
- * wrong current device by name.
+ * softmax and Mamba2 library built for mi250 and mi300x opens on the
+ * double's gfx942 device, picks the gfx942 code objects, moves bytes,
+ * launches the softmax forward and backward and the Mamba2 (recurrent)
+ * forward (the double logs the launches; the Rust test checks the log
+ * against the manifest's plans), and reports a failed launch and a wrong
+ * current device by name.
  *
- * Prints "forward ptrs P..." and "backward ptrs P..." lines for the Rust
- * test; exits 0 when every check here passed.
+ * Prints "forward ptrs P...", "backward ptrs P..." and "mamba2 ptrs P..."
+ * lines for the Rust test; exits 0 when every check here passed.
  */
 #include "aec_library.h"
 
@@ -121,6 +122,48 @@ int main(int argc, char **argv)
            (unsigned long long)(uintptr_t)b.dv);
     printf("backward workspace bytes %lu\n", (unsigned long)aec_softmax_backward_workspace_bytes(&lib, &s));
     unsetenv("AEC_FAKE_HIP_ARGS");
+
+    /* The recurrent forward (Mamba2): a length that is no chunk multiple,
+       an initial state in, the final state out. */
+    {
+        aec_mamba2_sizes ms;
+        aec_mamba2_forward_buffers mb;
+        size_t qk_bytes, v_bytes, state_bytes;
+        ms.B = 2;
+        ms.H = 3;
+        ms.S = 150;
+        ms.Dk = AEC_MAMBA2_DK;
+        ms.Dv = AEC_MAMBA2_DV;
+        qk_bytes = (size_t)ms.B * ms.H * ms.S * ms.Dk * 2;
+        v_bytes = (size_t)ms.B * ms.H * ms.S * ms.Dv * 2;
+        state_bytes = (size_t)ms.B * ms.H * ms.Dk * ms.Dv * 4;
+        kernel = aec_mamba2_forward_kernel(&lib, &ms);
+        CHECK(kernel != NULL && strstr(kernel, "aec_rec_fwd_mamba2") != NULL && strstr(kernel, "_gfx942") != NULL,
+              "Mamba2 forward kernel %s", kernel ? kernel : "(none)");
+        mb.q = device_buffer(&lib, qk_bytes, 11);
+        mb.k = device_buffer(&lib, qk_bytes, 12);
+        mb.v = device_buffer(&lib, v_bytes, 13);
+        mb.a = (const float *)device_buffer(&lib, (size_t)ms.H * 4, 14);
+        mb.dt = (const float *)device_buffer(&lib, (size_t)ms.B * ms.H * ms.S * 4, 15);
+        mb.o = device_buffer(&lib, v_bytes, 16);
+        mb.state_in = (const float *)device_buffer(&lib, state_bytes, 17);
+        mb.state_out = (float *)device_buffer(&lib, state_bytes, 18);
+        setenv("AEC_FAKE_HIP_ARGS", "9:3", 1);
+        st = aec_mamba2_forward(&lib, &ms, &mb, NULL, NULL);
+        CHECK(st == AEC_OK, "Mamba2 forward: %s: %s", aec_status_name(st), aec_last_error(&lib));
+        printf("mamba2 ptrs %llx %llx %llx %llx %llx %llx %llx %llx\n", (unsigned long long)(uintptr_t)mb.q,
+               (unsigned long long)(uintptr_t)mb.k, (unsigned long long)(uintptr_t)mb.v,
+               (unsigned long long)(uintptr_t)mb.a, (unsigned long long)(uintptr_t)mb.dt,
+               (unsigned long long)(uintptr_t)mb.o, (unsigned long long)(uintptr_t)mb.state_in,
+               (unsigned long long)(uintptr_t)mb.state_out);
+        unsetenv("AEC_FAKE_HIP_ARGS");
+        /* Head dims the library was not built for: refused before any launch. */
+        ms.Dk = 64;
+        st = aec_mamba2_forward(&lib, &ms, &mb, NULL, NULL);
+        CHECK(st == AEC_ERROR_SHAPE && strstr(aec_last_error(&lib), "Dk = 64") != NULL, "Mamba2 with Dk 64: %s: %s",
+              aec_status_name(st), aec_last_error(&lib));
+        printf("mamba2 wrong Dk: %s\n", aec_last_error(&lib));
+    }
 
     /* A launch the runtime refuses: named with its grid and the HIP error. */
     setenv("AEC_FAKE_HIP_FAIL_LAUNCH", "1", 1);
