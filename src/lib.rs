@@ -7,7 +7,7 @@
 //! [`ParallelKernels::forward`], [`ParallelKernels::backward`]) and the
 //! forward and backward of recurrent ones ([`Variant::compile_recurrent`],
 //! [`RecurrentKernels::forward`], [`RecurrentKernels::backward`]). The
-//! README's status table says what is not there yet (HIP recurrent kernels).
+//! README's status table says what is not there yet (the HIP recurrent backward).
 //!
 //! ```
 //! use aec::prelude::*;
