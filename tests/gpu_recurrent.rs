@@ -73,20 +73,6 @@ fn with(l: &[(String, usize)], name: &str, count: Option<usize>) -> Vec<(String,
         .collect()
 }
 
-/// The range of each example's custom inputs: gated retention's gate
-/// logits, Mamba2's A (negative) and step sizes, RFA's gate after its
-/// sigmoid.
-fn custom_range(name: &str) -> (f64, f64) {
-    match name {
-        "gate" => (-1.0, 3.0),
-        "a" => (-4.0, -0.5),
-        "dt" => (0.01, 0.2),
-        "g" => (0.5, 0.99),
-        "alpha" => (-0.5, -0.01),
-        other => panic!("no range for custom input `{other}`"),
-    }
-}
-
 // -------------------------------------------------------------- CPU tests
 
 #[test]
@@ -483,7 +469,7 @@ fn random_call(
         initial_normalizer: None,
     };
     for c in &def.customs {
-        let (lo, hi) = custom_range(&c.name);
+        let (lo, hi) = common::recurrent_custom_range(&c.name);
         let (host, t) = f32_tensor(dims_of(&c.axes), &mut rng, &|r| r.random_range(lo..hi));
         customs.push((c.name.clone(), host));
         inputs.customs.insert(c.name.clone(), t);

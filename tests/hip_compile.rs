@@ -15,9 +15,9 @@ use aec::compiler::hip::backward::{HipBackwardConfig, MAX_BACKWARD_DV, hip_paral
 use aec::compiler::hip::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::hip::recurrent::{
-    HipRecurrentConfig, HipRecurrentKind, hip_recurrent_forward, recurrent_lds_bytes,
+    HipRecurrentConfig, hip_recurrent_forward, recurrent_lds_bytes,
 };
-use aec::compiler::{Elem, KernelSource};
+use aec::compiler::{Elem, ForwardKind, KernelSource};
 use aec::frontend::Variant;
 use aec::runtime::{
     HipResourceUsage, find_hip_compiler, hip_compile, hip_isa, hip_resources, toolchains_required,
@@ -207,7 +207,7 @@ fn every_recurrent_forward_compiles_for_gfx90a_and_gfx942() {
         cases.push((name.to_string(), common::example(name), dk, dv, elem));
     }
     for (name, v, dk, dv, elem) in &cases {
-        let kind = HipRecurrentKind::of(v);
+        let kind = ForwardKind::of(v);
         let cfg = HipRecurrentConfig::default_for(*dk, *dv, kind, *elem);
         for gfx in [Gfx::Gfx90a, Gfx::Gfx942] {
             let k = hip_recurrent_forward(v, *dk, *dv, &cfg, gfx, HipPrelude::Amdgcn)

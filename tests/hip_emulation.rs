@@ -18,23 +18,10 @@ use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::{ArgKind, Elem, KernelSource};
 use aec::prelude::*;
 use aec::reference::{self, Options};
-use aec::runtime::{bf16, f16, toolchains_required};
+use aec::runtime::{bf16, f16};
+use common::emulation::{build_and_run, cxx};
 use common::gpu::{random_call, rel_err};
 use std::fmt::Write as _;
-use std::process::Command;
-
-fn cxx() -> Option<String> {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    match Command::new(&cxx).arg("--version").output() {
-        Ok(o) if o.status.success() => Some(cxx),
-        _ => {
-            let msg = format!("no C++20 compiler (`{cxx}`; set CXX) for the HIP emulation");
-            assert!(!toolchains_required(), "{msg}");
-            eprintln!("skipped: {msg}");
-            None
-        }
-    }
-}
 
 /// A kernel's argument list as the driver's C++ expressions (the vectors it
 /// declares: tensors and workspaces by name, custom input `n` as `c<n>`, its
@@ -142,19 +129,6 @@ fn driver(
     s
 }
 
-fn run(cmd: &mut Command, what: &str) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Renders `examples/<name>.rs`'s HIP forward with the emulation prelude,
 /// runs it on a random call and checks it against the reference.
 fn check(
@@ -260,22 +234,7 @@ fn check_with(
         input.extend(h.iter().flat_map(|x| x.to_le_bytes()));
     }
     std::fs::write(p("in.bin"), input).unwrap();
-    run(
-        Command::new(&cxx).current_dir(dir.path()).args([
-            "-std=c++20",
-            "-O1",
-            "-pthread",
-            "-w",
-            "driver.cpp",
-            "-o",
-            "driver",
-        ]),
-        &format!("{name}: building the emulated kernel"),
-    );
-    run(
-        Command::new(dir.path().join("driver")).current_dir(dir.path()),
-        &format!("{name}: the emulated kernel"),
-    );
+    build_and_run(&cxx, dir.path(), name);
     let out = std::fs::read(p("out.bin")).unwrap();
     let o_len = shape.rows() * dims.dv as usize;
     let o: Vec<f64> = out[..2 * o_len]

@@ -13,43 +13,17 @@
 mod common;
 
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
-use aec::compiler::hip::recurrent::{HipRecurrentConfig, HipRecurrentKind, hip_recurrent_forward};
-use aec::compiler::{ArgKind, Elem, RecurrentSource};
+use aec::compiler::hip::recurrent::{HipRecurrentConfig, hip_recurrent_forward};
+use aec::compiler::{ArgKind, Elem, ForwardKind, RecurrentSource};
 use aec::frontend::Variant;
 use aec::frontend::ir::Axis;
 use aec::prelude::*;
 use aec::reference::{self, Options};
-use aec::runtime::{bf16, toolchains_required};
+use aec::runtime::bf16;
+use common::emulation::{build_and_run, cxx};
 use common::gpu::{normal, rel_err};
 use rand::Rng;
 use std::fmt::Write as _;
-use std::process::Command;
-
-fn cxx() -> Option<String> {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    match Command::new(&cxx).arg("--version").output() {
-        Ok(o) if o.status.success() => Some(cxx),
-        _ => {
-            let msg = format!("no C++20 compiler (`{cxx}`; set CXX) for the HIP emulation");
-            assert!(!toolchains_required(), "{msg}");
-            eprintln!("skipped: {msg}");
-            None
-        }
-    }
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// One call: `seqs` sequences of `lengths` steps, each batch item its own
 /// sequence (`packed` false) or all packed along S of batch item 0 with
@@ -100,18 +74,6 @@ impl Call {
     }
 }
 
-/// The range of each example's custom inputs (as the CUDA GPU tests use).
-fn custom_range(name: &str) -> (f64, f64) {
-    match name {
-        "gate" => (-1.0, 3.0),
-        "a" => (-4.0, -0.5),
-        "dt" => (0.01, 0.2),
-        "g" => (0.5, 0.99),
-        "alpha" => (-0.5, -0.01),
-        other => panic!("no range for custom input `{other}`"),
-    }
-}
-
 /// Item `item`, steps `range` of a tensor with `axes` as a one-item tensor
 /// (an axis B becomes 1, an axis S the range's length).
 fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -> Tensor {
@@ -157,7 +119,7 @@ fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -
 fn check(name: &str, call: &Call, tune: impl Fn(&mut HipRecurrentConfig)) {
     let Some(cxx) = cxx() else { return };
     let def: Variant = common::example(name);
-    let kind = HipRecurrentKind::of(&def);
+    let kind = ForwardKind::of(&def);
     let (dk, dv) = (call.dk as u32, call.dv as u32);
     let mut cfg = HipRecurrentConfig::default_for(dk, dv, kind, Elem::Bf16);
     tune(&mut cfg);
@@ -187,7 +149,7 @@ fn check(name: &str, call: &Call, tune: impl Fn(&mut HipRecurrentConfig)) {
     };
     let mut customs = Vec::new();
     for c in &def.customs {
-        let (lo, hi) = custom_range(&c.name);
+        let (lo, hi) = common::recurrent_custom_range(&c.name);
         let shape = c.axes.iter().map(|a| call.size(*a)).collect();
         customs.push((
             c.name.clone(),
@@ -236,22 +198,7 @@ fn check(name: &str, call: &Call, tune: impl Fn(&mut HipRecurrentConfig)) {
         ),
     )
     .unwrap();
-    run(
-        Command::new(&cxx).current_dir(dir.path()).args([
-            "-std=c++20",
-            "-O1",
-            "-pthread",
-            "-w",
-            "driver.cpp",
-            "-o",
-            "driver",
-        ]),
-        &format!("{name}: building the emulated kernel"),
-    );
-    run(
-        Command::new(dir.path().join("driver")).current_dir(dir.path()),
-        &format!("{name}: the emulated kernel"),
-    );
+    build_and_run(&cxx, dir.path(), name);
     let out = std::fs::read(p("out.bin")).unwrap();
     let o: Vec<f64> = out[..2 * o_len]
         .chunks(2)

@@ -21,7 +21,7 @@ pub use cuda::forward::{
     ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
 };
 pub use cuda::recurrent::{
-    RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,
+    ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,
     RecurrentSource, recurrent_backward, recurrent_forward, recurrent_states,
 };
 pub use cuda::recurrent_step::{RecurrentStepSource, recurrent_step};

@@ -21,13 +21,13 @@ use super::EXIT_INPUT;
 use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
-use aec::compiler::hip::recurrent::{HipRecurrentConfig, HipRecurrentKind, hip_recurrent_forward};
+use aec::compiler::hip::recurrent::{HipRecurrentConfig, hip_recurrent_forward};
 use aec::compiler::launch_plan::{
     EntryPlan, Role, STATES_MODULE, SizeExpr, backward_plan, forward_plan, recurrent_backward_plan,
     recurrent_forward_plan,
 };
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, KernelSource, RecurrentBackwardSource,
+    BackwardConfig, Elem, ForwardConfig, ForwardKind, Isa, KernelSource, RecurrentBackwardSource,
     RecurrentConfig, RecurrentSource, parallel_backward, parallel_forward, recurrent_backward,
     recurrent_forward,
 };
@@ -650,7 +650,7 @@ fn hip_recurrent_kernels(
     target: Target,
 ) -> Result<Vec<Value>, String> {
     let gfx = target.gfx().expect("AMD target");
-    let cfg = HipRecurrentConfig::default_for(dk, dv, HipRecurrentKind::of(v), Elem::Bf16);
+    let cfg = HipRecurrentConfig::default_for(dk, dv, ForwardKind::of(v), Elem::Bf16);
     let k = hip_recurrent_forward(v, dk, dv, &cfg, gfx, HipPrelude::Amdgcn)
         .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
     let build = hip_build(

@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
+pub mod emulation;
 pub mod gpu;
 
 /// Whether NVRTC, ptxas and cuobjdump are there for the CUDA compile checks;
@@ -93,6 +94,20 @@ fn examples_where(keep: impl Fn(&Variant) -> bool) -> Vec<(String, Variant)> {
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
+}
+
+/// The range of each recurrent example's custom inputs: gated retention's
+/// gate logits, Mamba2's A (negative) and step sizes, RFA's gate after its
+/// sigmoid, GLA's log decays.
+pub fn recurrent_custom_range(name: &str) -> (f64, f64) {
+    match name {
+        "gate" => (-1.0, 3.0),
+        "a" => (-4.0, -0.5),
+        "dt" => (0.01, 0.2),
+        "g" => (0.5, 0.99),
+        "alpha" => (-0.5, -0.01),
+        other => panic!("no range for custom input `{other}`"),
+    }
 }
 
 /// The example's fixed head dims, 128 where it leaves them free.

@@ -4,7 +4,7 @@
 
 use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
 use crate::cuda::recurrent::{
-    RecurrentConfig, RecurrentSource, check_recurrent_dims, forward_args, per_key_decay,
+    ForwardKind, RecurrentConfig, RecurrentSource, check_recurrent_dims, forward_args,
 };
 use crate::cxx::closures::{CustomParams, custom_params, recurrent_closures};
 use crate::{CompileError, Elem};
@@ -22,31 +22,11 @@ pub struct HipRecurrentConfig {
     pub elem: Elem,
 }
 
-/// What of a recurrent variant changes the HIP forward's LDS.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HipRecurrentKind {
-    /// A normaliser: the key sum and the rows' normaliser shares.
-    pub normalize: bool,
-    /// A decay per key dimension: the factor tables instead of the scan.
-    pub per_key: bool,
-}
-
-impl HipRecurrentKind {
-    /// The kind of a recurrent `variant`.
-    pub fn of(variant: &Variant) -> HipRecurrentKind {
-        let rec = variant.recurrent();
-        HipRecurrentKind {
-            normalize: rec.is_some_and(|r| r.normalize.is_some()),
-            per_key: rec.is_some_and(per_key_decay),
-        }
-    }
-}
-
 impl HipRecurrentConfig {
     /// The configuration used when none is given: 64-column slices where Dv
     /// allows (four waves), else 32; 64-step chunks where the tiles fit in
     /// LDS, else 32 (Dk 256), and 32-column slices as the last resort.
-    pub fn default_for(dk: u32, dv: u32, kind: HipRecurrentKind, elem: Elem) -> HipRecurrentConfig {
+    pub fn default_for(dk: u32, dv: u32, kind: ForwardKind, elem: Elem) -> HipRecurrentConfig {
         let widest = if dv.is_multiple_of(64) { 64 } else { 32 };
         let candidates = [(64, widest), (32, widest), (64, 32), (32, 32)];
         let fits = |&&(chunk, dv_tile): &&(u32, u32)| {
@@ -76,7 +56,7 @@ impl HipRecurrentConfig {
 /// prefix sums, or with a decay per key dimension its factor tables (block
 /// totals, tile pairs, the state's share, the update's), and with a
 /// normaliser the key sum and the rows' shares.
-pub fn recurrent_lds_bytes(cfg: &HipRecurrentConfig, dk: u32, kind: HipRecurrentKind) -> u32 {
+pub fn recurrent_lds_bytes(cfg: &HipRecurrentConfig, dk: u32, kind: ForwardKind) -> u32 {
     let c = cfg.chunk;
     let (tiles, pairs) = (c / 16, (c / 16) * (c / 16 + 1) / 2);
     let elems = 2 * c * (dk + 8) + cfg.dv_tile * (c + 4) + c * (c + 4);
@@ -134,7 +114,7 @@ pub fn hip_recurrent_forward(
     prelude: HipPrelude,
 ) -> Result<RecurrentSource, CompileError> {
     let rec = check_recurrent_dims(variant, dk, dv)?;
-    let kind = HipRecurrentKind::of(variant);
+    let kind = ForwardKind::of(variant);
     if kind.per_key && kind.normalize {
         return Err(CompileError(format!(
             "`{}` decays per key dimension (`decay = |b, h, t, d| …`) and has a normaliser: the chunked kernels take a normaliser with a scalar decay per head and step only so far",
@@ -233,8 +213,8 @@ mod tests {
 
     #[test]
     fn default_tiles_fit_lds_and_take_the_widest_that_does() {
-        let plain = HipRecurrentKind::default();
-        let per_key = HipRecurrentKind {
+        let plain = ForwardKind::default();
+        let per_key = ForwardKind {
             per_key: true,
             normalize: false,
         };
