@@ -77,10 +77,7 @@ impl Call {
 /// Item `item`, steps `range` of a tensor with `axes` as a one-item tensor
 /// (an axis B becomes 1, an axis S the range's length).
 fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -> Tensor {
-    let mut shape = t.shape.clone();
-    let mut data = Vec::new();
-    // Walk every index of the result and read the source there.
-    let out_shape: Vec<usize> = axes
+    let shape: Vec<usize> = axes
         .iter()
         .zip(&t.shape)
         .map(|(a, &n)| match a {
@@ -89,28 +86,25 @@ fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -
             _ => n,
         })
         .collect();
-    let total: usize = out_shape.iter().product();
-    for flat in 0..total {
-        let mut rest = flat;
-        let mut at = 0;
-        let mut stride = 1;
-        let mut src_index = vec![0; axes.len()];
-        for i in (0..axes.len()).rev() {
-            let idx = rest % out_shape[i];
-            rest /= out_shape[i];
-            src_index[i] = match axes[i] {
-                Axis::B => item,
-                Axis::S => range.start + idx,
-                _ => idx,
-            };
-        }
-        for i in (0..axes.len()).rev() {
-            at += src_index[i] * stride;
-            stride *= t.shape[i];
-        }
-        data.push(t.data[at]);
-    }
-    shape.clone_from(&out_shape);
+    // Each index of the result, read from the source at the same index
+    // shifted to `item` along B and to `range` along S.
+    let data = (0..shape.iter().product::<usize>())
+        .map(|flat| {
+            let (mut rest, mut at, mut stride) = (flat, 0, 1);
+            for i in (0..axes.len()).rev() {
+                let idx = rest % shape[i];
+                rest /= shape[i];
+                let src = match axes[i] {
+                    Axis::B => item,
+                    Axis::S => range.start + idx,
+                    _ => idx,
+                };
+                at += src * stride;
+                stride *= t.shape[i];
+            }
+            t.data[at]
+        })
+        .collect();
     Tensor { shape, data }
 }
 

@@ -14,46 +14,16 @@
 mod common;
 
 use aec::library::c_header::{LOADER_H, generate};
-use aec::runtime::{driver_present, toolchains_required};
+use aec::runtime::driver_present;
 use common::{repo, show};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
 
-/// Whether `tool` runs; otherwise a skip note, or a failure where
-/// toolchains are required.
-fn tool_ready(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = format!("`{tool}` (a C/C++ compiler) not found: the C interface is not compiled");
-        assert!(!toolchains_required(), "{msg}");
-        eprintln!("skipped: {msg}");
-    }
-    ok
-}
-
 /// `aec compile` of the four examples into `dir`; the include/ files from
 /// the generator where the CLI did not write them. Returns the manifest.
 fn compile_library(dir: &Path) -> Value {
-    let ex = repo().join("examples");
-    let out = Command::new(env!("CARGO_BIN_EXE_aec"))
-        .arg("compile")
-        .args(["softmax", "alibi", "decode", "mamba2"].map(|n| ex.join(format!("{n}.rs"))))
-        .args([
-            "--target",
-            "h100,a100",
-            "--head-dims",
-            "128x64",
-            "--no-tuning",
-            "-o",
-        ])
-        .arg(dir)
-        .output()
-        .expect("run aec compile");
-    assert!(out.status.success(), "aec compile failed: {}", show(&out));
+    common::compile_example_library(dir);
     let text = std::fs::read_to_string(dir.join("manifest.json")).expect("manifest.json");
     let manifest: Value = serde_json::from_str(&text).expect("manifest is JSON");
     let include = dir.join("include");
@@ -119,7 +89,8 @@ fn build(source: &Path, dir: &Path, cpp: bool, exe: &Path) {
 
 #[test]
 fn c_interface_compiles_checks_calls_and_reports_the_missing_driver() {
-    if !tool_ready("cc") || !tool_ready("c++") {
+    let untested = "the C interface is not compiled";
+    if !common::tool_ready("cc", untested) || !common::tool_ready("c++", untested) {
         return;
     }
     let tmp = tempfile::tempdir().expect("temp dir");

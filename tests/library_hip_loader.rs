@@ -30,11 +30,7 @@ fn ready() -> bool {
         .iter()
         .filter_map(|g| find_hip_compiler(g).err().map(|e| e.to_string()))
         .collect();
-    if !Command::new("cc")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
+    if !common::tool_runs("cc") {
         missing.push("`cc` (a C compiler) not found".into());
     }
     if missing.is_empty() {

@@ -6,27 +6,14 @@
 //! toolchain folder), which keeps it fast; with NVRTC found elsewhere it
 //! builds cubins, and the tests pass either way.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
-/// Whether `python3` runs; without it the test is skipped with a message, or
-/// fails where `AEC_REQUIRE_TOOLCHAINS=1` (CI) says it must be there.
-fn python_ready() -> bool {
-    let found = Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        let msg = "python3 not found on PATH: the Python module's unit tests need it";
-        assert!(!aec::runtime::toolchains_required(), "{msg}");
-        eprintln!("skipped: {msg}");
-    }
-    found
-}
-
 #[test]
 fn python_module_unit_tests_pass_on_a_compiled_library() {
-    if !python_ready() {
+    if !common::tool_ready("python3", "the Python module's unit tests need it") {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use aec::compiler::launch_plan::{
     ArgPlan, EntryPlan, Role, backward_plan, forward_plan, recurrent_backward_plan,
@@ -186,34 +185,11 @@ fn passes(plan: &EntryPlan, call: &aec::library::CallPlan, launch: usize, name: 
 
 // ------------------------------------------------- a library from the CLI
 
-fn compile_library(dir: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_aec"))
-        .args([
-            "compile",
-            "examples/softmax.rs",
-            "examples/alibi.rs",
-            "examples/decode.rs",
-            "examples/mamba2.rs",
-            "--target",
-            "h100,a100",
-            "--head-dims",
-            "128x64",
-            "--no-tuning",
-            "-o",
-        ])
-        .arg(dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run aec");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "aec compile failed:\n{stderr}");
-}
-
 #[test]
 fn a_compiled_library_reads_back_and_its_calls_check() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    compile_library(dir);
+    common::compile_example_library(dir);
     let manifest = Manifest::read(dir).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = manifest.variants.iter().map(|v| v.name.as_str()).collect();
     assert_eq!(names, ["Softmax", "Alibi", "Decode", "Mamba2"]);

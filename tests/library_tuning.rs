@@ -11,7 +11,7 @@ mod common;
 use aec::compiler::{Elem, ForwardConfig, Isa};
 use aec::library::Manifest;
 use aec::library::c_header::{LOADER_H, generate};
-use aec::runtime::{ShapeBucket, TunedEntry, TuningCache, TuningKey, toolchains_required};
+use aec::runtime::{ShapeBucket, TunedEntry, TuningCache, TuningKey};
 use aec::tune::{PARALLEL_FORWARD, template_version, variant_hash};
 use common::{repo, show};
 use serde_json::Value;
@@ -224,7 +224,7 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     );
 
     // The C header: the pick follows the GPU name and the bucket.
-    if !cc_ready() {
+    if !common::tool_ready("cc", "the C header's pick is not compiled") {
         return;
     }
     let include = lib.join("include");
@@ -263,19 +263,6 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     assert_eq!(pick(H200, 1, 8, 33, 64), cubin(1));
     assert_eq!(pick(H200, 2, 3, 450, 300), cubin(0), "the H100's bucket");
     assert_eq!(pick("NVIDIA A100", 2, 3, 450, 300), cubin(0));
-}
-
-fn cc_ready() -> bool {
-    let ok = Command::new("cc")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = "`cc` not found: the C header's pick is not compiled";
-        assert!(!toolchains_required(), "{msg}");
-        eprintln!("skipped: {msg}");
-    }
-    ok
 }
 
 #[test]

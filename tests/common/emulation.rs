@@ -2,7 +2,6 @@
 //! rendered with `HipPrelude::CpuEmulation` plus a C++ driver in one
 //! directory).
 
-use aec::runtime::toolchains_required;
 use std::path::Path;
 use std::process::Command;
 
@@ -10,15 +9,7 @@ use std::process::Command;
 /// there is none, a failure where toolchains are required.
 pub fn cxx() -> Option<String> {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    match Command::new(&cxx).arg("--version").output() {
-        Ok(o) if o.status.success() => Some(cxx),
-        _ => {
-            let msg = format!("no C++20 compiler (`{cxx}`; set CXX) for the HIP emulation");
-            assert!(!toolchains_required(), "{msg}");
-            eprintln!("skipped: {msg}");
-            None
-        }
-    }
+    super::tool_ready(&cxx, "the HIP emulation needs a C++20 compiler (set CXX)").then_some(cxx)
 }
 
 /// Builds `dir/driver.cpp` (which includes the kernel sources next to it)

@@ -12,6 +12,52 @@ use std::path::PathBuf;
 pub mod emulation;
 pub mod gpu;
 
+/// Whether `tool --version` runs.
+pub fn tool_runs(tool: &str) -> bool {
+    std::process::Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Whether `tool` runs; otherwise a skip line saying what goes untested
+/// (`untested`), or a failure where `AEC_REQUIRE_TOOLCHAINS=1` says the
+/// tool must be there.
+pub fn tool_ready(tool: &str, untested: &str) -> bool {
+    let ok = tool_runs(tool);
+    if !ok {
+        let msg = format!("`{tool}` not found: {untested}");
+        assert!(!aec::runtime::toolchains_required(), "{msg}");
+        eprintln!("skipped: {msg}");
+    }
+    ok
+}
+
+/// `aec compile` of softmax, ALiBi, decode and Mamba2 (parallel, a custom
+/// input, a fixed size with GQA and split-KV, recurrent) for h100 and a100
+/// at 128x64, without tuning, into `dir`: the library the C and Rust loader
+/// tests share.
+pub fn compile_example_library(dir: &std::path::Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_aec"))
+        .arg("compile")
+        .args(
+            ["softmax", "alibi", "decode", "mamba2"]
+                .map(|n| examples_dir().join(format!("{n}.rs"))),
+        )
+        .args([
+            "--target",
+            "h100,a100",
+            "--head-dims",
+            "128x64",
+            "--no-tuning",
+            "-o",
+        ])
+        .arg(dir)
+        .output()
+        .expect("run aec compile");
+    assert!(out.status.success(), "aec compile failed: {}", show(&out));
+}
+
 /// Whether NVRTC, ptxas and cuobjdump are there for the CUDA compile checks;
 /// without them the test is skipped with a message, or fails where
 /// `AEC_REQUIRE_TOOLCHAINS=1` (CI) says they must be.
