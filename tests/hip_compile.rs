@@ -1,6 +1,6 @@
 //! HIP compile checks without an AMD GPU (issue: AMD backend): the parallel
-//! forward and backward of every parallel example and the recurrent forward of
-//! every recurrent example, compiled for gfx90a (MI250) and gfx942
+//! forward and backward of every parallel example and the recurrent forward
+//! (and, where it exists, backward) of every recurrent example, compiled for gfx90a (MI250) and gfx942
 //! (MI300X), with its resources read back from the code object's metadata and
 //! the matrix instructions (`v_mfma`) confirmed in the ISA: no scratch, no
 //! spills, LDS within a workgroup's 64 KiB, 64-lane wavefronts.
@@ -17,6 +17,7 @@ use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::hip::recurrent::{
     HipRecurrentConfig, hip_recurrent_forward, recurrent_lds_bytes,
 };
+use aec::compiler::hip::recurrent_bwd::{hip_recurrent_backward, recurrent_bwd_lds_bytes};
 use aec::compiler::{Elem, ForwardKind, KernelSource};
 use aec::frontend::Variant;
 use aec::runtime::{
@@ -243,4 +244,103 @@ fn every_recurrent_forward_compiles_for_gfx90a_and_gfx942() {
         }
     }
     eprintln!("{report}");
+}
+
+#[test]
+fn every_recurrent_backward_compiles_for_gfx90a_and_gfx942() {
+    if !toolchain_ready() {
+        return;
+    }
+    let mut report = String::new();
+    let mut built = 0;
+    let mut cases: Vec<(String, Variant, u32, u32, Elem)> = common::recurrent_examples()
+        .into_iter()
+        .map(|(name, v)| (name, v, 128, 128, Elem::Bf16))
+        .collect();
+    for (name, dk, dv, elem) in [
+        ("retnet_recurrent", 256, 512, Elem::Bf16),
+        ("gated_retention", 256, 256, Elem::F16),
+        ("mamba2", 32, 96, Elem::Bf16),
+    ] {
+        cases.push((name.to_string(), common::example(name), dk, dv, elem));
+    }
+    for (name, v, dk, dv, elem) in &cases {
+        let kind = ForwardKind::of(v);
+        let cfg = HipRecurrentConfig::default_for(*dk, *dv, kind, *elem);
+        for gfx in [Gfx::Gfx90a, Gfx::Gfx942] {
+            let b = match hip_recurrent_backward(v, *dk, *dv, &cfg, gfx, HipPrelude::Amdgcn) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Only the documented gaps: a normaliser or a decay per key dimension.
+                    assert!(kind.normalize || kind.per_key, "{name} {dk}x{dv}: {e}");
+                    assert!(e.0.contains("has the HIP forward only"), "{name}: {e}");
+                    continue;
+                }
+            };
+            assert!(
+                !kind.normalize && !kind.per_key,
+                "{name}: built a backward the template does not take"
+            );
+            // The states pass: the forward template writing each chunk's state.
+            let c = compile_checked(&b.states.source, &b.states.name, gfx);
+            assert_healthy(&b.states.name, b.states.threads, gfx, &c);
+            let co = hip_compile(&b.source, gfx.name())
+                .unwrap_or_else(|e| panic!("{} for {}: {e}", b.name, gfx.name()));
+            let res = hip_resources(&co.elf).expect("metadata");
+            let isa = hip_isa(&co.elf, gfx.name()).expect("isa");
+            let lds = recurrent_bwd_lds_bytes(&cfg, *dk);
+            for k in &b.kernels {
+                let r = res
+                    .iter()
+                    .find(|r| r.name == k.name)
+                    .unwrap_or_else(|| panic!("no metadata for {} in {res:?}", k.name));
+                let what = format!("{} on {}", k.name, gfx.name());
+                assert_eq!(r.wavefront_size, 64, "{what}: {r:?}");
+                assert_eq!(
+                    (r.scratch_bytes, r.vgpr_spills, r.sgpr_spills),
+                    (0, 0, 0),
+                    "{what} spills: {r:?}"
+                );
+                assert!(r.max_workgroup_size >= k.threads, "{what}: {r:?}");
+                assert!(r.lds_bytes <= MAX_LDS_BYTES, "{what}: LDS {r:?}");
+                let model = match k.name.rsplit('_').next() {
+                    Some("dstate") => Some(lds.0),
+                    Some("dqk") => Some(lds.1),
+                    Some("dv") => Some(lds.2),
+                    _ => None,
+                };
+                if let Some(model) = model {
+                    assert!(
+                        r.lds_bytes >= model,
+                        "{what}: {} B of LDS in the code object, the model counts {model}",
+                        r.lds_bytes
+                    );
+                }
+                report.push_str(&format!(
+                    "{:<60} {:<7} {:>3} VGPRs ({:>3} AGPRs) {:>3} SGPRs {:>6} B LDS, {} waves/SIMD\n",
+                    k.name,
+                    gfx.name(),
+                    r.vgprs,
+                    r.agprs,
+                    r.sgprs,
+                    r.lds_bytes,
+                    r.waves_per_simd(k.threads / 64)
+                ));
+            }
+            // The GEMM kernels run on the matrix unit; the scans exchange lanes.
+            assert!(
+                isa.matches("v_mfma_f32_16x16x16").count() >= 3,
+                "{}: the backward's GEMMs are MFMA",
+                b.name
+            );
+            assert!(
+                isa.contains("ds_bpermute_b32"),
+                "{}: the decay scans exchange lanes",
+                b.name
+            );
+            built += 1;
+        }
+    }
+    eprintln!("{report}");
+    assert!(built >= 2 * 5, "only {built} backwards were built");
 }

@@ -14,7 +14,8 @@ mod common;
 
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::recurrent::{HipRecurrentConfig, hip_recurrent_forward};
-use aec::compiler::{ArgKind, Elem, ForwardKind, RecurrentSource};
+use aec::compiler::hip::recurrent_bwd::hip_recurrent_backward;
+use aec::compiler::{ArgKind, Elem, ForwardKind, RecurrentBackwardSource, RecurrentSource};
 use aec::frontend::Variant;
 use aec::frontend::ir::Axis;
 use aec::prelude::*;
@@ -75,11 +76,17 @@ impl Call {
 }
 
 /// Item `item`, steps `range` of a tensor with `axes` as a one-item tensor
-/// (an axis B becomes 1, an axis S the range's length).
-fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -> Tensor {
+/// (an axis B becomes 1, an axis S the range's length): its shape and, for
+/// each of its elements, the flat index it comes from.
+fn cut_indices(
+    t_shape: &[usize],
+    axes: &[Axis],
+    item: usize,
+    range: &std::ops::Range<usize>,
+) -> (Vec<usize>, Vec<usize>) {
     let shape: Vec<usize> = axes
         .iter()
-        .zip(&t.shape)
+        .zip(t_shape)
         .map(|(a, &n)| match a {
             Axis::B => 1,
             Axis::S => range.len(),
@@ -88,7 +95,7 @@ fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -
         .collect();
     // Each index of the result, read from the source at the same index
     // shifted to `item` along B and to `range` along S.
-    let data = (0..shape.iter().product::<usize>())
+    let from = (0..shape.iter().product::<usize>())
         .map(|flat| {
             let (mut rest, mut at, mut stride) = (flat, 0, 1);
             for i in (0..axes.len()).rev() {
@@ -100,12 +107,153 @@ fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -
                     _ => idx,
                 };
                 at += src * stride;
-                stride *= t.shape[i];
+                stride *= t_shape[i];
             }
-            t.data[at]
+            at
         })
         .collect();
-    Tensor { shape, data }
+    (shape, from)
+}
+
+fn cut(t: &Tensor, axes: &[Axis], item: usize, range: &std::ops::Range<usize>) -> Tensor {
+    let (shape, from) = cut_indices(&t.shape, axes, item, range);
+    Tensor {
+        shape,
+        data: from.iter().map(|&i| t.data[i]).collect(),
+    }
+}
+
+/// Adds a one-item tensor cut as [`cut`] does back into `full` (a gradient
+/// per sequence into the batch's; per-head inputs sum over sequences).
+fn add_back(
+    full: &mut [f64],
+    shape: &[usize],
+    axes: &[Axis],
+    item: usize,
+    range: &std::ops::Range<usize>,
+    part: &Tensor,
+) {
+    let (_, from) = cut_indices(shape, axes, item, range);
+    assert_eq!(from.len(), part.data.len());
+    for (&i, x) in from.iter().zip(&part.data) {
+        full[i] += x;
+    }
+}
+
+/// A host tensor (bf16 bits or f32) and the same values for the reference.
+type Host<T> = (Vec<T>, Tensor);
+
+/// Random inputs of one call: bf16 q, k, v; custom inputs in their ranges;
+/// with `call.initial` initial states (and normalisers).
+struct RandomInputs {
+    q: Host<u16>,
+    k: Host<u16>,
+    v: Host<u16>,
+    customs: Vec<(String, Vec<Axis>, Host<f32>)>,
+    state: Option<Host<f32>>,
+    norm: Option<Host<f32>>,
+}
+
+fn bf16_tensor(shape: Vec<usize>, rng: &mut rand::rngs::StdRng) -> Host<u16> {
+    let host: Vec<u16> = (0..shape.iter().product::<usize>())
+        .map(|_| bf16::from_f64(normal(rng)).to_bits())
+        .collect();
+    let data = host.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
+    (host, Tensor { shape, data })
+}
+
+fn f32_tensor(shape: Vec<usize>, rng: &mut rand::rngs::StdRng, lo: f64, hi: f64) -> Host<f32> {
+    let host: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|_| rng.random_range(lo..hi) as f32)
+        .collect();
+    let data = host.iter().map(|&x| f64::from(x)).collect();
+    (host, Tensor { shape, data })
+}
+
+impl RandomInputs {
+    fn new(def: &Variant, call: &Call, rng: &mut rand::rngs::StdRng) -> RandomInputs {
+        let shape = |axes: &[Axis]| axes.iter().map(|a| call.size(*a)).collect::<Vec<_>>();
+        let q = bf16_tensor(shape(&def.q.axes), rng);
+        let k = bf16_tensor(shape(&def.k.axes), rng);
+        let v = bf16_tensor(shape(&def.v.axes), rng);
+        let customs = def
+            .customs
+            .iter()
+            .map(|c| {
+                let (lo, hi) = common::recurrent_custom_range(&c.name);
+                (
+                    c.name.clone(),
+                    c.axes.clone(),
+                    f32_tensor(shape(&c.axes), rng, lo, hi),
+                )
+            })
+            .collect();
+        let (n, h) = (call.seqs(), call.heads);
+        let state = call
+            .initial
+            .then(|| f32_tensor(vec![n, h, call.dk, call.dv], rng, -1.0, 1.0));
+        let norm = (call.initial && ForwardKind::of(def).normalize)
+            .then(|| f32_tensor(vec![n, h, call.dk], rng, 0.5, 2.0));
+        RandomInputs {
+            q,
+            k,
+            v,
+            customs,
+            state,
+            norm,
+        }
+    }
+
+    /// in.bin: q, k, v (bf16 bits), the custom inputs, the initial state and
+    /// normaliser where given (f32).
+    fn bytes(&self) -> Vec<u8> {
+        let mut input: Vec<u8> = Vec::new();
+        for (t, _) in [&self.q, &self.k, &self.v] {
+            input.extend(t.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        for (_, _, (host, _)) in &self.customs {
+            input.extend(host.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        for (host, _) in self.state.iter().chain(&self.norm) {
+            input.extend(host.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        input
+    }
+
+    fn custom_lens(&self) -> Vec<usize> {
+        self.customs.iter().map(|(_, _, (h, _))| h.len()).collect()
+    }
+
+    /// The reference's inputs of sequence `s` alone.
+    fn sequence(&self, def: &Variant, call: &Call, s: usize) -> Inputs {
+        let (item, range) = call.steps_of(s);
+        let mut inputs = Inputs {
+            q: cut(&self.q.1, &def.q.axes, item, &range),
+            k: cut(&self.k.1, &def.k.axes, item, &range),
+            v: cut(&self.v.1, &def.v.axes, item, &range),
+            customs: Default::default(),
+            initial_state: None,
+            initial_normalizer: None,
+        };
+        for (cname, axes, (_, t)) in &self.customs {
+            inputs
+                .customs
+                .insert(cname.clone(), cut(t, axes, item, &range));
+        }
+        inputs.initial_state = self.state.as_ref().map(|(_, t)| leading(t, s));
+        inputs.initial_normalizer = self.norm.as_ref().map(|(_, t)| leading(t, s));
+        inputs
+    }
+}
+
+/// Sequence s of a per-sequence tensor ([N, H, Dk(, Dv)]).
+fn leading(t: &Tensor, s: usize) -> Tensor {
+    cut(
+        t,
+        &[Axis::B, Axis::H, Axis::Dk, Axis::Dv][..t.shape.len()],
+        s,
+        &(0..0),
+    )
 }
 
 /// Runs the HIP recurrent forward of `examples/<name>.rs` on the emulator
@@ -121,42 +269,9 @@ fn check(name: &str, call: &Call, tune: impl Fn(&mut HipRecurrentConfig)) {
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let normalized = kind.normalize;
 
-    // Random inputs: bf16 q, k, v; customs in their ranges; initial states.
     let mut rng = common::rng(name.bytes().map(u64::from).sum::<u64>() + call.dk as u64);
-    let bf16_tensor = |axes: &[Axis], rng: &mut rand::rngs::StdRng| {
-        let shape: Vec<usize> = axes.iter().map(|a| call.size(*a)).collect();
-        let host: Vec<u16> = (0..shape.iter().product::<usize>())
-            .map(|_| bf16::from_f64(normal(rng)).to_bits())
-            .collect();
-        let data = host.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
-        (host, Tensor { shape, data })
-    };
-    let (q, q_ref) = bf16_tensor(&def.q.axes, &mut rng);
-    let (kk, k_ref) = bf16_tensor(&def.k.axes, &mut rng);
-    let (v, v_ref) = bf16_tensor(&def.v.axes, &mut rng);
-    let f32_tensor = |shape: Vec<usize>, rng: &mut rand::rngs::StdRng, lo: f64, hi: f64| {
-        let host: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| rng.random_range(lo..hi) as f32)
-            .collect();
-        let data = host.iter().map(|&x| f64::from(x)).collect();
-        (host, Tensor { shape, data })
-    };
-    let mut customs = Vec::new();
-    for c in &def.customs {
-        let (lo, hi) = common::recurrent_custom_range(&c.name);
-        let shape = c.axes.iter().map(|a| call.size(*a)).collect();
-        customs.push((
-            c.name.clone(),
-            c.axes.clone(),
-            f32_tensor(shape, &mut rng, lo, hi),
-        ));
-    }
+    let inputs = RandomInputs::new(&def, call, &mut rng);
     let (n, h) = (call.seqs(), call.heads);
-    let state = call
-        .initial
-        .then(|| f32_tensor(vec![n, h, call.dk, call.dv], &mut rng, -1.0, 1.0));
-    let norm =
-        (call.initial && normalized).then(|| f32_tensor(vec![n, h, call.dk], &mut rng, 0.5, 2.0));
     let mut cu: Vec<i32> = vec![0];
     for l in &call.lengths {
         cu.push(cu.last().unwrap() + *l as i32);
@@ -165,31 +280,14 @@ fn check(name: &str, call: &Call, tune: impl Fn(&mut HipRecurrentConfig)) {
     let dir = tempfile::tempdir().expect("temp dir");
     let p = |f: &str| dir.path().join(f);
     std::fs::write(p("kernel.hip"), &k.source).unwrap();
-    let mut input: Vec<u8> = Vec::new();
-    for t in [&q, &kk, &v] {
-        input.extend(t.iter().flat_map(|x| x.to_le_bytes()));
-    }
-    for (_, _, (host, _)) in &customs {
-        input.extend(host.iter().flat_map(|x| x.to_le_bytes()));
-    }
-    for (host, _) in state.iter().chain(&norm) {
-        input.extend(host.iter().flat_map(|x| x.to_le_bytes()));
-    }
+    let mut input = inputs.bytes();
     input.extend(cu.iter().flat_map(|x| x.to_le_bytes()));
     std::fs::write(p("in.bin"), input).unwrap();
-    let o_len = v.len();
+    let o_len = inputs.v.0.len();
     let state_len = n * h * call.dk * call.dv;
     std::fs::write(
         p("driver.cpp"),
-        driver(
-            &k,
-            call,
-            &customs
-                .iter()
-                .map(|(_, _, (h, _))| h.len())
-                .collect::<Vec<_>>(),
-            normalized,
-        ),
+        driver(&k, call, &inputs.custom_lens(), normalized),
     )
     .unwrap();
     build_and_run(&cxx, dir.path(), name);
@@ -220,30 +318,8 @@ fn check(name: &str, call: &Call, tune: impl Fn(&mut HipRecurrentConfig)) {
     };
     for s in 0..n {
         let (item, range) = call.steps_of(s);
-        let mut inputs = Inputs {
-            q: cut(&q_ref, &def.q.axes, item, &range),
-            k: cut(&k_ref, &def.k.axes, item, &range),
-            v: cut(&v_ref, &def.v.axes, item, &range),
-            customs: Default::default(),
-            initial_state: None,
-            initial_normalizer: None,
-        };
-        for (cname, axes, (_, t)) in &customs {
-            inputs
-                .customs
-                .insert(cname.clone(), cut(t, axes, item, &range));
-        }
-        let leading = |t: &Tensor| {
-            cut(
-                t,
-                &[Axis::B, Axis::H, Axis::Dk, Axis::Dv][..t.shape.len()],
-                s,
-                &(0..0),
-            )
-        };
-        inputs.initial_state = state.as_ref().map(|(_, t)| leading(t));
-        inputs.initial_normalizer = norm.as_ref().map(|(_, t)| leading(t));
-        let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference");
+        let seq = inputs.sequence(&def, call, s);
+        let fwd = reference::forward(&def, &seq, Options::default()).expect("reference");
         want_o.extend(&fwd.o.data);
         got_o.extend(cut(&o_tensor, &def.v.axes, item, &range).data);
         want_st.extend(&fwd.final_state.expect("final state").data);
@@ -428,4 +504,359 @@ fn emulated_packed_sequences() {
         };
         check(name, &call, |_| {});
     }
+}
+
+/// The two programs of a backward run: the states pass, then the backward's
+/// kernels (each a kernel source of its own, so each gets its own driver).
+#[derive(Clone, Copy, PartialEq)]
+enum Stage {
+    States,
+    Backward,
+}
+
+/// The C++ driver of one backward stage. Reads `in.bin` (the forward's
+/// inputs as [`RandomInputs::bytes`], `cu_seqlens` with the chunk offsets,
+/// `do` in bf16 bits and, with an initial state, the final state's
+/// gradient). The states pass writes `states.bin`; the backward reads it and
+/// writes `out.bin`: dq, dk, dv (bf16 bits), the initial state's gradient and
+/// every custom input's gradient (f32).
+fn backward_driver(
+    stage: Stage,
+    b: &RecurrentBackwardSource,
+    call: &Call,
+    custom_lens: &[usize],
+    units: usize,
+    max_len: usize,
+) -> String {
+    let (bsz, s_total) = call.batch_and_steps();
+    let (n, h) = (call.seqs(), call.heads);
+    let q_len = bsz * h * s_total * call.dk;
+    let v_len = bsz * h * s_total * call.dv;
+    let state_len = n * h * call.dk * call.dv;
+    let states_len = units * call.dk * call.dv;
+    let mut s = String::from("#include \"kernel.hip\"\n#include <cstdio>\n#include <vector>\n\n");
+    s += "template <class T> static void rd(FILE* f, std::vector<T>& v) { if (fread(v.data(), sizeof(T), v.size(), f) != v.size()) abort(); }\n";
+    s += "template <class T> static void wr(FILE* f, const std::vector<T>& v) { fwrite(v.data(), sizeof(T), v.size(), f); }\n";
+    s += "int main() {\n    FILE* f = fopen(\"in.bin\", \"rb\");\n";
+    let _ = writeln!(
+        s,
+        "    std::vector<unsigned short> q({q_len}), k({q_len}), v({v_len}), dout_({v_len});\n    rd(f, q); rd(f, k); rd(f, v);"
+    );
+    for (i, len) in custom_lens.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "    std::vector<float> c{i}({len}), g{i}({len}, 0.0f); rd(f, c{i});"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "    std::vector<float> state_in({state_len}), d_fin({state_len}), d_state_in({state_len}, -12345.0f);"
+    );
+    if call.initial {
+        s += "    rd(f, state_in);\n";
+    }
+    let _ = writeln!(
+        s,
+        "    std::vector<int> cu({}); rd(f, cu);\n    rd(f, dout_);",
+        2 * (n + 1)
+    );
+    if call.initial {
+        s += "    rd(f, d_fin);\n";
+    }
+    s += "    fclose(f);\n";
+    let _ = writeln!(
+        s,
+        "    std::vector<unsigned short> states({states_len}, 0xffff), dstates({states_len}, 0xffff), dq_({q_len}, 0xffff), dk_({q_len}, 0xffff), dv_({v_len}, 0xffff);\n    std::vector<float> dlog({}, 0.0f);",
+        bsz * h * s_total
+    );
+    let custom_index = |c: &str| {
+        b.args
+            .iter()
+            .filter_map(|a| match a {
+                ArgKind::Custom(name) => Some(name.as_str()),
+                _ => None,
+            })
+            .position(|x| x == c)
+            .expect("custom input")
+    };
+    let bind = |args: &[ArgKind]| -> String {
+        args.iter()
+            .map(|a| match a {
+                ArgKind::Tensor("do") => "dout_.data()".to_string(),
+                ArgKind::Tensor(t @ ("dq" | "dk" | "dv")) => format!("{t}_.data()"),
+                ArgKind::Tensor(t) => format!("{t}.data()"),
+                ArgKind::Custom(c) => format!("c{}.data()", custom_index(c)),
+                ArgKind::CustomGrad(c) => format!("g{}.data()", custom_index(c)),
+                ArgKind::State("state_in") if call.initial => "state_in.data()".into(),
+                ArgKind::State("d_state_out") if call.initial => "d_fin.data()".into(),
+                ArgKind::State("d_state_in") => "d_state_in.data()".into(),
+                ArgKind::State(_) => "nullptr".into(),
+                ArgKind::Workspace(w) => format!("{w}.data()"),
+                ArgKind::CuSeqlens if call.packed => "cu.data()".into(),
+                ArgKind::CuSeqlens => "nullptr".into(),
+                ArgKind::Size(Axis::B) => n.to_string(),
+                ArgKind::Size(Axis::H) => h.to_string(),
+                ArgKind::Size(Axis::S) => s_total.to_string(),
+                other => panic!("the recurrent backward takes no {other:?}"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match stage {
+        Stage::States => {
+            let st = &b.states;
+            let (gx, gy, gz) = st.grid_for(n, h).expect("grid");
+            let _ = writeln!(
+                s,
+                "    aec_emu::launch({gx}, {gy}, {gz}, {}, [&] {{ {}({}); }});",
+                st.threads,
+                st.name,
+                bind(&st.args)
+            );
+            s += "    FILE* g = fopen(\"states.bin\", \"wb\");\n    wr(g, states);\n    fclose(g);\n";
+        }
+        Stage::Backward => {
+            s += "    FILE* st = fopen(\"../states/states.bin\", \"rb\");\n    rd(st, states);\n    fclose(st);\n";
+            for k in &b.kernels {
+                let gx = k.grid_x.extent(call.dv as u32, max_len, b.config.chunk);
+                let _ = writeln!(
+                    s,
+                    "    aec_emu::launch({gx}, {h}, {n}, {}, [&] {{ {}({}); }});",
+                    k.threads,
+                    k.name,
+                    bind(&b.args)
+                );
+            }
+            s += "    FILE* g = fopen(\"out.bin\", \"wb\");\n    wr(g, dq_); wr(g, dk_); wr(g, dv_); wr(g, d_state_in);\n";
+            for i in 0..custom_lens.len() {
+                let _ = writeln!(s, "    wr(g, g{i});");
+            }
+            s += "    fclose(g);\n";
+        }
+    }
+    s += "    return 0;\n}\n";
+    s
+}
+
+/// Runs the HIP recurrent backward of `examples/<name>.rs` (its states pass,
+/// then `_dstate`, `_dqk`, `_dv` and `_decay`) on the emulator and compares
+/// every gradient with the reference's, sequence by sequence: dq, dk, dv,
+/// the custom inputs' (summed over the sequences where an input is per
+/// head) and, with an initial state, the initial state's, for the output
+/// gradient `do` and (then) a final state gradient.
+fn check_backward(name: &str, call: &Call) {
+    let Some(cxx) = cxx() else { return };
+    let def: Variant = common::example(name);
+    let kind = ForwardKind::of(&def);
+    let (dk, dv) = (call.dk as u32, call.dv as u32);
+    let cfg = HipRecurrentConfig::default_for(dk, dv, kind, Elem::Bf16);
+    let b = hip_recurrent_backward(&def, dk, dv, &cfg, Gfx::Gfx90a, HipPrelude::CpuEmulation)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut rng = common::rng(name.bytes().map(u64::from).sum::<u64>() + 7 * call.dk as u64);
+    let inputs = RandomInputs::new(&def, call, &mut rng);
+    let (n, h) = (call.seqs(), call.heads);
+    let o_shape: Vec<usize> = def.v.axes.iter().map(|a| call.size(*a)).collect();
+    let d_o = bf16_tensor(o_shape, &mut rng);
+    let d_fin = call
+        .initial
+        .then(|| f32_tensor(vec![n, h, call.dk, call.dv], &mut rng, -1.0, 1.0));
+
+    // cu_seqlens: the boundaries, then each sequence's first chunk.
+    let chunk = cfg.chunk as usize;
+    let (mut cu, mut first) = (vec![0i32], vec![0i32]);
+    for &l in &call.lengths {
+        cu.push(cu.last().unwrap() + l as i32);
+        first.push(first.last().unwrap() + l.div_ceil(chunk) as i32);
+    }
+    let max_len = *call.lengths.iter().max().unwrap();
+    let units = if call.packed {
+        *first.last().unwrap() as usize * h
+    } else {
+        n * h * max_len.div_ceil(chunk)
+    };
+    let mut input = inputs.bytes();
+    for x in cu.iter().chain(&first) {
+        input.extend(x.to_le_bytes());
+    }
+    input.extend(d_o.0.iter().flat_map(|x| x.to_le_bytes()));
+    if let Some((host, _)) = &d_fin {
+        input.extend(host.iter().flat_map(|x| x.to_le_bytes()));
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (stage, sub, source) in [
+        (Stage::States, "states", &b.states.source),
+        (Stage::Backward, "bwd", &b.source),
+    ] {
+        let d = dir.path().join(sub);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("kernel.hip"), source).unwrap();
+        std::fs::write(d.join("in.bin"), &input).unwrap();
+        let drv = backward_driver(stage, &b, call, &inputs.custom_lens(), units, max_len);
+        std::fs::write(d.join("driver.cpp"), drv).unwrap();
+        build_and_run(&cxx, &d, &format!("{name} ({sub})"));
+    }
+    let out = std::fs::read(dir.path().join("bwd/out.bin")).unwrap();
+    let (q_len, v_len) = (inputs.q.0.len(), inputs.v.0.len());
+    let state_len = n * h * call.dk * call.dv;
+    let mut at = 0;
+    let take_bf16 = |len: usize, at: &mut usize| -> Vec<f64> {
+        let x = out[*at..*at + 2 * len]
+            .chunks(2)
+            .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
+            .collect();
+        *at += 2 * len;
+        x
+    };
+    let got_dq = take_bf16(q_len, &mut at);
+    let got_dk = take_bf16(q_len, &mut at);
+    let got_dv = take_bf16(v_len, &mut at);
+    let take_f32 = |len: usize, at: &mut usize| -> Vec<f64> {
+        let x = out[*at..*at + 4 * len]
+            .chunks(4)
+            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect();
+        *at += 4 * len;
+        x
+    };
+    let got_ds = take_f32(state_len, &mut at);
+    let got_customs: Vec<Vec<f64>> = inputs
+        .custom_lens()
+        .iter()
+        .map(|&len| take_f32(len, &mut at))
+        .collect();
+    assert_eq!(
+        at,
+        out.len(),
+        "{name}: out.bin has {} bytes, read {at}",
+        out.len()
+    );
+
+    // The reference, one sequence at a time, added back into the batch's gradients.
+    let mut want_dq = vec![0.0; q_len];
+    let mut want_dk = vec![0.0; q_len];
+    let mut want_dv = vec![0.0; v_len];
+    let mut want_ds = vec![0.0; state_len];
+    let mut want_customs: Vec<Vec<f64>> =
+        inputs.custom_lens().iter().map(|&l| vec![0.0; l]).collect();
+    let state_axes = [Axis::B, Axis::H, Axis::Dk, Axis::Dv];
+    for s in 0..n {
+        let (item, range) = call.steps_of(s);
+        let seq = inputs.sequence(&def, call, s);
+        let d_o_seq = cut(&d_o.1, &def.v.axes, item, &range);
+        let d_fin_seq = d_fin.as_ref().map(|(_, t)| leading(t, s));
+        let g = reference::recurrent_backward(&def, &seq, &d_o_seq, d_fin_seq.as_ref(), None)
+            .expect("reference backward");
+        add_back(
+            &mut want_dq,
+            &inputs.q.1.shape,
+            &def.q.axes,
+            item,
+            &range,
+            &g.dq,
+        );
+        add_back(
+            &mut want_dk,
+            &inputs.k.1.shape,
+            &def.k.axes,
+            item,
+            &range,
+            &g.dk,
+        );
+        add_back(
+            &mut want_dv,
+            &inputs.v.1.shape,
+            &def.v.axes,
+            item,
+            &range,
+            &g.dv,
+        );
+        for (i, (cname, axes, (_, t))) in inputs.customs.iter().enumerate() {
+            let part = g
+                .customs
+                .get(cname)
+                .unwrap_or_else(|| panic!("{name}: no reference gradient for `{cname}`"));
+            add_back(&mut want_customs[i], &t.shape, axes, item, &range, part);
+        }
+        if let Some(ds) = &g.initial_state {
+            add_back(
+                &mut want_ds,
+                &[n, h, call.dk, call.dv],
+                &state_axes,
+                s,
+                &(0..0),
+                ds,
+            );
+        }
+    }
+    let mut rows: Vec<(String, f64, f64)> = vec![
+        ("dq".into(), rel_err(&got_dq, &want_dq), 2e-2),
+        ("dk".into(), rel_err(&got_dk, &want_dk), 2e-2),
+        ("dv".into(), rel_err(&got_dv, &want_dv), 2e-2),
+    ];
+    if call.initial {
+        rows.push(("d_initial_state".into(), rel_err(&got_ds, &want_ds), 2e-2));
+    }
+    for (i, (cname, _, _)) in inputs.customs.iter().enumerate() {
+        // A custom input's gradient sums over steps through the decay's
+        // reverse running sum, whose terms cancel (as on the GPU).
+        rows.push((
+            format!("d{cname}"),
+            rel_err(&got_customs[i], &want_customs[i]),
+            8e-2,
+        ));
+    }
+    for (what, w) in [("dq", &want_dq), ("dk", &want_dk), ("dv", &want_dv)] {
+        assert!(
+            w.iter().map(|x| x * x).sum::<f64>() > 0.0,
+            "{name}: the reference {what} is all zeros, the comparison would prove nothing"
+        );
+    }
+    let report = format!(
+        "{name} {} ({} sequences of {:?}{}{}, Dk {} Dv {}): {}",
+        b.name,
+        n,
+        call.lengths,
+        if call.packed { ", packed" } else { "" },
+        if call.initial { ", initial state" } else { "" },
+        call.dk,
+        call.dv,
+        rows.iter()
+            .map(|(w, e, _)| format!("{w} {e:.2e}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    eprintln!("{report}");
+    for (what, e, tol) in &rows {
+        assert!(e.is_finite() && e < tol, "{what} over {tol}: {report}");
+    }
+}
+
+#[test]
+fn emulated_backward_retnet_recurrent() {
+    // Dv 96: two-wave _dstate slices; 150 steps: a partial third chunk.
+    check_backward("retnet_recurrent", &batch(2, 2, 150, 64, 96, true));
+}
+
+#[test]
+fn emulated_backward_gated_retention() {
+    check_backward("gated_retention", &batch(2, 1, 100, 128, 64, false));
+}
+
+#[test]
+fn emulated_backward_mamba2() {
+    check_backward("mamba2", &batch(2, 2, 77, 32, 64, true));
+}
+
+#[test]
+fn emulated_backward_dk_256_and_packed_sequences() {
+    check_backward("retnet_recurrent", &batch(1, 1, 70, 256, 64, true));
+    let call = Call {
+        heads: 2,
+        lengths: vec![37, 1, 100],
+        packed: true,
+        dk: 32,
+        dv: 32,
+        initial: true,
+    };
+    check_backward("mamba2", &call);
 }

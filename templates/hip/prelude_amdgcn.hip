@@ -12,8 +12,9 @@
 #define BID_X ((int)__builtin_amdgcn_workgroup_id_x())
 #define BID_Y ((int)__builtin_amdgcn_workgroup_id_y())
 #define BID_Z ((int)__builtin_amdgcn_workgroup_id_z())
-// Blocks along x, from the dispatch packet (grid and workgroup size in work-items).
+// Blocks along x and z, from the dispatch packet (grid and workgroup size in work-items).
 #define NBLK_X ((int)(((const unsigned*)__builtin_amdgcn_dispatch_ptr())[3] / ((const unsigned short*)__builtin_amdgcn_dispatch_ptr())[2]))
+#define NBLK_Z ((int)(((const unsigned*)__builtin_amdgcn_dispatch_ptr())[5] / ((const unsigned short*)__builtin_amdgcn_dispatch_ptr())[4]))
 
 // MFMA operands: four 16-bit elements per lane; accumulators: four f32.
 typedef float acc4 __attribute__((ext_vector_type(4)));

@@ -26,6 +26,7 @@
 #define BID_Y (aec_emu::t_by)
 #define BID_Z (aec_emu::t_bz)
 #define NBLK_X (aec_emu::g_nblk_x)
+#define NBLK_Z (aec_emu::g_nblk_z)
 
 struct acc4 {
     float v[4];
@@ -58,7 +59,7 @@ struct Block {
 };
 inline thread_local int t_tid, t_bx, t_by, t_bz;
 inline thread_local Block* t_block;
-inline int g_nblk_x;
+inline int g_nblk_x, g_nblk_z;
 inline Wave& wave() { return *t_block->waves[t_tid / kWave]; }
 inline int lane() { return t_tid % kWave; }
 
@@ -68,6 +69,7 @@ template <class F>
 void launch(int gx, int gy, int gz, int nt, F kernel) {
     Block block(nt);
     g_nblk_x = gx;
+    g_nblk_z = gz;
     std::vector<std::thread> threads;
     for (int t = 0; t < nt; ++t)
         threads.emplace_back([&, t] {

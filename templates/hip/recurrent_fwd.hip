@@ -45,83 +45,12 @@
 {% if emulate %}{% include "hip/prelude_emulation.h" %}{% else %}{% include "hip/prelude_amdgcn.hip" %}{% endif %}
 {% include "hip/prelude_elem.hip" %}
 
-// The custom inputs and the sizes; the workgroup's sequence: its batch index
-// in the inputs, first step and length (a packed variable-length batch has
-// every sequence in batch 0, one after another along S).
-struct Params {
-{{ params_fields }}    int B, H, S;
-    int seq_b, seq_t0, seq_len;
-};
-
-// A point of the iteration space: batch, head, step, head-dim coordinate.
-struct Pt {
-    int b, h, t, d;
-};
-
-// Sequence b: with `cu_seqlens` steps cu_seqlens[b] … cu_seqlens[b + 1] − 1 of
-// batch 0, else batch b, all S steps.
-__device__ __forceinline__ void sequence_of(Params& P, int b, const int* cu_seqlens) {
-    P.seq_b = cu_seqlens ? 0 : b;
-    P.seq_t0 = cu_seqlens ? cu_seqlens[b] : 0;
-    P.seq_len = cu_seqlens ? cu_seqlens[b + 1] - P.seq_t0 : P.S;
-}
-
-// Step t of the sequence as a point of the inputs (closures read custom
-// inputs there); steps past the end are clamped to the last one.
-__device__ __forceinline__ Pt step_point(int h, int t, int d, const Params& P) {
-    return Pt{P.seq_b, h, P.seq_t0 + min(t, P.seq_len - 1), d};
-}
-
-// Rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements apart)
-// into registers, 8 elements per chunk; rows at or past `limit` read as zeros.
-template <int ROWS, int COLS, int CH, int GS>
-__device__ __forceinline__ void load_rows(u16x8 (&r)[CH], const elem_t* g, int row0, int limit, int tid) {
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-        const int x = tid + c * NT;
-        const int rr = x / (COLS / 8), cc = x % (COLS / 8);
-        r[c] = (x < ROWS * COLS / 8 && row0 + rr < limit) ? load8(g + (long long)(row0 + rr) * GS + cc * 8) : zero8();
-    }
-}
-
-// Four elements p[0], p[stride], p[2 stride], p[3 stride], each times f[e], as an MFMA operand.
-__device__ __forceinline__ frag4 frag_scaled(const elem_t* p, int stride, const float (&f)[4]) {
-    return frag_of(from_f32(to_f32(p[0]) * f[0]), from_f32(to_f32(p[stride]) * f[1]),
-                   from_f32(to_f32(p[2 * stride]) * f[2]), from_f32(to_f32(p[3 * stride]) * f[3]));
-}
-
-// The lanes holding one column of an accumulator tile are l, l ^ 16, l ^ 32, l ^ 48.
-__device__ __forceinline__ float column_lanes_sum(float x) {
-    x += lane_xor_f(x, 16);
-    x += lane_xor_f(x, 32);
-    return x;
-}
-
+{% include "hip/recurrent_common.hip" %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 // ---------------------------------------------------------------------------
+{% include "hip/recurrent_modify.hip" %}
 
-// Rewrites a C × COLS tile in place (element (r, c) at s[r · RS + c · CS]):
-// the variant's modification of each element (closures that read inputs by
-// step get the step clamped into the sequence) and, for K̃ and Ṽ, zeros for
-// steps past the end, so they add nothing.
-template <int COLS, int RS, int CS, int KIND>
-__device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int h, const Params& P, int tid) {
-    for (int x = tid; x < C * COLS; x += NT) {
-        // Consecutive work-items on consecutive addresses.
-        const int r = CS == 1 ? x / COLS : x % C, c = CS == 1 ? x % COLS : x / C;
-        const int t = t0 + r;
-        elem_t* p = s + r * RS + c * CS;
-        float val = to_f32(*p);
-        const Pt pt = step_point(h, t, col0 + c, P);
-{% if modify_q %}        if (KIND == 0) val = modify_q(val, pt, P);
-{% endif %}{% if modify_k %}        if (KIND == 1) val = modify_k(val, pt, P);
-{% endif %}{% if modify_v %}        if (KIND == 2) val = modify_v(val, pt, P);
-{% endif %}        if (KIND != 0 && t >= P.seq_len) val = 0.0f;
-        *p = from_f32(val);
-        (void)pt;
-    }
-}
 {% if per_key %}
 // Key dimension d of 16-step block blk from t0: the in-block prefix sums of
 // its log2 decays (0 past the end of the sequence); returns the block's total.
@@ -173,14 +102,15 @@ __device__ __forceinline__ void decay_operands(elem_t* sQ, elem_t* sK, float* sT
 {% endif %}
 KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    elem_t* __restrict__ o, {{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
+    {% if emit_o %}elem_t* __restrict__ o, {% endif %}{{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
 {% if normalize %}    const float* __restrict__ norm_in, float* __restrict__ norm_out,
+{% endif %}{% if save_states %}    elem_t* __restrict__ states,
 {% endif %}    const int* __restrict__ cu_seqlens, int B, int H, int S_total) {
     __shared__ __attribute__((aligned(16))) elem_t sQ[C * SQS];
     __shared__ __attribute__((aligned(16))) elem_t sK[C * SQS];
     __shared__ __attribute__((aligned(16))) elem_t sVt[DVT * SVS];
-    __shared__ __attribute__((aligned(16))) elem_t sA[C * SAS];
-{% if per_key %}    __shared__ float sT[TT * DK], sFa[PAIRS * DK], sFq[(TT + 1) * DK], sFk[TT * DK];
+{% if emit_o %}    __shared__ __attribute__((aligned(16))) elem_t sA[C * SAS];
+{% endif %}{% if per_key %}    __shared__ float sT[TT * DK], sFa[PAIRS * DK], sFq[(TT + 1) * DK], sFk[TT * DK];
 {% else %}    __shared__ float sL[C];  // cumulative log2 decay
 {% endif %}{% if normalize %}    __shared__ float sZ[DK];  // the decayed key sum
     __shared__ float sNq[C];  // the state's share of each row's normaliser
@@ -199,9 +129,10 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
     const elem_t* qg = q + row0 * DK;
     const elem_t* kg = k + row0 * DK;
     const elem_t* vg = v + row0 * DV + e0;
-    elem_t* og = o + row0 * DV + e0;
-    const int n_chunks = (S + C - 1) / C;
-
+{% if emit_o %}    elem_t* og = o + row0 * DV + e0;
+{% endif %}    const int n_chunks = (S + C - 1) / C;
+{% if save_states %}    const long long chunk0 = chunk_base(P, b, h, n_chunks, cu_seqlens);  // this sequence's first chunk
+{% endif %}
     // st[dt][c] = S[16·dt + 4·grp + c][e0 + ew + col].
     acc4 st[DK / 16];
 #pragma unroll
@@ -213,9 +144,9 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
 {% endif %}
     u16x8 qreg[QCH], kreg[QCH], vreg[VCH];
     if (n_chunks > 0) {
-        load_rows<C, DK, QCH, DK>(qreg, qg, 0, S, tid);
-        load_rows<C, DK, QCH, DK>(kreg, kg, 0, S, tid);
-        load_rows<C, DVT, VCH, DV>(vreg, vg, 0, S, tid);
+        load_rows<C, DK, QCH, DK, NT>(qreg, qg, 0, S, tid);
+        load_rows<C, DK, QCH, DK, NT>(kreg, kg, 0, S, tid);
+        load_rows<C, DVT, VCH, DV, NT>(vreg, vg, 0, S, tid);
     }
     for (int ch = 0; ch < n_chunks; ++ch) {
         const int t0 = ch * C;
@@ -241,32 +172,29 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
             }
         }
         block_sync();
-        // The next chunk's loads are in flight while this one is computed.
+{% if save_states %}        // The state before this chunk, for the backward.
+#pragma unroll
+        for (int dt = 0; dt < DK / 16; ++dt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                states[(chunk0 + ch) * DK * DV + (16 * dt + 4 * grp + c) * DV + e0 + ew + col] = from_f32(st[dt][c]);
+{% endif %}        // The next chunk's loads are in flight while this one is computed.
         if (ch + 1 < n_chunks) {
-            load_rows<C, DK, QCH, DK>(qreg, qg, t0 + C, S, tid);
-            load_rows<C, DK, QCH, DK>(kreg, kg, t0 + C, S, tid);
-            load_rows<C, DVT, VCH, DV>(vreg, vg, t0 + C, S, tid);
+            load_rows<C, DK, QCH, DK, NT>(qreg, qg, t0 + C, S, tid);
+            load_rows<C, DK, QCH, DK, NT>(kreg, kg, t0 + C, S, tid);
+            load_rows<C, DVT, VCH, DV, NT>(vreg, vg, t0 + C, S, tid);
         }
 
         // Phase 1: the modified tiles (rows past the end were loaded as zeros)
         // and the decay's prefix sums.
-{% if modify_q %}        modify_tile<DK, SQS, 1, 0>(sQ, t0, 0, h, P, tid);
-{% endif %}{% if modify_k %}        modify_tile<DK, SQS, 1, 1>(sK, t0, 0, h, P, tid);
-{% endif %}{% if modify_v %}        modify_tile<DVT, 1, SVS, 2>(sVt, t0, e0, h, P, tid);
-{% endif %}{% if !per_key %}        if (wave == 0) {
-            // One lane per step, an inclusive scan across the wave.
-{% if decay %}            float x = lane < C && t0 + lane < S ? __log2f(decay_fn(step_point(h, t0 + lane, 0, P), P)) : 0.0f;
-{% else %}            float x = 0.0f;
-{% endif %}            for (int off = 1; off < C; off *= 2) {
-                const float y = lane_read_f(x, lane >= off ? lane - off : lane);
-                if (lane >= off) x += y;
-            }
-            if (lane < C) sL[lane] = x;
-        }
+{% if modify_q %}        modify_tile<DK, SQS, 1, 0, NT>(sQ, t0, 0, h, P, tid);
+{% endif %}{% if modify_k %}        modify_tile<DK, SQS, 1, 1, NT>(sK, t0, 0, h, P, tid);
+{% endif %}{% if modify_v %}        modify_tile<DVT, 1, SVS, 2, NT>(sVt, t0, e0, h, P, tid);
+{% endif %}{% if !per_key %}        if (wave == 0) decay_scan(sL, t0, h, P, lane);
 {% endif %}        block_sync();
 {% if per_key %}        decay_operands(sQ, sK, sT, sFa, sFq, sFk, t0, h, P, tid);
 {% endif %}
-        // Phase 2: the scores and the state's share of the output.
+{% if emit_o %}        // Phase 2: the scores and the state's share of the output.
 {% if normalize %}        // The state's share of the normalisers, 2^(L_t) q̃_t·z: four lanes per row.
         for (int x = tid; x < 4 * C; x += NT) {
             const int r = x / 4, part = x % 4;
@@ -330,7 +258,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
 {% endif %}        }
         block_sync();
 
-        // Phase 3: Oᵀ += Ṽᵀ Aᵀ, written out; the state moves to the chunk's end.
+        // Phase 3: Oᵀ += Ṽᵀ Aᵀ, written out.
 #pragma unroll
         for (int i = 0; i < TT; ++i) {
             for (int j = 0; j <= i; ++j) {
@@ -352,7 +280,8 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
                 store4(og + (long long)(t0 + t) * DV + ew + 4 * grp, x[0], x[1], x[2], x[3]);
             }
         }
-        // S ← 2^(L_last) S + K̃ᵀ Ṽd: K̃ᵀ's operand gathered down K̃'s rows.
+{% endif %}        // The state moves to the chunk's end, S ← 2^(L_last) S + K̃ᵀ Ṽd: K̃ᵀ's
+        // operand gathered down K̃'s rows.
 {% if per_key %}#pragma unroll
         for (int dt = 0; dt < DK / 16; ++dt)
 #pragma unroll

@@ -638,6 +638,62 @@ fn recurrent_bwd_smem(
     (dstate, dqk, dv)
 }
 
+/// The backward kernels' parameters between `dstates` and `dq` (see
+/// [`RecurrentBackwardSource::args`]), as C parameter declarations.
+pub(crate) fn backward_extra_params(normalize: bool, decay: bool) -> String {
+    let mut extra = String::new();
+    if normalize {
+        extra.push_str(
+            "const float* __restrict__ d_norm_out, float* __restrict__ d_norm_in, \
+             const float* __restrict__ norm_states, float* __restrict__ dnorm_states, \
+             const elem_t* __restrict__ o_raw, const float* __restrict__ row_n, \
+             elem_t* __restrict__ dob, float* __restrict__ dn, ",
+        );
+    }
+    if decay {
+        extra.push_str("float* __restrict__ dlog, ");
+    }
+    extra
+}
+
+/// The backward kernels' arguments in launch order (see
+/// [`RecurrentBackwardSource::args`]).
+pub(crate) fn backward_args(variant: &Variant, normalize: bool, decay: bool) -> Vec<ArgKind> {
+    let mut args = leading_args(variant, Some("do"));
+    for c in &variant.customs {
+        args.push(ArgKind::CustomGrad(c.name.clone()));
+    }
+    args.extend([
+        ArgKind::State("d_state_out"),
+        ArgKind::State("d_state_in"),
+        ArgKind::Workspace("states"),
+        ArgKind::Workspace("dstates"),
+    ]);
+    if normalize {
+        args.extend([
+            ArgKind::State("d_norm_out"),
+            ArgKind::State("d_norm_in"),
+            ArgKind::Workspace("norm_states"),
+            ArgKind::Workspace("dnorm_states"),
+            ArgKind::Workspace("o_raw"),
+            ArgKind::Workspace("row_n"),
+            ArgKind::Workspace("dob"),
+            ArgKind::Workspace("dn"),
+        ]);
+    }
+    if decay {
+        args.push(ArgKind::Workspace("dlog"));
+    }
+    args.extend([
+        ArgKind::Tensor("dq"),
+        ArgKind::Tensor("dk"),
+        ArgKind::Tensor("dv"),
+        ArgKind::CuSeqlens,
+    ]);
+    args.extend([Axis::B, Axis::H, Axis::S].map(ArgKind::Size));
+    args
+}
+
 /// The recurrent backward of `variant` for head dims `dk`, `dv` on `isa`
 /// (whose shared memory decides how many buffers the `_dv` kernel gets).
 pub fn recurrent_backward(
@@ -705,18 +761,7 @@ pub fn recurrent_backward(
             .map(|r| grad_atomics(variant, r, "true", indent).replace("atomicAdd(", "grad_add("))
             .unwrap_or_default()
     };
-    let mut extra = String::new();
-    if normalize {
-        extra.push_str(
-            "const float* __restrict__ d_norm_out, float* __restrict__ d_norm_in, \
-             const float* __restrict__ norm_states, float* __restrict__ dnorm_states, \
-             const elem_t* __restrict__ o_raw, const float* __restrict__ row_n, \
-             elem_t* __restrict__ dob, float* __restrict__ dn, ",
-        );
-    }
-    if decay {
-        extra.push_str("float* __restrict__ dlog, ");
-    }
+    let extra = backward_extra_params(normalize, decay);
     let template = RecurrentBwdTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -760,38 +805,7 @@ pub fn recurrent_backward(
         .render()
         .map_err(|e| CompileError(format!("template: {e}")))?;
 
-    let mut args = leading_args(variant, Some("do"));
-    for c in &variant.customs {
-        args.push(ArgKind::CustomGrad(c.name.clone()));
-    }
-    args.extend([
-        ArgKind::State("d_state_out"),
-        ArgKind::State("d_state_in"),
-        ArgKind::Workspace("states"),
-        ArgKind::Workspace("dstates"),
-    ]);
-    if normalize {
-        args.extend([
-            ArgKind::State("d_norm_out"),
-            ArgKind::State("d_norm_in"),
-            ArgKind::Workspace("norm_states"),
-            ArgKind::Workspace("dnorm_states"),
-            ArgKind::Workspace("o_raw"),
-            ArgKind::Workspace("row_n"),
-            ArgKind::Workspace("dob"),
-            ArgKind::Workspace("dn"),
-        ]);
-    }
-    if decay {
-        args.push(ArgKind::Workspace("dlog"));
-    }
-    args.extend([
-        ArgKind::Tensor("dq"),
-        ArgKind::Tensor("dk"),
-        ArgKind::Tensor("dv"),
-        ArgKind::CuSeqlens,
-    ]);
-    args.extend([Axis::B, Axis::H, Axis::S].map(ArgKind::Size));
+    let args = backward_args(variant, normalize, decay);
 
     let threads = cfg.warps * WARP_SIZE;
     let kernel = |suffix: &str, smem_bytes: u32, grid_x: RecurrentGridX| RecurrentBackwardKernel {

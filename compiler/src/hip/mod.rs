@@ -4,3 +4,4 @@ pub mod backward;
 pub mod dialect;
 pub mod forward;
 pub mod recurrent;
+pub mod recurrent_bwd;

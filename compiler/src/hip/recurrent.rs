@@ -98,6 +98,10 @@ struct HipRecurrentTemplate<'a> {
     decay: bool,
     per_key: bool,
     normalize: bool,
+    /// The backward's states pass: write the state before each chunk.
+    save_states: bool,
+    /// Whether the kernel computes the output (the states pass does not).
+    emit_o: bool,
 }
 
 /// Generates the HIP recurrent forward of `variant` for head dims `dk`, `dv`
@@ -112,6 +116,34 @@ pub fn hip_recurrent_forward(
     cfg: &HipRecurrentConfig,
     gfx: Gfx,
     prelude: HipPrelude,
+) -> Result<RecurrentSource, CompileError> {
+    chunked_forward(variant, dk, dv, cfg, gfx, prelude, false)
+}
+
+/// The states pass of the HIP recurrent backward: the forward template
+/// writing the state before each chunk (`states`, `[B, H, chunks, Dk, Dv]`
+/// in the element type) and the final state, computing no output. Its
+/// arguments are the CUDA states pass's for a variant without normaliser
+/// ([`crate::recurrent_states`]).
+pub fn hip_recurrent_states(
+    variant: &Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &HipRecurrentConfig,
+    gfx: Gfx,
+    prelude: HipPrelude,
+) -> Result<RecurrentSource, CompileError> {
+    chunked_forward(variant, dk, dv, cfg, gfx, prelude, true)
+}
+
+fn chunked_forward(
+    variant: &Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &HipRecurrentConfig,
+    gfx: Gfx,
+    prelude: HipPrelude,
+    save_states: bool,
 ) -> Result<RecurrentSource, CompileError> {
     let rec = check_recurrent_dims(variant, dk, dv)?;
     let kind = ForwardKind::of(variant);
@@ -140,8 +172,16 @@ pub fn hip_recurrent_forward(
             cfg.chunk, cfg.dv_tile
         )));
     }
+    if save_states && (kind.normalize || kind.per_key) {
+        return Err(CompileError(format!(
+            "`{}`: {}",
+            variant.name,
+            super::recurrent_bwd::UNSUPPORTED_BACKWARD
+        )));
+    }
     let kernel_name = format!(
-        "aec_rec_fwd_{}_{}_d{dk}x{dv}_c{}v{}_{}",
+        "aec_rec_{}_{}_{}_d{dk}x{dv}_c{}v{}_{}",
+        if save_states { "states" } else { "fwd" },
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.chunk,
@@ -180,6 +220,8 @@ pub fn hip_recurrent_forward(
         decay: rec.decay.is_some(),
         per_key: kind.per_key,
         normalize: kind.normalize,
+        save_states,
+        emit_o: !save_states,
     };
     let source = t
         .render()
@@ -189,7 +231,7 @@ pub fn hip_recurrent_forward(
         source,
         threads: cfg.waves() * WAVE_SIZE,
         smem_bytes: 0,
-        args: forward_args(variant, true, kind.normalize, false),
+        args: forward_args(variant, !save_states, kind.normalize, save_states),
         dk,
         dv,
         config: RecurrentConfig {

@@ -1,0 +1,250 @@
+//! The recurrent (chunked linear attention) backward for AMD GPUs:
+//! `templates/hip/recurrent_bwd.hip` filled with the same closures and their
+//! derived backward as the CUDA recurrent backward, launched alike (the same
+//! argument list, kernel order and grids; [`RecurrentBackwardSource`]).
+
+use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
+use super::recurrent::{HipRecurrentConfig, hip_recurrent_states};
+use crate::cuda::recurrent::{
+    ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,
+    backward_args, backward_extra_params, check_recurrent_dims,
+};
+use crate::cxx::closures::{
+    custom_params, grad_atomics, recurrent_backward_closures, recurrent_closures,
+};
+use crate::{CompileError, Elem};
+use aec_frontend::Variant;
+use askama::Template;
+
+/// Why a variant has no HIP recurrent backward (the CLI's skipped record
+/// and the errors say it).
+pub const UNSUPPORTED_BACKWARD: &str = "the HIP recurrent backward takes variants with a scalar decay per head and step and no normaliser so far: a decay per key dimension (GLA) or a normaliser (RFA) has the HIP forward only";
+
+/// Waves of the `_dqk`, `_dv` and `_decay` workgroups.
+const BWD_WAVES: u32 = 4;
+
+/// The Dk slice of a `_dqk` workgroup and the Dv columns per step of the
+/// `_dqk` and `_dv` loops.
+fn bwd_tiles(dk: u32) -> (u32, u32) {
+    (dk.min(64), 32)
+}
+
+/// LDS of the backward's kernels for chunk `c` (`_dstate`, `_dqk`, `_dv`):
+/// rows of Dk elements padded by 8, rows of C elements padded by 4, rows of
+/// ET elements padded by 8, and the decay's prefix sums.
+pub fn recurrent_bwd_lds_bytes(cfg: &HipRecurrentConfig, dk: u32) -> (u32, u32, u32) {
+    let (c, e) = (cfg.chunk, cfg.elem.bytes());
+    let (dkt, et) = bwd_tiles(dk);
+    let (rows_dk, rows_c, rows_e) = (dk + 8, c + 4, et + 8);
+    let dstate = (c * rows_dk + cfg.dv_tile * rows_c) * e + c * 4;
+    let dqk = (2 * dkt * rows_c + 2 * c * rows_e + 2 * dkt * rows_e + 2 * c * rows_c) * e + c * 4;
+    let dv = (2 * c * rows_dk + c * rows_c + et * rows_dk + et * rows_c) * e + c * 4;
+    (dstate, dqk, dv)
+}
+
+#[derive(Template)]
+#[template(path = "hip/recurrent_bwd.hip", escape = "none")]
+struct HipRecurrentBwdTemplate<'a> {
+    version: &'a str,
+    variant: &'a str,
+    kernel_name: &'a str,
+    target: &'a str,
+    emulate: bool,
+    elem: &'a str,
+    f16: bool,
+    mfma_suffix: &'a str,
+    mfma_builtin: &'a str,
+    chunk: u32,
+    dk: u32,
+    dv: u32,
+    dv_tile: u32,
+    dk_tile: u32,
+    e_tile: u32,
+    wave_size: u32,
+    params_fields: String,
+    custom_args: String,
+    params_init: String,
+    extra_args: String,
+    regions: String,
+    bwd_regions: String,
+    grads_len: usize,
+    grads_q: String,
+    grads_k: String,
+    grads_v: String,
+    grads_decay: String,
+    modify_q: bool,
+    modify_k: bool,
+    modify_v: bool,
+    decay: bool,
+    per_key: bool,
+}
+
+/// Generates the HIP recurrent backward of `variant` for head dims `dk`,
+/// `dv` with the forward's configuration `cfg` (the states pass shares its
+/// chunks) for `gfx`, rendered with `prelude`. Launch it as the CUDA
+/// recurrent backward: the states pass, then [`RecurrentBackwardSource::kernels`]
+/// in order, every one with [`RecurrentBackwardSource::args`]; its LDS is
+/// static (`smem_bytes` 0).
+pub fn hip_recurrent_backward(
+    variant: &Variant,
+    dk: u32,
+    dv: u32,
+    cfg: &HipRecurrentConfig,
+    gfx: Gfx,
+    prelude: HipPrelude,
+) -> Result<RecurrentBackwardSource, CompileError> {
+    let rec = check_recurrent_dims(variant, dk, dv)?;
+    let kind = ForwardKind::of(variant);
+    if kind.normalize || kind.per_key {
+        return Err(CompileError(format!(
+            "`{}`: {UNSUPPORTED_BACKWARD}",
+            variant.name
+        )));
+    }
+    if dk < 32 {
+        return Err(CompileError(format!(
+            "head dimension Dk = {dk} is not supported by the HIP recurrent backward: it takes 32, 64, 128 or 256"
+        )));
+    }
+    let states = hip_recurrent_states(variant, dk, dv, cfg, gfx, prelude)?;
+    let (dk_tile, e_tile) = bwd_tiles(dk);
+    let (lds_dstate, lds_dqk, lds_dv) = recurrent_bwd_lds_bytes(cfg, dk);
+    if let Some(over) = [lds_dstate, lds_dqk, lds_dv]
+        .into_iter()
+        .find(|&b| b > MAX_LDS_BYTES)
+    {
+        return Err(CompileError(format!(
+            "the HIP recurrent backward with chunks of {} for Dk = {dk} needs {over} bytes of LDS per workgroup, more than the {MAX_LDS_BYTES} a workgroup has: use 32-step chunks",
+            cfg.chunk
+        )));
+    }
+    let decay = rec.decay.is_some();
+    let kernel_name = format!(
+        "aec_rec_bwd_{}_{}_d{dk}x{dv}_c{}v{}_{}",
+        variant.name.to_lowercase(),
+        cfg.elem.name(),
+        cfg.chunk,
+        cfg.dv_tile,
+        gfx.name()
+    );
+    let customs = custom_params(variant.customs.len(), true);
+    let (bwd_regions, grads_len) = recurrent_backward_closures(variant);
+    let bwd = &rec.backward;
+    let atomics = |r: &Option<aec_frontend::ir::Region>, indent: &str| {
+        r.as_ref()
+            .map(|r| grad_atomics(variant, r, "true", indent).replace("atomicAdd(", "grad_add("))
+            .unwrap_or_default()
+    };
+    let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
+    let target = prelude.target_label(gfx);
+    let template = HipRecurrentBwdTemplate {
+        version: env!("CARGO_PKG_VERSION"),
+        variant: &variant.name,
+        kernel_name: &kernel_name,
+        target: &target,
+        emulate: prelude == HipPrelude::CpuEmulation,
+        elem: cfg.elem.name(),
+        f16: cfg.elem == Elem::F16,
+        mfma_suffix,
+        mfma_builtin,
+        chunk: cfg.chunk,
+        dk,
+        dv,
+        dv_tile: cfg.dv_tile,
+        dk_tile,
+        e_tile,
+        wave_size: WAVE_SIZE,
+        params_fields: customs.fields,
+        custom_args: customs.args,
+        params_init: customs.init,
+        extra_args: backward_extra_params(false, decay),
+        regions: recurrent_closures(variant),
+        bwd_regions,
+        grads_len,
+        grads_q: atomics(&bwd.modify_q, "            "),
+        grads_k: atomics(&bwd.modify_k, "            "),
+        grads_v: atomics(&bwd.modify_v, "                "),
+        grads_decay: atomics(&bwd.decay, "            "),
+        modify_q: rec.modify_q.is_some(),
+        modify_k: rec.modify_k.is_some(),
+        modify_v: rec.modify_v.is_some(),
+        decay,
+        per_key: false,
+    };
+    let source = template
+        .render()
+        .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
+
+    let threads = BWD_WAVES * WAVE_SIZE;
+    let kernel = |suffix: &str, threads: u32, grid_x: RecurrentGridX| RecurrentBackwardKernel {
+        name: format!("{kernel_name}_{suffix}"),
+        threads,
+        smem_bytes: 0,
+        grid_x,
+    };
+    let mut kernels = vec![
+        kernel(
+            "dstate",
+            cfg.waves() * WAVE_SIZE,
+            RecurrentGridX::DvSlices(cfg.dv_tile),
+        ),
+        kernel("dqk", threads, RecurrentGridX::Chunks(dk / dk_tile)),
+        kernel("dv", threads, RecurrentGridX::Chunks(1)),
+    ];
+    if decay {
+        kernels.push(kernel("decay", threads, RecurrentGridX::One));
+    }
+    Ok(RecurrentBackwardSource {
+        states,
+        name: kernel_name,
+        source,
+        kernels,
+        args: backward_args(variant, false, decay),
+        dk,
+        dv,
+        config: RecurrentConfig {
+            chunk: cfg.chunk,
+            dv_tile: cfg.dv_tile,
+            warps: cfg.waves(),
+            stages: 1,
+            blocks_per_sm: 1,
+            wgmma: false,
+            elem: cfg.elem,
+        },
+        normalized: false,
+        decay,
+        per_key: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backward_lds_fits_with_the_forward_default_chunks() {
+        for dk in [32, 64, 128, 256] {
+            for dv in [64, 96, 128, 512] {
+                let cfg =
+                    HipRecurrentConfig::default_for(dk, dv, ForwardKind::default(), Elem::Bf16);
+                let (a, b, c) = recurrent_bwd_lds_bytes(&cfg, dk);
+                assert!(
+                    a.max(b).max(c) <= MAX_LDS_BYTES,
+                    "Dk {dk} Dv {dv}: {a} {b} {c}"
+                );
+            }
+        }
+        // Dk 128, chunk 64: Q̃ and K̃ (64 × 136), Aᵀ (64 × 68), dSᵀ (32 × 136), dÕᵀ (32 × 68), sL.
+        let cfg = HipRecurrentConfig::default_for(128, 128, ForwardKind::default(), Elem::Bf16);
+        assert_eq!(
+            recurrent_bwd_lds_bytes(&cfg, 128).2,
+            2 * (2 * 64 * 136 + 64 * 68 + 32 * 136 + 32 * 68) + 64 * 4
+        );
+        // Dk 256 at 64-step chunks does not fit: the error names the fix.
+        let wide = HipRecurrentConfig {
+            chunk: 64,
+            ..HipRecurrentConfig::default_for(256, 256, ForwardKind::default(), Elem::Bf16)
+        };
+        assert!(recurrent_bwd_lds_bytes(&wide, 256).2 > MAX_LDS_BYTES);
+    }
+}
