@@ -485,7 +485,8 @@ fn check_recurrent_backward(dir: &Path, bk: &serde_json::Value, customs: &[&str]
 /// A normalised variant takes the normaliser's states too; the A100 and the
 /// Hopper targets share one source where their configurations agree; AMD
 /// targets get the HIP forward (its code object where the HIP toolchain is
-/// installed) and a skipped backward record with a warning, no fake kernel.
+/// installed) and, since the HIP backward takes no normaliser yet, a skipped
+/// backward record with a warning, no fake kernel.
 #[test]
 fn recurrent_normaliser_shared_sources_and_amd_targets() {
     let dir = scratch("rec-rfa");
@@ -499,7 +500,7 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        err.contains("warning: `Rfa` (examples/rfa.rs): no HIP recurrent backward exists yet: the AMD build has the forward only (skipped the backward for mi250)"),
+        err.contains("warning: `Rfa` (examples/rfa.rs): no HIP backward for mi250: `Rfa`: the HIP recurrent backward takes variants with a scalar decay per head and step and no normaliser so far"),
         "{err}"
     );
     let m = manifest(&dir);
@@ -601,7 +602,7 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
     assert!(
         bwd["skipped"]
             .as_str()
-            .is_some_and(|s| s.contains("no HIP recurrent backward exists yet")),
+            .is_some_and(|s| s.contains("a normaliser (RFA) has the HIP forward only")),
         "{bwd}"
     );
     // The backward: per instruction set (the `_dv` kernel's buffers follow
@@ -876,4 +877,80 @@ fn a_recurrent_backward_that_cannot_be_planned_is_skipped_with_the_reason() {
             .is_some_and(|s| s.contains("buffer `states` is declared twice")),
         "{skipped}"
     );
+}
+
+/// A recurrent variant with a scalar decay gets its HIP backward on AMD
+/// targets: the backward kernels and the states pass as two `.hip` sources,
+/// their code objects (where the HIP toolchain is installed) and a launch
+/// plan whose states pass runs from the `states` module.
+#[test]
+fn recurrent_hip_backward_for_amd_targets() {
+    let dir = scratch("rec-mamba2-amd");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/mamba2.rs",
+        "-t",
+        "mi300x",
+        "--head-dims",
+        "64x64",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("no HIP backward"), "{err}");
+    let m = manifest(&dir);
+    let kernels = m["variants"][0]["kernels"].as_array().expect("kernels");
+    let bwd: Vec<_> = kernels.iter().filter(|k| k["pass"] == "backward").collect();
+    assert_eq!(bwd.len(), 1, "{kernels:?}");
+    let b = bwd[0];
+    assert!(b.get("skipped").is_none(), "{b}");
+    let entry = b["entry"].as_str().expect("entry");
+    assert!(
+        entry.starts_with("aec_rec_bwd_mamba2_bf16_d64x64") && entry.ends_with("gfx942"),
+        "{entry}"
+    );
+    let names: Vec<&str> = b["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    let suffixes: Vec<&str> = names
+        .iter()
+        .map(|n| n.rsplit('_').next().unwrap())
+        .collect();
+    assert_eq!(suffixes, ["dstate", "dqk", "dv", "decay"], "{names:?}");
+    for src in [&b["source"], &b["sources"]["states"]] {
+        let path = dir.join(src.as_str().expect("source path"));
+        assert!(path.extension().is_some_and(|e| e == "hip"), "{src}");
+        assert!(path.is_file(), "{src}");
+    }
+    // The plan: the states pass first (from the `states` module), then the
+    // four kernels; the gradients of Mamba2's custom inputs among the buffers.
+    let launches = b["plan"]["launches"].as_array().expect("launches");
+    assert_eq!(launches.len(), 5, "{launches:?}");
+    assert_eq!(launches[0]["module"], "states", "{:?}", launches[0]);
+    let buffers: Vec<&str> = b["plan"]["buffers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    for want in ["do", "dq", "dk", "dv", "da", "ddt"] {
+        assert!(buffers.contains(&want), "no {want} in {buffers:?}");
+    }
+    let build = &b["builds"][0];
+    assert_eq!(build["arch"], "gfx942");
+    if aec::runtime::find_hip_compiler("gfx942").is_ok() {
+        let (co, states) = (&build["code_object"], &build["modules"]["states"]);
+        assert_ne!(co, states, "two modules");
+        for c in [co, states] {
+            let bytes =
+                std::fs::read(dir.join(c.as_str().expect("code object"))).expect("code object");
+            assert_eq!(&bytes[..4], b"\x7fELF", "{c}");
+        }
+        assert_eq!(build["report"]["usage"]["scratch_bytes"], 0, "{build}");
+    } else {
+        assert!(build["code_object"].is_null(), "{build}");
+    }
 }

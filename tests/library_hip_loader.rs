@@ -7,7 +7,8 @@
 //! A softmax and Mamba2 (recurrent) library is compiled for mi250 and
 //! mi300x with the real HIP toolchain. The C program `tests/c/hip_loader_check.c`, built against its
 //! header, opens it (only the HIP backend is tried), runs the forward and
-//! the backward, and checks errors by name; this test then compares every
+//! the backward of both (Mamba2's backward from two modules), and checks
+//! errors by name; this test then compares every
 //! logged launch with the manifest's plan for those sizes: entry, grid,
 //! block, shared memory, pointers and 32-bit sizes, in order. Then the
 //! Python module's HIP tests (`HipBuilds` in
@@ -286,6 +287,31 @@ fn c_loader_runs_hip_code_objects_through_the_hip_runtime() {
         &[("B", 2), ("H", 3), ("S", 150)],
         &m_ptrs,
     ));
+    // Its backward: the states pass (the `states` module), then the kernels.
+    let m_bwd = record(&manifest, "Mamba2", "backward");
+    let names = [
+        "q",
+        "k",
+        "v",
+        "a",
+        "dt",
+        "do",
+        "state_in",
+        "d_state_out",
+        "dq",
+        "dk",
+        "dv",
+        "da",
+        "ddt",
+        "d_state_in",
+    ];
+    let mb_ptrs: Vec<(&str, &str)> = names
+        .into_iter()
+        .zip(printed(&stdout, "mamba2 bwd ptrs "))
+        .collect();
+    let m_bwd_launches = expected_launches(m_bwd, &[("B", 2), ("H", 3), ("S", 150)], &mb_ptrs);
+    assert_eq!(m_bwd_launches.len(), 5, "{m_bwd_launches:?}");
+    expected.extend(m_bwd_launches);
     let text = std::fs::read_to_string(&log).expect("the double's launch log");
     let logged: Vec<&str> = text.lines().collect();
     assert_launches(&logged, &expected);

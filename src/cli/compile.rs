@@ -9,8 +9,9 @@
 //! cubins, in one record whose launch plan names the states pass's module.
 //! Where the backward cannot be generated (e.g. Dk = 16) the manifest has a
 //! skipped backward record with the reason. AMD targets get the HIP
-//! recurrent forward; no HIP recurrent backward exists yet, and the manifest
-//! says so in a skipped backward record.
+//! recurrent forward and, for variants with a scalar decay and no
+//! normaliser, the HIP backward (the same two modules, as `.hip` sources and
+//! code objects); for the others a skipped backward record says why.
 //!
 //! Next to the kernels it writes the library's loaders: `include/` (the C
 //! header generated from the launch plans and the header-only loader) and
@@ -22,6 +23,7 @@ use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::hip::recurrent::{HipRecurrentConfig, hip_recurrent_forward};
+use aec::compiler::hip::recurrent_bwd::hip_recurrent_backward;
 use aec::compiler::launch_plan::{
     EntryPlan, Role, STATES_MODULE, SizeExpr, backward_plan, forward_plan, recurrent_backward_plan,
     recurrent_forward_plan,
@@ -325,7 +327,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": aec::library::MANIFEST_FORMAT,
-        "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA forward and backward and the HIP forward of recurrent variants (the recurrent backward is two modules: the backward kernels, each build's `cubin`, and the states pass, its `modules.states`; no HIP recurrent backward yet); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
+        "contents": "generated sources and code objects (CUDA cubins for NVIDIA targets, HIP code objects for AMD targets) of the forward and backward of parallel variants and the CUDA and HIP forward and backward of recurrent variants (the recurrent backward is two modules: the backward kernels, each build's `cubin` or `code_object`, and the states pass, its `modules.states`; the HIP recurrent backward takes a scalar decay and no normaliser so far, other variants' AMD backward records say so); each kernel record carries its launch plan; include/ holds the C header and its header-only loader, python/ the PyTorch module",
         "tools": {
             "aec": env!("CARGO_PKG_VERSION"),
             "templates": format!("built into aec {}", env!("CARGO_PKG_VERSION")),
@@ -509,10 +511,6 @@ fn cuda_isas(targets: &[Target]) -> Vec<(Isa, Vec<Target>)> {
     out
 }
 
-/// What the manifest and the warning say of the recurrent backward on AMD targets.
-const RECURRENT_HIP_BACKWARD_NOTE: &str =
-    "no HIP recurrent backward exists yet: the AMD build has the forward only";
-
 /// A recurrent variant's manifest record: its CUDA forward and backward per
 /// instruction set among the targets (sources, cubins with NVRTC, launch
 /// plans, configuration; a skipped backward record with the reason where
@@ -639,9 +637,9 @@ fn recurrent_variant(
     }))
 }
 
-/// A recurrent variant's kernels for one AMD target: the HIP forward (source,
-/// code object with its resources, launch plan, configuration) and a skipped
-/// backward record.
+/// A recurrent variant's kernels for one AMD target: the HIP forward and the
+/// HIP backward (sources, code objects with their resources, launch plans,
+/// configuration), or a skipped backward record saying why there is none.
 fn hip_recurrent_kernels(
     dir: &Path,
     v: &Variant,
@@ -662,24 +660,63 @@ fn hip_recurrent_kernels(
         target,
         &v.name,
     )?;
-    eprintln!(
-        "warning: `{}` ({file}): {RECURRENT_HIP_BACKWARD_NOTE} (skipped the backward for {})",
-        v.name,
-        target.name()
-    );
-    Ok(vec![
-        json!({
-            "pass": "forward",
-            "entry": k.name,
-            "source": format!("kernels/{}.hip", k.name),
-            "builds": [build],
-            "head_dims": { "Dk": k.dk, "Dv": k.dv },
-            "config": recurrent_config_json(&k.config),
-            "normalized": k.normalized,
-            "plan": recurrent_forward_plan(v, &k),
-        }),
-        json!({ "pass": "backward", "target": target.name(), "skipped": RECURRENT_HIP_BACKWARD_NOTE }),
-    ])
+    let forward = json!({
+        "pass": "forward",
+        "entry": k.name,
+        "source": format!("kernels/{}.hip", k.name),
+        "builds": [build],
+        "head_dims": { "Dk": k.dk, "Dv": k.dv },
+        "config": recurrent_config_json(&k.config),
+        "normalized": k.normalized,
+        "plan": recurrent_forward_plan(v, &k),
+    });
+    let backward = hip_recurrent_backward(v, dk, dv, &cfg, gfx, HipPrelude::Amdgcn).and_then(|b| {
+        let plan = recurrent_backward_plan(v, &b);
+        aec::library::validate_plan(&plan).map_err(|e| {
+            aec::compiler::CompileError(format!("its launch plan is inconsistent: {e}"))
+        })?;
+        Ok((b, plan))
+    });
+    let backward = match backward {
+        Ok((b, plan)) => {
+            // Resources of the widest kernel (`_dqk`); the states pass is a forward.
+            let dqk = b.kernels.iter().find(|k| k.name.ends_with("_dqk"));
+            let entry = dqk.map_or(b.name.clone(), |k| k.name.clone());
+            let states = hip_build(
+                dir,
+                &b.states.name,
+                &b.states.source,
+                &b.states.name,
+                cfg.waves(),
+                target,
+                &v.name,
+            )?;
+            let mut build = hip_build(dir, &b.name, &b.source, &entry, 4, target, &v.name)?;
+            build["modules"] = json!({ STATES_MODULE: states["code_object"] });
+            json!({
+                "pass": "backward",
+                "entry": b.name,
+                "source": format!("kernels/{}.hip", b.name),
+                "sources": { STATES_MODULE: format!("kernels/{}.hip", b.states.name) },
+                "builds": [build],
+                "head_dims": { "Dk": b.dk, "Dv": b.dv },
+                "config": recurrent_config_json(&b.config),
+                "normalized": b.normalized,
+                "decay": b.decay,
+                "kernels": b.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+                "plan": plan,
+            })
+        }
+        Err(e) => {
+            eprintln!(
+                "warning: `{}` ({file}): no HIP backward for {}: {e}",
+                v.name,
+                target.name()
+            );
+            json!({ "pass": "backward", "target": target.name(), "skipped": e.to_string() })
+        }
+    };
+    Ok(vec![forward, backward])
 }
 
 /// The manifest record of a recurrent backward: the backward kernels'

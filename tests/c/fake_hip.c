@@ -13,7 +13,9 @@
  * - hipModuleLaunchKernel runs nothing: it appends one line per launch to
  *   the file named by $AEC_FAKE_HIP_LOG: entry, grid, block, shared memory
  *   and the arguments, decoded as $AEC_FAKE_HIP_ARGS says ("P:I": P 64-bit
- *   pointers, then I 32-bit ints). $AEC_FAKE_HIP_FAIL_LAUNCH=1 makes it
+ *   pointers, then I 32-bit ints; a list "P:I,P:I,…" gives the launches
+ *   since the variable last changed their layouts in turn, the last one
+ *   repeating). $AEC_FAKE_HIP_FAIL_LAUNCH=1 makes it
  *   fail with hipErrorLaunchFailure.
  */
 #include <stdint.h>
@@ -196,8 +198,22 @@ int hipModuleLaunchKernel(void *function, unsigned int gx, unsigned int gy, unsi
         return FAKE_INVALID_VALUE;
     if (fail != NULL && strcmp(fail, "1") == 0)
         return FAKE_LAUNCH_FAILURE;
-    if (spec != NULL && sscanf(spec, "%d:%d", &pointers, &ints) != 2)
-        return FAKE_INVALID_VALUE;
+    if (spec != NULL) {
+        /* The launches since the list changed take its entries in turn. */
+        static char last[512];
+        static int launch;
+        const char *at = spec;
+        int k;
+        if (strncmp(last, spec, sizeof last) != 0) {
+            strncpy(last, spec, sizeof last - 1);
+            launch = 0;
+        }
+        for (k = 0; k < launch && strchr(at, ',') != NULL; k++)
+            at = strchr(at, ',') + 1;
+        launch++;
+        if (sscanf(at, "%d:%d", &pointers, &ints) != 2)
+            return FAKE_INVALID_VALUE;
+    }
     if (log == NULL)
         return FAKE_SUCCESS;
     out = fopen(log, "a");

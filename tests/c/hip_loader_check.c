@@ -8,7 +8,7 @@
  * against the manifest's plans), and reports a failed launch and a wrong
  * current device by name.
  *
- * Prints "forward ptrs P...", "backward ptrs P..." and "mamba2 ptrs P..."
+ * Prints "forward ptrs P...", "backward ptrs P...", "mamba2 ptrs P..." and "mamba2 bwd ptrs P..."
  * lines for the Rust test; exits 0 when every check here passed.
  */
 #include "aec_library.h"
@@ -163,6 +163,42 @@ int main(int argc, char **argv)
         CHECK(st == AEC_ERROR_SHAPE && strstr(aec_last_error(&lib), "Dk = 64") != NULL, "Mamba2 with Dk 64: %s: %s",
               aec_status_name(st), aec_last_error(&lib));
         printf("mamba2 wrong Dk: %s\n", aec_last_error(&lib));
+
+        /* Its backward: the states pass from the `states` module, then the
+           backward kernels, with an initial state and a final state's gradient. */
+        {
+            aec_mamba2_backward_buffers bb;
+            ms.Dk = AEC_MAMBA2_DK;
+            bb.q = mb.q;
+            bb.k = mb.k;
+            bb.v = mb.v;
+            bb.a = mb.a;
+            bb.dt = mb.dt;
+            bb.state_in = mb.state_in;
+            bb.do_ = device_buffer(&lib, v_bytes, 19);
+            bb.d_state_out = (const float *)device_buffer(&lib, state_bytes, 20);
+            bb.dq = device_buffer(&lib, qk_bytes, 21);
+            bb.dk = device_buffer(&lib, qk_bytes, 22);
+            bb.dv = device_buffer(&lib, v_bytes, 23);
+            bb.da = (float *)device_buffer(&lib, (size_t)ms.H * 4, 24);
+            bb.ddt = (float *)device_buffer(&lib, (size_t)ms.B * ms.H * ms.S * 4, 25);
+            bb.d_state_in = (float *)device_buffer(&lib, state_bytes, 26);
+            kernel = aec_mamba2_backward_kernel(&lib, &ms);
+            CHECK(kernel != NULL && strstr(kernel, "aec_rec_states_mamba2") != NULL && strstr(kernel, "_gfx942") != NULL,
+                  "Mamba2 backward's first kernel %s", kernel ? kernel : "(none)");
+            setenv("AEC_FAKE_HIP_ARGS", "9:3,17:3", 1);
+            st = aec_mamba2_backward(&lib, &ms, &bb, NULL, NULL);
+            CHECK(st == AEC_OK, "Mamba2 backward: %s: %s", aec_status_name(st), aec_last_error(&lib));
+            printf("mamba2 bwd ptrs %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx\n",
+                   (unsigned long long)(uintptr_t)bb.q, (unsigned long long)(uintptr_t)bb.k,
+                   (unsigned long long)(uintptr_t)bb.v, (unsigned long long)(uintptr_t)bb.a,
+                   (unsigned long long)(uintptr_t)bb.dt, (unsigned long long)(uintptr_t)bb.do_,
+                   (unsigned long long)(uintptr_t)bb.state_in, (unsigned long long)(uintptr_t)bb.d_state_out,
+                   (unsigned long long)(uintptr_t)bb.dq, (unsigned long long)(uintptr_t)bb.dk,
+                   (unsigned long long)(uintptr_t)bb.dv, (unsigned long long)(uintptr_t)bb.da,
+                   (unsigned long long)(uintptr_t)bb.ddt, (unsigned long long)(uintptr_t)bb.d_state_in);
+            unsetenv("AEC_FAKE_HIP_ARGS");
+        }
     }
 
     /* A launch the runtime refuses: named with its grid and the HIP error. */
