@@ -57,11 +57,9 @@ fn compile_checked(source: &str, entry: &str, gfx: Gfx) -> Checked {
     Checked { resources, isa }
 }
 
-/// 64-lane waves, no scratch or spills, LDS within a workgroup's, MFMA in
-/// the ISA.
-fn assert_healthy(entry: &str, threads: u32, gfx: Gfx, c: &Checked) {
-    let r = &c.resources;
-    let what = format!("{entry} on {}", gfx.name());
+/// 64-lane waves, no scratch or spills, LDS within a workgroup's, room for
+/// `threads` work-items.
+fn assert_resources(what: &str, threads: u32, r: &HipResourceUsage) {
     assert_eq!(r.wavefront_size, 64, "{what}: {r:?}");
     assert_eq!(
         (r.scratch_bytes, r.vgpr_spills, r.sgpr_spills),
@@ -69,8 +67,15 @@ fn assert_healthy(entry: &str, threads: u32, gfx: Gfx, c: &Checked) {
         "{what} spills: {r:?}"
     );
     assert!(r.lds_bytes <= MAX_LDS_BYTES, "{what}: LDS {r:?}");
-    assert!(r.lds_bytes > 0, "{what}: the tiles are static LDS: {r:?}");
     assert!(r.max_workgroup_size >= threads, "{what}: {r:?}");
+}
+
+/// [`assert_resources`], static LDS tiles and MFMA in the ISA.
+fn assert_healthy(entry: &str, threads: u32, gfx: Gfx, c: &Checked) {
+    let r = &c.resources;
+    let what = format!("{entry} on {}", gfx.name());
+    assert_resources(&what, threads, r);
+    assert!(r.lds_bytes > 0, "{what}: the tiles are static LDS: {r:?}");
     let mfma = c.isa.matches("v_mfma_f32_16x16x16").count();
     assert!(mfma > 0, "{what}: no MFMA in the ISA");
 }
@@ -295,14 +300,7 @@ fn every_recurrent_backward_compiles_for_gfx90a_and_gfx942() {
                     .find(|r| r.name == k.name)
                     .unwrap_or_else(|| panic!("no metadata for {} in {res:?}", k.name));
                 let what = format!("{} on {}", k.name, gfx.name());
-                assert_eq!(r.wavefront_size, 64, "{what}: {r:?}");
-                assert_eq!(
-                    (r.scratch_bytes, r.vgpr_spills, r.sgpr_spills),
-                    (0, 0, 0),
-                    "{what} spills: {r:?}"
-                );
-                assert!(r.max_workgroup_size >= k.threads, "{what}: {r:?}");
-                assert!(r.lds_bytes <= MAX_LDS_BYTES, "{what}: LDS {r:?}");
+                assert_resources(&what, k.threads, r);
                 let model = match k.name.rsplit('_').next() {
                     Some("dstate") => Some(lds.0),
                     Some("dqk") => Some(lds.1),

@@ -140,6 +140,44 @@ fn add_back(
     }
 }
 
+/// A driver's `out.bin`, read in order: bf16 bits and f32 values as f64.
+struct OutFile {
+    bytes: Vec<u8>,
+    at: usize,
+}
+
+impl OutFile {
+    fn read(path: &std::path::Path) -> OutFile {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        OutFile { bytes, at: 0 }
+    }
+
+    fn take(&mut self, n: usize) -> &[u8] {
+        let x = &self.bytes[self.at..self.at + n];
+        self.at += n;
+        x
+    }
+
+    fn bf16(&mut self, len: usize) -> Vec<f64> {
+        self.take(2 * len)
+            .chunks(2)
+            .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
+            .collect()
+    }
+
+    fn f32(&mut self, len: usize) -> Vec<f64> {
+        self.take(4 * len)
+            .chunks(4)
+            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect()
+    }
+
+    /// Bytes not read yet.
+    fn left(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+}
+
 /// A host tensor (bf16 bits or f32) and the same values for the reference.
 type Host<T> = (Vec<T>, Tensor);
 
@@ -291,19 +329,10 @@ fn check(name: &str, call: &Call, tune: impl Fn(&mut HipRecurrentConfig)) {
     )
     .unwrap();
     build_and_run(&cxx, dir.path(), name);
-    let out = std::fs::read(p("out.bin")).unwrap();
-    let o: Vec<f64> = out[..2 * o_len]
-        .chunks(2)
-        .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
-        .collect();
-    let f32s = |bytes: &[u8]| -> Vec<f64> {
-        bytes
-            .chunks(4)
-            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect()
-    };
-    let st = f32s(&out[2 * o_len..2 * o_len + 4 * state_len]);
-    let z = normalized.then(|| f32s(&out[2 * o_len + 4 * state_len..]));
+    let mut out = OutFile::read(&p("out.bin"));
+    let o = out.bf16(o_len);
+    let st = out.f32(state_len);
+    let z = normalized.then(|| out.f32(out.left() / 4));
     assert!(
         o.iter().chain(&st).all(|x| x.is_finite()),
         "{name}: non-finite output"
@@ -695,41 +724,19 @@ fn check_backward(name: &str, call: &Call) {
         std::fs::write(d.join("driver.cpp"), drv).unwrap();
         build_and_run(&cxx, &d, &format!("{name} ({sub})"));
     }
-    let out = std::fs::read(dir.path().join("bwd/out.bin")).unwrap();
+    let mut out = OutFile::read(&dir.path().join("bwd/out.bin"));
     let (q_len, v_len) = (inputs.q.0.len(), inputs.v.0.len());
     let state_len = n * h * call.dk * call.dv;
-    let mut at = 0;
-    let take_bf16 = |len: usize, at: &mut usize| -> Vec<f64> {
-        let x = out[*at..*at + 2 * len]
-            .chunks(2)
-            .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
-            .collect();
-        *at += 2 * len;
-        x
-    };
-    let got_dq = take_bf16(q_len, &mut at);
-    let got_dk = take_bf16(q_len, &mut at);
-    let got_dv = take_bf16(v_len, &mut at);
-    let take_f32 = |len: usize, at: &mut usize| -> Vec<f64> {
-        let x = out[*at..*at + 4 * len]
-            .chunks(4)
-            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect();
-        *at += 4 * len;
-        x
-    };
-    let got_ds = take_f32(state_len, &mut at);
+    let got_dq = out.bf16(q_len);
+    let got_dk = out.bf16(q_len);
+    let got_dv = out.bf16(v_len);
+    let got_ds = out.f32(state_len);
     let got_customs: Vec<Vec<f64>> = inputs
         .custom_lens()
         .iter()
-        .map(|&len| take_f32(len, &mut at))
+        .map(|&len| out.f32(len))
         .collect();
-    assert_eq!(
-        at,
-        out.len(),
-        "{name}: out.bin has {} bytes, read {at}",
-        out.len()
-    );
+    assert_eq!(out.left(), 0, "{name}: out.bin has bytes left unread");
 
     // The reference, one sequence at a time, added back into the batch's gradients.
     let mut want_dq = vec![0.0; q_len];

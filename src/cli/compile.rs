@@ -549,7 +549,12 @@ fn recurrent_variant(
     let mut kernels = Vec::new();
     for (k, ts) in &generated {
         let builds = write_and_compile(dir, &k.name, &k.source, ts, with_nvrtc, &v.name)?;
-        kernels.push(recurrent_json(k, builds, recurrent_forward_plan(v, k)));
+        kernels.push(recurrent_json(
+            k,
+            "cu",
+            builds,
+            recurrent_forward_plan(v, k),
+        ));
     }
     // The backward with the forward's configuration, per instruction set
     // (its shared memory decides the `_dv` kernel's buffers); one record
@@ -621,6 +626,7 @@ fn recurrent_variant(
         kernels.push(recurrent_backward_json(
             b,
             (&base, &states_base),
+            "cu",
             builds,
             recurrent_backward_plan(v, b),
         ));
@@ -660,16 +666,7 @@ fn hip_recurrent_kernels(
         target,
         &v.name,
     )?;
-    let forward = json!({
-        "pass": "forward",
-        "entry": k.name,
-        "source": format!("kernels/{}.hip", k.name),
-        "builds": [build],
-        "head_dims": { "Dk": k.dk, "Dv": k.dv },
-        "config": recurrent_config_json(&k.config),
-        "normalized": k.normalized,
-        "plan": recurrent_forward_plan(v, &k),
-    });
+    let forward = recurrent_json(&k, "hip", vec![build], recurrent_forward_plan(v, &k));
     let backward = hip_recurrent_backward(v, dk, dv, &cfg, gfx, HipPrelude::Amdgcn).and_then(|b| {
         let plan = recurrent_backward_plan(v, &b);
         aec::library::validate_plan(&plan).map_err(|e| {
@@ -693,19 +690,7 @@ fn hip_recurrent_kernels(
             )?;
             let mut build = hip_build(dir, &b.name, &b.source, &entry, 4, target, &v.name)?;
             build["modules"] = json!({ STATES_MODULE: states["code_object"] });
-            json!({
-                "pass": "backward",
-                "entry": b.name,
-                "source": format!("kernels/{}.hip", b.name),
-                "sources": { STATES_MODULE: format!("kernels/{}.hip", b.states.name) },
-                "builds": [build],
-                "head_dims": { "Dk": b.dk, "Dv": b.dv },
-                "config": recurrent_config_json(&b.config),
-                "normalized": b.normalized,
-                "decay": b.decay,
-                "kernels": b.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
-                "plan": plan,
-            })
+            recurrent_backward_json(&b, (&b.name, &b.states.name), "hip", vec![build], plan)
         }
         Err(e) => {
             eprintln!(
@@ -720,19 +705,21 @@ fn hip_recurrent_kernels(
 }
 
 /// The manifest record of a recurrent backward: the backward kernels'
-/// source (each build's `cubin`) and the states pass's (`sources.states`,
-/// each build's `modules.states`), the kernels in launch order, the plan.
+/// source (each build's `cubin` or `code_object`) and the states pass's
+/// (`sources.states`, each build's `modules.states`), files
+/// `kernels/<base>.<ext>`, the kernels in launch order, the plan.
 fn recurrent_backward_json(
     b: &RecurrentBackwardSource,
     (base, states_base): (&str, &str),
+    ext: &str,
     builds: Vec<Value>,
     plan: EntryPlan,
 ) -> Value {
     json!({
         "pass": "backward",
         "entry": b.name,
-        "source": format!("kernels/{base}.cu"),
-        "sources": { STATES_MODULE: format!("kernels/{states_base}.cu") },
+        "source": format!("kernels/{base}.{ext}"),
+        "sources": { STATES_MODULE: format!("kernels/{states_base}.{ext}") },
         "builds": builds,
         "head_dims": { "Dk": b.dk, "Dv": b.dv },
         "config": recurrent_config_json(&b.config),
@@ -757,12 +744,13 @@ fn recurrent_config_json(c: &RecurrentConfig) -> Value {
     json!({ "chunk": chunk, "dv_tile": dv_tile, "warps": warps, "stages": stages, "blocks_per_sm": blocks_per_sm, "wgmma": wgmma, "elem": elem.name() })
 }
 
-/// The manifest record of a recurrent forward.
-fn recurrent_json(k: &RecurrentSource, builds: Vec<Value>, plan: EntryPlan) -> Value {
+/// The manifest record of a recurrent forward (its source
+/// `kernels/<entry>.<ext>`).
+fn recurrent_json(k: &RecurrentSource, ext: &str, builds: Vec<Value>, plan: EntryPlan) -> Value {
     json!({
         "pass": "forward",
         "entry": k.name,
-        "source": format!("kernels/{}.cu", k.name),
+        "source": format!("kernels/{}.{ext}", k.name),
         "builds": builds,
         "head_dims": { "Dk": k.dk, "Dv": k.dv },
         "config": recurrent_config_json(&k.config),
