@@ -484,9 +484,8 @@ fn check_recurrent_backward(dir: &Path, bk: &serde_json::Value, customs: &[&str]
 
 /// A normalised variant takes the normaliser's states too; the A100 and the
 /// Hopper targets share one source where their configurations agree; AMD
-/// targets get the HIP forward (its code object where the HIP toolchain is
-/// installed) and, since the HIP backward takes no normaliser yet, a skipped
-/// backward record with a warning, no fake kernel.
+/// targets get the HIP forward and backward (their code objects where the
+/// HIP toolchain is installed), the backward with the normaliser's `_pre`.
 #[test]
 fn recurrent_normaliser_shared_sources_and_amd_targets() {
     let dir = scratch("rec-rfa");
@@ -499,10 +498,6 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
         dir.to_str().unwrap(),
     ]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(
-        err.contains("warning: `Rfa` (examples/rfa.rs): no HIP backward for mi250: `Rfa`: the HIP recurrent backward takes variants with a scalar decay per head and step and no normaliser so far"),
-        "{err}"
-    );
     let m = manifest(&dir);
     let v = &m["variants"][0];
     let kernels = v["kernels"].as_array().expect("kernels");
@@ -598,19 +593,47 @@ fn recurrent_normaliser_shared_sources_and_amd_targets() {
     } else {
         assert!(build["code_object"].is_null(), "{build}");
     }
+    // The HIP backward: the normaliser's step first, the decay's scan last,
+    // the states pass writing the output before normalisation into `o_raw`.
     assert_eq!(bwd["pass"], "backward");
+    assert!(bwd.get("skipped").is_none(), "{bwd}");
+    assert!(!err.contains("no HIP backward"), "{err}");
+    let suffixes: Vec<&str> = bwd["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().rsplit('_').next().unwrap())
+        .collect();
+    assert_eq!(suffixes, ["pre", "dstate", "dqk", "dv", "decay"], "{bwd}");
+    let launches = bwd["plan"]["launches"].as_array().expect("launches");
+    assert_eq!(launches[0]["module"], "states", "{:?}", launches[0]);
     assert!(
-        bwd["skipped"]
-            .as_str()
-            .is_some_and(|s| s.contains("a normaliser (RFA) has the HIP forward only")),
-        "{bwd}"
+        launches[0]["args"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!({ "ptr": "o_raw" })),
+        "{:?}",
+        launches[0]
     );
-    // The backward: per instruction set (the `_dv` kernel's buffers follow
-    // the shared memory), the normaliser's workspaces and gradients in the
-    // plan, each record's files its own.
+    let hip_build = &bwd["builds"][0];
+    assert_eq!(hip_build["arch"], "gfx90a");
+    if aec::runtime::find_hip_compiler("gfx90a").is_ok() {
+        for c in [&hip_build["code_object"], &hip_build["modules"]["states"]] {
+            let co =
+                std::fs::read(dir.join(c.as_str().expect("code object"))).expect("code object");
+            assert_eq!(&co[..4], b"\x7fELF", "{c}");
+        }
+    }
+    // The CUDA backward: per instruction set (the `_dv` kernel's buffers
+    // follow the shared memory), the normaliser's workspaces and gradients in
+    // the plan, each record's files its own.
     let backward: Vec<_> = kernels
         .iter()
-        .filter(|k| k["pass"] == "backward" && k.get("plan").is_some())
+        .filter(|k| {
+            k["pass"] == "backward"
+                && k.get("plan").is_some()
+                && k["builds"][0]["target"] != "mi250"
+        })
         .collect();
     assert!(!backward.is_empty(), "{kernels:?}");
     let mut targets: Vec<&str> = Vec::new();

@@ -562,7 +562,9 @@ fn backward_driver(
     let q_len = bsz * h * s_total * call.dk;
     let v_len = bsz * h * s_total * call.dv;
     let state_len = n * h * call.dk * call.dv;
+    let norm_len = n * h * call.dk;
     let states_len = units * call.dk * call.dv;
+    let rows = bsz * h * s_total;
     let mut s = String::from("#include \"kernel.hip\"\n#include <cstdio>\n#include <vector>\n\n");
     s += "template <class T> static void rd(FILE* f, std::vector<T>& v) { if (fread(v.data(), sizeof(T), v.size(), f) != v.size()) abort(); }\n";
     s += "template <class T> static void wr(FILE* f, const std::vector<T>& v) { fwrite(v.data(), sizeof(T), v.size(), f); }\n";
@@ -581,8 +583,15 @@ fn backward_driver(
         s,
         "    std::vector<float> state_in({state_len}), d_fin({state_len}), d_state_in({state_len}, -12345.0f);"
     );
+    let _ = writeln!(
+        s,
+        "    std::vector<float> norm_in({norm_len}), d_norm_fin({norm_len}), d_norm_in({norm_len}, -12345.0f);"
+    );
     if call.initial {
         s += "    rd(f, state_in);\n";
+        if b.normalized {
+            s += "    rd(f, norm_in);\n";
+        }
     }
     let _ = writeln!(
         s,
@@ -591,12 +600,23 @@ fn backward_driver(
     );
     if call.initial {
         s += "    rd(f, d_fin);\n";
+        if b.normalized {
+            s += "    rd(f, d_norm_fin);\n";
+        }
     }
     s += "    fclose(f);\n";
+    // dlog: a log decay gradient per step, or per step and key.
+    let dlog_len = if b.per_key { rows * call.dk } else { rows };
     let _ = writeln!(
         s,
-        "    std::vector<unsigned short> states({states_len}, 0xffff), dstates({states_len}, 0xffff), dq_({q_len}, 0xffff), dk_({q_len}, 0xffff), dv_({v_len}, 0xffff);\n    std::vector<float> dlog({}, 0.0f);",
-        bsz * h * s_total
+        "    std::vector<unsigned short> states({states_len}, 0xffff), dstates({states_len}, 0xffff), dq_({q_len}, 0xffff), dk_({q_len}, 0xffff), dv_({v_len}, 0xffff);\n    std::vector<float> dlog({dlog_len}, 0.0f);"
+    );
+    // The normaliser's workspaces (unused without one).
+    let _ = writeln!(
+        s,
+        "    std::vector<float> norm_states({}, -12345.0f), dnorm_states({}, -12345.0f), row_n({rows}, -12345.0f), dn({rows}, -12345.0f);\n    std::vector<unsigned short> o_raw({v_len}, 0xffff), dob({v_len}, 0xffff);",
+        units * call.dk,
+        units * call.dk
     );
     let custom_index = |c: &str| {
         b.args
@@ -612,13 +632,16 @@ fn backward_driver(
         args.iter()
             .map(|a| match a {
                 ArgKind::Tensor("do") => "dout_.data()".to_string(),
+                ArgKind::Tensor("o") => "o_raw.data()".to_string(),
                 ArgKind::Tensor(t @ ("dq" | "dk" | "dv")) => format!("{t}_.data()"),
                 ArgKind::Tensor(t) => format!("{t}.data()"),
                 ArgKind::Custom(c) => format!("c{}.data()", custom_index(c)),
                 ArgKind::CustomGrad(c) => format!("g{}.data()", custom_index(c)),
                 ArgKind::State("state_in") if call.initial => "state_in.data()".into(),
                 ArgKind::State("d_state_out") if call.initial => "d_fin.data()".into(),
-                ArgKind::State("d_state_in") => "d_state_in.data()".into(),
+                ArgKind::State("norm_in") if call.initial => "norm_in.data()".into(),
+                ArgKind::State("d_norm_out") if call.initial => "d_norm_fin.data()".into(),
+                ArgKind::State(st @ ("d_state_in" | "d_norm_in")) => format!("{st}.data()"),
                 ArgKind::State(_) => "nullptr".into(),
                 ArgKind::Workspace(w) => format!("{w}.data()"),
                 ArgKind::CuSeqlens if call.packed => "cu.data()".into(),
@@ -642,10 +665,10 @@ fn backward_driver(
                 st.name,
                 bind(&st.args)
             );
-            s += "    FILE* g = fopen(\"states.bin\", \"wb\");\n    wr(g, states);\n    fclose(g);\n";
+            s += "    FILE* g = fopen(\"states.bin\", \"wb\");\n    wr(g, states); wr(g, norm_states); wr(g, o_raw); wr(g, row_n);\n    fclose(g);\n";
         }
         Stage::Backward => {
-            s += "    FILE* st = fopen(\"../states/states.bin\", \"rb\");\n    rd(st, states);\n    fclose(st);\n";
+            s += "    FILE* st = fopen(\"../states/states.bin\", \"rb\");\n    rd(st, states); rd(st, norm_states); rd(st, o_raw); rd(st, row_n);\n    fclose(st);\n";
             for k in &b.kernels {
                 let gx = k.grid_x.extent(call.dv as u32, max_len, b.config.chunk);
                 let _ = writeln!(
@@ -657,6 +680,9 @@ fn backward_driver(
                 );
             }
             s += "    FILE* g = fopen(\"out.bin\", \"wb\");\n    wr(g, dq_); wr(g, dk_); wr(g, dv_); wr(g, d_state_in);\n";
+            if b.normalized {
+                s += "    wr(g, d_norm_in);\n";
+            }
             for i in 0..custom_lens.len() {
                 let _ = writeln!(s, "    wr(g, g{i});");
             }
@@ -689,6 +715,8 @@ fn check_backward(name: &str, call: &Call) {
     let d_fin = call
         .initial
         .then(|| f32_tensor(vec![n, h, call.dk, call.dv], &mut rng, -1.0, 1.0));
+    let d_norm_fin = (call.initial && b.normalized)
+        .then(|| f32_tensor(vec![n, h, call.dk], &mut rng, -1.0, 1.0));
 
     // cu_seqlens: the boundaries, then each sequence's first chunk.
     let chunk = cfg.chunk as usize;
@@ -708,7 +736,7 @@ fn check_backward(name: &str, call: &Call) {
         input.extend(x.to_le_bytes());
     }
     input.extend(d_o.0.iter().flat_map(|x| x.to_le_bytes()));
-    if let Some((host, _)) = &d_fin {
+    for (host, _) in d_fin.iter().chain(&d_norm_fin) {
         input.extend(host.iter().flat_map(|x| x.to_le_bytes()));
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -731,6 +759,8 @@ fn check_backward(name: &str, call: &Call) {
     let got_dk = out.bf16(q_len);
     let got_dv = out.bf16(v_len);
     let got_ds = out.f32(state_len);
+    let norm_len = n * h * call.dk;
+    let got_dz = b.normalized.then(|| out.f32(norm_len));
     let got_customs: Vec<Vec<f64>> = inputs
         .custom_lens()
         .iter()
@@ -743,6 +773,7 @@ fn check_backward(name: &str, call: &Call) {
     let mut want_dk = vec![0.0; q_len];
     let mut want_dv = vec![0.0; v_len];
     let mut want_ds = vec![0.0; state_len];
+    let mut want_dz = vec![0.0; norm_len];
     let mut want_customs: Vec<Vec<f64>> =
         inputs.custom_lens().iter().map(|&l| vec![0.0; l]).collect();
     let state_axes = [Axis::B, Axis::H, Axis::Dk, Axis::Dv];
@@ -751,8 +782,15 @@ fn check_backward(name: &str, call: &Call) {
         let seq = inputs.sequence(&def, call, s);
         let d_o_seq = cut(&d_o.1, &def.v.axes, item, &range);
         let d_fin_seq = d_fin.as_ref().map(|(_, t)| leading(t, s));
-        let g = reference::recurrent_backward(&def, &seq, &d_o_seq, d_fin_seq.as_ref(), None)
-            .expect("reference backward");
+        let d_norm_fin_seq = d_norm_fin.as_ref().map(|(_, t)| leading(t, s));
+        let g = reference::recurrent_backward(
+            &def,
+            &seq,
+            &d_o_seq,
+            d_fin_seq.as_ref(),
+            d_norm_fin_seq.as_ref(),
+        )
+        .expect("reference backward");
         add_back(
             &mut want_dq,
             &inputs.q.1.shape,
@@ -794,6 +832,16 @@ fn check_backward(name: &str, call: &Call) {
                 ds,
             );
         }
+        if let Some(dz) = &g.initial_normalizer {
+            add_back(
+                &mut want_dz,
+                &[n, h, call.dk],
+                &state_axes[..3],
+                s,
+                &(0..0),
+                dz,
+            );
+        }
     }
     let mut rows: Vec<(String, f64, f64)> = vec![
         ("dq".into(), rel_err(&got_dq, &want_dq), 2e-2),
@@ -802,6 +850,9 @@ fn check_backward(name: &str, call: &Call) {
     ];
     if call.initial {
         rows.push(("d_initial_state".into(), rel_err(&got_ds, &want_ds), 2e-2));
+        if let Some(dz) = &got_dz {
+            rows.push(("d_initial_normaliser".into(), rel_err(dz, &want_dz), 2e-2));
+        }
     }
     for (i, (cname, _, _)) in inputs.customs.iter().enumerate() {
         // A custom input's gradient sums over steps through the decay's
@@ -855,6 +906,18 @@ fn emulated_backward_mamba2() {
 }
 
 #[test]
+fn emulated_backward_rfa_normaliser() {
+    // The normaliser: _pre, the key sum's gradient through _dstate and _dqk.
+    check_backward("rfa", &batch(2, 2, 130, 32, 64, true));
+}
+
+#[test]
+fn emulated_backward_gla_per_key_decay() {
+    // Dk 128 in four 32-key _dqk slices; 90 steps: a partial second chunk.
+    check_backward("gla", &batch(1, 2, 90, 128, 64, true));
+}
+
+#[test]
 fn emulated_backward_dk_256_and_packed_sequences() {
     check_backward("retnet_recurrent", &batch(1, 1, 70, 256, 64, true));
     let call = Call {
@@ -866,4 +929,7 @@ fn emulated_backward_dk_256_and_packed_sequences() {
         initial: true,
     };
     check_backward("mamba2", &call);
+    // GLA at Dk 256 takes 32-step chunks; RFA packed, each sequence from its own state.
+    check_backward("gla", &batch(1, 1, 45, 256, 64, true));
+    check_backward("rfa", &call);
 }

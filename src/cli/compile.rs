@@ -9,9 +9,9 @@
 //! cubins, in one record whose launch plan names the states pass's module.
 //! Where the backward cannot be generated (e.g. Dk = 16) the manifest has a
 //! skipped backward record with the reason. AMD targets get the HIP
-//! recurrent forward and, for variants with a scalar decay and no
-//! normaliser, the HIP backward (the same two modules, as `.hip` sources and
-//! code objects); for the others a skipped backward record says why.
+//! recurrent forward and backward (the same two modules, as `.hip` sources
+//! and code objects); where the HIP backward cannot be generated (e.g. Dk =
+//! 16) a skipped backward record says why.
 //!
 //! Next to the kernels it writes the library's loaders: `include/` (the C
 //! header generated from the launch plans and the header-only loader) and

@@ -5,8 +5,9 @@
 // Runs after the states pass (the forward template writing the state before
 // each chunk). With Q̃, K̃, Ṽ the modified inputs, L_t the cumulative log2
 // decay inside a chunk, S the state before the chunk, dS the gradient of the
-// state after it and dÕ the output gradient, the kernels are (as the CUDA
-// template's):
+// state after it and dÕ the output gradient{% if normalize %} (after the normaliser's step){% endif %},
+// the kernels are (as the CUDA template's):{% if normalize %}
+//   _pre     dÕ, dn from do through the normaliser (a wave per row);{% endif %}
 //   _dstate  dS per chunk, walking the chunks backwards:
 //            dS_{c-1} = 2^(L_last) dS_c + Q̃ᵀ diag(2^L) dÕ;
 //   _dqk     per chunk and Dk slice, with dP = (dÕ Ṽᵀ) ⊙ [s ≤ t] 2^(L_t − L_s):
@@ -15,9 +16,17 @@
 //            dṽ = diag(2^(L_last − L)) K̃ dS + Aᵀ dÕ;{% if decay %}
 //   _decay   the decay's gradient: d ln g_r = Σ_{t ≥ r in r's chunk} (q̃_t·dq̃_t −
 //            k̃_t·dk̃_t) + ⟨S_after, dS⟩ of the chunk, through the derived decay
-//            backward.{% endif %}
+//            backward.{% endif %}{% if per_key %}
+//
+// This variant decays per key dimension: L_t is a vector, and the decay
+// scales the operands per element (as in the CUDA template): in _dstate
+// Q̃ ⊙ 2^L; in _dqk the products per 16-step block pair from Q̃ and K̃
+// rescaled within their blocks, the results rescaled per element; in _dv the
+// forward's factor tables. dlog holds a log decay gradient per step and key.{% endif %}
 // The modifications' derived backward turns dq̃, dk̃, dṽ into dq, dk, dv and
-// adds the custom inputs' gradients.
+// adds the custom inputs' gradients.{% if normalize %} The normaliser acts as one more value
+// column of ones whose output gradient is dn: dP gains dn_t in row t, dq̃ the
+// key sum's share 2^(L_t) dn_t z, dk̃ the key sum gradient's 2^(L_last − L_s) dz.{% endif %}
 //
 // MFMA operands are four consecutive elements of one LDS row, so every GEMM
 // reads its operands from tiles stored with the summed index contiguous:
@@ -40,6 +49,8 @@
 #define SCS (C + 4)  // rows of C elements (Q̃ᵀ, K̃ᵀ, dP, dPᵀ, Aᵀ, dÕᵀ)
 #define SES (ET + 8)  // rows of ET elements (dÕ, Ṽ, S, dS in _dqk)
 #define SVS (C + 4)  // dÕᵀ rows of _dstate
+// The _dv kernel's first tile: Q̃ until the scores are made, then dSᵀ and dÕᵀ.
+#define DV_QBUF (C * SQS > ET * (SQS + SCS) ? C * SQS : ET * (SQS + SCS))
 
 {% if emulate %}{% include "hip/prelude_emulation.h" %}{% else %}{% include "hip/prelude_amdgcn.hip" %}{% endif %}
 {% include "hip/prelude_elem.hip" %}
@@ -50,7 +61,8 @@
 {{ bwd_regions }}
 // ---------------------------------------------------------------------------
 {% include "hip/recurrent_modify.hip" %}
-
+{% if per_key %}{% include "hip/recurrent_per_key.hip" %}
+{% endif %}
 // Adds v to a custom input's gradient at *p.
 __device__ __forceinline__ void grad_add(float* p, float v) { atomicAdd(p, v); }
 
@@ -71,20 +83,45 @@ __device__ __forceinline__ void grad_add(float* p, float v) { atomicAdd(p, v); }
     const long long chunk0 = chunk_base(P, BID_Z, BID_Y, (S + C - 1) / C, cu_seqlens);             \
     (void)row0; (void)chunk0;
 
-// The state gradient per chunk, chunks walked backwards: one workgroup per
+{% if normalize %}// dÕ and dn from do through the normaliser's derived backward: a wave per row.
+KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_pre(BWD_ARGS) {
+    INIT_PARAMS
+    const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
+    const int h = BID_Y, t = BID_X * NWAVES + wave;
+    if (t >= S) return;  // the whole wave: no barrier follows
+    const long long row = row0 + t;
+    const float nrm = row_n[row];
+    float dn_sum = 0.0f;
+    for (int e = lane; e < DV; e += WAVE) {
+        const Pt pt = step_point(h, t, e, P);
+        float dn_e = 0.0f;
+        float gr[{{ grads_len }}];
+        const float d = normalize_bwd(to_f32(o_raw[row * DV + e]), nrm, to_f32(dout[row * DV + e]), pt, P, dn_e, gr);
+{{ grads_norm }}        dob[row * DV + e] = from_f32(d);
+        dn_sum += dn_e;
+    }
+    for (int off = WAVE / 2; off > 0; off /= 2) dn_sum += lane_xor_f(dn_sum, off);
+    if (lane == 0) dn[row] = dn_sum;
+}
+
+{% endif %}// The state gradient per chunk, chunks walked backwards: one workgroup per
 // (Dv slice, head, sequence); wave w carries columns 16w … 16w + 15 of the
 // slice of dS in accumulators, as the forward carries S.
 KERNEL LAUNCH_BOUNDS(NTS) void {{ kernel_name }}_dstate(BWD_ARGS) {
     INIT_PARAMS
     __shared__ __attribute__((aligned(16))) elem_t sQ[C * SQS];    // Q̃ by step
     __shared__ __attribute__((aligned(16))) elem_t sDot[DVT * SVS];  // dÕᵀ: a row per column of the slice
-    __shared__ float sL[C];
-    const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
+{% if per_key %}    __shared__ float sLk[C * DK];  // the cumulative log2 decay per step and key
+    __shared__ float sT[TT * DK];
+{% else %}    __shared__ float sL[C];
+{% endif %}{% if normalize %}    __shared__ float sDn[C];   // the rows' dn
+    __shared__ float sDz[DK];  // the key sum's gradient after the chunk
+{% endif %}    const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
     const int col = lane % 16, grp = lane / 16;
     const int h = BID_Y, e0 = BID_X * DVT, ew = 16 * wave;
     const long long bh = (long long)BID_Z * H + h;
     const elem_t* qg = q + row0 * DK;
-    const elem_t* dog = dout + row0 * DV + e0;
+    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + row0 * DV + e0;
     const int n_chunks = (S + C - 1) / C;
 
     // ds[dt][c] = dS[16·dt + 4·grp + c][e0 + ew + col].
@@ -94,7 +131,9 @@ KERNEL LAUNCH_BOUNDS(NTS) void {{ kernel_name }}_dstate(BWD_ARGS) {
 #pragma unroll
         for (int c = 0; c < 4; ++c)
             ds[dt][c] = d_state_out ? d_state_out[(bh * DK + 16 * dt + 4 * grp + c) * DV + e0 + ew + col] : 0.0f;
-    for (int i = 0; i < n_chunks; ++i) {
+{% if normalize %}    // Each work-item keeps its own entries of sDz throughout.
+    for (int d = tid; d < DK; d += NTS) sDz[d] = d_norm_out ? d_norm_out[bh * DK + d] : 0.0f;
+{% endif %}    for (int i = 0; i < n_chunks; ++i) {
         const int ch = n_chunks - 1 - i, t0 = ch * C;
         block_sync();  // the previous chunk's readers are done
         load_tile<C, DK, DK, SQS, false, NTS>(sQ, qg, t0, S, tid);
@@ -105,34 +144,61 @@ KERNEL LAUNCH_BOUNDS(NTS) void {{ kernel_name }}_dstate(BWD_ARGS) {
 #pragma unroll
             for (int c = 0; c < 4; ++c)
                 dstates[(chunk0 + ch) * DK * DV + (16 * dt + 4 * grp + c) * DV + e0 + ew + col] = from_f32(ds[dt][c]);
-        block_sync();
+{% if normalize %}        if (BID_X == 0)
+            for (int d = tid; d < DK; d += NTS) dnorm_states[(chunk0 + ch) * DK + d] = sDz[d];
+        for (int r = tid; r < C; r += NTS) sDn[r] = t0 + r < S ? dn[row0 + t0 + r] : 0.0f;
+{% endif %}        block_sync();
 {% if modify_q %}        modify_tile<DK, SQS, 1, 0, NTS>(sQ, t0, 0, h, P, tid);
-{% endif %}        if (wave == 0) decay_scan(sL, t0, h, P, lane);
-        block_sync();
-        const float f = fast_exp2(sL[C - 1]);
+{% endif %}{% if per_key %}        decay_log_cumulative<DK, NTS>(sLk, sT, 0, t0, h, P, tid);
+        // Q̂ = q̃ ⊙ 2^L in place (dÕ stays as it is); dS ← diag(2^(L_last)) dS by rows.
+        for (int x = tid; x < C * DK; x += NTS) {
+            elem_t* p = sQ + (x / DK) * SQS + x % DK;
+            *p = from_f32(to_f32(*p) * fast_exp2(sLk[x]));
+        }
 #pragma unroll
         for (int dt = 0; dt < DK / 16; ++dt)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) ds[dt][c] *= f;
-        // dS += Q̃ᵀ (diag(2^L) dÕ): Q̃ᵀ's operand gathered down Q̃'s rows.
+            for (int c = 0; c < 4; ++c) ds[dt][c] *= fast_exp2(sLk[(C - 1) * DK + 16 * dt + 4 * grp + c]);
+        block_sync();
+{% else %}        if (wave == 0) decay_scan(sL, t0, h, P, lane);
+        block_sync();
+        const float l_last = sL[C - 1];
+        {
+            const float f = fast_exp2(l_last);
+#pragma unroll
+            for (int dt = 0; dt < DK / 16; ++dt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) ds[dt][c] *= f;
+        }
+{% endif %}        // dS += Q̃ᵀ (diag(2^L) dÕ){% if per_key %} (the decay in Q̂){% endif %}: Q̃ᵀ's operand gathered down Q̃'s rows.
 #pragma unroll
         for (int kk = 0; kk < TT; ++kk) {
-            const float* l = sL + 16 * kk + 4 * grp;
+{% if per_key %}            const frag4 dof = frag_load(sDot + (ew + col) * SVS + 16 * kk + 4 * grp);
+{% else %}            const float* l = sL + 16 * kk + 4 * grp;
             const frag4 dof = frag_scaled(sDot + (ew + col) * SVS + 16 * kk + 4 * grp, 1, {fast_exp2(l[0]), fast_exp2(l[1]), fast_exp2(l[2]), fast_exp2(l[3])});
-#pragma unroll
+{% endif %}#pragma unroll
             for (int dt = 0; dt < DK / 16; ++dt) {
                 const elem_t* qp = sQ + (16 * kk + 4 * grp) * SQS + 16 * dt + col;
                 ds[dt] = mfma16(frag_of(qp[0], qp[SQS], qp[2 * SQS], qp[3 * SQS]), dof, ds[dt]);
             }
         }
-    }
+{% if normalize %}        // dz ← 2^(L_last) dz + Σ_r 2^(L_r) q̃_r dn_r.
+        if (BID_X == 0)
+            for (int d = tid; d < DK; d += NTS) {
+                float z = fast_exp2(l_last) * sDz[d];
+                for (int r = 0; r < C; ++r) z += fast_exp2(sL[r]) * to_f32(sQ[r * SQS + d]) * sDn[r];
+                sDz[d] = z;
+            }
+{% endif %}    }
     if (d_state_in) {
 #pragma unroll
         for (int dt = 0; dt < DK / 16; ++dt)
 #pragma unroll
             for (int c = 0; c < 4; ++c) d_state_in[(bh * DK + 16 * dt + 4 * grp + c) * DV + e0 + ew + col] = ds[dt][c];
     }
-}
+{% if normalize %}    if (d_norm_in && BID_X == 0)
+        for (int d = tid; d < DK; d += NTS) d_norm_in[bh * DK + d] = sDz[d];
+{% endif %}}
 
 #define NQT (TT * (DKT / 16) / NWAVES)  // dq̃ (and dk̃) tiles per wave
 #define NPW ((PAIRS + NWAVES - 1) / NWAVES)  // dP tile pairs per wave (at most)
@@ -152,32 +218,47 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dqk(BWD_ARGS) {
     __shared__ __attribute__((aligned(16))) elem_t sDs[DKT * SES];  // dS after it
     __shared__ __attribute__((aligned(16))) elem_t sP[C * SCS];     // dP, masked and decayed, by step t
     __shared__ __attribute__((aligned(16))) elem_t sPt[C * SCS];    // dPᵀ, by step s
-    __shared__ float sL[C];
-    const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
+{% if per_key %}    __shared__ __attribute__((aligned(16))) elem_t sQst[DKT * SCS];  // Q̃ᵀ ⊙ 2^(L_t − R_i) (block i of step t)
+    __shared__ __attribute__((aligned(16))) elem_t sKst[DKT * SCS];  // K̃ᵀ ⊙ 2^(R_{j+1} − L_s)
+    __shared__ float sLk[C * DKT];  // the cumulative log2 decay per step and key of the slice
+    __shared__ float sT[TT * DKT];
+    __shared__ float sBnd[DKT];     // ⟨S_after, dS⟩ per key
+{% else %}    __shared__ float sL[C];
+{% endif %}{% if normalize %}    __shared__ float sDn[C];    // the rows' dn
+    __shared__ float sZ[DKT];   // the key sum before the chunk
+    __shared__ float sDz[DKT];  // its gradient after the chunk
+{% endif %}    const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
     const int col = lane % 16, grp = lane / 16;
     constexpr int KS = DK / DKT;
     const int ch = BID_X / KS, d0 = (BID_X % KS) * DKT;
     const int h = BID_Y, t0 = ch * C;
     const int n_chunks = (S + C - 1) / C;
     if (ch >= n_chunks) return;  // a shorter sequence of a packed batch
-    const elem_t* dog = dout + row0 * DV;
+    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + row0 * DV;
     const elem_t* vg = v + row0 * DV;
     const elem_t* sg = states + (chunk0 + ch) * DK * DV + (long long)d0 * DV;
     const elem_t* dsg = dstates + (chunk0 + ch) * DK * DV + (long long)d0 * DV;
 
     load_tile<C, DKT, DK, SCS, true, NT>(sQt, q + row0 * DK + d0, t0, S, tid);
     load_tile<C, DKT, DK, SCS, true, NT>(sKt, k + row0 * DK + d0, t0, S, tid);
-    block_sync();
+{% if normalize %}    for (int r = tid; r < C; r += NT) sDn[r] = t0 + r < S ? dn[row0 + t0 + r] : 0.0f;
+    for (int d = tid; d < DKT; d += NT) {
+        sZ[d] = norm_states[(chunk0 + ch) * DK + d0 + d];
+        sDz[d] = dnorm_states[(chunk0 + ch) * DK + d0 + d];
+    }
+{% endif %}    block_sync();
 {% if modify_q %}    modify_tile<DKT, 1, SCS, 0, NT>(sQt, t0, d0, h, P, tid);
 {% endif %}{% if modify_k %}    modify_tile<DKT, 1, SCS, 1, NT>(sKt, t0, d0, h, P, tid);
-{% endif %}    if (wave == 0) decay_scan(sL, t0, h, P, lane);
-
+{% endif %}{% if per_key %}    for (int d = tid; d < DKT; d += NT) sBnd[d] = 0.0f;
+    decay_log_cumulative<DKT, NT>(sLk, sT, d0, t0, h, P, tid);
+{% else %}    if (wave == 0) decay_scan(sL, t0, h, P, lane);
+{% endif %}
     acc4 dp[NPW], dqa[NQT], dka[NQT];
 #pragma unroll
     for (int n = 0; n < NPW; ++n) dp[n] = acc4{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < NQT; ++n) dqa[n] = dka[n] = acc4{0.0f, 0.0f, 0.0f, 0.0f};
-{% if decay %}    float bnd = 0.0f;  // this work-item's share of ⟨S, dS⟩ over the slice
+{% if decay && !per_key %}    float bnd = 0.0f;  // this work-item's share of ⟨S, dS⟩ over the slice
 {% endif %}
     for (int e0 = 0; e0 < DV; e0 += ET) {
         block_sync();  // the previous step's readers are done
@@ -188,7 +269,16 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dqk(BWD_ARGS) {
         block_sync();
 {% if modify_v %}        modify_tile<ET, SES, 1, 2, NT>(sV, t0, e0, h, P, tid);
         block_sync();
-{% endif %}{% if decay %}        for (int x = tid; x < DKT * ET; x += NT) {
+{% endif %}{% if per_key %}        // Four lanes per key (whole waves: DKT · 4 is a multiple of WAVE).
+        for (int x = tid; x < DKT * 4; x += NT) {
+            const int d = x / 4, part = x % 4;
+            float sum = 0.0f;
+            for (int e = part; e < ET; e += 4) sum += to_f32(sS[d * SES + e]) * to_f32(sDs[d * SES + e]);
+            sum += lane_xor_f(sum, 1);
+            sum += lane_xor_f(sum, 2);
+            if (part == 0) sBnd[d] += sum;
+        }
+{% else if decay %}        for (int x = tid; x < DKT * ET; x += NT) {
             const int d = x / ET, e = x % ET;
             bnd += to_f32(sS[d * SES + e]) * to_f32(sDs[d * SES + e]);
         }
@@ -216,8 +306,9 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dqk(BWD_ARGS) {
             }
         }
     }
-
-    // dP masked and decayed, stored both ways round: lane holds t = 16i + 4·grp + c, s = 16j + col.
+{% if per_key %}    block_sync();  // every share of sBnd is in
+{% endif %}
+    // dP masked{% if !per_key %} and decayed{% endif %}, stored both ways round: lane holds t = 16i + 4·grp + c, s = 16j + col.
 #pragma unroll
     for (int n = 0; n < NPW; ++n) {
         const int p = wave + n * NWAVES;
@@ -230,28 +321,92 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dqk(BWD_ARGS) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const int t = 16 * i + 4 * grp + c;
-            w[c] = from_f32(s <= t ? dp[n][c] * fast_exp2(sL[t] - sL[s]) : 0.0f);
-            sP[t * SCS + s] = w[c];
+{% if per_key %}            w[c] = from_f32(s <= t ? dp[n][c] : 0.0f);  // the decay is applied per key below
+{% else %}            w[c] = from_f32(s <= t ? (dp[n][c]{% if normalize %} + sDn[t]{% endif %}) * fast_exp2(sL[t] - sL[s]) : 0.0f);
+{% endif %}            sP[t * SCS + s] = w[c];
         }
         store4(sPt + s * SCS + 16 * i + 4 * grp, w[0], w[1], w[2], w[3]);
     }
-    // The state's shares: dq̃ ⊙ 2^(L_t), dk̃ ⊙ 2^(L_last − L_s).
-    const float l_last = sL[C - 1];
+{% if per_key %}    // The block-relative operands of the in-chunk products.
+    for (int x = tid; x < C * DKT; x += NT) {
+        const int d = x / C, t = x % C, blk = t / 16;
+        const float l = sLk[t * DKT + d];
+        const float before = blk > 0 ? sLk[(blk * 16 - 1) * DKT + d] : 0.0f;
+        const float end = sLk[(blk * 16 + 15) * DKT + d];
+        sQst[d * SCS + t] = from_f32(to_f32(sQt[d * SCS + t]) * fast_exp2(l - before));
+        sKst[d * SCS + t] = from_f32(to_f32(sKt[d * SCS + t]) * fast_exp2(end - l));
+    }
+    for (int d = tid; d < DKT; d += NT) sBnd[d] *= fast_exp2(sLk[(C - 1) * DKT + d]);
+    // The state's shares: dq̃ ⊙ 2^(L_t), dk̃ ⊙ 2^(L_last − L_s), per key.
 #pragma unroll
     for (int n = 0; n < NQT; ++n) {
-        const int i = (wave + n * NWAVES) / (DKT / 16);
+        const int x = wave + n * NWAVES, i = x / (DKT / 16), d = 16 * (x % (DKT / 16)) + col;
+        const float l_last = sLk[(C - 1) * DKT + d];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-            const float l = sL[16 * i + 4 * grp + c];
+            const float l = sLk[(16 * i + 4 * grp + c) * DKT + d];
             dqa[n][c] *= fast_exp2(l);
             dka[n][c] *= fast_exp2(l_last - l);
         }
+    }
+    block_sync();
+    // ⟨S_after, dS⟩ per key: Σ_s k̃_s ⊙ (the state's share of dk̃_s) joins
+    // 2^(L_last)⟨S, dS⟩, added at the chunk's last step.
+#pragma unroll
+    for (int n = 0; n < NQT; ++n) {
+        const int x = wave + n * NWAVES, i = x / (DKT / 16), d = 16 * (x % (DKT / 16)) + col;
+        const elem_t* kp = sKt + d * SCS + 16 * i + 4 * grp;
+        float part = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) part += to_f32(kp[c]) * dka[n][c];
+        part = column_lanes_sum(part);
+        if (grp == 0) atomicAdd(&sBnd[d], part);
+    }
+    // dq̃ += Σ_{j ≤ i} (dP_ij K̃'_j) ⊙ 2^(L_t − R_{j+1}); dk̃ += Σ_{i ≥ j} (dP_ijᵀ Q̃'_i) ⊙ 2^(R_i − L_s).
+#pragma unroll
+    for (int n = 0; n < NQT; ++n) {
+        const int x = wave + n * NWAVES, i = x / (DKT / 16), d = 16 * (x % (DKT / 16)) + col;
+        for (int j = 0; j <= i; ++j) {
+            const acc4 tmp = mfma16(frag_load(sP + (16 * i + col) * SCS + 16 * j + 4 * grp),
+                                    frag_load(sKst + d * SCS + 16 * j + 4 * grp), acc4{0.0f, 0.0f, 0.0f, 0.0f});
+            const float end = sLk[(16 * j + 15) * DKT + d];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dqa[n][c] += tmp[c] * fast_exp2(sLk[(16 * i + 4 * grp + c) * DKT + d] - end);
+        }
+        for (int j = i; j < TT; ++j) {
+            const acc4 tmp = mfma16(frag_load(sPt + (16 * i + col) * SCS + 16 * j + 4 * grp),
+                                    frag_load(sQst + d * SCS + 16 * j + 4 * grp), acc4{0.0f, 0.0f, 0.0f, 0.0f});
+            const float before = j > 0 ? sLk[(16 * j - 1) * DKT + d] : 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dka[n][c] += tmp[c] * fast_exp2(before - sLk[(16 * i + 4 * grp + c) * DKT + d]);
+        }
+    }
+    block_sync();  // every share of sBnd is in
+    for (int d = tid; d < DKT; d += NT) atomicAdd(&dlog[(row0 + min(t0 + C, S) - 1) * DK + d0 + d], sBnd[d]);
+{% else %}    // The state's shares: dq̃ ⊙ 2^(L_t), dk̃ ⊙ 2^(L_last − L_s){% if normalize %}, with the key sum's{% endif %}.
+    const float l_last = sL[C - 1];
+#pragma unroll
+    for (int n = 0; n < NQT; ++n) {
+        const int x = wave + n * NWAVES, i = x / (DKT / 16);
+{% if normalize %}        const int d = 16 * (x % (DKT / 16)) + col;
+{% endif %}#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int t = 16 * i + 4 * grp + c;
+            const float fq = fast_exp2(sL[t]), fk = fast_exp2(l_last - sL[t]);
+            dqa[n][c] *= fq;
+            dka[n][c] *= fk;
+{% if normalize %}            dqa[n][c] += fq * sDn[t] * sZ[d];
+            dka[n][c] += fk * sDz[d];
+{% endif %}        }
     }
 {% if decay %}    {
         // ⟨S_after, dS⟩ of this chunk and Dk slice, S_after = 2^(L_last) S + K̃ᵀ diag(2^(L_last − L)) Ṽ:
         // 2^(L_last)⟨S, dS⟩ and Σ_s k̃_s·(the state's share of dk̃_s), added at the chunk's
         // last step (the in-chunk running sum carries it to every step).
-        bnd *= fast_exp2(l_last);
+{% if normalize %}        // The key sum joins as one more column: 2^(L_last)⟨z, dz⟩, once per workgroup.
+        if (wave == 0)
+            for (int d = lane; d < DKT; d += WAVE) bnd += sZ[d] * sDz[d];
+{% endif %}        bnd *= fast_exp2(l_last);
 #pragma unroll
         for (int n = 0; n < NQT; ++n) {
             const int x = wave + n * NWAVES, i = x / (DKT / 16), db = x % (DKT / 16);
@@ -274,11 +429,19 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dqk(BWD_ARGS) {
             dka[n] = mfma16(frag_load(sPt + (16 * i + col) * SCS + 16 * j + 4 * grp),
                             frag_load(sQt + (16 * db + col) * SCS + 16 * j + 4 * grp), dka[n]);
     }
-#pragma unroll
+{% endif %}#pragma unroll
     for (int n = 0; n < NQT; ++n) {
         const int x = wave + n * NWAVES, i = x / (DKT / 16), db = x % (DKT / 16);
         const int d = d0 + 16 * db + col;
-{% if decay %}        // This slice's share of q̃_t·dq̃_t − k̃_t·dk̃_t, the decay's gradient per step.
+{% if per_key %}        // The log decay's gradient per step and key: q̃·dq̃ − k̃·dk̃.
+        const elem_t* qp = sQt + (16 * db + col) * SCS + 16 * i + 4 * grp;
+        const elem_t* kp = sKt + (16 * db + col) * SCS + 16 * i + 4 * grp;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int t = t0 + 16 * i + 4 * grp + c;
+            if (t < S) atomicAdd(&dlog[(row0 + t) * DK + d], to_f32(qp[c]) * dqa[n][c] - to_f32(kp[c]) * dka[n][c]);
+        }
+{% else if decay %}        // This slice's share of q̃_t·dq̃_t − k̃_t·dk̃_t, the decay's gradient per step.
         const elem_t* qp = sQt + (16 * db + col) * SCS + 16 * i + 4 * grp;
         const elem_t* kp = sKt + (16 * db + col) * SCS + 16 * i + 4 * grp;
 #pragma unroll
@@ -312,18 +475,19 @@ static_assert(TT * (ET / 16) % NWAVES == 0, "the dv tiles deal evenly to the wav
 // columns eb) of each step.
 KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dv(BWD_ARGS) {
     INIT_PARAMS
-    __shared__ __attribute__((aligned(16))) elem_t sQ[C * SQS];
+    __shared__ __attribute__((aligned(16))) elem_t sQ[DV_QBUF];   // Q̃; then dSᵀ and dÕᵀ
     __shared__ __attribute__((aligned(16))) elem_t sK[C * SQS];
-    __shared__ __attribute__((aligned(16))) elem_t sAt[C * SCS];   // Aᵀ, masked and decayed: row s
-    __shared__ __attribute__((aligned(16))) elem_t sDst[ET * SQS];  // dSᵀ, ET columns of the state
-    __shared__ __attribute__((aligned(16))) elem_t sDot[ET * SCS];  // dÕᵀ
-    __shared__ float sL[C];
+    __shared__ __attribute__((aligned(16))) elem_t sAt[C * SCS];  // Aᵀ, masked and decayed: row s
+{% if per_key %}    __shared__ float sT[TT * DK], sFa[PAIRS * DK], sFk[TT * DK];
+{% else %}    __shared__ float sL[C];
+{% endif %}    elem_t* sDst = sQ;               // dSᵀ, ET columns of the state (once A is made)
+    elem_t* sDot = sQ + ET * SQS;    // dÕᵀ
     const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
     const int col = lane % 16, grp = lane / 16;
     const int ch = BID_X, h = BID_Y, t0 = ch * C;
     const int n_chunks = (S + C - 1) / C;
     if (ch >= n_chunks) return;  // a shorter sequence of a packed batch
-    const elem_t* dog = dout + row0 * DV;
+    const elem_t* dog = {% if normalize %}dob{% else %}dout{% endif %} + row0 * DV;
     const elem_t* dsg = dstates + (chunk0 + ch) * DK * DV;
 
     load_tile<C, DK, DK, SQS, false, NT>(sQ, q + row0 * DK, t0, S, tid);
@@ -331,45 +495,58 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dv(BWD_ARGS) {
     block_sync();
 {% if modify_q %}    modify_tile<DK, SQS, 1, 0, NT>(sQ, t0, 0, h, P, tid);
 {% endif %}{% if modify_k %}    modify_tile<DK, SQS, 1, 1, NT>(sK, t0, 0, h, P, tid);
-{% endif %}    if (wave == 0) decay_scan(sL, t0, h, P, lane);
+{% endif %}{% if per_key %}    block_sync();
+    decay_operands<NT>(sQ, sK, sT, sFa, nullptr, sFk, t0, h, P, tid);
+{% else %}    if (wave == 0) decay_scan(sL, t0, h, P, lane);
     block_sync();
-    // A tile (i, j ≤ i): lane holds t = 16i + 4·grp + c, s = 16j + col.
+{% endif %}    // A tile (i, j ≤ i): lane holds t = 16i + 4·grp + c, s = 16j + col.
     for (int p = wave; p < PAIRS; p += NWAVES) {
         int i = 0;
         while ((i + 1) * (i + 2) / 2 <= p) ++i;
         const int j = p - i * (i + 1) / 2;
         acc4 a = acc4{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int kk = 0; kk < DK / 16; ++kk)
-            a = mfma16(frag_load(sQ + (16 * i + col) * SQS + 16 * kk + 4 * grp),
-                       frag_load(sK + (16 * j + col) * SQS + 16 * kk + 4 * grp), a);
+        for (int kk = 0; kk < DK / 16; ++kk) {
+            const elem_t* qp = sQ + (16 * i + col) * SQS + 16 * kk + 4 * grp;
+{% if per_key %}            const float* f = sFa + p * DK + 16 * kk + 4 * grp;
+            const frag4 qf = frag_scaled(qp, 1, {f[0], f[1], f[2], f[3]});
+{% else %}            const frag4 qf = frag_load(qp);
+{% endif %}            a = mfma16(qf, frag_load(sK + (16 * j + col) * SQS + 16 * kk + 4 * grp), a);
+        }
         const int s = 16 * j + col;
         float w[4];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const int t = 16 * i + 4 * grp + c;
-            w[c] = s <= t ? a[c] * fast_exp2(sL[t] - sL[s]) : 0.0f;
-        }
+{% if per_key %}            w[c] = s <= t ? a[c] : 0.0f;  // the decay is in the operands
+{% else %}            w[c] = s <= t ? a[c] * fast_exp2(sL[t] - sL[s]) : 0.0f;
+{% endif %}        }
         store4(sAt + s * SCS + 16 * i + 4 * grp, from_f32(w[0]), from_f32(w[1]), from_f32(w[2]), from_f32(w[3]));
     }
-    const float l_last = sL[C - 1];
-    for (int e0 = 0; e0 < DV; e0 += ET) {
-        block_sync();  // the scores, or the previous step's readers, are done
+{% if per_key %}    block_sync();  // the scores are made from K'
+    // K' → K̃ decayed to the chunk's end, per key, in place: k̃_s 2^(L_last − L_s).
+    for (int x = tid; x < C * DK; x += NT) {
+        const int r = x / DK, d = x % DK;
+        sK[r * SQS + d] = from_f32(to_f32(sK[r * SQS + d]) * sFk[(r / 16) * DK + d]);
+    }
+{% else %}    const float l_last = sL[C - 1];
+{% endif %}    for (int e0 = 0; e0 < DV; e0 += ET) {
+        block_sync();  // the scores (Q̃'s LDS), or the previous step's readers, are done
         load_tile<DK, ET, DV, SQS, true, NT>(sDst, dsg + e0, 0, DK, tid);
         load_tile<C, ET, DV, SCS, true, NT>(sDot, dog + e0, t0, S, tid);
         block_sync();
 #pragma unroll
         for (int n = 0; n < NVT; ++n) {
             const int x = wave + n * NWAVES, jb = x / (ET / 16), eb = x % (ET / 16);
-            // K̃ dS, decayed to the chunk's end per step s = 16jb + 4·grp + c.
+            // K̃ dS, decayed to the chunk's end per step s = 16jb + 4·grp + c{% if per_key %} (per key, in K̃){% endif %}.
             acc4 acc = acc4{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int kk = 0; kk < DK / 16; ++kk)
                 acc = mfma16(frag_load(sK + (16 * jb + col) * SQS + 16 * kk + 4 * grp),
                              frag_load(sDst + (16 * eb + col) * SQS + 16 * kk + 4 * grp), acc);
-#pragma unroll
+{% if !per_key %}#pragma unroll
             for (int c = 0; c < 4; ++c) acc[c] *= fast_exp2(l_last - sL[16 * jb + 4 * grp + c]);
-            // Aᵀ dÕ over the t-blocks i ≥ jb.
+{% endif %}            // Aᵀ dÕ over the t-blocks i ≥ jb.
             for (int i = jb; i < TT; ++i)
                 acc = mfma16(frag_load(sAt + (16 * jb + col) * SCS + 16 * i + 4 * grp),
                              frag_load(sDot + (16 * eb + col) * SCS + 16 * i + 4 * grp), acc);
@@ -389,7 +566,28 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_dv(BWD_ARGS) {
         }
     }
 }
-{% if decay %}
+{% if per_key %}
+// The decay's gradient per step and key dimension: a running sum of dlog from
+// the end of each chunk back to its start (dlog holds the chunk's boundary
+// term at its last step), divided by the decay, through the decay's derived
+// backward. One workgroup per (chunk, head, sequence); a work-item per key.
+KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}_decay(BWD_ARGS) {
+    INIT_PARAMS
+    const int h = BID_Y, t0 = BID_X * C;
+    if (t0 >= S) return;  // a shorter sequence of a packed batch
+    const int t_end = min(t0 + C, S);
+    for (int d = TID_X; d < DK; d += NT) {
+        float x = 0.0f;
+        for (int t = t_end - 1; t >= t0; --t) {
+            x += dlog[(row0 + t) * DK + d];
+            const Pt pt = step_point(h, t, d, P);
+            const float gv = decay_fn(pt, P);
+            float gr[{{ grads_len }}];
+            decay_bwd(x / gv, pt, P, gr);
+{{ grads_decay }}        }
+    }
+}
+{% else if decay %}
 // The decay's gradient per step: a running sum of dlog from the end of each
 // chunk back to its start (dlog holds the chunk's boundary term at its last
 // step), divided by the decay (d ln g = dg · g), through the decay's derived

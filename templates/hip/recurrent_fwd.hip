@@ -16,7 +16,13 @@
 // once to LDS in the element type for Oᵀ += Ṽᵀ Aᵀ. Every MFMA operand is
 // four adjacent elements of one LDS row (8 bytes) except K̃ᵀ in the state
 // update, gathered from K̃'s rows. The next chunk's tiles are loaded into
-// registers while this one is computed.{% if per_key %}
+// registers while this one is computed.{% if save_states %}
+//
+// This is the backward's states pass: it writes the state before each chunk
+// (`states`, [B, H, chunks, DK, DV] in the element type){% if normalize %}, the key sum
+// before each chunk (`norm_states`, f32 [B, H, chunks, DK]), the output before
+// normalisation (`o`) and the rows' normalisers (`row_n`, f32 [B, H, S]){% else %}; it
+// computes no output{% endif %}.{% endif %}{% if per_key %}
 //
 // This variant decays per key dimension: L_t is a vector and the decay moves
 // into the operands, as in the CUDA template. With R_j the cumulative log2
@@ -51,60 +57,13 @@
 // ---------------------------------------------------------------------------
 {% include "hip/recurrent_modify.hip" %}
 
-{% if per_key %}
-// Key dimension d of 16-step block blk from t0: the in-block prefix sums of
-// its log2 decays (0 past the end of the sequence); returns the block's total.
-__device__ __forceinline__ float block_log_prefix(float (&pre)[16], int d, int blk, int t0, int h, const Params& P) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int t = t0 + blk * 16 + i;
-        sum += t < P.seq_len ? __log2f(decay_fn(step_point(h, t, d, P), P)) : 0.0f;
-        pre[i] = sum;
-    }
-    return sum;
-}
-
-// The chunk's decay per key dimension folded into Q̃ and K̃ in place, then the
-// factor tables of the scores (sFa, one row per tile pair), of the state's
-// share (sFq, the chunk's whole decay in row TT) and of the state update
-// (sFk); ends with a barrier.
-__device__ __forceinline__ void decay_operands(elem_t* sQ, elem_t* sK, float* sT, float* sFa, float* sFq, float* sFk, int t0, int h, const Params& P, int tid) {
-    for (int x = tid; x < DK * TT; x += NT) {
-        const int d = x % DK, blk = x / DK;
-        float pre[16];
-        const float sum = block_log_prefix(pre, d, blk, t0, h, P);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const int r = blk * 16 + i;
-            sQ[r * SQS + d] = from_f32(to_f32(sQ[r * SQS + d]) * fast_exp2(pre[i]));
-            sK[r * SQS + d] = from_f32(to_f32(sK[r * SQS + d]) * fast_exp2(sum - pre[i]));
-        }
-        sT[blk * DK + d] = sum;
-    }
-    block_sync();
-    for (int d = tid; d < DK; d += NT) {
-        float R[TT + 1];
-        R[0] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < TT; ++j) R[j + 1] = R[j] + sT[j * DK + d];
-#pragma unroll
-        for (int i = 0; i < TT; ++i)
-#pragma unroll
-            for (int j = 0; j <= i; ++j) sFa[(i * (i + 1) / 2 + j) * DK + d] = fast_exp2(R[i] - R[j + 1]);
-#pragma unroll
-        for (int j = 0; j <= TT; ++j) sFq[j * DK + d] = fast_exp2(R[j]);
-#pragma unroll
-        for (int j = 0; j < TT; ++j) sFk[j * DK + d] = fast_exp2(R[TT] - R[j + 1]);
-    }
-    block_sync();
-}
+{% if per_key %}{% include "hip/recurrent_per_key.hip" %}
 {% endif %}
 KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     {% if emit_o %}elem_t* __restrict__ o, {% endif %}{{ custom_args }}const float* __restrict__ state_in, float* __restrict__ state_out,
 {% if normalize %}    const float* __restrict__ norm_in, float* __restrict__ norm_out,
-{% endif %}{% if save_states %}    elem_t* __restrict__ states,
+{% endif %}{% if save_states %}    elem_t* __restrict__ states,{% if normalize %} float* __restrict__ norm_states, float* __restrict__ row_n,{% endif %}
 {% endif %}    const int* __restrict__ cu_seqlens, int B, int H, int S_total) {
     __shared__ __attribute__((aligned(16))) elem_t sQ[C * SQS];
     __shared__ __attribute__((aligned(16))) elem_t sK[C * SQS];
@@ -178,7 +137,10 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
 #pragma unroll
             for (int c = 0; c < 4; ++c)
                 states[(chunk0 + ch) * DK * DV + (16 * dt + 4 * grp + c) * DV + e0 + ew + col] = from_f32(st[dt][c]);
-{% endif %}        // The next chunk's loads are in flight while this one is computed.
+{% if normalize %}        // The key sum before this chunk (each work-item its own entries of sZ).
+        if (BID_X == 0)
+            for (int d = tid; d < DK; d += NT) norm_states[(chunk0 + ch) * DK + d] = sZ[d];
+{% endif %}{% endif %}        // The next chunk's loads are in flight while this one is computed.
         if (ch + 1 < n_chunks) {
             load_rows<C, DK, QCH, DK, NT>(qreg, qg, t0 + C, S, tid);
             load_rows<C, DK, QCH, DK, NT>(kreg, kg, t0 + C, S, tid);
@@ -192,7 +154,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
 {% endif %}{% if modify_v %}        modify_tile<DVT, 1, SVS, 2, NT>(sVt, t0, e0, h, P, tid);
 {% endif %}{% if !per_key %}        if (wave == 0) decay_scan(sL, t0, h, P, lane);
 {% endif %}        block_sync();
-{% if per_key %}        decay_operands(sQ, sK, sT, sFa, sFq, sFk, t0, h, P, tid);
+{% if per_key %}        decay_operands<NT>(sQ, sK, sT, sFa, sFq, sFk, t0, h, P, tid);
 {% endif %}
 {% if emit_o %}        // Phase 2: the scores and the state's share of the output.
 {% if normalize %}        // The state's share of the normalisers, 2^(L_t) q̃_t·z: four lanes per row.
@@ -274,10 +236,13 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ kernel_name }}(
 {% endif %}                elem_t x[4];
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-{% if normalize %}                    x[c] = from_f32(normalize_fn(oacc[i][c], nrm, step_point(h, t0 + t, e0 + ew + 4 * grp + c, P), P));
+{% if normalize && !save_states %}                    x[c] = from_f32(normalize_fn(oacc[i][c], nrm, step_point(h, t0 + t, e0 + ew + 4 * grp + c, P), P));
 {% else %}                    x[c] = from_f32(oacc[i][c]);
 {% endif %}                }
                 store4(og + (long long)(t0 + t) * DV + ew + 4 * grp, x[0], x[1], x[2], x[3]);
+{% if normalize && save_states %}                // The backward's normaliser step needs o and n apart.
+                if (BID_X == 0 && wave == 0 && grp == 0) row_n[row0 + t0 + t] = nrm;
+{% endif %}
             }
         }
 {% endif %}        // The state moves to the chunk's end, S ← 2^(L_last) S + K̃ᵀ Ṽd: K̃ᵀ's

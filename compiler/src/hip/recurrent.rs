@@ -100,7 +100,8 @@ struct HipRecurrentTemplate<'a> {
     normalize: bool,
     /// The backward's states pass: write the state before each chunk.
     save_states: bool,
-    /// Whether the kernel computes the output (the states pass does not).
+    /// Whether the kernel computes the output (the states pass only with a
+    /// normaliser, and then before normalisation).
     emit_o: bool,
 }
 
@@ -122,9 +123,10 @@ pub fn hip_recurrent_forward(
 
 /// The states pass of the HIP recurrent backward: the forward template
 /// writing the state before each chunk (`states`, `[B, H, chunks, Dk, Dv]`
-/// in the element type) and the final state, computing no output. Its
-/// arguments are the CUDA states pass's for a variant without normaliser
-/// ([`crate::recurrent_states`]).
+/// in the element type) and the final state; with a normaliser also the key
+/// sum before each chunk (`norm_states`), the output before normalisation
+/// (`o`) and the rows' normalisers (`row_n`), else computing no output. Its
+/// arguments are the CUDA states pass's ([`crate::recurrent_states`]).
 pub fn hip_recurrent_states(
     variant: &Variant,
     dk: u32,
@@ -172,13 +174,9 @@ fn chunked_forward(
             cfg.chunk, cfg.dv_tile
         )));
     }
-    if save_states && (kind.normalize || kind.per_key) {
-        return Err(CompileError(format!(
-            "`{}`: {}",
-            variant.name,
-            super::recurrent_bwd::UNSUPPORTED_BACKWARD
-        )));
-    }
+    // The states pass of a normalised variant also writes the output before
+    // normalisation and the rows' normalisers (the backward's `_pre` needs them).
+    let emit_o = !save_states || kind.normalize;
     let kernel_name = format!(
         "aec_rec_{}_{}_{}_d{dk}x{dv}_c{}v{}_{}",
         if save_states { "states" } else { "fwd" },
@@ -221,7 +219,7 @@ fn chunked_forward(
         per_key: kind.per_key,
         normalize: kind.normalize,
         save_states,
-        emit_o: !save_states,
+        emit_o,
     };
     let source = t
         .render()
@@ -231,7 +229,7 @@ fn chunked_forward(
         source,
         threads: cfg.waves() * WAVE_SIZE,
         smem_bytes: 0,
-        args: forward_args(variant, !save_states, kind.normalize, save_states),
+        args: forward_args(variant, emit_o, kind.normalize, save_states),
         dk,
         dv,
         config: RecurrentConfig {

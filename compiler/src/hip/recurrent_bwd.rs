@@ -16,29 +16,46 @@ use crate::{CompileError, Elem};
 use aec_frontend::Variant;
 use askama::Template;
 
-/// Why a variant has no HIP recurrent backward (the CLI's skipped record
-/// and the errors say it).
-pub const UNSUPPORTED_BACKWARD: &str = "the HIP recurrent backward takes variants with a scalar decay per head and step and no normaliser so far: a decay per key dimension (GLA) or a normaliser (RFA) has the HIP forward only";
-
 /// Waves of the `_dqk`, `_dv` and `_decay` workgroups.
 const BWD_WAVES: u32 = 4;
 
 /// The Dk slice of a `_dqk` workgroup and the Dv columns per step of the
-/// `_dqk` and `_dv` loops.
-fn bwd_tiles(dk: u32) -> (u32, u32) {
-    (dk.min(64), 32)
+/// `_dqk` and `_dv` loops. A decay per key dimension takes 32-key slices: its
+/// `_dqk` also keeps the block-rescaled Q̃ᵀ, K̃ᵀ and the decay per step and key.
+fn bwd_tiles(dk: u32, kind: ForwardKind) -> (u32, u32) {
+    (if kind.per_key { 32 } else { dk.min(64) }, 32)
 }
 
 /// LDS of the backward's kernels for chunk `c` (`_dstate`, `_dqk`, `_dv`):
 /// rows of Dk elements padded by 8, rows of C elements padded by 4, rows of
-/// ET elements padded by 8, and the decay's prefix sums.
-pub fn recurrent_bwd_lds_bytes(cfg: &HipRecurrentConfig, dk: u32) -> (u32, u32, u32) {
+/// ET elements padded by 8, and the f32 tables (the decay's prefix sums, per
+/// key with a decay per key dimension; the normaliser's dn, z and dz).
+pub fn recurrent_bwd_lds_bytes(
+    cfg: &HipRecurrentConfig,
+    dk: u32,
+    kind: ForwardKind,
+) -> (u32, u32, u32) {
     let (c, e) = (cfg.chunk, cfg.elem.bytes());
-    let (dkt, et) = bwd_tiles(dk);
+    let (tiles, pairs) = (c / 16, (c / 16) * (c / 16 + 1) / 2);
+    let (dkt, et) = bwd_tiles(dk, kind);
     let (rows_dk, rows_c, rows_e) = (dk + 8, c + 4, et + 8);
-    let dstate = (c * rows_dk + cfg.dv_tile * rows_c) * e + c * 4;
-    let dqk = (2 * dkt * rows_c + 2 * c * rows_e + 2 * dkt * rows_e + 2 * c * rows_c) * e + c * 4;
-    let dv = (2 * c * rows_dk + c * rows_c + et * rows_dk + et * rows_c) * e + c * 4;
+    let norm = |keys: u32| if kind.normalize { c + keys } else { 0 };
+    let (dstate_f, dqk_f, dv_f) = if kind.per_key {
+        (
+            (c + tiles) * dk,
+            (c + tiles + 1) * dkt,
+            (tiles + pairs + tiles) * dk,
+        )
+    } else {
+        (c, c, c)
+    };
+    let dstate = (c * rows_dk + cfg.dv_tile * rows_c) * e + (dstate_f + norm(dk)) * 4;
+    let scaled = if kind.per_key { 2 * dkt * rows_c } else { 0 };
+    let dqk = (2 * dkt * rows_c + 2 * c * rows_e + 2 * dkt * rows_e + 2 * c * rows_c + scaled) * e
+        + (dqk_f + norm(2 * dkt)) * 4;
+    // Q̃'s tile takes dSᵀ and dÕᵀ once the scores are made.
+    let first = (c * rows_dk).max(et * (rows_dk + rows_c));
+    let dv = (first + c * rows_dk + c * rows_c) * e + dv_f * 4;
     (dstate, dqk, dv)
 }
 
@@ -72,11 +89,13 @@ struct HipRecurrentBwdTemplate<'a> {
     grads_k: String,
     grads_v: String,
     grads_decay: String,
+    grads_norm: String,
     modify_q: bool,
     modify_k: bool,
     modify_v: bool,
     decay: bool,
     per_key: bool,
+    normalize: bool,
 }
 
 /// Generates the HIP recurrent backward of `variant` for head dims `dk`,
@@ -95,20 +114,14 @@ pub fn hip_recurrent_backward(
 ) -> Result<RecurrentBackwardSource, CompileError> {
     let rec = check_recurrent_dims(variant, dk, dv)?;
     let kind = ForwardKind::of(variant);
-    if kind.normalize || kind.per_key {
-        return Err(CompileError(format!(
-            "`{}`: {UNSUPPORTED_BACKWARD}",
-            variant.name
-        )));
-    }
     if dk < 32 {
         return Err(CompileError(format!(
             "head dimension Dk = {dk} is not supported by the HIP recurrent backward: it takes 32, 64, 128 or 256"
         )));
     }
     let states = hip_recurrent_states(variant, dk, dv, cfg, gfx, prelude)?;
-    let (dk_tile, e_tile) = bwd_tiles(dk);
-    let (lds_dstate, lds_dqk, lds_dv) = recurrent_bwd_lds_bytes(cfg, dk);
+    let (dk_tile, e_tile) = bwd_tiles(dk, kind);
+    let (lds_dstate, lds_dqk, lds_dv) = recurrent_bwd_lds_bytes(cfg, dk, kind);
     if let Some(over) = [lds_dstate, lds_dqk, lds_dv]
         .into_iter()
         .find(|&b| b > MAX_LDS_BYTES)
@@ -157,7 +170,7 @@ pub fn hip_recurrent_backward(
         params_fields: customs.fields,
         custom_args: customs.args,
         params_init: customs.init,
-        extra_args: backward_extra_params(false, decay),
+        extra_args: backward_extra_params(kind.normalize, decay),
         regions: recurrent_closures(variant),
         bwd_regions,
         grads_len,
@@ -165,11 +178,13 @@ pub fn hip_recurrent_backward(
         grads_k: atomics(&bwd.modify_k, "            "),
         grads_v: atomics(&bwd.modify_v, "                "),
         grads_decay: atomics(&bwd.decay, "            "),
+        grads_norm: atomics(&bwd.normalize, "        "),
         modify_q: rec.modify_q.is_some(),
         modify_k: rec.modify_k.is_some(),
         modify_v: rec.modify_v.is_some(),
         decay,
-        per_key: false,
+        per_key: kind.per_key,
+        normalize: kind.normalize,
     };
     let source = template
         .render()
@@ -182,7 +197,11 @@ pub fn hip_recurrent_backward(
         smem_bytes: 0,
         grid_x,
     };
-    let mut kernels = vec![
+    let mut kernels = Vec::new();
+    if kind.normalize {
+        kernels.push(kernel("pre", threads, RecurrentGridX::Rows(BWD_WAVES)));
+    }
+    kernels.extend([
         kernel(
             "dstate",
             cfg.waves() * WAVE_SIZE,
@@ -190,16 +209,22 @@ pub fn hip_recurrent_backward(
         ),
         kernel("dqk", threads, RecurrentGridX::Chunks(dk / dk_tile)),
         kernel("dv", threads, RecurrentGridX::Chunks(1)),
-    ];
+    ]);
     if decay {
-        kernels.push(kernel("decay", threads, RecurrentGridX::One));
+        // A decay per key dimension: a workgroup per chunk, a work-item per key.
+        let grid = if kind.per_key {
+            RecurrentGridX::Chunks(1)
+        } else {
+            RecurrentGridX::One
+        };
+        kernels.push(kernel("decay", threads, grid));
     }
     Ok(RecurrentBackwardSource {
         states,
         name: kernel_name,
         source,
         kernels,
-        args: backward_args(variant, false, decay),
+        args: backward_args(variant, kind.normalize, decay),
         dk,
         dv,
         config: RecurrentConfig {
@@ -211,9 +236,9 @@ pub fn hip_recurrent_backward(
             wgmma: false,
             elem: cfg.elem,
         },
-        normalized: false,
+        normalized: kind.normalize,
         decay,
-        per_key: false,
+        per_key: kind.per_key,
     })
 }
 
@@ -223,28 +248,44 @@ mod tests {
 
     #[test]
     fn backward_lds_fits_with_the_forward_default_chunks() {
-        for dk in [32, 64, 128, 256] {
-            for dv in [64, 96, 128, 512] {
-                let cfg =
-                    HipRecurrentConfig::default_for(dk, dv, ForwardKind::default(), Elem::Bf16);
-                let (a, b, c) = recurrent_bwd_lds_bytes(&cfg, dk);
-                assert!(
-                    a.max(b).max(c) <= MAX_LDS_BYTES,
-                    "Dk {dk} Dv {dv}: {a} {b} {c}"
-                );
+        let plain = ForwardKind::default();
+        let per_key = ForwardKind {
+            per_key: true,
+            normalize: false,
+        };
+        let normalize = ForwardKind {
+            per_key: false,
+            normalize: true,
+        };
+        for kind in [plain, per_key, normalize] {
+            for dk in [32, 64, 128, 256] {
+                for dv in [64, 96, 128, 512] {
+                    let cfg = HipRecurrentConfig::default_for(dk, dv, kind, Elem::Bf16);
+                    let (a, b, c) = recurrent_bwd_lds_bytes(&cfg, dk, kind);
+                    assert!(
+                        a.max(b).max(c) <= MAX_LDS_BYTES,
+                        "{kind:?} Dk {dk} Dv {dv}: {a} {b} {c}"
+                    );
+                }
             }
         }
-        // Dk 128, chunk 64: Q̃ and K̃ (64 × 136), Aᵀ (64 × 68), dSᵀ (32 × 136), dÕᵀ (32 × 68), sL.
-        let cfg = HipRecurrentConfig::default_for(128, 128, ForwardKind::default(), Elem::Bf16);
+        // Dk 128, chunk 64: Q̃ (64 × 136, later dSᵀ 32 × 136 and dÕᵀ 32 × 68), K̃, Aᵀ (64 × 68), sL.
+        let cfg = HipRecurrentConfig::default_for(128, 128, plain, Elem::Bf16);
         assert_eq!(
-            recurrent_bwd_lds_bytes(&cfg, 128).2,
-            2 * (2 * 64 * 136 + 64 * 68 + 32 * 136 + 32 * 68) + 64 * 4
+            recurrent_bwd_lds_bytes(&cfg, 128, plain).2,
+            2 * (2 * 64 * 136 + 64 * 68) + 64 * 4
+        );
+        // Per key: _dstate keeps the decay per step and key (64 × 128 f32) and block totals.
+        let cfg = HipRecurrentConfig::default_for(128, 128, per_key, Elem::Bf16);
+        assert_eq!(
+            recurrent_bwd_lds_bytes(&cfg, 128, per_key).0,
+            2 * (64 * 136 + 64 * 68) + (64 + 4) * 128 * 4
         );
         // Dk 256 at 64-step chunks does not fit: the error names the fix.
         let wide = HipRecurrentConfig {
             chunk: 64,
-            ..HipRecurrentConfig::default_for(256, 256, ForwardKind::default(), Elem::Bf16)
+            ..HipRecurrentConfig::default_for(256, 256, plain, Elem::Bf16)
         };
-        assert!(recurrent_bwd_lds_bytes(&wide, 256).2 > MAX_LDS_BYTES);
+        assert!(recurrent_bwd_lds_bytes(&wide, 256, plain).2 > MAX_LDS_BYTES);
     }
 }
