@@ -30,8 +30,7 @@ fn cpu_every_parallel_example_has_backward_kernels() {
         let path = entry.expect("entry").path();
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         let def = example(&name);
-        let indexed = def.customs.iter().any(|c| !c.user_axes.is_empty());
-        if def.parallel().is_none() || indexed {
+        if def.parallel().is_none() {
             continue;
         }
         let fixed = |a: aec::frontend::ir::Axis| {
@@ -340,6 +339,18 @@ fn gpu_backward_alibi() {
         Shape::mha(2, 4, 133, 133),
         HeadDims::square(64),
         (0.01, 0.3),
+    );
+}
+
+#[test]
+fn gpu_backward_relative_bias() {
+    // The table's gradient: every score adds to its distance's entry.
+    check_backward(
+        "gpu_backward_relative_bias",
+        "relative_bias",
+        Shape::mha(2, 3, 100, 137),
+        HeadDims::square(64),
+        (-1.0, 1.0),
     );
 }
 

@@ -691,6 +691,19 @@ fn gpu_forward_alibi() {
 }
 
 #[test]
+fn gpu_forward_relative_bias() {
+    // An indexed input: rel[i − j + 16], clamped at both ends of the table
+    // (Skv − Sq = 37 puts distances past either end).
+    check_example(
+        "gpu_forward_relative_bias",
+        "relative_bias",
+        Shape::mha(2, 3, 100, 137),
+        HeadDims::square(64),
+        (-1.0, 1.0),
+    );
+}
+
+#[test]
 fn gpu_forward_document_mask() {
     check_example(
         "gpu_forward_document_mask",

@@ -524,6 +524,22 @@ fn emulated_backward_grouped_heads_unequal_dims_and_custom_gradients() {
 }
 
 #[test]
+fn emulated_indexed_input_forward_and_backward() {
+    // rel[i − j + 16] with Skv − Sq = 37: the distances run past both ends
+    // of the 33-entry table (clamped), and the table's gradient gathers
+    // every score of a distance through the indexed read's atomics.
+    check_with(
+        "relative_bias",
+        Shape::mha(1, 2, 40, 77),
+        HeadDims::square(64),
+        (-1.0, 1.0),
+        keep,
+        1,
+        bwd(2),
+    );
+}
+
+#[test]
 fn emulated_f16_operands() {
     check(
         "softmax_gqa",

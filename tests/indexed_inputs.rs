@@ -160,3 +160,23 @@ fn misuse_of_indexed_inputs_is_reported() {
         "the broadcast axis `H` must come before the user axes of `rel`"
     );
 }
+
+#[test]
+fn gpu_templates_need_fixed_user_axis_sizes() {
+    use aec::compiler::{Elem, ForwardConfig, Isa, parallel_forward};
+    let src = "pub struct T: parallel { q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv]; rel: [H, R]; modify_scores = |s, b, h, i, j| s + rel[i - j]; }";
+    let v = parse_str(src).expect("valid");
+    let cfg = ForwardConfig::default_for(&v, 64, 64, Elem::Bf16, Isa::Sm80);
+    let e = parallel_forward(&v, 64, 64, &cfg).expect_err("R has no size");
+    assert_eq!(
+        e.0,
+        "custom input `rel` has the user axis `R` without a size; the GPU templates need it fixed: declare `R = <n>`"
+    );
+    // With a size the same variant generates, reading the table clamped.
+    let fixed = parse_str(&src.replace("rel: [H, R]", "rel: [H, R = 9]")).expect("valid");
+    let k = parallel_forward(&fixed, 64, 64, &cfg).expect("generates");
+    assert!(
+        k.source.contains("* 9 + min(max((long long)("),
+        "the read is clamped into the 9 entries"
+    );
+}

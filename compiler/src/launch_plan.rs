@@ -320,6 +320,21 @@ fn shape_of(axes: &[Axis], dims: &BTreeMap<Axis, u32>) -> Vec<SizeExpr> {
     axes.iter().map(|a| axis_expr(*a, dims)).collect()
 }
 
+/// A custom input's shape: its named axes, then its user axes (fixed sizes;
+/// the templates refuse user axes without one before a plan is made).
+fn custom_shape(
+    decl: &aec_frontend::variant::TensorDecl,
+    dims: &BTreeMap<Axis, u32>,
+) -> Vec<SizeExpr> {
+    let mut shape = shape_of(&decl.axes, dims);
+    shape.extend(
+        decl.user_axes
+            .iter()
+            .filter_map(|(_, n)| n.map(|n| c(n as u32))),
+    );
+    shape
+}
+
 fn sizes_of(variant: &Variant, names: &[Axis]) -> Vec<SizePlan> {
     names
         .iter()
@@ -351,7 +366,7 @@ fn declared_inputs(variant: &Variant, dims: &BTreeMap<Axis, u32>, elem: Elem) ->
         name: d.name.clone(),
         role: Role::Input,
         dtype: Dtype::F32,
-        shape: shape_of(&d.axes, dims),
+        shape: custom_shape(d, dims),
         zeroed: false,
         when: None,
         doc: "custom input".to_string(),
@@ -616,7 +631,7 @@ pub fn backward_plan(
             ..output(
                 &grad_name(&cst.name),
                 Dtype::F32,
-                shape_of(&cst.axes, &dims),
+                custom_shape(cst, &dims),
                 &format!("the gradient of `{}`", cst.name),
             )
         });
@@ -874,7 +889,7 @@ pub fn recurrent_backward_plan(variant: &Variant, b: &RecurrentBackwardSource) -
             ..output(
                 &grad_name(&cst.name),
                 Dtype::F32,
-                shape_of(&cst.axes, &dims),
+                custom_shape(cst, &dims),
                 &format!("the gradient of `{}`", cst.name),
             )
         });

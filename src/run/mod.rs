@@ -1239,6 +1239,7 @@ pub(crate) fn check_declared_tensors(
             .axes
             .iter()
             .map(|a| size(*a))
+            .chain(decl.user_axes.iter().map(|(_, n)| *n))
             .collect::<Option<Vec<usize>>>()
         else {
             return Err(Error::Compile {
@@ -1294,6 +1295,14 @@ pub(crate) fn check_declared_tensors(
 }
 
 fn axes_str(decl: &TensorDecl) -> String {
-    let names: Vec<&str> = decl.axes.iter().map(|a| a.name()).collect();
+    let names: Vec<String> = decl
+        .axes
+        .iter()
+        .map(|a| a.name().to_string())
+        .chain(decl.user_axes.iter().map(|(u, n)| match n {
+            Some(n) => format!("{u} = {n}"),
+            None => u.clone(),
+        }))
+        .collect();
     format!("[{}]", names.join(", "))
 }

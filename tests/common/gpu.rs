@@ -124,7 +124,11 @@ pub fn random_call(
     let (v_host, v_ref) = tensor(&def.v.axes);
     let mut customs_host: Vec<(String, Vec<f32>, Tensor)> = Vec::new();
     for c in &def.customs {
-        let cshape = dims_of(&c.axes);
+        // Named axes sized like the call, then the user axes (fixed sizes).
+        let mut cshape = dims_of(&c.axes);
+        cshape.extend(c.user_axes.iter().map(|(u, n)| {
+            n.unwrap_or_else(|| panic!("`{}`: user axis `{u}` has no fixed size", c.name))
+        }));
         let host: Vec<f32> = if c.name.starts_with("doc_") {
             // Three documents per sequence; the last query sits in a document
             // no key has, so its row is fully masked (output 0).

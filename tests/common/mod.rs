@@ -114,7 +114,7 @@ pub fn example(name: &str) -> Variant {
     })
 }
 
-/// Every parallel example without indexed inputs, by file stem, sorted.
+/// Every parallel example, by file stem, sorted.
 pub fn parallel_examples() -> Vec<(String, Variant)> {
     examples_where(|v| v.parallel().is_some())
 }
@@ -124,7 +124,7 @@ pub fn recurrent_examples() -> Vec<(String, Variant)> {
     examples_where(|v| v.recurrent().is_some())
 }
 
-/// The examples without indexed inputs that `keep` accepts, by file stem, sorted.
+/// The examples that `keep` accepts, by file stem, sorted.
 fn examples_where(keep: impl Fn(&Variant) -> bool) -> Vec<(String, Variant)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(examples_dir()).expect("examples dir") {
@@ -132,8 +132,7 @@ fn examples_where(keep: impl Fn(&Variant) -> bool) -> Vec<(String, Variant)> {
         let src = std::fs::read_to_string(&path).expect("read example");
         for inv in parse_file(&src).expect("rust file") {
             let v = inv.variant.expect("valid example");
-            let indexed = v.customs.iter().any(|c| !c.user_axes.is_empty());
-            if keep(&v) && !indexed {
+            if keep(&v) {
                 out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
             }
         }

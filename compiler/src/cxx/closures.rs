@@ -47,6 +47,31 @@ pub fn custom_at(variant: &Variant, c: u32, pointer: &str) -> String {
     )
 }
 
+/// The element offset of indexed input `c` at the point (its broadcast axes)
+/// and user-axis indices `indices` (C expressions; where none are given the
+/// placeholders `$0`, `$1`, … that the expression emitter fills with the
+/// gather's operands), each index clamped into its axis as the reference does.
+pub fn gather_offset(variant: &Variant, c: u32, indices: &[String]) -> String {
+    let decl = &variant.customs[c as usize];
+    let mut offset = String::from("0LL");
+    for (k, a) in decl.axes.iter().enumerate() {
+        offset = if k == 0 {
+            format!("(long long)({})", axis_coord(*a))
+        } else {
+            format!("({offset} * {} + {})", axis_size(*a), axis_coord(*a))
+        };
+    }
+    for (k, (_, n)) in decl.user_axes.iter().enumerate() {
+        let n = n.expect("user axis sizes are checked by check_indexed_inputs");
+        let idx = indices.get(k).cloned().unwrap_or_else(|| format!("${k}"));
+        offset = format!(
+            "({offset} * {n} + min(max((long long)({idx}), 0LL), {}LL))",
+            n - 1
+        );
+    }
+    offset
+}
+
 /// Leaves of an elementwise closure: its element is `x`, the rest come from the point.
 fn closure_leaf(variant: &Variant, seed: Option<u32>) -> impl Fn(&Op) -> String + '_ {
     move |op: &Op| match op {
@@ -55,6 +80,7 @@ fn closure_leaf(variant: &Variant, seed: Option<u32>) -> impl Fn(&Op) -> String 
         Op::Index(a) => axis_coord(*a),
         Op::Shape(a) => axis_size(*a),
         Op::Custom(c) => custom_at(variant, *c, "in"),
+        Op::Gather(c) => format!("P.in{c}[{}]", gather_offset(variant, *c, &[])),
         other => unreachable!("not a leaf of an elementwise closure: {other:?}"),
     }
 }
@@ -183,7 +209,7 @@ pub fn backward_closure(variant: &Variant, region: &Region, name: &str) -> Strin
     let grads = grad_outputs(variant, region);
     let only = Region {
         outputs: std::iter::once(region.outputs[0].clone())
-            .chain(grads.iter().map(|(k, _)| region.outputs[*k].clone()))
+            .chain(grads.iter().map(|g| region.outputs[g.output].clone()))
             .collect(),
         ..region.clone()
     };
@@ -193,36 +219,110 @@ pub fn backward_closure(variant: &Variant, region: &Region, name: &str) -> Strin
         let _ = writeln!(body, "    gr[{k}] = {e};");
     }
     format!(
-        "__device__ __forceinline__ float {name}(float x, float dy, const Pt& pt, const Params& P, float (&gr)[{}]) {{\n{body}    return {};\n}}\n",
+        "{}__device__ __forceinline__ float {name}(float x, float dy, const Pt& pt, const Params& P, float (&gr)[{}]) {{\n{body}    return {};\n}}\n",
+        gather_offset_fns(variant, region),
         grads.len().max(1),
         outs[0]
     )
 }
 
-/// The `grad.<input>` outputs of a closure backward: (output index, custom input index).
-pub fn grad_outputs(variant: &Variant, region: &Region) -> Vec<(usize, u32)> {
+/// One custom-input gradient a closure backward hands back in `gr`.
+#[derive(Clone, Debug)]
+pub struct GradOutput {
+    /// The region output holding it.
+    pub output: usize,
+    /// The custom input.
+    pub custom: u32,
+    /// The gradient element it adds to, `P.g<c>[…]` (`pt` and `P` in scope).
+    pub target: String,
+    /// Whether it comes from an indexed read (its element follows the indices,
+    /// not the point alone).
+    pub gathered: bool,
+}
+
+/// The `grad.<input>` outputs of a closure backward, and those of its
+/// indexed reads (`grad.<input>#<k>`, whose element is found by the
+/// region's [`gather_offset_fns`]).
+pub fn grad_outputs(variant: &Variant, region: &Region) -> Vec<GradOutput> {
+    let custom = |name: &str| variant.customs.iter().position(|c| c.name == name);
     region
         .outputs
         .iter()
         .enumerate()
         .filter_map(|(k, o)| {
             let name = o.name.strip_prefix("grad.")?;
-            let c = variant.customs.iter().position(|c| c.name == name)?;
-            Some((k, c as u32))
+            match name.split_once('#') {
+                None => {
+                    let c = custom(name)? as u32;
+                    Some(GradOutput {
+                        output: k,
+                        custom: c,
+                        target: custom_at(variant, c, "g"),
+                        gathered: false,
+                    })
+                }
+                // `grad.<input>#<k>.<axis>`: an index of read k, not a gradient.
+                Some((_, read)) if read.contains('.') => None,
+                Some((input, read)) => {
+                    let c = custom(input)? as u32;
+                    Some(GradOutput {
+                        output: k,
+                        custom: c,
+                        target: format!("P.g{c}[{}(pt, P)]", gather_fn_name(region, read)),
+                        gathered: true,
+                    })
+                }
+            }
         })
         .collect()
+}
+
+fn gather_fn_name(region: &Region, read: &str) -> String {
+    let base: String = region
+        .name
+        .chars()
+        .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '_' })
+        .collect();
+    format!("{base}_gather{read}")
+}
+
+/// For each indexed read of a closure backward, `long long
+/// <region>_gather<k>(const Pt&, const Params&)`: the element its gradient
+/// goes to, from the read's index outputs (which depend on the point only:
+/// [`check_indexed_inputs`]).
+pub fn gather_offset_fns(variant: &Variant, region: &Region) -> String {
+    let mut out = String::new();
+    for g in grad_outputs(variant, region).iter().filter(|g| g.gathered) {
+        let name = &region.outputs[g.output].name;
+        let read = name.rsplit_once('#').map(|(_, r)| r).unwrap_or_default();
+        let prefix = format!("{name}.");
+        let indices: Vec<Output> = region
+            .outputs
+            .iter()
+            .filter(|o| o.name.starts_with(&prefix))
+            .cloned()
+            .collect();
+        let only = Region {
+            outputs: indices,
+            ..region.clone()
+        };
+        let (code, outs) = pointwise(&only, "n", &closure_leaf(variant, None));
+        let _ = writeln!(
+            out,
+            "__device__ __forceinline__ long long {}(const Pt& pt, const Params& P) {{\n{code}    (void)P;\n    return {};\n}}\n",
+            gather_fn_name(region, read),
+            gather_offset(variant, g.custom, &outs)
+        );
+    }
+    out
 }
 
 /// Statements adding each `gr[k]` to its custom input's gradient at the point
 /// `pt`, with f32 atomics (contributions from many threads meet there).
 pub fn grad_atomics(variant: &Variant, region: &Region, guard: &str, indent: &str) -> String {
     let mut s = String::new();
-    for (k, (_, c)) in grad_outputs(variant, region).iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "{indent}if ({guard}) atomicAdd(&{}, gr[{k}]);",
-            custom_at(variant, *c, "g")
-        );
+    for (k, g) in grad_outputs(variant, region).iter().enumerate() {
+        let _ = writeln!(s, "{indent}if ({guard}) atomicAdd(&{}, gr[{k}]);", g.target);
     }
     s
 }
@@ -271,21 +371,78 @@ pub fn check_fixed_head_dims(variant: &Variant, dims: &[(Axis, u32)]) -> Result<
     Ok(())
 }
 
-/// Refuses custom inputs read by index (user axes), which no GPU template
-/// takes yet.
+/// Refuses custom inputs read by index (user axes), which the recurrent
+/// templates do not take yet.
 pub fn refuse_indexed_inputs(variant: &Variant) -> Result<(), CompileError> {
     match variant.customs.iter().find(|c| !c.user_axes.is_empty()) {
         Some(c) => Err(CompileError(format!(
-            "custom input `{}` has user axes (read by index); the GPU templates do not support indexed inputs yet",
+            "custom input `{}` has user axes (read by index); the recurrent templates do not support indexed inputs yet",
             c.name
         ))),
         None => Ok(()),
     }
 }
 
+/// What the parallel templates require of custom inputs read by index: a
+/// fixed size for every user axis (`R = 33`), reads only in the elementwise
+/// closures (modifications, score modification, mask), and indices that
+/// depend on the point, not on the element's value (the backward finds the
+/// gradient's element from them).
+pub fn check_indexed_inputs(variant: &Variant, par: &Parallel) -> Result<(), CompileError> {
+    for c in variant.customs.iter() {
+        if let Some((axis, _)) = c.user_axes.iter().find(|(_, n)| n.is_none()) {
+            return Err(CompileError(format!(
+                "custom input `{}` has the user axis `{axis}` without a size; the GPU templates need it fixed: declare `{axis} = <n>`",
+                c.name
+            )));
+        }
+    }
+    let gathers = |r: &Region| {
+        r.graph
+            .nodes()
+            .iter()
+            .any(|n| matches!(n.op, Op::Gather(_)))
+    };
+    for (region, what) in [
+        (&par.online.fwd, "the online update"),
+        (&par.online.epilogue, "the epilogue"),
+    ] {
+        if gathers(region) {
+            return Err(CompileError(format!(
+                "{what} reads a custom input by index; the GPU templates take indexed reads in the elementwise closures (modify_q/k/v, modify_scores, mask) only"
+            )));
+        }
+    }
+    for (region, name) in [
+        (&par.modify_q, "modify_q"),
+        (&par.modify_k, "modify_k"),
+        (&par.modify_v, "modify_v"),
+        (&par.modify_scores, "modify_scores"),
+        (&par.mask, "mask"),
+    ] {
+        let Some(r) = region else { continue };
+        let g = &r.graph;
+        for id in g.ids() {
+            let n = g.node(id);
+            if let Op::Gather(c) = n.op
+                && n.args
+                    .iter()
+                    .any(|a| g.depends_on(*a, |m| matches!(m.op, Op::Param(_))))
+            {
+                return Err(CompileError(format!(
+                    "`{name}` reads custom input `{}` at an index computed from the element's value; the GPU templates take indices computed from the position (b, h, i, j…) only",
+                    variant.customs[c as usize].name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What every parallel template requires of a variant and its head dims:
 /// the parallel pattern, head dims matching the variant's fixed sizes and a
-/// multiple of 16 up to 256 (Dv up to 512), and no custom input read by index. `kernel`
+/// multiple of 16 up to 256 (Dv up to 512), and indexed reads the templates
+/// take ([`check_indexed_inputs`]). `kernel`
 /// names the template in messages (`forward`, `backward`).
 pub fn parallel_inputs<'v>(
     variant: &'v Variant,
@@ -308,7 +465,7 @@ pub fn parallel_inputs<'v>(
             )));
         }
     }
-    refuse_indexed_inputs(variant)?;
+    check_indexed_inputs(variant, par)?;
     Ok(par)
 }
 
@@ -390,7 +547,7 @@ pub fn recurrent_backward_closures(variant: &Variant) -> (String, usize) {
         let only = Region {
             outputs: named
                 .iter()
-                .chain(grads.iter().map(|(k, _)| k))
+                .chain(grads.iter().map(|g| &g.output))
                 .map(|&k| region.outputs[k].clone())
                 .collect(),
             ..region.clone()

@@ -13,8 +13,19 @@ use super::spelling::{binary, c_scalar, float_lit, reduce, unary};
 use aec_frontend::ir::{Axis, Binary, DType, NodeId, Op, Region};
 use std::fmt::Write;
 
-/// How the kernel reads a region's leaves: `Param`, `Index`, `Shape`, `Custom`.
+/// How the kernel reads a region's leaves: `Param`, `Index`, `Shape`,
+/// `Custom`, and `Gather` (an indexed read): its expression names the
+/// gather's integer operands `$0`, `$1`, …, which the emitter replaces.
 pub type LeafFn<'a> = dyn Fn(&Op) -> String + 'a;
+
+/// A gather's leaf expression with its operands filled in.
+fn fill_operands(leaf: String, operands: &[String]) -> String {
+    operands
+        .iter()
+        .enumerate()
+        .rev() // `$10` before `$1`
+        .fold(leaf, |e, (k, x)| e.replace(&format!("${k}"), x))
+}
 
 fn var(prefix: &str, id: NodeId) -> String {
     format!("{prefix}{}", id.0)
@@ -50,7 +61,9 @@ pub fn pointwise(region: &Region, prefix: &str, leaf: &LeafFn) -> (String, Vec<S
             Op::Reduce(_) => {
                 unreachable!("pointwise regions have no reductions (checked by the tracer)")
             }
-            Op::Gather(_) => unreachable!("indexed inputs are refused before code generation"),
+            Op::Gather(_) => {
+                fill_operands(leaf(&n.op), &(0..n.args.len()).map(a).collect::<Vec<_>>())
+            }
         };
         let _ = writeln!(
             code,
@@ -120,7 +133,9 @@ pub fn row(
                 .unwrap_or_else(|| binary(b, &a(0), &a(1), n.dtype)),
             Op::Select => format!("({} ? {} : {})", a(0), a(1), a(2)),
             Op::Reduce(_) => unreachable!("handled above"),
-            Op::Gather(_) => unreachable!("indexed inputs are refused before code generation"),
+            Op::Gather(_) => {
+                fill_operands(leaf(&n.op), &(0..n.args.len()).map(a).collect::<Vec<_>>())
+            }
         };
         if is_row(id) {
             let _ = writeln!(

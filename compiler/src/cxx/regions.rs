@@ -7,9 +7,7 @@
 //! prelude defines (`row_lanes_*`, `fast_exp2`, …) and read the template's
 //! `NE`, `NSTATE_ARR` and `NSCALES_ARR`.
 
-use super::closures::{
-    axis_size, backward_closure, custom_at, forward_closures, grad_atomics, grad_outputs,
-};
+use super::closures::{axis_size, backward_closure, forward_closures, grad_atomics, grad_outputs};
 use super::expr::{pointwise, row};
 use super::intervals::mask_block_fn;
 use super::spelling::float_lit;
@@ -88,10 +86,11 @@ pub fn backward_regions(
         (String::new(), String::new(), String::new());
     if let Some(r) = &bwd.modify_scores {
         let per_head = AxisSet::of(&[Axis::B, Axis::H, Axis::Hkv]);
-        for (k, (_, c)) in grad_outputs(variant, r).iter().enumerate() {
-            let axes = &variant.customs[*c as usize].axes;
-            let target = custom_at(variant, *c, "g");
-            if axes.iter().all(|a| per_head.contains(*a)) {
+        for (k, g) in grad_outputs(variant, r).iter().enumerate() {
+            let axes = &variant.customs[g.custom as usize].axes;
+            let target = &g.target;
+            // An indexed read's element follows its indices: added per score.
+            if !g.gathered && axes.iter().all(|a| per_head.contains(*a)) {
                 let _ = writeln!(grad_decl, "        float gs{k} = 0.0f;");
                 let _ = writeln!(grad_accum, "                gs{k} += ok ? gr[{k}] : 0.0f;");
                 let _ = writeln!(
