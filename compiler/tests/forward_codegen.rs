@@ -25,22 +25,6 @@ fn examples() -> Vec<(String, Variant)> {
     out
 }
 
-/// Indexed inputs (user axes) are not supported by the GPU templates yet: the
-/// generator must say so rather than produce a kernel.
-fn refused_as_indexed(name: &str, v: &Variant) -> bool {
-    if v.customs.iter().all(|c| c.user_axes.is_empty()) {
-        return false;
-    }
-    let err = parallel_forward(v, 128, 128, &CFG)
-        .expect_err("indexed inputs are refused")
-        .to_string();
-    assert!(
-        err.contains("do not support indexed inputs yet"),
-        "{name}: {err}"
-    );
-    true
-}
-
 fn dims(v: &Variant) -> (u32, u32) {
     let fixed = |a: aec_frontend::ir::Axis, d: u32| {
         v.fixed_sizes
@@ -75,9 +59,6 @@ fn every_parallel_example_generates_a_kernel() {
     let mut n = 0;
     for (name, v) in examples() {
         let Some(par) = v.parallel() else { continue };
-        if refused_as_indexed(&name, &v) {
-            continue;
-        }
         let (dqk, dv) = dims(&v);
         let k = parallel_forward(&v, dqk, dv, &CFG).unwrap_or_else(|e| panic!("{name}: {e}"));
         n += 1;
@@ -266,7 +247,7 @@ fn unsupported_configurations_are_refused_with_reasons() {
 #[test]
 fn generation_is_deterministic() {
     for (name, v) in examples() {
-        if v.parallel().is_none() || refused_as_indexed(&name, &v) {
+        if v.parallel().is_none() {
             continue;
         }
         let (dqk, dv) = dims(&v);
