@@ -191,27 +191,34 @@ fn head_dims_and_element_types_compile_for_both_targets() {
 /// Mamba2, random-feature attention with its normaliser, GLA with a decay per
 /// key dimension) at Dk × Dv 128 × 128, and the head dims that change its
 /// tiles (Dk 256: 32-step chunks; Dv 96: 32-column slices of two waves; f16).
+/// Every recurrent example at 128 × 128 in bf16, then `extra` (example,
+/// Dk, Dv, element type).
+fn recurrent_cases(extra: &[(&str, u32, u32, Elem)]) -> Vec<(String, Variant, u32, u32, Elem)> {
+    let examples = common::recurrent_examples();
+    assert!(examples.len() >= 5, "found {} examples", examples.len());
+    let mut cases: Vec<(String, Variant, u32, u32, Elem)> = examples
+        .into_iter()
+        .map(|(name, v)| (name, v, 128, 128, Elem::Bf16))
+        .collect();
+    for &(name, dk, dv, elem) in extra {
+        cases.push((name.to_string(), common::example(name), dk, dv, elem));
+    }
+    cases
+}
+
 #[test]
 fn every_recurrent_forward_compiles_for_gfx90a_and_gfx942() {
     if !toolchain_ready() {
         return;
     }
-    let examples = common::recurrent_examples();
-    assert!(examples.len() >= 5, "found {} examples", examples.len());
     let mut report = String::new();
-    let mut cases: Vec<(String, Variant, u32, u32, Elem)> = examples
-        .into_iter()
-        .map(|(name, v)| (name, v, 128, 128, Elem::Bf16))
-        .collect();
-    for (name, dk, dv, elem) in [
+    let cases = recurrent_cases(&[
         ("retnet_recurrent", 256, 512, Elem::Bf16),
         ("gated_retention", 256, 256, Elem::F16),
         ("mamba2", 64, 96, Elem::Bf16),
         ("gla", 256, 64, Elem::Bf16),
         ("rfa", 16, 32, Elem::Bf16),
-    ] {
-        cases.push((name.to_string(), common::example(name), dk, dv, elem));
-    }
+    ]);
     for (name, v, dk, dv, elem) in &cases {
         let kind = ForwardKind::of(v);
         let cfg = HipRecurrentConfig::default_for(*dk, *dv, kind, *elem);
@@ -258,19 +265,13 @@ fn every_recurrent_backward_compiles_for_gfx90a_and_gfx942() {
     }
     let mut report = String::new();
     let mut built = 0;
-    let mut cases: Vec<(String, Variant, u32, u32, Elem)> = common::recurrent_examples()
-        .into_iter()
-        .map(|(name, v)| (name, v, 128, 128, Elem::Bf16))
-        .collect();
-    for (name, dk, dv, elem) in [
+    let cases = recurrent_cases(&[
         ("retnet_recurrent", 256, 512, Elem::Bf16),
         ("gated_retention", 256, 256, Elem::F16),
         ("mamba2", 32, 96, Elem::Bf16),
         ("gla", 256, 256, Elem::Bf16),
         ("rfa", 64, 96, Elem::F16),
-    ] {
-        cases.push((name.to_string(), common::example(name), dk, dv, elem));
-    }
+    ]);
     for (name, v, dk, dv, elem) in &cases {
         let kind = ForwardKind::of(v);
         let cfg = HipRecurrentConfig::default_for(*dk, *dv, kind, *elem);

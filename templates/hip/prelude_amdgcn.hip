@@ -19,7 +19,7 @@
 // MFMA operands: four 16-bit elements per lane; accumulators: four f32.
 typedef float acc4 __attribute__((ext_vector_type(4)));
 typedef unsigned short u16x8 __attribute__((ext_vector_type(8)));
-{% if f16 %}typedef _Float16 frag4 __attribute__((ext_vector_type(4)));
+{% if h.f16 %}typedef _Float16 frag4 __attribute__((ext_vector_type(4)));
 {% else %}typedef short frag4 __attribute__((ext_vector_type(4)));
 {% endif %}
 __device__ __forceinline__ void block_sync() {
@@ -28,10 +28,10 @@ __device__ __forceinline__ void block_sync() {
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
-// d = a·b + c for one 16x16x16 tile (v_mfma_f32_16x16x16{{ mfma_suffix }}). Lane l holds
+// d = a·b + c for one 16x16x16 tile (v_mfma_f32_16x16x16{{ h.mfma_suffix }}). Lane l holds
 // A[l % 16][4·(l / 16) + e], B[4·(l / 16) + e][l % 16] and D[4·(l / 16) + e][l % 16].
 __device__ __forceinline__ acc4 mfma16(frag4 a, frag4 b, acc4 c) {
-    return {{ mfma_builtin }}(a, b, c, 0, 0, 0);
+    return {{ h.mfma_builtin }}(a, b, c, 0, 0, 0);
 }
 
 __device__ __forceinline__ frag4 frag_load(const unsigned short* p) { return *reinterpret_cast<const frag4*>(p); }

@@ -1,7 +1,7 @@
 //! The parallel backward for AMD GPUs: `templates/hip/parallel_bwd.hip` filled
 //! with the same regions as the CUDA backward ([`crate::cxx::regions`]).
 
-use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
+use super::dialect::{Gfx, HipHeader, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE};
 use crate::cuda::backward::{Grid, Launch, backward_args};
 use crate::cuda::forward::ArgKind;
 use crate::cxx::closures::{
@@ -75,18 +75,9 @@ pub struct HipBackwardSource {
 #[derive(Template)]
 #[template(path = "hip/parallel_bwd.hip", escape = "none")]
 struct HipBackwardTemplate<'a> {
-    version: &'a str,
-    variant: &'a str,
-    kernel_name: &'a str,
-    target: &'a str,
-    emulate: bool,
-    elem: &'a str,
-    f16: bool,
-    mfma_suffix: &'a str,
-    mfma_builtin: &'a str,
+    h: HipHeader<'a>,
     bm: u32,
     waves: u32,
-    wave_size: u32,
     dqk: u32,
     dv: u32,
     nstate: usize,
@@ -171,21 +162,10 @@ pub fn hip_parallel_backward(
         cfg.waves,
         gfx.name()
     );
-    let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
-    let target = prelude.target_label(gfx);
     let t = HipBackwardTemplate {
-        version: env!("CARGO_PKG_VERSION"),
-        variant: &variant.name,
-        kernel_name: &kernel_name,
-        target: &target,
-        emulate: prelude == HipPrelude::CpuEmulation,
-        elem: cfg.elem.name(),
-        f16: cfg.elem == Elem::F16,
-        mfma_suffix,
-        mfma_builtin,
+        h: HipHeader::new(&variant.name, &kernel_name, cfg.elem, gfx, prelude),
         bm: cfg.block_m,
         waves: cfg.waves,
-        wave_size: WAVE_SIZE,
         dqk,
         dv,
         nstate,

@@ -74,3 +74,43 @@ impl HipPrelude {
         }
     }
 }
+
+/// What every HIP template's header comment and preludes read (as `h.…`):
+/// the generator's version, the variant and entry point, the target label,
+/// the prelude, the element type and its MFMA builtin, the wave width.
+pub(crate) struct HipHeader<'a> {
+    pub version: &'static str,
+    pub variant: &'a str,
+    pub kernel_name: &'a str,
+    pub target: String,
+    pub emulate: bool,
+    pub elem: &'static str,
+    pub f16: bool,
+    pub mfma_suffix: &'static str,
+    pub mfma_builtin: &'static str,
+    pub wave_size: u32,
+}
+
+impl<'a> HipHeader<'a> {
+    pub(crate) fn new(
+        variant: &'a str,
+        kernel_name: &'a str,
+        elem: Elem,
+        gfx: Gfx,
+        prelude: HipPrelude,
+    ) -> HipHeader<'a> {
+        let (mfma_suffix, mfma_builtin) = mfma(elem);
+        HipHeader {
+            version: env!("CARGO_PKG_VERSION"),
+            variant,
+            kernel_name,
+            target: prelude.target_label(gfx),
+            emulate: prelude == HipPrelude::CpuEmulation,
+            elem: elem.name(),
+            f16: elem == Elem::F16,
+            mfma_suffix,
+            mfma_builtin,
+            wave_size: WAVE_SIZE,
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! The parallel forward for AMD GPUs: `templates/hip/parallel_fwd.hip` filled
 //! with the same regions as the CUDA templates ([`crate::cxx::regions`]).
 
-use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
+use super::dialect::{Gfx, HipHeader, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE};
 use crate::CompileError;
 use crate::Elem;
 use crate::combine::combine_plan;
@@ -90,20 +90,11 @@ pub fn lds_bytes(block_n: u32, dqk: u32, dv_slice: u32) -> u32 {
 #[derive(Template)]
 #[template(path = "hip/parallel_fwd.hip", escape = "none")]
 struct HipForwardTemplate<'a> {
-    version: &'a str,
-    variant: &'a str,
-    kernel_name: &'a str,
-    target: &'a str,
-    emulate: bool,
-    elem: &'a str,
-    f16: bool,
-    mfma_suffix: &'a str,
-    mfma_builtin: &'a str,
+    h: HipHeader<'a>,
     bm: u32,
     bn: u32,
     waves: u32,
     q_tiles: u32,
-    wave_size: u32,
     dqk: u32,
     dv: u32,
     dv_total: u32,
@@ -169,23 +160,12 @@ pub fn hip_parallel_forward(
         },
         gfx.name(),
     );
-    let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
-    let target = prelude.target_label(gfx);
     let t = HipForwardTemplate {
-        version: env!("CARGO_PKG_VERSION"),
-        variant: &variant.name,
-        kernel_name: &kernel_name,
-        target: &target,
-        emulate: prelude == HipPrelude::CpuEmulation,
-        elem: cfg.elem.name(),
-        f16: cfg.elem == Elem::F16,
-        mfma_suffix,
-        mfma_builtin,
+        h: HipHeader::new(&variant.name, &kernel_name, cfg.elem, gfx, prelude),
         bm: cfg.block_m,
         bn: cfg.block_n,
         waves: cfg.waves,
         q_tiles: cfg.q_tiles(),
-        wave_size: WAVE_SIZE,
         dqk,
         dv,
         dv_total,

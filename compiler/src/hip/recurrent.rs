@@ -2,7 +2,7 @@
 //! `templates/hip/recurrent_fwd.hip` filled with the same closures as the
 //! CUDA recurrent templates ([`crate::cxx::closures::recurrent_closures`]).
 
-use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
+use super::dialect::{Gfx, HipHeader, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE};
 use crate::cuda::recurrent::{
     ForwardKind, RecurrentConfig, RecurrentSource, check_recurrent_dims, forward_args,
 };
@@ -49,6 +49,20 @@ impl HipRecurrentConfig {
     pub fn waves(&self) -> u32 {
         self.dv_tile / 16
     }
+
+    /// The configuration the shared launch code reads (the CUDA recurrent
+    /// one): waves in place of warps, one buffer stage, no wgmma.
+    pub fn launch_config(&self) -> RecurrentConfig {
+        RecurrentConfig {
+            chunk: self.chunk,
+            dv_tile: self.dv_tile,
+            warps: self.waves(),
+            stages: 1,
+            blocks_per_sm: 1,
+            wgmma: false,
+            elem: self.elem,
+        }
+    }
 }
 
 /// LDS of one workgroup: the Q̃ and K̃ tiles (rows padded by 8 elements), Ṽᵀ
@@ -74,20 +88,11 @@ pub fn recurrent_lds_bytes(cfg: &HipRecurrentConfig, dk: u32, kind: ForwardKind)
 #[derive(Template)]
 #[template(path = "hip/recurrent_fwd.hip", escape = "none")]
 struct HipRecurrentTemplate<'a> {
-    version: &'a str,
-    variant: &'a str,
-    kernel_name: &'a str,
-    target: &'a str,
-    emulate: bool,
-    elem: &'a str,
-    f16: bool,
-    mfma_suffix: &'a str,
-    mfma_builtin: &'a str,
+    h: HipHeader<'a>,
     chunk: u32,
     dk: u32,
     dv: u32,
     dv_tile: u32,
-    wave_size: u32,
     params_fields: String,
     custom_args: String,
     params_init: String,
@@ -191,23 +196,12 @@ fn chunked_forward(
         args: custom_args,
         init: params_init,
     } = custom_params(variant.customs.len(), false);
-    let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
-    let target = prelude.target_label(gfx);
     let t = HipRecurrentTemplate {
-        version: env!("CARGO_PKG_VERSION"),
-        variant: &variant.name,
-        kernel_name: &kernel_name,
-        target: &target,
-        emulate: prelude == HipPrelude::CpuEmulation,
-        elem: cfg.elem.name(),
-        f16: cfg.elem == Elem::F16,
-        mfma_suffix,
-        mfma_builtin,
+        h: HipHeader::new(&variant.name, &kernel_name, cfg.elem, gfx, prelude),
         chunk: cfg.chunk,
         dk,
         dv,
         dv_tile: cfg.dv_tile,
-        wave_size: WAVE_SIZE,
         params_fields,
         custom_args,
         params_init,
@@ -232,15 +226,7 @@ fn chunked_forward(
         args: forward_args(variant, emit_o, kind.normalize, save_states),
         dk,
         dv,
-        config: RecurrentConfig {
-            chunk: cfg.chunk,
-            dv_tile: cfg.dv_tile,
-            warps: cfg.waves(),
-            stages: 1,
-            blocks_per_sm: 1,
-            wgmma: false,
-            elem: cfg.elem,
-        },
+        config: cfg.launch_config(),
         normalized: kind.normalize,
         wgmma: false,
         segments: false,

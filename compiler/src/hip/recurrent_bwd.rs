@@ -3,16 +3,16 @@
 //! derived backward as the CUDA recurrent backward, launched alike (the same
 //! argument list, kernel order and grids; [`RecurrentBackwardSource`]).
 
-use super::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE, mfma};
+use super::dialect::{Gfx, HipHeader, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE};
 use super::recurrent::{HipRecurrentConfig, hip_recurrent_states};
+use crate::CompileError;
 use crate::cuda::recurrent::{
-    ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,
-    backward_args, backward_extra_params, check_recurrent_dims,
+    ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentGridX, backward_args,
+    backward_extra_params, check_recurrent_dims,
 };
 use crate::cxx::closures::{
     custom_params, grad_atomics, recurrent_backward_closures, recurrent_closures,
 };
-use crate::{CompileError, Elem};
 use aec_frontend::Variant;
 use askama::Template;
 
@@ -62,22 +62,13 @@ pub fn recurrent_bwd_lds_bytes(
 #[derive(Template)]
 #[template(path = "hip/recurrent_bwd.hip", escape = "none")]
 struct HipRecurrentBwdTemplate<'a> {
-    version: &'a str,
-    variant: &'a str,
-    kernel_name: &'a str,
-    target: &'a str,
-    emulate: bool,
-    elem: &'a str,
-    f16: bool,
-    mfma_suffix: &'a str,
-    mfma_builtin: &'a str,
+    h: HipHeader<'a>,
     chunk: u32,
     dk: u32,
     dv: u32,
     dv_tile: u32,
     dk_tile: u32,
     e_tile: u32,
-    wave_size: u32,
     params_fields: String,
     custom_args: String,
     params_init: String,
@@ -148,25 +139,14 @@ pub fn hip_recurrent_backward(
             .map(|r| grad_atomics(variant, r, "true", indent).replace("atomicAdd(", "grad_add("))
             .unwrap_or_default()
     };
-    let (mfma_suffix, mfma_builtin) = mfma(cfg.elem);
-    let target = prelude.target_label(gfx);
     let template = HipRecurrentBwdTemplate {
-        version: env!("CARGO_PKG_VERSION"),
-        variant: &variant.name,
-        kernel_name: &kernel_name,
-        target: &target,
-        emulate: prelude == HipPrelude::CpuEmulation,
-        elem: cfg.elem.name(),
-        f16: cfg.elem == Elem::F16,
-        mfma_suffix,
-        mfma_builtin,
+        h: HipHeader::new(&variant.name, &kernel_name, cfg.elem, gfx, prelude),
         chunk: cfg.chunk,
         dk,
         dv,
         dv_tile: cfg.dv_tile,
         dk_tile,
         e_tile,
-        wave_size: WAVE_SIZE,
         params_fields: customs.fields,
         custom_args: customs.args,
         params_init: customs.init,
@@ -227,15 +207,7 @@ pub fn hip_recurrent_backward(
         args: backward_args(variant, kind.normalize, decay),
         dk,
         dv,
-        config: RecurrentConfig {
-            chunk: cfg.chunk,
-            dv_tile: cfg.dv_tile,
-            warps: cfg.waves(),
-            stages: 1,
-            blocks_per_sm: 1,
-            wgmma: false,
-            elem: cfg.elem,
-        },
+        config: cfg.launch_config(),
         normalized: kind.normalize,
         decay,
         per_key: kind.per_key,
@@ -245,6 +217,7 @@ pub fn hip_recurrent_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Elem;
 
     #[test]
     fn backward_lds_fits_with_the_forward_default_chunks() {
