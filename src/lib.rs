@@ -37,8 +37,9 @@ pub mod tune;
 pub use run::{
     Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
     RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
-    RecurrentShape, Shape, backward_source, check_recurrent_shapes, check_shapes, check_varlen,
-    forward_source, recurrent_source, recurrent_step_source,
+    RecurrentShape, Shape, VarlenBatch, backward_source, check_recurrent_shapes, check_shapes,
+    check_varlen, check_varlen_shapes, forward_source, recurrent_source, recurrent_step_source,
+    varlen_forward_source,
 };
 
 /// A variant declared with [`attention!`].
@@ -94,7 +95,7 @@ pub mod prelude {
     pub use crate::run::{
         ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
         RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
-        RecurrentShape, Shape,
+        RecurrentShape, Shape, VarlenBatch,
     };
     pub use aec_compiler::{Elem, Isa};
     pub use aec_frontend::Pattern;

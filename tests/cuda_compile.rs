@@ -12,6 +12,7 @@ mod common;
 
 use aec::compiler::{
     BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
+    parallel_forward_varlen,
 };
 use aec::frontend::Variant;
 use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
@@ -21,6 +22,9 @@ enum Pass {
     Forward,
     /// The persistent variant of the warp-specialised forward (sm_90a).
     PersistentForward,
+    /// The variable-length forward with its default tiles (a block per row
+    /// block).
+    VarlenForward,
     Backward,
 }
 
@@ -39,7 +43,7 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
         .into_iter()
         .flat_map(|(n, v)| {
             let persistent = (n.clone(), v.clone(), "sm_90a", Pass::PersistentForward);
-            [Pass::Forward, Pass::Backward]
+            [Pass::Forward, Pass::VarlenForward, Pass::Backward]
                 .into_iter()
                 .flat_map(move |p| {
                     let (n, v) = (n.clone(), v.clone());
@@ -61,8 +65,9 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
                             break;
                         };
                         lines.push(match pass {
-                            Pass::Forward => check_one(name, v, arch, false),
-                            Pass::PersistentForward => check_one(name, v, arch, true),
+                            Pass::Forward => check_one(name, v, arch, false, false),
+                            Pass::PersistentForward => check_one(name, v, arch, true, false),
+                            Pass::VarlenForward => check_one(name, v, arch, false, true),
                             Pass::Backward => check_backward(name, v, arch),
                         });
                     }
@@ -105,11 +110,21 @@ fn spill_budget(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     }
 }
 
-fn check_one(name: &str, v: &Variant, arch: &str, persistent: bool) -> String {
+fn check_one(name: &str, v: &Variant, arch: &str, persistent: bool, varlen: bool) -> String {
     let (dqk, dv) = common::head_dims(v);
     let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     cfg.persistent = persistent && cfg.warp_specialized;
-    let kernel = parallel_forward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let kernel = if varlen {
+        let k = parallel_forward_varlen(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            k.name.ends_with("_varlen") && k.source.contains("cu_q[bz]"),
+            "{name}: `{}` is not a variable-length kernel",
+            k.name
+        );
+        k
+    } else {
+        parallel_forward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
     let compiled = compile(&kernel.source, &CompileOptions::new(arch))
         .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
     assert!(!compiled.cubin.is_empty(), "{name} ({arch}): empty CUBIN");

@@ -844,3 +844,409 @@ fn gpu_recurrent_compile_errors_clearly() {
     );
     eprintln!("{test}: PASS");
 }
+
+// ------------------------------------------------- variable-length batches
+
+fn varlen_error(
+    name: &str,
+    dims: HeadDims,
+    heads: (usize, usize),
+    cu_q: &[usize],
+    cu_k: &[usize],
+    tensors: &[(&str, usize)],
+) -> String {
+    let batch = VarlenBatch {
+        heads: heads.0,
+        kv_heads: heads.1,
+        cu_seqlens_q: cu_q,
+        cu_seqlens_k: cu_k,
+    };
+    match aec::check_varlen_shapes(&example(name), dims, &batch, tensors) {
+        Err(Error::Shape(m)) => m,
+        other => panic!("expected Error::Shape, got {other:?}"),
+    }
+}
+
+#[test]
+fn cpu_varlen_boundaries_and_tensors_are_checked() {
+    let d = HeadDims::square(64);
+    let qkv = |tq: usize, tk: usize| [("q", 2 * tq * 64), ("k", 2 * tk * 64), ("v", 2 * tk * 64)];
+    assert_eq!(
+        varlen_error(
+            "softmax",
+            d,
+            (2, 2),
+            &[0, 5, 5, 9],
+            &[0, 5, 6, 9],
+            &qkv(9, 9)
+        ),
+        "`cu_seqlens_q` is not increasing: entry 2 is 5 after 5 (sequence 1 would have no rows)"
+    );
+    assert_eq!(
+        varlen_error("softmax", d, (2, 2), &[1, 5], &[0, 5], &qkv(5, 5)),
+        "`cu_seqlens_q` starts at 1; the first sequence starts at row 0"
+    );
+    assert_eq!(
+        varlen_error("softmax", d, (2, 2), &[0, 5, 9], &[0], &qkv(9, 9)),
+        "`cu_seqlens_k` has 1 entries; a packed batch of N sequences needs N + 1 (0, then the \
+         end of each sequence)"
+    );
+    assert_eq!(
+        varlen_error("softmax", d, (2, 2), &[0, 5, 9], &[0, 9], &qkv(9, 9)),
+        "`cu_seqlens_q` has 3 entries but `cu_seqlens_k` 2: both give N + 1 boundaries of the \
+         same N sequences"
+    );
+    assert_eq!(
+        varlen_error("softmax", d, (2, 2), &[0, 5, 9], &[0, 4, 12], &qkv(9, 11)),
+        "`cu_seqlens_k` ends at 12, but k holds 11 rows ([1, heads, rows, Dqk] with 2 heads): \
+         the last entry must be the total number of rows"
+    );
+    // v is checked against the packed shape like any tensor.
+    assert_eq!(
+        varlen_error(
+            "softmax",
+            d,
+            (2, 2),
+            &[0, 5, 9],
+            &[0, 4, 12],
+            &[("q", 2 * 9 * 64), ("k", 2 * 12 * 64), ("v", 2 * 11 * 64)]
+        ),
+        "tensor `v` has 1408 elements, expected [B, H, Skv, Dv] = [1, 2, 12, 64] = 1536"
+    );
+    // Inputs over positions have no packed layout.
+    assert_eq!(
+        varlen_error("document_mask", d, (2, 2), &[0, 9], &[0, 9], &qkv(9, 9)),
+        "custom input `doc_q` of `DocumentMask` is declared over [B, Sq]; in a packed \
+         variable-length batch every sequence is a batch of one at its own positions, so an \
+         input over B, Sq or Skv has no packed layout: run its sequences as separate calls of \
+         `forward`"
+    );
+    // A fixed Sq holds for every sequence (decoding: one query each).
+    let dec = HeadDims::square(128);
+    assert_eq!(
+        varlen_error(
+            "decode",
+            dec,
+            (4, 2),
+            &[0, 1, 3],
+            &[0, 50, 80],
+            &[("q", 4 * 3 * 128), ("k", 2 * 80 * 128), ("v", 2 * 80 * 128)]
+        ),
+        "`Decode` fixes Sq = 1, but sequence 1 has 2 rows (`cu_seqlens_q`)"
+    );
+    let batch = VarlenBatch {
+        heads: 4,
+        kv_heads: 2,
+        cu_seqlens_q: &[0, 1, 2],
+        cu_seqlens_k: &[0, 50, 80],
+    };
+    let (packed, sizes) = aec::check_varlen_shapes(
+        &example("decode"),
+        dec,
+        &batch,
+        &[("q", 4 * 2 * 128), ("k", 2 * 80 * 128), ("v", 2 * 80 * 128)],
+    )
+    .expect("a valid varlen decode call");
+    assert_eq!(packed, Shape::new(1, 4, 2, 2, 80));
+    assert_eq!(sizes, Shape::new(2, 4, 2, 1, 50));
+}
+
+#[test]
+fn cpu_varlen_forward_generates_without_a_gpu() {
+    let v = example("softmax_causal");
+    for isa in [Isa::Sm80, Isa::Sm90a] {
+        let k =
+            aec::varlen_forward_source(&v, HeadDims::square(128), &KernelOptions::default(), isa)
+                .unwrap();
+        assert!(k.name.ends_with("_varlen"), "{}", k.name);
+        assert_eq!(
+            &k.args[k.args.len() - 2..],
+            &[
+                aec::compiler::ArgKind::CuSeqlens,
+                aec::compiler::ArgKind::CuSeqlensKv
+            ]
+        );
+        assert!(k.source.contains("cu_q[bz + 1] - q_start"));
+    }
+    // The decoding variant's packed, split-KV tile loses both forms.
+    let k = aec::varlen_forward_source(
+        &example("decode"),
+        HeadDims::square(128),
+        &KernelOptions::default(),
+        Isa::Sm90a,
+    )
+    .unwrap();
+    assert!(!k.packed_gqa && k.combine.is_none(), "{}", k.name);
+}
+
+/// Uploads `host`, the per-sequence tensors `[1, heads, len_n, d]` packed
+/// into `[1, heads, Σ len_n, d]`.
+fn pack(parts: &[(&[bf16], usize)], heads: usize, d: usize) -> Vec<bf16> {
+    let total: usize = parts.iter().map(|p| p.1).sum();
+    let mut out = Vec::with_capacity(heads * total * d);
+    for h in 0..heads {
+        for &(data, len) in parts {
+            out.extend_from_slice(&data[h * len * d..(h + 1) * len * d]);
+        }
+    }
+    out
+}
+
+/// The variable-length forward of example `name` over sequences of
+/// `lens` (query, key) rows against the f64 reference run on each sequence
+/// alone (`B = 1`), custom inputs shared.
+fn check_varlen(
+    test: &str,
+    name: &str,
+    heads: (usize, usize),
+    lens: &[(usize, usize)],
+    dims: HeadDims,
+    options: &KernelOptions,
+) {
+    let Some(device) = device(test) else { return };
+    let def = example(name);
+    let Some(kernels) = compiled(test, ParallelKernels::compile(&def, &device, dims, options))
+    else {
+        return;
+    };
+    let stream = device.stream();
+    let (h, hkv) = heads;
+    let calls: Vec<_> = lens
+        .iter()
+        .enumerate()
+        .map(|(n, &(lq, lk))| {
+            common::gpu::random_call(
+                &def,
+                Shape::new(1, h, hkv, lq, lk),
+                dims,
+                (0.0, 0.5),
+                &format!("{name}{n}"),
+            )
+        })
+        .collect();
+    let (dqk, dv) = (dims.dqk as usize, dims.dv as usize);
+    let q = pack(
+        &calls
+            .iter()
+            .zip(lens)
+            .map(|(c, l)| (c.q_host.as_slice(), l.0))
+            .collect::<Vec<_>>(),
+        h,
+        dqk,
+    );
+    let k = pack(
+        &calls
+            .iter()
+            .zip(lens)
+            .map(|(c, l)| (c.k_host.as_slice(), l.1))
+            .collect::<Vec<_>>(),
+        hkv,
+        dqk,
+    );
+    let v = pack(
+        &calls
+            .iter()
+            .zip(lens)
+            .map(|(c, l)| (c.v_host.as_slice(), l.1))
+            .collect::<Vec<_>>(),
+        hkv,
+        dv,
+    );
+    let mut cu_q = vec![0];
+    let mut cu_k = vec![0];
+    for &(lq, lk) in lens {
+        cu_q.push(cu_q.last().unwrap() + lq);
+        cu_k.push(cu_k.last().unwrap() + lk);
+    }
+    // Every sequence shares the first one's custom inputs (over heads only).
+    let customs_host = &calls[0].customs_host;
+    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = customs_host
+        .iter()
+        .map(|(n, x)| (n.clone(), stream.upload(x).unwrap()))
+        .collect();
+    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
+        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    let (qb, kb, vb) = (
+        stream.upload(&q).unwrap(),
+        stream.upload(&k).unwrap(),
+        stream.upload(&v).unwrap(),
+    );
+    let batch = VarlenBatch {
+        heads: h,
+        kv_heads: hkv,
+        cu_seqlens_q: &cu_q,
+        cu_seqlens_k: &cu_k,
+    };
+    let out = kernels
+        .forward_varlen(&stream, &qb, &kb, &vb, &customs, &batch)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let tq = *cu_q.last().unwrap();
+    assert_eq!(out.shape, Shape::new(1, h, hkv, tq, *cu_k.last().unwrap()));
+    let o = download_f64(&stream, &out.o);
+    // The reference per sequence, scattered into the packed layout.
+    let mut want_o = vec![0.0; o.len()];
+    let names = kernels.row_output_names().to_vec();
+    let mut want_rows = vec![vec![f64::NAN; h * tq]; names.len()];
+    for (n, call) in calls.iter().enumerate() {
+        let mut inputs = call.inputs.clone();
+        inputs.customs = calls[0].inputs.customs.clone();
+        let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference");
+        let lq = lens[n].0;
+        for hh in 0..h {
+            for i in 0..lq {
+                let dst = (hh * tq + cu_q[n] + i) * dv;
+                let src = (hh * lq + i) * dv;
+                want_o[dst..dst + dv].copy_from_slice(&fwd.o.data[src..src + dv]);
+                for (r, name) in names.iter().enumerate() {
+                    let t = match name.split_once('.') {
+                        Some(("scale", s)) => &fwd.scales[s],
+                        Some(("state", f)) => &fwd.row_state[f],
+                        _ => panic!("{test}: unexpected row output `{name}`"),
+                    };
+                    want_rows[r][hh * tq + cu_q[n] + i] = t.data[hh * lq + i];
+                }
+            }
+        }
+    }
+    let err = rel_err(&o, &want_o);
+    let mut row_errs = Vec::new();
+    for (r, name) in names.iter().enumerate() {
+        let got = out.download_row(&stream, name).unwrap();
+        let (mut g, mut w) = (Vec::new(), Vec::new());
+        for (x, y) in got.iter().zip(&want_rows[r]) {
+            if y.is_finite() {
+                g.push(f64::from(*x));
+                w.push(*y);
+            } else {
+                assert_eq!(f64::from(*x), *y, "{test}: {name} differs on a masked row");
+            }
+        }
+        row_errs.push((name.clone(), rel_err(&g, &w)));
+    }
+    let pass = err < 1e-2 && row_errs.iter().all(|(_, e)| *e < 1e-2);
+    eprintln!(
+        "{test}: {} `{}` on {} H={h} Hkv={hkv} lens={lens:?} Dqk={} Dv={}: rel_err(o)={err:.2e} rows{row_errs:?}",
+        if pass { "PASS" } else { "FAIL" },
+        kernels.varlen_source().unwrap().name,
+        device.name(),
+        dims.dqk,
+        dims.dv,
+    );
+    assert!(err < 1e-2, "{test}: relative error of o {err:.3e}");
+    for (name, e) in &row_errs {
+        assert!(*e < 1e-2, "{test}: relative error of {name} {e:.3e}");
+    }
+    // The output of a varlen call has no dense backward.
+    let d_o = stream.upload(&vec![bf16::from_f32(1.0); o.len()]).unwrap();
+    match kernels.backward(&stream, &qb, &kb, &vb, &customs, &out, &d_o) {
+        Err(Error::Shape(m)) => assert!(m.contains("not implemented yet"), "{m}"),
+        other => panic!("{test}: the backward took a varlen output: {other:?}"),
+    }
+}
+
+/// Sequence lengths that are not tile multiples, one of a single row, and
+/// more keys than queries in some.
+const VARLEN_LENS: [(usize, usize); 5] = [(70, 70), (1, 9), (130, 300), (256, 256), (33, 200)];
+
+#[test]
+fn gpu_varlen_softmax_causal() {
+    check_varlen(
+        "gpu_varlen_softmax_causal",
+        "softmax_causal",
+        (4, 4),
+        &VARLEN_LENS,
+        HeadDims::square(128),
+        &KernelOptions::default(),
+    );
+    // The persistent walk (the dense default on sm_90a) over the same batch.
+    let v = example("softmax_causal");
+    let isa = device("gpu_varlen_softmax_causal").map(|d| Isa::for_arch(d.arch()));
+    if let Some(isa) = isa {
+        let mut cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, isa);
+        cfg.persistent = cfg.warp_specialized;
+        check_varlen(
+            "gpu_varlen_softmax_causal_persistent",
+            "softmax_causal",
+            (4, 4),
+            &VARLEN_LENS,
+            HeadDims::square(128),
+            &KernelOptions {
+                config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
+}
+
+#[test]
+fn gpu_varlen_softmax_causal_sm80_template() {
+    // The sm_80 template (a block per row block) on any GPU.
+    let v = example("softmax_causal");
+    let options = KernelOptions {
+        config: Some(ForwardConfig::default_for(
+            &v,
+            128,
+            128,
+            Elem::Bf16,
+            Isa::Sm80,
+        )),
+        ..KernelOptions::default()
+    };
+    check_varlen(
+        "gpu_varlen_softmax_causal_sm80_template",
+        "softmax_causal",
+        (4, 4),
+        &VARLEN_LENS,
+        HeadDims::square(128),
+        &options,
+    );
+}
+
+#[test]
+fn gpu_varlen_gqa_alibi_deepseek() {
+    check_varlen(
+        "gpu_varlen_gqa",
+        "softmax_gqa",
+        (8, 2),
+        &VARLEN_LENS,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+    );
+    check_varlen(
+        "gpu_varlen_alibi",
+        "alibi",
+        (3, 3),
+        &VARLEN_LENS,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+    );
+    check_varlen(
+        "gpu_varlen_deepseek",
+        "deepseek",
+        (2, 2),
+        &VARLEN_LENS,
+        HeadDims::new(192, 128),
+        &KernelOptions::default(),
+    );
+    check_varlen(
+        "gpu_varlen_sliding_window",
+        "sliding_window",
+        (2, 2),
+        &VARLEN_LENS,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+    );
+}
+
+#[test]
+fn gpu_varlen_decode() {
+    // One query per sequence over key caches of different lengths.
+    check_varlen(
+        "gpu_varlen_decode",
+        "decode",
+        (8, 2),
+        &[(1, 1000), (1, 37), (1, 513), (1, 1)],
+        HeadDims::square(128),
+        &KernelOptions::default(),
+    );
+}

@@ -36,7 +36,10 @@ fn call_args(args: &[ArgKind], shape: Shape, customs: &[(String, usize)], n_spli
             ArgKind::CustomGrad(name) => format!("g{}.data()", custom(name)),
             ArgKind::Size(ax) => shape.size(*ax).expect("size").to_string(),
             ArgKind::KvSplits => n_splits.to_string(),
-            other @ (ArgKind::State(_) | ArgKind::CuSeqlens | ArgKind::Segments(_)) => {
+            other @ (ArgKind::State(_)
+            | ArgKind::CuSeqlens
+            | ArgKind::CuSeqlensKv
+            | ArgKind::Segments(_)) => {
                 unreachable!("parallel kernels take no {other:?}")
             }
         })

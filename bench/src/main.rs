@@ -11,7 +11,7 @@
 
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
-    Isa, KernelSource, parallel_backward, parallel_forward,
+    Isa, KernelSource, parallel_backward, parallel_forward, parallel_forward_varlen,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -193,7 +193,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(out) = args.first() else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--fwd-sweep] [--bwd-sweep]"
+            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep]"
         );
         std::process::exit(2);
     };
@@ -205,7 +205,8 @@ fn main() {
     let mut index = Vec::new();
     // `--recurrent-only`: only the recurrent cases and kernels (the parallel
     // lists stay empty).
-    let recurrent_only = args.iter().any(|a| a == "--recurrent-only");
+    let varlen_only = args.iter().any(|a| a == "--varlen-only");
+    let recurrent_only = varlen_only || args.iter().any(|a| a == "--recurrent-only");
     // `--per-block`: the warp-specialised kernels launched with a block per
     // row block instead of persistent (to check and time that form).
     let per_block = args.iter().any(|a| a == "--per-block");
@@ -385,8 +386,53 @@ fn main() {
             }
         }
     }
-    let (recurrent_cases, recurrent_bench) =
-        recurrent::write_all(&out, &root, nvcc.as_deref(), &includes);
+    // `--varlen` (`--varlen-only`: nothing else): the variable-length forward of softmax and causal softmax
+    // (d128, the sm_90a defaults) and the dense kernel they are compared
+    // with on a padded batch, for `bench/varlen_bench.py`.
+    let mut varlen = Vec::new();
+    if varlen_only || args.iter().any(|a| a == "--varlen") {
+        for example in ["softmax", "softmax_causal"] {
+            eprintln!("varlen kernels {example} …");
+            let v = load(&root, example);
+            let cfg = forward_config(&v, 128, 128, per_block);
+            let varlen_cfg =
+                ForwardConfig::varlen_default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+            let packed =
+                parallel_forward_varlen(&v, 128, 128, &varlen_cfg).expect("varlen forward");
+            // The dense kernels' persistent walk over the packed batch, to compare.
+            let persistent = parallel_forward_varlen(
+                &v,
+                128,
+                128,
+                &ForwardConfig {
+                    persistent: true,
+                    ..varlen_cfg
+                },
+            )
+            .expect("varlen forward");
+            let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
+            varlen.push(json!({
+                "example": example,
+                "causal": example == "softmax_causal",
+                "dqk": 128,
+                "dv": 128,
+                "varlen": kernel_meta(&out, &format!("varlen_{example}"), &packed, nvcc.as_deref(), &includes),
+                "varlen_persistent": kernel_meta(
+                    &out,
+                    &format!("varlen_persistent_{example}"),
+                    &persistent,
+                    nvcc.as_deref(),
+                    &includes,
+                ),
+                "dense": kernel_meta(&out, &format!("varlen_dense_{example}"), &dense, nvcc.as_deref(), &includes),
+            }));
+        }
+    }
+    let (recurrent_cases, recurrent_bench) = if varlen_only {
+        (Vec::new(), Vec::new())
+    } else {
+        recurrent::write_all(&out, &root, nvcc.as_deref(), &includes)
+    };
     let all = json!({
         "cases": index,
         "bench": bench,
@@ -395,6 +441,7 @@ fn main() {
         "extra_workloads": extra,
         "recurrent_cases": recurrent_cases,
         "recurrent_bench": recurrent_bench,
+        "varlen": varlen,
     });
     std::fs::write(
         out.join("index.json"),
@@ -690,6 +737,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::KvSplits => json!({ "kind": "kv_splits" }),
             ArgKind::State(n) => json!({ "kind": "state", "name": n }),
             ArgKind::CuSeqlens => json!({ "kind": "cu_seqlens" }),
+            ArgKind::CuSeqlensKv => json!({ "kind": "cu_seqlens_k" }),
             ArgKind::Segments(n) => json!({ "kind": "segments", "name": n }),
         })
         .collect()

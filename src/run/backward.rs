@@ -104,6 +104,14 @@ impl ParallelKernels {
         .into_iter()
         .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
         self.check_devices(stream, buffers)?;
+        if forward.cu_seqlens.is_some() {
+            return Err(Error::Shape(format!(
+                "`forward` is the output of `forward_varlen` (a packed variable-length batch); \
+                 the backward of a variable-length forward is not implemented yet: run the \
+                 sequences of `{}` through `forward` to differentiate them",
+                self.variant.name
+            )));
+        }
         let shape = forward.shape;
         let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
             .into_iter()

@@ -65,6 +65,7 @@ mod backward;
 pub mod recurrent;
 mod recurrent_backward;
 pub mod recurrent_decode;
+mod varlen;
 
 pub use backward::Gradients;
 pub use recurrent::{
@@ -73,6 +74,7 @@ pub use recurrent::{
 };
 pub use recurrent_backward::RecurrentGradients;
 pub use recurrent_decode::{RecurrentDecoder, recurrent_step_source};
+pub use varlen::{VarlenBatch, check_varlen_shapes, varlen_forward_source};
 
 use std::sync::OnceLock;
 
@@ -475,6 +477,8 @@ pub struct ParallelKernels {
     options: KernelOptions,
     /// Compiled on the first [`backward`](Self::backward) call.
     backward: OnceLock<BackwardKernels>,
+    /// Compiled on the first [`forward_varlen`](Self::forward_varlen) call.
+    varlen: OnceLock<varlen::VarlenKernel>,
 }
 
 impl ParallelKernels {
@@ -523,6 +527,7 @@ impl ParallelKernels {
             _module: module,
             options: options.clone(),
             backward: OnceLock::new(),
+            varlen: OnceLock::new(),
         })
     }
 
@@ -691,6 +696,7 @@ impl ParallelKernels {
             row_names: self.source.row_outputs.clone(),
             shape,
             dv: self.dims.dv,
+            cu_seqlens: None,
         })
     }
 
@@ -709,6 +715,13 @@ impl ParallelKernels {
         out: &mut ForwardOutput<T>,
     ) -> Result<(), Error> {
         let shape = out.shape;
+        if out.cu_seqlens.is_some() {
+            return Err(Error::Shape(
+                "`out` holds the output of `forward_varlen` (a packed variable-length batch): \
+                 allocate dense outputs with alloc_output, or call forward_varlen again"
+                    .into(),
+            ));
+        }
         self.check_inputs(stream, q, k, v, customs, shape)?;
 
         let rows = shape.rows();
@@ -767,24 +780,49 @@ impl ParallelKernels {
         customs: &[(&str, &DeviceBuffer<f32>)],
         out: &mut ForwardOutput<T>,
     ) -> Result<(), Error> {
-        let shape = out.shape;
         // Split-KV where the grid leaves the GPU idle (decoding): partial rows
         // into two workspaces, merged by the combine kernel.
-        let n_splits = self.kv_splits(shape);
-        let grid = self
-            .source
+        let launch = ForwardLaunch {
+            source: &self.source,
+            main: &self.forward,
+            combine: self.combine.as_ref(),
+            sizes: out.shape,
+            n_splits: self.kv_splits(out.shape),
+            cu_seqlens: None,
+        };
+        self.launch_forward(stream, &launch, q, k, v, customs, out)
+    }
+
+    /// Launches `launch`'s kernel (and its combine) into `out` after the
+    /// checks: `out.shape` gives the outputs' rows, `launch.sizes` the
+    /// kernel's size arguments and grid.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_forward<T: KernelElement>(
+        &self,
+        stream: &Stream,
+        launch: &ForwardLaunch<'_>,
+        q: &DeviceBuffer<T>,
+        k: &DeviceBuffer<T>,
+        v: &DeviceBuffer<T>,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        out: &mut ForwardOutput<T>,
+    ) -> Result<(), Error> {
+        let (shape, sizes, n_splits, source) =
+            (out.shape, launch.sizes, launch.n_splits, launch.source);
+        let grid = source
             .launch_grid(
-                [shape.b, shape.h, shape.hkv, shape.sq],
+                [sizes.b, sizes.h, sizes.hkv, sizes.sq],
                 self.device.sm_count(),
                 n_splits,
             )
             .ok_or_else(|| {
-            Error::Shape(format!(
-                "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",
-                self.source.name
-            ))
-        })?;
-        let launching = || format!("launching `{}`", self.source.name);
+                Error::Shape(format!(
+                    "the shape {shape} needs a grid for `{}` larger than CUDA launches: split \
+                     the call",
+                    source.name
+                ))
+            })?;
+        let launching = || format!("launching `{}`", source.name);
         let runtime = |e| Error::Runtime {
             during: launching(),
             source: e,
@@ -793,13 +831,13 @@ impl ParallelKernels {
         let (o, row_outputs) = (&mut out.o, &mut out.row_outputs);
         let workspace = |name: &str| {
             let n = if n_splits > 1 {
-                self.source.workspace_len(name, rows, n_splits)
+                source.workspace_len(name, rows, n_splits)
             } else {
                 1 // not read with one split; a valid pointer all the same
             };
             stream.alloc_zeros::<f32>(n)
         };
-        let (mut opart, mut spart) = if self.source.combine.is_some() {
+        let (mut opart, mut spart) = if source.combine.is_some() {
             (
                 Some(workspace("opart").map_err(runtime)?),
                 Some(workspace("spart").map_err(runtime)?),
@@ -818,8 +856,8 @@ impl ParallelKernels {
                     "the generated kernel takes `{what}` twice; this is a bug in aec"
                 )),
             };
-            let mut args: Vec<Arg<'_>> = Vec::with_capacity(self.source.args.len());
-            for a in &self.source.args {
+            let mut args: Vec<Arg<'_>> = Vec::with_capacity(source.args.len());
+            for a in &source.args {
                 args.push(match a {
                     ArgKind::Tensor("q") => T::arg(q),
                     ArgKind::Tensor("k") => T::arg(k),
@@ -838,7 +876,7 @@ impl ParallelKernels {
                         let n = match axis {
                             Axis::Dqk => self.dims.dqk as usize,
                             Axis::Dv => self.dims.dv as usize,
-                            a => shape.size(*a).expect("params_of accepted the axis"),
+                            a => sizes.size(*a).expect("params_of accepted the axis"),
                         };
                         Arg::from(i32::try_from(n).expect("check_shapes bounded every size"))
                     }
@@ -849,44 +887,62 @@ impl ParallelKernels {
                         Arg::from(spart_slot.take().ok_or_else(|| twice("spart"))?)
                     }
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
+                    ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => {
+                        let (cu_q, cu_k) = launch.cu_seqlens.ok_or_else(|| Error::Compile {
+                            variant: self.variant.name.clone(),
+                            kernel: "forward",
+                            source: CompileError(
+                                "a forward without varlen sequences takes `cu_seqlens`; this is \
+                                 a bug in aec"
+                                    .into(),
+                            ),
+                        })?;
+                        Arg::from(if *a == ArgKind::CuSeqlens { cu_q } else { cu_k })
+                    }
                     other @ (ArgKind::Tensor(_)
                     | ArgKind::CustomGrad(_)
                     | ArgKind::Workspace(_)
                     | ArgKind::State(_)
-                    | ArgKind::CuSeqlens
                     | ArgKind::Segments(_)) => {
                         unreachable!("params_of rejected argument {other:?}")
                     }
                 });
             }
-            self.forward
+            launch
+                .main
                 .launch(
                     stream,
                     grid,
-                    (self.source.threads, 1, 1),
-                    self.source.smem_bytes,
+                    (source.threads, 1, 1),
+                    source.smem_bytes,
                     &mut args,
                 )
                 .map_err(runtime)?;
-            if let (Some(combine), true) = (&self.combine, n_splits > 1) {
-                let grid = self.source.combine_grid(rows).ok_or_else(|| {
+            if let (Some(combine), true) = (launch.combine, n_splits > 1) {
+                let grid = source.combine_grid(rows).ok_or_else(|| {
                     Error::Shape(format!(
                         "the shape {shape} has more rows than one launch of the combine kernel takes: split the call"
                     ))
                 })?;
                 combine
-                    .launch(
-                        stream,
-                        grid,
-                        (self.source.combine_threads, 1, 1),
-                        0,
-                        &mut args,
-                    )
+                    .launch(stream, grid, (source.combine_threads, 1, 1), 0, &mut args)
                     .map_err(runtime)?;
             }
         }
         Ok(())
     }
+}
+
+/// One launch of a forward kernel: which kernel, its size arguments and
+/// grid (`sizes`: `B, H, Hkv, Sq, Skv`), its KV splits and, for a
+/// variable-length forward, the query and key boundaries.
+struct ForwardLaunch<'a> {
+    source: &'a KernelSource,
+    main: &'a Kernel,
+    combine: Option<&'a Kernel>,
+    sizes: Shape,
+    n_splits: u32,
+    cu_seqlens: Option<(&'a DeviceBuffer<i32>, &'a DeviceBuffer<i32>)>,
 }
 
 /// What [`ParallelKernels::forward`] returns. The buffers are filled once the
@@ -901,11 +957,24 @@ pub struct ForwardOutput<T: KernelElement = bf16> {
     pub row_outputs: DeviceBuffer<f32>,
     /// See [`ParallelKernels::row_output_names`].
     pub row_names: Vec<String>,
+    /// The outputs' shape: the call's, or for a variable-length forward
+    /// `(1, H, Hkv, Tq, Tk)` (the packed totals).
     pub shape: Shape,
     pub dv: u32,
+    /// The query and key boundaries of a variable-length forward
+    /// ([`ParallelKernels::forward_varlen`]); `None` for a dense one.
+    cu_seqlens: Option<(Vec<usize>, Vec<usize>)>,
 }
 
 impl<T: KernelElement> ForwardOutput<T> {
+    /// The query and key boundaries (`cu_seqlens_q`, `cu_seqlens_k`) of the
+    /// packed batch this output is of; `None` for a dense forward.
+    pub fn cu_seqlens(&self) -> Option<(&[usize], &[usize])> {
+        self.cu_seqlens
+            .as_ref()
+            .map(|(q, k)| (q.as_slice(), k.as_slice()))
+    }
+
     /// The index in [`row_outputs`](Self::row_outputs) of the row output
     /// `name`: an exact name (`scale.lse`, `state.m`), else a row scale
     /// (`lse` → `scale.lse`), else a state field (`m` → `state.m`).
@@ -1056,6 +1125,7 @@ fn params_of(
                 Ok(dir(n, DType::F32))
             }
             ArgKind::KvSplits => Ok(Param::I32),
+            ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => Ok(Param::In(DType::I32)),
             ArgKind::RowOut => Ok(dir("rowout", DType::F32)),
             ArgKind::Custom(name) if declared(name) => Ok(Param::In(DType::F32)),
             ArgKind::CustomGrad(name) if declared(name) => Ok(Param::Out(DType::F32)),
@@ -1105,6 +1175,18 @@ pub fn check_shapes(
     shape: Shape,
     tensors: &[(&str, usize)],
 ) -> Result<(), Error> {
+    check_shapes_with(variant, dims, shape, tensors, true)
+}
+
+/// [`check_shapes`]; `fixed_lengths`: whether to hold `Sq` and `Skv` to the
+/// variant's fixed sizes (a variable-length call checks them per sequence).
+fn check_shapes_with(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    shape: Shape,
+    tensors: &[(&str, usize)],
+    fixed_lengths: bool,
+) -> Result<(), Error> {
     require_parallel(variant)?;
     let bad = |m: String| Err(Error::Shape(m));
     for (axis, n) in shape.axes() {
@@ -1146,6 +1228,9 @@ pub fn check_shapes(
     }
     check_head_dims(variant, dims)?;
     for &(axis, fixed) in &variant.fixed_sizes {
+        if !fixed_lengths && matches!(axis, Axis::Sq | Axis::Skv) {
+            continue;
+        }
         if let Some(n) = shape.size(axis)
             && n != fixed
         {
@@ -1294,7 +1379,7 @@ pub(crate) fn check_declared_tensors(
     Ok(())
 }
 
-fn axes_str(decl: &TensorDecl) -> String {
+pub(crate) fn axes_str(decl: &TensorDecl) -> String {
     let names: Vec<String> = decl
         .axes
         .iter()

@@ -179,20 +179,35 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         const int n_rows = (H / Hkv) * Sq;
 #define ROW_HEAD(r) (h + (r) / Sq)
 #define ROW_POS(r) ((r) % Sq)
-{% else %}{% if causal %}        // Causal: the longest row blocks (last rows) come first.
+{% else %}{% if varlen %}        // A packed variable-length batch: sequence bz is query rows
+        // cu_q[bz] … and key rows cu_k[bz] … of every head, and the tile sees
+        // the sequence's own lengths (the closures see a batch of one).
+        const int q_start = cu_q[bz], k_start = cu_k[bz];
+        const int Sq = cu_q[bz + 1] - q_start, Skv = cu_k[bz + 1] - k_start;
+        P.Sq = Sq;
+        P.Skv = Skv;
+{% if !persistent %}        const int seq_rb = (Sq + BM - 1) / BM;
+        if (bx / DV_SPLIT >= seq_rb) return;  // past this sequence's rows
+{% endif %}{% if causal %}        // Causal: the longest row blocks (last rows) come first.
+        const int b = 0, h = by, m0 = (seq_rb - 1 - bx / DV_SPLIT) * BM;
+{% else %}        const int b = 0, h = by, m0 = (bx / DV_SPLIT) * BM;
+{% endif %}{% else %}{% if causal %}        // Causal: the longest row blocks (last rows) come first.
         const int b = bz, h = by, m0 = (nbx / DV_SPLIT - 1 - bx / DV_SPLIT) * BM;
 {% else %}        const int b = bz, h = by, m0 = (bx / DV_SPLIT) * BM;
-{% endif %}
+{% endif %}{% endif %}
         const int hk = h / (H / Hkv);
         const int n_rows = Sq;
 #define ROW_HEAD(r) (h)
 #define ROW_POS(r) (r)
-{% endif %}        const elem_t* qg = q + (long long)(b * H + h) * Sq * DQK;
-        const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
+{% endif %}{% if varlen %}        // Rows of one head are the packed sequences one after another.
+        const long long q_row0 = (long long)h * Tq + q_start, k_row0 = (long long)hk * Tk + k_start;
+{% else %}        const long long q_row0 = (long long)(b * H + h) * Sq, k_row0 = (long long)(b * Hkv + hk) * Skv;
+{% endif %}        const elem_t* qg = q + q_row0 * DQK;
+        const elem_t* kg = k + k_row0 * DQK;
         // This tile's slice of the V and O columns (the slices of one row block
         // are adjacent in the launch, so their K tiles are shared through L2).
         const int dv0 = (bx % DV_SPLIT) * DV;
-        const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DVG + dv0;
+        const elem_t* vg = v + k_row0 * DVG + dv0;
         int row_i[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
@@ -248,22 +263,28 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
     for (int unit = blockIdx.x; unit < n_units; unit += gridDim.x)
     for (int second = 0; second < 2; ++second) {
         const int slice = unit % DV_SPLIT, pair = (unit / DV_SPLIT) % n_pairs, yz = unit / DV_SPLIT / n_pairs;
-        const int rank = second ? n_rb - 1 - pair : pair;
-        if (second && rank == pair) continue;  // odd n_rb: the middle block is alone
-        const int bx = rank * DV_SPLIT + slice, by = yz % NY, bz = yz / NY;
+        const int by = yz % NY, bz = yz / NY;
+{% if varlen %}        // Pairs of the sequence's own row blocks; units past them are idle.
+        const int seq_rb = (cu_q[bz + 1] - cu_q[bz] + BM - 1) / BM;
+        if (pair >= (seq_rb + 1) / 2) continue;
+        const int rank = second ? seq_rb - 1 - pair : pair;
+{% else %}        const int rank = second ? n_rb - 1 - pair : pair;
+{% endif %}        if (second && rank == pair) continue;  // odd row-block count: the middle block is alone
+        const int bx = rank * DV_SPLIT + slice;
 {% else %}    {
         const int by = blockIdx.y, bz = blockIdx.z;
 {% endif %}{% endmacro %}
 {% macro epilogue() %}
         // Epilogue: finish the rows, write O, the final row scales and the state.
-        const long long rows = (long long)B * H * Sq;
-#pragma unroll
+{% if varlen %}        const long long rows = (long long)H * Tq;
+{% else %}        const long long rows = (long long)B * H * Sq;
+{% endif %}#pragma unroll
         for (int r = 0; r < NR; ++r) {
             const int i = row_i[r];
             const int mt = r / 2, half = r % 2;
             // Rows past the end still take part in the quad's shuffles.
             const bool row_ok = i < n_rows;
-            const long long row = (long long)(b * H + h) * Sq + i;  // packed rows are contiguous
+            const long long row = q_row0 + i;  // packed rows are contiguous
 {% if split_kv %}            if (n_splits > 1) {
                 // A partial row for the combine kernel: the unnormalised output,
                 // the state and whether any key was seen.
@@ -333,7 +354,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
-    float* __restrict__ opart, float* __restrict__ spart, int n_splits{% endif %}) {
+    float* __restrict__ opart, float* __restrict__ spart, int n_splits{% endif %}{% if varlen %},
+    const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if wgmma %}    // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -345,7 +367,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
-
+{% if varlen %}    // Variable-length batch: B sequences, Sq and Skv the longest ones (the
+    // grid's extent), Tq and Tk the packed totals.
+    P.B = 1;
+    const int Tq = cu_q[B], Tk = cu_k[B];
+{% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
 {% if split_kv %}    // Split-KV: the n_splits blocks of one row block are adjacent in x.

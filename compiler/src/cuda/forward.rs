@@ -164,6 +164,27 @@ impl ForwardConfig {
         cfg
     }
 
+    /// The default tiles of the variable-length forward
+    /// ([`parallel_forward_varlen`]): [`default_for`](Self::default_for)'s,
+    /// with a block per row block instead of a persistent walk. The
+    /// persistent kernel's static stride balances units of one length, not
+    /// sequences of many: on an H100 (d128, 16 heads) 16 sequences of
+    /// 256–4096 rows took 1.45 ms per block against 1.77 ms persistent, 64
+    /// of 64–1024 rows 0.65 against 0.85 ms
+    /// (`bench/results/2026-11-23-nvidia-h100-varlen.json`).
+    pub fn varlen_default_for(
+        variant: &Variant,
+        dqk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> ForwardConfig {
+        ForwardConfig {
+            persistent: false,
+            ..ForwardConfig::default_for(variant, dqk, dv, elem, isa)
+        }
+    }
+
     pub fn warps(&self) -> u32 {
         self.warps
     }
@@ -208,7 +229,14 @@ pub enum ArgKind {
     /// forward): i32 `[N + 1]`, increasing from 0 to the total steps `S`;
     /// sequence `n` is steps `cu_seqlens[n] … cu_seqlens[n + 1] − 1` of
     /// batch 0 and the grid's z (`B`) is `N`. Null: B sequences of S steps.
+    /// In a variable-length parallel forward ([`parallel_forward_varlen`]):
+    /// the query rows' boundaries, never null.
     CuSeqlens,
+    /// The key rows' boundaries of a variable-length parallel forward
+    /// ([`parallel_forward_varlen`]): i32 `[N + 1]`, increasing from 0 to
+    /// the total keys; sequence `n`'s keys are rows `cu_seqlens_k[n] …
+    /// cu_seqlens_k[n + 1] − 1`.
+    CuSeqlensKv,
     /// An `i32` of the sequence-segment schedule of the sm_90a recurrent
     /// forward (`n_whole`, `n_tail`, `n_seg`; see
     /// [`SegmentSplit`](super::recurrent_wgmma::SegmentSplit)). Ignored when
@@ -220,6 +248,12 @@ pub enum ArgKind {
 /// these): q, k, v, o, the row outputs, the custom inputs, the sizes and, for
 /// split-KV kernels, the two workspaces and the number of splits.
 pub fn forward_args(variant: &Variant, split_kv: bool) -> Vec<ArgKind> {
+    forward_args_with(variant, split_kv, false)
+}
+
+/// [`forward_args`], and for a variable-length forward the two boundary
+/// arrays last.
+fn forward_args_with(variant: &Variant, split_kv: bool, varlen: bool) -> Vec<ArgKind> {
     let mut args = vec![
         ArgKind::Tensor("q"),
         ArgKind::Tensor("k"),
@@ -240,6 +274,9 @@ pub fn forward_args(variant: &Variant, split_kv: bool) -> Vec<ArgKind> {
             ArgKind::Workspace("spart"),
             ArgKind::KvSplits,
         ]);
+    }
+    if varlen {
+        args.extend([ArgKind::CuSeqlens, ArgKind::CuSeqlensKv]);
     }
     args
 }
@@ -463,6 +500,8 @@ struct ForwardTemplate<'a> {
     stages: u32,
     q_regs: bool,
     split_kv: bool,
+    /// A packed variable-length batch (`cu_q`, `cu_k`).
+    varlen: bool,
     /// O is written 16 bytes per lane after a transpose across each quad
     /// (see the template's epilogue).
     quad_stores: bool,
@@ -476,6 +515,43 @@ pub fn parallel_forward(
     dqk: u32,
     dv: u32,
     cfg: &ForwardConfig,
+) -> Result<KernelSource, CompileError> {
+    generate_forward(variant, dqk, dv, cfg, false)
+}
+
+/// Generates the parallel forward of `variant` for a packed batch of
+/// sequences of different lengths: q is `[1, H, Tq, Dqk]`, k and v `[1,
+/// Hkv, Tk, …]` with the sequences one after another, the kernel takes the
+/// boundaries `cu_seqlens_q` and `cu_seqlens_k` (`[N + 1]` each) after the
+/// sizes, and `B` is `N`, `Sq` and `Skv` the longest sequence's lengths
+/// (they size the grid, [`KernelSource::launch_grid`]). Each sequence
+/// gives what a call with `B = 1` and its own lengths gives: the closures
+/// see `b = 0`, `B = 1` and the sequence's `Sq`, `Skv` and positions.
+///
+/// The tile configuration is `cfg` with its decoding forms taken out: rows
+/// do not pack query heads (a head's rows are not contiguous across
+/// sequences) and there are no KV splits; a packed 16-row decoding tile
+/// stays 16 rows on one warp.
+pub fn parallel_forward_varlen(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &ForwardConfig,
+) -> Result<KernelSource, CompileError> {
+    let cfg = ForwardConfig {
+        pack_gqa: false,
+        split_kv: false,
+        ..*cfg
+    };
+    generate_forward(variant, dqk, dv, &cfg, true)
+}
+
+fn generate_forward(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &ForwardConfig,
+    varlen: bool,
 ) -> Result<KernelSource, CompileError> {
     let par = parallel_inputs(variant, dqk, dv, "forward")?;
     check_config(cfg, dqk, dv)?;
@@ -523,7 +599,7 @@ pub fn parallel_forward(
         format!("_v{}", cfg.dv_split)
     } else {
         String::new()
-    };
+    } + if varlen { "_varlen" } else { "" };
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -562,6 +638,7 @@ pub fn parallel_forward(
         stages: cfg.stages,
         q_regs: cfg.q_in_registers,
         split_kv: cfg.split_kv,
+        varlen,
         // The transpose keeps a few more values live in the epilogue: at
         // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
         // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved
@@ -588,7 +665,7 @@ pub fn parallel_forward(
     let source = t
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
-    let args = forward_args(variant, cfg.split_kv);
+    let args = forward_args_with(variant, cfg.split_kv, varlen);
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
