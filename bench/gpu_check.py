@@ -113,7 +113,9 @@ class Kernel:
         most = min(max((sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"] // 4, 1), 128)
         return min(max((2 * self.sms + blocks - 1) // blocks, 1), most)
 
-    def __call__(self, q, k, v, customs, sizes):
+    def __call__(self, q, k, v, customs, sizes, extra=None):
+        """`extra`: the values of the arguments of other row layouts (a paged
+        cache's `block_table`, ...), ctypes values by name."""
         b, h, sq, dv = sizes["B"], sizes["H"], sizes["Sq"], v.shape[-1]
         for name, t in (("q", q), ("k", k), ("v", v)):
             assert t.is_contiguous() and t.dtype == torch.bfloat16, f"tensor `{name}` must be contiguous bf16"
@@ -137,6 +139,8 @@ class Kernel:
                 vals.append(ctypes.c_uint64(work[a["name"]].data_ptr()))
             elif kind == "kv_splits":
                 vals.append(ctypes.c_int32(n_splits))
+            elif kind == "paged":
+                vals.append(extra[a["name"]])
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])

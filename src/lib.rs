@@ -35,11 +35,11 @@ pub use library::Library;
 pub mod run;
 pub mod tune;
 pub use run::{
-    Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
-    RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
-    RecurrentShape, Shape, VarlenBatch, backward_source, check_recurrent_shapes, check_shapes,
-    check_varlen, check_varlen_shapes, forward_source, recurrent_source, recurrent_step_source,
-    varlen_forward_source,
+    Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, PagedKv,
+    ParallelKernels, RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels,
+    RecurrentOutput, RecurrentShape, Shape, VarlenBatch, backward_source, check_paged_shapes,
+    check_recurrent_shapes, check_shapes, check_varlen, check_varlen_shapes, forward_source,
+    paged_forward_source, recurrent_source, recurrent_step_source, varlen_forward_source,
 };
 
 /// A variant declared with [`attention!`].
@@ -93,7 +93,7 @@ pub mod prelude {
     pub use crate::Variant;
     pub use crate::attention;
     pub use crate::run::{
-        ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, ParallelKernels,
+        ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, PagedKv, ParallelKernels,
         RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
         RecurrentShape, Shape, VarlenBatch,
     };

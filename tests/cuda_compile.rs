@@ -12,7 +12,7 @@ mod common;
 
 use aec::compiler::{
     BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
-    parallel_forward_varlen,
+    parallel_forward_paged, parallel_forward_varlen,
 };
 use aec::frontend::Variant;
 use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
@@ -25,6 +25,8 @@ enum Pass {
     /// The variable-length forward with its default tiles (a block per row
     /// block).
     VarlenForward,
+    /// The forward over a paged KV cache (the dense default tiles).
+    PagedForward,
     Backward,
 }
 
@@ -43,6 +45,11 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
         .into_iter()
         .flat_map(|(n, v)| {
             let persistent = (n.clone(), v.clone(), "sm_90a", Pass::PersistentForward);
+            let paged = PAGED_EXAMPLES
+                .contains(&n.as_str())
+                .then(|| ["sm_80", "sm_90a"].map(|a| (n.clone(), v.clone(), a, Pass::PagedForward)))
+                .into_iter()
+                .flatten();
             [Pass::Forward, Pass::VarlenForward, Pass::Backward]
                 .into_iter()
                 .flat_map(move |p| {
@@ -50,6 +57,7 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
                     ["sm_80", "sm_90a"].map(move |a| (n.clone(), v.clone(), a, p))
                 })
                 .chain([persistent])
+                .chain(paged)
         })
         .collect();
     // Two workers: CI has two cores, and each NVRTC run is single-threaded.
@@ -65,9 +73,10 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
                             break;
                         };
                         lines.push(match pass {
-                            Pass::Forward => check_one(name, v, arch, false, false),
-                            Pass::PersistentForward => check_one(name, v, arch, true, false),
-                            Pass::VarlenForward => check_one(name, v, arch, false, true),
+                            Pass::Forward => check_one(name, v, arch, false, Rows::Dense),
+                            Pass::PersistentForward => check_one(name, v, arch, true, Rows::Dense),
+                            Pass::VarlenForward => check_one(name, v, arch, false, Rows::Varlen),
+                            Pass::PagedForward => check_one(name, v, arch, true, Rows::Paged),
                             Pass::Backward => check_backward(name, v, arch),
                         });
                     }
@@ -110,21 +119,38 @@ fn spill_budget(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     }
 }
 
-fn check_one(name: &str, v: &Variant, arch: &str, persistent: bool, varlen: bool) -> String {
+/// The examples whose paged forward is compiled (decoding with packed heads
+/// and KV splits, GQA, a custom input, the causal mask).
+const PAGED_EXAMPLES: [&str; 4] = ["decode", "softmax_gqa", "alibi", "softmax_causal"];
+
+/// Where a forward's rows are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rows {
+    Dense,
+    Varlen,
+    Paged,
+}
+
+fn check_one(name: &str, v: &Variant, arch: &str, persistent: bool, rows: Rows) -> String {
     let (dqk, dv) = common::head_dims(v);
     let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     cfg.persistent = persistent && cfg.warp_specialized;
-    let kernel = if varlen {
-        let k = parallel_forward_varlen(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            k.name.ends_with("_varlen") && k.source.contains("cu_q[bz]"),
-            "{name}: `{}` is not a variable-length kernel",
-            k.name
-        );
-        k
-    } else {
-        parallel_forward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"))
+    let generated = match rows {
+        Rows::Dense => parallel_forward(v, dqk, dv, &cfg),
+        Rows::Varlen => parallel_forward_varlen(v, dqk, dv, &cfg),
+        Rows::Paged => parallel_forward_paged(v, dqk, dv, &cfg),
     };
+    let kernel = generated.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let (suffix, marker) = match rows {
+        Rows::Dense => ("", "q_row0"),
+        Rows::Varlen => ("_varlen", "cu_q[bz]"),
+        Rows::Paged => ("_paged", "seqlens_k[b]"),
+    };
+    assert!(
+        kernel.name.ends_with(suffix) && kernel.source.contains(marker),
+        "{name}: `{}` is not a {rows:?} kernel",
+        kernel.name
+    );
     let compiled = compile(&kernel.source, &CompileOptions::new(arch))
         .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
     assert!(!compiled.cubin.is_empty(), "{name} ({arch}): empty CUBIN");

@@ -1250,3 +1250,349 @@ fn gpu_varlen_decode() {
         &KernelOptions::default(),
     );
 }
+
+// ------------------------------------------------------- paged KV caches
+
+fn paged_error(
+    name: &str,
+    dims: HeadDims,
+    paged: &PagedKv<'_>,
+    tensors: &[(&str, usize)],
+) -> String {
+    match aec::check_paged_shapes(&example(name), dims, paged, tensors) {
+        Err(Error::Shape(m)) => m,
+        other => panic!("expected Error::Shape, got {other:?}"),
+    }
+}
+
+#[test]
+fn cpu_paged_tables_and_caches_are_checked() {
+    let d = HeadDims::square(128);
+    // 6 pages of 2 KV heads x 16 rows.
+    let cache = 6 * 2 * 16 * 128;
+    let ok_tensors = [("q", 2 * 4 * 128), ("k", cache), ("v", cache)];
+    let call = |page_size, table: &'static [u32], seqlens: &'static [usize]| PagedKv {
+        heads: 4,
+        kv_heads: 2,
+        queries: 1,
+        page_size,
+        block_table: table,
+        seqlens_k: seqlens,
+    };
+    assert_eq!(
+        paged_error(
+            "decode",
+            d,
+            &call(48, &[0, 1, 2, 3], &[20, 30]),
+            &ok_tensors
+        ),
+        "page size 48 is not supported: pages hold a power of two of rows from 16 to 256"
+    );
+    assert_eq!(
+        paged_error("decode", d, &call(16, &[0, 1, 2], &[20, 30]), &ok_tensors),
+        "`block_table` has 3 entries, which is not B = 2 rows (one per entry of `seqlens_k`) \
+         of at least one page"
+    );
+    assert_eq!(
+        paged_error(
+            "decode",
+            d,
+            &call(16, &[0, 1, 2, 3], &[20, 33]),
+            &ok_tensors
+        ),
+        "sequence 1 has 33 keys (`seqlens_k[1]`), but its 2 pages of 16 rows hold 1 to 32"
+    );
+    assert_eq!(
+        paged_error("decode", d, &call(16, &[0, 1, 2, 3], &[20, 0]), &ok_tensors),
+        "sequence 1 has 0 keys (`seqlens_k[1]`), but its 2 pages of 16 rows hold 1 to 32"
+    );
+    // The second page of sequence 1 is read; the unread entry of sequence 0 is not.
+    assert_eq!(
+        paged_error(
+            "decode",
+            d,
+            &call(16, &[0, 99, 2, 6], &[16, 20]),
+            &ok_tensors
+        ),
+        "`block_table[1][1]` = 6 points outside the cache of 6 pages (sequence 1 reads its \
+         first 2 pages)"
+    );
+    assert_eq!(
+        paged_error(
+            "decode",
+            d,
+            &call(16, &[0, 1, 2, 3], &[20, 30]),
+            &[("q", 2 * 4 * 128), ("k", cache + 5), ("v", cache)]
+        ),
+        "tensor `k` has 24581 elements, which is not a whole number of pages [Hkv, page size, \
+         Dqk] = [2, 16, 128]: the cache is [pages, Hkv, page size, Dqk]"
+    );
+    assert_eq!(
+        paged_error(
+            "decode",
+            d,
+            &call(16, &[0, 1, 2, 3], &[20, 30]),
+            &[
+                ("q", 2 * 4 * 128),
+                ("k", cache),
+                ("v", cache - 2 * 16 * 128)
+            ]
+        ),
+        "tensor `v` has 20480 elements, expected [pages, Hkv, page size, Dv] = [6, 2, 16, 128] \
+         = 24576 (as many pages as k)"
+    );
+    assert_eq!(
+        paged_error(
+            "decode",
+            d,
+            &PagedKv {
+                queries: 2,
+                ..call(16, &[0, 1, 2, 3], &[20, 30])
+            },
+            &ok_tensors
+        ),
+        "`Decode` fixes Sq = 1, but the call has 2 queries per sequence"
+    );
+    assert_eq!(
+        paged_error(
+            "decode",
+            d,
+            &call(16, &[0, 99, 2, 3], &[16, 30]),
+            &[("q", 2 * 4 * 127), ("k", cache), ("v", cache)]
+        ),
+        "tensor `q` has 1016 elements, expected [B, H, Sq, Dqk] = [2, 4, 1, 128] = 1024"
+    );
+    let shape = aec::check_paged_shapes(
+        &example("decode"),
+        d,
+        &call(16, &[0, 99, 2, 3], &[16, 30]),
+        &ok_tensors,
+    )
+    .expect("a valid paged call (the unread entry 99 is never checked)");
+    assert_eq!(shape, Shape::new(2, 4, 2, 1, 30));
+}
+
+/// The forward over a paged cache of example `name` (`queries` rows per
+/// sequence, keys `seqlens`, pages of `page_size` rows placed in shuffled
+/// order, unread rows and table entries filled with garbage) against the
+/// f64 reference run on each sequence alone.
+#[allow(clippy::too_many_arguments)]
+fn check_paged(
+    test: &str,
+    name: &str,
+    heads: (usize, usize),
+    queries: usize,
+    seqlens: &[usize],
+    page_size: usize,
+    dims: HeadDims,
+    options: &KernelOptions,
+) {
+    use rand::seq::SliceRandom;
+    let Some(device) = device(test) else { return };
+    let def = example(name);
+    let Some(kernels) = compiled(test, ParallelKernels::compile(&def, &device, dims, options))
+    else {
+        return;
+    };
+    let stream = device.stream();
+    let (h, hkv) = heads;
+    let (dqk, dv) = (dims.dqk as usize, dims.dv as usize);
+    let calls: Vec<_> = seqlens
+        .iter()
+        .enumerate()
+        .map(|(n, &lk)| {
+            common::gpu::random_call(
+                &def,
+                Shape::new(1, h, hkv, queries, lk),
+                dims,
+                (0.0, 0.5),
+                &format!("{name}{n}"),
+            )
+        })
+        .collect();
+    // One spare table entry per sequence (never read), pages shuffled.
+    let per_seq = seqlens.iter().map(|n| n.div_ceil(page_size)).max().unwrap() + 1;
+    let used: usize = seqlens.iter().map(|n| n.div_ceil(page_size)).sum();
+    let pages = used + 3;
+    let mut order: Vec<u32> = (0..pages as u32).collect();
+    order.shuffle(&mut common::rng(7));
+    let mut table = vec![u32::MAX; seqlens.len() * per_seq];
+    let mut next = 0;
+    for (s, &n) in seqlens.iter().enumerate() {
+        for i in 0..n.div_ceil(page_size) {
+            table[s * per_seq + i] = order[next];
+            next += 1;
+        }
+    }
+    // Rows no sequence owns hold large values: reading one shows.
+    let garbage = bf16::from_f32(30.0);
+    let mut k_cache = vec![garbage; pages * hkv * page_size * dqk];
+    let mut v_cache = vec![garbage; pages * hkv * page_size * dv];
+    for (s, call) in calls.iter().enumerate() {
+        let n = seqlens[s];
+        for hk in 0..hkv {
+            for j in 0..n {
+                let page = table[s * per_seq + j / page_size] as usize;
+                let row = (page * hkv + hk) * page_size + j % page_size;
+                k_cache[row * dqk..(row + 1) * dqk]
+                    .copy_from_slice(&call.k_host[(hk * n + j) * dqk..(hk * n + j + 1) * dqk]);
+                v_cache[row * dv..(row + 1) * dv]
+                    .copy_from_slice(&call.v_host[(hk * n + j) * dv..(hk * n + j + 1) * dv]);
+            }
+        }
+    }
+    let q: Vec<bf16> = calls
+        .iter()
+        .flat_map(|c| c.q_host.iter().copied())
+        .collect();
+    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = calls[0]
+        .customs_host
+        .iter()
+        .map(|(n, x)| (n.clone(), stream.upload(x).unwrap()))
+        .collect();
+    let customs: Vec<(&str, &DeviceBuffer<f32>)> =
+        custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    let (qb, kb, vb) = (
+        stream.upload(&q).unwrap(),
+        stream.upload(&k_cache).unwrap(),
+        stream.upload(&v_cache).unwrap(),
+    );
+    let paged = PagedKv {
+        heads: h,
+        kv_heads: hkv,
+        queries,
+        page_size,
+        block_table: &table,
+        seqlens_k: seqlens,
+    };
+    let out = kernels
+        .forward_paged(&stream, &qb, &kb, &vb, &customs, &paged)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let o = download_f64(&stream, &out.o);
+    let mut want = Vec::with_capacity(o.len());
+    let names = kernels.row_output_names().to_vec();
+    let mut want_rows = vec![Vec::new(); names.len()];
+    for call in &calls {
+        let mut inputs = call.inputs.clone();
+        inputs.customs = calls[0].inputs.customs.clone();
+        let fwd = reference::forward(&def, &inputs, Options::default()).expect("reference");
+        want.extend_from_slice(&fwd.o.data);
+        for (r, name) in names.iter().enumerate() {
+            let t = match name.split_once('.') {
+                Some(("scale", s)) => &fwd.scales[s],
+                Some(("state", f)) => &fwd.row_state[f],
+                _ => panic!("{test}: unexpected row output `{name}`"),
+            };
+            want_rows[r].extend_from_slice(&t.data);
+        }
+    }
+    let err = rel_err(&o, &want);
+    let mut row_errs = Vec::new();
+    for (r, name) in names.iter().enumerate() {
+        let got = out.download_row(&stream, name).unwrap();
+        let (mut g, mut w) = (Vec::new(), Vec::new());
+        for (x, y) in got.iter().zip(&want_rows[r]) {
+            if y.is_finite() {
+                g.push(f64::from(*x));
+                w.push(*y);
+            }
+        }
+        row_errs.push((name.clone(), rel_err(&g, &w)));
+    }
+    let pass = err < 1e-2 && row_errs.iter().all(|(_, e)| *e < 1e-2);
+    eprintln!(
+        "{test}: {} `{}` on {} H={h} Hkv={hkv} Sq={queries} seqlens_k={seqlens:?} page={page_size} \
+         splits={} Dqk={} Dv={}: rel_err(o)={err:.2e} rows{row_errs:?}",
+        if pass { "PASS" } else { "FAIL" },
+        kernels.paged_source().unwrap().name,
+        device.name(),
+        kernels.paged_source().unwrap().kv_splits(
+            [
+                seqlens.len(),
+                h,
+                hkv,
+                queries,
+                *seqlens.iter().max().unwrap()
+            ],
+            device.sm_count()
+        ),
+        dims.dqk,
+        dims.dv,
+    );
+    assert!(err < 1e-2, "{test}: relative error of o {err:.3e}");
+    for (name, e) in &row_errs {
+        assert!(*e < 1e-2, "{test}: relative error of {name} {e:.3e}");
+    }
+}
+
+#[test]
+fn gpu_paged_decode() {
+    // Packed GQA heads and KV splits over pages of 16, 64 and 256 rows.
+    for page in [16, 64, 256] {
+        check_paged(
+            &format!("gpu_paged_decode_page{page}"),
+            "decode",
+            (8, 2),
+            1,
+            &[1000, 37, 513, 1, 300],
+            page,
+            HeadDims::square(128),
+            &KernelOptions::default(),
+        );
+    }
+}
+
+#[test]
+fn gpu_paged_prefill() {
+    check_paged(
+        "gpu_paged_prefill_gqa",
+        "softmax_gqa",
+        (8, 2),
+        70,
+        &[70, 200, 131],
+        64,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+    );
+    check_paged(
+        "gpu_paged_prefill_causal",
+        "softmax_causal",
+        (2, 2),
+        50,
+        &[50, 120, 64],
+        16,
+        HeadDims::square(128),
+        &KernelOptions::default(),
+    );
+    check_paged(
+        "gpu_paged_prefill_alibi",
+        "alibi",
+        (3, 3),
+        33,
+        &[33, 300],
+        32,
+        HeadDims::square(64),
+        &KernelOptions::default(),
+    );
+    // The sm_80 template on any GPU.
+    let v = example("softmax_gqa");
+    check_paged(
+        "gpu_paged_prefill_sm80_template",
+        "softmax_gqa",
+        (8, 2),
+        70,
+        &[70, 200, 131],
+        32,
+        HeadDims::square(64),
+        &KernelOptions {
+            config: Some(ForwardConfig::default_for(
+                &v,
+                64,
+                64,
+                Elem::Bf16,
+                Isa::Sm80,
+            )),
+            ..KernelOptions::default()
+        },
+    );
+}

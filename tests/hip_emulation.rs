@@ -39,6 +39,7 @@ fn call_args(args: &[ArgKind], shape: Shape, customs: &[(String, usize)], n_spli
             other @ (ArgKind::State(_)
             | ArgKind::CuSeqlens
             | ArgKind::CuSeqlensKv
+            | ArgKind::PagedKv(_)
             | ArgKind::Segments(_)) => {
                 unreachable!("parallel kernels take no {other:?}")
             }

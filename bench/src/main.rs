@@ -11,7 +11,8 @@
 
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
-    Isa, KernelSource, parallel_backward, parallel_forward, parallel_forward_varlen,
+    Isa, KernelSource, parallel_backward, parallel_forward, parallel_forward_paged,
+    parallel_forward_varlen,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -428,6 +429,23 @@ fn main() {
             }));
         }
     }
+    // With `--varlen`: the decoding forward over a contiguous and a paged
+    // KV cache (`bench/paged_bench.py`).
+    let mut paged = Vec::new();
+    if varlen_only || args.iter().any(|a| a == "--varlen") {
+        eprintln!("paged kernels decode …");
+        let v = load(&root, "decode");
+        let cfg = forward_config(&v, 128, 128, per_block);
+        let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
+        let pk = parallel_forward_paged(&v, 128, 128, &cfg).expect("paged forward");
+        paged.push(json!({
+            "example": "decode",
+            "dqk": 128,
+            "dv": 128,
+            "dense": kernel_meta(&out, "paged_dense_decode", &dense, nvcc.as_deref(), &includes),
+            "paged": kernel_meta(&out, "paged_decode", &pk, nvcc.as_deref(), &includes),
+        }));
+    }
     let (recurrent_cases, recurrent_bench) = if varlen_only {
         (Vec::new(), Vec::new())
     } else {
@@ -442,6 +460,7 @@ fn main() {
         "recurrent_cases": recurrent_cases,
         "recurrent_bench": recurrent_bench,
         "varlen": varlen,
+        "paged": paged,
     });
     std::fs::write(
         out.join("index.json"),
@@ -738,6 +757,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::State(n) => json!({ "kind": "state", "name": n }),
             ArgKind::CuSeqlens => json!({ "kind": "cu_seqlens" }),
             ArgKind::CuSeqlensKv => json!({ "kind": "cu_seqlens_k" }),
+            ArgKind::PagedKv(n) => json!({ "kind": "paged", "name": n }),
             ArgKind::Segments(n) => json!({ "kind": "segments", "name": n }),
         })
         .collect()

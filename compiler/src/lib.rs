@@ -19,7 +19,7 @@ pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
     ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
-    parallel_forward_varlen,
+    parallel_forward_paged, parallel_forward_varlen,
 };
 pub use cuda::recurrent::{
     ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,

@@ -62,12 +62,14 @@
 //! [`Error::Pattern`].
 
 mod backward;
+mod paged;
 pub mod recurrent;
 mod recurrent_backward;
 pub mod recurrent_decode;
 mod varlen;
 
 pub use backward::Gradients;
+pub use paged::{PagedKv, check_paged_shapes, paged_forward_source};
 pub use recurrent::{
     RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, check_recurrent_shapes,
     check_varlen, recurrent_source,
@@ -479,6 +481,8 @@ pub struct ParallelKernels {
     backward: OnceLock<BackwardKernels>,
     /// Compiled on the first [`forward_varlen`](Self::forward_varlen) call.
     varlen: OnceLock<varlen::VarlenKernel>,
+    /// Compiled on the first [`forward_paged`](Self::forward_paged) call.
+    paged: OnceLock<varlen::VarlenKernel>,
 }
 
 impl ParallelKernels {
@@ -528,6 +532,7 @@ impl ParallelKernels {
             options: options.clone(),
             backward: OnceLock::new(),
             varlen: OnceLock::new(),
+            paged: OnceLock::new(),
         })
     }
 
@@ -788,7 +793,7 @@ impl ParallelKernels {
             combine: self.combine.as_ref(),
             sizes: out.shape,
             n_splits: self.kv_splits(out.shape),
-            cu_seqlens: None,
+            rows: LaunchRows::Dense,
         };
         self.launch_forward(stream, &launch, q, k, v, customs, out)
     }
@@ -887,17 +892,37 @@ impl ParallelKernels {
                         Arg::from(spart_slot.take().ok_or_else(|| twice("spart"))?)
                     }
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
-                    ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => {
-                        let (cu_q, cu_k) = launch.cu_seqlens.ok_or_else(|| Error::Compile {
-                            variant: self.variant.name.clone(),
-                            kernel: "forward",
-                            source: CompileError(
-                                "a forward without varlen sequences takes `cu_seqlens`; this is \
-                                 a bug in aec"
-                                    .into(),
-                            ),
-                        })?;
-                        Arg::from(if *a == ArgKind::CuSeqlens { cu_q } else { cu_k })
+                    ArgKind::CuSeqlens | ArgKind::CuSeqlensKv | ArgKind::PagedKv(_) => {
+                        match (a, &launch.rows) {
+                            (ArgKind::CuSeqlens, LaunchRows::Varlen { cu_q, .. }) => {
+                                Arg::from(*cu_q)
+                            }
+                            (ArgKind::CuSeqlensKv, LaunchRows::Varlen { cu_k, .. }) => {
+                                Arg::from(*cu_k)
+                            }
+                            (ArgKind::PagedKv("block_table"), LaunchRows::Paged(p)) => {
+                                Arg::from(p.block_table)
+                            }
+                            (ArgKind::PagedKv("seqlens_k"), LaunchRows::Paged(p)) => {
+                                Arg::from(p.seqlens_k)
+                            }
+                            (ArgKind::PagedKv("pages_per_seq"), LaunchRows::Paged(p)) => {
+                                Arg::from(p.pages_per_seq)
+                            }
+                            (ArgKind::PagedKv("page_shift"), LaunchRows::Paged(p)) => {
+                                Arg::from(p.page_shift)
+                            }
+                            (other, _) => {
+                                return Err(Error::Compile {
+                                    variant: self.variant.name.clone(),
+                                    kernel: "forward",
+                                    source: CompileError(format!(
+                                        "the kernel takes {other:?}, which this launch has no \
+                                         value for; this is a bug in aec"
+                                    )),
+                                });
+                            }
+                        }
                     }
                     other @ (ArgKind::Tensor(_)
                     | ArgKind::CustomGrad(_)
@@ -942,7 +967,19 @@ struct ForwardLaunch<'a> {
     combine: Option<&'a Kernel>,
     sizes: Shape,
     n_splits: u32,
-    cu_seqlens: Option<(&'a DeviceBuffer<i32>, &'a DeviceBuffer<i32>)>,
+    rows: LaunchRows<'a>,
+}
+
+/// Where a launch's rows are, beyond its sizes.
+enum LaunchRows<'a> {
+    Dense,
+    /// A packed variable-length batch's boundaries.
+    Varlen {
+        cu_q: &'a DeviceBuffer<i32>,
+        cu_k: &'a DeviceBuffer<i32>,
+    },
+    /// K and V in a paged cache.
+    Paged(paged::PagedArgs<'a>),
 }
 
 /// What [`ParallelKernels::forward`] returns. The buffers are filled once the
@@ -1126,6 +1163,8 @@ fn params_of(
             }
             ArgKind::KvSplits => Ok(Param::I32),
             ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => Ok(Param::In(DType::I32)),
+            ArgKind::PagedKv("block_table" | "seqlens_k") => Ok(Param::In(DType::I32)),
+            ArgKind::PagedKv("pages_per_seq" | "page_shift") => Ok(Param::I32),
             ArgKind::RowOut => Ok(dir("rowout", DType::F32)),
             ArgKind::Custom(name) if declared(name) => Ok(Param::In(DType::F32)),
             ArgKind::CustomGrad(name) if declared(name) => Ok(Param::Out(DType::F32)),

@@ -3,20 +3,22 @@
 //! ([`ParallelKernels::forward_varlen`]).
 
 use super::{
-    Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, MAX_GRID_YZ,
-    ParallelKernels, Shape, check_head_dims, check_shapes_with, compile_and_load, loading_error,
-    params_of, require_parallel,
+    Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, LaunchRows,
+    MAX_GRID_YZ, ParallelKernels, Shape, check_head_dims, check_shapes_with, compile_and_load,
+    loading_error, params_of, require_parallel,
 };
 use crate::compiler::{ForwardConfig, Isa, KernelSource, parallel_forward_varlen};
 use crate::frontend::{self, ir::Axis};
 use crate::runtime::{DeviceBuffer, Kernel, Module, Stream};
 
-/// The loaded variable-length forward kernel.
+/// A loaded forward kernel of another row layout (variable-length or
+/// paged), with its split-KV combine where it has one.
 #[derive(Debug)]
 pub(super) struct VarlenKernel {
-    source: KernelSource,
-    main: Kernel,
-    _module: Module,
+    pub(super) source: KernelSource,
+    pub(super) main: Kernel,
+    pub(super) combine: Option<Kernel>,
+    pub(super) _module: Module,
 }
 
 /// A packed batch of N sequences: sequence `n` is query rows
@@ -230,6 +232,7 @@ impl ParallelKernels {
         let _ = self.varlen.set(VarlenKernel {
             source,
             main,
+            combine: None,
             _module: module,
         });
         Ok(self.varlen.get().expect("set above"))
@@ -299,7 +302,10 @@ impl ParallelKernels {
             combine: None,
             sizes,
             n_splits: 1,
-            cu_seqlens: Some((&cu_q, &cu_k)),
+            rows: LaunchRows::Varlen {
+                cu_q: &cu_q,
+                cu_k: &cu_k,
+            },
         };
         self.launch_forward(stream, &launch, q, k, v, customs, &mut out)?;
         out.cu_seqlens = Some((batch.cu_seqlens_q.to_vec(), batch.cu_seqlens_k.to_vec()));

@@ -144,6 +144,8 @@ struct Pt {
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/tile_layout.cu" %}
+// Where a K/V tile's rows are: contiguous, or pages of a paged KV cache.
+#define KV_ROWS {% if paged %}kv_rows{% else %}Rows(){% endif %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 // ---------------------------------------------------------------------------
@@ -199,10 +201,16 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         const int n_rows = Sq;
 #define ROW_HEAD(r) (h)
 #define ROW_POS(r) (r)
-{% endif %}{% if varlen %}        // Rows of one head are the packed sequences one after another.
+{% endif %}{% if paged %}        // A paged KV cache ([pages, Hkv, 2^page_shift, D]): sequence b's keys
+        // are rows of the pages its block-table row names, its own count of them.
+        const int Skv = seqlens_k[b];
+        P.Skv = Skv;
+        const PagedRows kv_rows = {block_table + (long long)b * pages_per_seq, page_shift, (long long)Hkv << page_shift};
+        const long long q_row0 = (long long)(b * H + h) * Sq, k_row0 = (long long)hk << page_shift;
+{% else %}{% if varlen %}        // Rows of one head are the packed sequences one after another.
         const long long q_row0 = (long long)h * Tq + q_start, k_row0 = (long long)hk * Tk + k_start;
 {% else %}        const long long q_row0 = (long long)(b * H + h) * Sq, k_row0 = (long long)(b * Hkv + hk) * Skv;
-{% endif %}        const elem_t* qg = q + q_row0 * DQK;
+{% endif %}{% endif %}        const elem_t* qg = q + q_row0 * DQK;
         const elem_t* kg = k + k_row0 * DQK;
         // This tile's slice of the V and O columns (the slices of one row block
         // are adjacent in the launch, so their K tiles are shared through L2).
@@ -355,7 +363,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
     float* __restrict__ opart, float* __restrict__ spart, int n_splits{% endif %}{% if varlen %},
-    const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}) {
+    const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}{% if paged %},
+    const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if wgmma %}    // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -413,8 +422,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             const int gi = ring + it, st = gi % STAGES;
             if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
             const int n0 = KV_N0(it);
-            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid);
-            load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid);
+            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
+            load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
             mbar_arrive_cp_async(&bar_full[st]);
         }
         ring += n_iter;
@@ -493,8 +502,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% call tile_setup() %}{% endcall %}
         LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
         if (n_begin < n_end) {
-            LOAD_TILE<BN, DQK>(sK, kg, n_begin * BN, Skv, tid);
-            LOAD_TILE<BN, DV, NT, DVG>(sV, vg, n_begin * BN, Skv, tid);
+            LOAD_TILE<BN, DQK>(sK, kg, n_begin * BN, Skv, tid, KV_ROWS);
+            LOAD_TILE<BN, DV, NT, DVG>(sV, vg, n_begin * BN, Skv, tid, KV_ROWS);
         }
         cp_async_commit();
         cp_async_wait_all();
@@ -521,8 +530,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         const int cls = TILE_CLASS(n0, min(n0 + BN, Skv) - 1);
 {% else %}        const int cls = 2;
 {% endif %}        if (nb + 1 < n_end) {
-            LOAD_TILE<BN, DQK>(sK + (cur ^ 1) * BN * SQS, kg, n0 + BN, Skv, tid);
-            LOAD_TILE<BN, DV, NT, DVG>(sV + (cur ^ 1) * BN * SVS, vg, n0 + BN, Skv, tid);
+            LOAD_TILE<BN, DQK>(sK + (cur ^ 1) * BN * SQS, kg, n0 + BN, Skv, tid, KV_ROWS);
+            LOAD_TILE<BN, DV, NT, DVG>(sV + (cur ^ 1) * BN * SVS, vg, n0 + BN, Skv, tid, KV_ROWS);
         }
         cp_async_commit();
 {% if modify_k %}
@@ -659,14 +668,16 @@ extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kerne
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv,
-    float* __restrict__ opart, float* __restrict__ spart, int n_splits) {
+    float* __restrict__ opart, float* __restrict__ spart, int n_splits{% if paged %},
+    const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}) {
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const long long rows = (long long)B * H * Sq;
     const long long row = (long long)blockIdx.x * {{ combine_rows }} + warp;
     if (row >= rows) return;
-    float st[1][NSTATE_ARR];
+{% if paged %}    P.Skv = seqlens_k[row / ((long long)H * Sq)];  // the row's sequence's keys
+{% endif %}    float st[1][NSTATE_ARR];
     {
         const int r = 0;
 {{ state_init }}    }

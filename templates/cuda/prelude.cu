@@ -90,18 +90,37 @@ __device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int t4) {
     quad_exchange<1>(w, t4);
 }
 
+// Where row r of a tile's source lives, in rows of GS elements from its base:
+// row r itself (a contiguous matrix), or in a paged KV cache the row's page
+// (from the sequence's block-table row; pages of 2^shift rows, `page_rows`
+// apart) and its place in the page.
+struct Rows {
+    static constexpr bool CONTIGUOUS = true;
+    __device__ __forceinline__ long long operator()(int r) const { return r; }
+};
+struct PagedRows {
+    static constexpr bool CONTIGUOUS = false;
+    const int* pages;
+    int shift;
+    long long page_rows;
+    __device__ __forceinline__ long long operator()(int r) const {
+        return (long long)pages[r >> shift] * page_rows + (r & ((1 << shift) - 1));
+    }
+};
+
 // Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
-// apart in global memory) into shared memory (row stride COLS + PAD) with NTH
-// threads; rows past `limit` are zero-filled.
-template <int ROWS, int COLS, int NTH = NT, int GS = COLS>
-__device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, int limit, int tid) {
+// apart in global memory, or where `map` puts them) into shared memory (row
+// stride COLS + PAD) with NTH threads; rows past `limit` are zero-filled.
+template <int ROWS, int COLS, int NTH = NT, int GS = COLS, typename Map = Rows>
+__device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, int limit, int tid, Map map = Map()) {
     constexpr int CH = COLS / 8;
 #pragma unroll
     for (int c = tid; c < ROWS * CH; c += NTH) {
         const int r = c / CH, cc = c % CH;
         const int gr = row0 + r;
         const bool ok = gr < limit;
-        const elem_t* src = g + (long long)(ok ? gr : 0) * GS + cc * 8;
+        // Rows past the end read row0 (in bounds) and write zeros.
+        const elem_t* src = g + map(ok ? gr : Map::CONTIGUOUS ? 0 : row0) * GS + cc * 8;
         cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);
     }
 }

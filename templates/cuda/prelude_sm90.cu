@@ -21,19 +21,21 @@ __device__ __forceinline__ int sw128_index(int r, int c) {
 // fixed and every copy is the thread's base address plus a compile-time
 // offset (a few instructions per 16 bytes: this loop is the producer
 // warpgroup's whole job). A warp reads 4 rows x 128 contiguous bytes.
-template <int ROWS, int COLS, int NTH = NT, int GS = COLS>
-__device__ __forceinline__ void load_tile_sw128(elem_t* s, const elem_t* g, int row0, int limit, int tid) {
+template <int ROWS, int COLS, int NTH = NT, int GS = COLS, typename Map = Rows>
+__device__ __forceinline__ void load_tile_sw128(elem_t* s, const elem_t* g, int row0, int limit, int tid, Map map = Map()) {
     constexpr int RSTEP = NTH / 8;  // rows per pass
     static_assert(NTH % 64 == 0 && ROWS % RSTEP == 0 && COLS % 64 == 0, "tile not covered evenly");
     const int c8 = tid % 8, r0 = tid / 8;
     const unsigned dst0 = smem_u32(s) + r0 * 128 + ((c8 ^ (r0 % 8)) * 16);
-    const elem_t* src0 = g + (long long)(row0 + r0) * GS + c8 * 8;
+    // (A paged source looks every row up; row0 is in bounds, row0 + r0 may not be.)
+    const elem_t* src0 = g + map(Map::CONTIGUOUS ? row0 + r0 : row0) * GS + c8 * 8;
 #pragma unroll
     for (int k = 0; k < ROWS / RSTEP; ++k) {
         const int bytes = row0 + r0 + k * RSTEP < limit ? 16 : 0;
-        // Rows past the end read row0 + r0 (in bounds: row0 < limit) and
-        // write zeros.
-        const elem_t* src = bytes ? src0 + k * RSTEP * GS : src0;
+        // Rows past the end read an in-bounds row and write zeros.
+        const elem_t* src = !bytes ? src0
+                            : Map::CONTIGUOUS ? src0 + k * RSTEP * GS
+                                              : g + map(row0 + r0 + k * RSTEP) * GS + c8 * 8;
 #pragma unroll
         for (int p = 0; p < COLS / 64; ++p)
             cp_async16(dst0 + p * (ROWS * 128) + k * RSTEP * 128, src + p * 64, bytes);

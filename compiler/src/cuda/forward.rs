@@ -237,6 +237,12 @@ pub enum ArgKind {
     /// the total keys; sequence `n`'s keys are rows `cu_seqlens_k[n] …
     /// cu_seqlens_k[n + 1] − 1`.
     CuSeqlensKv,
+    /// An argument of a forward over a paged KV cache
+    /// ([`parallel_forward_paged`]): `block_table` (i32 `[B,
+    /// pages_per_seq]`, the pages of each sequence in order), `seqlens_k`
+    /// (i32 `[B]`, each sequence's keys), `pages_per_seq` and `page_shift`
+    /// (i32: pages hold `2^page_shift` rows).
+    PagedKv(&'static str),
     /// An `i32` of the sequence-segment schedule of the sm_90a recurrent
     /// forward (`n_whole`, `n_tail`, `n_seg`; see
     /// [`SegmentSplit`](super::recurrent_wgmma::SegmentSplit)). Ignored when
@@ -248,12 +254,23 @@ pub enum ArgKind {
 /// these): q, k, v, o, the row outputs, the custom inputs, the sizes and, for
 /// split-KV kernels, the two workspaces and the number of splits.
 pub fn forward_args(variant: &Variant, split_kv: bool) -> Vec<ArgKind> {
-    forward_args_with(variant, split_kv, false)
+    forward_args_with(variant, split_kv, RowLayout::Dense)
 }
 
-/// [`forward_args`], and for a variable-length forward the two boundary
-/// arrays last.
-fn forward_args_with(variant: &Variant, split_kv: bool, varlen: bool) -> Vec<ArgKind> {
+/// How a forward kernel finds its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowLayout {
+    /// `[B, heads, S, D]`.
+    Dense,
+    /// Packed sequences (`cu_seqlens_q`, `cu_seqlens_k`).
+    Varlen,
+    /// Dense queries, keys and values in a paged cache.
+    Paged,
+}
+
+/// [`forward_args`], then for a variable-length forward the two boundary
+/// arrays, for a paged one the block table and its sizes.
+fn forward_args_with(variant: &Variant, split_kv: bool, layout: RowLayout) -> Vec<ArgKind> {
     let mut args = vec![
         ArgKind::Tensor("q"),
         ArgKind::Tensor("k"),
@@ -275,8 +292,12 @@ fn forward_args_with(variant: &Variant, split_kv: bool, varlen: bool) -> Vec<Arg
             ArgKind::KvSplits,
         ]);
     }
-    if varlen {
-        args.extend([ArgKind::CuSeqlens, ArgKind::CuSeqlensKv]);
+    match layout {
+        RowLayout::Dense => {}
+        RowLayout::Varlen => args.extend([ArgKind::CuSeqlens, ArgKind::CuSeqlensKv]),
+        RowLayout::Paged => args.extend(
+            ["block_table", "seqlens_k", "pages_per_seq", "page_shift"].map(ArgKind::PagedKv),
+        ),
     }
     args
 }
@@ -502,6 +523,8 @@ struct ForwardTemplate<'a> {
     split_kv: bool,
     /// A packed variable-length batch (`cu_q`, `cu_k`).
     varlen: bool,
+    /// K and V in a paged cache (`block_table`, `seqlens_k`).
+    paged: bool,
     /// O is written 16 bytes per lane after a transpose across each quad
     /// (see the template's epilogue).
     quad_stores: bool,
@@ -516,7 +539,7 @@ pub fn parallel_forward(
     dv: u32,
     cfg: &ForwardConfig,
 ) -> Result<KernelSource, CompileError> {
-    generate_forward(variant, dqk, dv, cfg, false)
+    generate_forward(variant, dqk, dv, cfg, RowLayout::Dense)
 }
 
 /// Generates the parallel forward of `variant` for a packed batch of
@@ -543,7 +566,25 @@ pub fn parallel_forward_varlen(
         split_kv: false,
         ..*cfg
     };
-    generate_forward(variant, dqk, dv, &cfg, true)
+    generate_forward(variant, dqk, dv, &cfg, RowLayout::Varlen)
+}
+
+/// Generates the parallel forward of `variant` over a paged KV cache: q is
+/// `[B, H, Sq, Dqk]` as usual, k and v are caches of pages of `2^page_shift`
+/// rows, `[pages, Hkv, 2^page_shift, D]`; sequence `b`'s keys are rows `0 …
+/// seqlens_k[b] − 1` of the pages `block_table[b][0], block_table[b][1], …`
+/// (arguments after the sizes, [`ArgKind::PagedKv`]), and `Skv` is the
+/// longest sequence's key count (it sizes the KV splits). The closures see
+/// each sequence's own `Skv`. Every tile configuration works, decoding's
+/// packed heads and KV splits included; the page size is a launch argument
+/// (any power of two).
+pub fn parallel_forward_paged(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &ForwardConfig,
+) -> Result<KernelSource, CompileError> {
+    generate_forward(variant, dqk, dv, cfg, RowLayout::Paged)
 }
 
 fn generate_forward(
@@ -551,8 +592,9 @@ fn generate_forward(
     dqk: u32,
     dv: u32,
     cfg: &ForwardConfig,
-    varlen: bool,
+    layout: RowLayout,
 ) -> Result<KernelSource, CompileError> {
+    let varlen = layout == RowLayout::Varlen;
     let par = parallel_inputs(variant, dqk, dv, "forward")?;
     check_config(cfg, dqk, dv)?;
     // From here on `dv` is the slice one block computes.
@@ -599,7 +641,11 @@ fn generate_forward(
         format!("_v{}", cfg.dv_split)
     } else {
         String::new()
-    } + if varlen { "_varlen" } else { "" };
+    } + match layout {
+        RowLayout::Dense => "",
+        RowLayout::Varlen => "_varlen",
+        RowLayout::Paged => "_paged",
+    };
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -639,6 +685,7 @@ fn generate_forward(
         q_regs: cfg.q_in_registers,
         split_kv: cfg.split_kv,
         varlen,
+        paged: layout == RowLayout::Paged,
         // The transpose keeps a few more values live in the epilogue: at
         // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
         // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved
@@ -665,7 +712,7 @@ fn generate_forward(
     let source = t
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
-    let args = forward_args_with(variant, cfg.split_kv, varlen);
+    let args = forward_args_with(variant, cfg.split_kv, layout);
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),

@@ -1,0 +1,100 @@
+"""Decoding over a paged KV cache against the same kernel on a contiguous cache, in one process.
+
+    python bench/paged_bench.py <cases_dir>
+
+<cases_dir> is what `aec-bench <cases_dir> --nvcc … --varlen-only` wrote (its
+`paged` entry: the decoding forward of examples/decode.rs, d128, over a
+contiguous and over a paged cache). Per workload (every sequence the same
+length, so both read the same keys), timed with triton's do_bench (median):
+- aec-contiguous: the dense decoding kernel on `[B, Hkv, Skv, D]`;
+- aec-paged-<P>: the paged kernel on pages of P rows placed in shuffled order;
+- cudnn: SDPA (cuDNN backend) on the contiguous cache, the anchor.
+Bytes moved (the K/V cache and q, o) against the device-to-device copy
+bandwidth measured in the same run. Results go to $OUT/paged.json.
+"""
+import datetime, json, math, os, sys
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check import OUT, Kernel, bench, copy_bandwidth, ctypes, dev, rel_err  # noqa: E402
+
+WORKLOADS = [
+    # id, B, H, Hkv, Skv
+    ("decode-b32-h32-kv8-s4096", 32, 32, 8, 4096),
+    ("decode-b8-h32-kv8-s16384", 8, 32, 8, 16384),
+]
+PAGES = [16, 64, 256]
+
+
+def main():
+    cases_dir = sys.argv[1]
+    torch.zeros(1, device=dev)  # PyTorch's context, which the cubins load into
+    index = json.load(open(os.path.join(cases_dir, "index.json")))
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    copy_gbps = copy_bandwidth()
+    rows = [dict(workload="copy", impl="torch copy_ (1 GiB)", gbps=copy_gbps)]
+    print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
+    for entry in index["paged"]:
+        d = entry["dqk"]
+        dense_k, paged_k = Kernel(cases_dir, entry["dense"]), Kernel(cases_dir, entry["paged"])
+        for wid, b, h, hkv, skv in WORKLOADS:
+            torch.manual_seed(0)
+            q = torch.randn(b, h, 1, d, device=dev, dtype=torch.bfloat16)
+            k = torch.randn(b, hkv, skv, d, device=dev, dtype=torch.bfloat16)
+            v = torch.randn(b, hkv, skv, d, device=dev, dtype=torch.bfloat16)
+            nbytes = 2 * (2 * b * hkv * skv * d + 2 * b * h * d)
+            sizes = dict(B=b, H=h, Hkv=hkv, Sq=1, Skv=skv)
+
+            def record(impl, ms, **extra):
+                row = dict(workload=wid, impl=impl, ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9, **extra)
+                row["copy_fraction"] = row["gbps"] / copy_gbps
+                rows.append(row)
+                print(f"bench {wid:28s} {impl:16s} {ms * 1e3:8.1f} us {row['gbps']:6.0f} GB/s "
+                      f"= {row['copy_fraction']:.2f} of copy "
+                      + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items()),
+                      flush=True)
+                return row
+
+            def f_cudnn():
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    return F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(d), enable_gqa=True)
+            try:
+                ref = f_cudnn().float()
+                record("cudnn", bench(f_cudnn))
+            except Exception as e:
+                ref = None
+                rows.append(dict(workload=wid, impl="cudnn", error=f"{type(e).__name__}: {e}"))
+            o, _ = dense_k(q, k, v, {}, sizes)
+            torch.cuda.synchronize()
+            base = record("aec-contiguous", bench(lambda: dense_k(q, k, v, {}, sizes)),
+                          err=rel_err(o.float(), ref) if ref is not None else float("nan"),
+                          splits=dense_k.last_splits)
+            for p in PAGES:
+                per = skv // p
+                pages = b * per
+                order = torch.randperm(pages, device=dev, generator=torch.Generator(device=dev).manual_seed(p))
+                table = order.view(b, per).to(torch.int32).contiguous()
+                # [pages, Hkv, P, D]: page table[s][i] holds rows i·P … of sequence s.
+                kc = torch.empty(pages, hkv, p, d, device=dev, dtype=torch.bfloat16)
+                vc = torch.empty_like(kc)
+                kc[table.view(-1).long()] = k.view(b, hkv, per, p, d).transpose(1, 2).reshape(pages, hkv, p, d)
+                vc[table.view(-1).long()] = v.view(b, hkv, per, p, d).transpose(1, 2).reshape(pages, hkv, p, d)
+                lens = torch.full((b,), skv, device=dev, dtype=torch.int32)
+                extra = dict(block_table=ctypes.c_uint64(table.data_ptr()), seqlens_k=ctypes.c_uint64(lens.data_ptr()),
+                             pages_per_seq=ctypes.c_int32(per), page_shift=ctypes.c_int32(p.bit_length() - 1))
+                op, _ = paged_k(q, kc, vc, {}, sizes, extra)
+                torch.cuda.synchronize()
+                ms = bench(lambda: paged_k(q, kc, vc, {}, sizes, extra))
+                record(f"aec-paged-{p}", ms, err=rel_err(op.float(), o.float()),
+                       slower_than_contiguous=ms / base["ms"] - 1, splits=paged_k.last_splits)
+                del kc, vc
+            del q, k, v
+            torch.cuda.empty_cache()
+    res = dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()),
+               command="python bench/paged_bench.py bench/varlen-cases", torch=torch.__version__, rows=rows)
+    json.dump(res, open(os.path.join(OUT, "paged.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
