@@ -888,8 +888,8 @@ fn cpu_varlen_boundaries_and_tensors_are_checked() {
     );
     assert_eq!(
         varlen_error("softmax", d, (2, 2), &[0, 5, 9], &[0], &qkv(9, 9)),
-        "`cu_seqlens_k` has 1 entries; a packed batch of N sequences needs N + 1 (0, then the \
-         end of each sequence)"
+        "`cu_seqlens_k` has 1 entries; a packed batch of N sequences needs N + 1 (0, the end \
+         of each sequence)"
     );
     assert_eq!(
         varlen_error("softmax", d, (2, 2), &[0, 5, 9], &[0, 9], &qkv(9, 9)),
@@ -979,6 +979,17 @@ fn cpu_varlen_forward_generates_without_a_gpu() {
     assert!(!k.packed_gqa && k.combine.is_none(), "{}", k.name);
 }
 
+/// A call's custom inputs on the device, by name.
+fn upload_customs(
+    stream: &Stream,
+    call: &common::gpu::RandomCall,
+) -> Vec<(String, DeviceBuffer<f32>)> {
+    call.customs_host
+        .iter()
+        .map(|(n, x)| (n.clone(), stream.upload(x).unwrap()))
+        .collect()
+}
+
 /// Uploads `host`, the per-sequence tensors `[1, heads, len_n, d]` packed
 /// into `[1, heads, Σ len_n, d]`.
 fn pack(parts: &[(&[bf16], usize)], heads: usize, d: usize) -> Vec<bf16> {
@@ -1025,33 +1036,21 @@ fn check_varlen(
         })
         .collect();
     let (dqk, dv) = (dims.dqk as usize, dims.dv as usize);
-    let q = pack(
-        &calls
+    // Each tensor's sequences packed: (host data of a call, its rows, heads, width).
+    let packed = |part: fn(&common::gpu::RandomCall) -> &[bf16],
+                  rows: fn(&(usize, usize)) -> usize,
+                  heads,
+                  d| {
+        let parts: Vec<_> = calls
             .iter()
             .zip(lens)
-            .map(|(c, l)| (c.q_host.as_slice(), l.0))
-            .collect::<Vec<_>>(),
-        h,
-        dqk,
-    );
-    let k = pack(
-        &calls
-            .iter()
-            .zip(lens)
-            .map(|(c, l)| (c.k_host.as_slice(), l.1))
-            .collect::<Vec<_>>(),
-        hkv,
-        dqk,
-    );
-    let v = pack(
-        &calls
-            .iter()
-            .zip(lens)
-            .map(|(c, l)| (c.v_host.as_slice(), l.1))
-            .collect::<Vec<_>>(),
-        hkv,
-        dv,
-    );
+            .map(|(c, l)| (part(c), rows(l)))
+            .collect();
+        pack(&parts, heads, d)
+    };
+    let q = packed(|c| &c.q_host, |l| l.0, h, dqk);
+    let k = packed(|c| &c.k_host, |l| l.1, hkv, dqk);
+    let v = packed(|c| &c.v_host, |l| l.1, hkv, dv);
     let mut cu_q = vec![0];
     let mut cu_k = vec![0];
     for &(lq, lk) in lens {
@@ -1059,11 +1058,7 @@ fn check_varlen(
         cu_k.push(cu_k.last().unwrap() + lk);
     }
     // Every sequence shares the first one's custom inputs (over heads only).
-    let customs_host = &calls[0].customs_host;
-    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = customs_host
-        .iter()
-        .map(|(n, x)| (n.clone(), stream.upload(x).unwrap()))
-        .collect();
+    let custom_bufs = upload_customs(&stream, &calls[0]);
     let customs: Vec<(&str, &DeviceBuffer<f32>)> =
         custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
     let (qb, kb, vb) = (
@@ -1445,11 +1440,8 @@ fn check_paged(
         .iter()
         .flat_map(|c| c.q_host.iter().copied())
         .collect();
-    let custom_bufs: Vec<(String, DeviceBuffer<f32>)> = calls[0]
-        .customs_host
-        .iter()
-        .map(|(n, x)| (n.clone(), stream.upload(x).unwrap()))
-        .collect();
+    // Every sequence shares the first one's custom inputs (over heads only).
+    let custom_bufs = upload_customs(&stream, &calls[0]);
     let customs: Vec<(&str, &DeviceBuffer<f32>)> =
         custom_bufs.iter().map(|(n, b)| (n.as_str(), b)).collect();
     let (qb, kb, vb) = (

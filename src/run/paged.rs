@@ -1,11 +1,9 @@
 //! The forward over a paged KV cache, as serving engines keep keys and
 //! values ([`ParallelKernels::forward_paged`]).
 
-use super::varlen::VarlenKernel;
 use super::{
     Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, LaunchRows,
-    ParallelKernels, Shape, check_head_dims, check_shapes_with, compile_and_load, loading_error,
-    params_of, require_parallel,
+    ParallelKernels, Shape, check_shapes_with, generate_forward, require_parallel,
 };
 use crate::compiler::{ForwardConfig, Isa, KernelSource, parallel_forward_paged};
 use crate::frontend::{self, ir::Axis};
@@ -54,23 +52,14 @@ pub fn paged_forward_source(
     options: &KernelOptions,
     isa: Isa,
 ) -> Result<KernelSource, Error> {
-    require_parallel(variant)?;
-    check_head_dims(variant, dims)?;
-    let cfg = options.config.unwrap_or_else(|| {
-        ForwardConfig::default_for(variant, dims.dqk, dims.dv, options.elem, isa)
-    });
-    if cfg.wgmma && isa != Isa::Sm90a {
-        return Err(Error::Shape(
-            "the tile configuration asks for wgmma, which only sm_90a (Hopper) has: set \
-             `wgmma: false` or leave `KernelOptions::config` to the default"
-                .into(),
-        ));
-    }
-    parallel_forward_paged(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
-        variant: variant.name.clone(),
-        kernel: "forward",
-        source,
-    })
+    generate_forward(
+        variant,
+        dims,
+        options,
+        isa,
+        ForwardConfig::default_for,
+        parallel_forward_paged,
+    )
 }
 
 /// Checks, without a GPU, a paged forward call of `variant`
@@ -211,48 +200,12 @@ pub fn check_paged_shapes(
 }
 
 impl ParallelKernels {
-    /// The paged forward kernel, generated and compiled on first use.
-    fn paged_kernel(&self) -> Result<&VarlenKernel, Error> {
-        if let Some(k) = self.paged.get() {
-            return Ok(k);
-        }
-        let source = paged_forward_source(
-            &self.variant,
-            self.dims,
-            &self.options,
-            Isa::for_arch(self.device.arch()),
-        )?;
-        let params = params_of(
-            &self.variant,
-            "forward",
-            &source.args,
-            source.elem,
-            &["o", "rowout", "opart", "spart"],
-        )?;
-        let what = format!(
-            "`{}` (the paged forward of `{}`)",
-            source.name, self.variant.name
-        );
-        let module = compile_and_load(&self.device, &source.source, &self.options, &what)?;
-        let loading = loading_error(&self.device, &what);
-        let main = module.kernel(&source.name, &params).map_err(&loading)?;
-        let combine = match &source.combine {
-            Some(name) => Some(module.kernel(name, &params).map_err(&loading)?),
-            None => None,
-        };
-        let _ = self.paged.set(VarlenKernel {
-            source,
-            main,
-            combine,
-            _module: module,
-        });
-        Ok(self.paged.get().expect("set above"))
-    }
-
     /// The paged forward's source (generated and compiled on the first call
     /// of this or [`forward_paged`](Self::forward_paged)).
     pub fn paged_source(&self) -> Result<&KernelSource, Error> {
-        Ok(&self.paged_kernel()?.source)
+        Ok(&self
+            .layout_kernel(&self.paged, paged_forward_source, "paged")?
+            .source)
     }
 
     /// Runs the forward with keys and values in a paged cache ([`PagedKv`]
@@ -273,17 +226,9 @@ impl ParallelKernels {
         customs: &[(&str, &DeviceBuffer<f32>)],
         paged: &PagedKv<'_>,
     ) -> Result<ForwardOutput<T>, Error> {
-        self.check_elem::<T>("q, k and v")?;
-        let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
-        self.check_devices(stream, buffers)?;
-        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
-            .collect();
+        let lens = self.input_lens(stream, q, k, v, customs)?;
         let shape = check_paged_shapes(&self.variant, self.dims, paged, &lens)?;
-        let kernel = self.paged_kernel()?;
+        let kernel = self.layout_kernel(&self.paged, paged_forward_source, "paged")?;
         let upload = |name: &str, host: Vec<i32>| {
             stream.upload(&host).map_err(|e| Error::Runtime {
                 during: format!("uploading `{name}`"),

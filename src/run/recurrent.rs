@@ -52,8 +52,8 @@
 //! and, where an initial state was given, its gradient.
 
 use super::{
-    Error, KernelElement, KernelOptions, check_declared_tensors, check_devices, check_elem,
-    compile_and_load, dtype_of, loading_error,
+    Error, KernelElement, KernelOptions, check_boundaries, check_declared_tensors, check_devices,
+    check_elem, compile_and_load, dtype_of, loading_error,
 };
 use crate::compiler::cuda::recurrent::RECURRENT_CHUNKS;
 use crate::compiler::{
@@ -913,28 +913,7 @@ pub fn check_varlen(
             variant.name
         ));
     }
-    if cu_seqlens.len() < 2 {
-        return bad(format!(
-            "`cu_seqlens` has {} entries; a packed batch of N sequences needs N + 1 (0, the end \
-             of each sequence)",
-            cu_seqlens.len()
-        ));
-    }
-    if cu_seqlens[0] != 0 {
-        return bad(format!(
-            "`cu_seqlens` starts at {}; the first sequence starts at step 0",
-            cu_seqlens[0]
-        ));
-    }
-    if let Some(i) = cu_seqlens.windows(2).position(|w| w[1] <= w[0]) {
-        return bad(format!(
-            "`cu_seqlens` is not increasing: entry {} is {} after {} (sequence {i} would have \
-             no steps)",
-            i + 1,
-            cu_seqlens[i + 1],
-            cu_seqlens[i]
-        ));
-    }
+    check_boundaries("cu_seqlens", cu_seqlens, "step")?;
     let sequences = cu_seqlens.len() - 1;
     if sequences > MAX_GRID_YZ {
         return bad(format!(

@@ -4,22 +4,12 @@
 
 use super::{
     Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, LaunchRows,
-    MAX_GRID_YZ, ParallelKernels, Shape, check_head_dims, check_shapes_with, compile_and_load,
-    loading_error, params_of, require_parallel,
+    MAX_GRID_YZ, ParallelKernels, Shape, check_boundaries, check_shapes_with, generate_forward,
+    require_parallel,
 };
 use crate::compiler::{ForwardConfig, Isa, KernelSource, parallel_forward_varlen};
 use crate::frontend::{self, ir::Axis};
-use crate::runtime::{DeviceBuffer, Kernel, Module, Stream};
-
-/// A loaded forward kernel of another row layout (variable-length or
-/// paged), with its split-KV combine where it has one.
-#[derive(Debug)]
-pub(super) struct VarlenKernel {
-    pub(super) source: KernelSource,
-    pub(super) main: Kernel,
-    pub(super) combine: Option<Kernel>,
-    pub(super) _module: Module,
-}
+use crate::runtime::{DeviceBuffer, Stream};
 
 /// A packed batch of N sequences: sequence `n` is query rows
 /// `cu_seqlens_q[n] … cu_seqlens_q[n + 1] − 1` and key rows
@@ -56,52 +46,14 @@ pub fn varlen_forward_source(
     options: &KernelOptions,
     isa: Isa,
 ) -> Result<KernelSource, Error> {
-    require_parallel(variant)?;
-    check_head_dims(variant, dims)?;
-    let cfg = options.config.unwrap_or_else(|| {
-        ForwardConfig::varlen_default_for(variant, dims.dqk, dims.dv, options.elem, isa)
-    });
-    if cfg.wgmma && isa != Isa::Sm90a {
-        return Err(Error::Shape(
-            "the tile configuration asks for wgmma, which only sm_90a (Hopper) has: set \
-             `wgmma: false` or leave `KernelOptions::config` to the default"
-                .into(),
-        ));
-    }
-    parallel_forward_varlen(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
-        variant: variant.name.clone(),
-        kernel: "forward",
-        source,
-    })
-}
-
-/// Checks one boundary array: at least two entries, 0 first, strictly
-/// increasing (every sequence has a row).
-fn check_bounds(name: &str, bounds: &[usize]) -> Result<(), Error> {
-    let bad = |m: String| Err(Error::Shape(m));
-    if bounds.len() < 2 {
-        return bad(format!(
-            "`{name}` has {} entries; a packed batch of N sequences needs N + 1 (0, then the end \
-             of each sequence)",
-            bounds.len()
-        ));
-    }
-    if bounds[0] != 0 {
-        return bad(format!(
-            "`{name}` starts at {}; the first sequence starts at row 0",
-            bounds[0]
-        ));
-    }
-    if let Some(i) = bounds.windows(2).position(|w| w[1] <= w[0]) {
-        return bad(format!(
-            "`{name}` is not increasing: entry {} is {} after {} (sequence {i} would have no \
-             rows)",
-            i + 1,
-            bounds[i + 1],
-            bounds[i]
-        ));
-    }
-    Ok(())
+    generate_forward(
+        variant,
+        dims,
+        options,
+        isa,
+        ForwardConfig::varlen_default_for,
+        parallel_forward_varlen,
+    )
 }
 
 /// Checks, without a GPU, a variable-length forward call of `variant`
@@ -124,8 +76,8 @@ pub fn check_varlen_shapes(
     require_parallel(variant)?;
     let bad = |m: String| Err(Error::Shape(m));
     let (cu_q, cu_k) = (batch.cu_seqlens_q, batch.cu_seqlens_k);
-    check_bounds("cu_seqlens_q", cu_q)?;
-    check_bounds("cu_seqlens_k", cu_k)?;
+    check_boundaries("cu_seqlens_q", cu_q, "row")?;
+    check_boundaries("cu_seqlens_k", cu_k, "row")?;
     if cu_q.len() != cu_k.len() {
         return bad(format!(
             "`cu_seqlens_q` has {} entries but `cu_seqlens_k` {}: both give N + 1 boundaries \
@@ -202,46 +154,12 @@ pub fn check_varlen_shapes(
 }
 
 impl ParallelKernels {
-    /// The variable-length forward kernel, generated and compiled on first
-    /// use.
-    fn varlen_kernel(&self) -> Result<&VarlenKernel, Error> {
-        if let Some(k) = self.varlen.get() {
-            return Ok(k);
-        }
-        let source = varlen_forward_source(
-            &self.variant,
-            self.dims,
-            &self.options,
-            Isa::for_arch(self.device.arch()),
-        )?;
-        let params = params_of(
-            &self.variant,
-            "forward",
-            &source.args,
-            source.elem,
-            &["o", "rowout"],
-        )?;
-        let what = format!(
-            "`{}` (the variable-length forward of `{}`)",
-            source.name, self.variant.name
-        );
-        let module = compile_and_load(&self.device, &source.source, &self.options, &what)?;
-        let main = module
-            .kernel(&source.name, &params)
-            .map_err(loading_error(&self.device, &what))?;
-        let _ = self.varlen.set(VarlenKernel {
-            source,
-            main,
-            combine: None,
-            _module: module,
-        });
-        Ok(self.varlen.get().expect("set above"))
-    }
-
     /// The variable-length forward's source (generated and compiled on the
     /// first call of this or [`forward_varlen`](Self::forward_varlen)).
     pub fn varlen_source(&self) -> Result<&KernelSource, Error> {
-        Ok(&self.varlen_kernel()?.source)
+        Ok(&self
+            .layout_kernel(&self.varlen, varlen_forward_source, "variable-length")?
+            .source)
     }
 
     /// Runs the forward over a packed batch of sequences of different
@@ -271,17 +189,9 @@ impl ParallelKernels {
         customs: &[(&str, &DeviceBuffer<f32>)],
         batch: &VarlenBatch<'_>,
     ) -> Result<ForwardOutput<T>, Error> {
-        self.check_elem::<T>("q, k and v")?;
-        let buffers = [("q", q.ordinal()), ("k", k.ordinal()), ("v", v.ordinal())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
-        self.check_devices(stream, buffers)?;
-        let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
-            .into_iter()
-            .chain(customs.iter().map(|(n, b)| (*n, b.len())))
-            .collect();
+        let lens = self.input_lens(stream, q, k, v, customs)?;
         let (packed, sizes) = check_varlen_shapes(&self.variant, self.dims, batch, &lens)?;
-        let kernel = self.varlen_kernel()?;
+        let kernel = self.layout_kernel(&self.varlen, varlen_forward_source, "variable-length")?;
         let upload = |name: &str, bounds: &[usize]| {
             // check_varlen_shapes bounded every entry by the i32 row counts.
             let host: Vec<i32> = bounds
