@@ -510,14 +510,47 @@ pub struct ParallelKernels {
     paged: OnceLock<LayoutKernel>,
 }
 
-/// A loaded forward kernel of another row layout (variable-length or
-/// paged), with its split-KV combine where it has one.
+/// A loaded forward kernel (of any row layout) with its split-KV combine
+/// where it has one.
 #[derive(Debug)]
 struct LayoutKernel {
     source: KernelSource,
     main: Kernel,
     combine: Option<Kernel>,
     _module: Module,
+}
+
+/// Compiles the forward `source` of `variant` for `device` (through the
+/// kernel cache) and loads its entry points; `form` names it in errors
+/// ("the forward kernel of `softmax`").
+fn load_forward(
+    variant: &frontend::Variant,
+    device: &Device,
+    options: &KernelOptions,
+    source: KernelSource,
+    form: &str,
+) -> Result<LayoutKernel, Error> {
+    let params = params_of(
+        variant,
+        "forward",
+        &source.args,
+        source.elem,
+        &["o", "rowout", "opart", "spart"],
+    )?;
+    let what = format!("`{}` (the {form} of `{}`)", source.name, variant.name);
+    let module = compile_and_load(device, &source.source, options, &what)?;
+    let loading = loading_error(device, &what);
+    let main = module.kernel(&source.name, &params).map_err(&loading)?;
+    let combine = match &source.combine {
+        Some(name) => Some(module.kernel(name, &params).map_err(&loading)?),
+        None => None,
+    };
+    Ok(LayoutKernel {
+        source,
+        main,
+        combine,
+        _module: module,
+    })
 }
 
 impl ParallelKernels {
@@ -538,24 +571,12 @@ impl ParallelKernels {
         options: &KernelOptions,
     ) -> Result<ParallelKernels, Error> {
         let source = forward_source(variant, dims, options, Isa::for_arch(device.arch()))?;
-        let params = params_of(
-            variant,
-            "forward",
-            &source.args,
-            source.elem,
-            &["o", "rowout", "opart", "spart"],
-        )?;
-        let what = format!(
-            "`{}` (the forward kernel of `{}`)",
-            source.name, variant.name
-        );
-        let module = compile_and_load(device, &source.source, options, &what)?;
-        let loading = loading_error(device, &what);
-        let forward = module.kernel(&source.name, &params).map_err(&loading)?;
-        let combine = match &source.combine {
-            Some(name) => Some(module.kernel(name, &params).map_err(&loading)?),
-            None => None,
-        };
+        let LayoutKernel {
+            source,
+            main: forward,
+            combine,
+            _module: module,
+        } = load_forward(variant, device, options, source, "forward kernel")?;
         Ok(ParallelKernels {
             variant: variant.clone(),
             dims,
@@ -845,30 +866,14 @@ impl ParallelKernels {
             &self.options,
             Isa::for_arch(self.device.arch()),
         )?;
-        let params = params_of(
+        let kernel = load_forward(
             &self.variant,
-            "forward",
-            &source.args,
-            source.elem,
-            &["o", "rowout", "opart", "spart"],
-        )?;
-        let what = format!(
-            "`{}` (the {form} forward of `{}`)",
-            source.name, self.variant.name
-        );
-        let module = compile_and_load(&self.device, &source.source, &self.options, &what)?;
-        let loading = loading_error(&self.device, &what);
-        let main = module.kernel(&source.name, &params).map_err(&loading)?;
-        let combine = match &source.combine {
-            Some(name) => Some(module.kernel(name, &params).map_err(&loading)?),
-            None => None,
-        };
-        let _ = slot.set(LayoutKernel {
+            &self.device,
+            &self.options,
             source,
-            main,
-            combine,
-            _module: module,
-        });
+            &format!("{form} forward"),
+        )?;
+        let _ = slot.set(kernel);
         Ok(slot.get().expect("set above"))
     }
 
@@ -1294,6 +1299,24 @@ fn check_lengths(items: &[(&str, &str, usize, usize, Shape)]) -> Result<(), Erro
 
 /// The largest grid y (heads) and z (batch) dimension CUDA allows.
 const MAX_GRID_YZ: usize = 65_535;
+
+/// Uploads host indices (boundaries, key counts, page numbers) as the
+/// kernels' i32 tensor `name`. The callers' checks bound every value by a
+/// 32-bit size first; a value past `i32::MAX` would saturate.
+fn upload_i32<I: TryInto<i32>>(
+    stream: &Stream,
+    name: &str,
+    values: impl IntoIterator<Item = I>,
+) -> Result<DeviceBuffer<i32>, Error> {
+    let host: Vec<i32> = values
+        .into_iter()
+        .map(|x| x.try_into().unwrap_or(i32::MAX))
+        .collect();
+    stream.upload(&host).map_err(|e| Error::Runtime {
+        during: format!("uploading `{name}`"),
+        source: e,
+    })
+}
 
 /// Checks the boundaries `bounds` (named `name`) of a packed batch whose
 /// sequences are made of `unit`s (rows, steps): at least two entries, 0

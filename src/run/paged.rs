@@ -3,7 +3,7 @@
 
 use super::{
     Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, LaunchRows,
-    ParallelKernels, Shape, check_shapes_with, generate_forward, require_parallel,
+    ParallelKernels, Shape, check_shapes_with, generate_forward, require_parallel, upload_i32,
 };
 use crate::compiler::{ForwardConfig, Isa, KernelSource, parallel_forward_paged};
 use crate::frontend::{self, ir::Axis};
@@ -229,30 +229,10 @@ impl ParallelKernels {
         let lens = self.input_lens(stream, q, k, v, customs)?;
         let shape = check_paged_shapes(&self.variant, self.dims, paged, &lens)?;
         let kernel = self.layout_kernel(&self.paged, paged_forward_source, "paged")?;
-        let upload = |name: &str, host: Vec<i32>| {
-            stream.upload(&host).map_err(|e| Error::Runtime {
-                during: format!("uploading `{name}`"),
-                source: e,
-            })
-        };
         // check_paged_shapes bounded the entries a kernel reads by the page
         // count and the key counts by the table's rows, both 32-bit.
-        let table = upload(
-            "block_table",
-            paged
-                .block_table
-                .iter()
-                .map(|&x| i32::try_from(x).unwrap_or(i32::MAX))
-                .collect(),
-        )?;
-        let seqlens = upload(
-            "seqlens_k",
-            paged
-                .seqlens_k
-                .iter()
-                .map(|&x| i32::try_from(x).unwrap_or(i32::MAX))
-                .collect(),
-        )?;
+        let table = upload_i32(stream, "block_table", paged.block_table.iter().copied())?;
+        let seqlens = upload_i32(stream, "seqlens_k", paged.seqlens_k.iter().copied())?;
         let mut out = self.alloc_output::<T>(stream, shape)?;
         let launch = ForwardLaunch {
             source: &kernel.source,

@@ -53,7 +53,7 @@
 
 use super::{
     Error, KernelElement, KernelOptions, check_boundaries, check_declared_tensors, check_devices,
-    check_elem, compile_and_load, dtype_of, loading_error,
+    check_elem, compile_and_load, dtype_of, loading_error, upload_i32,
 };
 use crate::compiler::cuda::recurrent::RECURRENT_CHUNKS;
 use crate::compiler::{
@@ -625,14 +625,8 @@ impl RecurrentKernels {
             initial_state.map(DeviceBuffer::len),
             initial_normalizer.map(DeviceBuffer::len),
         )?;
-        let bounds: Vec<i32> = cu_seqlens
-            .iter()
-            .map(|&n| i32::try_from(n).unwrap_or(i32::MAX)) // bounded by check_varlen
-            .collect();
-        let cu = stream.upload(&bounds).map_err(|e| Error::Runtime {
-            during: "uploading `cu_seqlens`".into(),
-            source: e,
-        })?;
+        // bounded by check_varlen
+        let cu = upload_i32(stream, "cu_seqlens", cu_seqlens.iter().copied())?;
         let longest = cu_seqlens
             .windows(2)
             .map(|w| w[1] - w[0])

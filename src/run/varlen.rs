@@ -5,7 +5,7 @@
 use super::{
     Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, LaunchRows,
     MAX_GRID_YZ, ParallelKernels, Shape, check_boundaries, check_shapes_with, generate_forward,
-    require_parallel,
+    require_parallel, upload_i32,
 };
 use crate::compiler::{ForwardConfig, Isa, KernelSource, parallel_forward_varlen};
 use crate::frontend::{self, ir::Axis};
@@ -192,19 +192,9 @@ impl ParallelKernels {
         let lens = self.input_lens(stream, q, k, v, customs)?;
         let (packed, sizes) = check_varlen_shapes(&self.variant, self.dims, batch, &lens)?;
         let kernel = self.layout_kernel(&self.varlen, varlen_forward_source, "variable-length")?;
-        let upload = |name: &str, bounds: &[usize]| {
-            // check_varlen_shapes bounded every entry by the i32 row counts.
-            let host: Vec<i32> = bounds
-                .iter()
-                .map(|&x| i32::try_from(x).unwrap_or(i32::MAX))
-                .collect();
-            stream.upload(&host).map_err(|e| Error::Runtime {
-                during: format!("uploading `{name}`"),
-                source: e,
-            })
-        };
-        let cu_q = upload("cu_seqlens_q", batch.cu_seqlens_q)?;
-        let cu_k = upload("cu_seqlens_k", batch.cu_seqlens_k)?;
+        // check_varlen_shapes bounded every entry by the i32 row counts.
+        let cu_q = upload_i32(stream, "cu_seqlens_q", batch.cu_seqlens_q.iter().copied())?;
+        let cu_k = upload_i32(stream, "cu_seqlens_k", batch.cu_seqlens_k.iter().copied())?;
         let mut out = self.alloc_output::<T>(stream, packed)?;
         let launch = ForwardLaunch {
             source: &kernel.source,
