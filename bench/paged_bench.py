@@ -23,8 +23,12 @@ WORKLOADS = [
     # id, B, H, Hkv, Skv
     ("decode-b32-h32-kv8-s4096", 32, 32, 8, 4096),
     ("decode-b8-h32-kv8-s16384", 8, 32, 8, 16384),
+    # The decoding workloads of shared/reference/workloads.json at d128.
+    ("decode-gqa-b64-h32-kv8-kv4096-d128", 64, 32, 8, 4096),
+    ("decode-gqa-b1-h32-kv8-kv32768-d128", 1, 32, 8, 32768),
 ]
 PAGES = [16, 64, 256]
+SPLIT_SWEEP = [int(x) for x in os.environ.get("SPLIT_SWEEP", "").split(",") if x]
 
 
 def main():
@@ -37,6 +41,9 @@ def main():
     print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
     for entry in index["paged"]:
         d = entry["dqk"]
+        tiles = entry.get("tiles", "default")
+        tag = "" if tiles == "default" else f"[{tiles}]"
+        print(f"tiles {tiles}: {entry['dense']['name']} {entry['dense'].get('ptxas', '')}", flush=True)
         dense_k, paged_k = Kernel(cases_dir, entry["dense"]), Kernel(cases_dir, entry["paged"])
         for wid, b, h, hkv, skv in WORKLOADS:
             torch.manual_seed(0)
@@ -47,6 +54,8 @@ def main():
             sizes = dict(B=b, H=h, Hkv=hkv, Sq=1, Skv=skv)
 
             def record(impl, ms, **extra):
+                if impl != "cudnn":
+                    impl += tag
                 row = dict(workload=wid, impl=impl, ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9, **extra)
                 row["copy_fraction"] = row["gbps"] / copy_gbps
                 rows.append(row)
@@ -70,6 +79,13 @@ def main():
             base = record("aec-contiguous", bench(lambda: dense_k(q, k, v, {}, sizes)),
                           err=rel_err(o.float(), ref) if ref is not None else float("nan"),
                           splits=dense_k.last_splits)
+            # The launch rule's split count against others (what a better
+            # rule would choose; the split rule is shared with the paged kernel).
+            for forced in SPLIT_SWEEP:
+                dense_k.splits_override = forced
+                ms = bench(lambda: dense_k(q, k, v, {}, sizes))
+                record(f"aec-contiguous-{forced}kv", ms, slower_than_contiguous=ms / base["ms"] - 1, splits=forced)
+            dense_k.splits_override = None
             for p in PAGES:
                 per = skv // p
                 pages = b * per

@@ -135,6 +135,44 @@ fn check_one(name: &str, v: &Variant, arch: &str, persistent: bool, rows: Rows) 
     let (dqk, dv) = common::head_dims(v);
     let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     cfg.persistent = persistent && cfg.warp_specialized;
+    check_config(name, v, arch, &cfg, rows)
+}
+
+/// Deeper K/V rings on the kernels without warp specialisation (sm_80, and
+/// wgmma in every warp): they compile within the same budgets, dense and
+/// paged.
+#[test]
+fn deeper_rings_compile_without_spills() {
+    // (Four 64-key blocks of the prefill tiles exceed sm_80's shared memory.)
+    let rings = [
+        ("softmax_causal", "sm_80", 3),
+        ("softmax_causal", "sm_90a", 3),
+        ("decode", "sm_80", 3),
+        ("decode", "sm_80", 4),
+        ("decode", "sm_90a", 4),
+    ];
+    for (name, arch, stages) in rings {
+        let v = common::example(name);
+        let (dqk, dv) = common::head_dims(&v);
+        {
+            let cfg = ForwardConfig {
+                stages,
+                warp_specialized: false,
+                persistent: false,
+                ..ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::for_arch(arch))
+            };
+            for rows in [Rows::Dense, Rows::Paged] {
+                let line = check_config(name, &v, arch, &cfg, rows);
+                assert!(line.contains(&format!("_s{stages}")), "{line}");
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: Rows) -> String {
+    let (dqk, dv) = common::head_dims(v);
+    let cfg = *cfg;
     let generated = match rows {
         Rows::Dense => parallel_forward(v, dqk, dv, &cfg),
         Rows::Varlen => parallel_forward_varlen(v, dqk, dv, &cfg),

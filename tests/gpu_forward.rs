@@ -330,6 +330,33 @@ fn cpu_forward_source_generates_without_a_gpu() {
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }
+    // A K/V ring that does not fit an sm_80 block's shared memory, and one
+    // deeper than the template holds.
+    let deep = |stages| KernelOptions {
+        config: Some(ForwardConfig {
+            stages,
+            ..ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm80)
+        }),
+        ..KernelOptions::default()
+    };
+    match forward_source(&v, HeadDims::square(128), &deep(4), Isa::Sm80) {
+        Err(e @ Error::Compile { .. }) => assert_eq!(
+            e.to_string(),
+            "cannot generate the forward kernel of `Alibi`: the tile configuration needs 174080 \
+             bytes of shared memory per block, more than the 166912 an Sm80 block may use: use \
+             fewer `stages` or smaller blocks, or leave `KernelOptions::config` to the default"
+        ),
+        other => panic!("expected Error::Compile, got {other:?}"),
+    }
+    match forward_source(&v, HeadDims::square(128), &deep(5), Isa::Sm80) {
+        Err(e @ Error::Compile { .. }) => assert_eq!(
+            e.to_string(),
+            "cannot generate the forward kernel of `Alibi`: 5 K/V stages: the forward's K/V \
+             ring holds 2 to 4 blocks"
+        ),
+        other => panic!("expected Error::Compile, got {other:?}"),
+    }
+    assert!(forward_source(&v, HeadDims::square(128), &deep(3), Isa::Sm80).is_ok());
     // A configuration whose element type contradicts the options'.
     let mixed = KernelOptions {
         config: Some(ForwardConfig {
@@ -558,6 +585,57 @@ fn gpu_forward_dv_split_between_blocks() {
         "softmax_causal",
         Shape::mha(2, 2, 97, 97),
         HeadDims { dqk: 128, dv: 384 },
+        (0.0, 1.0),
+        &KernelOptions {
+            config: Some(cfg),
+            ..KernelOptions::default()
+        },
+    );
+}
+
+/// A K/V ring of 3 and 4 blocks on the kernels without warp
+/// specialisation (sm_80, and wgmma loading and computing in every warp):
+/// causal prefill whose key counts leave the ring partly empty (1 and 2 key
+/// blocks), and split-KV decoding whose splits end mid-ring.
+#[test]
+fn gpu_forward_deeper_ring() {
+    for (stages, isa, wgmma) in [(3, Isa::Sm80, false), (3, Isa::Sm90a, true)] {
+        let def = common::example("softmax_causal");
+        let cfg = ForwardConfig {
+            stages,
+            wgmma,
+            warp_specialized: false,
+            persistent: false,
+            ..ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, isa)
+        };
+        for shape in [
+            Shape::mha(2, 3, 150, 150),
+            Shape::mha(1, 2, 40, 40),
+            Shape::mha(1, 2, 97, 97),
+        ] {
+            check_example_with(
+                &format!("gpu_forward_deeper_ring (stages {stages}, {isa:?}, {shape})"),
+                "softmax_causal",
+                shape,
+                HeadDims::square(128),
+                (0.0, 1.0),
+                &KernelOptions {
+                    config: Some(cfg),
+                    ..KernelOptions::default()
+                },
+            );
+        }
+    }
+    let def = common::example("decode");
+    let cfg = ForwardConfig {
+        stages: 4,
+        ..ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, Isa::Sm80)
+    };
+    check_example_with(
+        "gpu_forward_deeper_ring (decode, stages 4, split-KV)",
+        "decode",
+        Shape::new(1, 4, 2, 1, 3001),
+        HeadDims::square(128),
         (0.0, 1.0),
         &KernelOptions {
             config: Some(cfg),

@@ -435,16 +435,31 @@ fn main() {
     if varlen_only || args.iter().any(|a| a == "--varlen") {
         eprintln!("paged kernels decode …");
         let v = load(&root, "decode");
-        let cfg = forward_config(&v, 128, 128, per_block);
-        let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
-        let pk = parallel_forward_paged(&v, 128, 128, &cfg).expect("paged forward");
-        paged.push(json!({
-            "example": "decode",
-            "dqk": 128,
-            "dv": 128,
-            "dense": kernel_meta(&out, "paged_dense_decode", &dense, nvcc.as_deref(), &includes),
-            "paged": kernel_meta(&out, "paged_decode", &pk, nvcc.as_deref(), &includes),
-        }));
+        let default = forward_config(&v, 128, 128, per_block);
+        // The default tiles first, then other key-block sizes and ring depths.
+        let tiles = [(32, 2), (32, 3), (32, 4), (64, 2), (64, 3)];
+        for (i, &(block_n, stages)) in tiles.iter().enumerate() {
+            let cfg = if i == 0 {
+                default
+            } else {
+                ForwardConfig {
+                    block_n,
+                    stages,
+                    ..default
+                }
+            };
+            let tag = format!("n{}s{}", cfg.block_n, cfg.stages);
+            let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
+            let pk = parallel_forward_paged(&v, 128, 128, &cfg).expect("paged forward");
+            paged.push(json!({
+                "example": "decode",
+                "tiles": if i == 0 { "default".to_string() } else { tag.clone() },
+                "dqk": 128,
+                "dv": 128,
+                "dense": kernel_meta(&out, &format!("paged_dense_decode_{tag}"), &dense, nvcc.as_deref(), &includes),
+                "paged": kernel_meta(&out, &format!("paged_decode_{tag}"), &pk, nvcc.as_deref(), &includes),
+            }));
+        }
     }
     let (recurrent_cases, recurrent_bench) = if varlen_only {
         (Vec::new(), Vec::new())

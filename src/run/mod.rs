@@ -436,11 +436,22 @@ fn generate_forward(
             options.elem.name()
         )));
     }
-    generate(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
+    let compile_error = |source| Error::Compile {
         variant: variant.name.clone(),
         kernel: "forward",
         source,
-    })
+    };
+    let source = generate(variant, dims.dqk, dims.dv, &cfg).map_err(compile_error)?;
+    if source.smem_bytes > isa.max_dynamic_smem() {
+        return Err(compile_error(CompileError(format!(
+            "the tile configuration needs {} bytes of shared memory per block, more than the {} \
+             an {isa:?} block may use: use fewer `stages` or smaller blocks, or leave \
+             `KernelOptions::config` to the default",
+            source.smem_bytes,
+            isa.max_dynamic_smem()
+        ))));
+    }
+    Ok(source)
 }
 
 /// Generates the parallel backward kernels of `variant` for `dims` and the

@@ -500,15 +500,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     {
         const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %}, by = blockIdx.y, bz = blockIdx.z;
 {% call tile_setup() %}{% endcall %}
+        // A ring of STAGES K/V buffers: the first STAGES - 1 blocks start
+        // loading now, one copy group each (Q rides with the first), and
+        // every step starts the block STAGES - 1 ahead.
         LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
-        if (n_begin < n_end) {
-            LOAD_TILE<BN, DQK>(sK, kg, n_begin * BN, Skv, tid, KV_ROWS);
-            LOAD_TILE<BN, DV, NT, DVG>(sV, vg, n_begin * BN, Skv, tid, KV_ROWS);
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) {
+            if (n_begin + st < n_end) {
+                LOAD_TILE<BN, DQK>(sK + st * BN * SQS, kg, (n_begin + st) * BN, Skv, tid, KV_ROWS);
+                LOAD_TILE<BN, DV, NT, DVG>(sV + st * BN * SVS, vg, (n_begin + st) * BN, Skv, tid, KV_ROWS);
+            }
+            cp_async_commit();
         }
-        cp_async_commit();
-        cp_async_wait_all();
+{% if modify_q %}        cp_async_wait_all();
         SYNC_SMEM_WRITES();
-{% if modify_q %}
         for (int x = tid; x < BM * DQK; x += NT) {
             const int r = x / DQK, dd = x % DQK;
             if (m0 + r < n_rows) {
@@ -520,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         SYNC_SMEM_WRITES();
 {% endif %}{% call init_rows() %}{% endcall %}
     for (int nb = n_begin; nb < n_end; ++nb) {
-        const int cur = (nb - n_begin) & 1;
+        const int cur = (nb - n_begin) % STAGES;
         elem_t* sKc = sK + cur * BN * SQS;
         elem_t* sVc = sV + cur * BN * SVS;
         const int n0 = nb * BN;
@@ -529,9 +534,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // time on the causal kernels, bench/NOTES.md.)
         const int cls = TILE_CLASS(n0, min(n0 + BN, Skv) - 1);
 {% else %}        const int cls = 2;
-{% endif %}        if (nb + 1 < n_end) {
-            LOAD_TILE<BN, DQK>(sK + (cur ^ 1) * BN * SQS, kg, n0 + BN, Skv, tid, KV_ROWS);
-            LOAD_TILE<BN, DV, NT, DVG>(sV + (cur ^ 1) * BN * SVS, vg, n0 + BN, Skv, tid, KV_ROWS);
+{% endif %}        // Block nb has landed (only the STAGES - 2 newer groups may be
+        // pending), for every thread; and every warp is done with block
+        // nb - 1, whose buffer the load below refills.
+        cp_async_wait<STAGES - 2>();
+        SYNC_SMEM_WRITES();
+        if (nb + STAGES - 1 < n_end) {
+            const int nxt = (cur + STAGES - 1) % STAGES;
+            LOAD_TILE<BN, DQK>(sK + nxt * BN * SQS, kg, n0 + (STAGES - 1) * BN, Skv, tid, KV_ROWS);
+            LOAD_TILE<BN, DV, NT, DVG>(sV + nxt * BN * SVS, vg, n0 + (STAGES - 1) * BN, Skv, tid, KV_ROWS);
         }
         cp_async_commit();
 {% if modify_k %}
@@ -652,9 +663,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }
 {% endif %}
         }  // cls != 0
-        cp_async_wait_all();
-        SYNC_SMEM_WRITES();
-
     }
 
 {% call epilogue() %}{% endcall %}

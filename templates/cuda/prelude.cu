@@ -11,6 +11,10 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
+// Waits until at most N of this thread's committed copy groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
@@ -93,18 +97,49 @@ __device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int t4) {
 // Where row r of a tile's source lives, in rows of GS elements from its base:
 // row r itself (a contiguous matrix), or in a paged KV cache the row's page
 // (from the sequence's block-table row; pages of 2^shift rows, `page_rows`
-// apart) and its place in the page.
+// apart) and its place in the page. A loader asks the map for one tile's
+// rows first (`tile<ROWS>`). A tile inside one page is contiguous there:
+// `one_page`, row r at `base + r`, addressed like a contiguous tile. Other
+// paged tiles read each of their pages' table entries once, one per lane,
+// and every row takes its page from that lane by a shuffle. (Reading the
+// table per row put a dependent load before every copy, and the per-row
+// address arithmetic cost the one-warp decoding loop issue slots: long paged
+// decodes ran 13-21% slower, bench/NOTES.md.) All lanes of every warp that
+// loads must call `tile` and the row map together.
 struct Rows {
     static constexpr bool CONTIGUOUS = true;
+    static constexpr bool one_page = true;
+    static constexpr long long base = 0;
+    template <int ROWS>
+    __device__ __forceinline__ Rows tile(int, int) const { return *this; }
     __device__ __forceinline__ long long operator()(int r) const { return r; }
+};
+struct PagedTileRows {
+    int page;       // this lane's page: the tile's first page + lane
+    int first;      // the tile's first page
+    int shift;
+    long long page_rows;
+    bool one_page;  // all the tile's rows in the first page, at base + r
+    long long base;
+    __device__ __forceinline__ long long operator()(int r) const {
+        const int p = __shfl_sync(0xffffffffu, page, (r >> shift) - first);
+        return (long long)p * page_rows + (r & ((1 << shift) - 1));
+    }
 };
 struct PagedRows {
     static constexpr bool CONTIGUOUS = false;
     const int* pages;
     int shift;
     long long page_rows;
-    __device__ __forceinline__ long long operator()(int r) const {
-        return (long long)pages[r >> shift] * page_rows + (r & ((1 << shift) - 1));
+    // Rows [row0, limit) are the sequence's; pages past the last of them are
+    // not read (the host checked only the entries a sequence reads).
+    template <int ROWS>
+    __device__ __forceinline__ PagedTileRows tile(int row0, int limit) const {
+        const int first = row0 >> shift, p = first + (int)(threadIdx.x % WARP);
+        const int page = (p << shift) < limit ? pages[p] : 0;
+        const int page0 = __shfl_sync(0xffffffffu, page, 0);
+        const long long base = (long long)page0 * page_rows + (row0 & ((1 << shift) - 1)) - row0;
+        return {page, first, shift, page_rows, ((row0 + ROWS - 1) >> shift) == first, base};
     }
 };
 
@@ -114,13 +149,29 @@ struct PagedRows {
 template <int ROWS, int COLS, int NTH = NT, int GS = COLS, typename Map = Rows>
 __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, int limit, int tid, Map map = Map()) {
     constexpr int CH = COLS / 8;
+    // (A paged map shuffles: every lane must run every pass.)
+    static_assert(Map::CONTIGUOUS || (ROWS * CH % NTH == 0 && ROWS <= (WARP - 1) * 16), "paged tile not covered evenly");
+    const auto rows = map.template tile<ROWS>(row0, limit);
+    // Rows past the end read an in-bounds row (contiguous: the first; paged:
+    // row0) and write zeros.
+    const int spare = Map::CONTIGUOUS ? 0 : row0;
+    if (rows.one_page) {
 #pragma unroll
-    for (int c = tid; c < ROWS * CH; c += NTH) {
-        const int r = c / CH, cc = c % CH;
-        const int gr = row0 + r;
-        const bool ok = gr < limit;
-        // Rows past the end read row0 (in bounds) and write zeros.
-        const elem_t* src = g + map(ok ? gr : Map::CONTIGUOUS ? 0 : row0) * GS + cc * 8;
-        cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);
+        for (int c = tid; c < ROWS * CH; c += NTH) {
+            const int r = c / CH, cc = c % CH;
+            const int gr = row0 + r;
+            const bool ok = gr < limit;
+            const elem_t* src = g + (rows.base + (ok ? gr : spare)) * GS + cc * 8;
+            cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);
+        }
+    } else {
+#pragma unroll
+        for (int c = tid; c < ROWS * CH; c += NTH) {
+            const int r = c / CH, cc = c % CH;
+            const int gr = row0 + r;
+            const bool ok = gr < limit;
+            const elem_t* src = g + rows(ok ? gr : spare) * GS + cc * 8;
+            cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);
+        }
     }
 }

@@ -27,18 +27,33 @@ __device__ __forceinline__ void load_tile_sw128(elem_t* s, const elem_t* g, int 
     static_assert(NTH % 64 == 0 && ROWS % RSTEP == 0 && COLS % 64 == 0, "tile not covered evenly");
     const int c8 = tid % 8, r0 = tid / 8;
     const unsigned dst0 = smem_u32(s) + r0 * 128 + ((c8 ^ (r0 % 8)) * 16);
-    // (A paged source looks every row up; row0 is in bounds, row0 + r0 may not be.)
-    const elem_t* src0 = g + map(Map::CONTIGUOUS ? row0 + r0 : row0) * GS + c8 * 8;
+    static_assert(Map::CONTIGUOUS || ROWS <= (WARP - 1) * 16, "paged tile spans too many pages");
+    const auto rows = map.template tile<ROWS>(row0, limit);
+    if (rows.one_page) {
+        // Every row at a compile-time offset from the thread's first; rows
+        // past the end read that one (in bounds: the page, or the matrix)
+        // and write zeros.
+        const elem_t* src0 = g + (rows.base + row0 + r0) * GS + c8 * 8;
 #pragma unroll
-    for (int k = 0; k < ROWS / RSTEP; ++k) {
-        const int bytes = row0 + r0 + k * RSTEP < limit ? 16 : 0;
-        // Rows past the end read an in-bounds row and write zeros.
-        const elem_t* src = !bytes ? src0
-                            : Map::CONTIGUOUS ? src0 + k * RSTEP * GS
-                                              : g + map(row0 + r0 + k * RSTEP) * GS + c8 * 8;
+        for (int k = 0; k < ROWS / RSTEP; ++k) {
+            const int bytes = row0 + r0 + k * RSTEP < limit ? 16 : 0;
+            const elem_t* src = bytes ? src0 + k * RSTEP * GS : src0;
 #pragma unroll
-        for (int p = 0; p < COLS / 64; ++p)
-            cp_async16(dst0 + p * (ROWS * 128) + k * RSTEP * 128, src + p * 64, bytes);
+            for (int p = 0; p < COLS / 64; ++p)
+                cp_async16(dst0 + p * (ROWS * 128) + k * RSTEP * 128, src + p * 64, bytes);
+        }
+    } else {
+        // A paged tile over several pages shuffles: every lane looks a row
+        // up on every pass, rows past the end the tile's first (in bounds).
+#pragma unroll
+        for (int k = 0; k < ROWS / RSTEP; ++k) {
+            const int gr = row0 + r0 + k * RSTEP;
+            const int bytes = gr < limit ? 16 : 0;
+            const elem_t* src = g + rows(bytes ? gr : row0) * GS + c8 * 8;
+#pragma unroll
+            for (int p = 0; p < COLS / 64; ++p)
+                cp_async16(dst0 + p * (ROWS * 128) + k * RSTEP * 128, src + p * 64, bytes);
+        }
     }
 }
 

@@ -40,9 +40,9 @@ pub struct ForwardConfig {
     /// so one's softmax overlaps the other's GEMMs. Not with `modify_k` or
     /// `modify_v` (they rewrite the shared K/V tiles).
     pub warp_specialized: bool,
-    /// K/V buffers in shared memory: 2 (double buffering); the
-    /// warp-specialised kernel takes up to 4 (a deeper ring hides more load
-    /// latency where shared memory allows).
+    /// K/V buffers in shared memory, 2 to 4: the blocks being read and
+    /// those loading ahead (a deeper ring hides more load latency where
+    /// shared memory allows).
     pub stages: u32,
     /// Warp-specialised kernels: each warp keeps its Q rows in registers
     /// as wgmma A fragments, so the S GEMM reads only K from shared memory
@@ -763,9 +763,9 @@ pub(crate) fn check_config(
     let split = cfg.dv_split;
     check_dv_split(split, dv_total)?;
     let dv = dv_total / split;
-    if cfg.stages != 2 && !(cfg.warp_specialized && (2..=4).contains(&cfg.stages)) {
+    if !(2..=4).contains(&cfg.stages) {
         return Err(CompileError(format!(
-            "{} K/V stages: the forward double-buffers (2); only the warp-specialised wgmma kernel takes 3 or 4",
+            "{} K/V stages: the forward's K/V ring holds 2 to 4 blocks",
             cfg.stages
         )));
     }
