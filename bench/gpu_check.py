@@ -139,7 +139,7 @@ class Kernel:
                 vals.append(ctypes.c_uint64(work[a["name"]].data_ptr()))
             elif kind == "kv_splits":
                 vals.append(ctypes.c_int32(n_splits))
-            elif kind == "paged":
+            elif kind in ("paged", "block_mask"):
                 vals.append(extra[a["name"]])
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))

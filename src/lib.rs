@@ -35,11 +35,12 @@ pub use library::Library;
 pub mod run;
 pub mod tune;
 pub use run::{
-    Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, PagedKv,
+    BlockMask, Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, PagedKv,
     ParallelKernels, RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels,
-    RecurrentOutput, RecurrentShape, Shape, VarlenBatch, backward_source, check_paged_shapes,
-    check_recurrent_shapes, check_shapes, check_varlen, check_varlen_shapes, forward_source,
-    paged_forward_source, recurrent_source, recurrent_step_source, varlen_forward_source,
+    RecurrentOutput, RecurrentShape, Shape, VarlenBatch, backward_source,
+    block_sparse_forward_source, check_block_mask, check_paged_shapes, check_recurrent_shapes,
+    check_shapes, check_varlen, check_varlen_shapes, forward_source, paged_forward_source,
+    recurrent_source, recurrent_step_source, varlen_forward_source,
 };
 
 /// A variant declared with [`attention!`].
@@ -93,9 +94,9 @@ pub mod prelude {
     pub use crate::Variant;
     pub use crate::attention;
     pub use crate::run::{
-        ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, PagedKv, ParallelKernels,
-        RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels, RecurrentOutput,
-        RecurrentShape, Shape, VarlenBatch,
+        BlockMask, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, PagedKv,
+        ParallelKernels, RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels,
+        RecurrentOutput, RecurrentShape, Shape, VarlenBatch,
     };
     pub use aec_compiler::{Elem, Isa};
     pub use aec_frontend::Pattern;

@@ -12,12 +12,12 @@ mod common;
 
 use aec::compiler::{
     BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
-    parallel_forward_paged, parallel_forward_varlen,
+    parallel_forward_block_sparse, parallel_forward_paged, parallel_forward_varlen,
 };
 use aec::frontend::Variant;
 use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Pass {
     Forward,
     /// The persistent variant of the warp-specialised forward (sm_90a).
@@ -27,6 +27,8 @@ enum Pass {
     VarlenForward,
     /// The forward over a paged KV cache (the dense default tiles).
     PagedForward,
+    /// The forward under a block-sparse mask (the dense default tiles).
+    SparseForward,
     Backward,
 }
 
@@ -47,7 +49,19 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
             let persistent = (n.clone(), v.clone(), "sm_90a", Pass::PersistentForward);
             let paged = PAGED_EXAMPLES
                 .contains(&n.as_str())
-                .then(|| ["sm_80", "sm_90a"].map(|a| (n.clone(), v.clone(), a, Pass::PagedForward)))
+                .then(|| {
+                    ["sm_80", "sm_90a"].into_iter().flat_map({
+                        let (n, v) = (n.clone(), v.clone());
+                        move |a| {
+                            // (Decoding's packed heads take no block mask.)
+                            [Pass::PagedForward, Pass::SparseForward]
+                                .into_iter()
+                                .filter(|&p| !(n == "decode" && p == Pass::SparseForward))
+                                .map(|p| (n.clone(), v.clone(), a, p))
+                                .collect::<Vec<_>>()
+                        }
+                    })
+                })
                 .into_iter()
                 .flatten();
             [Pass::Forward, Pass::VarlenForward, Pass::Backward]
@@ -77,6 +91,7 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
                             Pass::PersistentForward => check_one(name, v, arch, true, Rows::Dense),
                             Pass::VarlenForward => check_one(name, v, arch, false, Rows::Varlen),
                             Pass::PagedForward => check_one(name, v, arch, true, Rows::Paged),
+                            Pass::SparseForward => check_one(name, v, arch, true, Rows::Sparse),
                             Pass::Backward => check_backward(name, v, arch),
                         });
                     }
@@ -129,6 +144,7 @@ enum Rows {
     Dense,
     Varlen,
     Paged,
+    Sparse,
 }
 
 fn check_one(name: &str, v: &Variant, arch: &str, persistent: bool, rows: Rows) -> String {
@@ -177,12 +193,14 @@ fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: 
         Rows::Dense => parallel_forward(v, dqk, dv, &cfg),
         Rows::Varlen => parallel_forward_varlen(v, dqk, dv, &cfg),
         Rows::Paged => parallel_forward_paged(v, dqk, dv, &cfg),
+        Rows::Sparse => parallel_forward_block_sparse(v, dqk, dv, &cfg),
     };
     let kernel = generated.unwrap_or_else(|e| panic!("{name}: {e}"));
     let (suffix, marker) = match rows {
         Rows::Dense => ("", "q_row0"),
         Rows::Varlen => ("_varlen", "cu_q[bz]"),
         Rows::Paged => ("_paged", "seqlens_k[b]"),
+        Rows::Sparse => ("_sparse", "full_kv_num_blocks[mrow]"),
     };
     assert!(
         kernel.name.ends_with(suffix) && kernel.source.contains(marker),

@@ -1666,3 +1666,285 @@ fn gpu_paged_prefill() {
         },
     );
 }
+
+/// A random block mask in FlexAttention's layout for `shape`: per mask row
+/// (of `planes` = batches · heads), each key block is left out, partial or
+/// full at random, the listed ones in shuffled order; index entries past a
+/// row's counts hold a block that does not exist (reading one would show).
+/// Some rows list nothing.
+#[allow(clippy::type_complexity)]
+fn random_block_mask(
+    shape: Shape,
+    (batches, heads): (usize, usize),
+    (bm, bn): (usize, usize),
+    seed: u64,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) {
+    use rand::Rng;
+    use rand::seq::SliceRandom;
+    let mut rng = common::rng(seed);
+    let (rows, cols) = (shape.sq.div_ceil(bm), shape.skv.div_ceil(bn));
+    let planes = batches * heads;
+    let (mut np, mut nf) = (vec![0; planes * rows], vec![0; planes * rows]);
+    let (mut ip, mut ifull) = (
+        vec![9999; planes * rows * cols],
+        vec![9999; planes * rows * cols],
+    );
+    for at in 0..planes * rows {
+        let mut blocks: Vec<u32> = (0..cols as u32).collect();
+        blocks.shuffle(&mut rng);
+        let empty_row = rng.random_range(0..5) == 0;
+        for blk in blocks {
+            match if empty_row { 0 } else { rng.random_range(0..3) } {
+                1 => {
+                    ip[at * cols + np[at] as usize] = blk;
+                    np[at] += 1;
+                }
+                2 => {
+                    ifull[at * cols + nf[at] as usize] = blk;
+                    nf[at] += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    (np, ip, nf, ifull)
+}
+
+/// The block-sparse forward of `name` against the f64 reference with the
+/// mask's rule (unlisted blocks hidden, partial ones masked by the variant,
+/// full ones shown), o and the row outputs.
+#[allow(clippy::too_many_arguments)]
+fn check_block_sparse(
+    test: &str,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    planes: (usize, usize),
+    blocks: (usize, usize),
+    options: &KernelOptions,
+) {
+    use aec::reference::KeyRule;
+    let Some(gpu) = prepare_with(test, name, shape, dims, (0.0, 1.0), options) else {
+        return;
+    };
+    let (np, ip, nf, ifull) = random_block_mask(shape, planes, blocks, 11);
+    let mask = aec::BlockMask {
+        block_m: blocks.0,
+        block_n: blocks.1,
+        batches: planes.0,
+        heads: planes.1,
+        kv_num_blocks: &np,
+        kv_indices: &ip,
+        full_kv_num_blocks: &nf,
+        full_kv_indices: &ifull,
+    };
+    let out = gpu
+        .kernels
+        .forward_block_sparse(
+            &gpu.stream,
+            &gpu.q,
+            &gpu.k,
+            &gpu.v,
+            &gpu.customs(),
+            shape,
+            &mask,
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let (rows, cols) = (shape.sq.div_ceil(blocks.0), shape.skv.div_ceil(blocks.1));
+    let rule = |b: usize, h: usize, i: usize, j: usize| {
+        let plane =
+            (if planes.0 == 1 { 0 } else { b }) * planes.1 + if planes.1 == 1 { 0 } else { h };
+        let at = plane * rows + i / blocks.0;
+        let blk = (j / blocks.1) as u32;
+        let listed =
+            |n: &[u32], idx: &[u32]| idx[at * cols..at * cols + n[at] as usize].contains(&blk);
+        if listed(&nf, &ifull) {
+            KeyRule::Shown
+        } else if listed(&np, &ip) {
+            KeyRule::Masked
+        } else {
+            KeyRule::Hidden
+        }
+    };
+    let want = reference::forward_with_rule(&gpu.def, &gpu.call.inputs, Options::default(), &rule)
+        .expect("reference");
+    let o = download_f64(&gpu.stream, &out.o);
+    let err = rel_err(&o, &want.o.data);
+    let mut rows_ok = true;
+    let mut report = Vec::new();
+    for name in gpu.kernels.row_output_names().to_vec() {
+        let got = out.download_row(&gpu.stream, &name).unwrap();
+        let t = match name.split_once('.') {
+            Some(("scale", s)) => &want.scales[s],
+            Some(("state", f)) => &want.row_state[f],
+            _ => panic!("{test}: unexpected row output `{name}`"),
+        };
+        // Rows that see no key: infinite where the reference is.
+        let (mut g, mut w, mut same_inf) = (Vec::new(), Vec::new(), true);
+        for (x, y) in got.iter().zip(&t.data) {
+            if y.is_finite() {
+                g.push(f64::from(*x));
+                w.push(*y);
+            } else {
+                same_inf &= f64::from(*x) == *y;
+            }
+        }
+        let e = if w.is_empty() { 0.0 } else { rel_err(&g, &w) };
+        rows_ok &= same_inf && e < 1e-2;
+        report.push(format!(
+            "{name}={e:.2e}{}",
+            if same_inf { "" } else { " (inf differs)" }
+        ));
+    }
+    let listed: u32 = np.iter().chain(&nf).sum();
+    let pass = err < 1e-2 && rows_ok;
+    eprintln!(
+        "{test}: {} `{}` on {} {shape} Dqk={} Dv={} mask {}x{} blocks, planes {planes:?}, {listed} \
+         listed of {}: rel_err(o)={err:.2e} rows[{}]",
+        if pass { "PASS" } else { "FAIL" },
+        gpu.kernels.block_sparse_source().unwrap().name,
+        gpu.device.name(),
+        dims.dqk,
+        dims.dv,
+        blocks.0,
+        blocks.1,
+        np.len() * cols,
+        report.join(", ")
+    );
+    assert!(err < 1e-2, "{test}: relative error of o {err:.3e}");
+    assert!(rows_ok, "{test}: row outputs differ: {}", report.join(", "));
+}
+
+#[test]
+fn gpu_block_sparse() {
+    // The default tiles (sm_90a: warp-specialised, persistent), a causal
+    // variant, one mask for every head.
+    check_block_sparse(
+        "gpu_block_sparse_causal",
+        "softmax_causal",
+        Shape::mha(2, 3, 300, 333),
+        HeadDims::square(128),
+        (2, 1),
+        (128, 128),
+        &KernelOptions::default(),
+    );
+    // No mask of its own, GQA, one mask for every sequence, 256-row blocks.
+    check_block_sparse(
+        "gpu_block_sparse_gqa",
+        "softmax_gqa",
+        Shape::new(2, 4, 2, 270, 200),
+        HeadDims::square(64),
+        (1, 4),
+        (256, 128),
+        &KernelOptions::default(),
+    );
+    // A mask that reads a custom input (documents): full blocks skip it.
+    check_block_sparse(
+        "gpu_block_sparse_document",
+        "document_mask",
+        Shape::mha(1, 2, 260, 260),
+        HeadDims::square(64),
+        (1, 2),
+        (128, 128),
+        &KernelOptions::default(),
+    );
+    // The sm_80 template on any GPU: 64-key tiles, two per mask block.
+    let v = example("softmax_causal");
+    check_block_sparse(
+        "gpu_block_sparse_sm80_template",
+        "softmax_causal",
+        Shape::mha(1, 2, 300, 333),
+        HeadDims::square(128),
+        (1, 2),
+        (128, 128),
+        &KernelOptions {
+            config: Some(ForwardConfig::default_for(
+                &v,
+                128,
+                128,
+                Elem::Bf16,
+                Isa::Sm80,
+            )),
+            ..KernelOptions::default()
+        },
+    );
+}
+
+/// Bad block masks are refused before anything runs, naming the problem.
+#[test]
+fn cpu_block_mask_errors() {
+    let v = example("softmax_causal");
+    let dims = HeadDims::square(64);
+    let shape = Shape::mha(1, 2, 200, 300);
+    let n = 2 * 200 * 64;
+    let lens = [("q", n), ("k", 2 * 300 * 64), ("v", 2 * 300 * 64)];
+    // One mask for both heads: 2 rows of 128, 3 key blocks of 128.
+    let (np, ip) = (vec![1u32, 1], vec![0u32, 9, 9, 1, 9, 9]);
+    let (nf, ifull) = (vec![0u32, 1], vec![9u32, 9, 9, 0, 9, 9]);
+    let mask = aec::BlockMask {
+        block_m: 128,
+        block_n: 128,
+        batches: 1,
+        heads: 1,
+        kv_num_blocks: &np,
+        kv_indices: &ip,
+        full_kv_num_blocks: &nf,
+        full_kv_indices: &ifull,
+    };
+    let tiles = (128, 128);
+    assert!(aec::check_block_mask(&v, dims, shape, &mask, tiles, &lens).is_ok());
+    let err = |m: &aec::BlockMask<'_>| match aec::check_block_mask(&v, dims, shape, m, tiles, &lens)
+    {
+        Err(Error::Shape(s)) => s,
+        other => panic!("expected Error::Shape, got {other:?}"),
+    };
+    assert_eq!(
+        err(&aec::BlockMask {
+            block_n: 64,
+            ..mask
+        }),
+        "the block mask's blocks are 128 × 64 (rows × keys); the kernel's tiles are 128 × 128, \
+         and each mask block must cover whole tiles (multiples of both)"
+    );
+    assert_eq!(
+        err(&aec::BlockMask { heads: 3, ..mask }),
+        "the block mask has heads = 3: it must be 1 (shared) or the call's 2"
+    );
+    let bad_index = [0u32, 9, 9, 3, 9, 9];
+    assert_eq!(
+        err(&aec::BlockMask {
+            kv_indices: &bad_index,
+            ..mask
+        }),
+        "`kv_indices[0, 0, 1, 0]` = 3 is not a key block: Skv = 300 has 3 blocks of 128"
+    );
+    let twice = [0u32, 9, 9, 0, 9, 9];
+    assert_eq!(
+        err(&aec::BlockMask {
+            kv_indices: &twice,
+            ..mask
+        }),
+        "mask row [0, 0, 1] lists key block 0 twice (`full_kv_indices[0, 0, 1, 0]`): each block \
+         is partial or full, once"
+    );
+    let too_many = [4u32, 1];
+    assert_eq!(
+        err(&aec::BlockMask {
+            kv_num_blocks: &too_many,
+            ..mask
+        }),
+        "mask row [0, 0, 0] lists 4 partial and 0 full key blocks; each list holds at most 3 \
+         and Skv = 300 has 3 blocks of 128"
+    );
+    let one_row = [1u32];
+    assert_eq!(
+        err(&aec::BlockMask {
+            kv_num_blocks: &one_row,
+            full_kv_num_blocks: &one_row,
+            kv_indices: &ip[..3],
+            full_kv_indices: &ifull[..3],
+            ..mask
+        }),
+        "`kv_num_blocks` has 1 mask rows per batch and head; Sq = 200 needs 2 rows of 128"
+    );
+}

@@ -40,6 +40,7 @@ fn call_args(args: &[ArgKind], shape: Shape, customs: &[(String, usize)], n_spli
             | ArgKind::CuSeqlens
             | ArgKind::CuSeqlensKv
             | ArgKind::PagedKv(_)
+            | ArgKind::BlockMask(_)
             | ArgKind::Segments(_)) => {
                 unreachable!("parallel kernels take no {other:?}")
             }

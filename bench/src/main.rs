@@ -11,8 +11,8 @@
 
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
-    Isa, KernelSource, parallel_backward, parallel_forward, parallel_forward_paged,
-    parallel_forward_varlen,
+    Isa, KernelSource, parallel_backward, parallel_forward, parallel_forward_block_sparse,
+    parallel_forward_paged, parallel_forward_varlen,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -436,8 +436,13 @@ fn main() {
         eprintln!("paged kernels decode …");
         let v = load(&root, "decode");
         let default = forward_config(&v, 128, 128, per_block);
-        // The default tiles first, then other key-block sizes and ring depths.
-        let tiles = [(32, 2), (32, 3), (32, 4), (64, 2), (64, 3)];
+        // The default tiles, then (`--decode-tiles`) other key-block sizes
+        // and ring depths.
+        let tiles: &[(u32, u32)] = if args.iter().any(|a| a == "--decode-tiles") {
+            &[(32, 2), (32, 3), (32, 4), (64, 2), (64, 3)]
+        } else {
+            &[(32, 2)]
+        };
         for (i, &(block_n, stages)) in tiles.iter().enumerate() {
             let cfg = if i == 0 {
                 default
@@ -461,6 +466,36 @@ fn main() {
             }));
         }
     }
+    // With `--varlen` too: softmax and causal softmax (d128, the sm_90a
+    // defaults) dense and under a block-sparse mask
+    // (`bench/block_sparse_bench.py`).
+    let mut sparse = Vec::new();
+    if varlen_only || args.iter().any(|a| a == "--varlen") {
+        for example in ["softmax", "softmax_causal"] {
+            eprintln!("block-sparse kernels {example} …");
+            let v = load(&root, example);
+            let cfg = forward_config(&v, 128, 128, per_block);
+            let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
+            let sk =
+                parallel_forward_block_sparse(&v, 128, 128, &cfg).expect("block-sparse forward");
+            // A block per row block (the block scheduler balances rows of
+            // uneven lists) against the persistent walk's static stride.
+            let per_block_cfg = ForwardConfig {
+                persistent: false,
+                ..cfg
+            };
+            let sk_rb = parallel_forward_block_sparse(&v, 128, 128, &per_block_cfg)
+                .expect("block-sparse forward");
+            sparse.push(json!({
+                "example": example,
+                "dqk": 128,
+                "dv": 128,
+                "dense": kernel_meta(&out, &format!("sparse_dense_{example}"), &dense, nvcc.as_deref(), &includes),
+                "sparse": kernel_meta(&out, &format!("sparse_{example}"), &sk, nvcc.as_deref(), &includes),
+                "sparse_per_block": kernel_meta(&out, &format!("sparse_rb_{example}"), &sk_rb, nvcc.as_deref(), &includes),
+            }));
+        }
+    }
     let (recurrent_cases, recurrent_bench) = if varlen_only {
         (Vec::new(), Vec::new())
     } else {
@@ -476,6 +511,7 @@ fn main() {
         "recurrent_bench": recurrent_bench,
         "varlen": varlen,
         "paged": paged,
+        "sparse": sparse,
     });
     std::fs::write(
         out.join("index.json"),
@@ -773,6 +809,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::CuSeqlens => json!({ "kind": "cu_seqlens" }),
             ArgKind::CuSeqlensKv => json!({ "kind": "cu_seqlens_k" }),
             ArgKind::PagedKv(n) => json!({ "kind": "paged", "name": n }),
+            ArgKind::BlockMask(n) => json!({ "kind": "block_mask", "name": n }),
             ArgKind::Segments(n) => json!({ "kind": "segments", "name": n }),
         })
         .collect()

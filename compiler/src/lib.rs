@@ -18,8 +18,9 @@ pub mod simplify;
 pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
-    ArgKind, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource, parallel_forward,
-    parallel_forward_paged, parallel_forward_varlen,
+    ArgKind, BLOCK_MASK_ARGS, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource,
+    parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
+    parallel_forward_varlen,
 };
 pub use cuda::recurrent::{
     ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,

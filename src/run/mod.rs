@@ -62,6 +62,7 @@
 //! [`Error::Pattern`].
 
 mod backward;
+mod block_sparse;
 mod paged;
 pub mod recurrent;
 mod recurrent_backward;
@@ -69,6 +70,7 @@ pub mod recurrent_decode;
 mod varlen;
 
 pub use backward::Gradients;
+pub use block_sparse::{BlockMask, block_sparse_forward_source, check_block_mask};
 pub use paged::{PagedKv, check_paged_shapes, paged_forward_source};
 pub use recurrent::{
     RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, check_recurrent_shapes,
@@ -519,6 +521,8 @@ pub struct ParallelKernels {
     varlen: OnceLock<LayoutKernel>,
     /// Compiled on the first [`forward_paged`](Self::forward_paged) call.
     paged: OnceLock<LayoutKernel>,
+    /// Compiled on the first [`forward_block_sparse`](Self::forward_block_sparse) call.
+    sparse: OnceLock<LayoutKernel>,
 }
 
 /// A loaded forward kernel (of any row layout) with its split-KV combine
@@ -600,6 +604,7 @@ impl ParallelKernels {
             backward: OnceLock::new(),
             varlen: OnceLock::new(),
             paged: OnceLock::new(),
+            sparse: OnceLock::new(),
         })
     }
 
@@ -1005,38 +1010,40 @@ impl ParallelKernels {
                         Arg::from(spart_slot.take().ok_or_else(|| twice("spart"))?)
                     }
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
-                    ArgKind::CuSeqlens | ArgKind::CuSeqlensKv | ArgKind::PagedKv(_) => {
-                        match (a, &launch.rows) {
-                            (ArgKind::CuSeqlens, LaunchRows::Varlen { cu_q, .. }) => {
-                                Arg::from(*cu_q)
-                            }
-                            (ArgKind::CuSeqlensKv, LaunchRows::Varlen { cu_k, .. }) => {
-                                Arg::from(*cu_k)
-                            }
-                            (ArgKind::PagedKv("block_table"), LaunchRows::Paged(p)) => {
-                                Arg::from(p.block_table)
-                            }
-                            (ArgKind::PagedKv("seqlens_k"), LaunchRows::Paged(p)) => {
-                                Arg::from(p.seqlens_k)
-                            }
-                            (ArgKind::PagedKv("pages_per_seq"), LaunchRows::Paged(p)) => {
-                                Arg::from(p.pages_per_seq)
-                            }
-                            (ArgKind::PagedKv("page_shift"), LaunchRows::Paged(p)) => {
-                                Arg::from(p.page_shift)
-                            }
-                            (other, _) => {
-                                return Err(Error::Compile {
-                                    variant: self.variant.name.clone(),
-                                    kernel: "forward",
-                                    source: CompileError(format!(
-                                        "the kernel takes {other:?}, which this launch has no \
-                                         value for; this is a bug in aec"
-                                    )),
-                                });
-                            }
+                    ArgKind::CuSeqlens
+                    | ArgKind::CuSeqlensKv
+                    | ArgKind::PagedKv(_)
+                    | ArgKind::BlockMask(_) => match (a, &launch.rows) {
+                        (ArgKind::BlockMask(name), LaunchRows::BlockSparse(m))
+                            if m.arg(name).is_some() =>
+                        {
+                            m.arg(name).expect("checked by the guard")
                         }
-                    }
+                        (ArgKind::CuSeqlens, LaunchRows::Varlen { cu_q, .. }) => Arg::from(*cu_q),
+                        (ArgKind::CuSeqlensKv, LaunchRows::Varlen { cu_k, .. }) => Arg::from(*cu_k),
+                        (ArgKind::PagedKv("block_table"), LaunchRows::Paged(p)) => {
+                            Arg::from(p.block_table)
+                        }
+                        (ArgKind::PagedKv("seqlens_k"), LaunchRows::Paged(p)) => {
+                            Arg::from(p.seqlens_k)
+                        }
+                        (ArgKind::PagedKv("pages_per_seq"), LaunchRows::Paged(p)) => {
+                            Arg::from(p.pages_per_seq)
+                        }
+                        (ArgKind::PagedKv("page_shift"), LaunchRows::Paged(p)) => {
+                            Arg::from(p.page_shift)
+                        }
+                        (other, _) => {
+                            return Err(Error::Compile {
+                                variant: self.variant.name.clone(),
+                                kernel: "forward",
+                                source: CompileError(format!(
+                                    "the kernel takes {other:?}, which this launch has no \
+                                         value for; this is a bug in aec"
+                                )),
+                            });
+                        }
+                    },
                     other @ (ArgKind::Tensor(_)
                     | ArgKind::CustomGrad(_)
                     | ArgKind::Workspace(_)
@@ -1093,6 +1100,8 @@ enum LaunchRows<'a> {
     },
     /// K and V in a paged cache.
     Paged(paged::PagedArgs<'a>),
+    /// Dense rows under a block-sparse mask.
+    BlockSparse(&'a block_sparse::BlockMaskArgs),
 }
 
 /// What [`ParallelKernels::forward`] returns. The buffers are filled once the
@@ -1278,6 +1287,10 @@ fn params_of(
             ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => Ok(Param::In(DType::I32)),
             ArgKind::PagedKv("block_table" | "seqlens_k") => Ok(Param::In(DType::I32)),
             ArgKind::PagedKv("pages_per_seq" | "page_shift") => Ok(Param::I32),
+            ArgKind::BlockMask(
+                "kv_num_blocks" | "kv_indices" | "full_kv_num_blocks" | "full_kv_indices",
+            ) => Ok(Param::In(DType::I32)),
+            ArgKind::BlockMask(_) => Ok(Param::I32),
             ArgKind::RowOut => Ok(dir("rowout", DType::F32)),
             ArgKind::Custom(name) if declared(name) => Ok(Param::In(DType::F32)),
             ArgKind::CustomGrad(name) if declared(name) => Ok(Param::Out(DType::F32)),

@@ -22,7 +22,9 @@
 {% if full %}                // A full tile: every key exists and the mask holds.
                 const bool ok = true;
 {% else %}                bool ok = j < Skv;
-{% if mask %}                ok = ok && mask_fn(pt, P);
+{% if mask %}                // (A block a block-sparse mask lists as full is seen whole:
+                // only its bounds apply.)
+                ok = ok && (STEP_LISTED_FULL(it) || mask_fn(pt, P));
 {% endif %}{% endif %}{% if modify_scores %}                sr[r][e] = modify_scores(s[mt][nt][c], pt, P);
 {% else %}                sr[r][e] = s[mt][nt][c];
 {% endif %}                vr[r][e] = ok;
@@ -64,11 +66,10 @@
 {% endif %}        const int n0 = KV_N0(it);
         mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
         fence_proxy_async();
-{% if path == 0 %}{% if mask %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
+{% if path == 0 %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
         // the pipeline keeps one shape; leading and trailing ones are trimmed.
-        const int cls = TILE_CLASS(n0, min(n0 + BN, Skv) - 1);
-{% else %}        const int cls = 2;
-{% endif %}{% endif %}        float s[MT][BN / 8][4];
+        const int cls = STEP_CLASS(it, n0);
+{% endif %}        float s[MT][BN / 8][4];
         wgmma_fence();
         {
             const unsigned k_base = smem_u32(sK + cur * BN * SQS);
@@ -224,16 +225,30 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         const int r_last = min(m0 + BM, n_rows) - 1;
         const bool one_head = ROW_HEAD(m0) == ROW_HEAD(r_last);
         const int i_first = one_head ? ROW_POS(m0) : 0, i_last = one_head ? ROW_POS(r_last) : Sq - 1;
-        // The KV blocks to visit: all, cut at the diagonal for masks that imply
+{% if mask %}        // 0: the mask hides keys [j0, j1] from every row here; 1: it may not.
+        // (A macro: a capturing lambda put its captures on the stack.)
+{% if mask_reads_head %}#define TILE_CLASS(j0, j1) (one_head ? mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P) : 1)
+{% else %}#define TILE_CLASS(j0, j1) mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P)
+{% endif %}{% endif %}{% if sparse %}        // A block-sparse mask: this row block visits the key blocks of its
+        // mask row's lists (blocks of mask_bm rows x mask_bn keys, each
+        // mask_bn / BN of ours), the partial ones (the variant's mask
+        // applies) then the full ones (every key in bounds seen, the mask not
+        // evaluated). Steps count kernel key blocks along the lists.
+        const long long mrow = ((long long)(mask_batches == 1 ? 0 : b) * mask_heads + (mask_heads == 1 ? 0 : h)) * mask_rows + m0 / mask_bm;
+        const int* part_idx = kv_indices + mrow * mask_cols;
+        const int* full_idx = full_kv_indices + mrow * mask_cols;
+        const int sub = mask_bn / BN;
+        const int n_part = kv_num_blocks[mrow] * sub;
+        const int n_iter = n_part + full_kv_num_blocks[mrow] * sub;
+#define STEP_LISTED_FULL(it) ((it) >= n_part)
+#define KV_N0(it) ((((it) < n_part ? part_idx[(it) / sub] : full_idx[((it) - n_part) / sub]) * sub + (it) % sub) * BN)
+{% if mask %}#define STEP_CLASS(it, n0) (STEP_LISTED_FULL(it) ? 2 : TILE_CLASS((n0), min((n0) + BN, Skv) - 1))
+{% endif %}{% else %}        // The KV blocks to visit: all, cut at the diagonal for masks that imply
         // causality, then trimmed of leading and trailing blocks the mask hides
         // from every row of this block (tile classification).
         int n_begin = 0, n_end = (Skv + BN - 1) / BN;
 {% if causal %}        n_end = min(n_end, (i_last + BN) / BN);
-{% endif %}{% if mask %}        // 0: the mask hides keys [j0, j1] from every row here; 1: it may not.
-        // (A macro: a capturing lambda put its captures on the stack.)
-{% if mask_reads_head %}#define TILE_CLASS(j0, j1) (one_head ? mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P) : 1)
-{% else %}#define TILE_CLASS(j0, j1) mask_block(i_first, i_last, (j0), (j1), b, ROW_HEAD(m0), hk, P)
-{% endif %}        {
+{% endif %}{% if mask %}        {
             // Each warp classifies the blocks on its own (lanes take every
             // WARP-th one) and reduces: no block-wide barrier, which the
             // warp-specialised roles could not share.
@@ -248,6 +263,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
             n_begin = first;
             n_end = max(last + 1, n_begin);
         }
+#define STEP_CLASS(it, n0) TILE_CLASS((n0), min((n0) + BN, Skv) - 1)
 {% endif %}{% if split_kv %}        {
             // This block's share of the visible KV blocks.
             const int per = (n_end - n_begin + n_splits - 1) / n_splits;
@@ -255,12 +271,18 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
             n_end = min(n_end, n_begin + per);
         }
 {% endif %}        const int n_iter = n_end - n_begin;
+#define STEP_LISTED_FULL(it) false
 {% if wgmma && ws %}        // The K/V block of step `it`: last block first, so that under a causal
         // mask the diagonal tile (the one that needs masking) is the first,
         // with no P·V in flight, and the rest is one run of full tiles.
 #define KV_N0(it) ((n_end - 1 - (it)) * BN)
-        // Whether the tile at key n0 needs no per-score validity.
+{% else %}#define KV_N0(it) ((n_begin + (it)) * BN)
+{% endif %}{% endif %}{% if !mask %}#define STEP_CLASS(it, n0) 2
+{% endif %}{% if wgmma && ws %}        // Whether the tile at key n0 needs no per-score validity.
 #define TILE_FULL(n0) ((n0) + BN <= Skv{% if mask %} && TILE_CLASS((n0), (n0) + BN - 1) == 2{% endif %})
+        // Whether step `it`'s tile does (listed full, or shown full).
+// (Listed full blocks need no index read when every block is whole.)
+#define STEP_FULL(it) (STEP_LISTED_FULL(it) ? Skv % BN == 0 || KV_N0(it) + BN <= Skv : TILE_FULL(KV_N0(it)))
 {% endif %}{% endmacro %}
 {% macro tile_loop() %}{% if persistent %}
     // Persistent: the CTA walks units of work, each the row blocks of rank x
@@ -364,7 +386,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
     float* __restrict__ opart, float* __restrict__ spart, int n_splits{% endif %}{% if varlen %},
     const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}{% if paged %},
-    const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}) {
+    const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}{% if sparse %},
+    const int* __restrict__ kv_num_blocks, const int* __restrict__ kv_indices,
+    const int* __restrict__ full_kv_num_blocks, const int* __restrict__ full_kv_indices,
+    int mask_batches, int mask_heads, int mask_rows, int mask_cols, int mask_bm, int mask_bn{% endif %}) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if wgmma %}    // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -418,10 +443,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if persistent %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
 {% endif %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
         mbar_arrive_cp_async(&bar_q);
+        // (Each step's key block is read a step ahead: a block-sparse list
+        // read would otherwise stall the copies behind it.)
+        int n0_next = n_iter > 0 ? KV_N0(0) : 0;
         for (int it = 0; it < n_iter; ++it) {
             const int gi = ring + it, st = gi % STAGES;
+            const int n0 = n0_next;
+            if (it + 1 < n_iter) n0_next = KV_N0(it + 1);
             if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
-            const int n0 = KV_N0(it);
             load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
             load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
             mbar_arrive_cp_async(&bar_full[st]);
@@ -474,10 +503,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // while P·V is in flight measured far slower on the tiles that take
         // the masked path (H100, causal: 0.95 ms against 0.82 ms).
         for (int it = 1; it < n_iter;) {
-            for (; it < n_iter && !TILE_FULL(KV_N0(it)); ++it) {
+            for (; it < n_iter && !STEP_FULL(it); ++it) {
 {% call pipelined_block(false, 1) %}{% endcall %}
             }
-            for (; it < n_iter && TILE_FULL(KV_N0(it)); ++it) {
+            for (; it < n_iter && STEP_FULL(it); ++it) {
 {% call pipelined_block(false, 2) %}{% endcall %}
             }
         }
@@ -506,9 +535,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) {
-            if (n_begin + st < n_end) {
-                LOAD_TILE<BN, DQK>(sK + st * BN * SQS, kg, (n_begin + st) * BN, Skv, tid, KV_ROWS);
-                LOAD_TILE<BN, DV, NT, DVG>(sV + st * BN * SVS, vg, (n_begin + st) * BN, Skv, tid, KV_ROWS);
+            if (st < n_iter) {
+                LOAD_TILE<BN, DQK>(sK + st * BN * SQS, kg, KV_N0(st), Skv, tid, KV_ROWS);
+                LOAD_TILE<BN, DV, NT, DVG>(sV + st * BN * SVS, vg, KV_N0(st), Skv, tid, KV_ROWS);
             }
             cp_async_commit();
         }
@@ -524,25 +553,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }
         SYNC_SMEM_WRITES();
 {% endif %}{% call init_rows() %}{% endcall %}
-    for (int nb = n_begin; nb < n_end; ++nb) {
-        const int cur = (nb - n_begin) % STAGES;
+    for (int it = 0; it < n_iter; ++it) {
+        const int cur = it % STAGES;
         elem_t* sKc = sK + cur * BN * SQS;
         elem_t* sVc = sV + cur * BN * SVS;
-        const int n0 = nb * BN;
-{% if mask %}        // 0: no row sees a key of this block: skipped. (Full blocks still
+        const int n0 = KV_N0(it);
+        // 0: no row sees a key of this block: skipped. (Full blocks still
         // evaluate the predicate per score: skipping it cost registers and
         // time on the causal kernels, bench/NOTES.md.)
-        const int cls = TILE_CLASS(n0, min(n0 + BN, Skv) - 1);
-{% else %}        const int cls = 2;
-{% endif %}        // Block nb has landed (only the STAGES - 2 newer groups may be
-        // pending), for every thread; and every warp is done with block
-        // nb - 1, whose buffer the load below refills.
+        const int cls = STEP_CLASS(it, n0);
+        // Step it's block has landed (only the STAGES - 2 newer groups may
+        // be pending), for every thread; and every warp is done with step
+        // it - 1, whose buffer the load below refills.
         cp_async_wait<STAGES - 2>();
         SYNC_SMEM_WRITES();
-        if (nb + STAGES - 1 < n_end) {
+        if (it + STAGES - 1 < n_iter) {
             const int nxt = (cur + STAGES - 1) % STAGES;
-            LOAD_TILE<BN, DQK>(sK + nxt * BN * SQS, kg, n0 + (STAGES - 1) * BN, Skv, tid, KV_ROWS);
-            LOAD_TILE<BN, DV, NT, DVG>(sV + nxt * BN * SVS, vg, n0 + (STAGES - 1) * BN, Skv, tid, KV_ROWS);
+            LOAD_TILE<BN, DQK>(sK + nxt * BN * SQS, kg, KV_N0(it + STAGES - 1), Skv, tid, KV_ROWS);
+            LOAD_TILE<BN, DV, NT, DVG>(sV + nxt * BN * SVS, vg, KV_N0(it + STAGES - 1), Skv, tid, KV_ROWS);
         }
         cp_async_commit();
 {% if modify_k %}

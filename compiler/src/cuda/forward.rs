@@ -243,6 +243,17 @@ pub enum ArgKind {
     /// (i32 `[B]`, each sequence's keys), `pages_per_seq` and `page_shift`
     /// (i32: pages hold `2^page_shift` rows).
     PagedKv(&'static str),
+    /// An argument of a forward under a block-sparse mask
+    /// ([`parallel_forward_block_sparse`]), FlexAttention's `BlockMask`
+    /// layout: `kv_num_blocks` and `full_kv_num_blocks` (i32 `[mask_batches,
+    /// mask_heads, mask_rows]`: how many partial and full key blocks each
+    /// mask row visits), `kv_indices` and `full_kv_indices` (i32
+    /// `[mask_batches, mask_heads, mask_rows, mask_cols]`: which, in their
+    /// first entries), then the i32 extents `mask_batches` and `mask_heads`
+    /// (1, shared by all, or B and H), `mask_rows`, `mask_cols`, and the
+    /// mask's block sizes `mask_block_m` and `mask_block_n` (multiples of
+    /// the kernel's `block_m` and `block_n`).
+    BlockMask(&'static str),
     /// An `i32` of the sequence-segment schedule of the sm_90a recurrent
     /// forward (`n_whole`, `n_tail`, `n_seg`; see
     /// [`SegmentSplit`](super::recurrent_wgmma::SegmentSplit)). Ignored when
@@ -266,7 +277,24 @@ enum RowLayout {
     Varlen,
     /// Dense queries, keys and values in a paged cache.
     Paged,
+    /// Dense rows; each row block visits the key blocks a block-sparse mask
+    /// lists.
+    BlockSparse,
 }
+
+/// The arguments of a block-sparse forward after the sizes, in order.
+pub const BLOCK_MASK_ARGS: [&str; 10] = [
+    "kv_num_blocks",
+    "kv_indices",
+    "full_kv_num_blocks",
+    "full_kv_indices",
+    "mask_batches",
+    "mask_heads",
+    "mask_rows",
+    "mask_cols",
+    "mask_block_m",
+    "mask_block_n",
+];
 
 /// [`forward_args`], then for a variable-length forward the two boundary
 /// arrays, for a paged one the block table and its sizes.
@@ -298,6 +326,7 @@ fn forward_args_with(variant: &Variant, split_kv: bool, layout: RowLayout) -> Ve
         RowLayout::Paged => args.extend(
             ["block_table", "seqlens_k", "pages_per_seq", "page_shift"].map(ArgKind::PagedKv),
         ),
+        RowLayout::BlockSparse => args.extend(BLOCK_MASK_ARGS.map(ArgKind::BlockMask)),
     }
     args
 }
@@ -525,6 +554,8 @@ struct ForwardTemplate<'a> {
     varlen: bool,
     /// K and V in a paged cache (`block_table`, `seqlens_k`).
     paged: bool,
+    /// Key blocks from a block-sparse mask's lists.
+    sparse: bool,
     /// O is written 16 bytes per lane after a transpose across each quad
     /// (see the template's epilogue).
     quad_stores: bool,
@@ -587,6 +618,29 @@ pub fn parallel_forward_paged(
     generate_forward(variant, dqk, dv, cfg, RowLayout::Paged)
 }
 
+/// Generates the parallel forward of `variant` under a block-sparse mask
+/// (FlexAttention's `BlockMask`, arguments [`ArgKind::BlockMask`] after the
+/// sizes): rows and tensors are dense, and each row block visits only the
+/// key blocks its mask row lists — the partial ones, where the variant's
+/// mask (if any) decides per score, then the full ones, where every key in
+/// bounds is seen and the mask is not evaluated. One head per row block:
+/// packed GQA rows and KV splits (the decoding tiles) are refused.
+pub fn parallel_forward_block_sparse(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &ForwardConfig,
+) -> Result<KernelSource, CompileError> {
+    if cfg.pack_gqa || cfg.split_kv {
+        return Err(CompileError(
+            "a block-sparse mask needs one head per row block and no KV splits: set pack_gqa \
+             and split_kv to false (the decoding tiles set them)"
+                .into(),
+        ));
+    }
+    generate_forward(variant, dqk, dv, cfg, RowLayout::BlockSparse)
+}
+
 fn generate_forward(
     variant: &Variant,
     dqk: u32,
@@ -645,6 +699,7 @@ fn generate_forward(
         RowLayout::Dense => "",
         RowLayout::Varlen => "_varlen",
         RowLayout::Paged => "_paged",
+        RowLayout::BlockSparse => "_sparse",
     };
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
@@ -686,6 +741,7 @@ fn generate_forward(
         split_kv: cfg.split_kv,
         varlen,
         paged: layout == RowLayout::Paged,
+        sparse: layout == RowLayout::BlockSparse,
         // The transpose keeps a few more values live in the epilogue: at
         // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
         // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved

@@ -93,6 +93,38 @@ pub fn forward(variant: &Variant, inputs: &Inputs, opts: Options) -> Result<Forw
     }
 }
 
+/// What a block-sparse mask makes of one score, before the variant's mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyRule {
+    /// Not seen (its key block is not listed).
+    Hidden,
+    /// The variant's mask decides (a partial block).
+    Masked,
+    /// Seen, the mask not evaluated (a full block).
+    Shown,
+}
+
+/// The forward of a parallel variant with `rule(b, h, i, j)` applied to
+/// every score before the variant's mask (the semantics of a block-sparse
+/// mask's lists).
+pub fn forward_with_rule(
+    variant: &Variant,
+    inputs: &Inputs,
+    opts: Options,
+    rule: &dyn Fn(usize, usize, usize, usize) -> KeyRule,
+) -> Result<Forward, ShapeError> {
+    let sizes = Sizes::bind(variant, inputs)?;
+    match variant.pattern {
+        Pattern::Parallel => Ok(parallel::forward_with_rule(
+            variant, inputs, &sizes, opts, rule,
+        )),
+        Pattern::Recurrent => Err(ShapeError(format!(
+            "`{}` is a recurrent variant: a key rule applies to parallel variants' scores",
+            variant.name
+        ))),
+    }
+}
+
 /// Gradients of `Σ o · d_o` with respect to every input.
 pub fn backward(variant: &Variant, inputs: &Inputs, d_o: &Tensor) -> Result<Gradients, ShapeError> {
     let sizes = Sizes::bind(variant, inputs)?;

@@ -4,8 +4,8 @@
 
 use super::eval::{eval_region, eval_scalar_with};
 use super::{
-    Forward, Gradients, Inputs, Options, Point, Sizes, Tensor, accumulate_customs, gather_value,
-    leaf_value, modification_backward, zero_custom_grads,
+    Forward, Gradients, Inputs, KeyRule, Options, Point, Sizes, Tensor, accumulate_customs,
+    gather_value, leaf_value, modification_backward, zero_custom_grads,
 };
 use crate::ir::{Axis, Op, ParamRole, Region};
 use crate::variant::{Parallel, Variant};
@@ -149,6 +149,18 @@ fn broadcast(v: Vec<f64>, len: usize) -> Vec<f64> {
 }
 
 pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, opts: Options) -> Forward {
+    forward_with_rule(variant, inputs, sizes, opts, &|_, _, _, _| KeyRule::Masked)
+}
+
+/// [`forward`] with `rule(b, h, i, j)` deciding, before the variant's mask,
+/// whether score (i, j) is hidden, left to the mask, or shown regardless.
+pub fn forward_with_rule(
+    variant: &Variant,
+    inputs: &Inputs,
+    sizes: &Sizes,
+    opts: Options,
+    rule: &dyn Fn(usize, usize, usize, usize) -> KeyRule,
+) -> Forward {
     let par = variant.parallel().expect("parallel variant");
     let prep = prepare(par, variant, inputs, sizes);
     let online = &par.online;
@@ -196,7 +208,14 @@ pub fn forward(variant: &Variant, inputs: &Inputs, sizes: &Sizes, opts: Options)
                     .with(Axis::B, b)
                     .with(Axis::H, h)
                     .with(Axis::Sq, i);
-                let row = row_scores(par, &prep, p, variant, inputs, sizes);
+                let mut row = row_scores(par, &prep, p, variant, inputs, sizes);
+                for (j, seen) in row.visible.iter_mut().enumerate() {
+                    match rule(b, h, i, j) {
+                        KeyRule::Hidden => *seen = false,
+                        KeyRule::Masked => {}
+                        KeyRule::Shown => *seen = true,
+                    }
+                }
                 let mut state: Vec<f64> = online.state.iter().map(|f| f.init).collect();
                 let mut acc = vec![0.0; dv];
                 let mut any = false;
