@@ -416,6 +416,45 @@ fn check_example(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_ra
     );
 }
 
+/// The row outputs of `out` against the reference forward `want`: infinite
+/// where the reference is (rows that see no key), close elsewhere. Whether
+/// all hold, and a report per output.
+fn check_row_outputs(
+    test: &str,
+    names: &[String],
+    out: &ForwardOutput<bf16>,
+    stream: &aec::runtime::Stream,
+    want: &reference::Forward,
+) -> (bool, Vec<String>) {
+    let mut rows_ok = true;
+    let mut report = Vec::new();
+    for name in names {
+        let reference = match name.split_once('.') {
+            Some(("scale", s)) => &want.scales[s],
+            Some(("state", f)) => &want.row_state[f],
+            _ => panic!("{test}: unexpected row output `{name}`"),
+        };
+        let got = out.download_row(stream, name).unwrap();
+        let (mut g, mut r) = (Vec::new(), Vec::new());
+        let mut same_inf = true;
+        for (&x, &y) in got.iter().zip(&reference.data) {
+            if y.is_finite() {
+                g.push(f64::from(x));
+                r.push(y);
+            } else {
+                same_inf &= f64::from(x) == y;
+            }
+        }
+        let e = if r.is_empty() { 0.0 } else { rel_err(&g, &r) };
+        rows_ok &= same_inf && e < 1e-2 && !e.is_nan();
+        report.push(format!(
+            "{name}={e:.2e}{}",
+            if same_inf { "" } else { " (inf differs)" }
+        ));
+    }
+    (rows_ok, report)
+}
+
 fn check_example_with(
     test: &str,
     name: &str,
@@ -450,38 +489,8 @@ fn check_example_with(
     let nan = o.iter().any(|x| x.is_nan());
     let err = rel_err(&o, &fwd.o.data);
 
-    let mut row_report = Vec::new();
-    let mut rows_ok = true;
-    for name in kernels.row_output_names() {
-        let reference = match name.split_once('.') {
-            Some(("scale", s)) => &fwd.scales[s],
-            Some(("state", f)) => &fwd.row_state[f],
-            _ => panic!("{test}: unexpected row output `{name}`"),
-        };
-        let got: Vec<f64> = out
-            .download_row(stream, name)
-            .unwrap()
-            .iter()
-            .map(|&x| f64::from(x))
-            .collect();
-        // Infinite where the reference is (fully masked rows), close elsewhere.
-        let (mut g, mut r) = (Vec::new(), Vec::new());
-        let mut same_inf = true;
-        for (x, y) in got.iter().zip(&reference.data) {
-            if y.is_finite() {
-                g.push(*x);
-                r.push(*y);
-            } else {
-                same_inf &= x == y;
-            }
-        }
-        let e = if r.is_empty() { 0.0 } else { rel_err(&g, &r) };
-        rows_ok &= same_inf && e < 1e-2 && !e.is_nan();
-        row_report.push(format!(
-            "{name}={e:.2e}{}",
-            if same_inf { "" } else { " (inf differs)" }
-        ));
-    }
+    let (rows_ok, row_report) =
+        check_row_outputs(test, kernels.row_output_names(), &out, stream, &fwd);
     let pass = err < 1e-2 && !nan && rows_ok;
     eprintln!(
         "{test}: {} `{}` on {} {shape} Dqk={} Dv={}: rel_err(o)={err:.2e} nan={nan} rows[{}]",
@@ -1770,32 +1779,13 @@ fn check_block_sparse(
         .expect("reference");
     let o = download_f64(&gpu.stream, &out.o);
     let err = rel_err(&o, &want.o.data);
-    let mut rows_ok = true;
-    let mut report = Vec::new();
-    for name in gpu.kernels.row_output_names().to_vec() {
-        let got = out.download_row(&gpu.stream, &name).unwrap();
-        let t = match name.split_once('.') {
-            Some(("scale", s)) => &want.scales[s],
-            Some(("state", f)) => &want.row_state[f],
-            _ => panic!("{test}: unexpected row output `{name}`"),
-        };
-        // Rows that see no key: infinite where the reference is.
-        let (mut g, mut w, mut same_inf) = (Vec::new(), Vec::new(), true);
-        for (x, y) in got.iter().zip(&t.data) {
-            if y.is_finite() {
-                g.push(f64::from(*x));
-                w.push(*y);
-            } else {
-                same_inf &= f64::from(*x) == *y;
-            }
-        }
-        let e = if w.is_empty() { 0.0 } else { rel_err(&g, &w) };
-        rows_ok &= same_inf && e < 1e-2;
-        report.push(format!(
-            "{name}={e:.2e}{}",
-            if same_inf { "" } else { " (inf differs)" }
-        ));
-    }
+    let (rows_ok, report) = check_row_outputs(
+        test,
+        gpu.kernels.row_output_names(),
+        &out,
+        &gpu.stream,
+        &want,
+    );
     let listed: u32 = np.iter().chain(&nf).sum();
     let pass = err < 1e-2 && rows_ok;
     eprintln!(

@@ -1013,37 +1013,27 @@ impl ParallelKernels {
                     ArgKind::CuSeqlens
                     | ArgKind::CuSeqlensKv
                     | ArgKind::PagedKv(_)
-                    | ArgKind::BlockMask(_) => match (a, &launch.rows) {
-                        (ArgKind::BlockMask(name), LaunchRows::BlockSparse(m))
-                            if m.arg(name).is_some() =>
-                        {
-                            m.arg(name).expect("checked by the guard")
-                        }
-                        (ArgKind::CuSeqlens, LaunchRows::Varlen { cu_q, .. }) => Arg::from(*cu_q),
-                        (ArgKind::CuSeqlensKv, LaunchRows::Varlen { cu_k, .. }) => Arg::from(*cu_k),
-                        (ArgKind::PagedKv("block_table"), LaunchRows::Paged(p)) => {
-                            Arg::from(p.block_table)
-                        }
-                        (ArgKind::PagedKv("seqlens_k"), LaunchRows::Paged(p)) => {
-                            Arg::from(p.seqlens_k)
-                        }
-                        (ArgKind::PagedKv("pages_per_seq"), LaunchRows::Paged(p)) => {
-                            Arg::from(p.pages_per_seq)
-                        }
-                        (ArgKind::PagedKv("page_shift"), LaunchRows::Paged(p)) => {
-                            Arg::from(p.page_shift)
-                        }
-                        (other, _) => {
-                            return Err(Error::Compile {
-                                variant: self.variant.name.clone(),
-                                kernel: "forward",
-                                source: CompileError(format!(
-                                    "the kernel takes {other:?}, which this launch has no \
-                                         value for; this is a bug in aec"
-                                )),
-                            });
-                        }
-                    },
+                    | ArgKind::BlockMask(_) => {
+                        let value = match (a, &launch.rows) {
+                            (ArgKind::CuSeqlens, LaunchRows::Varlen { cu_q, .. }) => {
+                                Some(Arg::from(*cu_q))
+                            }
+                            (ArgKind::CuSeqlensKv, LaunchRows::Varlen { cu_k, .. }) => {
+                                Some(Arg::from(*cu_k))
+                            }
+                            (ArgKind::PagedKv(name), LaunchRows::Paged(p)) => p.arg(name),
+                            (ArgKind::BlockMask(name), LaunchRows::BlockSparse(m)) => m.arg(name),
+                            _ => None,
+                        };
+                        value.ok_or_else(|| Error::Compile {
+                            variant: self.variant.name.clone(),
+                            kernel: "forward",
+                            source: CompileError(format!(
+                                "the kernel takes {a:?}, which this launch has no value for; \
+                                 this is a bug in aec"
+                            )),
+                        })?
+                    }
                     other @ (ArgKind::Tensor(_)
                     | ArgKind::CustomGrad(_)
                     | ArgKind::Workspace(_)

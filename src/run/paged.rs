@@ -43,6 +43,21 @@ pub(super) struct PagedArgs<'a> {
     pub(super) page_shift: i32,
 }
 
+impl PagedArgs<'_> {
+    /// The value of the [`ArgKind::PagedKv`](crate::compiler::ArgKind)
+    /// argument `name`.
+    pub(super) fn arg(&self, name: &str) -> Option<crate::runtime::Arg<'_>> {
+        use crate::runtime::Arg;
+        Some(match name {
+            "block_table" => Arg::from(self.block_table),
+            "seqlens_k" => Arg::from(self.seqlens_k),
+            "pages_per_seq" => Arg::from(self.pages_per_seq),
+            "page_shift" => Arg::from(self.page_shift),
+            _ => return None,
+        })
+    }
+}
+
 /// Generates the paged forward of `variant` for `dims` and `isa` without
 /// compiling it ([`parallel_forward_paged`] with the options' tile
 /// configuration, else the default one). Needs no GPU.
