@@ -94,9 +94,76 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
             let text = sass(&compiled.cubin).expect("cuobjdump");
             let sass_mma = if k.wgmma { "HGMMA" } else { "HMMA" };
             assert!(text.contains(sass_mma), "{example} ({arch}): no {sass_mma}");
+            if k.wgmma {
+                // The state is staged with stmatrix and O leaves 16 bytes per
+                // lane: scattered 4-byte shared and global stores were on the
+                // state warpgroup's chain (bench/NOTES.md).
+                for op in ["STSM", "STG.E.128"] {
+                    assert!(text.contains(op), "{example} ({arch}): no {op}");
+                }
+            }
             eprintln!(
                 "{example:17} {dk:>3}/{dv:<3} {arch:7} {:>3} regs, {:>6} B smem, {}",
                 entry.registers, k.smem_bytes, k.name
+            );
+        }
+    }
+}
+
+/// The wgmma forward reads its per-step inputs (the decay's, a row-scale
+/// modification's) a chunk ahead of the arithmetic on them: each closure is
+/// split into `_reads`, which loads exactly the custom inputs it reads, and
+/// `_from`, which reads none.
+#[test]
+fn per_step_reads_are_split_from_their_arithmetic() {
+    let body = |src: &str, name: &str| {
+        let at = src
+            .find(&format!(" {name}(const"))
+            .unwrap_or_else(|| panic!("no `{name}` in the source"));
+        let rest = &src[at..];
+        rest[..rest.find("\n}\n").expect("function end")].to_string()
+    };
+    for (example, dk, dv, reads) in [
+        ("gated_retention", 256, 256, &[("DECAY_FN", 1)][..]),
+        (
+            "mamba2",
+            128,
+            64,
+            &[("DECAY_FN", 2), ("MODIFY_V_ROW", 1)][..],
+        ),
+        (
+            "retnet_recurrent",
+            64,
+            64,
+            &[("DECAY_FN", 0), ("MODIFY_Q_ROW", 0)][..],
+        ),
+    ] {
+        let v = common::example(example);
+        let cfg = RecurrentConfig::for_variant(&v, dk, dv, Elem::Bf16, Isa::Sm90a);
+        let k = recurrent_forward(&v, dk, dv, &cfg).expect("wgmma forward");
+        assert!(k.wgmma, "{example}: expected the wgmma forward");
+        for &(name, n) in reads {
+            let lower = name.to_lowercase();
+            // The count is at least 1: a C array cannot be empty.
+            assert!(
+                k.source
+                    .contains(&format!("#define {name}_READS {}\n", n.max(1))),
+                "{example}: {name}_READS"
+            );
+            let reads_fn = body(&k.source, &format!("{lower}_reads"));
+            assert_eq!(
+                reads_fn.matches("P.in").count(),
+                n,
+                "{example}: {lower}_reads:\n{reads_fn}"
+            );
+            let from_fn = body(&k.source, &format!("{lower}_from"));
+            assert!(
+                !from_fn.contains("P.in"),
+                "{example}: {lower}_from reads memory:\n{from_fn}"
+            );
+            assert!(
+                k.source.contains(&format!("{lower}_reads(pt, P,")),
+                "{example}: the template does not issue {lower}_reads"
             );
         }
     }

@@ -87,6 +87,13 @@ __device__ __forceinline__ void quad_exchange(unsigned (&w)[4], int t4) {
         }
 }
 
+// A 16-byte store to global memory (`p` 16-byte aligned). Written out: NVVM
+// splits a plain uint4 store into four 4-byte ones where the pointer
+// arithmetic hides the alignment (seen with a 32-bit column offset).
+__device__ __forceinline__ void store16(void* p, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], { %1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
 // Transposes a 4 x 4 matrix of words held one row per lane of a quad: lane t
 // starts with row t and ends with column t.
 __device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int t4) {

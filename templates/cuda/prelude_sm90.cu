@@ -57,6 +57,15 @@ __device__ __forceinline__ void load_tile_sw128(elem_t* s, const elem_t* g, int 
     }
 }
 
+// Stores four 8 x 8 matrices of 16-bit elements from mma fragments (thread
+// t holds row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1 of matrix j in r_j);
+// lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], { %1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // Matrix descriptor of a swizzled operand starting at shared address `addr`:
 // `lbo` is the byte distance between 64-column panels (used when the operand
 // is N-major), 1024 the distance between 8-row groups.

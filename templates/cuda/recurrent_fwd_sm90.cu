@@ -10,14 +10,19 @@
 // Two warpgroups share the work so that the sequential part (the state
 // update) overlaps the rest (more warps would cap registers at 168, and the
 // Dk 256 state alone takes 128):
-//   - the state warpgroup holds S (DK × 64, f32) in registers. Per chunk it
-//     applies the variant's modifications in place, scans the decay, stages
-//     S in the element type for the output warpgroup (`ready`), then moves S
-//     to the chunk's end with wgmma — while the output warpgroup is still on
-//     this chunk, so it runs up to a chunk ahead;
+//   - the state warpgroup holds S (DK × 64, f32) in registers. This chain
+//     sets the kernel's pace, so it does as little else as it can. Per chunk
+//     it stages S in the element type for the output warpgroup (stmatrix;
+//     `ready`), then moves S to the chunk's end with wgmma — while the
+//     output warpgroup is still on this chunk, so it runs up to a chunk
+//     ahead — and while that update runs it prepares the next chunk: the
+//     variant's modifications in place, the decay's scan, Ṽ decayed (two
+//     buffers). Per-step inputs (the decay's, row factors') are read a
+//     chunk before their arithmetic, so their latency is off the chain;
 //   - the output warpgroup computes A and Q̃ S from the staged tiles (wgmma,
 //     both operands in shared memory), masks and decays A in registers, adds
-//     A Ṽ with A as the register operand, and writes O. It also loads: chunk
+//     A Ṽ with A as the register operand, and writes O (16 bytes per lane
+//     after a transpose across the quad). It also loads: chunk
 //     c + 2 into chunk c's stage once it has read it and the state
 //     warpgroup has released it (two stages: `full` / `empty` mbarriers).
 // A modification of q or v that scales whole rows (`x · f(b, h, t)`) is not
@@ -56,6 +61,25 @@
 {{ regions }}
 {% include "cuda/recurrent_decay.cu" %}
 // ---------------------------------------------------------------------------
+
+// The state, in the element type, into its swizzled DK × 64 tile with
+// stmatrix: per instruction a warp stores two 16 × 8 fragment tiles (four
+// 8 × 8 matrices), each lane addressing one 16-byte row piece. Rows of a
+// matrix are 8 apart from a multiple of 8, so a lane's row is `lane % 8`
+// modulo 8 and its swizzled column piece is known per column pair.
+__device__ __forceinline__ void state_stage_sw128(const state_frag& st, elem_t* s, int sm0, int lane) {
+    const int j = lane / 8, rr = lane % 8;  // the lane's matrix and row in it
+    const unsigned row = smem_u32(s) + (sm0 + 8 * (j % 2) + rr) * 128;
+#pragma unroll
+    for (int p = 0; p < SNT / 2; ++p) {
+        const unsigned at = row + (((2 * p + j / 2) ^ rr) * 16);
+#pragma unroll
+        for (int mt = 0; mt < SMT; ++mt)
+            stmatrix_x4(at + mt * STATE_MT_ROWS * 128, pack2(st[mt][2 * p][0], st[mt][2 * p][1]),
+                        pack2(st[mt][2 * p][2], st[mt][2 * p][3]), pack2(st[mt][2 * p + 1][0], st[mt][2 * p + 1][1]),
+                        pack2(st[mt][2 * p + 1][2], st[mt][2 * p + 1][3]));
+    }
+}
 
 // Rewrites a swizzled C × COLS chunk tile in place, 16 bytes per step: the
 // variant's modification of each element (closures that read inputs by step
@@ -97,8 +121,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     elem_t* sK = sQ + 2 * C * DK;     // 2 stages × C × DK
     elem_t* sV = sK + 2 * C * DK;     // 2 stages × C × DVT
     elem_t* sS = sV + 2 * C * DVT;    // 2 × DK × DVT: the state before the chunk
-    elem_t* sVd = sS + 2 * DK * DVT;  // C × DVT: Ṽ decayed to the chunk's end
-    float* sL = reinterpret_cast<float*>(sVd + C * DVT);  // 2 × C: cumulative log2 decay
+    elem_t* sVd = sS + 2 * DK * DVT;  // 2 × C × DVT: Ṽ decayed to the chunk's end
+    float* sL = reinterpret_cast<float*>(sVd + 2 * C * DVT);  // 2 × C: cumulative log2 decay
 {% if q_row %}    float* sMq = sL + 2 * C;  // 2 × C: q's row factors
 {% endif %}{% if v_row %}    float* sMv = sL + {% if q_row %}4{% else %}2{% endif %} * C;  // 2 × C: v's row factors
 {% endif %}    __shared__ __align__(8) unsigned long long bar_full[2], bar_ready[2], bar_empty[2];
@@ -146,31 +170,47 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             state_load(st, state_in && !state_only ? state_in + bh * DK * DV : nullptr, e0, sm0, 0, g, t4);
         float l_sum = 0.f;  // log2 of the decay over a segment for the state alone
         // Per-step values — log2 of the decay (warp 0) and the row factors
-        // (warp 1). Where they read custom inputs from global memory they are
-        // read a chunk ahead, while this warpgroup waits for the next chunk's
-        // tiles, so their latency is off the chain (without inputs that only
-        // costs registers).
+        // (warp 1). Where they read custom inputs, the reads go out a chunk
+        // ahead (`read_steps`, into `*_raw`) and the arithmetic on them waits
+        // until the chunk is prepared (`finish_steps`), so that their latency
+        // is off the chain.
         float xd[C / WARP];
-{% if q_row %}        float fq[C / WARP];
-{% endif %}{% if v_row %}        float fv[C / WARP];
+{% if decay %}        float xd_raw[C / WARP][DECAY_FN_READS];
+{% endif %}{% if q_row %}        float fq[C / WARP], fq_raw[C / WARP][MODIFY_Q_ROW_READS];
+{% endif %}{% if v_row %}        float fv[C / WARP], fv_raw[C / WARP][MODIFY_V_ROW_READS];
 {% endif %}        auto read_steps = [&](int ch) {
-            if (wwarp == 0) chunk_log_decays(xd, ch * C, h, P, lane);
-{% if q_row || v_row %}            if (wwarp == 1) {
 #pragma unroll
-                for (int part = 0; part < C / WARP; ++part) {
-                    const int t = ch * C + part * WARP + lane;
-                    const Pt pt = step_point(h, t, 0, P);
-{% if q_row %}                    fq[part] = modify_q_row(pt, P);
-{% endif %}{% if v_row %}                    fv[part] = t < S ? modify_v_row(pt, P) : 0.f;  // rows past the end add nothing
-{% endif %}                }
-            }
-{% endif %}        };
-{% if prefetch_steps %}        if (n_visits > 0) read_steps(first);
-{% endif %}        // Visit i: the chunk's tiles in, S moved past it (staged for the
-        // output warpgroup first, unless the block runs for the state alone).
-        for (int i = 0; i < n_visits; ++i) {
+            for (int part = 0; part < C / WARP; ++part) {
+                const int t = ch * C + part * WARP + lane;
+                const Pt pt = step_point(h, t, 0, P);
+                (void)pt;
+{% if decay %}                if (wwarp == 0 && t < S) decay_fn_reads(pt, P, xd_raw[part]);
+{% endif %}{% if q_row %}                if (wwarp == 1 && t < S) modify_q_row_reads(pt, P, fq_raw[part]);
+{% endif %}{% if v_row %}                if (wwarp == 1 && t < S) modify_v_row_reads(pt, P, fv_raw[part]);
+{% endif %}            }
+        };
+        auto finish_steps = [&](int ch) {
+#pragma unroll
+            for (int part = 0; part < C / WARP; ++part) {
+                const int t = ch * C + part * WARP + lane;
+                const Pt pt = step_point(h, t, 0, P);
+                (void)pt;
+{% if decay %}                if (wwarp == 0) xd[part] = t < S ? log2f(decay_fn_from(xd_raw[part], pt, P)) : 0.f;  // 0 past the end
+{% else %}                xd[part] = 0.f;
+{% endif %}{% if q_row %}                if (wwarp == 1) fq[part] = t < S ? modify_q_row_from(fq_raw[part], pt, P) : 0.f;  // rows past the end are not stored
+{% endif %}{% if v_row %}                if (wwarp == 1) fv[part] = t < S ? modify_v_row_from(fv_raw[part], pt, P) : 0.f;  // rows past the end add nothing
+{% endif %}            }
+        };
+        // Visit i's tiles in: the per-step values applied, the decay's prefix
+        // sums, and Ṽ decayed to the chunk's end (the state update's B
+        // operand, double-buffered so that the next visit's is made while
+        // this one's update runs).
+        float l_last = 0.f;  // log2 of the decay over the chunk being prepared
+        auto prepare = [&](int i) {
             const int s = i & 1, ch = first + i, t0 = ch * C;
 {% if !prefetch_steps %}            read_steps(ch);
+{% endif %}            finish_steps(ch);
+{% if prefetch_steps %}            if (i + 1 < n_visits) read_steps(ch + 1);
 {% endif %}            mbar_wait(&bar_full[s], (i >> 1) & 1);
             fence_proxy_async();
             elem_t* cK = sK + s * C * DK;
@@ -188,9 +228,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             }
 {% endif %}            if (wwarp == 0) chunk_prefix_sum(xd, cL, lane);
             warpgroup_sync(1);
-            const float l_last = cL[C - 1];
+            l_last = cL[C - 1];
             if (state_only) l_sum += l_last;
-            // Ṽ decayed to the end of the chunk: the state update's B operand.
+            elem_t* vd = sVd + s * C * DVT;
+#pragma unroll
             for (int x = wtid; x < C * DVT / 8; x += WG) {
                 const int r = x / (DVT / 8), c = (x % (DVT / 8)) * 8;
                 const float f = fast_exp2(l_last - cL[r]){% if v_row %} * sMv[s * C + r]{% endif %};
@@ -199,9 +240,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 elem_t* e = reinterpret_cast<elem_t*>(&raw);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) e[j] = from_f32(to_f32(e[j]) * f);
-                *reinterpret_cast<uint4*>(sVd + at) = raw;
+                *reinterpret_cast<uint4*>(vd + at) = raw;
             }
-            if (!state_only) state_stage(st, sS + s * DK * DVT, sm0, 0, g, t4);
+        };
+{% if prefetch_steps %}        if (n_visits > 0) read_steps(first);
+{% endif %}        if (n_visits > 0) prepare(0);
+        // Visit i: S staged for the output warpgroup (unless the block runs
+        // for the state alone), then moved past the chunk on wgmma while the
+        // next visit is prepared.
+        for (int i = 0; i < n_visits; ++i) {
+            const int s = i & 1;
+            if (!state_only) state_stage_sw128(st, sS + s * DK * DVT, sm0, lane);
             fence_proxy_async();
             warpgroup_sync(1);
             mbar_arrive(&bar_ready[s]);
@@ -210,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             state_scale(st, fast_exp2(l_last));
             wgmma_fence();
             {
-                const unsigned k_base = smem_u32(cK), vd_base = smem_u32(sVd);
+                const unsigned k_base = smem_u32(sK + s * C * DK), vd_base = smem_u32(sVd + s * C * DVT);
 #pragma unroll
                 for (int kk = 0; kk < C / 16; ++kk)
 #pragma unroll
@@ -219,12 +268,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                                     sw128_desc(vd_base + kk * 16 * 128, C * 128), 1);
             }
             wgmma_commit();
+            if (i + 1 < n_visits) prepare(i + 1);
             wgmma_wait0();
 #pragma unroll
             for (int mt = 0; mt < SMT; ++mt) wgmma_fence_operands_n64(st[mt]);
             mbar_arrive(&bar_empty[s]);
-{% if prefetch_steps %}            if (i + 1 < n_visits) read_steps(ch + 1);
-{% endif %}        }
+        }
         if (state_only) {
             // Publish the segment's state and decay (the item is recomputed
             // rather than held across the loop: the state takes the registers).
@@ -338,17 +387,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             mbar_wait(&bar_empty[s], (i >> 1) & 1);
             load_visit(i + 2);
         }
-#pragma unroll
-        for (int nt = 0; nt < DVT / 8; ++nt)
+        // O's rows, 16 bytes per lane: each quad holds a row's 64 columns as
+        // 2-column pieces; a transpose across the quad gives each lane 8
+        // adjacent columns.
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const int t = t0 + (hf ? r_hi : r_lo);
-            if (t < S)
-{% if q_row %}                *reinterpret_cast<unsigned*>(og + (long long)t * DV + nt * 8 + 2 * t4) =
-                    pack2(acc[nt][2 * hf] * (hf ? mq_hi : mq_lo), acc[nt][2 * hf + 1] * (hf ? mq_hi : mq_lo));
-{% else %}                *reinterpret_cast<unsigned*>(og + (long long)t * DV + nt * 8 + 2 * t4) =
-                    pack2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-{% endif %}
+{% if q_row %}            const float mq = hf ? mq_hi : mq_lo;
+{% else %}            const float mq = 1.f;
+{% endif %}#pragma unroll
+            for (int qg = 0; qg < DVT / 32; ++qg) {
+                unsigned wd[4];
+#pragma unroll
+                for (int d = 0; d < 4; ++d) wd[d] = pack2(acc[4 * qg + d][2 * hf] * mq, acc[4 * qg + d][2 * hf + 1] * mq);
+                quad_transpose(wd, t4);
+                if (t < S)
+                    store16(og + (long long)t * DV + (4 * qg + t4) * 8, make_uint4(wd[0], wd[1], wd[2], wd[3]));
+            }
         }
     }
     cp_async_wait_all();

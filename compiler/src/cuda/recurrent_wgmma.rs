@@ -7,7 +7,7 @@ use super::forward::ArgKind;
 use super::recurrent::{RecurrentConfig, RecurrentSource, forward_args};
 use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
-use crate::cxx::closures::{custom_params, recurrent_closures, row_scale_factor, row_scale_fn};
+use crate::cxx::closures::{custom_params, recurrent_closures, row_scale_factor, split_reads_fn};
 use aec_frontend::Variant;
 use aec_frontend::variant::Recurrent;
 use askama::Template;
@@ -127,12 +127,13 @@ pub fn wgmma_dims_ok(dk: u32, dv_tile: u32) -> bool {
 }
 
 /// Dynamic shared memory of the wgmma forward: two stages of Q̃, K̃, Ṽ, two
-/// staged states, Ṽ decayed, two chunks of the decay's prefix sums and of
+/// staged states, two chunks of Ṽ decayed (the next visit's is made while
+/// this one's update runs), two chunks of the decay's prefix sums and of
 /// each row-scale modification's factors, and 1 KiB to align the swizzled
 /// panels.
 pub fn wgmma_smem_bytes(cfg: &RecurrentConfig, dk: u32, row_scales: u32) -> u32 {
     let c = cfg.chunk;
-    let elems = 2 * c * (2 * dk + DV_SLICE) + 2 * dk * DV_SLICE + c * DV_SLICE;
+    let elems = 2 * c * (2 * dk + DV_SLICE) + 2 * dk * DV_SLICE + 2 * c * DV_SLICE;
     elems * cfg.elem.bytes() + 2 * c * 4 * (1 + row_scales) + 1024
 }
 
@@ -205,11 +206,21 @@ pub(super) fn wgmma_forward(
         cfg.chunk,
     );
     let customs = custom_params(variant.customs.len(), false);
+    // The per-step values (the decay, row factors) split into their input
+    // reads and their arithmetic, so that the reads go out a chunk ahead.
     let mut regions = recurrent_closures(variant);
+    if let Some(d) = &rec.decay {
+        regions.push_str(&split_reads_fn(
+            variant,
+            &d.region,
+            d.region.outputs[0].node,
+            "decay_fn",
+        ));
+    }
     let mut row_scale = |m: &Option<aec_frontend::ir::Region>, name: &str| {
         let r = m.as_ref()?;
         let factor = row_scale_factor(r)?;
-        regions.push_str(&row_scale_fn(variant, r, name, factor));
+        regions.push_str(&split_reads_fn(variant, r, factor, &format!("{name}_row")));
         Some(())
     };
     let q_row = row_scale(&rec.modify_q, "modify_q").is_some();

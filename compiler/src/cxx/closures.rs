@@ -133,17 +133,53 @@ pub fn row_scale_factor(region: &Region) -> Option<NodeId> {
     (!per_dim && !reads_element).then_some(factor)
 }
 
-/// `float {name}_row(const Pt&, const Params&)`: the factor of a row-scale
-/// modification ([`row_scale_factor`]) at the point's row.
-pub fn row_scale_fn(variant: &Variant, region: &Region, name: &str, factor: NodeId) -> String {
+/// A per-step closure of a recurrent variant (`output` of `region`: the
+/// decay, or a row-scale modification's factor ([`row_scale_factor`])), split
+/// in two so that a template can issue its custom-input reads a chunk
+/// before it needs the value: `void {name}_reads(const Pt&, const Params&,
+/// float (&raw)[{NAME}_READS])` loads each custom input the closure reads
+/// at the point, and `float {name}_from(const float (&raw)[…], const Pt&,
+/// const Params&)` computes the closure from those values. (A read consumed
+/// where it is issued stalls its warp for the memory's latency.) The
+/// region's indexed reads, if any, stay in `_from`.
+pub fn split_reads_fn(variant: &Variant, region: &Region, output: NodeId, name: &str) -> String {
     let mut r = region.clone();
     r.outputs = vec![Output {
-        name: "factor".into(),
-        node: factor,
+        name: "value".into(),
+        node: output,
     }];
-    let (code, outs) = pointwise(&r, "n", &closure_leaf(variant, None));
+    let live = r.graph.live(&[output]);
+    let mut reads: Vec<u32> = Vec::new();
+    for id in r.graph.ids() {
+        if let Op::Custom(c) = r.graph.node(id).op
+            && live[id.index()]
+            && !reads.contains(&c)
+        {
+            reads.push(c);
+        }
+    }
+    let leaf = closure_leaf(variant, None);
+    let from_leaf = |op: &Op| match op {
+        Op::Custom(c) => {
+            let k = reads
+                .iter()
+                .position(|x| x == c)
+                .expect("every live read is listed");
+            format!("raw[{k}]")
+        }
+        other => leaf(other),
+    };
+    let (code, outs) = pointwise(&r, "n", &from_leaf);
+    let count = format!("{}_READS", name.to_uppercase());
+    let mut loads = String::new();
+    for (k, c) in reads.iter().enumerate() {
+        let _ = writeln!(loads, "    raw[{k}] = {};", custom_at(variant, *c, "in"));
+    }
     format!(
-        "__device__ __forceinline__ float {name}_row(const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
+        "#define {count} {}\n\
+         __device__ __forceinline__ void {name}_reads(const Pt& pt, const Params& P, float (&raw)[{count}]) {{\n{loads}    (void)pt; (void)P; (void)raw;\n}}\n\
+         __device__ __forceinline__ float {name}_from(const float (&raw)[{count}], const Pt& pt, const Params& P) {{\n{code}    (void)raw;\n    return {};\n}}\n",
+        reads.len().max(1),
         outs[0]
     )
 }
