@@ -744,6 +744,56 @@ fn gpu_recurrent_mamba2() {
     check_example_mma_sync(test, "mamba2", [1, 3, 200, 128, 64], false);
 }
 
+/// The `mma.sync` forward with 32-step chunks, a point of the tile space
+/// the benchmark sweeps (`RecurrentConfig::mma_sync_space`): every
+/// recurrent example against the reference at lengths that are not
+/// multiples of 32, with and without initial states; then a backward of
+/// kernels compiled with that forward configuration (it runs 64-step
+/// chunks: `RecurrentConfig::backward_for`).
+#[test]
+fn gpu_recurrent_chunks_of_32() {
+    let test = "gpu_recurrent_chunks_of_32";
+    let chunk32 = |name: &str, dk: usize, dv: usize| KernelOptions {
+        recurrent_config: Some(RecurrentConfig {
+            chunk: 32,
+            ..RecurrentConfig::for_variant(
+                &example(name),
+                dk as u32,
+                dv as u32,
+                Elem::Bf16,
+                Isa::Sm80,
+            )
+        }),
+        ..KernelOptions::default()
+    };
+    for (name, sizes, initial) in [
+        ("retnet_recurrent", [2, 2, 150, 128, 128], true),
+        ("gated_retention", [1, 2, 77, 256, 256], false),
+        ("mamba2", [2, 3, 100, 128, 64], true),
+        ("rfa", [1, 2, 190, 64, 64], true),
+        ("gla", [2, 2, 90, 64, 64], true),
+    ] {
+        let [_, _, _, dk, dv] = sizes;
+        let options = chunk32(name, dk, dv);
+        let dims = RecurrentDims::new(dk as u32, dv as u32);
+        let src = recurrent_source(&example(name), dims, &options, Isa::Sm90a).expect("source");
+        assert!(
+            src.config.chunk == 32 && !src.wgmma,
+            "{test}: {name} runs {}",
+            src.name
+        );
+        check_example_with(test, name, sizes, initial, &options, 1.0);
+    }
+    check_backward_with(
+        test,
+        "gated_retention",
+        [1, 2, 100, 64, 128],
+        true,
+        true,
+        &chunk32("gated_retention", 64, 128),
+    );
+}
+
 /// Few chains over long sequences: on a GPU with many multiprocessors the
 /// sm_90a forward cuts each chain into sequence segments
 /// (`SegmentSplit`): entering states from the initial state (segment 1)
@@ -812,9 +862,20 @@ fn gpu_recurrent_rfa() {
 /// the initial state's and normaliser's with the reference interpreter's;
 /// with `seeds` the final state (and normaliser) also get random gradients.
 fn check_backward(test: &str, name: &str, sizes: [usize; 5], initial: bool, seeds: bool) {
+    check_backward_with(test, name, sizes, initial, seeds, &KernelOptions::default());
+}
+
+/// [`check_backward`] of kernels compiled with `options`.
+fn check_backward_with(
+    test: &str,
+    name: &str,
+    sizes: [usize; 5],
+    initial: bool,
+    seeds: bool,
+    options: &KernelOptions,
+) {
     let [b, h, s, dk, dv] = sizes;
-    let Some((device, def, kernels, dims, shape)) =
-        example_kernels(test, name, sizes, &KernelOptions::default())
+    let Some((device, def, kernels, dims, shape)) = example_kernels(test, name, sizes, options)
     else {
         return;
     };

@@ -38,6 +38,18 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
             jobs.push((example, dk, dv, arch, cfg));
         }
     }
+    // 32-step chunks (the `mma.sync` forward only), one block per SM.
+    for &(example, dk, dv) in CASES {
+        for arch in ["sm_80", "sm_90a"] {
+            let v = common::example(example);
+            let cfg = RecurrentConfig {
+                chunk: 32,
+                wgmma: false,
+                ..RecurrentConfig::for_variant(&v, dk, dv, Elem::Bf16, Isa::Sm80)
+            };
+            jobs.push((example, dk, dv, arch, cfg));
+        }
+    }
     for (example, dk, dv) in [("retnet_recurrent", 256, 512), ("mamba2", 128, 64)] {
         let cfg = RecurrentConfig {
             dv_tile: 32,
@@ -110,6 +122,54 @@ fn every_recurrent_forward_compiles_for_sm80_and_sm90a() {
     }
 }
 
+/// The `mma.sync` forward's tile space (what the benchmark sweeps): both
+/// chunk sizes where they fit, nothing over the shared memory of one block
+/// or of the blocks an SM should hold, every point generating a kernel.
+#[test]
+fn mma_sync_tile_space_spans_chunks_within_limits() {
+    for (example, dk, dv) in [
+        ("gated_retention", 256, 256),
+        ("mamba2", 128, 64),
+        ("gla", 128, 128),
+        ("rfa", 64, 64),
+    ] {
+        let v = common::example(example);
+        for isa in [Isa::Sm80, Isa::Sm90a] {
+            let space = RecurrentConfig::mma_sync_space(&v, dk, dv, Elem::Bf16, isa);
+            for chunk in [32, 64] {
+                assert!(
+                    space.iter().any(|c| c.chunk == chunk),
+                    "{example} {dk}/{dv} ({isa:?}): no {chunk}-step chunks in {space:?}"
+                );
+            }
+            for cfg in &space {
+                assert!(!cfg.wgmma && dv % cfg.dv_tile == 0, "{cfg:?}");
+                let k = recurrent_forward(&v, dk, dv, cfg)
+                    .unwrap_or_else(|e| panic!("{example} {cfg:?}: {e}"));
+                assert!(
+                    k.smem_bytes <= isa.max_dynamic_smem()
+                        && k.smem_bytes * cfg.blocks_per_sm <= isa.smem_per_sm(cfg.blocks_per_sm),
+                    "{example} {cfg:?}: {} bytes",
+                    k.smem_bytes
+                );
+            }
+        }
+    }
+    // Dk 256 with two stages of 64-step chunks does not fit an A100's
+    // block; with 32-step chunks it does.
+    let v = common::example("gated_retention");
+    let a100 = RecurrentConfig::mma_sync_space(&v, 256, 256, Elem::Bf16, Isa::Sm80);
+    assert!(
+        !a100
+            .iter()
+            .any(|c| c.chunk == 64 && c.stages == 2 && c.dv_tile == 64)
+    );
+    assert!(
+        a100.iter()
+            .any(|c| c.chunk == 32 && c.stages == 2 && c.dv_tile == 64)
+    );
+}
+
 /// The wgmma forward reads its per-step inputs (the decay's, a row-scale
 /// modification's) a chunk ahead of the arithmetic on them: each closure is
 /// split into `_reads`, which loads exactly the custom inputs it reads, and
@@ -180,8 +240,29 @@ fn unsupported_recurrent_shapes_are_refused_with_their_names() {
     };
     assert!(err(96, 128, &cfg).contains("Dk = 96"));
     assert!(err(128, 80, &cfg).contains("Dv = 80"));
+    // Chunks: 32 or 64 on `mma.sync`, 64 on wgmma and in the backward
+    // (which runs 64-step chunks whatever the forward's).
+    let chunk128 = RecurrentConfig { chunk: 128, ..cfg };
+    assert!(err(128, 128, &chunk128).contains("chunk = 128"));
     let chunk32 = RecurrentConfig { chunk: 32, ..cfg };
-    assert!(err(128, 128, &chunk32).contains("chunk = 32"));
+    assert!(recurrent_forward(&v, 128, 128, &chunk32).is_ok());
+    let wgmma32 = RecurrentConfig {
+        chunk: 32,
+        ..RecurrentConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a)
+    };
+    assert!(wgmma32.wgmma);
+    assert!(err(128, 128, &wgmma32).contains("chunk = 32 is not supported by the wgmma"));
+    let bwd_err = recurrent_backward(&v, 128, 128, &chunk32, Isa::Sm90a)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        bwd_err.contains("chunk = 32") && bwd_err.contains("backward_for"),
+        "{bwd_err}"
+    );
+    let bwd_cfg = chunk32.backward_for(&v, 128, 128, Isa::Sm90a);
+    assert_eq!(bwd_cfg.chunk, 64);
+    assert!(recurrent_backward(&v, 128, 128, &bwd_cfg, Isa::Sm90a).is_ok());
+    assert_eq!(cfg.backward_for(&v, 128, 128, Isa::Sm80), cfg);
     let tile48 = RecurrentConfig { dv_tile: 48, ..cfg };
     assert!(err(128, 96, &tile48).contains("dv_tile = 48"));
     // A 256 × 128 state slice would need 128 registers per thread.

@@ -144,26 +144,15 @@ pub fn write_all(
         let v = load(root, example);
         let (dk, dv) = dims_of(workload);
         let default = RecurrentConfig::default_for(dk, dv, Elem::Bf16, Isa::Sm90a);
+        // The default (on sm_90a the wgmma kernel where the dims allow),
+        // then the `mma.sync` template's whole tile space: chunk, Dv slice,
+        // ring depth, blocks per SM.
         let mut configs = vec![default];
-        for dv_tile in [32, 64, 128] {
-            for (stages, blocks_per_sm) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
-                // The mma.sync template's configurations, beside the default
-                // (on sm_90a the wgmma kernel where the dims allow).
-                let c = RecurrentConfig {
-                    dv_tile,
-                    stages,
-                    blocks_per_sm,
-                    wgmma: false,
-                    ..default
-                };
-                let fits = recurrent_forward(&v, dk, dv, &c).is_ok_and(|k| {
-                    k.smem_bytes * blocks_per_sm <= Isa::Sm90a.smem_per_sm(blocks_per_sm)
-                });
-                if c != default && fits {
-                    configs.push(c);
-                }
-            }
-        }
+        configs.extend(
+            RecurrentConfig::mma_sync_space(&v, dk, dv, Elem::Bf16, Isa::Sm90a)
+                .into_iter()
+                .filter(|c| *c != default),
+        );
         for (n, cfg) in configs.iter().enumerate() {
             let tag = if cfg.wgmma {
                 format!("c{}v{}w", cfg.chunk, cfg.dv_tile)

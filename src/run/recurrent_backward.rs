@@ -169,19 +169,19 @@ impl RecurrentKernels {
         let device = self.device();
         let variant = self.variant();
         let dims = self.dims();
-        let cfg = self.forward_source().config;
-        let source = recurrent_backward(
-            variant,
-            dims.dk,
-            dims.dv,
-            &cfg,
-            Isa::for_arch(device.arch()),
-        )
-        .map_err(|source| Error::Compile {
-            variant: variant.name.clone(),
-            kernel: "recurrent backward",
-            source,
-        })?;
+        let isa = Isa::for_arch(device.arch());
+        let cfg = self
+            .forward_source()
+            .config
+            .backward_for(variant, dims.dk, dims.dv, isa);
+        let source =
+            recurrent_backward(variant, dims.dk, dims.dv, &cfg, isa).map_err(|source| {
+                Error::Compile {
+                    variant: variant.name.clone(),
+                    kernel: "recurrent backward",
+                    source,
+                }
+            })?;
         let load = |code: &str, what: &str| {
             let what = format!("the recurrent {what} of `{}`", variant.name);
             compile_and_load(device, code, self.options(), &what)

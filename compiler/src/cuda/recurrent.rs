@@ -20,7 +20,8 @@ use askama::Template;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecurrentConfig {
     /// Steps per chunk: the intra-chunk score matrix is `chunk × chunk`.
-    /// The template takes 64.
+    /// The `mma.sync` forward takes 32 or 64 ([`RECURRENT_CHUNKS`]); the
+    /// wgmma forward and the backward take 64 ([`BACKWARD_CHUNK`]).
     pub chunk: u32,
     /// Dv columns per block (32, 64 or 128): blocks of one head split Dv
     /// and each recomputes the chunk's scores.
@@ -45,8 +46,17 @@ pub struct RecurrentConfig {
     pub elem: Elem,
 }
 
-/// Chunk sizes the template takes.
-pub const RECURRENT_CHUNKS: &[u32] = &[64];
+/// Chunk sizes the `mma.sync` forward takes. Shorter chunks halve the
+/// score tile and the shared memory of each stage and double the chain of
+/// state updates. 128 is not offered: at Dk 128 it fits one stage only and
+/// its score and output tiles spill (255 registers, 208 bytes at Mamba2's
+/// dims), and at Dk 256 it does not fit at all.
+pub const RECURRENT_CHUNKS: &[u32] = &[32, 64];
+
+/// The chunk of the wgmma forward (its output warpgroup's 64-row wgmma
+/// tiles are one chunk) and of the backward (its `_decay` scan spans a
+/// chunk with two warps).
+pub const BACKWARD_CHUNK: u32 = 64;
 
 /// The largest state slice one thread holds, in f32 registers.
 const MAX_STATE_REGS: u32 = 64;
@@ -103,6 +113,60 @@ impl RecurrentConfig {
             }
         }
         cfg
+    }
+
+    /// The backward's configuration for a forward run with `self`: the same
+    /// where it has the backward's chunk, else the variant's default. (The
+    /// backward recomputes the states itself, so it does not depend on the
+    /// forward's chunking.)
+    pub fn backward_for(&self, variant: &Variant, dk: u32, dv: u32, isa: Isa) -> RecurrentConfig {
+        if self.chunk == BACKWARD_CHUNK {
+            *self
+        } else {
+            RecurrentConfig::for_variant(variant, dk, dv, self.elem, isa)
+        }
+    }
+
+    /// The `mma.sync` forward's tile space on `isa` for `variant` at head
+    /// dims `dk` × `dv`: every chunk ([`RECURRENT_CHUNKS`]), Dv slice (32,
+    /// 64, 128 dividing Dv), ring depth (1, 2) and blocks per
+    /// multiprocessor (1, 2) whose source generates and whose shared memory
+    /// fits that many blocks. Registers are not judged here: two blocks per
+    /// SM cap them at 128, and ptxas says what spills. The wgmma forward
+    /// has one point per head dims ([`default_for`](Self::default_for)).
+    pub fn mma_sync_space(
+        variant: &Variant,
+        dk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> Vec<RecurrentConfig> {
+        let kind = ForwardKind::of(variant);
+        let mut space = Vec::new();
+        for &chunk in RECURRENT_CHUNKS {
+            for dv_tile in [32, 64, 128] {
+                for (stages, blocks_per_sm) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+                    let cfg = RecurrentConfig {
+                        chunk,
+                        dv_tile,
+                        warps: 8,
+                        stages,
+                        blocks_per_sm,
+                        wgmma: false,
+                        elem,
+                    };
+                    let smem = recurrent_smem_bytes(&cfg, dk, kind);
+                    if dv.is_multiple_of(dv_tile)
+                        && check_recurrent_inputs(variant, dk, dv, &cfg).is_ok()
+                        && smem <= isa.max_dynamic_smem()
+                        && smem * blocks_per_sm <= isa.smem_per_sm(blocks_per_sm)
+                    {
+                        space.push(cfg);
+                    }
+                }
+            }
+        }
+        space
     }
 }
 
@@ -706,6 +770,12 @@ pub fn recurrent_backward(
     if dk < 32 {
         return Err(CompileError(format!(
             "head dimension Dk = {dk} is not supported by the recurrent backward template: it takes 32, 64, 128 or 256"
+        )));
+    }
+    if cfg.chunk != BACKWARD_CHUNK {
+        return Err(CompileError(format!(
+            "chunk = {} is not supported by the recurrent backward: it takes {BACKWARD_CHUNK}-step chunks (RecurrentConfig::backward_for gives its configuration for any forward's)",
+            cfg.chunk
         )));
     }
     let (rec, (state_warps_m, state_m_tiles, state_n_tiles)) =

@@ -4,7 +4,7 @@
 
 use super::dialect::{WARP_SIZE, elem_spelling};
 use super::forward::ArgKind;
-use super::recurrent::{RecurrentConfig, RecurrentSource, forward_args};
+use super::recurrent::{BACKWARD_CHUNK, RecurrentConfig, RecurrentSource, forward_args};
 use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
 use crate::cxx::closures::{custom_params, recurrent_closures, row_scale_factor, split_reads_fn};
@@ -193,6 +193,12 @@ pub(super) fn wgmma_forward(
     dv: u32,
     cfg: &RecurrentConfig,
 ) -> Result<RecurrentSource, CompileError> {
+    if cfg.chunk != BACKWARD_CHUNK {
+        return Err(CompileError(format!(
+            "chunk = {} is not supported by the wgmma recurrent forward: its output warpgroup's 64-row tiles are one chunk of {BACKWARD_CHUNK} steps; set wgmma: false for other chunks",
+            cfg.chunk
+        )));
+    }
     if !wgmma_dims_ok(dk, cfg.dv_tile) || !dv.is_multiple_of(DV_SLICE) {
         return Err(CompileError(format!(
             "the wgmma recurrent forward takes Dk 64, 128 or 256 and Dv slices of {DV_SLICE} (Dv a multiple of {DV_SLICE}), not Dk = {dk}, Dv = {dv}, dv_tile = {}; set wgmma: false",
