@@ -39,11 +39,16 @@
 #define SAS (C + PAD)
 #define STAGES {{ stages }}
 // Warp tiling of the chunk GEMMs (C × C scores, C × DVT output): CWM warps
-// along the rows, each 16 rows; the rest split the columns.
+// along the rows, each 16 rows; the rest split the columns, each at least
+// 16 of them (one ldmatrix.x4 of B): with 32-step chunks or 32-column Dv
+// slices fewer warps than CWN hold A's or O's columns (ACWN, OCWN) and the
+// others skip that GEMM.
 #define CWM (C / 16)
 #define CWN (NWARPS / CWM)
-#define ANT (C / CWN / 8)  // n8 tiles of A per warp
-#define ONT (DVT / CWN / 8)  // n8 tiles of O per warp
+#define ACWN (CWN < C / 16 ? CWN : C / 16)
+#define OCWN (CWN < DVT / 16 ? CWN : DVT / 16)
+#define ANT (C / ACWN / 8)  // n8 tiles of A per warp
+#define ONT (DVT / OCWN / 8)  // n8 tiles of O per warp
 // Warp tiling of the state (DK × DVT): SWM warps along Dk.
 #define SWM {{ state_warps_m }}
 #define NB (C / 16)  // blocks of 16 steps per chunk
@@ -177,14 +182,15 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             }
 #pragma unroll
             for (int np = 0; np < ANT / 2; ++np) {
+                if (wn >= ACWN) break;  // this warp holds none of A's columns
 {% if per_key %}                // Block (wm, jb) of the scores: Q' scaled per key by 2^(R_wm − R_{jb+1}).
-                const int jb = wn * (C / CWN / 16) + np;
+                const int jb = wn * (C / ACWN / 16) + np;
                 if (jb > wm) continue;  // above the diagonal: masked
                 unsigned qs[4];
                 scale_frag(qa, sFa + (wm * (wm + 1) / 2 + jb) * DK + kk * 16 + 2 * t4, qs);
 {% else %}                const unsigned (&qs)[4] = qa;
 {% endif %}                unsigned b0, b1, b2, b3;
-                const int row = wn * (C / CWN) + np * 16 + (lane / 16) * 8 + lane % 8;
+                const int row = wn * (C / ACWN) + np * 16 + (lane / 16) * 8 + lane % 8;
                 const int col = kk * 16 + ((lane / 8) % 2) * 8;
                 ldmatrix_x4(smem_u32(cK + row * SKS + col), b0, b1, b2, b3);
                 mma16816(a[2 * np], qs, b0, b1);
@@ -196,9 +202,10 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% else %}            const unsigned (&qd)[4] = qa;
 {% endif %}#pragma unroll
             for (int dp = 0; dp < ONT / 2; ++dp) {
+                if (wn >= OCWN) break;  // this warp holds none of O's columns
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-                const int col = wn * (DVT / CWN) + dp * 16 + (lane / 16) * 8;
+                const int col = wn * (DVT / OCWN) + dp * 16 + (lane / 16) * 8;
                 ldmatrix_x4_trans(smem_u32(sS + row * SVS + col), b0, b1, b2, b3);
                 mma16816(acc[2 * dp], qd, b0, b1);
                 mma16816(acc[2 * dp + 1], qd, b2, b3);
@@ -211,7 +218,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% if normalize %}            float n_lo = 0.f, n_hi = 0.f;
 {% endif %}#pragma unroll
             for (int nt = 0; nt < ANT; ++nt) {
-                const int s0 = wn * (C / CWN) + nt * 8 + 2 * t4;
+                if (wn >= ACWN) break;
+                const int s0 = wn * (C / ACWN) + nt * 8 + 2 * t4;
                 float w[4];
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
@@ -283,9 +291,10 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             }
 #pragma unroll
             for (int dp = 0; dp < ONT / 2; ++dp) {
+                if (wn >= OCWN) break;
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-                const int col = wn * (DVT / CWN) + dp * 16 + (lane / 16) * 8;
+                const int col = wn * (DVT / OCWN) + dp * 16 + (lane / 16) * 8;
                 ldmatrix_x4_trans(smem_u32(cV + row * SVS + col), b0, b1, b2, b3);
                 mma16816(acc[2 * dp], pa, b0, b1);
                 mma16816(acc[2 * dp + 1], pa, b2, b3);
@@ -298,8 +307,8 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int t = t0 + (hf ? r_hi : r_lo);
-                const int col = wn * (DVT / CWN) + nt * 8 + 2 * t4;
-                if (t < S) {
+                const int col = wn * (DVT / OCWN) + nt * 8 + 2 * t4;
+                if (t < S && wn < OCWN) {
                     float o0 = acc[nt][2 * hf], o1 = acc[nt][2 * hf + 1];
 {% if normalize %}                    const float nrm = hf ? nrm_hi : nrm_lo;
 {% if save_states %}                    // The backward's normaliser step needs o and n apart.
