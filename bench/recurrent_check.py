@@ -1,6 +1,6 @@
 """GPU check and benchmark of aec's recurrent (chunked) kernels.
 
-    python bench/recurrent_check.py <cases_dir> [--no-bench] [--fwd-only] [--only id,id]
+    python bench/recurrent_check.py <cases_dir> [--no-bench] [--fwd-only] [--default-only] [--only id,id]
 
 <cases_dir> is what `aec-bench <cases_dir> --nvcc …` wrote (its index.json's
 `recurrent_cases` and `recurrent_bench`). Each case runs our forward on the
@@ -13,7 +13,9 @@ where fla's backward refuses to run) on the recurrent workloads of
 workloads.json, in one process with the same timing method (triton's
 do_bench, median); it cross-checks our output against fla's and our gradients
 (q, k, v and the custom inputs) against PyTorch autograd in f32, and times
-each backward kernel alone (`--fwd-only`: the forward rows only). Results go
+each backward kernel alone (`--fwd-only`: the forward rows only;
+`--default-only`: the default configuration only, not the `mma.sync` tile
+space the benchmark also sweeps). Results go
 to $OUT/recurrent.json.
 """
 import ctypes, datetime, json, math, os, sys
@@ -233,7 +235,7 @@ def flops(w):
     return 2.0 * b * h * s * 64 * (dk + dv) + 4.0 * b * h * s * dk * dv
 
 
-def run_bench(cases_dir, index, workloads, fwd_only=False):
+def run_bench(cases_dir, index, workloads, fwd_only=False, default_only=False):
     rows = []
     wl = {w["id"]: w for w in workloads["workloads"]}
 
@@ -318,6 +320,8 @@ def run_bench(cases_dir, index, workloads, fwd_only=False):
                 record(work, "fla", None, 3 * fl, pas="fwd+bwd",
                        error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
         for e in entries:
+            if default_only and not e.get("default"):
+                continue  # the tile-space sweep is skipped
             impl = "aec" if e.get("default") else "aec " + e.get("config", "")
             if "error" in e:
                 record(work, impl, None, fl, error=e["error"])
@@ -513,7 +517,8 @@ def main():
     rows = []
     if "--no-bench" not in args:
         workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))
-        rows = run_bench(cases_dir, index, workloads, fwd_only="--fwd-only" in args)
+        rows = run_bench(cases_dir, index, workloads, fwd_only="--fwd-only" in args,
+                         default_only="--default-only" in args)
     result = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                   commit=os.environ.get("AEC_COMMIT", "unknown"),
                   command="python bench/recurrent_check.py " + " ".join(args),

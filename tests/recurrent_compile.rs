@@ -226,6 +226,24 @@ fn per_step_reads_are_split_from_their_arithmetic() {
                 "{example}: the template does not issue {lower}_reads"
             );
         }
+        // The chains of the `mma.sync` forward (and the backward's states
+        // pass) and of `_dstate` read the decay's inputs a chunk ahead too.
+        let mma = RecurrentConfig {
+            wgmma: false,
+            ..cfg
+        };
+        let fwd = recurrent_forward(&v, dk, dv, &mma).expect("mma.sync forward");
+        let bwd = recurrent_backward(&v, dk, dv, &mma, Isa::Sm90a).expect("backward");
+        for (what, src) in [
+            ("mma.sync forward", &fwd.source),
+            ("states pass", &bwd.states.source),
+            ("backward", &bwd.source),
+        ] {
+            assert!(
+                src.contains("chunk_decay_reads(decay_raw, "),
+                "{example}: the {what} does not read the decay ahead"
+            );
+        }
     }
 }
 

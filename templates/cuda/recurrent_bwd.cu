@@ -252,6 +252,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
 
     state_frag ds;
     state_load(ds, d_state_out ? d_state_out + bh * DK * DV : nullptr, e0, sm0, sn0, g, t4);
+{% if decay && !per_key %}    // Warp 0 reads the decay's inputs a chunk ahead (chunk_decay_reads).
+    float decay_raw[C / WARP][DECAY_FN_READS];
+    if (warp == 0 && n_chunks > 0) chunk_decay_reads(decay_raw, (n_chunks - 1) * C, h, P, lane);
+{% endif %}
 {% if normalize %}    for (int d = tid; d < DK; d += NT) sDz[d] = d_norm_out ? d_norm_out[bh * DK + d] : 0.f;
 {% endif %}
     {
@@ -306,8 +310,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
             state_scale_rows(ds, sT, sm0, g);
         }
         const elem_t* dOp = cDo;  // the B operand of dS's update
+{% else %}{% if decay %}        if (warp == 0) {
+            float x[C / WARP];
+            chunk_log_decays_from(x, decay_raw, t0, h, P, lane);
+            if (ch > 0) chunk_decay_reads(decay_raw, t0 - C, h, P, lane);
+            chunk_prefix_sum(x, sL, lane);
+        }
 {% else %}        if (warp == 0) decay_scan(sL, t0, h, P, lane);
-        __syncthreads();
+{% endif %}        __syncthreads();
         state_copy_out(sDS, dstates + (chunk0 + ch) * DK * DV + e0, tid);
 #pragma unroll 4
         for (int x = tid; x < C * DVT / 2; x += NT) {

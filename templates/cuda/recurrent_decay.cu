@@ -11,7 +11,30 @@ __device__ __forceinline__ void chunk_log_decays(float (&x)[C / WARP], int t0, i
 {% endif %}    }
 }
 
-// Inclusive scan of log2(decay) over the chunk starting at t0 into sL (one warp).
+{% if decay %}// The decay's custom inputs for the chunk from t0 (lane l: steps l,
+// l + WARP, …), read ahead of their arithmetic (`chunk_log_decays_from`): a
+// read consumed where it is issued stalls the warp for the memory's latency,
+// and in a chain of chunks that latency is paid every chunk.
+__device__ __forceinline__ void chunk_decay_reads(float (&raw)[C / WARP][DECAY_FN_READS], int t0, int h, const Params& P,
+                                                  int lane) {
+#pragma unroll
+    for (int part = 0; part < C / WARP; ++part) {
+        const int t = t0 + part * WARP + lane;
+        if (t < P.seq_len) decay_fn_reads(step_point(h, t, 0, P), P, raw[part]);
+    }
+}
+
+// chunk_log_decays from what chunk_decay_reads read for the same t0.
+__device__ __forceinline__ void chunk_log_decays_from(float (&x)[C / WARP], const float (&raw)[C / WARP][DECAY_FN_READS],
+                                                      int t0, int h, const Params& P, int lane) {
+#pragma unroll
+    for (int part = 0; part < C / WARP; ++part) {
+        const int t = t0 + part * WARP + lane;
+        x[part] = t < P.seq_len ? log2f(decay_fn_from(raw[part], step_point(h, t, 0, P), P)) : 0.f;
+    }
+}
+
+{% endif %}// Inclusive scan of log2(decay) over the chunk starting at t0 into sL (one warp).
 __device__ __forceinline__ void decay_scan(float* sL, int t0, int h, const Params& P, int lane) {
     float x[C / WARP];
     chunk_log_decays(x, t0, h, P, lane);

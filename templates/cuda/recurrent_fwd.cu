@@ -113,6 +113,10 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 
     state_frag st;
     state_load(st, state_in ? state_in + bh * DK * DV : nullptr, e0, sm0, sn0, g, t4);
+{% if decay && !per_key %}    // Warp 0 reads the decay's inputs a chunk ahead (chunk_decay_reads).
+    float decay_raw[C / WARP][DECAY_FN_READS];
+    if (warp == 0 && n_chunks > 0) chunk_decay_reads(decay_raw, 0, h, P, lane);
+{% endif %}
 {% if normalize %}    for (int d = tid; d < DK; d += NT) sZ[d] = norm_in ? norm_in[bh * DK + d] : 0.f;
 {% endif %}
     if (n_chunks > 0) {
@@ -152,7 +156,13 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
         {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<C, DK, SKS, 1>(cK, t0, 0, h, P, tid);
         {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<C, DVT, SVS, 2>(cV, t0, e0, h, P, tid);
-{% if !per_key %}        if (warp == 0) decay_scan(sL, t0, h, P, lane);
+{% if decay && !per_key %}        if (warp == 0) {
+            float x[C / WARP];
+            chunk_log_decays_from(x, decay_raw, t0, h, P, lane);
+            if (ch + 1 < n_chunks) chunk_decay_reads(decay_raw, t0 + C, h, P, lane);
+            chunk_prefix_sum(x, sL, lane);
+        }
+{% else if !per_key %}        if (warp == 0) decay_scan(sL, t0, h, P, lane);
 {% endif %}{% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
 {% endif %}{% if emit_o || save_states %}        state_stage(st, sS, sm0, sn0, g, t4);
 {% endif %}        __syncthreads();

@@ -212,17 +212,10 @@ pub(super) fn wgmma_forward(
         cfg.chunk,
     );
     let customs = custom_params(variant.customs.len(), false);
-    // The per-step values (the decay, row factors) split into their input
-    // reads and their arithmetic, so that the reads go out a chunk ahead.
+    // The row factors split into their input reads and their arithmetic
+    // like the decay (`recurrent_closures`), so that the reads go out a
+    // chunk ahead.
     let mut regions = recurrent_closures(variant);
-    if let Some(d) = &rec.decay {
-        regions.push_str(&split_reads_fn(
-            variant,
-            &d.region,
-            d.region.outputs[0].node,
-            "decay_fn",
-        ));
-    }
     let mut row_scale = |m: &Option<aec_frontend::ir::Region>, name: &str| {
         let r = m.as_ref()?;
         let factor = row_scale_factor(r)?;
