@@ -221,11 +221,16 @@ fn per_step_reads_are_split_from_their_arithmetic() {
                 !from_fn.contains("P.in"),
                 "{example}: {lower}_from reads memory:\n{from_fn}"
             );
+            // Defined once, called at least once.
             assert!(
-                k.source.contains(&format!("{lower}_reads(pt, P,")),
+                k.source.matches(&format!("{lower}_reads(")).count() >= 2,
                 "{example}: the template does not issue {lower}_reads"
             );
         }
+        assert!(
+            k.source.contains("chunk_decay_reads(xd_raw, "),
+            "{example}: the wgmma forward does not read the decay ahead"
+        );
         // The chains of the `mma.sync` forward (and the backward's states
         // pass) and of `_dstate` read the decay's inputs a chunk ahead too.
         let mma = RecurrentConfig {

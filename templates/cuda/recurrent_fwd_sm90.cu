@@ -179,28 +179,26 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}{% if q_row %}        float fq[C / WARP], fq_raw[C / WARP][MODIFY_Q_ROW_READS];
 {% endif %}{% if v_row %}        float fv[C / WARP], fv_raw[C / WARP][MODIFY_V_ROW_READS];
 {% endif %}        auto read_steps = [&](int ch) {
-#pragma unroll
+{% if decay %}            if (wwarp == 0) chunk_decay_reads(xd_raw, ch * C, h, P, lane);
+{% endif %}{% if q_row || v_row %}#pragma unroll
             for (int part = 0; part < C / WARP; ++part) {
                 const int t = ch * C + part * WARP + lane;
                 const Pt pt = step_point(h, t, 0, P);
-                (void)pt;
-{% if decay %}                if (wwarp == 0 && t < S) decay_fn_reads(pt, P, xd_raw[part]);
-{% endif %}{% if q_row %}                if (wwarp == 1 && t < S) modify_q_row_reads(pt, P, fq_raw[part]);
+{% if q_row %}                if (wwarp == 1 && t < S) modify_q_row_reads(pt, P, fq_raw[part]);
 {% endif %}{% if v_row %}                if (wwarp == 1 && t < S) modify_v_row_reads(pt, P, fv_raw[part]);
 {% endif %}            }
-        };
+{% endif %}        };
         auto finish_steps = [&](int ch) {
-#pragma unroll
+{% if decay %}            if (wwarp == 0) chunk_log_decays_from(xd, xd_raw, ch * C, h, P, lane);
+{% else %}            chunk_log_decays(xd, ch * C, h, P, lane);  // zeros
+{% endif %}{% if q_row || v_row %}#pragma unroll
             for (int part = 0; part < C / WARP; ++part) {
                 const int t = ch * C + part * WARP + lane;
                 const Pt pt = step_point(h, t, 0, P);
-                (void)pt;
-{% if decay %}                if (wwarp == 0) xd[part] = t < S ? log2f(decay_fn_from(xd_raw[part], pt, P)) : 0.f;  // 0 past the end
-{% else %}                xd[part] = 0.f;
-{% endif %}{% if q_row %}                if (wwarp == 1) fq[part] = t < S ? modify_q_row_from(fq_raw[part], pt, P) : 0.f;  // rows past the end are not stored
+{% if q_row %}                if (wwarp == 1) fq[part] = t < S ? modify_q_row_from(fq_raw[part], pt, P) : 0.f;  // rows past the end are not stored
 {% endif %}{% if v_row %}                if (wwarp == 1) fv[part] = t < S ? modify_v_row_from(fv_raw[part], pt, P) : 0.f;  // rows past the end add nothing
 {% endif %}            }
-        };
+{% endif %}        };
         // Visit i's tiles in: the per-step values applied, the decay's prefix
         // sums, and Ṽ decayed to the chunk's end (the state update's B
         // operand, double-buffered so that the next visit's is made while
