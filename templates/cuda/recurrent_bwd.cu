@@ -310,12 +310,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_dstate(BWD
             state_scale_rows(ds, sT, sm0, g);
         }
         const elem_t* dOp = cDo;  // the B operand of dS's update
-{% else %}{% if decay %}        if (warp == 0) {
-            float x[C / WARP];
-            chunk_log_decays_from(x, decay_raw, t0, h, P, lane);
-            if (ch > 0) chunk_decay_reads(decay_raw, t0 - C, h, P, lane);
-            chunk_prefix_sum(x, sL, lane);
-        }
+{% else %}{% if decay %}        if (warp == 0) decay_scan_ahead(sL, decay_raw, t0, ch > 0, t0 - C, h, P, lane);
 {% else %}        if (warp == 0) decay_scan(sL, t0, h, P, lane);
 {% endif %}        __syncthreads();
         state_copy_out(sDS, dstates + (chunk0 + ch) * DK * DV + e0, tid);

@@ -34,6 +34,17 @@ __device__ __forceinline__ void chunk_log_decays_from(float (&x)[C / WARP], cons
     }
 }
 
+// decay_scan for a chain that reads the decay's inputs a chunk ahead: the
+// chunk from t0 from `raw`, then (`more`) `raw` refilled with the inputs of
+// the chunk from `next_t0` while the scan runs (one warp).
+__device__ __forceinline__ void decay_scan_ahead(float* sL, float (&raw)[C / WARP][DECAY_FN_READS], int t0, bool more,
+                                                 int next_t0, int h, const Params& P, int lane) {
+    float x[C / WARP];
+    chunk_log_decays_from(x, raw, t0, h, P, lane);
+    if (more) chunk_decay_reads(raw, next_t0, h, P, lane);
+    chunk_prefix_sum(x, sL, lane);
+}
+
 {% endif %}// Inclusive scan of log2(decay) over the chunk starting at t0 into sL (one warp).
 __device__ __forceinline__ void decay_scan(float* sL, int t0, int h, const Params& P, int lane) {
     float x[C / WARP];

@@ -156,12 +156,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}        // K̃ and Ṽ also get zeros past the end of the sequence.
         {% if !modify_k %}if (t0 + C > S) {% endif %}modify_tile<C, DK, SKS, 1>(cK, t0, 0, h, P, tid);
         {% if !modify_v %}if (t0 + C > S) {% endif %}modify_tile<C, DVT, SVS, 2>(cV, t0, e0, h, P, tid);
-{% if decay && !per_key %}        if (warp == 0) {
-            float x[C / WARP];
-            chunk_log_decays_from(x, decay_raw, t0, h, P, lane);
-            if (ch + 1 < n_chunks) chunk_decay_reads(decay_raw, t0 + C, h, P, lane);
-            chunk_prefix_sum(x, sL, lane);
-        }
+{% if decay && !per_key %}        if (warp == 0) decay_scan_ahead(sL, decay_raw, t0, ch + 1 < n_chunks, t0 + C, h, P, lane);
 {% else if !per_key %}        if (warp == 0) decay_scan(sL, t0, h, P, lane);
 {% endif %}{% if normalize %}        for (int r = tid; r < C; r += NT) sN[r] = 0.f;
 {% endif %}{% if emit_o || save_states %}        state_stage(st, sS, sm0, sn0, g, t4);

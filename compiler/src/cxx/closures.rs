@@ -186,8 +186,8 @@ pub fn split_reads_fn(variant: &Variant, region: &Region, output: NodeId, name: 
 
 /// The recurrent closures as device functions: `modify_q`, `modify_k`,
 /// `modify_v` (`float name(float x, const Pt&, const Params&)`), `decay_fn`
-/// (`float decay_fn(const Pt&, const Params&)`, also split as
-/// `decay_fn_reads` / `decay_fn_from`: [`split_reads_fn`]) and `normalize_fn` (`float
+/// (`float decay_fn(const Pt&, const Params&)`: its halves
+/// `decay_fn_reads` then `decay_fn_from` ([`split_reads_fn`])) and `normalize_fn` (`float
 /// normalize_fn(float x, float nrm, const Pt&, const Params&)`: the output
 /// element and its row's normaliser). The template's `Pt` has `b, h, t, d`.
 pub fn recurrent_closures(variant: &Variant) -> String {
@@ -207,18 +207,18 @@ pub fn recurrent_closures(variant: &Variant) -> String {
         );
     }
     if let Some(d) = &rec.decay {
-        let (code, outs) = pointwise(&d.region, "n", &closure_leaf(variant, None));
-        let _ = writeln!(
-            out,
-            "__device__ __forceinline__ float decay_fn(const Pt& pt, const Params& P) {{\n{code}    return {};\n}}\n",
-            outs[0]
-        );
+        // One copy of the arithmetic: `decay_fn` is its two halves in turn.
         out.push_str(&split_reads_fn(
             variant,
             &d.region,
             d.region.outputs[0].node,
             "decay_fn",
         ));
+        out.push_str(
+            "__device__ __forceinline__ float decay_fn(const Pt& pt, const Params& P) {\n    \
+             float raw[DECAY_FN_READS];\n    decay_fn_reads(pt, P, raw);\n    \
+             return decay_fn_from(raw, pt, P);\n}\n\n",
+        );
     }
     if let Some(r) = &rec.normalize {
         let leaf = closure_leaf(variant, None);
