@@ -280,6 +280,28 @@ fn gpu_backward_diff_transformer() {
     );
 }
 
+/// The sm_90a backward with both warpgroups on 64 keys, in the panel
+/// layouts DeepSeek and DiffTransformer do not cover: 192/192 (three dK/dV
+/// panels per warpgroup, three dQ panels) and, with GQA, 64/256 (five
+/// panels: warpgroup 1 holds two). On sm_80 devices the default backward.
+#[test]
+fn gpu_backward_split_key_panels() {
+    check_backward(
+        "gpu_backward_split_key_panels_d192",
+        "softmax",
+        Shape::mha(1, 2, 75, 91),
+        HeadDims::square(192),
+        (0.0, 1.0),
+    );
+    check_backward(
+        "gpu_backward_split_key_panels_gqa_d64x256",
+        "softmax_gqa",
+        Shape::new(2, 4, 2, 97, 133),
+        HeadDims::new(64, 256),
+        (0.0, 1.0),
+    );
+}
+
 #[test]
 fn gpu_backward_sigmoid() {
     check_backward(

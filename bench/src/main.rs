@@ -262,6 +262,31 @@ fn main() {
             };
             sweep.push(json!({ "workload": BENCH[0].0, "config": tag, "backward": meta }));
         }
+        // Head dims above 128: the sm_80 kernel (the default there before the
+        // split wgmma kernel) against the sm_90a default.
+        for (workload, example, dqk, dv) in [
+            ("deepseek-causal-b8-h16-s2048-d192-v128", "deepseek", 192, 128),
+            ("diff-causal-b8-h12-s2048-d128-v256", "diff_transformer", 128, 256),
+        ] {
+            let v = load(&root, example);
+            for isa in [Isa::Sm80, Isa::Sm90a] {
+                let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, isa);
+                let tag = format!(
+                    "m{}w{}s{}{}",
+                    cfg.block_m,
+                    cfg.warps,
+                    cfg.split_d,
+                    if cfg.wgmma { "_wgmma" } else { "" }
+                );
+                eprintln!("backward sweep {workload} {tag} …");
+                let file = format!("sweep_bwd_{example}_{tag}");
+                let meta = match parallel_backward(&v, dqk, dv, &cfg) {
+                    Ok(b) => backward_meta(&out, &file, &b, nvcc.as_deref(), &includes),
+                    Err(e) => json!({ "error": e.to_string() }),
+                };
+                sweep.push(json!({ "workload": workload, "config": tag, "backward": meta }));
+            }
+        }
     }
     let extra = json!([{
         "id": SLIDING_WINDOW,

@@ -39,7 +39,9 @@
 #define RT (BM / 16)              // dQ: 16-row tiles of the query block
 #define DSPLIT (NWARPS / RT)      // dQ: warps sharing one row tile split DQK
 #define DQW (DQK / DSPLIT)        // dQ columns per warp
-
+{% if kv_split %}#define KV_PANELS {{ kv_panels }}      // 64-column panels of dK, then of dV
+#define NKV {{ nkv }}            // panels per warpgroup (the first NKV on warpgroup 0)
+{% endif %}
 typedef {{ sp.c_type }} elem_t;
 
 struct Params {
@@ -242,13 +244,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 {% endif %}{% if modify_k || modify_v %}
     SYNC_SMEM_WRITES();
 {% endif %}
-    float dk_acc[DQKW / 8][4];
+{% if kv_split %}    // This warpgroup's 64-column panels of [dK | dV] for the block's 64 keys.
+    float kv_acc[NKV][8][4];
+#pragma unroll
+    for (int s = 0; s < NKV; ++s)
+#pragma unroll
+        for (int t = 0; t < 8; ++t) kv_acc[s][t][0] = kv_acc[s][t][1] = kv_acc[s][t][2] = kv_acc[s][t][3] = 0.0f;
+{% else %}    float dk_acc[DQKW / 8][4];
     float dv_acc[DVW / 8][4];
 #pragma unroll
     for (int t = 0; t < DQKW / 8; ++t) dk_acc[t][0] = dk_acc[t][1] = dk_acc[t][2] = dk_acc[t][3] = 0.0f;
 #pragma unroll
     for (int t = 0; t < DVW / 8; ++t) dv_acc[t][0] = dv_acc[t][1] = dv_acc[t][2] = dv_acc[t][3] = 0.0f;
-    // This warp's 16 keys and its slice of the dK/dV columns. With KSPLIT > 1
+{% endif %}    // This warp's 16 keys and its slice of the dK/dV columns. With KSPLIT > 1
     // the warps of a slice group compute the same Sᵀ and dPᵀ; the first one
     // (`key_owner`) publishes dSᵀ and the custom-input gradients.
     const int jr = (warp % KEY_WARPS) * 16, slice = warp / KEY_WARPS;
@@ -276,7 +284,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 {% if wgmma %}        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys and the BM
         // queries (both operands K-major in the swizzled tiles).
         {
-            const unsigned kb = smem_u32(sK) + (warp / 4) * 64 * 128, vb = smem_u32(sV) + (warp / 4) * 64 * 128;
+            // Warpgroups sharing keys (KSPLIT 2) read the same 64 rows.
+            const unsigned kb = smem_u32(sK) + (warp % KEY_WARPS / 4) * 64 * 128,
+                           vb = smem_u32(sV) + (warp % KEY_WARPS / 4) * 64 * 128;
             const unsigned qb = smem_u32(sQc), ob = smem_u32(sdOc);
             wgmma_fence();
 #pragma unroll
@@ -347,18 +357,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             da[kk][3] = pack2(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
         }
         wgmma_fence();
-#pragma unroll
+{% if kv_split %}{{ kv_issue }}{% else %}#pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             wgmma_rs_n{{ dv }}(dv_acc, pa[kk], sw128_desc(smem_u32(sdOc) + kk * 16 * 128, BM * 128));
             wgmma_rs_n{{ dqk }}(dk_acc, da[kk], sw128_desc(smem_u32(sQc) + kk * 16 * 128, BM * 128));
         }
-        wgmma_commit();
+{% endif %}        wgmma_commit();
         SYNC_SMEM_WRITES();  // sdS complete (its generic stores made visible to wgmma)
 
         // dQ += dS·K: warpgroup w takes the 64-column panels w, w + NWG, … of
-        // dQ for all BM queries; dS is read M-major from the dSᵀ tile and K
-        // N-major (keys are the K dimension).
-        for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
+        // dQ for all BM queries (with KSPLIT 2, warpgroup 1 starts: warpgroup
+        // 0 holds the extra dK/dV panel when their count is odd); dS is read
+        // M-major from the dSᵀ tile and K N-major (keys are the K dimension).
+{% if kv_split %}        for (int pnl = 1 - warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
+{% else %}        for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
+{% endif %}
             float dq_part[8][4];
             wgmma_fence();
 #pragma unroll
@@ -380,8 +393,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             }
         }
         wgmma_wait0();
-        wgmma_fence_operands_n{{ dv }}(dv_acc);
+{% if kv_split %}#pragma unroll
+        for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);
+{% else %}        wgmma_fence_operands_n{{ dv }}(dv_acc);
         wgmma_fence_operands_n{{ dqk }}(dk_acc);
+{% endif %}
         fence_regs(pa);
         fence_regs(da);
 {% else %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A operands.
@@ -460,7 +476,41 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     }
 
     // dK and dV of this warp's keys, through the k and v modifications' backward.
+{% if kv_split %}    // Slot s of warpgroup `slice` is panel slice·NKV + s of [dK | dV].
 #pragma unroll
+    for (int s = 0; s < NKV; ++s) {
+        const int gp = slice * NKV + s;
+        if (gp >= KV_PANELS) break;
+        const bool is_dk = gp < DQK / 64;
+        const int c0 = (is_dk ? gp : gp - DQK / 64) * 64;
+#pragma unroll
+        for (int c2 = 0; c2 < 2; ++c2) {
+            const int j = n0 + jr + g + c2 * 8;
+            if (j >= Skv) continue;
+            const long long krow = (long long)(b * Hkv + hk) * Skv + j;
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                const int d = c0 + t * 8 + 2 * t4;
+                float x0 = kv_acc[s][t][2 * c2], x1 = kv_acc[s][t][2 * c2 + 1];
+                if (is_dk) {
+{% if modify_k %}                    float gr[NGRAD_K_ARR];
+                    Pt pt = {b, hk * group, hk, 0, j, d};
+                    x0 = modify_k_bwd(to_f32(k[krow * DQK + d]), x0, pt, P, gr);
+{{ grad_k }}                    pt.d = d + 1;
+                    x1 = modify_k_bwd(to_f32(k[krow * DQK + d + 1]), x1, pt, P, gr);
+{{ grad_k }}{% endif %}                    *reinterpret_cast<unsigned*>(dk + krow * DQK + d) = pack2(x0, x1);
+                } else {
+{% if modify_v %}                    float gr[NGRAD_V_ARR];
+                    Pt pt = {b, hk * group, hk, 0, j, d};
+                    x0 = modify_v_bwd(to_f32(v[krow * DV + d]), x0, pt, P, gr);
+{{ grad_v }}                    pt.d = d + 1;
+                    x1 = modify_v_bwd(to_f32(v[krow * DV + d + 1]), x1, pt, P, gr);
+{{ grad_v }}{% endif %}                    *reinterpret_cast<unsigned*>(dv + krow * DV + d) = pack2(x0, x1);
+                }
+            }
+        }
+    }
+{% else %}#pragma unroll
     for (int c2 = 0; c2 < 2; ++c2) {
         const int j = n0 + jr + g + c2 * 8;
         if (j >= Skv) continue;
@@ -492,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 {% endif %}            *reinterpret_cast<unsigned*>(dv + krow * DV + d) = pack2(x0, x1);
         }
     }
-}
+{% endif %}}
 
 // One thread per dQ element.
 extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS) {

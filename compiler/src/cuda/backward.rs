@@ -28,9 +28,12 @@ pub struct BackwardConfig {
     /// and Dv above 256 (4) in registers.
     pub split_d: u32,
     pub elem: Elem,
-    /// All five GEMMs on Hopper's `wgmma` (sm_90a only): one warpgroup per 64
-    /// keys, K, V, Q, dO and dSᵀ in 128-byte-swizzled shared memory. Takes
-    /// `block_m` 64, 8 warps, `split_d` 1, and Dqk, Dv of 64 or 128.
+    /// All five GEMMs on Hopper's `wgmma` (sm_90a only): K, V, Q, dO and dSᵀ
+    /// in 128-byte-swizzled shared memory, `block_m` 64 on 8 warps. With
+    /// `split_d` 1 each warpgroup owns 64 keys (Dqk, Dv of 64 or 128); with
+    /// `split_d` 2 both warpgroups take the same 64 keys, each recomputing Sᵀ
+    /// and dPᵀ and accumulating its share of the 64-column panels of dK and
+    /// dV ([`wgmma_split_dims_ok`]: head dims above 128).
     pub wgmma: bool,
 }
 
@@ -46,16 +49,27 @@ impl BackwardConfig {
     /// that fits.
     ///
     /// On sm_90a, head dims of 64 or 128 use `wgmma` (64 queries per step,
-    /// 128 keys per block on two warpgroups).
+    /// 128 keys per block on two warpgroups); larger multiples of 64 whose
+    /// dK and dV panels fit two warpgroups' registers (DeepSeek 192/128,
+    /// DiffTransformer 128/256) use it with both warpgroups on 64 keys.
     pub fn default_for(dqk: u32, dv: u32, elem: Elem, isa: Isa) -> BackwardConfig {
-        if isa == Isa::Sm90a && wgmma_backward_dims_ok(dqk, dv) {
-            return BackwardConfig {
-                block_m: 64,
-                warps: 8,
-                split_d: 1,
-                elem,
-                wgmma: true,
+        if isa == Isa::Sm90a {
+            let split_d = if wgmma_backward_dims_ok(dqk, dv) {
+                Some(1)
+            } else if wgmma_split_dims_ok(dqk, dv) {
+                Some(2)
+            } else {
+                None
             };
+            if let Some(split_d) = split_d {
+                return BackwardConfig {
+                    block_m: 64,
+                    warps: 8,
+                    split_d,
+                    elem,
+                    wgmma: true,
+                };
+            }
         }
         let preferred: &[(u32, u32, u32)] = if dqk <= 64 && dv <= 64 {
             &[(64, 4, 1)]
@@ -227,6 +241,12 @@ struct BackwardTemplate<'a> {
     clamp: bool,
     wgmma: bool,
     wgmma_fns: String,
+    /// The wgmma kernel with both warpgroups on the same 64 keys.
+    kv_split: bool,
+    /// 64-column panels of dK then dV, and the slots each warpgroup holds.
+    kv_panels: u32,
+    nkv: u32,
+    kv_issue: String,
 }
 
 /// Generates the parallel backward kernels of `variant` for head dims `dqk`, `dv`.
@@ -237,17 +257,18 @@ pub fn parallel_backward(
     cfg: &BackwardConfig,
 ) -> Result<BackwardSource, CompileError> {
     let par = parallel_inputs(variant, dqk, dv, "backward")?;
-    if cfg.wgmma
-        && !(wgmma_backward_dims_ok(dqk, dv)
-            && cfg.block_m == 64
-            && cfg.warps == 8
-            && cfg.split_d == 1)
-    {
+    let dims_ok = match cfg.split_d {
+        1 => wgmma_backward_dims_ok(dqk, dv),
+        2 => wgmma_split_dims_ok(dqk, dv),
+        _ => false,
+    };
+    if cfg.wgmma && !(dims_ok && cfg.block_m == 64 && cfg.warps == 8) {
         return Err(CompileError(format!(
-            "the wgmma backward takes block_m 64, 8 warps, split_d 1 and Dqk, Dv of 64 or 128; got block_m {}, {} warps, split_d {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
+            "the wgmma backward takes block_m 64 on 8 warps with split_d 1 (Dqk, Dv of 64 or 128) or split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}); got block_m {}, {} warps, split_d {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
             cfg.block_m, cfg.warps, cfg.split_d
         )));
     }
+    let kv_split = cfg.wgmma && cfg.split_d == 2;
     if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
         return Err(CompileError(format!(
             "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1, 2 or 4) must divide the warps, Dqk/16 and Dv/16",
@@ -329,7 +350,16 @@ pub fn parallel_backward(
         mask: par.mask.is_some(),
         clamp: scores_read_customs_by_position(variant),
         wgmma: cfg.wgmma,
-        wgmma_fns: if cfg.wgmma {
+        wgmma_fns: if kv_split {
+            wgmma_fns(
+                cfg.elem,
+                &[
+                    (cfg.block_m, Form::Ss),
+                    (64, Form::SsTransposed),
+                    (64, Form::RsNMajor),
+                ],
+            )
+        } else if cfg.wgmma {
             wgmma_fns(
                 cfg.elem,
                 &[
@@ -339,6 +369,14 @@ pub fn parallel_backward(
                     (dv, Form::RsNMajor),
                 ],
             )
+        } else {
+            String::new()
+        },
+        kv_split,
+        kv_panels: (dqk + dv) / 64,
+        nkv: (dqk + dv).div_ceil(128),
+        kv_issue: if kv_split {
+            kv_split_issue(dqk, dv)
         } else {
             String::new()
         },
@@ -391,15 +429,69 @@ pub fn parallel_backward(
     })
 }
 
-/// Whether `block_m` query rows on `warps` warps (`split_d` per 16 keys)
-/// tile the products: for dQ each warp takes a 16-row tile and an equal
-/// share of Dqk in steps of 16 columns; for dK and dV each warp of a key
-/// group an equal share of Dqk and Dv.
 /// Whether the `wgmma` backward takes these head dims: its registers hold
 /// dK and dV of 64 keys per warpgroup, which fits up to 128 columns each.
 pub fn wgmma_backward_dims_ok(dqk: u32, dv: u32) -> bool {
     matches!(dqk, 64 | 128) && matches!(dv, 64 | 128)
 }
+
+/// Dqk + Dv of the split wgmma backward: each warpgroup holds
+/// ⌈(Dqk + Dv) / 128⌉ 64-column accumulator panels (32 registers each) next
+/// to Sᵀ and dPᵀ (64 registers); three panels is what fits without spills.
+pub const MAX_SPLIT_DQK_PLUS_DV: u32 = 6 * 64;
+
+/// Whether the `wgmma` backward with both warpgroups on the same 64 keys
+/// (`split_d` 2) takes these head dims: multiples of 64 up to 256 whose dK
+/// and dV panels split into at most three per warpgroup.
+pub fn wgmma_split_dims_ok(dqk: u32, dv: u32) -> bool {
+    let dim_ok = |d: u32| d.is_multiple_of(64) && (64..=256).contains(&d);
+    dim_ok(dqk) && dim_ok(dv) && dqk + dv <= MAX_SPLIT_DQK_PLUS_DV
+}
+
+/// The dK/dV wgmma of the split kernel: warpgroup 0 holds the first
+/// ⌈panels / 2⌉ 64-column panels of [dK | dV], warpgroup 1 the rest, each
+/// panel one `m64n64k16` per 16 queries with dSᵀ (dK, B = Q) or Pᵀ (dV,
+/// B = dO) from registers. Unrolled per warpgroup so every operand is static.
+fn kv_split_issue(dqk: u32, dv: u32) -> String {
+    use std::fmt::Write as _;
+    let (qp, panels) = (dqk / 64, (dqk + dv) / 64);
+    let nkv = panels.div_ceil(2);
+    let mut out = String::new();
+    for slice in 0..2 {
+        let _ = writeln!(
+            out,
+            "        {}\n#pragma unroll\n        for (int kk = 0; kk < BM / 16; ++kk) {{",
+            if slice == 0 {
+                "if (slice == 0) {"
+            } else {
+                "} else {"
+            }
+        );
+        for s in 0..nkv {
+            let gp = slice * nkv + s;
+            if gp >= panels {
+                continue;
+            }
+            let (a, tile, p) = if gp < qp {
+                ("da", "sQc", gp)
+            } else {
+                ("pa", "sdOc", gp - qp)
+            };
+            let _ = writeln!(
+                out,
+                "            wgmma_rs_n64(kv_acc[{s}], {a}[kk], sw128_desc(smem_u32({tile}) + {p} * (BM * 128) + kk * 16 * 128, BM * 128));"
+            );
+        }
+        out.push_str("        }\n");
+    }
+    out.push_str("        }\n");
+    out
+}
+
+/// Whether `block_m` query rows on `warps` warps (`split_d` per 16 keys)
+/// tile the products: for dQ each warp takes a 16-row tile and an equal
+/// share of Dqk in steps of 16 columns; for dK and dV each warp of a key
+/// group an equal share of Dqk and Dv.
 
 fn tile_fits(dqk: u32, dv: u32, block_m: u32, warps: u32, split_d: u32) -> bool {
     let rt = block_m / 16;
