@@ -265,8 +265,18 @@ fn main() {
         // Head dims above 128: the sm_80 kernel (the default there before the
         // split wgmma kernel) against the sm_90a default.
         for (workload, example, dqk, dv) in [
-            ("deepseek-causal-b8-h16-s2048-d192-v128", "deepseek", 192, 128),
-            ("diff-causal-b8-h12-s2048-d128-v256", "diff_transformer", 128, 256),
+            (
+                "deepseek-causal-b8-h16-s2048-d192-v128",
+                "deepseek",
+                192,
+                128,
+            ),
+            (
+                "diff-causal-b8-h12-s2048-d128-v256",
+                "diff_transformer",
+                128,
+                256,
+            ),
         ] {
             let v = load(&root, example);
             for isa in [Isa::Sm80, Isa::Sm90a] {

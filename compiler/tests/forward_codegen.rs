@@ -3,7 +3,7 @@
 
 use aec_compiler::cxx::regions::implies_causal;
 use aec_compiler::{
-    ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, parallel_backward, parallel_forward,
 };
 use aec_frontend::{Variant, parse_file, parse_str};
 use std::path::PathBuf;
@@ -287,10 +287,44 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         let k = parallel_forward(&v, dqk, dv, &cfg).expect("sm_80 forward");
         assert!(!k.source.contains("wgmma") && k.source.contains("mma.sync"));
     }
-    // The backward: wgmma for 64 and 128 on sm_90a, sm_80 above.
-    assert!(BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a).wgmma);
-    assert!(!BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a).wgmma);
+    // The backward: wgmma for 64 and 128 on sm_90a, a warpgroup per 64 keys;
+    // above 128 both warpgroups on the same 64 keys while the dK/dV panels
+    // fit three per warpgroup; sm_80 beyond, and on other GPUs.
+    let b128 = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(b128.wgmma && b128.split_d == 1 && b128.block_n() == 128);
+    for (dqk, dv) in [(192, 128), (128, 256), (192, 192), (64, 256), (256, 128)] {
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(
+            cfg.wgmma && cfg.split_d == 2 && cfg.block_n() == 64,
+            "{dqk}x{dv}: {cfg:?}"
+        );
+    }
+    for (dqk, dv) in [(256, 256), (256, 512), (96, 96), (192, 160)] {
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(!cfg.wgmma, "{dqk}x{dv}: {cfg:?}");
+    }
     assert!(!BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80).wgmma);
+    // The split kernel: each warpgroup's dK/dV panels on m64n64 with the
+    // operand fixed per warpgroup (DeepSeek: dK's three panels on warpgroup
+    // 0, dV's two on warpgroup 1).
+    let split = parallel_backward(
+        &v,
+        192,
+        128,
+        &BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a),
+    )
+    .expect("split wgmma backward");
+    assert!(split.source.contains("wgmma_rs_n64(kv_acc[2], da[kk]"));
+    assert!(split.source.contains("wgmma_rs_n64(kv_acc[1], pa[kk]"));
+    assert!(!split.source.contains("kv_acc[2], pa[kk]"));
+    assert_eq!(split.main.grid, Grid::KeyBlocks { block_n: 64 });
+    // A wgmma config at dims it does not take is refused, not miscompiled.
+    let bad = BackwardConfig {
+        split_d: 1,
+        ..BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a)
+    };
+    let err = parallel_backward(&v, 192, 128, &bad).expect_err("split_d 1 at 192");
+    assert!(err.to_string().contains("split_d 2"), "{err}");
     let b = parallel_backward(
         &v,
         64,

@@ -492,7 +492,6 @@ fn kv_split_issue(dqk: u32, dv: u32) -> String {
 /// tile the products: for dQ each warp takes a 16-row tile and an equal
 /// share of Dqk in steps of 16 columns; for dK and dV each warp of a key
 /// group an equal share of Dqk and Dv.
-
 fn tile_fits(dqk: u32, dv: u32, block_m: u32, warps: u32, split_d: u32) -> bool {
     let rt = block_m / 16;
     matches!(block_m, 32 | 64 | 128)
