@@ -11,8 +11,9 @@
 mod common;
 
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_forward,
-    parallel_forward_block_sparse, parallel_forward_paged, parallel_forward_varlen,
+    BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_backward_varlen,
+    parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
+    parallel_forward_varlen,
 };
 use aec::frontend::Variant;
 use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
@@ -30,6 +31,8 @@ enum Pass {
     /// The forward under a block-sparse mask (the dense default tiles).
     SparseForward,
     Backward,
+    /// The backward of a packed variable-length batch.
+    VarlenBackward,
 }
 
 #[test]
@@ -47,6 +50,16 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
         .into_iter()
         .flat_map(|(n, v)| {
             let persistent = (n.clone(), v.clone(), "sm_90a", Pass::PersistentForward);
+            let varlen_backward = VARLEN_BACKWARD_EXAMPLES
+                .contains(&n.as_str())
+                .then(|| {
+                    ["sm_80", "sm_90a"].map({
+                        let (n, v) = (n.clone(), v.clone());
+                        move |a| (n.clone(), v.clone(), a, Pass::VarlenBackward)
+                    })
+                })
+                .into_iter()
+                .flatten();
             let paged = PAGED_EXAMPLES
                 .contains(&n.as_str())
                 .then(|| {
@@ -72,6 +85,7 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
                 })
                 .chain([persistent])
                 .chain(paged)
+                .chain(varlen_backward)
         })
         .collect();
     // Two workers: CI has two cores, and each NVRTC run is single-threaded.
@@ -92,7 +106,8 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
                             Pass::VarlenForward => check_one(name, v, arch, false, Rows::Varlen),
                             Pass::PagedForward => check_one(name, v, arch, true, Rows::Paged),
                             Pass::SparseForward => check_one(name, v, arch, true, Rows::Sparse),
-                            Pass::Backward => check_backward(name, v, arch),
+                            Pass::Backward => check_backward(name, v, arch, false),
+                            Pass::VarlenBackward => check_backward(name, v, arch, true),
                         });
                     }
                     lines
@@ -137,6 +152,10 @@ fn spill_budget(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
 /// The examples whose paged forward is compiled (decoding with packed heads
 /// and KV splits, GQA, a custom input, the causal mask).
 const PAGED_EXAMPLES: [&str; 4] = ["decode", "softmax_gqa", "alibi", "softmax_causal"];
+
+/// The variable-length backward: a mask, GQA, a custom input, and the split
+/// wgmma kernel (DeepSeek) on sm_90a.
+const VARLEN_BACKWARD_EXAMPLES: [&str; 4] = ["softmax_causal", "softmax_gqa", "alibi", "deepseek"];
 
 /// Where a forward's rows are.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -270,10 +289,26 @@ fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: 
 /// 36 for ReLU. The row and element kernels must not spill.
 const BACKWARD_SPILL_BUDGET: u32 = 96;
 
-fn check_backward(name: &str, v: &Variant, arch: &str) -> String {
+fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
     let (dqk, dv) = common::head_dims(v);
     let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::for_arch(arch));
-    let b = parallel_backward(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let generate = if varlen {
+        parallel_backward_varlen
+    } else {
+        parallel_backward
+    };
+    let b = generate(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(
+        b.main.name.ends_with("_varlen_main"),
+        varlen,
+        "{}",
+        b.main.name
+    );
+    assert_eq!(
+        b.source.contains("cu_q[blockIdx.z]"),
+        varlen,
+        "{name}: the sequence's rows"
+    );
     let compiled = compile(&b.source, &CompileOptions::new(arch))
         .unwrap_or_else(|e| panic!("{name} backward ({arch}): {e}"));
     let usage = ptxas_resources(&compiled.ptx, arch)

@@ -13,7 +13,7 @@
 
 mod common;
 
-use aec::compiler::{Elem, ForwardConfig, Isa};
+use aec::compiler::{BackwardConfig, Elem, ForwardConfig, Isa};
 use aec::prelude::*;
 use aec::reference;
 use aec::runtime::RuntimeError;
@@ -1054,6 +1054,28 @@ fn cpu_varlen_forward_generates_without_a_gpu() {
             ]
         );
         assert!(k.source.contains("cu_q[bz + 1] - q_start"));
+        // Its backward: the same arguments after the sizes; the main kernel
+        // takes the sequence's lengths, the row kernels find a row's sequence.
+        let b =
+            aec::varlen_backward_source(&v, HeadDims::square(128), &KernelOptions::default(), isa)
+                .unwrap();
+        assert!(
+            b.varlen && b.main.name.ends_with("_varlen_main"),
+            "{}",
+            b.main.name
+        );
+        assert_eq!(
+            &b.args[b.args.len() - 2..],
+            &[
+                aec::compiler::ArgKind::CuSeqlens,
+                aec::compiler::ArgKind::CuSeqlensKv
+            ]
+        );
+        assert!(b.source.contains("cu_q[blockIdx.z + 1] - q_start"));
+        assert!(b.source.contains("if (cu_q[mid] <= t_)"));
+        let dense = aec::backward_source(&v, HeadDims::square(128), &KernelOptions::default(), isa)
+            .unwrap();
+        assert!(!dense.varlen && !dense.source.contains("cu_q"));
     }
     // The decoding variant's packed, split-KV tile loses both forms.
     let k = aec::varlen_forward_source(
@@ -1218,12 +1240,95 @@ fn check_varlen(
     for (name, e) in &row_errs {
         assert!(*e < 1e-2, "{test}: relative error of {name} {e:.3e}");
     }
-    // The output of a varlen call has no dense backward.
-    let d_o = stream.upload(&vec![bf16::from_f32(1.0); o.len()]).unwrap();
-    match kernels.backward(&stream, &qb, &kb, &vb, &customs, &out, &d_o) {
-        Err(Error::Shape(m)) => assert!(m.contains("not implemented yet"), "{m}"),
-        other => panic!("{test}: the backward took a varlen output: {other:?}"),
+    // The backward of the packed batch against the reference backward of
+    // each sequence alone (custom-input gradients summed over sequences).
+    let mut rng = common::gpu::seeded(tq as u64);
+    let d_o_seq: Vec<Vec<bf16>> = lens
+        .iter()
+        .map(|&(lq, _)| {
+            (0..h * lq * dv)
+                .map(|_| bf16::from_f64(common::gpu::normal(&mut rng)))
+                .collect()
+        })
+        .collect();
+    let parts: Vec<_> = d_o_seq
+        .iter()
+        .zip(lens)
+        .map(|(x, l)| (x.as_slice(), l.0))
+        .collect();
+    let d_o = stream.upload(&pack(&parts, h, dv)).unwrap();
+    let grads = kernels
+        .backward(&stream, &qb, &kb, &vb, &customs, &out, &d_o)
+        .unwrap_or_else(|e| panic!("{test}: backward: {e}"));
+    let tk = *cu_k.last().unwrap();
+    let mut want_dq = vec![0.0; h * tq * dqk];
+    let mut want_dk = vec![0.0; hkv * tk * dqk];
+    let mut want_dv = vec![0.0; hkv * tk * dv];
+    let mut want_customs: Vec<(String, Vec<f64>)> = Vec::new();
+    for (n, call) in calls.iter().enumerate() {
+        let mut inputs = call.inputs.clone();
+        inputs.customs = calls[0].inputs.customs.clone();
+        let (lq, lk) = lens[n];
+        let d_o_ref = reference::Tensor {
+            shape: vec![1, h, lq, dv],
+            data: d_o_seq[n].iter().map(|x| x.to_f64()).collect(),
+        };
+        let want = reference::backward(&def, &inputs, &d_o_ref).expect("reference backward");
+        // Rows `len` of each head of a sequence's tensor into the packed one.
+        let scatter = |dst: &mut [f64], src: &[f64], heads, len, start, total, d| {
+            for hh in 0..heads {
+                for r in 0..len {
+                    let (a, b) = ((hh * total + start + r) * d, (hh * len + r) * d);
+                    dst[a..a + d].copy_from_slice(&src[b..b + d]);
+                }
+            }
+        };
+        scatter(&mut want_dq, &want.dq.data, h, lq, cu_q[n], tq, dqk);
+        scatter(&mut want_dk, &want.dk.data, hkv, lk, cu_k[n], tk, dqk);
+        scatter(&mut want_dv, &want.dv.data, hkv, lk, cu_k[n], tk, dv);
+        for (cname, g) in &want.customs {
+            match want_customs.iter_mut().find(|(c, _)| c == cname) {
+                Some((_, acc)) => acc.iter_mut().zip(&g.data).for_each(|(a, x)| *a += x),
+                None => want_customs.push((cname.clone(), g.data.clone())),
+            }
+        }
     }
+    let mut grad_errs = vec![
+        (
+            "dq".to_string(),
+            rel_err(&download_f64(&stream, &grads.dq), &want_dq),
+        ),
+        (
+            "dk".to_string(),
+            rel_err(&download_f64(&stream, &grads.dk), &want_dk),
+        ),
+        (
+            "dv".to_string(),
+            rel_err(&download_f64(&stream, &grads.dv), &want_dv),
+        ),
+    ];
+    for (cname, want) in &want_customs {
+        let got = download_f64(&stream, grads.custom(cname).expect("a gradient per input"));
+        let norm: f64 = want.iter().map(|x| x * x).sum();
+        let e = if norm == 0.0 {
+            got.iter().map(|x| x.abs()).fold(0.0, f64::max)
+        } else {
+            rel_err(&got, want)
+        };
+        grad_errs.push((format!("d{cname}"), e));
+    }
+    let bwd = kernels.varlen_backward_source().unwrap();
+    let pass = grad_errs.iter().all(|(_, e)| *e < 2e-2);
+    eprintln!(
+        "{test}: {} backward `{}` (m{}w{}s{}{}): {grad_errs:?}",
+        if pass { "PASS" } else { "FAIL" },
+        bwd.main.name,
+        bwd.config.block_m,
+        bwd.config.warps,
+        bwd.config.split_d,
+        if bwd.config.wgmma { " wgmma" } else { "" },
+    );
+    assert!(pass, "{test}: backward {grad_errs:?}");
 }
 
 /// Sequence lengths that are not tile multiples, one of a single row, and
@@ -1262,7 +1367,8 @@ fn gpu_varlen_softmax_causal() {
 
 #[test]
 fn gpu_varlen_softmax_causal_sm80_template() {
-    // The sm_80 template (a block per row block) on any GPU.
+    // The sm_80 templates (a block per row block; the mma.sync backward) on
+    // any GPU.
     let v = example("softmax_causal");
     let options = KernelOptions {
         config: Some(ForwardConfig::default_for(
@@ -1272,6 +1378,7 @@ fn gpu_varlen_softmax_causal_sm80_template() {
             Elem::Bf16,
             Isa::Sm80,
         )),
+        backward_config: Some(BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80)),
         ..KernelOptions::default()
     };
     check_varlen(

@@ -15,7 +15,9 @@ pub mod launch_plan;
 pub mod schedule;
 pub mod simplify;
 
-pub use cuda::backward::{BackwardConfig, BackwardSource, Grid, Launch, parallel_backward};
+pub use cuda::backward::{
+    BackwardConfig, BackwardSource, Grid, Launch, parallel_backward, parallel_backward_varlen,
+};
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
     ArgKind, BLOCK_MASK_ARGS, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource,

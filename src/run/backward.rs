@@ -1,8 +1,9 @@
 //! The backward on the GPU: [`ParallelKernels::backward`].
 
 use super::{
-    BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, backward_source,
-    check_lengths, compile_and_load, loading_error, params_of,
+    BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, VarlenBatch,
+    backward_source, check_lengths, check_varlen_shapes, compile_and_load, loading_error,
+    params_of, upload_i32, varlen_backward_source,
 };
 use crate::compiler::{ArgKind, BackwardSource, CompileError, Isa};
 use crate::frontend::ir::Axis;
@@ -12,11 +13,13 @@ use crate::runtime::{Arg, DeviceBuffer, Stream, bf16};
 /// respect to every input, filled once the stream reaches the launches.
 #[derive(Debug)]
 pub struct Gradients<T: KernelElement = bf16> {
-    /// `[B, H, Sq, Dqk]`, in the kernels' element type.
+    /// `[B, H, Sq, Dqk]` (`[1, H, Tq, Dqk]` for a packed variable-length
+    /// batch), in the kernels' element type.
     pub dq: DeviceBuffer<T>,
-    /// `[B, Hkv, Skv, Dqk]`, summed over the query heads of each group.
+    /// `[B, Hkv, Skv, Dqk]` (`[1, Hkv, Tk, Dqk]`), summed over the query
+    /// heads of each group.
     pub dk: DeviceBuffer<T>,
-    /// `[B, Hkv, Skv, Dv]`.
+    /// `[B, Hkv, Skv, Dv]` (`[1, Hkv, Tk, Dv]`).
     pub dv: DeviceBuffer<T>,
     /// One per custom input of the variant, by name, f32 and shaped like the
     /// input (zeros for inputs no gradient reaches, such as a mask's).
@@ -31,12 +34,24 @@ impl<T: KernelElement> Gradients<T> {
 }
 
 impl ParallelKernels {
-    /// The backward kernels, generated and compiled on first use.
-    fn backward_kernels(&self) -> Result<&BackwardKernels, Error> {
-        if let Some(k) = self.backward.get() {
+    /// The backward kernels (of a packed variable-length batch with
+    /// `varlen`), generated and compiled on first use.
+    fn backward_kernels(&self, varlen: bool) -> Result<&BackwardKernels, Error> {
+        type Generate = fn(
+            &crate::frontend::Variant,
+            super::HeadDims,
+            &super::KernelOptions,
+            Isa,
+        ) -> Result<BackwardSource, Error>;
+        let (cell, generate): (_, Generate) = if varlen {
+            (&self.backward_varlen, varlen_backward_source)
+        } else {
+            (&self.backward, backward_source)
+        };
+        if let Some(k) = cell.get() {
             return Ok(k);
         }
-        let source = backward_source(
+        let source = generate(
             &self.variant,
             self.dims,
             &self.options,
@@ -61,14 +76,20 @@ impl ParallelKernels {
             _module: module,
         };
         // Another thread may have won the race; its kernels are as good.
-        let _ = self.backward.set(kernels);
-        Ok(self.backward.get().expect("set above"))
+        let _ = cell.set(kernels);
+        Ok(cell.get().expect("set above"))
     }
 
     /// The generated backward source and its launch facts (compiles the
     /// backward if no call has yet).
     pub fn backward_source(&self) -> Result<&BackwardSource, Error> {
-        Ok(&self.backward_kernels()?.source)
+        Ok(&self.backward_kernels(false)?.source)
+    }
+
+    /// The backward source for outputs of
+    /// [`forward_varlen`](Self::forward_varlen) (compiled on first use).
+    pub fn varlen_backward_source(&self) -> Result<&BackwardSource, Error> {
+        Ok(&self.backward_kernels(true)?.source)
     }
 
     /// Runs the backward on `stream`: given the inputs of a
@@ -82,6 +103,14 @@ impl ParallelKernels {
     /// and the forward output's buffers by length. The weights are
     /// recomputed from the saved row state, so `forward` must be the output
     /// of these kernels on these inputs.
+    ///
+    /// `forward` may be the output of [`forward_varlen`](Self::forward_varlen):
+    /// then q, k, v, `d_o` and the gradients are packed as there
+    /// (`[1, heads, rows, D]`), the boundaries are the ones the forward
+    /// output carries and are checked again with the inputs
+    /// ([`check_varlen_shapes`]), and each sequence's gradients equal the
+    /// backward of that sequence alone (custom-input gradients summed over
+    /// the sequences).
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: KernelElement>(
         &self,
@@ -104,20 +133,35 @@ impl ParallelKernels {
         .into_iter()
         .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
         self.check_devices(stream, buffers)?;
-        if forward.cu_seqlens.is_some() {
-            return Err(Error::Shape(format!(
-                "`forward` is the output of `forward_varlen` (a packed variable-length batch); \
-                 the backward of a variable-length forward is not implemented yet: run the \
-                 sequences of `{}` through `forward` to differentiate them",
-                self.variant.name
-            )));
-        }
         let shape = forward.shape;
         let lens: Vec<(&str, usize)> = [("q", q.len()), ("k", k.len()), ("v", v.len())]
             .into_iter()
             .chain(customs.iter().map(|(n, b)| (*n, b.len())))
             .collect();
-        self.check(shape, &lens)?;
+        // `shape`: the tensors' (packed) shape; `sizes`: the kernels' size
+        // arguments (for a packed batch: N sequences, the longest of each).
+        let sizes = match &forward.cu_seqlens {
+            None => {
+                self.check(shape, &lens)?;
+                shape
+            }
+            Some((cu_q, cu_k)) => {
+                let batch = VarlenBatch {
+                    heads: shape.h,
+                    kv_heads: shape.hkv,
+                    cu_seqlens_q: cu_q,
+                    cu_seqlens_k: cu_k,
+                };
+                let (packed, sizes) = check_varlen_shapes(&self.variant, self.dims, &batch, &lens)?;
+                if packed != shape {
+                    return Err(Error::Shape(format!(
+                        "`forward` has shape {shape} but its boundaries and the inputs give {packed}: \
+                         pass the output of `forward_varlen` on these inputs"
+                    )));
+                }
+                sizes
+            }
+        };
         let rows = shape.rows();
         let (dqk, dv) = (self.dims.dqk as usize, self.dims.dv as usize);
         check_lengths(&[
@@ -137,10 +181,13 @@ impl ParallelKernels {
                 shape,
             ),
         ])?;
-        let kernels = self.backward_kernels()?;
+        let kernels = self.backward_kernels(forward.cu_seqlens.is_some())?;
         let src = &kernels.source;
-        let grid = |l: &crate::compiler::Launch| {
-            l.grid_for([shape.b, shape.h, shape.hkv, shape.sq, shape.skv], self.dims.dqk)
+        // The row and element kernels cover the (packed) rows; the main
+        // kernel's grid follows the kernels' sizes (key blocks of the longest
+        // sequence, KV heads, sequences).
+        let grid = |l: &crate::compiler::Launch, s: crate::run::Shape| {
+            l.grid_for([s.b, s.h, s.hkv, s.sq, s.skv], self.dims.dqk)
                 .ok_or_else(|| {
                     Error::Shape(format!(
                         "the shape {shape} needs a grid for `{}` larger than CUDA launches: split the call",
@@ -148,7 +195,11 @@ impl ParallelKernels {
                     ))
                 })
         };
-        let grids = [grid(&src.pre)?, grid(&src.main)?, grid(&src.post)?];
+        let grids = [
+            grid(&src.pre, shape)?,
+            grid(&src.main, sizes)?,
+            grid(&src.post, shape)?,
+        ];
 
         let runtime = |e| Error::Runtime {
             during: format!("running the backward of `{}`", self.variant.name),
@@ -159,6 +210,14 @@ impl ParallelKernels {
             .parallel()
             .is_some_and(|p| p.modify_q.is_some());
         let kv_rows = shape.b * shape.hkv * shape.skv;
+        // check_varlen_shapes bounded every boundary by the i32 row counts.
+        let boundaries = match &forward.cu_seqlens {
+            Some((cu_q, cu_k)) => Some((
+                upload_i32(stream, "cu_seqlens_q", cu_q.iter().copied())?,
+                upload_i32(stream, "cu_seqlens_k", cu_k.iter().copied())?,
+            )),
+            None => None,
+        };
         let mut dot = stream
             .alloc_zeros::<f32>(src.workspace_len("dot", rows))
             .map_err(runtime)?;
@@ -239,9 +298,22 @@ impl ParallelKernels {
                         let n = match axis {
                             Axis::Dqk => dqk,
                             Axis::Dv => dv,
-                            a => shape.size(*a).expect("backward_params accepted the axis"),
+                            a => sizes.size(*a).expect("backward_params accepted the axis"),
                         };
                         Arg::from(i32::try_from(n).expect("check_shapes bounded every size"))
+                    }
+                    ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => {
+                        let (cu_q, cu_k) = boundaries.as_ref().ok_or_else(|| {
+                            Error::Compile {
+                            variant: self.variant.name.clone(),
+                            kernel: "backward",
+                            source: CompileError(
+                                "the dense backward takes sequence boundaries; this is a bug in aec"
+                                    .into(),
+                            ),
+                        }
+                        })?;
+                        Arg::from(if *a == ArgKind::CuSeqlens { cu_q } else { cu_k })
                     }
                     other => unreachable!("backward_params rejected {other:?}"),
                 });

@@ -84,7 +84,7 @@ use std::sync::OnceLock;
 
 use crate::compiler::{
     ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, Isa, KernelSource,
-    RecurrentConfig, parallel_backward, parallel_forward,
+    RecurrentConfig, parallel_backward, parallel_backward_varlen, parallel_forward,
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
@@ -465,6 +465,32 @@ pub fn backward_source(
     options: &KernelOptions,
     isa: Isa,
 ) -> Result<BackwardSource, Error> {
+    generate_backward(variant, dims, options, isa, parallel_backward)
+}
+
+/// The backward of a packed variable-length batch (what
+/// [`ParallelKernels::backward`] runs on the output of
+/// [`ParallelKernels::forward_varlen`]), generated as [`backward_source`]
+/// generates the dense one. Needs no GPU.
+pub fn varlen_backward_source(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    options: &KernelOptions,
+    isa: Isa,
+) -> Result<BackwardSource, Error> {
+    generate_backward(variant, dims, options, isa, parallel_backward_varlen)
+}
+
+type BackwardGenerator =
+    fn(&frontend::Variant, u32, u32, &BackwardConfig) -> Result<BackwardSource, CompileError>;
+
+fn generate_backward(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    options: &KernelOptions,
+    isa: Isa,
+    generator: BackwardGenerator,
+) -> Result<BackwardSource, Error> {
     require_parallel_backward(variant)?;
     check_head_dims(variant, dims)?;
     let cfg = options
@@ -485,7 +511,7 @@ pub fn backward_source(
             options.elem.name()
         )));
     }
-    parallel_backward(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
+    generator(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
         variant: variant.name.clone(),
         kernel: "backward",
         source,
@@ -517,6 +543,9 @@ pub struct ParallelKernels {
     options: KernelOptions,
     /// Compiled on the first [`backward`](Self::backward) call.
     backward: OnceLock<BackwardKernels>,
+    /// Compiled on the first [`backward`](Self::backward) of a
+    /// [`forward_varlen`](Self::forward_varlen) output.
+    backward_varlen: OnceLock<BackwardKernels>,
     /// Compiled on the first [`forward_varlen`](Self::forward_varlen) call.
     varlen: OnceLock<LayoutKernel>,
     /// Compiled on the first [`forward_paged`](Self::forward_paged) call.
@@ -602,6 +631,7 @@ impl ParallelKernels {
             _module: module,
             options: options.clone(),
             backward: OnceLock::new(),
+            backward_varlen: OnceLock::new(),
             varlen: OnceLock::new(),
             paged: OnceLock::new(),
             sparse: OnceLock::new(),

@@ -177,9 +177,8 @@ impl ParallelKernels {
     /// own positions, `Sq` and `Skv` (a causal mask is causal within each
     /// sequence). The first call compiles the kernel (through the kernel
     /// cache). Every check happens before anything is uploaded or launched
-    /// ([`check_varlen_shapes`]). The backward of a variable-length forward
-    /// is not implemented yet: [`backward`](Self::backward) refuses its
-    /// output.
+    /// ([`check_varlen_shapes`]). [`backward`](Self::backward) takes its
+    /// output: the gradients come packed the same way.
     pub fn forward_varlen<T: KernelElement>(
         &self,
         stream: &Stream,

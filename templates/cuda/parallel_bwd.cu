@@ -67,20 +67,48 @@ __device__ __forceinline__ void ldmatrix_x4_trans_a(unsigned addr, unsigned (&a)
         const elem_t* __restrict__ o, const elem_t* __restrict__ dout,                             \
         const float* __restrict__ rowout, float* __restrict__ dot, elem_t* __restrict__ qmod,      \
         float* __restrict__ dq_acc, elem_t* __restrict__ dq, elem_t* __restrict__ dk,              \
-        elem_t* __restrict__ dv, {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv
+        elem_t* __restrict__ dv, {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if varlen %}, \
+        const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}
 
 #define INIT_PARAMS                                                                                \
     Params P;                                                                                      \
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
 
+{% if varlen %}// A packed variable-length batch (`B` sequences, `Sq` and `Skv` the longest):
+// in each head the sequences one after another, `Tq` query rows in all; each
+// sequence is a batch of one at its own positions.
+#define ROWS ((long long)H * Tq)
+#define Q_ROW0(h) ((long long)(h) * Tq + q_start)
+// Head, position and (in P) the sizes of packed row `row`'s sequence.
+#define ROW_COORDS(row)                                                                            \
+    const int h = (int)((row) / Tq), t_ = (int)((row) % Tq);                                       \
+    int s_ = 0;                                                                                    \
+    for (int lo = 0, hi = B - 1; lo <= hi;) {                                                      \
+        const int mid = (lo + hi) / 2;                                                             \
+        if (cu_q[mid] <= t_) {                                                                     \
+            s_ = mid;                                                                              \
+            lo = mid + 1;                                                                          \
+        } else {                                                                                   \
+            hi = mid - 1;                                                                          \
+        }                                                                                          \
+    }                                                                                              \
+    const int i = t_ - cu_q[s_], b = 0;                                                            \
+    P.B = 1;                                                                                       \
+    P.Sq = cu_q[s_ + 1] - cu_q[s_];                                                                \
+    P.Skv = cu_k[s_ + 1] - cu_k[s_];
+{% else %}#define ROWS ((long long)B * H * Sq)
+#define Q_ROW0(h) ((long long)(b * H + (h)) * Sq)
+#define ROW_COORDS(row) const int i = (int)((row) % Sq), h = (int)(((row) / Sq) % H), b = (int)((row) / ((long long)Sq * H));
+{% endif %}
 // One warp per query row.
 extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_pre(BWD_ARGS) {
     INIT_PARAMS
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const long long rows = (long long)B * H * Sq;
+{% if varlen %}    const int Tq = cu_q[B];
+{% endif %}    const long long rows = ROWS;
     const long long row = (long long)blockIdx.x * NWARPS + warp;
     if (row >= rows) return;
-    const int i = (int)(row % Sq), h = (int)((row / Sq) % H), b = (int)(row / ((long long)Sq * H));
+    ROW_COORDS(row)
     const int hk = h / (H / Hkv);
 {% if uses_dot %}
     float acc = 0.0f;
@@ -158,11 +186,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
-    const int n0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
-    const int group = H / Hkv;
-    const long long rows = (long long)B * H * Sq;
-    const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
-    const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DV;
+    const int n0 = blockIdx.x * BN, hk = blockIdx.y;
+{% if varlen %}    // Sequence blockIdx.z: its own lengths shadow the grid's (the longest).
+    const int Tq = cu_q[B], Tk = cu_k[B];
+    const int q_start = cu_q[blockIdx.z], k_start = cu_k[blockIdx.z];
+    {
+    const int Sq = cu_q[blockIdx.z + 1] - q_start, Skv = cu_k[blockIdx.z + 1] - k_start;
+    P.B = 1;
+    P.Sq = Sq;
+    P.Skv = Skv;
+    if (n0 >= Skv) return;  // past this sequence's keys
+    const int b = 0;
+    const long long k_row0 = (long long)hk * Tk + k_start;
+{% else %}    const int b = blockIdx.z;
+    const long long k_row0 = (long long)(b * Hkv + hk) * Skv;
+{% endif %}    const int group = H / Hkv;
+    const long long rows = ROWS;
+    const elem_t* kg = k + k_row0 * DQK;
+    const elem_t* vg = v + k_row0 * DV;
     const elem_t* qsrc = {% if modify_q %}qmod{% else %}q{% endif %};
 
     LOAD_TILE<BN, DQK>(sK, kg, n0, Skv, tid);
@@ -200,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     auto issue = [&](int it, int buf, float (&st)[NSTAT_ARR]) {
         const int h = hk * group + it / per_head;
         const int m0 = (mb0 + it % per_head) * BM;
-        const long long row0 = (long long)(b * H + h) * Sq;
+        const long long row0 = Q_ROW0(h);
         LOAD_TILE<BM, DQK>(sQ + buf * BM * SQS, qsrc + row0 * DQK, m0, Sq, tid);
         LOAD_TILE<BM, DV>(sdO + buf * BM * SVS, dout + row0 * DV, m0, Sq, tid);
         fetch_stats(st, rowout, dot, rows, row0, m0, Sq, tid);
@@ -381,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);
-            float* dqg = dq_acc + ((long long)(b * H + h) * Sq + m0) * DQK;
+            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
 #pragma unroll
             for (int t = 0; t < 8; ++t) {
 #pragma unroll
@@ -449,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
                     mma16816(dq_part[2 * dp + 1], a, b2, b3);
                 }
             }
-            float* dqg = dq_acc + ((long long)(b * H + h) * Sq + m0) * DQK;
+            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
 #pragma unroll
             for (int t = 0; t < DQW / 8; ++t) {
 #pragma unroll
@@ -487,7 +528,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         for (int c2 = 0; c2 < 2; ++c2) {
             const int j = n0 + jr + g + c2 * 8;
             if (j >= Skv) continue;
-            const long long krow = (long long)(b * Hkv + hk) * Skv + j;
+            const long long krow = k_row0 + j;
 #pragma unroll
             for (int t = 0; t < 8; ++t) {
                 const int d = c0 + t * 8 + 2 * t4;
@@ -514,7 +555,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     for (int c2 = 0; c2 < 2; ++c2) {
         const int j = n0 + jr + g + c2 * 8;
         if (j >= Skv) continue;
-        const long long krow = (long long)(b * Hkv + hk) * Skv + j;
+        const long long krow = k_row0 + j;
 #pragma unroll
         for (int t = 0; t < DQKW / 8; ++t) {
             const int d = ck0 + t * 8 + 2 * t4;
@@ -542,18 +583,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
 {% endif %}            *reinterpret_cast<unsigned*>(dv + krow * DV + d) = pack2(x0, x1);
         }
     }
+{% endif %}{% if varlen %}    }  // the sequence's scope
 {% endif %}}
 
 // One thread per dQ element.
 extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS) {
     INIT_PARAMS
-    const long long n = (long long)B * H * Sq * DQK;
+{% if varlen %}    const int Tq = cu_q[B];
+{% endif %}    const long long n = ROWS * DQK;
     const long long x = (long long)blockIdx.x * NT + threadIdx.x;
     if (x >= n) return;
     float d = dq_acc[x];
 {% if modify_q %}    {
         const long long row = x / DQK;
-        const int i = (int)(row % Sq), h = (int)((row / Sq) % H), b = (int)(row / ((long long)Sq * H));
+        ROW_COORDS(row)
         const Pt pt = {b, h, h / (H / Hkv), i, 0, (int)(x % DQK)};
         float gr[NGRAD_Q_ARR];
         d = modify_q_bwd(to_f32(q[x]), d, pt, P, gr);

@@ -65,6 +65,11 @@ pub fn download_f64<T: aec::runtime::Element + Into<f64>>(
         .collect()
 }
 
+/// A random generator for a test's own draws (gradients of the output).
+pub fn seeded(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
 pub fn normal(rng: &mut StdRng) -> f64 {
     let u1: f64 = rng.random_range(1e-12..1.0);
     let u2: f64 = rng.random();

@@ -187,6 +187,8 @@ pub struct BackwardSource {
     /// What the forward's `rowout` holds, in order (the backward reads the state).
     pub row_outputs: Vec<String>,
     pub config: BackwardConfig,
+    /// Kernels of a packed variable-length batch ([`parallel_backward_varlen`]).
+    pub varlen: bool,
 }
 
 impl BackwardSource {
@@ -243,6 +245,8 @@ struct BackwardTemplate<'a> {
     wgmma_fns: String,
     /// The wgmma kernel with both warpgroups on the same 64 keys.
     kv_split: bool,
+    /// A packed variable-length batch (`cu_q`, `cu_k` after the sizes).
+    varlen: bool,
     /// 64-column panels of dK then dV, and the slots each warpgroup holds.
     kv_panels: u32,
     nkv: u32,
@@ -255,6 +259,34 @@ pub fn parallel_backward(
     dqk: u32,
     dv: u32,
     cfg: &BackwardConfig,
+) -> Result<BackwardSource, CompileError> {
+    generate_backward(variant, dqk, dv, cfg, false)
+}
+
+/// The backward of a packed variable-length batch (the gradients of
+/// [`parallel_forward_varlen`](super::forward::parallel_forward_varlen)'s
+/// output): the same kernels with `cu_q` and `cu_k` after the sizes. `B` is
+/// the number of sequences and `Sq`, `Skv` the longest ones: the main
+/// kernel's grid is `(⌈Skv / block_n⌉, Hkv, B)` and each block walks its
+/// sequence's query blocks; the row and element kernels cover the packed
+/// rows `H · Tq` (launch them with `B = 1, Sq = Tq`,
+/// [`BackwardSource::varlen`]). The closures see each sequence as a batch of
+/// one at its own positions, as in the forward.
+pub fn parallel_backward_varlen(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &BackwardConfig,
+) -> Result<BackwardSource, CompileError> {
+    generate_backward(variant, dqk, dv, cfg, true)
+}
+
+fn generate_backward(
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    cfg: &BackwardConfig,
+    varlen: bool,
 ) -> Result<BackwardSource, CompileError> {
     let par = parallel_inputs(variant, dqk, dv, "backward")?;
     let dims_ok = match cfg.split_d {
@@ -309,7 +341,7 @@ pub fn parallel_backward(
             String::new()
         },
         if cfg.wgmma { "_wgmma" } else { "" }
-    );
+    ) + if varlen { "_varlen" } else { "" };
     let t = BackwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -373,6 +405,7 @@ pub fn parallel_backward(
             String::new()
         },
         kv_split,
+        varlen,
         kv_panels: (dqk + dv) / 64,
         nkv: (dqk + dv).div_ceil(128),
         kv_issue: if kv_split {
@@ -385,7 +418,10 @@ pub fn parallel_backward(
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
 
-    let args = backward_args(variant);
+    let mut args = backward_args(variant);
+    if varlen {
+        args.extend([ArgKind::CuSeqlens, ArgKind::CuSeqlensKv]);
+    }
 
     let (bm, bn) = (cfg.block_m, cfg.block_n());
     let pad = if cfg.wgmma { 0 } else { 8 };
@@ -426,6 +462,7 @@ pub fn parallel_backward(
         dv,
         row_outputs,
         config: *cfg,
+        varlen,
     })
 }
 
