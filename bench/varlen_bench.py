@@ -75,6 +75,56 @@ class VarlenKernel:
         return o
 
 
+class VarlenBackward:
+    """The generated variable-length backward (pre, main, post) launched
+    through the driver: the row and element kernels over the packed rows
+    `H · T`, the main kernel over (key blocks of the longest sequence, heads,
+    sequences)."""
+
+    def __init__(self, cases_dir, meta):
+        self.meta = meta
+        self.module = load_module(cases_dir, meta["cubin"])
+        self.fns = [(get_function(self.module, l["name"], l["smem_bytes"]), l) for l in meta["launches"]]
+
+    def __call__(self, q, k, v, o, dout, rowout, sizes, cu_q, cu_k):
+        h, total = q.shape[0], q.shape[1]
+        dqk, dv = self.meta["dqk"], self.meta["dv"]
+        rows = h * total
+        bufs = dict(q=q, k=k, v=v, o=o, dout=dout,
+                    dot=torch.empty(rows, device=dev, dtype=torch.float32),
+                    qmod=torch.empty(rows * dqk, device=dev, dtype=torch.bfloat16),
+                    dq_acc=torch.empty(rows * dqk, device=dev, dtype=torch.float32),
+                    dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
+        vals = []
+        for a in self.meta["args"]:
+            kind = a["kind"]
+            if kind in ("tensor", "workspace"):
+                vals.append(ctypes.c_uint64(bufs[a["name"]].data_ptr()))
+            elif kind == "rowout":
+                vals.append(ctypes.c_uint64(rowout.data_ptr()))
+            elif kind == "cu_seqlens":
+                vals.append(ctypes.c_uint64(cu_q.data_ptr()))
+            elif kind == "cu_seqlens_k":
+                vals.append(ctypes.c_uint64(cu_k.data_ptr()))
+            elif kind == "size":
+                vals.append(ctypes.c_int32(sizes[a["axis"]]))
+            else:
+                raise RuntimeError(f"unexpected argument {a}")
+        params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
+        stream = torch.cuda.current_stream().cuda_stream
+        for fn, l in self.fns:
+            g = l["grid"]
+            if g["kind"] == "rows":
+                grid = ((rows + g["per_block"] - 1) // g["per_block"], 1, 1)
+            elif g["kind"] == "key_blocks":
+                grid = ((sizes["Skv"] + g["block_n"] - 1) // g["block_n"], sizes["Hkv"], sizes["B"])
+            else:
+                grid = ((rows * dqk + g["per_block"] - 1) // g["per_block"], 1, 1)
+            check(libcuda.cuLaunchKernel(fn, *grid, l["threads"], 1, 1, l["smem_bytes"], ctypes.c_void_p(stream),
+                                         params, None), "cuLaunchKernel " + l["name"])
+        return bufs["dq"], bufs["dk"], bufs["dv"]
+
+
 def fa2_varlen(q, k, v, cu, longest, causal, scale):
     """PyTorch's FlashAttention-2 varlen forward: the public `varlen_attn`
     where its signature takes the mask, else the aten op it wraps."""
@@ -92,6 +142,63 @@ def fa2_varlen(q, k, v, cu, longest, causal, scale):
     out = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0, causal, False,
                                                   scale=scale)
     return out[0], "aten._flash_attention_forward"
+
+
+def bench_fwd_bwd(work, entry, cases_dir, packed_k, q_thd, k_thd, v_thd, q_p, k_p, v_p, cu, longest, sizes, causal,
+                  scale, fl, record, flex, lens, n, total, meta):
+    from torch.nn.attention.flex_attention import create_block_mask
+    torch.manual_seed(1)
+    do_thd = torch.randn_like(q_thd)
+    do_p = do_thd.transpose(0, 1).contiguous()
+    ref = None
+    leaves = [t.detach().clone().requires_grad_() for t in (q_thd, k_thd, v_thd)]
+
+    def fa2_fb():
+        out, _ = fa2_varlen(*leaves, cu, longest, causal, scale)
+        out.backward(do_thd)
+    try:
+        fa2_fb()
+        ref = [t.grad.transpose(0, 1).float() for t in leaves]
+        import triton
+        ms = triton.testing.do_bench(fa2_fb, warmup=10, rep=50, return_mode="median", grad_to_none=leaves)
+        record(work, "fa2-varlen", ms, fl, **{"pass": "fwd+bwd"})
+    except Exception as e:
+        record(work, "fa2-varlen", None, fl, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}",
+               **{"pass": "fwd+bwd"})
+    try:
+        doc = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(lens, device=dev))
+        if causal:
+            def mask_fn(b, h, i, j):
+                return (doc[i] == doc[j]) & (i >= j)
+        else:
+            def mask_fn(b, h, i, j):
+                return doc[i] == doc[j]
+        bm = create_block_mask(mask_fn, None, None, total, total, device=dev)
+        fl_leaves = [t.detach().clone().unsqueeze(0).requires_grad_() for t in (q_p, k_p, v_p)]
+
+        def flex_fb():
+            out = flex(*fl_leaves, block_mask=bm, scale=scale)
+            out.backward(do_p.unsqueeze(0))
+        flex_fb()
+        import triton
+        ms = triton.testing.do_bench(flex_fb, warmup=10, rep=50, return_mode="median", grad_to_none=fl_leaves)
+        record(work, "flex-document", ms, fl, **{"pass": "fwd+bwd"})
+    except Exception as e:
+        record(work, "flex-document", None, fl, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}",
+               **{"pass": "fwd+bwd"})
+    bk = VarlenBackward(cases_dir, entry["backward"])
+    o = torch.empty_like(v_p)
+    rowout = torch.empty(max(1, len(entry["varlen"]["row_outputs"])), q_p.shape[0] * total, device=dev,
+                         dtype=torch.float32)
+
+    def ours():
+        packed_k(q_p, k_p, v_p, o, rowout, sizes, cu, cu)
+        return bk(q_p, k_p, v_p, o, do_p, rowout, sizes, cu, cu)
+    grads = ours()
+    torch.cuda.synchronize()
+    err = max(rel_err(g.float(), r) for g, r in zip(grads, ref)) if ref is not None else None
+    record(work, "aec-varlen", bench(ours), fl, err=err, kernel=entry["backward"]["launches"][1]["name"],
+           **{"pass": "fwd+bwd"})
 
 
 def main():
@@ -180,6 +287,11 @@ def main():
                 record(work, "aec-varlen-persistent", bench(lambda: pb(q_p, k_p, v_p, o2, rowout, sizes, cu, cu)),
                        fl, err=rel_err(o2.float(), ref) if ref is not None else None,
                        kernel=entry["varlen_persistent"]["name"])
+            # Forward + backward: aec's varlen forward and backward against
+            # FA2's varlen and Flex's document mask through autograd.
+            if "backward" in entry:
+                bench_fwd_bwd(work, entry, cases_dir, packed_k, q_thd, k_thd, v_thd, q_p, k_p, v_p, cu, longest,
+                              sizes, causal, scale, fl * 3.5, record, flex, lens, n, total, meta)
             # Padded: every sequence to the longest.
             qb = torch.zeros(n, H, longest, D, device=dev, dtype=torch.bfloat16)
             kb, vb = torch.zeros_like(qb), torch.zeros_like(qb)

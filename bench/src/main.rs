@@ -12,7 +12,7 @@
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
     Isa, KernelSource, parallel_backward, parallel_forward, parallel_forward_block_sparse,
-    parallel_forward_paged, parallel_forward_varlen,
+    parallel_backward_varlen, parallel_forward_paged, parallel_forward_varlen,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -447,6 +447,13 @@ fn main() {
             )
             .expect("varlen forward");
             let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
+            let backward = parallel_backward_varlen(
+                &v,
+                128,
+                128,
+                &BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a),
+            )
+            .expect("varlen backward");
             varlen.push(json!({
                 "example": example,
                 "causal": example == "softmax_causal",
@@ -461,6 +468,7 @@ fn main() {
                     &includes,
                 ),
                 "dense": kernel_meta(&out, &format!("varlen_dense_{example}"), &dense, nvcc.as_deref(), &includes),
+                "backward": backward_meta(&out, &format!("varlen_bwd_{example}"), &backward, nvcc.as_deref(), &includes),
             }));
         }
     }
