@@ -11,8 +11,8 @@
 
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
-    Isa, KernelSource, parallel_backward, parallel_forward, parallel_forward_block_sparse,
-    parallel_backward_varlen, parallel_forward_paged, parallel_forward_varlen,
+    Isa, KernelSource, parallel_backward, parallel_backward_varlen, parallel_forward,
+    parallel_forward_block_sparse, parallel_forward_paged, parallel_forward_varlen,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
