@@ -35,9 +35,9 @@ pub use library::Library;
 pub mod run;
 pub mod tune;
 pub use run::{
-    BlockMask, Error, ForwardOutput, Gradients, HeadDims, KernelElement, KernelOptions, PagedKv,
-    ParallelKernels, RecurrentDecoder, RecurrentDims, RecurrentGradients, RecurrentKernels,
-    RecurrentOutput, RecurrentShape, Shape, VarlenBatch, backward_source,
+    BlockMask, BlockMaskLists, Error, ForwardOutput, Gradients, HeadDims, KernelElement,
+    KernelOptions, PagedKv, ParallelKernels, RecurrentDecoder, RecurrentDims, RecurrentGradients,
+    RecurrentKernels, RecurrentOutput, RecurrentShape, Shape, VarlenBatch, backward_source,
     block_sparse_forward_source, check_block_mask, check_paged_shapes, check_recurrent_shapes,
     check_shapes, check_varlen, check_varlen_shapes, forward_source, paged_forward_source,
     recurrent_source, recurrent_step_source, varlen_backward_source, varlen_forward_source,

@@ -362,6 +362,31 @@ fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
     )
 }
 
+/// The block-mask builder of every example with a mask compiles for sm_80
+/// and sm_90a without spills.
+#[test]
+fn block_mask_builders_compile() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let mut built = 0;
+    for (name, v) in common::parallel_examples() {
+        let has_mask = v.parallel().is_some_and(|p| p.mask.is_some());
+        let builder = aec::compiler::block_mask_builder(&v, 64, 64);
+        assert_eq!(builder.is_ok(), has_mask, "{name}: {builder:?}");
+        let Ok(b) = builder else { continue };
+        for arch in ["sm_80", "sm_90a"] {
+            let c = compile(&b.source, &CompileOptions::new(arch))
+                .unwrap_or_else(|e| panic!("{name} block mask ({arch}): {e}"));
+            let usage = ptxas_resources(&c.ptx, arch).expect("ptxas");
+            let u = usage.iter().find(|u| u.function == b.name).expect("entry");
+            assert_eq!(u.spill_store_bytes, 0, "{name} ({arch}): {u:?}");
+        }
+        built += 1;
+    }
+    assert!(built >= 4, "{built} examples with a mask");
+}
+
 /// Every head dim the issue names (64, 80, 96, 128, 192, 256, Dv up to 512;
 /// Dqk ≠ Dv both ways) generates, compiles for sm_90a and uses tensor cores, forward and
 /// backward, with at most 128 bytes of spills; f16 operands too (d128, sm_80).

@@ -1967,6 +1967,186 @@ fn gpu_block_sparse() {
     );
 }
 
+/// The block mask of a variant's own predicate, listed as `create_block_mask`
+/// would: per plane (batch, head) and mask row, the key blocks in order,
+/// hidden (left out), full (every pair shown) or partial.
+#[allow(clippy::type_complexity)]
+fn brute_force_lists(
+    shape: Shape,
+    (batches, heads): (usize, usize),
+    (bm, bn): (usize, usize),
+    mask: impl Fn(usize, usize, usize, usize) -> bool,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) {
+    let (rows, cols) = (shape.sq.div_ceil(bm), shape.skv.div_ceil(bn));
+    let n = batches * heads * rows;
+    let (mut np, mut nf) = (vec![0u32; n], vec![0u32; n]);
+    let (mut ip, mut ifull) = (vec![0u32; n * cols], vec![0u32; n * cols]);
+    for b in 0..batches {
+        for h in 0..heads {
+            for r in 0..rows {
+                let at = (b * heads + h) * rows + r;
+                for c in 0..cols {
+                    let (mut any, mut all) = (false, true);
+                    for i in r * bm..((r + 1) * bm).min(shape.sq) {
+                        for j in c * bn..((c + 1) * bn).min(shape.skv) {
+                            let m = mask(b, h, i, j);
+                            any |= m;
+                            all &= m;
+                        }
+                    }
+                    if any && all {
+                        ifull[at * cols + nf[at] as usize] = c as u32;
+                        nf[at] += 1;
+                    } else if any {
+                        ip[at * cols + np[at] as usize] = c as u32;
+                        np[at] += 1;
+                    }
+                }
+            }
+        }
+    }
+    (np, ip, nf, ifull)
+}
+
+/// `ParallelKernels::block_mask` against the brute-force lists of the same
+/// predicate, then the block-sparse forward with them against the dense f64
+/// reference (the lists must change nothing).
+fn check_block_mask_from_predicate(
+    test: &str,
+    name: &str,
+    shape: Shape,
+    blocks: (usize, usize),
+    planes: (usize, usize),
+    mask: impl Fn(&common::gpu::RandomCall, usize, usize, usize, usize) -> bool,
+) {
+    let dims = HeadDims::square(64);
+    let Some(gpu) = prepare_with(
+        test,
+        name,
+        shape,
+        dims,
+        (0.0, 1.0),
+        &KernelOptions::default(),
+    ) else {
+        return;
+    };
+    let lists = gpu
+        .kernels
+        .block_mask(&gpu.stream, &gpu.customs(), shape, blocks.0, blocks.1)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    assert_eq!(
+        (lists.batches, lists.heads),
+        planes,
+        "{test}: the mask's planes"
+    );
+    let (np, ip, nf, ifull) = brute_force_lists(shape, planes, blocks, |b, h, i, j| {
+        mask(&gpu.call, b, h, i, j)
+    });
+    assert_eq!(lists.kv_num_blocks, np, "{test}: partial counts");
+    assert_eq!(lists.full_kv_num_blocks, nf, "{test}: full counts");
+    let cols = shape.skv.div_ceil(blocks.1);
+    for (at, (&p, &f)) in np.iter().zip(&nf).enumerate() {
+        let row = at * cols;
+        assert_eq!(
+            lists.kv_indices[row..row + p as usize],
+            ip[row..row + p as usize],
+            "{test}: partial blocks of mask row {at}"
+        );
+        assert_eq!(
+            lists.full_kv_indices[row..row + f as usize],
+            ifull[row..row + f as usize],
+            "{test}: full blocks of mask row {at}"
+        );
+    }
+    let out = gpu
+        .kernels
+        .forward_block_sparse(
+            &gpu.stream,
+            &gpu.q,
+            &gpu.k,
+            &gpu.v,
+            &gpu.customs(),
+            shape,
+            &lists.as_mask(),
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let want =
+        reference::forward(&gpu.def, &gpu.call.inputs, Options::default()).expect("reference");
+    let err = rel_err(&download_f64(&gpu.stream, &out.o), &want.o.data);
+    let (rows_ok, report) = check_row_outputs(
+        test,
+        gpu.kernels.row_output_names(),
+        &out,
+        &gpu.stream,
+        &want,
+    );
+    let total = np.len() * cols;
+    eprintln!(
+        "{test}: {} {} of {total} blocks listed ({} full), rel_err(o)={err:.2e} rows[{}]",
+        if err < 1e-2 && rows_ok {
+            "PASS"
+        } else {
+            "FAIL"
+        },
+        lists.listed(),
+        nf.iter().sum::<u32>(),
+        report.join(", ")
+    );
+    assert!(
+        lists.listed() < total as u64,
+        "{test}: the mask hides no block"
+    );
+    assert!(err < 1e-2, "{test}: relative error of o {err:.3e}");
+    assert!(rows_ok, "{test}: row outputs differ: {}", report.join(", "));
+}
+
+#[test]
+fn gpu_block_mask_from_predicate() {
+    // Causal: decided by intervals alone; one mask for every batch and head.
+    check_block_mask_from_predicate(
+        "gpu_block_mask_causal",
+        "softmax_causal",
+        Shape::mha(2, 3, 300, 333),
+        (128, 128),
+        (1, 1),
+        |_, _, _, i, j| i >= j,
+    );
+    // Documents: the intervals cannot decide (custom inputs), so the
+    // builder evaluates every pair; per batch, shared by the heads.
+    check_block_mask_from_predicate(
+        "gpu_block_mask_document",
+        "document_mask",
+        Shape::mha(2, 2, 520, 390),
+        (128, 128),
+        (2, 1),
+        |call, b, _, i, j| {
+            let doc = |n: &str, len: usize, x: usize| {
+                let (_, d) = call
+                    .customs_host
+                    .iter()
+                    .find(|(c, _)| c == n)
+                    .expect("doc input");
+                d[b * len + x]
+            };
+            doc("doc_q", 520, i) == doc("doc_k", 390, j) && i >= j
+        },
+    );
+}
+
+/// A block mask needs a predicate: variants without one are refused.
+#[test]
+fn cpu_block_mask_builder_needs_a_mask() {
+    let err = aec::compiler::block_mask_builder(&example("softmax"), 64, 64).unwrap_err();
+    assert!(err.to_string().contains("has no mask"), "{err}");
+    let b = aec::compiler::block_mask_builder(&example("softmax_causal"), 64, 64).unwrap();
+    assert!(!b.per_batch && !b.per_head);
+    assert!(b.source.contains("mask_block(i0, i1, j0, j1, b, h, hk, P)"));
+    let d = aec::compiler::block_mask_builder(&example("document_mask"), 64, 64).unwrap();
+    assert!(d.per_batch && !d.per_head, "document ids are per batch");
+    let a = aec::compiler::block_mask_builder(&example("sliding_window"), 64, 64).unwrap();
+    assert!(!a.per_batch && !a.per_head);
+}
+
 /// Bad block masks are refused before anything runs, naming the problem.
 #[test]
 fn cpu_block_mask_errors() {

@@ -18,6 +18,7 @@ pub mod simplify;
 pub use cuda::backward::{
     BackwardConfig, BackwardSource, Grid, Launch, parallel_backward, parallel_backward_varlen,
 };
+pub use cuda::block_mask::{BlockMaskBuilder, block_mask_builder};
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
     ArgKind, BLOCK_MASK_ARGS, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource,

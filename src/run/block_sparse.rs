@@ -4,11 +4,15 @@
 
 use super::{
     Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, LaunchRows,
-    ParallelKernels, Shape, check_shapes_with, generate_forward, require_parallel, upload_i32,
+    ParallelKernels, Shape, check_shapes_with, compile_and_load, generate_forward, loading_error,
+    require_parallel, upload_i32,
 };
-use crate::compiler::{ForwardConfig, Isa, KernelSource, parallel_forward_block_sparse};
+use crate::compiler::{
+    BlockMaskBuilder, ForwardConfig, Isa, KernelSource, block_mask_builder,
+    parallel_forward_block_sparse,
+};
 use crate::frontend;
-use crate::runtime::{DeviceBuffer, Stream};
+use crate::runtime::{DType, DeviceBuffer, Kernel, Module, Param, Stream};
 
 /// A block-sparse mask in FlexAttention's `BlockMask` layout. The mask cuts
 /// the scores into blocks of `block_m` query rows × `block_n` keys; mask row
@@ -296,4 +300,207 @@ impl ParallelKernels {
         self.launch_forward(stream, &launch, q, k, v, customs, &mut out)?;
         Ok(out)
     }
+}
+
+/// A block mask built on the GPU from the variant's own mask predicate
+/// ([`ParallelKernels::block_mask`]), in the layout [`BlockMask`] borrows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockMaskLists {
+    pub block_m: usize,
+    pub block_n: usize,
+    /// `B` where the mask reads the batch (its index or an input over `B`),
+    /// else 1.
+    pub batches: usize,
+    /// `H` where the mask reads the head, else 1.
+    pub heads: usize,
+    pub kv_num_blocks: Vec<u32>,
+    pub kv_indices: Vec<u32>,
+    pub full_kv_num_blocks: Vec<u32>,
+    pub full_kv_indices: Vec<u32>,
+}
+
+impl BlockMaskLists {
+    /// The lists as [`forward_block_sparse`](ParallelKernels::forward_block_sparse) takes them.
+    pub fn as_mask(&self) -> BlockMask<'_> {
+        BlockMask {
+            block_m: self.block_m,
+            block_n: self.block_n,
+            batches: self.batches,
+            heads: self.heads,
+            kv_num_blocks: &self.kv_num_blocks,
+            kv_indices: &self.kv_indices,
+            full_kv_num_blocks: &self.full_kv_num_blocks,
+            full_kv_indices: &self.full_kv_indices,
+        }
+    }
+
+    /// Listed key blocks (partial and full) over all mask rows.
+    pub fn listed(&self) -> u64 {
+        self.kv_num_blocks
+            .iter()
+            .chain(&self.full_kv_num_blocks)
+            .map(|&n| u64::from(n))
+            .sum()
+    }
+}
+
+impl ParallelKernels {
+    /// Builds the block mask of the variant's own mask predicate for
+    /// `shape` in blocks of `block_m` query rows × `block_n` keys, as
+    /// FlexAttention's `create_block_mask` does: a block the predicate hides
+    /// entirely is left out, one it shows entirely is listed full (the
+    /// forward then skips the predicate there), any other is partial. Each
+    /// block is classified by interval arithmetic where that decides and
+    /// otherwise by evaluating the predicate on all its pairs, on the GPU
+    /// (one warp per mask row), so masks that read custom inputs (documents)
+    /// get exact lists too. The mask is per batch or per head only where the
+    /// predicate reads them.
+    ///
+    /// `customs` are the variant's custom inputs as for
+    /// [`forward`](Self::forward) (checked against `shape` first). Variants
+    /// without a mask are refused. The builder is compiled on the first call
+    /// (through the kernel cache); the lists come back to the host.
+    pub fn block_mask(
+        &self,
+        stream: &Stream,
+        customs: &[(&str, &DeviceBuffer<f32>)],
+        shape: Shape,
+        block_m: usize,
+        block_n: usize,
+    ) -> Result<BlockMaskLists, Error> {
+        require_parallel(&self.variant)?;
+        let builder = self.mask_builder()?;
+        if block_m == 0
+            || block_n == 0
+            || block_m > i32::MAX as usize
+            || block_n > i32::MAX as usize
+        {
+            return Err(Error::Shape(format!(
+                "block mask blocks of {block_m} × {block_n} (rows × keys): both must be positive \
+                 32-bit sizes"
+            )));
+        }
+        self.check_devices(stream, customs.iter().map(|(n, b)| (*n, b.ordinal())))?;
+        // The customs against the shape (q, k and v as the shape has them).
+        let (dqk, dv) = (self.dims.dqk as usize, self.dims.dv as usize);
+        let kv_rows = shape.b * shape.hkv * shape.skv;
+        let lens: Vec<(&str, usize)> = [
+            ("q", shape.rows() * dqk),
+            ("k", kv_rows * dqk),
+            ("v", kv_rows * dv),
+        ]
+        .into_iter()
+        .chain(customs.iter().map(|(n, b)| (*n, b.len())))
+        .collect();
+        self.check(shape, &lens)?;
+        let rows = shape.sq.div_ceil(block_m);
+        let cols = shape.skv.div_ceil(block_n);
+        let batches = if builder.source.per_batch { shape.b } else { 1 };
+        let heads = if builder.source.per_head { shape.h } else { 1 };
+        let counts = batches * heads * rows;
+        let runtime = |e| Error::Runtime {
+            during: format!("building the block mask of `{}`", self.variant.name),
+            source: e,
+        };
+        let grid = (
+            u32::try_from(rows).map_err(|_| {
+                Error::Shape(format!(
+                    "{rows} mask rows of {block_m} query rows: more than CUDA launches, use \
+                     larger blocks"
+                ))
+            })?,
+            heads as u32,
+            batches as u32,
+        );
+        let mut np = stream.alloc_zeros::<i32>(counts).map_err(runtime)?;
+        let mut ip = stream.alloc_zeros::<i32>(counts * cols).map_err(runtime)?;
+        let mut nf = stream.alloc_zeros::<i32>(counts).map_err(runtime)?;
+        let mut ifull = stream.alloc_zeros::<i32>(counts * cols).map_err(runtime)?;
+        {
+            let mut args: Vec<crate::runtime::Arg<'_>> = Vec::new();
+            for c in &self.variant.customs {
+                let buf = customs
+                    .iter()
+                    .find(|(n, _)| *n == c.name)
+                    .map(|(_, b)| *b)
+                    .expect("check_shapes found every custom input");
+                args.push(buf.into());
+            }
+            for n in [
+                shape.b, shape.h, shape.hkv, shape.sq, shape.skv, block_m, block_n, cols,
+            ] {
+                args.push(i32::try_from(n).expect("checked 32-bit sizes").into());
+            }
+            args.extend([
+                (&mut np).into(),
+                (&mut ip).into(),
+                (&mut nf).into(),
+                (&mut ifull).into(),
+            ]);
+            builder
+                .kernel
+                .launch(stream, grid, (32, 1, 1), 0, &mut args)
+                .map_err(runtime)?;
+        }
+        let down = |b: &DeviceBuffer<i32>| -> Result<Vec<u32>, Error> {
+            Ok(stream
+                .download(b)
+                .map_err(runtime)?
+                .into_iter()
+                .map(|x| x as u32)
+                .collect())
+        };
+        Ok(BlockMaskLists {
+            block_m,
+            block_n,
+            batches,
+            heads,
+            kv_num_blocks: down(&np)?,
+            kv_indices: down(&ip)?,
+            full_kv_num_blocks: down(&nf)?,
+            full_kv_indices: down(&ifull)?,
+        })
+    }
+
+    /// The block-mask builder, generated and compiled on first use.
+    fn mask_builder(&self) -> Result<&MaskBuilder, Error> {
+        if let Some(b) = self.mask_builder.get() {
+            return Ok(b);
+        }
+        let source =
+            block_mask_builder(&self.variant, self.dims.dqk, self.dims.dv).map_err(|source| {
+                Error::Compile {
+                    variant: self.variant.name.clone(),
+                    kernel: "block mask",
+                    source,
+                }
+            })?;
+        let what = format!("the block-mask builder of `{}`", self.variant.name);
+        let module = compile_and_load(&self.device, &source.source, &self.options, &what)?;
+        let params: Vec<Param> = self
+            .variant
+            .customs
+            .iter()
+            .map(|_| Param::In(DType::F32))
+            .chain(std::iter::repeat_n(Param::I32, 8))
+            .chain(std::iter::repeat_n(Param::Out(DType::I32), 4))
+            .collect();
+        let kernel = module
+            .kernel(&source.name, &params)
+            .map_err(loading_error(&self.device, &what))?;
+        let _ = self.mask_builder.set(MaskBuilder {
+            source,
+            kernel,
+            _module: module,
+        });
+        Ok(self.mask_builder.get().expect("set above"))
+    }
+}
+
+/// The loaded block-mask builder.
+#[derive(Debug)]
+pub(super) struct MaskBuilder {
+    source: BlockMaskBuilder,
+    kernel: Kernel,
+    _module: Module,
 }

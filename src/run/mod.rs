@@ -70,7 +70,7 @@ pub mod recurrent_decode;
 mod varlen;
 
 pub use backward::Gradients;
-pub use block_sparse::{BlockMask, block_sparse_forward_source, check_block_mask};
+pub use block_sparse::{BlockMask, BlockMaskLists, block_sparse_forward_source, check_block_mask};
 pub use paged::{PagedKv, check_paged_shapes, paged_forward_source};
 pub use recurrent::{
     RecurrentDims, RecurrentKernels, RecurrentOutput, RecurrentShape, check_recurrent_shapes,
@@ -552,6 +552,8 @@ pub struct ParallelKernels {
     paged: OnceLock<LayoutKernel>,
     /// Compiled on the first [`forward_block_sparse`](Self::forward_block_sparse) call.
     sparse: OnceLock<LayoutKernel>,
+    /// Compiled on the first [`block_mask`](Self::block_mask) call.
+    mask_builder: OnceLock<block_sparse::MaskBuilder>,
 }
 
 /// A loaded forward kernel (of any row layout) with its split-KV combine
@@ -633,6 +635,7 @@ impl ParallelKernels {
             backward: OnceLock::new(),
             backward_varlen: OnceLock::new(),
             varlen: OnceLock::new(),
+            mask_builder: OnceLock::new(),
             paged: OnceLock::new(),
             sparse: OnceLock::new(),
         })

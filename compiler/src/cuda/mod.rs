@@ -1,6 +1,7 @@
 //! CUDA code generation.
 
 pub mod backward;
+pub mod block_mask;
 pub mod dialect;
 pub mod forward;
 pub mod recurrent;
