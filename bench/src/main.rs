@@ -11,8 +11,9 @@
 
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
-    Isa, KernelSource, parallel_backward, parallel_backward_varlen, parallel_forward,
-    parallel_forward_block_sparse, parallel_forward_paged, parallel_forward_varlen,
+    Isa, KernelSource, block_mask_builder, parallel_backward, parallel_backward_varlen,
+    parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
+    parallel_forward_varlen,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -509,6 +510,33 @@ fn main() {
             }));
         }
     }
+    // With `--varlen` too: the block-mask builders of a causal and a
+    // document mask (`bench/block_mask_bench.py`, against Flex's
+    // `create_block_mask`).
+    let mut builders = Vec::new();
+    if varlen_only || args.iter().any(|a| a == "--varlen") {
+        for example in ["softmax_causal", "document_mask"] {
+            let v = load(&root, example);
+            let b = block_mask_builder(&v, 128, 128).expect("block-mask builder");
+            let (cu, cubin, ptxas) = compile_source(
+                &out,
+                &format!("mask_builder_{example}"),
+                &b.source,
+                nvcc.as_deref(),
+                &includes,
+            );
+            builders.push(json!({
+                "example": example,
+                "name": b.name,
+                "source": cu,
+                "cubin": cubin,
+                "ptxas": ptxas,
+                "per_batch": b.per_batch,
+                "per_head": b.per_head,
+                "customs": v.customs.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+            }));
+        }
+    }
     // With `--varlen` too: softmax and causal softmax (d128, the sm_90a
     // defaults) dense and under a block-sparse mask
     // (`bench/block_sparse_bench.py`).
@@ -553,6 +581,7 @@ fn main() {
         "recurrent_cases": recurrent_cases,
         "recurrent_bench": recurrent_bench,
         "varlen": varlen,
+        "mask_builders": builders,
         "paged": paged,
         "sparse": sparse,
     });
