@@ -166,17 +166,19 @@ class BackwardKernel:
         self.module = load_module(cases_dir, meta["cubin"])
         self.fns = [(get_function(self.module, l["name"], l["smem_bytes"]), l) for l in meta["launches"]]
 
-    def __call__(self, q, k, v, o, dout, rowout, customs, sizes):
+    def __call__(self, q, k, v, o, dout, rowout, customs, sizes, cu_q=None, cu_k=None):
+        """With `cu_q`, `cu_k`: the backward of a packed variable-length batch
+        (q, k, v packed `[H, T, D]`; `sizes` B = sequences, Sq/Skv the
+        longest): the row kernels cover the packed rows."""
         b, h, hkv, sq, skv = sizes["B"], sizes["H"], sizes["Hkv"], sizes["Sq"], sizes["Skv"]
         dqk, dv = self.meta["dqk"], self.meta["dv"]
-        rows = b * h * sq
+        rows = q.numel() // dqk if cu_q is not None else b * h * sq
         bufs = dict(q=q, k=k, v=v, o=o, dout=dout,
                     dot=torch.empty(rows, device=dev, dtype=torch.float32),
                     qmod=torch.empty(rows * dqk, device=dev, dtype=torch.bfloat16),
                     dq_acc=torch.empty(rows * dqk, device=dev, dtype=torch.float32),
-                    dq=torch.empty(b, h, sq, dqk, device=dev, dtype=torch.bfloat16),
-                    dk=torch.empty(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16),
-                    dv=torch.empty(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16))
+                    dq=torch.empty(q.shape, device=dev, dtype=q.dtype), dk=torch.empty(k.shape, device=dev, dtype=k.dtype),
+                    dv=torch.empty(v.shape, device=dev, dtype=v.dtype))
         grads = {n: torch.zeros_like(t) for n, t in customs.items()}
         vals = []
         for a in self.meta["args"]:
@@ -189,6 +191,8 @@ class BackwardKernel:
                 vals.append(ctypes.c_uint64(customs[a["name"]].data_ptr()))
             elif kind == "custom_grad":
                 vals.append(ctypes.c_uint64(grads[a["name"]].data_ptr()))
+            elif kind in ("cu_seqlens", "cu_seqlens_k"):
+                vals.append(ctypes.c_uint64((cu_q if kind == "cu_seqlens" else cu_k).data_ptr()))
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])

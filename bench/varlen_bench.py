@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check import (OUT, bench, check, ctypes, dev, get_function, libcuda, load_module,  # noqa: E402
-                       rel_err)
+from gpu_check import (OUT, BackwardKernel, bench, check, ctypes, dev, get_function, libcuda,  # noqa: E402
+                       load_module, rel_err)
 
 H, D = 16, 128
 WORKLOADS = [
@@ -73,56 +73,6 @@ class VarlenKernel:
         check(libcuda.cuLaunchKernel(self.fn, x, y, z, self.meta["threads"], 1, 1, self.meta["smem_bytes"],
                                      ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
         return o
-
-
-class VarlenBackward:
-    """The generated variable-length backward (pre, main, post) launched
-    through the driver: the row and element kernels over the packed rows
-    `H · T`, the main kernel over (key blocks of the longest sequence, heads,
-    sequences)."""
-
-    def __init__(self, cases_dir, meta):
-        self.meta = meta
-        self.module = load_module(cases_dir, meta["cubin"])
-        self.fns = [(get_function(self.module, l["name"], l["smem_bytes"]), l) for l in meta["launches"]]
-
-    def __call__(self, q, k, v, o, dout, rowout, sizes, cu_q, cu_k):
-        h, total = q.shape[0], q.shape[1]
-        dqk, dv = self.meta["dqk"], self.meta["dv"]
-        rows = h * total
-        bufs = dict(q=q, k=k, v=v, o=o, dout=dout,
-                    dot=torch.empty(rows, device=dev, dtype=torch.float32),
-                    qmod=torch.empty(rows * dqk, device=dev, dtype=torch.bfloat16),
-                    dq_acc=torch.empty(rows * dqk, device=dev, dtype=torch.float32),
-                    dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
-        vals = []
-        for a in self.meta["args"]:
-            kind = a["kind"]
-            if kind in ("tensor", "workspace"):
-                vals.append(ctypes.c_uint64(bufs[a["name"]].data_ptr()))
-            elif kind == "rowout":
-                vals.append(ctypes.c_uint64(rowout.data_ptr()))
-            elif kind == "cu_seqlens":
-                vals.append(ctypes.c_uint64(cu_q.data_ptr()))
-            elif kind == "cu_seqlens_k":
-                vals.append(ctypes.c_uint64(cu_k.data_ptr()))
-            elif kind == "size":
-                vals.append(ctypes.c_int32(sizes[a["axis"]]))
-            else:
-                raise RuntimeError(f"unexpected argument {a}")
-        params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
-        stream = torch.cuda.current_stream().cuda_stream
-        for fn, l in self.fns:
-            g = l["grid"]
-            if g["kind"] == "rows":
-                grid = ((rows + g["per_block"] - 1) // g["per_block"], 1, 1)
-            elif g["kind"] == "key_blocks":
-                grid = ((sizes["Skv"] + g["block_n"] - 1) // g["block_n"], sizes["Hkv"], sizes["B"])
-            else:
-                grid = ((rows * dqk + g["per_block"] - 1) // g["per_block"], 1, 1)
-            check(libcuda.cuLaunchKernel(fn, *grid, l["threads"], 1, 1, l["smem_bytes"], ctypes.c_void_p(stream),
-                                         params, None), "cuLaunchKernel " + l["name"])
-        return bufs["dq"], bufs["dk"], bufs["dv"]
 
 
 def fa2_varlen(q, k, v, cu, longest, causal, scale):
@@ -186,14 +136,14 @@ def bench_fwd_bwd(work, entry, cases_dir, packed_k, q_thd, k_thd, v_thd, q_p, k_
     except Exception as e:
         record(work, "flex-document", None, fl, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}",
                **{"pass": "fwd+bwd"})
-    bk = VarlenBackward(cases_dir, entry["backward"])
+    bk = BackwardKernel(cases_dir, entry["backward"])
     o = torch.empty_like(v_p)
     rowout = torch.empty(max(1, len(entry["varlen"]["row_outputs"])), q_p.shape[0] * total, device=dev,
                          dtype=torch.float32)
 
     def ours():
         packed_k(q_p, k_p, v_p, o, rowout, sizes, cu, cu)
-        return bk(q_p, k_p, v_p, o, do_p, rowout, sizes, cu, cu)
+        return bk(q_p, k_p, v_p, o, do_p, rowout, {}, sizes, cu, cu)[:3]
     grads = ours()
     torch.cuda.synchronize()
     err = max(rel_err(g.float(), r) for g, r in zip(grads, ref)) if ref is not None else None

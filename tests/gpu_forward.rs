@@ -1826,6 +1826,38 @@ fn random_block_mask(
     (np, ip, nf, ifull)
 }
 
+/// The block-sparse forward of `gpu`'s call under `mask` against `want`:
+/// o's relative error, and whether the row outputs match (with the report).
+fn block_sparse_against(
+    test: &str,
+    gpu: &GpuCall,
+    shape: Shape,
+    mask: &aec::BlockMask<'_>,
+    want: &reference::Forward,
+) -> (f64, bool, Vec<String>) {
+    let out = gpu
+        .kernels
+        .forward_block_sparse(
+            &gpu.stream,
+            &gpu.q,
+            &gpu.k,
+            &gpu.v,
+            &gpu.customs(),
+            shape,
+            mask,
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let err = rel_err(&download_f64(&gpu.stream, &out.o), &want.o.data);
+    let (rows_ok, report) = check_row_outputs(
+        test,
+        gpu.kernels.row_output_names(),
+        &out,
+        &gpu.stream,
+        want,
+    );
+    (err, rows_ok, report)
+}
+
 /// The block-sparse forward of `name` against the f64 reference with the
 /// mask's rule (unlisted blocks hidden, partial ones masked by the variant,
 /// full ones shown), o and the row outputs.
@@ -1854,18 +1886,6 @@ fn check_block_sparse(
         full_kv_num_blocks: &nf,
         full_kv_indices: &ifull,
     };
-    let out = gpu
-        .kernels
-        .forward_block_sparse(
-            &gpu.stream,
-            &gpu.q,
-            &gpu.k,
-            &gpu.v,
-            &gpu.customs(),
-            shape,
-            &mask,
-        )
-        .unwrap_or_else(|e| panic!("{test}: {e}"));
     let (rows, cols) = (shape.sq.div_ceil(blocks.0), shape.skv.div_ceil(blocks.1));
     let rule = |b: usize, h: usize, i: usize, j: usize| {
         let plane =
@@ -1884,15 +1904,7 @@ fn check_block_sparse(
     };
     let want = reference::forward_with_rule(&gpu.def, &gpu.call.inputs, Options::default(), &rule)
         .expect("reference");
-    let o = download_f64(&gpu.stream, &out.o);
-    let err = rel_err(&o, &want.o.data);
-    let (rows_ok, report) = check_row_outputs(
-        test,
-        gpu.kernels.row_output_names(),
-        &out,
-        &gpu.stream,
-        &want,
-    );
+    let (err, rows_ok, report) = block_sparse_against(test, &gpu, shape, &mask, &want);
     let listed: u32 = np.iter().chain(&nf).sum();
     let pass = err < 1e-2 && rows_ok;
     eprintln!(
@@ -2058,28 +2070,9 @@ fn check_block_mask_from_predicate(
             "{test}: full blocks of mask row {at}"
         );
     }
-    let out = gpu
-        .kernels
-        .forward_block_sparse(
-            &gpu.stream,
-            &gpu.q,
-            &gpu.k,
-            &gpu.v,
-            &gpu.customs(),
-            shape,
-            &lists.as_mask(),
-        )
-        .unwrap_or_else(|e| panic!("{test}: {e}"));
     let want =
         reference::forward(&gpu.def, &gpu.call.inputs, Options::default()).expect("reference");
-    let err = rel_err(&download_f64(&gpu.stream, &out.o), &want.o.data);
-    let (rows_ok, report) = check_row_outputs(
-        test,
-        gpu.kernels.row_output_names(),
-        &out,
-        &gpu.stream,
-        &want,
-    );
+    let (err, rows_ok, report) = block_sparse_against(test, &gpu, shape, &lists.as_mask(), &want);
     let total = np.len() * cols;
     eprintln!(
         "{test}: {} {} of {total} blocks listed ({} full), rel_err(o)={err:.2e} rows[{}]",

@@ -265,20 +265,10 @@ fn main() {
         }
         // Head dims above 128: the sm_80 kernel (the default there before the
         // split wgmma kernel) against the sm_90a default.
-        for (workload, example, dqk, dv) in [
-            (
-                "deepseek-causal-b8-h16-s2048-d192-v128",
-                "deepseek",
-                192,
-                128,
-            ),
-            (
-                "diff-causal-b8-h12-s2048-d128-v256",
-                "diff_transformer",
-                128,
-                256,
-            ),
-        ] {
+        for &(workload, example, dqk, dv) in BENCH
+            .iter()
+            .filter(|w| matches!(w.1, "deepseek" | "diff_transformer"))
+        {
             let v = load(&root, example);
             for isa in [Isa::Sm80, Isa::Sm90a] {
                 let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, isa);

@@ -15,15 +15,7 @@
 #define DQK {{ dqk }}
 #define DV {{ dv }}
 
-typedef {{ sp.c_type }} elem_t;
-
-struct Params {
-{{ params_fields }}    int B, H, Hkv, Sq, Skv;
-};
-
-struct Pt {
-    int b, h, hk, i, j, d;
-};
+{% include "cuda/parallel_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
 // ---- the variant's closures -------------------------------------------------

@@ -42,15 +42,7 @@
 {% if kv_split %}#define KV_PANELS {{ kv_panels }}      // 64-column panels of dK, then of dV
 #define NKV {{ nkv }}            // panels per warpgroup (the first NKV on warpgroup 0)
 {% endif %}
-typedef {{ sp.c_type }} elem_t;
-
-struct Params {
-{{ params_fields }}    int B, H, Hkv, Sq, Skv;
-};
-
-struct Pt {
-    int b, h, hk, i, j, d;
-};
+{% include "cuda/parallel_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/tile_layout.cu" %}

@@ -133,15 +133,7 @@
 #define NSCALES {{ nscales }}
 #define NSCALES_ARR {{ nscales_arr }}
 
-typedef {{ sp.c_type }} elem_t;
-
-struct Params {
-{{ params_fields }}    int B, H, Hkv, Sq, Skv;
-};
-
-struct Pt {
-    int b, h, hk, i, j, d;
-};
+{% include "cuda/parallel_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/tile_layout.cu" %}
