@@ -94,9 +94,23 @@ def fa2_varlen(q, k, v, cu, longest, causal, scale):
     return out[0], "aten._flash_attention_forward"
 
 
-def bench_fwd_bwd(work, entry, cases_dir, packed_k, q_thd, k_thd, v_thd, q_p, k_p, v_p, cu, longest, sizes, causal,
-                  scale, fl, record, flex, lens, n, total, meta):
+def document_block_mask(lens, causal):
+    """Flex's BlockMask of the packed batch: a key is seen by the queries of
+    its own sequence (and not after them, with `causal`)."""
     from torch.nn.attention.flex_attention import create_block_mask
+    doc = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))
+    total = sum(lens)
+    if causal:
+        def mask_fn(b, h, i, j):
+            return (doc[i] == doc[j]) & (i >= j)
+    else:
+        def mask_fn(b, h, i, j):
+            return doc[i] == doc[j]
+    return create_block_mask(mask_fn, None, None, total, total, device=dev)
+
+
+def bench_fwd_bwd(work, entry, cases_dir, packed_k, q_thd, k_thd, v_thd, q_p, k_p, v_p, cu, longest, sizes, causal,
+                  scale, fl, record, flex, lens, total):
     torch.manual_seed(1)
     do_thd = torch.randn_like(q_thd)
     do_p = do_thd.transpose(0, 1).contiguous()
@@ -116,14 +130,7 @@ def bench_fwd_bwd(work, entry, cases_dir, packed_k, q_thd, k_thd, v_thd, q_p, k_
         record(work, "fa2-varlen", None, fl, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}",
                **{"pass": "fwd+bwd"})
     try:
-        doc = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(lens, device=dev))
-        if causal:
-            def mask_fn(b, h, i, j):
-                return (doc[i] == doc[j]) & (i >= j)
-        else:
-            def mask_fn(b, h, i, j):
-                return doc[i] == doc[j]
-        bm = create_block_mask(mask_fn, None, None, total, total, device=dev)
+        bm = document_block_mask(lens, causal)
         fl_leaves = [t.detach().clone().unsqueeze(0).requires_grad_() for t in (q_p, k_p, v_p)]
 
         def flex_fb():
@@ -156,7 +163,7 @@ def main():
     torch.zeros(1, device=dev)  # PyTorch's context, which the cubins load into
     index = json.load(open(os.path.join(cases_dir, "index.json")))
     from torch.nn.attention import sdpa_kernel, SDPBackend
-    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    from torch.nn.attention.flex_attention import flex_attention
     torch._dynamo.config.cache_size_limit = 64
     flex = torch.compile(flex_attention)
     rows = []
@@ -208,14 +215,7 @@ def main():
                 record(work, "fa2-varlen", None, fl, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
             # FlexAttention, document mask over the packed sequence
             try:
-                doc = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(lens, device=dev))
-                if causal:
-                    def mask_fn(b, h, i, j):
-                        return (doc[i] == doc[j]) & (i >= j)
-                else:
-                    def mask_fn(b, h, i, j):
-                        return doc[i] == doc[j]
-                bm = create_block_mask(mask_fn, None, None, total, total, device=dev)
+                bm = document_block_mask(lens, causal)
                 qf, kf, vf = (t.unsqueeze(0) for t in (q_p, k_p, v_p))
 
                 def f_flex():
@@ -241,7 +241,7 @@ def main():
             # FA2's varlen and Flex's document mask through autograd.
             if "backward" in entry:
                 bench_fwd_bwd(work, entry, cases_dir, packed_k, q_thd, k_thd, v_thd, q_p, k_p, v_p, cu, longest,
-                              sizes, causal, scale, fl * 3.5, record, flex, lens, n, total, meta)
+                              sizes, causal, scale, fl * 3.5, record, flex, lens, total)
             # Padded: every sequence to the longest.
             qb = torch.zeros(n, H, longest, D, device=dev, dtype=torch.bfloat16)
             kb, vb = torch.zeros_like(qb), torch.zeros_like(qb)
