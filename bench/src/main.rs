@@ -245,6 +245,20 @@ fn main() {
     // softmax workload, timed alone by `gpu_check.py --bwd-sweep`.
     let mut sweep = Vec::new();
     if args.iter().any(|a| a == "--bwd-sweep") {
+        // One sweep row: the backward of `v` for `cfg`, compiled as `file`.
+        let sweep_row = |v: &Variant,
+                         workload: &str,
+                         file: &str,
+                         tag: String,
+                         (dqk, dv),
+                         cfg: BackwardConfig| {
+            eprintln!("backward sweep {workload} {tag} …");
+            let meta = match parallel_backward(v, dqk, dv, &cfg) {
+                Ok(b) => backward_meta(&out, file, &b, nvcc.as_deref(), &includes),
+                Err(e) => json!({ "error": e.to_string() }),
+            };
+            json!({ "workload": workload, "config": tag, "backward": meta })
+        };
         let v = load(&root, "softmax");
         for (bm, warps, wgmma) in [(32, 8, false), (64, 8, false), (64, 8, true)] {
             let cfg = BackwardConfig {
@@ -255,13 +269,8 @@ fn main() {
                 wgmma,
             };
             let tag = format!("m{bm}w{warps}{}", if wgmma { "_wgmma" } else { "" });
-            eprintln!("backward sweep {tag} …");
             let file = format!("sweep_bwd_{tag}");
-            let meta = match parallel_backward(&v, 128, 128, &cfg) {
-                Ok(b) => backward_meta(&out, &file, &b, nvcc.as_deref(), &includes),
-                Err(e) => json!({ "error": e.to_string() }),
-            };
-            sweep.push(json!({ "workload": BENCH[0].0, "config": tag, "backward": meta }));
+            sweep.push(sweep_row(&v, BENCH[0].0, &file, tag, (128, 128), cfg));
         }
         // Head dims above 128: the sm_80 kernel (the default there before the
         // split wgmma kernel) against the sm_90a default.
@@ -279,13 +288,8 @@ fn main() {
                     cfg.split_d,
                     if cfg.wgmma { "_wgmma" } else { "" }
                 );
-                eprintln!("backward sweep {workload} {tag} …");
                 let file = format!("sweep_bwd_{example}_{tag}");
-                let meta = match parallel_backward(&v, dqk, dv, &cfg) {
-                    Ok(b) => backward_meta(&out, &file, &b, nvcc.as_deref(), &includes),
-                    Err(e) => json!({ "error": e.to_string() }),
-                };
-                sweep.push(json!({ "workload": workload, "config": tag, "backward": meta }));
+                sweep.push(sweep_row(&v, workload, &file, tag, (dqk, dv), cfg));
             }
         }
     }

@@ -2,8 +2,8 @@
 
 use super::{
     BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, VarlenBatch,
-    backward_source, check_lengths, check_varlen_shapes, compile_and_load, loading_error,
-    params_of, upload_i32, varlen_backward_source,
+    check_lengths, check_varlen_shapes, compile_and_load, generate_backward, loading_error,
+    params_of, upload_i32,
 };
 use crate::compiler::{ArgKind, BackwardSource, CompileError, Isa};
 use crate::frontend::ir::Axis;
@@ -37,25 +37,20 @@ impl ParallelKernels {
     /// The backward kernels (of a packed variable-length batch with
     /// `varlen`), generated and compiled on first use.
     fn backward_kernels(&self, varlen: bool) -> Result<&BackwardKernels, Error> {
-        type Generate = fn(
-            &crate::frontend::Variant,
-            super::HeadDims,
-            &super::KernelOptions,
-            Isa,
-        ) -> Result<BackwardSource, Error>;
-        let (cell, generate): (_, Generate) = if varlen {
-            (&self.backward_varlen, varlen_backward_source)
+        let cell = if varlen {
+            &self.backward_varlen
         } else {
-            (&self.backward, backward_source)
+            &self.backward
         };
         if let Some(k) = cell.get() {
             return Ok(k);
         }
-        let source = generate(
+        let source = generate_backward(
             &self.variant,
             self.dims,
             &self.options,
             Isa::for_arch(self.device.arch()),
+            varlen,
         )?;
         let params = params_of(
             &self.variant,

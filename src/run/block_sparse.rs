@@ -368,7 +368,6 @@ impl ParallelKernels {
         block_m: usize,
         block_n: usize,
     ) -> Result<BlockMaskLists, Error> {
-        require_parallel(&self.variant)?;
         let builder = self.mask_builder()?;
         if block_m == 0
             || block_n == 0

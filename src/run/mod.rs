@@ -465,7 +465,7 @@ pub fn backward_source(
     options: &KernelOptions,
     isa: Isa,
 ) -> Result<BackwardSource, Error> {
-    generate_backward(variant, dims, options, isa, parallel_backward)
+    generate_backward(variant, dims, options, isa, false)
 }
 
 /// The backward of a packed variable-length batch (what
@@ -478,18 +478,16 @@ pub fn varlen_backward_source(
     options: &KernelOptions,
     isa: Isa,
 ) -> Result<BackwardSource, Error> {
-    generate_backward(variant, dims, options, isa, parallel_backward_varlen)
+    generate_backward(variant, dims, options, isa, true)
 }
 
-type BackwardGenerator =
-    fn(&frontend::Variant, u32, u32, &BackwardConfig) -> Result<BackwardSource, CompileError>;
-
+/// [`backward_source`], or with `varlen` [`varlen_backward_source`].
 fn generate_backward(
     variant: &frontend::Variant,
     dims: HeadDims,
     options: &KernelOptions,
     isa: Isa,
-    generator: BackwardGenerator,
+    varlen: bool,
 ) -> Result<BackwardSource, Error> {
     require_parallel_backward(variant)?;
     check_head_dims(variant, dims)?;
@@ -511,7 +509,12 @@ fn generate_backward(
             options.elem.name()
         )));
     }
-    generator(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
+    let generate = if varlen {
+        parallel_backward_varlen
+    } else {
+        parallel_backward
+    };
+    generate(variant, dims.dqk, dims.dv, &cfg).map_err(|source| Error::Compile {
         variant: variant.name.clone(),
         kernel: "backward",
         source,

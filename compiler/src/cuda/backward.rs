@@ -301,6 +301,10 @@ fn generate_backward(
         )));
     }
     let kv_split = cfg.wgmma && cfg.split_d == 2;
+    // The split kernel's 64-column panels of [dK | dV] and the slots each
+    // warpgroup holds (warpgroup 0 the first ⌈panels / 2⌉).
+    let kv_panels = (dqk + dv) / 64;
+    let nkv = kv_panels.div_ceil(2);
     if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
         return Err(CompileError(format!(
             "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1, 2 or 4) must divide the warps, Dqk/16 and Dv/16",
@@ -406,10 +410,10 @@ fn generate_backward(
         },
         kv_split,
         varlen,
-        kv_panels: (dqk + dv) / 64,
-        nkv: (dqk + dv).div_ceil(128),
+        kv_panels,
+        nkv,
         kv_issue: if kv_split {
-            kv_split_issue(dqk, dv)
+            kv_split_issue(dqk / 64, kv_panels, nkv)
         } else {
             String::new()
         },
@@ -485,14 +489,13 @@ pub fn wgmma_split_dims_ok(dqk: u32, dv: u32) -> bool {
     dim_ok(dqk) && dim_ok(dv) && dqk + dv <= MAX_SPLIT_DQK_PLUS_DV
 }
 
-/// The dK/dV wgmma of the split kernel: warpgroup 0 holds the first
-/// ⌈panels / 2⌉ 64-column panels of [dK | dV], warpgroup 1 the rest, each
-/// panel one `m64n64k16` per 16 queries with dSᵀ (dK, B = Q) or Pᵀ (dV,
-/// B = dO) from registers. Unrolled per warpgroup so every operand is static.
-fn kv_split_issue(dqk: u32, dv: u32) -> String {
+/// The dK/dV wgmma of the split kernel: warpgroup 0 holds the first `nkv`
+/// of the `panels` 64-column panels of [dK | dV] (the first `qp` are dK's),
+/// warpgroup 1 the rest, each panel one `m64n64k16` per 16 queries with dSᵀ
+/// (dK, B = Q) or Pᵀ (dV, B = dO) from registers. Unrolled per warpgroup so
+/// every operand is static.
+fn kv_split_issue(qp: u32, panels: u32, nkv: u32) -> String {
     use std::fmt::Write as _;
-    let (qp, panels) = (dqk / 64, (dqk + dv) / 64);
-    let nkv = panels.div_ceil(2);
     let mut out = String::new();
     for slice in 0..2 {
         let _ = writeln!(
