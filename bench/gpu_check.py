@@ -80,7 +80,9 @@ class Kernel:
         self.module = load_module(cases_dir, meta["cubin"])
         self.fn = get_function(self.module, meta["name"], meta["smem_bytes"])
         self.combine = get_function(self.module, meta["combine"], 0) if meta.get("combine") else None
-        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        props = torch.cuda.get_device_properties(dev)
+        self.sms = props.multi_processor_count
+        self.smem_per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
         self.splits_override = None  # an int forces the number of KV splits
 
     def grid(self, sizes):
@@ -113,12 +115,17 @@ class Kernel:
         if blocks >= 2 * self.sms:
             return 1
         most = min(max((sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"] // 4, 1), 128)
-        return min(max((2 * self.sms + blocks - 1) // blocks, 1), most)
+        splits = min(max((2 * self.sms + blocks - 1) // blocks, 1), most)
+        if self.meta["smem_bytes"] == 0 or self.smem_per_sm == 0:
+            return splits
+        # At most one wave of the blocks that fit the SMs' shared memory.
+        return min(splits, max(1, self.smem_per_sm // (self.meta["smem_bytes"] + 1024) * self.sms // blocks))
 
     def __call__(self, q, k, v, customs, sizes, extra=None):
         """`extra`: the values of the arguments of other row layouts (a paged
         cache's `block_table`, ...), ctypes values by name."""
-        b, h, sq, dv = sizes["B"], sizes["H"], sizes["Sq"], v.shape[-1]
+        # (With V stored in K, `v` is the cache itself: Dv is the kernel's.)
+        b, h, sq, dv = sizes["B"], sizes["H"], sizes["Sq"], self.meta.get("dv") or v.shape[-1]
         for name, t in (("q", q), ("k", k), ("v", v)):
             assert t.is_contiguous() and t.dtype == torch.bfloat16, f"tensor `{name}` must be contiguous bf16"
         o = torch.empty(b, h, sq, dv, device=dev, dtype=torch.bfloat16)
@@ -344,7 +351,8 @@ def run_bench(cases_dir, index, workloads):
             if w.get("sq") == 1:
                 # Decoding is bound by reading the KV cache: bytes moved per
                 # call against the copy bandwidth measured above.
-                nbytes = 2 * w["b"] * (w["hkv"] * w["skv"] * (w["dqk"] + w["dv"]) + w["h"] * (w["dqk"] + w["dv"]))
+                kv_cols = w["dqk"] if w.get("v_in_k") else w["dqk"] + w["dv"]  # V stored in K: one cache
+                nbytes = 2 * w["b"] * (w["hkv"] * w["skv"] * kv_cols + w["h"] * (w["dqk"] + w["dv"]))
                 row.update(gbps=nbytes / (ms * 1e-3) / 1e9, copy_fraction=nbytes / (ms * 1e-3) / 1e9 / copy_gbps)
             if err is not None:
                 row["max_rel_err"] = err
@@ -363,8 +371,10 @@ def run_bench(cases_dir, index, workloads):
         torch.manual_seed(0)
         q = torch.randn(b, h, sq, dqk, device=dev, dtype=torch.bfloat16)
         k = torch.randn(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
-        scale = 1 / math.sqrt(dqk)
+        # V stored in K (the latent cache): the anchors see its first Dv
+        # columns as v, our kernel the cache alone.
+        v = k[..., :dv] if w.get("v_in_k") else torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
+        scale = w.get("scale", 1 / math.sqrt(dqk))
         causal = w["causal"]
         anchors = {}
         customs = {}
@@ -383,6 +393,25 @@ def run_bench(cases_dir, index, workloads):
                 anchors[nm] = f
             if "flex" in w.get("anchors", []):
                 anchors["flex"] = flex_anchor(q, k, v, causal, scale, hkv != h)
+        elif w["variant"] == "mla_decode":
+            # No library decodes MLA here (FlashMLA is not installed): cuDNN
+            # and FA2 are tried for the record, then Flex and PyTorch.
+            for nm, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+                def f(qq=q, kk=k, vv=v, be=be):
+                    with sdpa_kernel([be]):
+                        return F.scaled_dot_product_attention(qq, kk, vv, scale=scale, enable_gqa=True)
+                anchors[nm] = f
+            anchors["flex"] = flex_anchor(q, k, v, False, scale, True)
+
+            def eager(qq=q, kk=k, vv=v):
+                # The query heads of a KV head as rows of one bf16 GEMM each.
+                bq, hq, sqq, d = qq.shape
+                hk = kk.shape[1]
+                qg = qq.reshape(bq, hk, hq // hk * sqq, d)
+                p = torch.softmax((qg @ kk.transpose(-1, -2)).float() * scale, -1).to(qq.dtype)
+                return (p @ vv).reshape(bq, hq, sqq, vv.shape[-1])
+            anchors["eager"] = eager
+            anchors["torch.compile"] = torch.compile(eager)
         elif w["variant"] == "retnet_parallel":
             log_gamma = customs["gamma"].log()
 
@@ -422,11 +451,37 @@ def run_bench(cases_dir, index, workloads):
         try:
             kern = Kernel(cases_dir, entry["kernel"])
             sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
-            o, _ = kern(q, k, v, customs, sizes)
+            kv = k if w.get("v_in_k") else v  # the kernel reads V from k's rows
+            o, _ = kern(q, k, kv, customs, sizes)
             torch.cuda.synchronize()
             err = rel_err(o.float(), ref) if ref is not None else None
-            record(work, "aec", bench(lambda: kern(q, k, v, customs, sizes)), fl, err=err,
+            record(work, "aec", bench(lambda: kern(q, k, kv, customs, sizes)), fl, err=err,
                    template=template_of(entry["kernel"]))
+            if entry.get("tiles"):
+                # Forced KV splits of the default, then the other tiles.
+                for n in (1, 2, 3, 4, 6, 8):
+                    kern.splits_override = n
+                    o, _ = kern(q, k, kv, customs, sizes)
+                    torch.cuda.synchronize()
+                    record(work, f"aec splits={n}", bench(lambda: kern(q, k, kv, customs, sizes)), fl,
+                           err=rel_err(o.float(), ref) if ref is not None else None, template=template_of(entry["kernel"]))
+                kern.splits_override = None
+                for t in entry["tiles"]:
+                    if "error" in t:
+                        record(work, f"aec {t['tiles']}", None, fl, error=t["error"])
+                        continue
+                    tk = Kernel(cases_dir, t["kernel"])
+                    o, _ = tk(q, k, kv, customs, sizes)
+                    torch.cuda.synchronize()
+                    for n in (None, 1, 2, 4):
+                        tk.splits_override = n
+                        o, _ = tk(q, k, kv, customs, sizes)
+                        torch.cuda.synchronize()
+                        row = record(work, f"aec {t['tiles']}" + (f" splits={n}" if n else ""),
+                                     bench(lambda: tk(q, k, kv, customs, sizes)), fl,
+                                     err=rel_err(o.float(), ref) if ref is not None else None,
+                                     template=template_of(t["kernel"]))
+                        row["kv_splits"] = tk.last_splits
         except Exception as e:
             record(work, "aec", None, fl, template=template_of(entry["kernel"]), error=f"{type(e).__name__}: {e}")
         if "fwd+bwd" in w.get("passes", []):

@@ -11,7 +11,7 @@
 mod common;
 
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward, parallel_backward_varlen,
+    BackwardConfig, Elem, ForwardConfig, Isa, MAX_DQK, parallel_backward, parallel_backward_varlen,
     parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
     parallel_forward_varlen,
 };
@@ -194,6 +194,7 @@ fn deeper_rings_compile_without_spills() {
                 stages,
                 warp_specialized: false,
                 persistent: false,
+                v_in_k: false,
                 ..ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::for_arch(arch))
             };
             for rows in [Rows::Dense, Rows::Paged] {
@@ -203,6 +204,64 @@ fn deeper_rings_compile_without_spills() {
             }
         }
     }
+}
+
+/// Multi-head latent attention's decoding with V stored in K (Dqk 576, Dv
+/// 512, `v_in_k`): dense and paged, the default tiles (two Dv slices) and
+/// four slices, compile without loading V (the V tile is the K tile) and
+/// within the spill budget.
+#[test]
+fn latent_cache_decoding_compiles_without_v_tiles() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let v = common::example("mla_decode");
+    let default = ForwardConfig {
+        v_in_k: true,
+        ..ForwardConfig::default_for(&v, 576, 512, Elem::Bf16, Isa::Sm80)
+    };
+    assert!(
+        default.split_kv && default.pack_gqa && !default.wgmma,
+        "{default:?}"
+    );
+    for cfg in [
+        default,
+        ForwardConfig {
+            dv_split: 4,
+            ..default
+        },
+    ] {
+        for rows in [Rows::Dense, Rows::Paged] {
+            for arch in ["sm_80", "sm_90a"] {
+                let line = check_config("mla_decode", &v, arch, &cfg, rows);
+                assert!(line.contains("_vk"), "{line}");
+                eprintln!("{line}");
+            }
+        }
+        let k = parallel_forward(&v, 576, 512, &cfg).expect("latent forward");
+        assert!(
+            !k.source.contains("const elem_t* vg = v +") && k.source.contains("sKc + dv0"),
+            "the V tile must be the K tile"
+        );
+        // No V ring: Q and `stages` K tiles only.
+        assert_eq!(k.smem_bytes, 2 * (16 * 584 + cfg.stages * 32 * 584));
+    }
+    // Without shared storage the same tiles load V apart (more shared memory).
+    let apart = parallel_forward(
+        &v,
+        576,
+        512,
+        &ForwardConfig {
+            v_in_k: false,
+            ..default
+        },
+    )
+    .expect("separate V");
+    assert!(
+        apart.smem_bytes > 2 * (16 * 584 + 2 * 32 * 584),
+        "{}",
+        apart.smem_bytes
+    );
 }
 
 fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: Rows) -> String {
@@ -297,6 +356,17 @@ fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
     } else {
         parallel_backward
     };
+    if dqk > MAX_DQK {
+        // The forward-only head dims (MLA decoding's 576): a clear refusal.
+        let err = generate(v, dqk, dv, &cfg).expect_err("backward above the largest Dqk");
+        assert!(
+            err.to_string().contains(&format!(
+                "Dqk = {dqk} is not supported by the parallel backward"
+            )),
+            "{name}: {err}"
+        );
+        return format!("{name:18} {arch:7} backward refused at Dqk {dqk}: {err}");
+    }
     let b = generate(v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(
         b.main.name.ends_with("_varlen_main"),

@@ -44,6 +44,17 @@ fn cpu_every_parallel_example_has_backward_kernels() {
             fixed(aec::frontend::ir::Axis::Dqk),
             fixed(aec::frontend::ir::Axis::Dv),
         );
+        if dims.dqk > aec::compiler::MAX_DQK {
+            // Forward-only head dims (MLA decoding's 576): a clear refusal.
+            let e = backward_source(&def, dims, &KernelOptions::default(), Isa::Sm80)
+                .expect_err("a backward above the largest Dqk");
+            assert!(
+                e.to_string()
+                    .contains("is not supported by the parallel backward"),
+                "{name}: {e}"
+            );
+            continue;
+        }
         let src = backward_source(&def, dims, &KernelOptions::default(), Isa::Sm80)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         for k in [&src.pre, &src.main, &src.post] {

@@ -326,7 +326,7 @@ fn cpu_forward_source_generates_without_a_gpu() {
         Err(e @ Error::Compile { .. }) => assert_eq!(
             e.to_string(),
             "cannot generate the forward kernel of `Alibi`: head dimension Dqk = 100 is not \
-             supported by the parallel forward templates: it needs a multiple of 16 up to 256"
+             supported by the parallel forward templates: it needs a multiple of 16 up to 576"
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }
@@ -615,6 +615,7 @@ fn gpu_forward_deeper_ring() {
             wgmma,
             warp_specialized: false,
             persistent: false,
+            v_in_k: false,
             ..ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, isa)
         };
         for shape in [
@@ -1590,13 +1591,17 @@ fn check_paged(
         .iter()
         .enumerate()
         .map(|(n, &lk)| {
-            common::gpu::random_call(
+            let mut call = common::gpu::random_call(
                 &def,
                 Shape::new(1, h, hkv, queries, lk),
                 dims,
                 (0.0, 0.5),
                 &format!("{name}{n}"),
-            )
+            );
+            if options.v_in_k {
+                v_from_k(&mut call, dims);
+            }
+            call
         })
         .collect();
     // One spare table entry per sequence (never read), pages shuffled.
@@ -1651,8 +1656,10 @@ fn check_paged(
         block_table: &table,
         seqlens_k: seqlens,
     };
+    // V stored in K: the K cache is passed as both.
+    let vb = if options.v_in_k { &kb } else { &vb };
     let out = kernels
-        .forward_paged(&stream, &qb, &kb, &vb, &customs, &paged)
+        .forward_paged(&stream, &qb, &kb, vb, &customs, &paged)
         .unwrap_or_else(|e| panic!("{test}: {e}"));
     let o = download_f64(&stream, &out.o);
     let mut want = Vec::with_capacity(o.len());
@@ -1700,7 +1707,8 @@ fn check_paged(
                 queries,
                 *seqlens.iter().max().unwrap()
             ],
-            device.sm_count()
+            device.sm_count(),
+            device.shared_memory_per_sm()
         ),
         dims.dqk,
         dims.dv,
@@ -1709,6 +1717,106 @@ fn check_paged(
     for (name, e) in &row_errs {
         assert!(*e < 1e-2, "{test}: relative error of {name} {e:.3e}");
     }
+}
+
+/// Makes `call`'s V the first `Dv` columns of its K rows (V stored in K,
+/// `KernelOptions::v_in_k`), on the host and in the reference inputs.
+fn v_from_k(call: &mut common::gpu::RandomCall, dims: HeadDims) {
+    let (dqk, dv) = (dims.dqk as usize, dims.dv as usize);
+    for (r, row) in call.v_host.chunks_mut(dv).enumerate() {
+        row.copy_from_slice(&call.k_host[r * dqk..r * dqk + dv]);
+    }
+    let k = &call.inputs.k;
+    call.inputs.v =
+        aec::frontend::reference::Tensor::from_fn(&call.inputs.v.shape, |idx| k.get(idx));
+}
+
+/// Multi-head latent attention decoding with V stored in K (`v_in_k`, Dqk
+/// 576, Dv 512, `examples/mla_decode.rs`): the one cache passed as k and v,
+/// against the reference with V = K's first 512 columns. Dense with 16
+/// query heads on one KV head (the default tiles: two Dv slices, KV splits)
+/// and 3 per KV head over a long context (four Dv slices, more splits);
+/// paged with pages of 64. A v buffer apart from k and the backward are
+/// refused.
+#[test]
+fn gpu_forward_latent_cache() {
+    let test = "gpu_forward_latent_cache";
+    let dims = HeadDims::new(576, 512);
+    let def = example("mla_decode");
+    let default = ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80);
+    for (shape, dv_split) in [
+        (Shape::new(3, 16, 1, 1, 301), default.dv_split),
+        (Shape::new(1, 6, 2, 1, 2999), 4),
+    ] {
+        let options = KernelOptions {
+            v_in_k: true,
+            config: Some(ForwardConfig {
+                dv_split,
+                ..default
+            }),
+            ..KernelOptions::default()
+        };
+        let Some(mut gpu) =
+            common::gpu::prepare_with(test, "mla_decode", shape, dims, (0.0, 1.0), &options)
+        else {
+            return;
+        };
+        v_from_k(&mut gpu.call, dims);
+        let GpuCall {
+            stream,
+            kernels,
+            call,
+            q,
+            k,
+            v,
+            ..
+        } = &gpu;
+        assert!(
+            kernels.forward_source().v_in_k,
+            "{:?}",
+            kernels.forward_source().name
+        );
+        let out = kernels
+            .forward(stream, q, k, k, &[], shape)
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        let o = download_f64(stream, &out.o);
+        let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+        let err = rel_err(&o, &want.o.data);
+        let (rows_ok, rows) =
+            check_row_outputs(test, kernels.row_output_names(), &out, stream, &want);
+        eprintln!(
+            "{test}: `{}` {shape} splits={}: rel_err(o)={err:.2e} rows[{}]",
+            kernels.forward_source().name,
+            kernels.kv_splits(shape),
+            rows.join(", ")
+        );
+        assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
+        // A separate V (its own values) would be silently ignored: refused.
+        let e = shape_error(kernels.forward(stream, q, k, v, &[], shape).map(|_| ()));
+        assert!(
+            e.contains("v_in_k") && e.contains("both `k` and `v`"),
+            "{e}"
+        );
+        let d_o = stream.upload(&vec![bf16::from_f32(1.0); o.len()]).unwrap();
+        let e = kernels
+            .backward(stream, q, k, k, &[], &out, &d_o)
+            .map(|_| ())
+            .expect_err("backward of a v_in_k forward");
+        assert!(e.to_string().contains("not implemented"), "{e}");
+    }
+    check_paged(
+        "gpu_paged_latent_cache",
+        "mla_decode",
+        (16, 1),
+        1,
+        &[1000, 37, 513, 1, 300],
+        64,
+        dims,
+        &KernelOptions {
+            v_in_k: true,
+            ..KernelOptions::default()
+        },
+    );
 }
 
 #[test]

@@ -94,15 +94,20 @@ fn plans_match_the_runtime_launch_logic() {
                     None => shape,
                 };
                 let [b, h, hkv, sq, _] = shape;
-                let splits = k.kv_splits(shape, 132);
-                let planned = match &plan.kv_splits {
-                    Some(p) => p.splits(&vars(shape, 1), 132),
-                    None => 1,
-                };
-                assert_eq!(
-                    planned, splits as u64,
-                    "{name} {isa:?} {shape:?}: kv splits"
-                );
+                // With and without the wave cap (an H100's shared memory).
+                for smem in [0, 228 * 1024] {
+                    let splits = k.kv_splits(shape, 132, smem);
+                    let planned = match &plan.kv_splits {
+                        Some(p) => p.splits(&vars(shape, 1), 132, u64::from(smem)),
+                        None => 1,
+                    };
+                    assert_eq!(
+                        planned, splits as u64,
+                        "{name} {isa:?} {shape:?} smem {smem}: kv splits"
+                    );
+                }
+                let splits = k.kv_splits(shape, 132, 228 * 1024);
+                let planned = splits as u64;
                 checked_splits += usize::from(splits > 1);
                 let at = vars(shape, planned);
                 let main = &plan.launches[0];

@@ -67,6 +67,18 @@ const CASES: &[Case] = &[
         custom_range: (0.0, 1.0),
     },
     Case {
+        id: "mla_decode",
+        example: "mla_decode",
+        sizes: [3, 16, 1, 1, 301, 576, 512],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
+        id: "mla_decode_gqa",
+        example: "mla_decode",
+        sizes: [2, 6, 2, 1, 517, 576, 512],
+        custom_range: (0.0, 1.0),
+    },
+    Case {
         id: "deepseek",
         example: "deepseek",
         sizes: [1, 2, 2, 150, 150, 192, 128],
@@ -138,6 +150,25 @@ const SLIDING_WINDOW: &str = "sliding-window-b1-h32-s8192-d128-w256";
 /// sequence of a long context, where only split-KV fills the GPU.
 const DECODE_B1: &str = "decode-gqa-b1-h32-kv8-kv32768-d128";
 
+/// Multi-head latent attention decoding (`examples/mla_decode.rs`, V stored
+/// in K): DeepSeek-V3's 128 query heads over 8 GPUs (16 per GPU), one
+/// latent cache row of 576 per token. Also in `extra_workloads`.
+const DECODE_MLA: &str = "decode-mla-b64-h16-kv4096-d576-v512";
+
+/// The same at all 128 query heads on one GPU: eight 16-row blocks per
+/// sequence share each cache tile through L2.
+const DECODE_MLA_H128: &str = "decode-mla-b16-h128-kv4096-d576-v512";
+
+/// Other tiles of the latent decoding forward, timed beside the default
+/// (each bench entry's `tiles`): (tag, rows per block, warps, Dv slices, key
+/// block, stages).
+const MLA_TILES: &[(&str, u32, u32, u32, u32, u32)] = &[
+    ("v4n32s2", 16, 1, 4, 32, 2),
+    ("v2n64s2", 16, 1, 2, 64, 2),
+    ("m32w2v2", 32, 2, 2, 32, 2),
+    ("m64w4v2", 64, 4, 2, 32, 2),
+];
+
 /// Benchmark kernels: (workload id from workloads.json or the extra ones, example, dqk, dv).
 const BENCH: &[(&str, &str, u32, u32)] = &[
     ("softmax-b8-h32-s2048-d128", "softmax", 128, 128),
@@ -183,6 +214,8 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
     ),
     ("relu-b64-h6-s1024-d64", "relu", 64, 64),
     (DECODE_B1, "decode", 128, 128),
+    (DECODE_MLA, "mla_decode", 576, 512),
+    (DECODE_MLA_H128, "mla_decode", 576, 512),
     (
         "retnet-parallel-b2-h32-s2048-d256-v512",
         "retnet_parallel",
@@ -228,6 +261,31 @@ fn main() {
         };
         let cfg = forward_config(&v, *dqk, *dv, per_block);
         let file = format!("bench_{}", workload.replace('-', "_"));
+        if *example == "mla_decode" {
+            // The latent cache: V stored in K, and other tiles beside the
+            // default (no backward: it is refused with shared storage).
+            let mut tiles = Vec::new();
+            for &(tag, block_m, warps, dv_split, block_n, stages) in MLA_TILES {
+                let cfg = ForwardConfig {
+                    block_m,
+                    warps,
+                    dv_split,
+                    block_n,
+                    stages,
+                    ..cfg
+                };
+                tiles.push(match parallel_forward(&v, *dqk, *dv, &cfg) {
+                    Ok(k) => json!({ "tiles": tag, "kernel": kernel_meta(&out, &format!("{file}_{tag}"), &k, nvcc.as_deref(), &includes) }),
+                    Err(e) => json!({ "tiles": tag, "error": e.to_string() }),
+                });
+            }
+            bench.push(json!({
+                "workload": workload,
+                "kernel": kernel_meta(&out, &file, &parallel_forward(&v, *dqk, *dv, &cfg).expect("latent forward"), nvcc.as_deref(), &includes),
+                "tiles": tiles,
+            }));
+            continue;
+        }
         let mut entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
             Ok(k) => {
                 json!({ "workload": workload, "kernel": kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes) })
@@ -310,6 +368,24 @@ fn main() {
         "anchors": ["cudnn", "fa2"],
         "passes": ["fwd"],
         "note": "not in shared/reference/workloads.json: one sequence, so the grid has 8 blocks without split-KV"
+    }, {
+        "id": DECODE_MLA,
+        "variant": "mla_decode",
+        "b": 64, "h": 16, "hkv": 1, "sq": 1, "skv": 4096, "dqk": 576, "dv": 512,
+        "causal": false,
+        "v_in_k": true,
+        "scale": 1.0 / 192f64.sqrt(),
+        "passes": ["fwd"],
+        "note": "not in shared/reference/workloads.json: DeepSeek-V3 MLA decoding, 16 query heads per GPU (128 over 8), V the first 512 columns of the 576-wide latent cache"
+    }, {
+        "id": DECODE_MLA_H128,
+        "variant": "mla_decode",
+        "b": 16, "h": 128, "hkv": 1, "sq": 1, "skv": 4096, "dqk": 576, "dv": 512,
+        "causal": false,
+        "v_in_k": true,
+        "scale": 1.0 / 192f64.sqrt(),
+        "passes": ["fwd"],
+        "note": "not in shared/reference/workloads.json: DeepSeek-V3 MLA decoding, all 128 query heads on one GPU"
     }]);
     // Forward tile sweep (`gpu_check.py --fwd-sweep`): sm_80 and wgmma
     // configurations on the plain and the causal softmax workloads.
@@ -394,6 +470,7 @@ fn main() {
                     dv_split: 1,
                     split_kv: false,
                     persistent,
+                    v_in_k: false,
                 };
                 let tag = format!(
                     "m{bm}n{bn}w{warps}{}{}{}{}{}",
@@ -653,7 +730,15 @@ pub(crate) fn as_f32(t: &Tensor) -> Vec<u8> {
 
 /// The default sm_90a forward configuration; with `--per-block`, the
 /// persistent kernels launched with a block per row block instead.
+/// The latent-cache example (`mla_decode`) stores V in K: its default
+/// sm_80 tiles with `v_in_k`, as `KernelOptions::v_in_k` gives them.
 fn forward_config(v: &Variant, dqk: u32, dv: u32, per_block: bool) -> ForwardConfig {
+    if v.name == "MlaDecode" {
+        return ForwardConfig {
+            v_in_k: true,
+            ..ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm80)
+        };
+    }
     let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm90a);
     cfg.persistent &= !per_block;
     cfg
@@ -685,7 +770,13 @@ fn write_case(
     };
     let q = tensor(&v.q.axes, &mut rng);
     let k = tensor(&v.k.axes, &mut rng);
-    let vv = tensor(&v.v.axes, &mut rng);
+    let cfg = forward_config(v, dqk as u32, dv as u32, per_block);
+    let vv = if cfg.v_in_k {
+        // V stored in K: each V row is its K row's first Dv columns.
+        Tensor::from_fn(&shape(&v.v.axes), |idx| k.get(idx))
+    } else {
+        tensor(&v.v.axes, &mut rng)
+    };
     let mut customs = IndexMap::new();
     for c in &v.customs {
         let t = if c.name.starts_with("doc_") {
@@ -716,13 +807,8 @@ fn write_case(
         initial_normalizer: None,
     };
     let fwd = reference::forward(v, &inputs, Options::default()).expect("reference forward");
-    let kernel = parallel_forward(
-        v,
-        dqk as u32,
-        dv as u32,
-        &forward_config(v, dqk as u32, dv as u32, per_block),
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", case.id));
+    let kernel = parallel_forward(v, dqk as u32, dv as u32, &cfg)
+        .unwrap_or_else(|e| panic!("{}: {e}", case.id));
     let km = kernel_meta(out, case.id, &kernel, nvcc, includes);
     let write = |name: &str, data: Vec<u8>| {
         std::fs::write(out.join(format!("{}.{name}", case.id)), data).expect("write tensor")
@@ -780,6 +866,9 @@ fn kernel_meta(
         "combine_rows_per_block": COMBINE_ROWS_PER_BLOCK,
         "block_n": k.block_n,
         "split_state_words": k.split_state_words,
+        "dqk": k.dqk,
+        "dv": k.dv,
+        "v_in_k": k.v_in_k,
         "ptxas": ptxas,
     })
 }

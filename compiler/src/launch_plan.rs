@@ -12,7 +12,9 @@
 //! language needs only JSON and the small expression language of
 //! [`SizeExpr`].
 
-use crate::cuda::forward::{ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource};
+use crate::cuda::forward::{
+    ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource, SMEM_RESERVED_PER_BLOCK,
+};
 use crate::cuda::recurrent::{RecurrentBackwardSource, RecurrentGridX, RecurrentSource};
 use crate::{Elem, Grid, Launch};
 use aec_frontend::Variant;
@@ -249,18 +251,27 @@ pub struct LaunchPlan {
 
 /// How many KV splits a split-KV forward launches with: 1 when `blocks`
 /// (the grid without splits) is at least `2 · SMs`; otherwise
-/// `clamp(ceil(2 · SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))`.
+/// `clamp(ceil(2 · SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))`,
+/// and where `block_smem_bytes` is not 0 at most one wave of the blocks that
+/// fit the multiprocessors' shared memory at once: `max(1, floor(smem_per_sm
+/// / (block_smem_bytes + 1024)) · SMs / blocks)`
+/// ([`KernelSource::kv_splits`](crate::KernelSource::kv_splits)).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvSplitPlan {
     pub blocks: SizeExpr,
     pub key_blocks: SizeExpr,
     pub max_splits: u64,
+    /// The split launch's dynamic shared memory per block (0: the wave cap
+    /// does not apply).
+    #[serde(default)]
+    pub block_smem_bytes: u64,
     pub rule: String,
 }
 
 impl KvSplitPlan {
-    /// The rule above for a GPU with `sms` multiprocessors.
-    pub fn splits(&self, vars: &dyn Fn(&str) -> Option<u64>, sms: u64) -> u64 {
+    /// The rule above for a GPU with `sms` multiprocessors of `smem_per_sm`
+    /// bytes of shared memory (0: no wave cap).
+    pub fn splits(&self, vars: &dyn Fn(&str) -> Option<u64>, sms: u64, smem_per_sm: u64) -> u64 {
         let (Some(blocks), Some(key_blocks)) = (self.blocks.eval(vars), self.key_blocks.eval(vars))
         else {
             return 1;
@@ -270,7 +281,12 @@ impl KvSplitPlan {
             return 1;
         }
         let most = (key_blocks / 4).clamp(1, self.max_splits);
-        (2 * sms).div_ceil(blocks).clamp(1, most)
+        let splits = (2 * sms).div_ceil(blocks).clamp(1, most);
+        if self.block_smem_bytes == 0 || smem_per_sm == 0 {
+            return splits;
+        }
+        let per_sm = smem_per_sm / (self.block_smem_bytes + u64::from(SMEM_RESERVED_PER_BLOCK));
+        splits.min((per_sm * sms / blocks).max(1))
     }
 }
 
@@ -520,8 +536,11 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
                 blocks: SizeExpr::mul([x.clone(), y.clone(), v("B")]),
                 key_blocks: SizeExpr::ceil_div(v("Skv"), c(k.block_n)),
                 max_splits: 128,
+                block_smem_bytes: u64::from(k.smem_bytes),
                 rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
-                       clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))"
+                       clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)), \
+                       at most max(1, floor(smem_per_sm / (block_smem_bytes + 1024)) * SMs / \
+                       blocks) (one wave of resident blocks) where block_smem_bytes > 0"
                     .to_string(),
             });
             launches.push(LaunchPlan {
@@ -1066,6 +1085,7 @@ mod tests {
             blocks: v("blocks"),
             key_blocks: v("kb"),
             max_splits: 128,
+            block_smem_bytes: 0,
             rule: String::new(),
         };
         let at = |blocks: u64, kb: u64| {
@@ -1075,9 +1095,17 @@ mod tests {
                 _ => None,
             }
         };
-        assert_eq!(p.splits(&at(264, 100), 132), 1);
-        assert_eq!(p.splits(&at(8, 256), 132), 33);
-        assert_eq!(p.splits(&at(8, 8), 132), 2);
-        assert_eq!(p.splits(&at(1, 100_000), 132), 128);
+        assert_eq!(p.splits(&at(264, 100), 132, 0), 1);
+        assert_eq!(p.splits(&at(8, 256), 132, 0), 33);
+        assert_eq!(p.splits(&at(8, 8), 132, 0), 2);
+        assert_eq!(p.splits(&at(1, 100_000), 132, 0), 128);
+        // Blocks of 93 KB, two per 228 KB SM: one wave of 264 blocks.
+        let big = KvSplitPlan {
+            block_smem_bytes: 93_440,
+            ..p
+        };
+        assert_eq!(big.splits(&at(128, 128), 132, 228 * 1024), 2);
+        assert_eq!(big.splits(&at(128, 128), 132, 0), 3);
+        assert_eq!(big.splits(&at(200, 128), 132, 228 * 1024), 1);
     }
 }

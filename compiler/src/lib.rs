@@ -31,6 +31,7 @@ pub use cuda::recurrent::{
 };
 pub use cuda::recurrent_step::{RecurrentStepSource, recurrent_step};
 pub use cuda::recurrent_wgmma::SegmentSplit;
+pub use cxx::closures::{MAX_DQK, MAX_DV, MAX_FORWARD_DQK};
 
 /// Why a variant cannot be compiled with a given configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

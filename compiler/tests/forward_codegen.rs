@@ -52,7 +52,17 @@ const CFG: ForwardConfig = ForwardConfig {
     dv_split: 1,
     split_kv: false,
     persistent: false,
+    v_in_k: false,
 };
+
+/// [`CFG`] with Dv split between blocks where one block cannot hold it
+/// (MLA decoding's 512).
+fn cfg_for(dv: u32) -> ForwardConfig {
+    ForwardConfig {
+        dv_split: aec_compiler::cuda::forward::default_dv_split(dv),
+        ..CFG
+    }
+}
 
 #[test]
 fn every_parallel_example_generates_a_kernel() {
@@ -60,7 +70,8 @@ fn every_parallel_example_generates_a_kernel() {
     for (name, v) in examples() {
         let Some(par) = v.parallel() else { continue };
         let (dqk, dv) = dims(&v);
-        let k = parallel_forward(&v, dqk, dv, &CFG).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let k =
+            parallel_forward(&v, dqk, dv, &cfg_for(dv)).unwrap_or_else(|e| panic!("{name}: {e}"));
         n += 1;
         assert!(
             k.source
@@ -251,8 +262,12 @@ fn generation_is_deterministic() {
             continue;
         }
         let (dqk, dv) = dims(&v);
-        let a = parallel_forward(&v, dqk, dv, &CFG).expect("kernel").source;
-        let b = parallel_forward(&v, dqk, dv, &CFG).expect("kernel").source;
+        let a = parallel_forward(&v, dqk, dv, &cfg_for(dv))
+            .expect("kernel")
+            .source;
+        let b = parallel_forward(&v, dqk, dv, &cfg_for(dv))
+            .expect("kernel")
+            .source;
         assert_eq!(a, b, "{name}: two generations differ");
     }
 }
@@ -387,6 +402,9 @@ fn dv_above_256_is_split_into_slices() {
 
 /// Decoding kernels take a number of KV splits at launch and carry the
 /// combine kernel; the launch rule splits only grids that leave the GPU idle.
+/// An H100 multiprocessor's shared memory.
+const H100_SMEM_PER_SM: u32 = 228 * 1024;
+
 #[test]
 fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     let v = example("decode");
@@ -397,18 +415,36 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert!(k.source.contains("combine_rescale") && k.source.contains("fmaxf(m[0], x[0])"));
     assert_eq!(k.args.last(), Some(&ArgKind::KvSplits));
     // 64 sequences × 8 KV heads: 512 blocks, no split on 132 SMs.
-    assert_eq!(k.kv_splits([64, 32, 8, 1, 4096], 132), 1);
+    assert_eq!(k.kv_splits([64, 32, 8, 1, 4096], 132, H100_SMEM_PER_SM), 1);
     // One sequence: 8 blocks → 2·132/8 = 33 splits of 32 key blocks each.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132), 33);
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100_SMEM_PER_SM), 33);
     // Short contexts keep at least four key blocks per split.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 300], 132), 2);
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 300], 132, H100_SMEM_PER_SM), 2);
     assert_eq!(k.split_grid_for([1, 32, 8, 1], 33), Some((33, 8, 1)));
+    // Without the shared-memory figure, no wave cap: the same splits.
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, 0), 33);
+    // MLA decoding: 128 blocks of 93 KB (two fit an H100 SM). ceil(264 /
+    // 128) = 3 splits would start a second wave; one wave holds 2.
+    let mla = example("mla_decode");
+    let cfg = ForwardConfig {
+        v_in_k: true,
+        ..ForwardConfig::default_for(&mla, 576, 512, Elem::Bf16, Isa::Sm80)
+    };
+    let k = parallel_forward(&mla, 576, 512, &cfg).expect("latent forward");
+    assert_eq!(k.resident_blocks(H100_SMEM_PER_SM), Some(2));
+    assert_eq!(k.kv_splits([64, 16, 1, 1, 4096], 132, H100_SMEM_PER_SM), 2);
+    assert_eq!(k.kv_splits([64, 16, 1, 1, 4096], 132, 0), 3);
+    // All 128 heads: 256 blocks, one wave of 264: no split.
+    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 1);
     // Prefill kernels have no combine.
     let p = example("softmax");
     let cfg = ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm80);
     assert!(!cfg.split_kv);
     let k = parallel_forward(&p, 128, 128, &cfg).expect("forward");
-    assert_eq!(k.kv_splits([1, 1, 1, 16, 100_000], 132), 1);
+    assert_eq!(
+        k.kv_splits([1, 1, 1, 16, 100_000], 132, H100_SMEM_PER_SM),
+        1
+    );
     let err = parallel_forward(
         &p,
         128,

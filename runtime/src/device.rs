@@ -61,6 +61,9 @@ pub struct DeviceInfo {
     pub max_shared_per_block: u32,
     /// Shared memory a block may use after opting in (227 KiB on H100).
     pub max_shared_per_block_optin: u32,
+    /// Shared memory of one multiprocessor, shared by its resident blocks
+    /// (228 KiB on H100; each block also reserves 1 KiB of it).
+    pub max_shared_per_sm: u32,
     pub total_memory: usize,
 }
 
@@ -131,6 +134,9 @@ impl Device {
             max_shared_per_block_optin: attr(
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )?,
+            max_shared_per_sm: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )?,
             total_memory: ctx
                 .total_mem()
                 .map_err(RuntimeError::driver("cuDeviceTotalMem"))?,
@@ -169,6 +175,11 @@ impl Device {
     /// Largest dynamic + static shared memory per block after opting in.
     pub fn max_dynamic_shared_memory(&self) -> u32 {
         self.inner.info.max_shared_per_block_optin
+    }
+
+    /// Shared memory of one multiprocessor (what its resident blocks share).
+    pub fn shared_memory_per_sm(&self) -> u32 {
+        self.inner.info.max_shared_per_sm
     }
 
     /// The context's default (legacy) stream.

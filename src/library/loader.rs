@@ -959,10 +959,29 @@ pub fn check_call(
     want: &[&str],
     sms: u32,
 ) -> Result<CallPlan, Error> {
+    check_call_on(plan, sizes, tensors, want, sms, 0)
+}
+
+/// [`check_call`] on a device whose multiprocessors have `smem_per_sm` bytes
+/// of shared memory: the KV split rule then also caps the splits at one
+/// wave of resident blocks ([`KvSplitPlan`](crate::compiler::launch_plan::KvSplitPlan); 0: no cap,
+/// as `check_call`).
+pub fn check_call_on(
+    plan: &EntryPlan,
+    sizes: &[(&str, usize)],
+    tensors: &[(&str, Dtype, usize)],
+    want: &[&str],
+    sms: u32,
+    smem_per_sm: u32,
+) -> Result<CallPlan, Error> {
     let bad = |m: String| Err(Error::Shape(m));
     let mut vars = bind_sizes(plan, sizes)?;
     let kv_splits = plan.kv_splits.as_ref().map_or(1, |k| {
-        k.splits(&|n: &str| vars.get(n).copied(), u64::from(sms))
+        k.splits(
+            &|n: &str| vars.get(n).copied(),
+            u64::from(sms),
+            u64::from(smem_per_sm),
+        )
     });
     vars.insert(KV_SPLITS.to_string(), kv_splits);
     vars.insert(SMS.to_string(), u64::from(sms.max(1)));
@@ -1637,7 +1656,15 @@ impl Entry {
         want: &[&str],
     ) -> Result<CallPlan, Error> {
         let e = self.for_sizes(sizes);
-        check_call(&e.plan, sizes, tensors, want, e.device.sm_count()).map_err(|err| e.context(err))
+        check_call_on(
+            &e.plan,
+            sizes,
+            tensors,
+            want,
+            e.device.sm_count(),
+            e.device.shared_memory_per_sm(),
+        )
+        .map_err(|err| e.context(err))
     }
 
     /// The KV splits a call with `sizes` launches with on this device (1
@@ -1649,6 +1676,7 @@ impl Entry {
             k.splits(
                 &|n: &str| vars.get(n).copied(),
                 u64::from(e.device.sm_count()),
+                u64::from(e.device.shared_memory_per_sm()),
             )
         }))
     }

@@ -158,6 +158,7 @@ mod tests {
             dv_split: 1,
             split_kv: false,
             persistent,
+            v_in_k: false,
         }
     }
 

@@ -118,6 +118,14 @@ impl ParallelKernels {
         d_o: &DeviceBuffer<T>,
     ) -> Result<Gradients<T>, Error> {
         self.check_elem::<T>("q, k, v and d_o")?;
+        if self.source.v_in_k {
+            return Err(Error::Shape(format!(
+                "the kernels of `{}` were compiled with `v_in_k` (V stored in K's rows), whose \
+                 backward is not implemented: dK and dV would be one tensor. Compile without \
+                 `KernelOptions::v_in_k` and pass k and v apart to train",
+                self.variant.name
+            )));
+        }
         let buffers = [
             ("q", q.ordinal()),
             ("k", k.ordinal()),

@@ -214,8 +214,9 @@ impl From<RuntimeError> for Error {
 }
 
 /// The head dimensions a kernel is generated for: `Dqk` (q and k) and `Dv`
-/// (v and the output). The CUDA templates take multiples of 16, Dqk up to
-/// 256 and Dv up to 512.
+/// (v and the output). The CUDA templates take multiples of 16, Dv up to 512
+/// and Dqk up to 576 in the forward (the sm_80 template, where shared memory
+/// allows: MLA decoding) and 256 in the backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HeadDims {
     pub dqk: u32,
@@ -328,6 +329,15 @@ pub struct KernelOptions {
     /// Extra NVRTC options appended to `-std=c++17` and the include
     /// directories (e.g. `-lineinfo`).
     pub nvrtc_flags: Vec<String>,
+    /// K and V share storage: V is the first `Dv` columns of every K row
+    /// (multi-head latent attention's compressed KV cache, Dqk 576 = 512
+    /// latent + 64 RoPE columns, Dv 512). The forwards then load each K tile
+    /// once and take P·V's operand from it; pass the cache as both `k` and
+    /// `v` (`[B, Hkv, Skv, Dqk]`, or the paged `[pages, Hkv, page_size,
+    /// Dqk]`). Needs Dv ≤ Dqk; the default tiles are then the sm_80
+    /// template's (the wgmma ones read V from its own tiles). The backward
+    /// of such kernels is refused (dK and dV would alias).
+    pub v_in_k: bool,
 }
 
 /// The process-wide kernel cache: memory, and disk in [`KernelCache::from_env`]'s
@@ -420,9 +430,12 @@ fn generate_forward(
 ) -> Result<KernelSource, Error> {
     require_parallel(variant)?;
     check_head_dims(variant, dims)?;
-    let cfg = options
+    // Shared K/V storage is a feature of the sm_80 template: its defaults.
+    let default_isa = if options.v_in_k { Isa::Sm80 } else { isa };
+    let mut cfg = options
         .config
-        .unwrap_or_else(|| default(variant, dims.dqk, dims.dv, options.elem, isa));
+        .unwrap_or_else(|| default(variant, dims.dqk, dims.dv, options.elem, default_isa));
+    cfg.v_in_k |= options.v_in_k;
     if cfg.wgmma && isa != Isa::Sm90a {
         return Err(Error::Shape(
             "the tile configuration asks for wgmma, which only sm_90a (Hopper) has: \
@@ -720,6 +733,7 @@ impl ParallelKernels {
         self.source.kv_splits(
             [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
             self.device.sm_count(),
+            self.device.shared_memory_per_sm(),
         )
     }
 
@@ -890,7 +904,26 @@ impl ParallelKernels {
             .into_iter()
             .chain(customs.iter().map(|(n, b)| (*n, b.ordinal())));
         self.check_devices(stream, buffers)?;
-        Ok([("q", q.len()), ("k", k.len()), ("v", v.len())]
+        // With V stored in K the one cache is passed twice; V's extent is
+        // its first Dv columns.
+        let v_len = if self.source.v_in_k {
+            if !std::ptr::eq(k, v) {
+                return Err(Error::Shape(format!(
+                    "the kernels of `{}` were compiled with `v_in_k` (V is the first Dv = {} \
+                     columns of each K row): pass the one K/V cache as both `k` and `v`",
+                    self.variant.name, self.dims.dv
+                )));
+            }
+            let dqk = self.dims.dqk as usize;
+            if k.len().is_multiple_of(dqk) {
+                k.len() / dqk * self.dims.dv as usize
+            } else {
+                k.len() // `k`'s own check reports it
+            }
+        } else {
+            v.len()
+        };
+        Ok([("q", q.len()), ("k", k.len()), ("v", v_len)]
             .into_iter()
             .chain(customs.iter().map(|(n, b)| (*n, b.len())))
             .collect())

@@ -257,6 +257,7 @@ impl ParallelKernels {
             n_splits: kernel.source.kv_splits(
                 [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
                 self.device.sm_count(),
+                self.device.shared_memory_per_sm(),
             ),
             rows: LaunchRows::Paged(PagedArgs {
                 block_table: &table,

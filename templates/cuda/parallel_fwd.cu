@@ -123,7 +123,11 @@
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
 #define SQS (DQK + PAD)
 #define SVS (DV + PAD)
-#define NE (BN / 4)
+{% if v_in_k %}// V is the first DVG columns of each K row (shared storage): its tile is
+// the K tile, read at column dv0 with K's row stride.
+#define V_TILE_STRIDE SQS
+{% else %}#define V_TILE_STRIDE SVS
+{% endif %}#define NE (BN / 4)
 // Groups of 32 O columns written 16 bytes per lane in the epilogue.
 #define QUAD_GROUPS {% if quad_stores %}(DV / 32){% else %}0{% endif %}
 #define STAGES {{ stages }}  // K/V ring depth
@@ -208,8 +212,8 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         // This tile's slice of the V and O columns (the slices of one row block
         // are adjacent in the launch, so their K tiles are shared through L2).
         const int dv0 = (bx % DV_SPLIT) * DV;
-        const elem_t* vg = v + k_row0 * DVG + dv0;
-        int row_i[NR];
+{% if !v_in_k %}        const elem_t* vg = v + k_row0 * DVG + dv0;
+{% endif %}        int row_i[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
         // The positions this block's rows cover (all of them when packed rows
@@ -389,8 +393,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% else %}    elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
 {% endif %}
     elem_t* sK = sQ + BM * SQS;
-    elem_t* sV = sK + STAGES * BN * SQS;
-
+{% if !v_in_k %}    elem_t* sV = sK + STAGES * BN * SQS;
+{% endif %}
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
 {% if varlen %}    // Variable-length batch: B sequences, Sq and Skv the longest ones (the
@@ -529,8 +533,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         for (int st = 0; st < STAGES - 1; ++st) {
             if (st < n_iter) {
                 LOAD_TILE<BN, DQK>(sK + st * BN * SQS, kg, KV_N0(st), Skv, tid, KV_ROWS);
-                LOAD_TILE<BN, DV, NT, DVG>(sV + st * BN * SVS, vg, KV_N0(st), Skv, tid, KV_ROWS);
-            }
+{% if !v_in_k %}                LOAD_TILE<BN, DV, NT, DVG>(sV + st * BN * SVS, vg, KV_N0(st), Skv, tid, KV_ROWS);
+{% endif %}            }
             cp_async_commit();
         }
 {% if modify_q %}        cp_async_wait_all();
@@ -548,8 +552,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     for (int it = 0; it < n_iter; ++it) {
         const int cur = it % STAGES;
         elem_t* sKc = sK + cur * BN * SQS;
-        elem_t* sVc = sV + cur * BN * SVS;
-        const int n0 = KV_N0(it);
+{% if v_in_k %}        const elem_t* sVc = sKc + dv0;
+{% else %}        elem_t* sVc = sV + cur * BN * SVS;
+{% endif %}        const int n0 = KV_N0(it);
         // 0: no row sees a key of this block: skipped. (Full blocks still
         // evaluate the predicate per score: skipping it cost registers and
         // time on the causal kernels, bench/NOTES.md.)
@@ -562,8 +567,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         if (it + STAGES - 1 < n_iter) {
             const int nxt = (cur + STAGES - 1) % STAGES;
             LOAD_TILE<BN, DQK>(sK + nxt * BN * SQS, kg, KV_N0(it + STAGES - 1), Skv, tid, KV_ROWS);
-            LOAD_TILE<BN, DV, NT, DVG>(sV + nxt * BN * SVS, vg, KV_N0(it + STAGES - 1), Skv, tid, KV_ROWS);
-        }
+{% if !v_in_k %}            LOAD_TILE<BN, DV, NT, DVG>(sV + nxt * BN * SVS, vg, KV_N0(it + STAGES - 1), Skv, tid, KV_ROWS);
+{% endif %}        }
         cp_async_commit();
 {% if modify_k %}
         for (int x = tid; x < BN * DQK; x += NT) {
@@ -673,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(smem_u32(sVc + row * SVS + col), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_u32(sVc + row * V_TILE_STRIDE + col), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(acc[mt][2 * dp], pa[mt], b0, b1);
@@ -691,7 +696,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if split_kv %}
 // Merges the n_splits partial rows of each query row (one warp per row):
 // the merged state from the partials that saw a key, each partial's output
-// rescaled by combine_rescale, then the epilogue as in the main kernel.
+// rescaled by combine_rescale, then the epilogue as in the main kernel. The
+// lanes take the splits (lane, lane + WARP, …) and merge across the warp, so
+// no load waits on the one before (merging a split at a time: 1.6% slower
+// at 33 splits, 12% at 16, H100, bench/NOTES.md).
 extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kernel_name }}_combine(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
@@ -709,11 +717,13 @@ extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kerne
     {
         const int r = 0;
 {{ state_init }}    }
+    // The merged state: each lane merges its splits', then the warp merges
+    // the lanes' (a butterfly, so every lane ends with the same state).
     float m[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
     bool any = false;
-    for (int sp = 0; sp < n_splits; ++sp) {
+    for (int sp = lane; sp < n_splits; sp += WARP) {
         const float* srow = spart + ((long long)sp * rows + row) * (NSTATE + 1);
         if (srow[NSTATE] == 0.0f) continue;
         float x[NSTATE_ARR];
@@ -726,6 +736,21 @@ extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kerne
         }
         any = true;
     }
+#pragma unroll
+    for (int off = WARP / 2; off > 0; off /= 2) {
+        float x[NSTATE_ARR];
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = __shfl_xor_sync(0xffffffffu, m[f], off);
+        const bool other = __shfl_xor_sync(0xffffffffu, any ? 1 : 0, off) != 0;
+        if (other) {
+            if (any) combine_merge(m, x);
+            else {
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = x[f];
+            }
+        }
+        any |= other;
+    }
     constexpr int PER_LANE = (DVG + WARP - 1) / WARP;
     float out[PER_LANE];
 #pragma unroll
@@ -733,20 +758,38 @@ extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kerne
     float acc_st[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
-    for (int sp = 0; any && sp < n_splits; ++sp) {
-        const float* srow = spart + ((long long)sp * rows + row) * (NSTATE + 1);
-        if (srow[NSTATE] == 0.0f) continue;
-        float x[NSTATE_ARR];
+    if (any) {
+        // Each lane rescales one split of every WARP; the warp then adds the
+        // outputs split by split (a split that saw no key has c = 0 and an
+        // output of zeros).
+        for (int base = 0; base < n_splits; base += WARP) {
+            float c = 0.0f;
+            if (base + lane < n_splits) {
+                const float* srow = spart + ((long long)(base + lane) * rows + row) * (NSTATE + 1);
+                if (srow[NSTATE] != 0.0f) {
+                    float x[NSTATE_ARR];
 #pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
-        const float c = combine_rescale(x, m, P);
-        combine_scaled_add(acc_st, c, x);
-        const float* prow = opart + ((long long)sp * rows + row) * DVG;
+                    for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
+                    c = combine_rescale(x, m, P);
+                    combine_scaled_add(acc_st, c, x);
+                }
+            }
+            const int n = min(WARP, n_splits - base);
+#pragma unroll 4
+            for (int j = 0; j < n; ++j) {
+                const float cj = __shfl_sync(0xffffffffu, c, j);
+                const float* prow = opart + ((long long)(base + j) * rows + row) * DVG;
 #pragma unroll
-        for (int e = 0; e < PER_LANE; ++e)
-            if (lane + e * WARP < DVG) out[e] += c * prow[lane + e * WARP];
+                for (int e = 0; e < PER_LANE; ++e)
+                    if (lane + e * WARP < DVG) out[e] += cj * prow[lane + e * WARP];
+            }
+        }
+#pragma unroll
+        for (int off = WARP / 2; off > 0; off /= 2)
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] += __shfl_xor_sync(0xffffffffu, acc_st[f], off);
+        combine_scaled_finish(m, acc_st);
     }
-    if (any) combine_scaled_finish(m, acc_st);
     elem_t* orow = o + row * DVG;
     const float of = epilogue_o_factor(m, P);
 #pragma unroll

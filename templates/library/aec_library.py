@@ -143,10 +143,14 @@ def show_size(expr):
     return str(expr)
 
 
-def kv_splits_for(kv_plan, sizes, sms):
+def kv_splits_for(kv_plan, sizes, sms, smem_per_sm=0):
     """How many KV splits a split-KV forward launches with (KvSplitPlan::splits):
     1 without a plan or when `blocks` ≥ 2·SMs; otherwise
-    clamp(ceil(2·SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))."""
+    clamp(ceil(2·SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)),
+    and where the plan's `block_smem_bytes` and `smem_per_sm` (the device's
+    shared memory per multiprocessor) are not 0, at most one wave of the
+    blocks that fit it at once: max(1, smem_per_sm // (block_smem_bytes +
+    1024) · SMs // blocks)."""
     if not kv_plan:
         return 1
     blocks = eval_size(kv_plan["blocks"], sizes)
@@ -155,7 +159,11 @@ def kv_splits_for(kv_plan, sizes, sms):
     if blocks >= 2 * sms or blocks == 0:
         return 1
     most = max(1, min(max(key_blocks // 4, 1), int(kv_plan["max_splits"])))
-    return min(max(-(-2 * sms // blocks), 1), most)
+    splits = min(max(-(-2 * sms // blocks), 1), most)
+    block_smem = int(kv_plan.get("block_smem_bytes", 0))
+    if block_smem == 0 or smem_per_sm <= 0:
+        return splits
+    return min(splits, max(1, int(smem_per_sm) // (block_smem + 1024) * sms // blocks))
 
 
 # --------------------------------------------------------------------------
@@ -563,10 +571,11 @@ class Plan:
             if sizes[a] != sizes[b]:
                 raise Error(f"{self.where}: {said(a)} must equal {said(b)}")
 
-    def kv_splits(self, sizes, sms, override=None):
-        """The number of KV splits: the plan's rule, or `override` (1 ≤ n ≤ max_splits)."""
+    def kv_splits(self, sizes, sms, override=None, smem_per_sm=0):
+        """The number of KV splits: the plan's rule (with the device's shared
+        memory per multiprocessor, 0 if unknown), or `override` (1 ≤ n ≤ max_splits)."""
         if override is None:
-            return kv_splits_for(self.kv_plan, sizes, sms)
+            return kv_splits_for(self.kv_plan, sizes, sms, smem_per_sm)
         if not self.kv_plan:
             if override != 1:
                 raise Error(f"{self.where}: kv_splits={override}, but this plan has no split-KV launch (only 1)")
@@ -576,7 +585,7 @@ class Plan:
             raise Error(f"{self.where}: kv_splits={override!r}: expected an int from 1 to {top}")
         return override
 
-    def prepare(self, infos, want=(), sms=1, kv_splits=None, device=None, hip=False):
+    def prepare(self, infos, want=(), sms=1, kv_splits=None, device=None, hip=False, smem_per_sm=0):
         """Checks a call with the tensors `infos` (name -> TensorInfo) and
         plans it: a Call, or an Error naming what is wrong. `hip`: the launch
         goes through HIP, whose grids also have at most 2^32 - 1 threads
@@ -588,7 +597,7 @@ class Plan:
         sizes, origin = self.bind({n: i.shape for n, i in infos.items()})
         self.check_sizes(sizes, origin)
         sizes = {n: sizes[n] for n in self.size_names}
-        splits = self.kv_splits(sizes, sms, kv_splits)
+        splits = self.kv_splits(sizes, sms, kv_splits, smem_per_sm)
         sizes["kv_splits"] = splits
         # Grids may also read the multiprocessor count (persistent kernels).
         grid_sizes = dict(sizes, sms=max(int(sms), 1))
@@ -911,7 +920,11 @@ class Library:
         #: The driver's name of the device: the tuning table's kernels are
         #: chosen for GPUs of this name.
         self.device_name = torch.cuda.get_device_name(device_index)
-        self.sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+        props = torch.cuda.get_device_properties(device_index)
+        self.sms = props.multi_processor_count
+        #: Shared memory per multiprocessor (the KV-split rule's wave cap;
+        #: 0 where PyTorch does not report it).
+        self.smem_per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
         with torch.cuda.device(device_index):
             torch.zeros(1, device=self.device)  # PyTorch's context exists from here on
         #: "cuda" or "hip": the driver the kernels go through.
@@ -1079,7 +1092,8 @@ class Variant:
         call = self._calls.get(key)
         if call is None:
             hip = lib.backend == "hip"
-            call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip)
+            call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip,
+                                smem_per_sm=lib.smem_per_sm)
             _, cubin, modules = self._plans[pass_name]
             call.tuned_for = None
             tuned = select_tuned(self.record, pass_name, lib.arch, lib.device_name, call.sizes)
@@ -1089,7 +1103,8 @@ class Variant:
                     self._tuned_plans[record["entry"]] = (Plan(self.name, record["plan"]), binary_of(build))
                 tuned_plan, cubin = self._tuned_plans[record["entry"]]
                 modules = build_modules(self.record, record, build)
-                call = tuned_plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip)
+                call = tuned_plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip,
+                                smem_per_sm=lib.smem_per_sm)
                 call.tuned_for = call_tuned_for
             dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
             call.torch_allocations = [(n, dtypes[d], s, z) for n, d, s, z in call.allocations]

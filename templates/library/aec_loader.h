@@ -122,6 +122,7 @@ typedef struct aecl_CUstream_st *aecl_CUstream;
 
 #define AECL_CUDA_SUCCESS 0
 #define AECL_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define AECL_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR 81
 #define AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 #define AECL_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
@@ -223,6 +224,7 @@ typedef struct aec_library {
     int cc_major, cc_minor;       /* compute capability, e.g. 9 and 0 (HIP: the gfx version, 9 and 4 for gfx942) */
     char arch[16];                /* the builds this GPU runs: "sm_90a" (9.0), "sm_80" (8.x), "sm_XY"; "gfx90a", "gfx942" */
     int sm_count;                 /* multiprocessors or compute units (the KV-split rule and persistent grids read it) */
+    int smem_per_sm;              /* CUDA: shared memory per multiprocessor (the KV-split rule's wave cap); HIP: 0 */
     char *dir;                    /* the library directory */
     aecl_module *modules;         /* loaded modules */
     size_t n_modules;
@@ -358,15 +360,23 @@ static inline uint64_t aecl_clamp(uint64_t x, uint64_t lo, uint64_t hi)
 
 /* The KV-split rule of the launch plans (KvSplitPlan::splits): 1 when the
    grid already has 2 blocks per multiprocessor; otherwise
-   clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)). */
-static inline uint64_t aecl_kv_splits(uint64_t blocks, uint64_t key_blocks, uint64_t max_splits, int sm_count)
+   clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)),
+   and where block_smem and smem_per_sm are not 0 at most one wave of the
+   blocks that fit the multiprocessors' shared memory at once:
+   max(1, floor(smem_per_sm / (block_smem + 1024)) * SMs / blocks). */
+static inline uint64_t aecl_kv_splits(uint64_t blocks, uint64_t key_blocks, uint64_t max_splits, uint64_t block_smem,
+                                      int sm_count, int smem_per_sm)
 {
     uint64_t sms = sm_count < 1 ? 1u : (uint64_t)sm_count;
-    uint64_t most;
+    uint64_t most, splits, wave;
     if (blocks == 0 || blocks >= 2 * sms)
         return 1;
     most = aecl_clamp(key_blocks / 4, 1, max_splits < 1 ? 1 : max_splits);
-    return aecl_clamp((2 * sms + blocks - 1) / blocks, 1, most);
+    splits = aecl_clamp((2 * sms + blocks - 1) / blocks, 1, most);
+    if (block_smem == 0 || smem_per_sm <= 0)
+        return splits;
+    wave = (uint64_t)smem_per_sm / (block_smem + 1024) * sms / blocks;
+    return splits < wave ? splits : wave < 1 ? 1 : wave;
 }
 
 /* AEC_ERROR_SHAPE unless 1 <= x < 2^31 and 1 <= y, z < 65536; on HIP also
@@ -591,6 +601,9 @@ static inline int aecl_open_cuda(aec_library *lib, int *absent_status)
         (r = lib->cu.cuDeviceGetAttribute(&v, AECL_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, lib->device)) != AECL_CUDA_SUCCESS)
         return aecl_driver_fail(lib, r, "aec_library_open: cuDeviceGetAttribute");
     lib->sm_count = v;
+    if ((r = lib->cu.cuDeviceGetAttribute(&v, AECL_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, lib->device)) != AECL_CUDA_SUCCESS)
+        return aecl_driver_fail(lib, r, "aec_library_open: cuDeviceGetAttribute(shared memory per multiprocessor)");
+    lib->smem_per_sm = v;
     if (lib->cu.cuDeviceGetName(lib->device_name, (int)sizeof lib->device_name, lib->device) != AECL_CUDA_SUCCESS)
         snprintf(lib->device_name, sizeof lib->device_name, "CUDA device %d", lib->device);
     /* 9.0 runs the sm_90a builds; every 8.x the sm_80 ones. */

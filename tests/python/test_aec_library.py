@@ -97,6 +97,14 @@ class KvSplits(unittest.TestCase):
         plan = dict(self.PLAN, max_splits=5)
         self.assertEqual(al.kv_splits_for(plan, {"blocks": 1, "kb": 1000}, 132), 5)
 
+    def test_one_wave_of_resident_blocks(self):
+        # Blocks of 93 KB, two per 228 KB SM (KvSplitPlan::splits' wave cap).
+        plan = dict(self.PLAN, block_smem_bytes=93440)
+        at = {"blocks": 128, "kb": 128}
+        self.assertEqual(al.kv_splits_for(plan, at, 132, 228 * 1024), 2)
+        self.assertEqual(al.kv_splits_for(plan, at, 132), 3)  # shared memory unknown: no cap
+        self.assertEqual(al.kv_splits_for(plan, {"blocks": 200, "kb": 128}, 132, 228 * 1024), 1)
+
 
 class Architectures(unittest.TestCase):
     def test_capabilities(self):

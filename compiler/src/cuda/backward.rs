@@ -7,7 +7,7 @@ use super::forward::ArgKind;
 use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
 use crate::cxx::closures::{
-    CustomParams, custom_params, parallel_inputs, reads, row_output_names,
+    CustomParams, MAX_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
 use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal};
@@ -288,7 +288,7 @@ fn generate_backward(
     cfg: &BackwardConfig,
     varlen: bool,
 ) -> Result<BackwardSource, CompileError> {
-    let par = parallel_inputs(variant, dqk, dv, "backward")?;
+    let par = parallel_inputs(variant, dqk, dv, "backward", MAX_DQK)?;
     let dims_ok = match cfg.split_d {
         1 => wgmma_backward_dims_ok(dqk, dv),
         2 => wgmma_split_dims_ok(dqk, dv),

@@ -6,7 +6,7 @@ use super::wgmma::{Form, MAX_N, PANEL_COLS, wgmma_fns};
 use crate::CompileError;
 use crate::combine::combine_plan;
 use crate::cxx::closures::{
-    CustomParams, custom_params, parallel_inputs, reads, row_output_names,
+    CustomParams, MAX_FORWARD_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
 use crate::cxx::regions::{forward_regions, implies_causal, state_init};
@@ -69,6 +69,13 @@ pub struct ForwardConfig {
     /// together.
     #[serde(default)]
     pub persistent: bool,
+    /// V is stored in K: the first `Dv` columns of every K row are V's row
+    /// (multi-head latent attention's compressed KV cache, Dqk 576 / Dv 512,
+    /// where K and V share storage). The kernel loads only K tiles and reads
+    /// P·V's operand from them; the `v` argument is not read. Needs Dv ≤
+    /// Dqk and the sm_80 template (not `wgmma`).
+    #[serde(default)]
+    pub v_in_k: bool,
 }
 
 impl ForwardConfig {
@@ -149,6 +156,7 @@ impl ForwardConfig {
             // epilogue overlap the next tile's loads (H100: 2-11% faster
             // than a block per row block).
             persistent: warp_specialized,
+            v_in_k: false,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -369,6 +377,9 @@ pub struct KernelSource {
     /// Words per query row and split of the `spart` workspace: the state
     /// fields and a flag for "saw a key".
     pub split_state_words: u32,
+    /// V is read from K's rows (their first `dv` columns): the caller passes
+    /// the one K/V cache as `k` (and `v`, which is not read).
+    pub v_in_k: bool,
 }
 
 /// Rows (one warp each) per block of the split-KV combine kernel.
@@ -425,13 +436,17 @@ impl KernelSource {
     }
 
     /// How many KV splits to launch with for sizes `B, H, Hkv, Sq, Skv` on a
-    /// GPU with `sms` multiprocessors: 1 without split-KV or when the grid
-    /// already has two blocks per multiprocessor; otherwise enough splits
-    /// for about two blocks per multiprocessor, each split at least four
-    /// key blocks long, at most 128 splits. (H100, one sequence of 32768
-    /// keys, 8 KV heads: 1 split 1264 µs, 16 splits 111 µs, 33 splits 86 µs,
-    /// 66 splits 96 µs, 128 splits 175 µs; bench/NOTES.md.)
-    pub fn kv_splits(&self, [b, h, hkv, sq, skv]: [usize; 5], sms: u32) -> u32 {
+    /// GPU with `sms` multiprocessors of `smem_per_sm` bytes of shared
+    /// memory: 1 without split-KV or when the grid already has two blocks
+    /// per multiprocessor; otherwise enough splits for about two blocks per
+    /// multiprocessor, each split at least four key blocks long, at most
+    /// 128 splits — and no more than one wave of the blocks that fit the
+    /// multiprocessors' shared memory at once ([`KernelSource::resident_blocks`];
+    /// `smem_per_sm` 0: no such cap). (H100, one sequence of 32768 keys, 8
+    /// KV heads: 1 split 1264 µs, 16 splits 111 µs, 33 splits 86 µs, 66
+    /// splits 96 µs, 128 splits 175 µs; MLA decoding, 128 blocks of 93 KB,
+    /// two per SM: 3 splits 0.239 ms, 2 splits 0.179 ms; bench/NOTES.md.)
+    pub fn kv_splits(&self, [b, h, hkv, sq, skv]: [usize; 5], sms: u32, smem_per_sm: u32) -> u32 {
         let Some((x, y, z)) = self.grid_for([b, h, hkv, sq]) else {
             return 1;
         };
@@ -441,7 +456,20 @@ impl KernelSource {
             return 1;
         }
         let most = (skv.div_ceil(self.block_n as usize) / 4).clamp(1, 128);
-        (2 * sms).div_ceil(blocks).clamp(1, most) as u32
+        let splits = (2 * sms).div_ceil(blocks).clamp(1, most);
+        let wave = match self.resident_blocks(smem_per_sm) {
+            Some(per_sm) => (per_sm as usize * sms / blocks).max(1),
+            None => splits,
+        };
+        splits.min(wave) as u32
+    }
+
+    /// Blocks of this kernel that fit in `smem_per_sm` bytes of shared
+    /// memory at once (each also reserves 1 KiB); `None` when that does not
+    /// bound them (no dynamic shared memory, or `smem_per_sm` 0).
+    pub fn resident_blocks(&self, smem_per_sm: u32) -> Option<u32> {
+        (self.smem_bytes > 0 && smem_per_sm > 0)
+            .then(|| smem_per_sm / (self.smem_bytes + SMEM_RESERVED_PER_BLOCK))
     }
 
     /// The combine kernel's grid (`combine_threads` threads per block) for
@@ -492,6 +520,9 @@ pub fn default_dv_split(dv: u32) -> u32 {
         .unwrap_or(1)
 }
 
+/// Shared memory the driver reserves per resident block (sm_80 and later).
+pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+
 /// Static shared memory of the warp-specialised kernel (its mbarriers),
 /// rounded up: it shares the per-block limit with the dynamic allocation.
 pub(crate) const WS_STATIC_SMEM: u32 = 128;
@@ -501,7 +532,9 @@ pub(crate) const WS_STATIC_SMEM: u32 = 128;
 /// unpadded plus 1 KiB to align them to 1024 bytes).
 pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     let (pad, align_slack) = if cfg.wgmma { (0, 1024) } else { (8, 0) };
-    let elems = cfg.block_m * (dqk + pad) + cfg.stages * cfg.block_n * (dqk + dv + 2 * pad);
+    // With V stored in K the K tiles are the V tiles.
+    let v_cols = if cfg.v_in_k { 0 } else { dv + pad };
+    let elems = cfg.block_m * (dqk + pad) + cfg.stages * cfg.block_n * (dqk + pad + v_cols);
     elems * 2 + align_slack
 }
 
@@ -556,6 +589,8 @@ struct ForwardTemplate<'a> {
     paged: bool,
     /// Key blocks from a block-sparse mask's lists.
     sparse: bool,
+    /// V read from the K tiles (shared K/V storage).
+    v_in_k: bool,
     /// O is written 16 bytes per lane after a transpose across each quad
     /// (see the template's epilogue).
     quad_stores: bool,
@@ -649,11 +684,17 @@ fn generate_forward(
     layout: RowLayout,
 ) -> Result<KernelSource, CompileError> {
     let varlen = layout == RowLayout::Varlen;
-    let par = parallel_inputs(variant, dqk, dv, "forward")?;
+    let par = parallel_inputs(variant, dqk, dv, "forward", MAX_FORWARD_DQK)?;
     check_config(cfg, dqk, dv)?;
     // From here on `dv` is the slice one block computes.
     let dv_total = dv;
     let dv = cfg.dv_slice(dv_total);
+    if cfg.v_in_k && (par.modify_k.is_some() || par.modify_v.is_some()) {
+        return Err(CompileError(format!(
+            "`{}` modifies k or v in shared memory, but with v_in_k they are one tile (V is the first Dv columns of K): modifying one would change the other; use separate k and v (v_in_k: false)",
+            variant.name
+        )));
+    }
     if cfg.warp_specialized && (par.modify_k.is_some() || par.modify_v.is_some()) {
         return Err(CompileError(format!(
             "`{}` modifies k or v in shared memory, which the warp-specialised forward cannot do; use warp_specialized: false",
@@ -695,12 +736,13 @@ fn generate_forward(
         format!("_v{}", cfg.dv_split)
     } else {
         String::new()
-    } + match layout {
-        RowLayout::Dense => "",
-        RowLayout::Varlen => "_varlen",
-        RowLayout::Paged => "_paged",
-        RowLayout::BlockSparse => "_sparse",
-    };
+    } + if cfg.v_in_k { "_vk" } else { "" }
+        + match layout {
+            RowLayout::Dense => "",
+            RowLayout::Varlen => "_varlen",
+            RowLayout::Paged => "_paged",
+            RowLayout::BlockSparse => "_sparse",
+        };
     let t = ForwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -742,6 +784,7 @@ fn generate_forward(
         varlen,
         paged: layout == RowLayout::Paged,
         sparse: layout == RowLayout::BlockSparse,
+        v_in_k: cfg.v_in_k,
         // The transpose keeps a few more values live in the epilogue: at
         // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
         // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved
@@ -788,6 +831,7 @@ fn generate_forward(
         dv: dv_total,
         block_n: cfg.block_n,
         split_state_words: nstate as u32 + 1,
+        v_in_k: cfg.v_in_k,
     })
 }
 
@@ -823,6 +867,12 @@ pub(crate) fn check_config(
         return Err(CompileError(format!(
             "{} K/V stages: the forward's K/V ring holds 2 to 4 blocks",
             cfg.stages
+        )));
+    }
+    if cfg.v_in_k && (cfg.wgmma || dv_total > dqk) {
+        return Err(CompileError(format!(
+            "v_in_k (V stored in the first Dv columns of K) is implemented for the sm_80 template with Dv <= Dqk; got {}Dqk {dqk}, Dv {dv_total}",
+            if cfg.wgmma { "wgmma, " } else { "" }
         )));
     }
     if cfg.split_kv && cfg.warp_specialized {

@@ -390,8 +390,16 @@ pub fn scores_read_customs_by_position(variant: &Variant) -> bool {
     reads(par.mask.as_ref(), by_position) || reads(par.modify_scores.as_ref(), by_position)
 }
 
-/// The largest Dqk the parallel templates take.
+/// The largest Dqk the parallel templates take in general (the backward, the
+/// HIP templates).
 pub const MAX_DQK: u32 = 256;
+
+/// The largest Dqk the CUDA forward takes: its sm_80 template reads Q's
+/// fragments from shared memory one 16-column step at a time, so registers
+/// do not grow with Dqk (576: multi-head latent attention's decoding, Q and
+/// the latent cache 512 + 64 RoPE columns wide). Shared memory bounds the
+/// tiles that fit; the wgmma templates stop at 256.
+pub const MAX_FORWARD_DQK: u32 = 576;
 
 /// The largest Dv the parallel templates take: above 256 it is split into column
 /// slices (forward: between blocks; backward: between the warps that share
@@ -492,6 +500,7 @@ pub fn parallel_inputs<'v>(
     dqk: u32,
     dv: u32,
     kernel: &str,
+    max_dqk: u32,
 ) -> Result<&'v Parallel, CompileError> {
     let par = variant.parallel().ok_or_else(|| {
         CompileError(format!(
@@ -501,7 +510,7 @@ pub fn parallel_inputs<'v>(
     })?;
     check_fixed_head_dims(variant, &[(Axis::Dqk, dqk), (Axis::Dv, dv)])?;
     for (axis, d) in [(Axis::Dqk, dqk), (Axis::Dv, dv)] {
-        let max = if axis == Axis::Dv { MAX_DV } else { MAX_DQK };
+        let max = if axis == Axis::Dv { MAX_DV } else { max_dqk };
         if d == 0 || d % 16 != 0 || d > max {
             return Err(CompileError(format!(
                 "head dimension {axis} = {d} is not supported by the parallel {kernel} templates: it needs a multiple of 16 up to {max}"

@@ -5,7 +5,7 @@ use super::dialect::{Gfx, HipHeader, HipPrelude, MAX_LDS_BYTES, WAVE_SIZE};
 use crate::cuda::backward::{Grid, Launch, backward_args};
 use crate::cuda::forward::ArgKind;
 use crate::cxx::closures::{
-    CustomParams, custom_params, parallel_inputs, reads, row_output_names,
+    CustomParams, MAX_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
 use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal};
@@ -116,7 +116,7 @@ pub fn hip_parallel_backward(
     gfx: Gfx,
     prelude: HipPrelude,
 ) -> Result<HipBackwardSource, CompileError> {
-    let par = parallel_inputs(variant, dqk, dv, "backward")?;
+    let par = parallel_inputs(variant, dqk, dv, "backward", MAX_DQK)?;
     if dv > MAX_BACKWARD_DV {
         return Err(CompileError(format!(
             "the HIP backward takes Dv up to {MAX_BACKWARD_DV}, got {dv}: a wave keeps its keys' dV and V in registers, which spills above that (the split of Dv between waves is not implemented yet)"

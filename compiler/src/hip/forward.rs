@@ -9,7 +9,7 @@ use crate::cuda::forward::{
     COMBINE_ROWS_PER_BLOCK, KernelSource, check_dv_split, default_dv_split, forward_args,
 };
 use crate::cxx::closures::{
-    CustomParams, custom_params, parallel_inputs, reads, row_output_names,
+    CustomParams, MAX_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
 use crate::cxx::regions::{forward_regions, implies_causal, state_init};
@@ -132,7 +132,7 @@ pub fn hip_parallel_forward(
     gfx: Gfx,
     prelude: HipPrelude,
 ) -> Result<KernelSource, CompileError> {
-    let par = parallel_inputs(variant, dqk, dv, "forward")?;
+    let par = parallel_inputs(variant, dqk, dv, "forward", MAX_DQK)?;
     check_config(cfg, dqk, dv)?;
     let dv_total = dv;
     let dv = dv_total / cfg.dv_split;
@@ -214,6 +214,8 @@ pub fn hip_parallel_forward(
         dv: dv_total,
         block_n: cfg.block_n,
         split_state_words: nstate as u32 + 1,
+        // Shared K/V storage is a CUDA template feature so far.
+        v_in_k: false,
     })
 }
 

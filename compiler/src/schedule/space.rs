@@ -223,6 +223,7 @@ fn cuda_forward_configs(
         dv_split: 1,
         split_kv: false,
         persistent: false,
+        v_in_k: false,
     };
     let mut out = Vec::new();
     for &dv_split in splits {
