@@ -351,7 +351,7 @@ fn main() {
             }
         }
     }
-    let extra = json!([{
+    let mut extra = json!([{
         "id": SLIDING_WINDOW,
         "variant": "softmax",
         "b": 1, "h": 32, "hkv": 32, "sq": 8192, "skv": 8192, "dqk": 128, "dv": 128,
@@ -368,25 +368,24 @@ fn main() {
         "anchors": ["cudnn", "fa2"],
         "passes": ["fwd"],
         "note": "not in shared/reference/workloads.json: one sequence, so the grid has 8 blocks without split-KV"
-    }, {
-        "id": DECODE_MLA,
-        "variant": "mla_decode",
-        "b": 64, "h": 16, "hkv": 1, "sq": 1, "skv": 4096, "dqk": 576, "dv": 512,
-        "causal": false,
-        "v_in_k": true,
-        "scale": 1.0 / 192f64.sqrt(),
-        "passes": ["fwd"],
-        "note": "not in shared/reference/workloads.json: DeepSeek-V3 MLA decoding, 16 query heads per GPU (128 over 8), V the first 512 columns of the 576-wide latent cache"
-    }, {
-        "id": DECODE_MLA_H128,
-        "variant": "mla_decode",
-        "b": 16, "h": 128, "hkv": 1, "sq": 1, "skv": 4096, "dqk": 576, "dv": 512,
-        "causal": false,
-        "v_in_k": true,
-        "scale": 1.0 / 192f64.sqrt(),
-        "passes": ["fwd"],
-        "note": "not in shared/reference/workloads.json: DeepSeek-V3 MLA decoding, all 128 query heads on one GPU"
     }]);
+    // MLA decoding: one latent KV head, V the cache's first 512 columns.
+    let mla_workload = |id: &str, b: u32, h: u32, heads: &str| {
+        json!({
+            "id": id,
+            "variant": "mla_decode",
+            "b": b, "h": h, "hkv": 1, "sq": 1, "skv": 4096, "dqk": 576, "dv": 512,
+            "causal": false,
+            "v_in_k": true,
+            "scale": 1.0 / 192f64.sqrt(),
+            "passes": ["fwd"],
+            "note": format!("not in shared/reference/workloads.json: DeepSeek-V3 MLA decoding, {heads}, V the first 512 columns of the 576-wide latent cache")
+        })
+    };
+    extra.as_array_mut().expect("a list").extend([
+        mla_workload(DECODE_MLA, 64, 16, "16 query heads per GPU (128 over 8)"),
+        mla_workload(DECODE_MLA_H128, 16, 128, "all 128 query heads on one GPU"),
+    ]);
     // Forward tile sweep (`gpu_check.py --fwd-sweep`): sm_80 and wgmma
     // configurations on the plain and the causal softmax workloads.
     let mut fwd_sweep = Vec::new();
