@@ -179,7 +179,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
         _Pragma("unroll") for (int p = 0; p < PASSES; ++p) {                                  \
             const int r = r0 + p * RPP;                                                       \
             const bool mine = active && (ROWS % RPP == 0 || r < ROWS);                        \
-            const int gr = row0 + min(r, ROWS - 1);                                           \
+            const int gr = row0 + (ROWS % RPP == 0 && NTH % CH == 0 ? r : min(r, ROWS - 1));  \
             const bool ok = gr < limit;                                                       \
             const elem_t* src = g + (ROW(ok ? gr : spare)) * GS + cc * 8;                     \
             if (mine) cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);  \
