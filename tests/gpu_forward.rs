@@ -1804,6 +1804,46 @@ fn gpu_forward_latent_cache() {
             .expect_err("backward of a v_in_k forward");
         assert!(e.to_string().contains("not implemented"), "{e}");
     }
+    // All 128 heads on the one latent head: compile_for_shape picks 64-row
+    // blocks on four warps (ForwardConfig::for_packed_rows).
+    let Some(device) = device(test) else { return };
+    let shape = Shape::new(2, 128, 1, 1, 301);
+    let options = KernelOptions {
+        v_in_k: true,
+        ..KernelOptions::default()
+    };
+    let Some(kernels) = compiled(
+        test,
+        ParallelKernels::compile_for_shape(&def, &device, dims, shape, &options),
+    ) else {
+        return;
+    };
+    assert_eq!(
+        kernels.forward_source().block_m,
+        64,
+        "{}",
+        kernels.forward_source().name
+    );
+    let mut call = common::gpu::random_call(&def, shape, dims, (0.0, 1.0), "mla_decode_h128");
+    v_from_k(&mut call, dims);
+    let stream = device.stream();
+    let (q, k) = (
+        stream.upload(&call.q_host).unwrap(),
+        stream.upload(&call.k_host).unwrap(),
+    );
+    let out = kernels
+        .forward(&stream, &q, &k, &k, &[], shape)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+    let err = rel_err(&download_f64(&stream, &out.o), &want.o.data);
+    let (rows_ok, rows) = check_row_outputs(test, kernels.row_output_names(), &out, &stream, &want);
+    eprintln!(
+        "{test}: `{}` {shape} splits={}: rel_err(o)={err:.2e} rows[{}]",
+        kernels.forward_source().name,
+        kernels.kv_splits(shape),
+        rows.join(", ")
+    );
+    assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
     check_paged(
         "gpu_paged_latent_cache",
         "mla_decode",

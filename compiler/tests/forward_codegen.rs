@@ -436,6 +436,21 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(k.kv_splits([64, 16, 1, 1, 4096], 132, 0), 3);
     // All 128 heads: 256 blocks, one wave of 264: no split.
     assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 1);
+    // With 64 or more packed rows per KV head, 64-row blocks on four warps
+    // (where shared memory holds them); fewer rows keep the 16-row tile.
+    let wide = cfg.for_packed_rows(128, 576, 512, Isa::Sm90a);
+    assert_eq!((wide.block_m, wide.warps), (64, 4), "{wide:?}");
+    assert_eq!(cfg.for_packed_rows(16, 576, 512, Isa::Sm90a), cfg);
+    let deep = ForwardConfig { stages: 4, ..cfg };
+    assert_eq!(
+        deep.for_packed_rows(128, 576, 512, Isa::Sm80),
+        deep,
+        "224 KB > sm_80's 163 KB"
+    );
+    let k = parallel_forward(&mla, 576, 512, &wide).expect("64-row latent forward");
+    assert_eq!(k.grid_for([16, 128, 1, 1]), Some((4, 1, 16)));
+    let gqa = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(gqa.for_packed_rows(4, 128, 128, Isa::Sm90a), gqa);
     // Prefill kernels have no combine.
     let p = example("softmax");
     let cfg = ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm80);

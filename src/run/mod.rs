@@ -660,8 +660,9 @@ impl ParallelKernels {
     /// [`compile`](Self::compile) for calls of `shape`'s bucket: when
     /// `options` names no configuration, the one `aec tune` stored in the
     /// tuning cache for this variant, GPU, toolchain and shape bucket, else
-    /// the default. It never tunes; a missing or unreadable cache means the
-    /// default.
+    /// the default for the shape (decoding with 64 or more query rows per
+    /// KV head gets 64-row blocks: [`ForwardConfig::for_packed_rows`]). It
+    /// never tunes; a missing or unreadable cache means the default.
     pub fn compile_for_shape(
         variant: &frontend::Variant,
         device: &Device,
@@ -679,6 +680,19 @@ impl ParallelKernels {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some((_, config)) = plan.lookup(&cache, shape) {
                 options.config = Some(config);
+            }
+        }
+        if options.config.is_none() {
+            // Untuned decoding of many query heads per KV head: the default
+            // tile for the shape's packed rows (ForwardConfig::for_packed_rows).
+            let isa = Isa::for_arch(device.arch());
+            let default_isa = if options.v_in_k { Isa::Sm80 } else { isa };
+            let cfg =
+                ForwardConfig::default_for(variant, dims.dqk, dims.dv, options.elem, default_isa);
+            let rows = shape.h / shape.hkv.max(1) * shape.sq;
+            let packed = cfg.for_packed_rows(rows, dims.dqk, dims.dv, isa);
+            if packed != cfg {
+                options.config = Some(packed);
             }
         }
         ParallelKernels::compile(variant, device, dims, &options)
