@@ -1731,6 +1731,34 @@ fn v_from_k(call: &mut common::gpu::RandomCall, dims: HeadDims) {
         aec::frontend::reference::Tensor::from_fn(&call.inputs.v.shape, |idx| k.get(idx));
 }
 
+/// Runs a `v_in_k` forward with the cache `k` as both k and v and checks it
+/// against the reference of `call` (whose V is K's first Dv columns).
+fn check_latent_forward(
+    test: &str,
+    kernels: &ParallelKernels,
+    stream: &aec::runtime::Stream,
+    call: &common::gpu::RandomCall,
+    q: &DeviceBuffer<bf16>,
+    k: &DeviceBuffer<bf16>,
+    shape: Shape,
+) -> ForwardOutput<bf16> {
+    let out = kernels
+        .forward(stream, q, k, k, &[], shape)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let want =
+        reference::forward(kernels.variant(), &call.inputs, Options::default()).expect("reference");
+    let err = rel_err(&download_f64(stream, &out.o), &want.o.data);
+    let (rows_ok, rows) = check_row_outputs(test, kernels.row_output_names(), &out, stream, &want);
+    eprintln!(
+        "{test}: `{}` {shape} splits={}: rel_err(o)={err:.2e} rows[{}]",
+        kernels.forward_source().name,
+        kernels.kv_splits(shape),
+        rows.join(", ")
+    );
+    assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
+    out
+}
+
 /// Multi-head latent attention decoding with V stored in K (`v_in_k`, Dqk
 /// 576, Dv 512, `examples/mla_decode.rs`): the one cache passed as k and v,
 /// against the reference with V = K's first 512 columns. Dense with 16
@@ -1776,28 +1804,16 @@ fn gpu_forward_latent_cache() {
             "{:?}",
             kernels.forward_source().name
         );
-        let out = kernels
-            .forward(stream, q, k, k, &[], shape)
-            .unwrap_or_else(|e| panic!("{test}: {e}"));
-        let o = download_f64(stream, &out.o);
-        let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
-        let err = rel_err(&o, &want.o.data);
-        let (rows_ok, rows) =
-            check_row_outputs(test, kernels.row_output_names(), &out, stream, &want);
-        eprintln!(
-            "{test}: `{}` {shape} splits={}: rel_err(o)={err:.2e} rows[{}]",
-            kernels.forward_source().name,
-            kernels.kv_splits(shape),
-            rows.join(", ")
-        );
-        assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
+        let out = check_latent_forward(test, kernels, stream, call, q, k, shape);
         // A separate V (its own values) would be silently ignored: refused.
         let e = shape_error(kernels.forward(stream, q, k, v, &[], shape).map(|_| ()));
         assert!(
             e.contains("v_in_k") && e.contains("both `k` and `v`"),
             "{e}"
         );
-        let d_o = stream.upload(&vec![bf16::from_f32(1.0); o.len()]).unwrap();
+        let d_o = stream
+            .upload(&vec![bf16::from_f32(1.0); out.o.len()])
+            .unwrap();
         let e = kernels
             .backward(stream, q, k, k, &[], &out, &d_o)
             .map(|_| ())
@@ -1831,19 +1847,7 @@ fn gpu_forward_latent_cache() {
         stream.upload(&call.q_host).unwrap(),
         stream.upload(&call.k_host).unwrap(),
     );
-    let out = kernels
-        .forward(&stream, &q, &k, &k, &[], shape)
-        .unwrap_or_else(|e| panic!("{test}: {e}"));
-    let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
-    let err = rel_err(&download_f64(&stream, &out.o), &want.o.data);
-    let (rows_ok, rows) = check_row_outputs(test, kernels.row_output_names(), &out, &stream, &want);
-    eprintln!(
-        "{test}: `{}` {shape} splits={}: rel_err(o)={err:.2e} rows[{}]",
-        kernels.forward_source().name,
-        kernels.kv_splits(shape),
-        rows.join(", ")
-    );
-    assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
+    check_latent_forward(test, &kernels, &stream, &call, &q, &k, shape);
     check_paged(
         "gpu_paged_latent_cache",
         "mla_decode",
