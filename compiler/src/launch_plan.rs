@@ -13,7 +13,7 @@
 //! [`SizeExpr`].
 
 use crate::cuda::forward::{
-    ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource, SMEM_RESERVED_PER_BLOCK,
+    ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource, KvSplitInputs, MAX_KV_SPLITS, kv_split_rule,
 };
 use crate::cuda::recurrent::{RecurrentBackwardSource, RecurrentGridX, RecurrentSource};
 use crate::{Elem, Grid, Launch};
@@ -276,17 +276,14 @@ impl KvSplitPlan {
         else {
             return 1;
         };
-        let sms = sms.max(1);
-        if blocks >= 2 * sms || blocks == 0 {
-            return 1;
-        }
-        let most = (key_blocks / 4).clamp(1, self.max_splits);
-        let splits = (2 * sms).div_ceil(blocks).clamp(1, most);
-        if self.block_smem_bytes == 0 || smem_per_sm == 0 {
-            return splits;
-        }
-        let per_sm = smem_per_sm / (self.block_smem_bytes + u64::from(SMEM_RESERVED_PER_BLOCK));
-        splits.min((per_sm * sms / blocks).max(1))
+        kv_split_rule(KvSplitInputs {
+            blocks,
+            key_blocks,
+            max_splits: self.max_splits,
+            block_smem: self.block_smem_bytes,
+            sms,
+            smem_per_sm,
+        })
     }
 }
 
@@ -535,7 +532,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
             kv_splits = Some(KvSplitPlan {
                 blocks: SizeExpr::mul([x.clone(), y.clone(), v("B")]),
                 key_blocks: SizeExpr::ceil_div(v("Skv"), c(k.block_n)),
-                max_splits: 128,
+                max_splits: MAX_KV_SPLITS,
                 block_smem_bytes: u64::from(k.smem_bytes),
                 rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
                        clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)), \

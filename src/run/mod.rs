@@ -413,6 +413,12 @@ pub fn forward_source(
     )
 }
 
+/// The instruction set whose default tiles the forward takes on `isa`:
+/// shared K/V storage (`v_in_k`) is a feature of the sm_80 template.
+fn default_isa(options: &KernelOptions, isa: Isa) -> Isa {
+    if options.v_in_k { Isa::Sm80 } else { isa }
+}
+
 /// A forward generator of the compiler (dense, variable-length or paged rows).
 type ForwardGenerator =
     fn(&frontend::Variant, u32, u32, &ForwardConfig) -> Result<KernelSource, CompileError>;
@@ -430,11 +436,15 @@ fn generate_forward(
 ) -> Result<KernelSource, Error> {
     require_parallel(variant)?;
     check_head_dims(variant, dims)?;
-    // Shared K/V storage is a feature of the sm_80 template: its defaults.
-    let default_isa = if options.v_in_k { Isa::Sm80 } else { isa };
-    let mut cfg = options
-        .config
-        .unwrap_or_else(|| default(variant, dims.dqk, dims.dv, options.elem, default_isa));
+    let mut cfg = options.config.unwrap_or_else(|| {
+        default(
+            variant,
+            dims.dqk,
+            dims.dv,
+            options.elem,
+            default_isa(options, isa),
+        )
+    });
     cfg.v_in_k |= options.v_in_k;
     if cfg.wgmma && isa != Isa::Sm90a {
         return Err(Error::Shape(
@@ -686,9 +696,13 @@ impl ParallelKernels {
             // Untuned decoding of many query heads per KV head: the default
             // tile for the shape's packed rows (ForwardConfig::for_packed_rows).
             let isa = Isa::for_arch(device.arch());
-            let default_isa = if options.v_in_k { Isa::Sm80 } else { isa };
-            let cfg =
-                ForwardConfig::default_for(variant, dims.dqk, dims.dv, options.elem, default_isa);
+            let cfg = ForwardConfig::default_for(
+                variant,
+                dims.dqk,
+                dims.dv,
+                options.elem,
+                default_isa(&options, isa),
+            );
             let rows = shape.h / shape.hkv.max(1) * shape.sq;
             let packed = cfg.for_packed_rows(rows, dims.dqk, dims.dv, isa);
             if packed != cfg {

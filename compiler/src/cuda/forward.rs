@@ -472,18 +472,17 @@ impl KernelSource {
         let Some((x, y, z)) = self.grid_for([b, h, hkv, sq]) else {
             return 1;
         };
-        let blocks = x as usize * y as usize * z as usize;
-        let sms = sms.max(1) as usize;
-        if self.combine.is_none() || blocks >= 2 * sms {
+        if self.combine.is_none() {
             return 1;
         }
-        let most = (skv.div_ceil(self.block_n as usize) / 4).clamp(1, 128);
-        let splits = (2 * sms).div_ceil(blocks).clamp(1, most);
-        let wave = match self.resident_blocks(smem_per_sm) {
-            Some(per_sm) => (per_sm as usize * sms / blocks).max(1),
-            None => splits,
-        };
-        splits.min(wave) as u32
+        kv_split_rule(KvSplitInputs {
+            blocks: u64::from(x) * u64::from(y) * u64::from(z),
+            key_blocks: skv.div_ceil(self.block_n as usize) as u64,
+            max_splits: MAX_KV_SPLITS,
+            block_smem: u64::from(self.smem_bytes),
+            sms: u64::from(sms),
+            smem_per_sm: u64::from(smem_per_sm),
+        }) as u32
     }
 
     /// Blocks of this kernel that fit in `smem_per_sm` bytes of shared
@@ -544,6 +543,44 @@ pub fn default_dv_split(dv: u32) -> u32 {
 
 /// Shared memory the driver reserves per resident block (sm_80 and later).
 pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+
+/// The most KV splits a split-KV forward launches with.
+pub const MAX_KV_SPLITS: u64 = 128;
+
+/// What the KV-split rule ([`kv_split_rule`]) reads.
+#[derive(Clone, Copy, Debug)]
+pub struct KvSplitInputs {
+    /// Blocks of the grid without splits.
+    pub blocks: u64,
+    /// Key blocks of the longest sequence.
+    pub key_blocks: u64,
+    pub max_splits: u64,
+    /// Dynamic shared memory of one block (0: no wave cap).
+    pub block_smem: u64,
+    pub sms: u64,
+    /// Shared memory of one multiprocessor (0: no wave cap).
+    pub smem_per_sm: u64,
+}
+
+/// The KV-split rule that [`KernelSource::kv_splits`] and the launch plans'
+/// `KvSplitPlan::splits` share: 1 when the grid already has two blocks per
+/// multiprocessor; otherwise `clamp(ceil(2 · SMs / blocks), 1,
+/// clamp(key_blocks / 4, 1, max_splits))`, and where both shared-memory
+/// figures are known at most one wave of the blocks that fit at once,
+/// `max(1, floor(smem_per_sm / (block_smem + 1 KiB)) · SMs / blocks)`.
+pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
+    let sms = i.sms.max(1);
+    if i.blocks >= 2 * sms || i.blocks == 0 {
+        return 1;
+    }
+    let most = (i.key_blocks / 4).clamp(1, i.max_splits.max(1));
+    let splits = (2 * sms).div_ceil(i.blocks).clamp(1, most);
+    if i.block_smem == 0 || i.smem_per_sm == 0 {
+        return splits;
+    }
+    let per_sm = i.smem_per_sm / (i.block_smem + u64::from(SMEM_RESERVED_PER_BLOCK));
+    splits.min((per_sm * sms / i.blocks).max(1))
+}
 
 /// Static shared memory of the warp-specialised kernel (its mbarriers),
 /// rounded up: it shares the per-block limit with the dynamic allocation.
