@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Decoding on the GPU machine: the latent-cache (MLA) and decoding GPU tests,
-# the case checks under compute-sanitizer, and the decoding benchmark rows
+# Decoding on the GPU machine: the key-warp, latent-cache (MLA) and decoding
+# GPU tests (the key-warp ones under compute-sanitizer too), the case checks
+# under compute-sanitizer, and the decoding benchmark rows
 # beside cuDNN, FA2, Flex and PyTorch with the copy bandwidth, in one process.
 #
 # Build here first (the GPU machine has no Rust):
@@ -16,9 +17,15 @@ OUT=${OUT:-/tmp/aec-out}
 mkdir -p "$OUT"
 DECODE=decode-gqa-b64-h32-kv8-kv4096-d128,decode-deepseek-b64-h16-kv4096-d192-v128,decode-gqa-b1-h32-kv8-kv32768-d128,decode-mla-b64-h16-kv4096-d576-v512,decode-mla-b16-h128-kv4096-d576-v512
 status=0
-AEC_REQUIRE_GPU=1 target/gpu-run/gpu_forward ${GPU_TESTS:-latent decode paged} --test-threads 1 \
+AEC_REQUIRE_GPU=1 target/gpu-run/gpu_forward ${GPU_TESTS:-key_warps latent decode paged} --test-threads 1 \
     > "$OUT/gpu_forward.txt" 2>&1 || status=1
-tail -n 25 "$OUT/gpu_forward.txt"
+grep -E "^test |test result|rel_err|panicked" "$OUT/gpu_forward.txt" | tail -n 40
+for tool in memcheck racecheck; do
+    AEC_REQUIRE_GPU=1 compute-sanitizer --tool $tool --error-exitcode 3 \
+        target/gpu-run/gpu_forward gpu_forward_key_warps --test-threads 1 \
+        >> "$OUT/sanitizer-key-warps.txt" 2>&1 || status=1
+    tail -n 2 "$OUT/sanitizer-key-warps.txt"
+done
 python bench/gpu_check.py bench/cases --only mla_decode,mla_decode_gqa,decode --no-bench \
     > "$OUT/checks.txt" 2>&1 || status=1
 cat "$OUT/checks.txt"
@@ -29,5 +36,5 @@ for tool in memcheck racecheck; do
     tail -n 3 "$OUT/sanitizer-$tool.txt"
 done
 python bench/gpu_check.py bench/cases --bench-only "$DECODE" > "$OUT/bench.txt" 2>&1 || status=1
-cat "$OUT/bench.txt"
+grep -v -E "Warning|return F" "$OUT/bench.txt"
 exit $status

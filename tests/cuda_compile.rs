@@ -264,6 +264,44 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
     );
 }
 
+/// Decoding tiles whose key blocks are split between warps (`key_warps`):
+/// d128 decoding with 2 and 4 key warps and the latent cache with 2, dense
+/// and paged, compile within the spill budget, and their partial rows fit
+/// the K/V ring they are merged through.
+#[test]
+fn key_warp_decoding_tiles_compile() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let decode = common::example("decode");
+    let base = ForwardConfig::default_for(&decode, 128, 128, Elem::Bf16, Isa::Sm80);
+    let mla = common::example("mla_decode");
+    let latent = ForwardConfig {
+        v_in_k: true,
+        ..ForwardConfig::default_for(&mla, 576, 512, Elem::Bf16, Isa::Sm80)
+    };
+    let tiles = [
+        ("decode", &decode, base, 2, 32),
+        ("decode", &decode, base, 4, 64),
+        ("mla_decode", &mla, latent, 2, 32),
+    ];
+    for (name, v, cfg, key_warps, block_n) in tiles {
+        let cfg = ForwardConfig {
+            warps: key_warps,
+            key_warps,
+            block_n,
+            ..cfg
+        };
+        for rows in [Rows::Dense, Rows::Paged] {
+            for arch in ["sm_80", "sm_90a"] {
+                let line = check_config(name, v, arch, &cfg, rows);
+                assert!(line.contains(&format!("_k{key_warps}")), "{line}");
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
 fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: Rows) -> String {
     let (dqk, dv) = common::head_dims(v);
     let cfg = *cfg;

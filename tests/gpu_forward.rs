@@ -654,6 +654,138 @@ fn gpu_forward_deeper_ring() {
     );
 }
 
+/// Key blocks split between warps (`key_warps`), whose partial rows merge
+/// through shared memory with the variant's combine: decoding with 2 and 4
+/// key warps, with and without KV splits, at a length where the second
+/// warp of the last block sees no key (and one so short that a warp sees
+/// none at all); a causal mask and sigmoid (no normalising state) on
+/// packed rows; paged decoding; the latent cache. Every row output is
+/// checked too: the merged state must be the one pass's.
+#[test]
+fn gpu_forward_key_warps() {
+    let test = "gpu_forward_key_warps";
+    let with = |name: &str, d: u32, key_warps: u32, block_n: u32| {
+        let def = example(name);
+        KernelOptions {
+            config: Some(ForwardConfig {
+                block_m: 16,
+                block_n,
+                warps: key_warps,
+                key_warps,
+                pack_gqa: true,
+                ..ForwardConfig::default_for(&def, d, d, Elem::Bf16, Isa::Sm80)
+            }),
+            ..KernelOptions::default()
+        }
+    };
+    for (key_warps, block_n) in [(2, 32), (4, 64), (4, 128)] {
+        for shape in [
+            Shape::new(3, 4, 2, 1, 301),
+            Shape::new(1, 4, 2, 1, 3001),
+            Shape::new(2, 8, 2, 1, 5),
+        ] {
+            check_example_with(
+                &format!("{test} (decode, {key_warps} key warps, {shape})"),
+                "decode",
+                shape,
+                HeadDims::square(128),
+                (0.0, 1.0),
+                &with("decode", 128, key_warps, block_n),
+            );
+        }
+    }
+    for name in ["softmax_causal", "sigmoid"] {
+        check_example_with(
+            &format!("{test} ({name}, packed rows)"),
+            name,
+            Shape::mha(2, 3, 37, 70),
+            HeadDims::square(64),
+            (0.0, 1.0),
+            &with(name, 64, 2, 64),
+        );
+    }
+    // One long sequence: compile_for_shape gives its few blocks four key
+    // warps on 128-key blocks (ForwardConfig::for_few_blocks).
+    if let Some(device) = device(test) {
+        let def = example("decode");
+        let (shape, dims) = (Shape::new(1, 4, 2, 1, 3001), HeadDims::square(128));
+        let Some(kernels) = compiled(
+            test,
+            ParallelKernels::compile_for_shape(
+                &def,
+                &device,
+                dims,
+                shape,
+                &KernelOptions::default(),
+            ),
+        ) else {
+            return;
+        };
+        let name = &kernels.forward_source().name;
+        assert!(name.contains("n128w4_gqa_k4"), "{name}");
+        let call = common::gpu::random_call(&def, shape, dims, (0.0, 1.0), "decode_few_blocks");
+        let stream = device.stream();
+        let (q, k, v) = (
+            stream.upload(&call.q_host).unwrap(),
+            stream.upload(&call.k_host).unwrap(),
+            stream.upload(&call.v_host).unwrap(),
+        );
+        let out = kernels
+            .forward(&stream, &q, &k, &v, &[], shape)
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+        let err = rel_err(&download_f64(&stream, &out.o), &want.o.data);
+        let (rows_ok, rows) =
+            check_row_outputs(test, kernels.row_output_names(), &out, &stream, &want);
+        eprintln!(
+            "{test}: `{name}` {shape} splits={}: rel_err(o)={err:.2e} rows[{}]",
+            kernels.kv_splits(shape),
+            rows.join(", ")
+        );
+        assert!(kernels.kv_splits(shape) > 1);
+        assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
+    }
+    check_paged(
+        &format!("{test} (paged decode)"),
+        "decode",
+        (8, 2),
+        1,
+        &[1000, 37, 513, 1, 300],
+        64,
+        HeadDims::square(128),
+        &with("decode", 128, 2, 32),
+    );
+    let dims = HeadDims::new(576, 512);
+    let def = example("mla_decode");
+    let shape = Shape::new(2, 16, 1, 1, 1301);
+    let options = KernelOptions {
+        v_in_k: true,
+        config: Some(ForwardConfig {
+            warps: 2,
+            key_warps: 2,
+            ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80)
+        }),
+        ..KernelOptions::default()
+    };
+    let Some(mut gpu) =
+        common::gpu::prepare_with(test, "mla_decode", shape, dims, (0.0, 1.0), &options)
+    else {
+        return;
+    };
+    v_from_k(&mut gpu.call, dims);
+    let source = gpu.kernels.forward_source();
+    assert!(source.name.contains("_k2"), "{}", source.name);
+    check_latent_forward(
+        test,
+        &gpu.kernels,
+        &gpu.stream,
+        &gpu.call,
+        &gpu.q,
+        &gpu.k,
+        shape,
+    );
+}
+
 /// Query heads of a group packed into the rows (the decoding kernels'
 /// layout) at a length where 16-row tiles straddle heads, with a causal
 /// mask: the tile's positions and the loop bound must cover both heads.

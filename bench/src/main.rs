@@ -160,13 +160,40 @@ const DECODE_MLA: &str = "decode-mla-b64-h16-kv4096-d576-v512";
 const DECODE_MLA_H128: &str = "decode-mla-b16-h128-kv4096-d576-v512";
 
 /// Other tiles of the latent decoding forward, timed beside the default
-/// (each bench entry's `tiles`): (tag, rows per block, warps, Dv slices, key
-/// block, stages).
-const MLA_TILES: &[(&str, u32, u32, u32, u32, u32)] = &[
-    ("v4n32s2", 16, 1, 4, 32, 2),
-    ("v2n64s2", 16, 1, 2, 64, 2),
-    ("m32w2v2", 32, 2, 2, 32, 2),
-    ("m64w4v2", 64, 4, 2, 32, 2),
+/// (each bench entry's `tiles`): (tag, rows per block, warps, key warps, Dv
+/// slices, key block, stages).
+const MLA_TILES: &[(&str, u32, u32, u32, u32, u32, u32)] = &[
+    ("v4n32s2", 16, 1, 1, 4, 32, 2),
+    ("m64w4v2", 64, 4, 1, 2, 32, 2),
+    ("m16k2v2", 16, 2, 2, 2, 32, 2),
+    ("m16k2v2s3", 16, 2, 2, 2, 32, 3),
+    ("m16k4n64v2", 16, 4, 4, 2, 64, 2),
+    ("m64w8k2v2", 64, 8, 2, 2, 32, 2),
+];
+
+/// Other tiles of the decoding forward (d128 and d192 workloads), as
+/// [`MLA_TILES`]: key blocks split between 2 or 4 warps, deeper rings.
+const DECODE_TILES: &[(&str, u32, u32, u32, u32, u32, u32)] = &[
+    ("m16w1n32", 16, 1, 1, 1, 32, 2),
+    ("m16k2n32", 16, 2, 2, 1, 32, 2),
+    ("m16k2n32s4", 16, 2, 2, 1, 32, 4),
+    ("m16k2n64s3", 16, 2, 2, 1, 64, 3),
+    ("m16k4n64s3", 16, 4, 4, 1, 64, 3),
+    ("m16k4n64s4", 16, 4, 4, 1, 64, 4),
+    ("m16k4n128", 16, 4, 4, 1, 128, 2),
+    ("m16k4n128s3", 16, 4, 4, 1, 128, 3),
+];
+
+/// Decoding workloads' (B, H, Hkv, Sq): their default tiles follow the
+/// shape as `ParallelKernels::compile_for_shape` picks them untuned
+/// (`for_packed_rows`, `for_few_blocks`), for the 132 multiprocessors of an
+/// H100 or H200.
+const DECODE_SHAPES: &[(&str, [usize; 4])] = &[
+    ("decode-gqa-b64-h32-kv8-kv4096-d128", [64, 32, 8, 1]),
+    ("decode-deepseek-b64-h16-kv4096-d192-v128", [64, 16, 16, 1]),
+    (DECODE_B1, [1, 32, 8, 1]),
+    (DECODE_MLA, [64, 16, 1, 1]),
+    (DECODE_MLA_H128, [16, 128, 1, 1]),
 ];
 
 /// Benchmark kernels: (workload id from workloads.json or the extra ones, example, dqk, dv).
@@ -259,29 +286,49 @@ fn main() {
             "softmax_gqa_causal" => gqa_causal(&root),
             e => load(&root, e),
         };
-        let cfg = forward_config(&v, *dqk, *dv, per_block);
+        let mut cfg = forward_config(&v, *dqk, *dv, per_block);
+        if let Some((_, [b, h, hkv, sq])) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
+            let isa = Isa::Sm90a;
+            let rows = h / hkv * sq;
+            let packed = cfg.for_packed_rows(rows, *dqk, *dv, isa);
+            let blocks =
+                b * hkv * rows.div_ceil(packed.block_m as usize) * packed.dv_split as usize;
+            cfg = packed.for_few_blocks(blocks, 132, *dqk, *dv, isa);
+        }
         let file = format!("bench_{}", workload.replace('-', "_"));
-        if *example == "mla_decode" {
-            // The latent cache: V stored in K, and other tiles beside the
-            // default (no backward: it is refused with shared storage).
+        if *example == "mla_decode" || *example == "decode" {
+            // Decoding: other tiles beside the default. The latent cache
+            // (V stored in K) has no backward: it is refused with shared
+            // storage; decoding's is not timed.
             let mut tiles = Vec::new();
-            for &(tag, block_m, warps, dv_split, block_n, stages) in MLA_TILES {
+            let list = if *example == "decode" {
+                DECODE_TILES
+            } else {
+                MLA_TILES
+            };
+            for &(tag, block_m, warps, key_warps, dv_split, block_n, stages) in list {
                 let cfg = ForwardConfig {
                     block_m,
                     warps,
+                    key_warps,
                     dv_split,
                     block_n,
                     stages,
                     ..cfg
                 };
+                // (A tile past an H100's shared memory per block cannot launch:
+                // recorded as an error, not compiled.)
+                let smem_limit = Isa::Sm90a.max_dynamic_smem();
                 tiles.push(match parallel_forward(&v, *dqk, *dv, &cfg) {
+                    Ok(k) if k.smem_bytes > smem_limit => json!({ "tiles": tag, "error": format!(
+                        "{} bytes of shared memory, sm_90a has {smem_limit} per block", k.smem_bytes) }),
                     Ok(k) => json!({ "tiles": tag, "kernel": kernel_meta(&out, &format!("{file}_{tag}"), &k, nvcc.as_deref(), &includes) }),
                     Err(e) => json!({ "tiles": tag, "error": e.to_string() }),
                 });
             }
             bench.push(json!({
                 "workload": workload,
-                "kernel": kernel_meta(&out, &file, &parallel_forward(&v, *dqk, *dv, &cfg).expect("latent forward"), nvcc.as_deref(), &includes),
+                "kernel": kernel_meta(&out, &file, &parallel_forward(&v, *dqk, *dv, &cfg).expect("decoding forward"), nvcc.as_deref(), &includes),
                 "tiles": tiles,
             }));
             continue;
@@ -470,6 +517,7 @@ fn main() {
                     split_kv: false,
                     persistent,
                     v_in_k: false,
+                    key_warps: 1,
                 };
                 let tag = format!(
                     "m{bm}n{bn}w{warps}{}{}{}{}{}",

@@ -53,6 +53,7 @@ const CFG: ForwardConfig = ForwardConfig {
     split_kv: false,
     persistent: false,
     v_in_k: false,
+    key_warps: 1,
 };
 
 /// [`CFG`] with Dv split between blocks where one block cannot hold it
@@ -255,6 +256,81 @@ fn unsupported_configurations_are_refused_with_reasons() {
     assert!(err.contains("recurrent"), "{err}");
 }
 
+/// Key warps (`key_warps`): the tile's warps split each key block and the
+/// kernel merges their partial rows with the combine; counts other than 1,
+/// 2 or 4, warps they do not divide, fewer than 16 keys per warp, the wgmma
+/// template, and variants without a combine are refused with the reason.
+#[test]
+fn key_warps_split_key_blocks_or_are_refused_with_reasons() {
+    let v = example("decode");
+    let base = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm80);
+    let kw = |key_warps: u32, warps: u32, block_n: u32| ForwardConfig {
+        key_warps,
+        warps,
+        block_n,
+        ..base
+    };
+    let k = parallel_forward(&v, 128, 128, &kw(2, 2, 32)).expect("two key warps");
+    assert!(k.name.ends_with("_k2"), "{}", k.name);
+    assert_eq!(k.threads, 64);
+    assert!(
+        k.source.contains("#define KEY_WARPS 2")
+            && k.source.contains("combine_rescale(st[r], m, P)")
+            && k.source.contains("if (kw > 0) return;"),
+        "the merge of the key warps' rows"
+    );
+    // One key warp: the kernel has no merge.
+    let one = parallel_forward(&v, 128, 128, &kw(1, 1, 32)).expect("one warp");
+    assert!(!one.source.contains("if (kw > 0) return;"));
+    for (cfg, want) in [
+        (kw(3, 3, 96), "key_warps must be 1, 2 or 4"),
+        (kw(2, 3, 32), "divide the warps"),
+        (kw(4, 4, 32), "multiple of 16 keys"),
+    ] {
+        let err = parallel_forward(&v, 128, 128, &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{cfg:?}: {err}");
+    }
+    let hopper = ForwardConfig::default_for(&example("softmax"), 128, 128, Elem::Bf16, Isa::Sm90a);
+    let err = parallel_forward(
+        &example("softmax"),
+        128,
+        128,
+        &ForwardConfig {
+            key_warps: 2,
+            warp_specialized: false,
+            persistent: false,
+            ..hopper
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("sm_80 template"), "{err}");
+    let odd = aec_frontend::parse_str(
+        "pub struct Odd: parallel { q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv];
+         online { state { m = 0.0 }
+                  fwd = |s, st| (s, State { m: 0.5 * (st.m + rowmax(s)) }, 1.0)
+                  epilogue = |o, st| (o, Scales { z: st.m }) } }",
+    )
+    .expect("variant");
+    let err = parallel_forward(
+        &odd,
+        64,
+        64,
+        &ForwardConfig {
+            key_warps: 2,
+            ..CFG
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("key_warps 2") && err.contains("lacks") && err.contains("field `m`"),
+        "{err}"
+    );
+}
+
 #[test]
 fn generation_is_deterministic() {
     for (name, v) in examples() {
@@ -451,6 +527,31 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(k.grid_for([16, 128, 1, 1]), Some((4, 1, 16)));
     let gqa = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
     assert_eq!(gqa.for_packed_rows(4, 128, 128, Isa::Sm90a), gqa);
+    // Decoding splits each key block between two warps by default.
+    assert_eq!(
+        (gqa.block_n, gqa.warps, gqa.key_warps),
+        (32, 2, 2),
+        "{gqa:?}"
+    );
+    // Few blocks (one sequence, 8 KV heads, 132 SMs): four key warps on
+    // 128-key blocks where they fit; many blocks, or V stored in K, keep
+    // the default.
+    let fat = gqa.for_few_blocks(8, 132, 128, 128, Isa::Sm90a);
+    assert_eq!(
+        (fat.block_n, fat.warps, fat.key_warps),
+        (128, 4, 4),
+        "{fat:?}"
+    );
+    assert_eq!(gqa.for_few_blocks(512, 132, 128, 128, Isa::Sm90a), gqa);
+    assert_eq!(cfg.for_few_blocks(8, 132, 576, 512, Isa::Sm90a), cfg);
+    // DeepSeek's 192/128 at 128 keys: 178 KB, beyond sm_80's 163 KB.
+    let ds = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm80);
+    assert_eq!(ds.for_few_blocks(8, 108, 192, 128, Isa::Sm80), ds);
+    assert_eq!(ds.for_few_blocks(8, 132, 192, 128, Isa::Sm90a).key_warps, 4);
+    let k = parallel_forward(&v, 128, 128, &fat).expect("fat decoding forward");
+    assert_eq!(k.threads, 128);
+    // One block per H100 SM (139 KB): 132 / 8 = 16 splits fill one wave.
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100_SMEM_PER_SM), 16);
     // Prefill kernels have no combine.
     let p = example("softmax");
     let cfg = ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm80);

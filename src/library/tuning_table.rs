@@ -159,6 +159,7 @@ mod tests {
             split_kv: false,
             persistent,
             v_in_k: false,
+            key_warps: 1,
         }
     }
 

@@ -671,7 +671,9 @@ impl ParallelKernels {
     /// `options` names no configuration, the one `aec tune` stored in the
     /// tuning cache for this variant, GPU, toolchain and shape bucket, else
     /// the default for the shape (decoding with 64 or more query rows per
-    /// KV head gets 64-row blocks: [`ForwardConfig::for_packed_rows`]). It
+    /// KV head gets 64-row blocks, [`ForwardConfig::for_packed_rows`]; a
+    /// long context over few blocks fatter ones,
+    /// [`ForwardConfig::for_few_blocks`]). It
     /// never tunes; a missing or unreadable cache means the default.
     pub fn compile_for_shape(
         variant: &frontend::Variant,
@@ -696,15 +698,23 @@ impl ParallelKernels {
             // Untuned decoding of many query heads per KV head: the default
             // tile for the shape's packed rows (ForwardConfig::for_packed_rows).
             let isa = Isa::for_arch(device.arch());
-            let cfg = ForwardConfig::default_for(
+            let mut cfg = ForwardConfig::default_for(
                 variant,
                 dims.dqk,
                 dims.dv,
                 options.elem,
                 default_isa(&options, isa),
             );
+            cfg.v_in_k |= options.v_in_k;
             let rows = shape.h / shape.hkv.max(1) * shape.sq;
             let packed = cfg.for_packed_rows(rows, dims.dqk, dims.dv, isa);
+            // Long contexts over few blocks: fatter blocks
+            // (ForwardConfig::for_few_blocks).
+            let blocks = shape.b
+                * shape.hkv
+                * rows.div_ceil(packed.block_m as usize)
+                * packed.dv_split as usize;
+            let packed = packed.for_few_blocks(blocks, device.sm_count(), dims.dqk, dims.dv, isa);
             if packed != cfg {
                 options.config = Some(packed);
             }

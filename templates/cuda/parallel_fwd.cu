@@ -7,11 +7,11 @@
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
+        for (int nt = 0; nt < KW / 8; ++nt) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int r = 2 * mt + c / 2, e = nt * 2 + c % 2;
-                const int j = n0 + nt * 8 + 2 * t4 + c % 2;
+                const int j = nw0 + nt * 8 + 2 * t4 + c % 2;
                 // Closures that read custom inputs by position get the point
                 // clamped into the tensors for padding rows and keys (padding
                 // rows are never written, padding keys are masked out).
@@ -51,7 +51,7 @@
         float alpha[NR];
 {% if path == 0 %}        // Tiles inside Skv that the mask fully shows take a copy without
         // per-score validity.
-        if (n0 + BN <= Skv && cls == 2) {
+        if (nw0 + KW <= Skv && cls == 2) {
 {% call scores_online(true) %}{% endcall %}
         } else {
 {% call scores_online(false) %}{% endcall %}
@@ -63,7 +63,7 @@
         // Ring positions count from the CTA's first tile (`ring` blocks before this one).
 {% if first %}        const int it = 0, cur = ring % STAGES;
 {% else %}        const int cur = (ring + it) % STAGES, prev = (ring + it + STAGES - 1) % STAGES;
-{% endif %}        const int n0 = KV_N0(it);
+{% endif %}        const int n0 = KV_N0(it), nw0 = n0;
         mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
         fence_proxy_async();
 {% if path == 0 %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
@@ -110,6 +110,9 @@
 #define BM {{ bm }}
 #define BN {{ bn }}
 #define NWARPS {{ warps }}
+#define KEY_WARPS {{ key_warps }}  // warps splitting each key block
+#define ROW_WARPS (NWARPS / KEY_WARPS)
+#define KW (BN / KEY_WARPS)  // keys of a block per warp
 #define MT {{ m_tiles }}  // 16-row m-tiles per warp
 #define WARP {{ warp_size }}
 {% if ws %}#define NPWARPS 4  // the producer warpgroup: loads only
@@ -127,7 +130,7 @@
 // the K tile, read at column dv0 with K's row stride.
 #define V_TILE_STRIDE SQS
 {% else %}#define V_TILE_STRIDE SVS
-{% endif %}#define NE (BN / 4)
+{% endif %}#define NE (KW / 4)
 // Groups of 32 O columns written 16 bytes per lane in the epilogue.
 #define QUAD_GROUPS {% if quad_stores %}(DV / 32){% else %}0{% endif %}
 #define STAGES {{ stages }}  // K/V ring depth
@@ -215,7 +218,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 {% if !v_in_k %}        const elem_t* vg = v + k_row0 * DVG + dv0;
 {% endif %}        int row_i[NR];
 #pragma unroll
-        for (int r = 0; r < NR; ++r) row_i[r] = m0 + warp * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
+        for (int r = 0; r < NR; ++r) row_i[r] = m0 + wr * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
         // The positions this block's rows cover (all of them when packed rows
         // cross a head boundary) and whether they belong to one head.
         const int r_last = min(m0 + BM, n_rows) - 1;
@@ -363,6 +366,91 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
             }
         }
 {% endmacro %}
+{% macro merge_key_warps() %}
+    {
+        // The key warps' partial rows merge into key warp 0's with the
+        // variant's derived combine (as split-KV's combine kernel merges
+        // splits). The others leave accumulators, state and "saw a key" in
+        // the K/V ring, free once every warp is past the loop, one word per
+        // lane: [key warp - 1][row warp][value][lane].
+        constexpr int NACC = MT * (DV / 8) * 4, NVAL = NACC + NR * (NSTATE_ARR + 1);
+        float* scratch = reinterpret_cast<float*>(sK);
+        cp_async_wait<0>();
+        __syncthreads();
+        if (kw > 0) {
+            float* mine = scratch + ((kw - 1) * ROW_WARPS + wr) * NVAL * WARP + lane;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int dt = 0; dt < DV / 8; ++dt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) mine[((mt * (DV / 8) + dt) * 4 + c) * WARP] = acc[mt][dt][c];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) mine[(NACC + r * (NSTATE_ARR + 1) + f) * WARP] = st[r][f];
+                mine[(NACC + r * (NSTATE_ARR + 1) + NSTATE_ARR) * WARP] = seen[r] ? 1.0f : 0.0f;
+            }
+        }
+        __syncthreads();
+        if (kw > 0) return;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const int mt = r / 2, half = r % 2;
+            // The merged state, then each partial rescaled into it.
+            float m[NSTATE_ARR];
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[r][f];
+            bool any = seen[r];
+#pragma unroll
+            for (int w = 1; w < KEY_WARPS; ++w) {
+                const float* other = scratch + ((w - 1) * ROW_WARPS + wr) * NVAL * WARP + lane + (NACC + r * (NSTATE_ARR + 1)) * WARP;
+                if (other[NSTATE_ARR * WARP] == 0.0f) continue;
+                float x[NSTATE_ARR];
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) x[f] = other[f * WARP];
+                if (any) combine_merge(m, x);
+                else {
+#pragma unroll
+                    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = x[f];
+                }
+                any = true;
+            }
+            if (any) {
+                float acc_st[NSTATE_ARR];
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
+                const float c0 = seen[r] ? combine_rescale(st[r], m, P) : 0.0f;
+                if (seen[r]) combine_scaled_add(acc_st, c0, st[r]);
+#pragma unroll
+                for (int dt = 0; dt < DV / 8; ++dt) {
+                    acc[mt][dt][2 * half] *= c0;
+                    acc[mt][dt][2 * half + 1] *= c0;
+                }
+#pragma unroll
+                for (int w = 1; w < KEY_WARPS; ++w) {
+                    const float* other = scratch + ((w - 1) * ROW_WARPS + wr) * NVAL * WARP + lane;
+                    const float* ost = other + (NACC + r * (NSTATE_ARR + 1)) * WARP;
+                    if (ost[NSTATE_ARR * WARP] == 0.0f) continue;
+                    float x[NSTATE_ARR];
+#pragma unroll
+                    for (int f = 0; f < NSTATE_ARR; ++f) x[f] = ost[f * WARP];
+                    const float c = combine_rescale(x, m, P);
+                    combine_scaled_add(acc_st, c, x);
+#pragma unroll
+                    for (int dt = 0; dt < DV / 8; ++dt) {
+                        acc[mt][dt][2 * half] += c * other[((mt * (DV / 8) + dt) * 4 + 2 * half) * WARP];
+                        acc[mt][dt][2 * half + 1] += c * other[((mt * (DV / 8) + dt) * 4 + 2 * half + 1) * WARP];
+                    }
+                }
+                combine_scaled_finish(m, acc_st);
+            }
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = m[f];
+            seen[r] = any;
+        }
+    }
+{% endmacro %}
 {% macro init_rows() %}
         float acc[MT][DV / 8][4];
 #pragma unroll
@@ -404,7 +492,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
-{% if split_kv %}    // Split-KV: the n_splits blocks of one row block are adjacent in x.
+{% if key_warps > 1 %}    // Row warp wr's rows are shared by KEY_WARPS warps; warp kw of them
+    // takes keys kw·KW … of every block.
+    const int wr = warp % ROW_WARPS, kw = warp / ROW_WARPS;
+{% else %}    const int wr = warp;
+{% endif %}{% if split_kv %}    // Split-KV: the n_splits blocks of one row block are adjacent in x.
     const int split = blockIdx.x % n_splits, nbx = gridDim.x / n_splits;
 {% else %}{% if persistent %}    // The grid's row blocks (times Dv slices), heads and batches, walked as units.
     const int NY = {% if packed %}Hkv{% else %}H{% endif %};
@@ -554,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         elem_t* sKc = sK + cur * BN * SQS;
 {% if v_in_k %}        const elem_t* sVc = sKc + dv0;
 {% else %}        elem_t* sVc = sV + cur * BN * SVS;
-{% endif %}        const int n0 = KV_N0(it);
+{% endif %}        const int n0 = KV_N0(it), nw0 = n0{% if key_warps > 1 %} + kw * KW{% endif %};  // the block's, this warp's first key
         // 0: no row sees a key of this block: skipped. (Full blocks still
         // evaluate the predicate per score: skipping it cost registers and
         // time on the causal kernels, bench/NOTES.md.)
@@ -609,24 +701,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }
 {% else %}        // S = Q · Kᵀ for this warp's 16·MT rows and the block's BN keys; each
         // K fragment feeds MT MMAs.
-        float s[MT][BN / 8][4];
+        float s[MT][KW / 8][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+            for (int nt = 0; nt < KW / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; ++kk) {
             unsigned qa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                const int row = warp * 16 * MT + mt * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+                const int row = wr * 16 * MT + mt * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = kk * 16 + (lane / 16) * 8;
                 ldmatrix_x4(smem_u32(sQ + row * SQS + col), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
             }
 #pragma unroll
-            for (int np = 0; np < BN / 16; ++np) {
+            for (int np = 0; np < KW / 16; ++np) {
                 unsigned b0, b1, b2, b3;
-                const int row = np * 16 + (lane / 16) * 8 + lane % 8;
+                const int row = (nw0 - n0) + np * 16 + (lane / 16) * 8 + lane % 8;
                 const int col = kk * 16 + ((lane / 8) % 2) * 8;
                 ldmatrix_x4(smem_u32(sKc + row * SQS + col), b0, b1, b2, b3);
 #pragma unroll
@@ -664,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% else %}        // O += P · V: the accumulator layout of S is the A-operand layout of
         // P; each V fragment feeds MT MMAs.
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
+        for (int kk = 0; kk < KW / 16; ++kk) {
             unsigned pa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
@@ -676,7 +768,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 #pragma unroll
             for (int dp = 0; dp < DV / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+                const int row = (nw0 - n0) + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = dp * 16 + (lane / 16) * 8;
                 ldmatrix_x4_trans(smem_u32(sVc + row * V_TILE_STRIDE + col), b0, b1, b2, b3);
 #pragma unroll
@@ -689,7 +781,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}
         }  // cls != 0
     }
-
+{% if key_warps > 1 %}{% call merge_key_warps() %}{% endcall %}{% endif %}
 {% call epilogue() %}{% endcall %}
     }
 {% endif %}}

@@ -76,13 +76,30 @@ pub struct ForwardConfig {
     /// Dqk and the sm_80 template (not `wgmma`).
     #[serde(default)]
     pub v_in_k: bool,
+    /// Warps that split every key block between them (1, 2 or 4; the sm_80
+    /// template, with a variant whose online state has a split-KV combine):
+    /// each takes `block_n / key_warps` keys of each block for all of its
+    /// rows, with its own online state, and at the end the partial rows
+    /// merge through shared memory (the K/V ring, free by then) with the
+    /// variant's derived combine. More warps then share one K/V ring
+    /// without more shared memory: decoding's one-warp block issues too
+    /// little to keep the memory busy (bench/NOTES.md). `warps` counts
+    /// them all: `warps / key_warps` row warps.
+    #[serde(default = "one_key_warp")]
+    pub key_warps: u32,
+}
+
+fn one_key_warp() -> u32 {
+    1
 }
 
 impl ForwardConfig {
     /// The configuration used when none is tuned. A variant that fixes
-    /// `Sq ≤ 16` (decoding) gets one 16-row tile on one warp with the query
-    /// heads of a group packed into its rows, and 32-key blocks (small blocks
-    /// let more of them share an SM, which keeps more loads in flight).
+    /// `Sq ≤ 16` (decoding) gets one 16-row tile with the query heads of a
+    /// group packed into its rows, and 32-key blocks (small blocks let more
+    /// of them share an SM, which keeps more loads in flight), split between
+    /// two key warps where the online state has a combine (one warp
+    /// otherwise; H100: MLA decoding 9% faster, d128/d192 decoding 0.3-1.4%).
     /// Otherwise two 16-row tiles per warp (K/V fragments reused twice) for
     /// Dqk, Dv ≤ 128 — measured 17% faster on causal softmax despite ~120 B
     /// of spills (bench/NOTES.md) — except where the mask reads custom inputs
@@ -115,8 +132,12 @@ impl ForwardConfig {
         let modifies_kv = variant
             .parallel()
             .is_some_and(|p| p.modify_k.is_some() || p.modify_v.is_some());
+        let combinable = variant
+            .parallel()
+            .is_some_and(|p| combine_plan(&p.online).is_ok());
+        let key_warps = if decode && combinable { 2 } else { 1 };
         let (block_m, block_n, warps, pack_gqa) = if decode {
-            (16, 32, 1, true)
+            (16, 32, key_warps, true)
         } else if hopper {
             let block_n = if dqk + dv <= 256 {
                 128
@@ -147,16 +168,14 @@ impl ForwardConfig {
             stages: 2,
             q_in_registers: false,
             dv_split,
-            split_kv: decode
-                && variant
-                    .parallel()
-                    .is_some_and(|p| combine_plan(&p.online).is_ok()),
+            split_kv: decode && combinable,
             // Every warp-specialised kernel is persistent: one block per
             // multiprocessor walking pairs of row blocks, whose prologue and
             // epilogue overlap the next tile's loads (H100: 2-11% faster
             // than a block per row block).
             persistent: warp_specialized,
             v_in_k: false,
+            key_warps,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -210,10 +229,49 @@ impl ForwardConfig {
         let wide = ForwardConfig {
             block_m: 64,
             warps: 4,
+            key_warps: 1,
             ..self
         };
         if smem_bytes(&wide, dqk, wide.dv_slice(dv)) <= isa.max_dynamic_smem() {
             wide
+        } else {
+            self
+        }
+    }
+
+    /// This decoding tile for a grid of `blocks` blocks (before KV splits)
+    /// on `sms` multiprocessors: with fewer blocks than half the
+    /// multiprocessors (a long context over few sequences and KV heads,
+    /// which KV splits spread over the GPU), four key warps on 128-key
+    /// blocks where shared memory holds them: fatter blocks leave fewer
+    /// partial rows to combine (H100, one sequence of 32768 keys, d128:
+    /// 78.1 → 71.8 µs; bench/NOTES.md). Otherwise, and with V stored in K
+    /// (latent decoding measured slower with 64-key blocks), unchanged.
+    pub fn for_few_blocks(
+        self,
+        blocks: usize,
+        sms: u32,
+        dqk: u32,
+        dv: u32,
+        isa: Isa,
+    ) -> ForwardConfig {
+        if !self.pack_gqa
+            || self.wgmma
+            || self.v_in_k
+            || self.block_m != 16
+            || self.key_warps < 2
+            || blocks * 2 >= sms as usize
+        {
+            return self;
+        }
+        let fat = ForwardConfig {
+            block_n: 128,
+            warps: 4,
+            key_warps: 4,
+            ..self
+        };
+        if smem_bytes(&fat, dqk, fat.dv_slice(dv)) <= isa.max_dynamic_smem() {
+            fat
         } else {
             self
         }
@@ -224,9 +282,15 @@ impl ForwardConfig {
         dv / self.dv_split.max(1)
     }
 
+    /// Warps that own rows (each row warp's rows are shared by
+    /// `key_warps` warps splitting the keys).
+    pub fn row_warps(&self) -> u32 {
+        self.warps / self.key_warps.max(1)
+    }
+
     /// 16-row MMA tiles per warp.
     pub fn m_tiles(&self) -> u32 {
-        self.block_m / (16 * self.warps)
+        self.block_m / (16 * self.row_warps())
     }
 }
 
@@ -597,6 +661,15 @@ pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     elems * 2 + align_slack
 }
 
+/// Shared memory the key warps' partial rows take at the end (all but the
+/// first key warp of each row warp: accumulators, state and "saw a key",
+/// a word per lane each); they reuse the K/V ring.
+fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize) -> u32 {
+    let rows = 2 * cfg.m_tiles();
+    let words = cfg.m_tiles() * dv / 2 + rows * (nstate.max(1) as u32 + 1);
+    (cfg.key_warps - 1) * cfg.row_warps() * WARP_SIZE * words * 4
+}
+
 /// Whether the `wgmma` forward takes these head dims.
 pub fn wgmma_dims_ok(dqk: u32, dv: u32) -> bool {
     dqk.is_multiple_of(PANEL_COLS) && dv.is_multiple_of(PANEL_COLS) && dv <= MAX_N && dqk <= 256
@@ -612,6 +685,8 @@ struct ForwardTemplate<'a> {
     bm: u32,
     bn: u32,
     warps: u32,
+    /// Warps splitting each key block (see [`ForwardConfig::key_warps`]).
+    key_warps: u32,
     m_tiles: u32,
     warp_size: u32,
     dqk: u32,
@@ -763,7 +838,23 @@ fn generate_forward(
     let online = &par.online;
     let nstate = online.state.len();
     let nscales = online.scales.len();
-    let regions = forward_regions(variant, cfg.split_kv)?;
+    if cfg.key_warps > 1 {
+        combine_plan(online).map_err(|e| {
+            CompileError(format!(
+                "key_warps {} merges the key warps' partial rows with the split-KV combine, which `{}` lacks: {e}",
+                cfg.key_warps, variant.name
+            ))
+        })?;
+        let scratch = key_warp_scratch_bytes(cfg, dv, nstate);
+        let ring = smem_bytes(cfg, dqk, dv) - cfg.block_m * (dqk + 8) * 2;
+        if scratch > ring {
+            return Err(CompileError(format!(
+                "key_warps {}: the key warps' partial rows ({scratch} bytes) do not fit the K/V ring they reuse ({ring} bytes); use fewer key warps or more stages",
+                cfg.key_warps
+            )));
+        }
+    }
+    let regions = forward_regions(variant, cfg.split_kv || cfg.key_warps > 1)?;
 
     let CustomParams {
         fields: params_fields,
@@ -791,7 +882,11 @@ fn generate_forward(
         } else {
             format!("_s{}", cfg.stages)
         }
-    ) + &if cfg.dv_split > 1 {
+    ) + &if cfg.key_warps > 1 {
+        format!("_k{}", cfg.key_warps)
+    } else {
+        String::new()
+    } + &if cfg.dv_split > 1 {
         format!("_v{}", cfg.dv_split)
     } else {
         String::new()
@@ -810,6 +905,7 @@ fn generate_forward(
         bm: cfg.block_m,
         bn: cfg.block_n,
         warps: cfg.warps(),
+        key_warps: cfg.key_warps,
         m_tiles: cfg.m_tiles(),
         warp_size: WARP_SIZE,
         dqk,
@@ -934,6 +1030,15 @@ pub(crate) fn check_config(
             if cfg.wgmma { "wgmma, " } else { "" }
         )));
     }
+    if !matches!(cfg.key_warps, 1 | 2 | 4)
+        || !cfg.warps.is_multiple_of(cfg.key_warps)
+        || (cfg.key_warps > 1 && (cfg.wgmma || !(cfg.block_n / cfg.key_warps).is_multiple_of(16)))
+    {
+        return Err(CompileError(format!(
+            "{} key warps with {} warps and {}-key blocks are not supported: key_warps must be 1, 2 or 4 and divide the warps, and above 1 it needs the sm_80 template (wgmma: false) and leaves each warp a multiple of 16 keys",
+            cfg.key_warps, cfg.warps, cfg.block_n
+        )));
+    }
     if cfg.split_kv && cfg.warp_specialized {
         return Err(CompileError(
             "split-KV is implemented for the kernels without warp specialisation (set warp_specialized: false)".into(),
@@ -989,15 +1094,23 @@ pub(crate) fn check_config(
     } else {
         matches!(cfg.block_n, 32 | 64 | 128)
     };
+    let row_warps = cfg.row_warps();
     if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
         || !block_n_ok
-        || cfg.warps == 0
-        || !matches!(cfg.block_m.checked_div(cfg.warps), Some(16 | 32))
-        || !cfg.block_m.is_multiple_of(cfg.warps)
+        || row_warps == 0
+        || !matches!(cfg.block_m.checked_div(row_warps), Some(16 | 32))
+        || !cfg.block_m.is_multiple_of(row_warps)
     {
         return Err(CompileError(format!(
-            "tile {}x{} with {} warps is not supported: block_m must be 16, 32, 64 or 128, block_n 32, 64 or 128 (wgmma kernels: from 32 to 128, a multiple of 16 with warp specialisation, of 4 x warps without), and each warp must own 16 or 32 rows",
-            cfg.block_m, cfg.block_n, cfg.warps
+            "tile {}x{} with {} warps{} is not supported: block_m must be 16, 32, 64 or 128, block_n 32, 64 or 128 (wgmma kernels: from 32 to 128, a multiple of 16 with warp specialisation, of 4 x warps without), and each warp must own 16 or 32 rows",
+            cfg.block_m,
+            cfg.block_n,
+            cfg.warps,
+            if cfg.key_warps > 1 {
+                format!(" ({} key warps each)", cfg.key_warps)
+            } else {
+                String::new()
+            }
         )));
     }
     Ok(())

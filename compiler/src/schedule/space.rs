@@ -224,20 +224,27 @@ fn cuda_forward_configs(
         split_kv: false,
         persistent: false,
         v_in_k: false,
+        key_warps: 1,
     };
     let mut out = Vec::new();
     for &dv_split in splits {
         if facts.decode {
             for block_n in [32, 64, 128] {
-                out.push(ForwardConfig {
-                    block_m: 16,
-                    block_n,
-                    warps: 1,
-                    pack_gqa: true,
-                    dv_split,
-                    split_kv: facts.combinable,
-                    ..base
-                });
+                // Warps splitting each key block need the combine to merge
+                // their partial rows.
+                let key_warps: &[u32] = if facts.combinable { &[1, 2, 4] } else { &[1] };
+                for &key_warps in key_warps.iter().filter(|&&k| block_n / k >= 16) {
+                    out.push(ForwardConfig {
+                        block_m: 16,
+                        block_n,
+                        warps: key_warps,
+                        key_warps,
+                        pack_gqa: true,
+                        dv_split,
+                        split_kv: facts.combinable,
+                        ..base
+                    });
+                }
             }
             continue;
         }
