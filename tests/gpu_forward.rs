@@ -755,24 +755,16 @@ fn gpu_forward_key_warps() {
         HeadDims::square(128),
         &with("decode", 128, 2, 32),
     );
-    let dims = HeadDims::new(576, 512);
     let def = example("mla_decode");
     let shape = Shape::new(2, 16, 1, 1, 1301);
-    let options = KernelOptions {
-        v_in_k: true,
-        config: Some(ForwardConfig {
-            warps: 2,
-            key_warps: 2,
-            ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80)
-        }),
-        ..KernelOptions::default()
+    let config = ForwardConfig {
+        warps: 2,
+        key_warps: 2,
+        ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80)
     };
-    let Some(mut gpu) =
-        common::gpu::prepare_with(test, "mla_decode", shape, dims, (0.0, 1.0), &options)
-    else {
+    let Some(gpu) = prepare_latent(test, shape, config) else {
         return;
     };
-    v_from_k(&mut gpu.call, dims);
     let source = gpu.kernels.forward_source();
     assert!(source.name.contains("_k2"), "{}", source.name);
     check_latent_forward(
@@ -1863,6 +1855,20 @@ fn v_from_k(call: &mut common::gpu::RandomCall, dims: HeadDims) {
         aec::frontend::reference::Tensor::from_fn(&call.inputs.v.shape, |idx| k.get(idx));
 }
 
+/// A latent-cache call (`mla_decode`, Dqk 576 / Dv 512, V = K's first 512
+/// columns) with kernels of `config` and `v_in_k`, prepared on the GPU.
+fn prepare_latent(test: &str, shape: Shape, config: ForwardConfig) -> Option<GpuCall> {
+    let dims = HeadDims::new(576, 512);
+    let options = KernelOptions {
+        v_in_k: true,
+        config: Some(config),
+        ..KernelOptions::default()
+    };
+    let mut gpu = common::gpu::prepare_with(test, "mla_decode", shape, dims, (0.0, 1.0), &options)?;
+    v_from_k(&mut gpu.call, dims);
+    Some(gpu)
+}
+
 /// Runs a `v_in_k` forward with the cache `k` as both k and v and checks it
 /// against the reference of `call` (whose V is K's first Dv columns).
 fn check_latent_forward(
@@ -1908,20 +1914,16 @@ fn gpu_forward_latent_cache() {
         (Shape::new(3, 16, 1, 1, 301), default.dv_split),
         (Shape::new(1, 6, 2, 1, 2999), 4),
     ] {
-        let options = KernelOptions {
-            v_in_k: true,
-            config: Some(ForwardConfig {
+        let Some(gpu) = prepare_latent(
+            test,
+            shape,
+            ForwardConfig {
                 dv_split,
                 ..default
-            }),
-            ..KernelOptions::default()
-        };
-        let Some(mut gpu) =
-            common::gpu::prepare_with(test, "mla_decode", shape, dims, (0.0, 1.0), &options)
-        else {
+            },
+        ) else {
             return;
         };
-        v_from_k(&mut gpu.call, dims);
         let GpuCall {
             stream,
             kernels,
