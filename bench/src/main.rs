@@ -186,7 +186,7 @@ const DECODE_TILES: &[(&str, u32, u32, u32, u32, u32, u32)] = &[
 
 /// Decoding workloads' (B, H, Hkv, Sq): their default tiles follow the
 /// shape as `ParallelKernels::compile_for_shape` picks them untuned
-/// (`for_packed_rows`, `for_few_blocks`), for the 132 multiprocessors of an
+/// (`ForwardConfig::for_decode_shape`), for the 132 multiprocessors of an
 /// H100 or H200.
 const DECODE_SHAPES: &[(&str, [usize; 4])] = &[
     ("decode-gqa-b64-h32-kv8-kv4096-d128", [64, 32, 8, 1]),
@@ -287,13 +287,8 @@ fn main() {
             e => load(&root, e),
         };
         let mut cfg = forward_config(&v, *dqk, *dv, per_block);
-        if let Some((_, [b, h, hkv, sq])) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
-            let isa = Isa::Sm90a;
-            let rows = h / hkv * sq;
-            let packed = cfg.for_packed_rows(rows, *dqk, *dv, isa);
-            let blocks =
-                b * hkv * rows.div_ceil(packed.block_m as usize) * packed.dv_split as usize;
-            cfg = packed.for_few_blocks(blocks, 132, *dqk, *dv, isa);
+        if let Some((_, sizes)) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
+            cfg = cfg.for_decode_shape(*sizes, 132, *dqk, *dv, Isa::Sm90a);
         }
         let file = format!("bench_{}", workload.replace('-', "_"));
         if *example == "mla_decode" || *example == "decode" {

@@ -548,6 +548,11 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     let ds = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm80);
     assert_eq!(ds.for_few_blocks(8, 108, 192, 128, Isa::Sm80), ds);
     assert_eq!(ds.for_few_blocks(8, 132, 192, 128, Isa::Sm90a).key_warps, 4);
+    // Both rules from the call's sizes: one sequence, 32 heads on 8 KV heads.
+    assert_eq!(
+        gqa.for_decode_shape([1, 32, 8, 1], 132, 128, 128, Isa::Sm90a),
+        fat
+    );
     let k = parallel_forward(&v, 128, 128, &fat).expect("fat decoding forward");
     assert_eq!(k.threads, 128);
     // One block per H100 SM (139 KB): 132 / 8 = 16 splits fill one wave.

@@ -695,8 +695,8 @@ impl ParallelKernels {
             }
         }
         if options.config.is_none() {
-            // Untuned decoding of many query heads per KV head: the default
-            // tile for the shape's packed rows (ForwardConfig::for_packed_rows).
+            // Untuned decoding: the default tile for the shape's packed rows
+            // and grid (ForwardConfig::for_decode_shape).
             let isa = Isa::for_arch(device.arch());
             let mut cfg = ForwardConfig::default_for(
                 variant,
@@ -706,15 +706,13 @@ impl ParallelKernels {
                 default_isa(&options, isa),
             );
             cfg.v_in_k |= options.v_in_k;
-            let rows = shape.h / shape.hkv.max(1) * shape.sq;
-            let packed = cfg.for_packed_rows(rows, dims.dqk, dims.dv, isa);
-            // Long contexts over few blocks: fatter blocks
-            // (ForwardConfig::for_few_blocks).
-            let blocks = shape.b
-                * shape.hkv
-                * rows.div_ceil(packed.block_m as usize)
-                * packed.dv_split as usize;
-            let packed = packed.for_few_blocks(blocks, device.sm_count(), dims.dqk, dims.dv, isa);
+            let packed = cfg.for_decode_shape(
+                [shape.b, shape.h, shape.hkv, shape.sq],
+                device.sm_count(),
+                dims.dqk,
+                dims.dv,
+                isa,
+            );
             if packed != cfg {
                 options.config = Some(packed);
             }

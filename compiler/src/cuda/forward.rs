@@ -226,17 +226,17 @@ impl ForwardConfig {
         if !self.pack_gqa || self.wgmma || rows < 64 || self.block_m >= 64 {
             return self;
         }
-        let wide = ForwardConfig {
-            block_m: 64,
-            warps: 4,
-            key_warps: 1,
-            ..self
-        };
-        if smem_bytes(&wide, dqk, wide.dv_slice(dv)) <= isa.max_dynamic_smem() {
-            wide
-        } else {
-            self
-        }
+        self.or_if_it_fits(
+            ForwardConfig {
+                block_m: 64,
+                warps: 4,
+                key_warps: 1,
+                ..self
+            },
+            dqk,
+            dv,
+            isa,
+        )
     }
 
     /// This decoding tile for a grid of `blocks` blocks (before KV splits)
@@ -264,14 +264,40 @@ impl ForwardConfig {
         {
             return self;
         }
-        let fat = ForwardConfig {
-            block_n: 128,
-            warps: 4,
-            key_warps: 4,
-            ..self
-        };
-        if smem_bytes(&fat, dqk, fat.dv_slice(dv)) <= isa.max_dynamic_smem() {
-            fat
+        self.or_if_it_fits(
+            ForwardConfig {
+                block_n: 128,
+                warps: 4,
+                key_warps: 4,
+                ..self
+            },
+            dqk,
+            dv,
+            isa,
+        )
+    }
+
+    /// The untuned decoding tile for sizes `[B, H, Hkv, Sq]` on `sms`
+    /// multiprocessors: [`for_packed_rows`](Self::for_packed_rows), then
+    /// [`for_few_blocks`](Self::for_few_blocks) on the grid that leaves.
+    pub fn for_decode_shape(
+        self,
+        [b, h, hkv, sq]: [usize; 4],
+        sms: u32,
+        dqk: u32,
+        dv: u32,
+        isa: Isa,
+    ) -> ForwardConfig {
+        let rows = h / hkv.max(1) * sq;
+        let packed = self.for_packed_rows(rows, dqk, dv, isa);
+        let blocks = b * hkv * rows.div_ceil(packed.block_m as usize) * packed.dv_split as usize;
+        packed.for_few_blocks(blocks, sms, dqk, dv, isa)
+    }
+
+    /// `candidate` where its shared memory fits `isa`, else `self`.
+    fn or_if_it_fits(self, candidate: ForwardConfig, dqk: u32, dv: u32, isa: Isa) -> ForwardConfig {
+        if smem_bytes(&candidate, dqk, candidate.dv_slice(dv)) <= isa.max_dynamic_smem() {
+            candidate
         } else {
             self
         }
@@ -655,10 +681,15 @@ pub(crate) const WS_STATIC_SMEM: u32 = 128;
 /// unpadded plus 1 KiB to align them to 1024 bytes).
 pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     let (pad, align_slack) = if cfg.wgmma { (0, 1024) } else { (8, 0) };
+    cfg.block_m * (dqk + pad) * 2 + ring_bytes(cfg, dqk, dv) + align_slack
+}
+
+/// The K/V ring's part of [`smem_bytes`]: `stages` K and V tiles.
+fn ring_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
+    let pad = if cfg.wgmma { 0 } else { 8 };
     // With V stored in K the K tiles are the V tiles.
     let v_cols = if cfg.v_in_k { 0 } else { dv + pad };
-    let elems = cfg.block_m * (dqk + pad) + cfg.stages * cfg.block_n * (dqk + pad + v_cols);
-    elems * 2 + align_slack
+    cfg.stages * cfg.block_n * (dqk + pad + v_cols) * 2
 }
 
 /// Shared memory the key warps' partial rows take at the end (all but the
@@ -846,7 +877,7 @@ fn generate_forward(
             ))
         })?;
         let scratch = key_warp_scratch_bytes(cfg, dv, nstate);
-        let ring = smem_bytes(cfg, dqk, dv) - cfg.block_m * (dqk + 8) * 2;
+        let ring = ring_bytes(cfg, dqk, dv);
         if scratch > ring {
             return Err(CompileError(format!(
                 "key_warps {}: the key warps' partial rows ({scratch} bytes) do not fit the K/V ring they reuse ({ring} bytes); use fewer key warps or more stages",
