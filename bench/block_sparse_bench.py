@@ -14,7 +14,12 @@ tiles, dense and block-sparse). Per workload, timed with triton's do_bench
 - flex: `torch.compile(flex_attention)` with the same BlockMask;
 - cudnn: dense SDPA (cuDNN backend), for scale.
 TFLOP/s count the pairs the mask shows (visible blocks x 128 x 128 x 4 x D).
-aec-sparse's output is compared with Flex's. Results go to $OUT/block_sparse.json.
+aec-sparse's output is compared with Flex's, before and after the timed
+launches (they share one ticket counter, which each launch must leave at zero).
+AEC_SPARSE_ONLY=<id>[,<id>...]: only those workloads.
+AEC_SPARSE_COMPARE=<dir>[:<dir>...]: also time the `sparse` kernels of those
+cases directories (earlier builds) in the same process.
+Results go to $OUT/block_sparse.json.
 """
 import datetime, json, math, os, sys
 import torch
@@ -33,6 +38,24 @@ WORKLOADS = [
 ]
 
 
+def tile_order(kernel, bm, sizes):
+    """compiler/src/tile_order.rs for a kernel with a tile schedule: the row
+    blocks of windows of ceil(CTAs / row blocks) heads, each window sorted by
+    descending listed blocks (ties in row-block order)."""
+    b, h, s = sizes["B"], sizes["H"], sizes["Sq"]
+    block_m = kernel.meta["block_m"]
+    n_rb = (s + block_m - 1) // block_m
+    listed = (bm.kv_num_blocks + bm.full_kv_num_blocks).to(torch.int64)
+    rows = torch.arange(n_rb, device=dev) * block_m // BLOCK
+    listed = listed[:, :, rows].expand(b, h, n_rb).reshape(-1)
+    ctas = kernel.launch_grid(sizes, 1)[0]
+    window = -(-ctas // n_rb) * n_rb
+    tiles = torch.arange(listed.numel(), device=dev, dtype=torch.int64)
+    n, most = listed.numel(), int(listed.max())
+    key = (tiles // window) * (most + 1) * n + (most - listed) * n + tiles
+    return tiles[torch.argsort(key)].to(torch.int32).contiguous()
+
+
 def main():
     cases_dir = sys.argv[1]
     torch.zeros(1, device=dev)
@@ -42,7 +65,10 @@ def main():
     flex = torch.compile(flex_attention)
     entries = {e["example"]: e for e in index["sparse"]}
     rows = []
+    only = [w for w in os.environ.get("AEC_SPARSE_ONLY", "").split(",") if w]
     for wid, example, b, h, s, kept in WORKLOADS:
+        if only and wid not in only:
+            continue
         e = entries[example]
         d = e["dqk"]
         dense_k, sparse_k = Kernel(cases_dir, e["dense"]), Kernel(cases_dir, e["sparse"])
@@ -80,6 +106,15 @@ def main():
                      mask_rows=ctypes.c_int32(ints[0].shape[2]), mask_cols=ctypes.c_int32(ints[1].shape[3]),
                      mask_block_m=ctypes.c_int32(BLOCK), mask_block_n=ctypes.c_int32(BLOCK))
 
+        orders = []  # kept alive while the launches read them
+
+        def args_of(kern):
+            """`extra`, with the tile order for a kernel with a tile schedule."""
+            if not kern.meta.get("tile_schedule"):
+                return extra
+            orders.append(tile_order(kern, bm, sizes))
+            return dict(extra, tile_order=ctypes.c_uint64(orders[-1].data_ptr()))
+
         def record(impl, ms, flops, **extra_fields):
             row = dict(workload=wid, impl=impl, ms=ms, density=density, **extra_fields)
             if ms:
@@ -104,17 +139,47 @@ def main():
         of = flex(q, k, v, block_mask=bm, scale=scale)
         t_flex = bench(lambda: flex(q, k, v, block_mask=bm, scale=scale))
         record("flex", t_flex, fl)
-        os_, _ = sparse_k(q, k, v, {}, sizes, extra)
+        ex = args_of(sparse_k)
+        os_, _ = sparse_k(q, k, v, {}, sizes, ex)
         torch.cuda.synchronize()
         err = rel_err(os_.float(), of.float())
-        t_sparse = bench(lambda: sparse_k(q, k, v, {}, sizes, extra))
-        record("aec-sparse", t_sparse, fl, err_vs_flex=err, vs_dense=t_dense / t_sparse, vs_flex=t_flex / t_sparse)
+        t_sparse = bench(lambda: sparse_k(q, k, v, {}, sizes, ex))
+        # After the timed launches: each left the ticket counter at zero.
+        again, _ = sparse_k(q, k, v, {}, sizes, ex)
+        torch.cuda.synchronize()
+        err_again = rel_err(again.float(), of.float())
+        record("aec-sparse", t_sparse, fl, err_vs_flex=err, err_after_timing=err_again, vs_dense=t_dense / t_sparse,
+               vs_flex=t_flex / t_sparse, tile_schedule=bool(sparse_k.meta.get("tile_schedule")))
         if sparse_rb is not None:
-            o2, _ = sparse_rb(q, k, v, {}, sizes, extra)
+            ex2 = args_of(sparse_rb)
+            o2, _ = sparse_rb(q, k, v, {}, sizes, ex2)
             torch.cuda.synchronize()
             err2 = rel_err(o2.float(), of.float())
-            t2 = bench(lambda: sparse_rb(q, k, v, {}, sizes, extra))
+            t2 = bench(lambda: sparse_rb(q, k, v, {}, sizes, ex2))
             record("aec-sparse-per-block", t2, fl, err_vs_flex=err2, vs_dense=t_dense / t2, vs_flex=t_flex / t2)
+        for tile in e.get("tiles", []):
+            # Other tiles of the block-sparse kernel, same process.
+            tk = Kernel(cases_dir, tile["kernel"])
+            ex4 = args_of(tk)
+            o4, _ = tk(q, k, v, {}, sizes, ex4)
+            torch.cuda.synchronize()
+            err4 = rel_err(o4.float(), of.float())
+            t4 = bench(lambda: tk(q, k, v, {}, sizes, ex4))
+            record("aec-sparse-" + tile["tag"], t4, fl, err_vs_flex=err4, vs_flex=t_flex / t4, vs_default=t_sparse / t4)
+        for other_dir in os.environ.get("AEC_SPARSE_COMPARE", "").split(":"):
+            # Ablation: the same kernel from another cases directory (an
+            # earlier build), same process.
+            if not other_dir:
+                continue
+            oe = {x["example"]: x for x in json.load(open(os.path.join(other_dir, "index.json")))["sparse"]}[example]
+            ok = Kernel(other_dir, oe["sparse"])
+            ex3 = args_of(ok)
+            o3, _ = ok(q, k, v, {}, sizes, ex3)
+            torch.cuda.synchronize()
+            err3 = rel_err(o3.float(), of.float())
+            t3 = bench(lambda: ok(q, k, v, {}, sizes, ex3))
+            record("compare:" + os.path.basename(other_dir.rstrip("/")), t3, fl, err_vs_flex=err3,
+                   vs_flex=t_flex / t3, vs_new=t_sparse / t3)
         del q, k, v, od, of, os_
         torch.cuda.empty_cache()
     res = dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()),

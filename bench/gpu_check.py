@@ -101,7 +101,10 @@ class Kernel:
         if not self.meta.get("persistent"):
             return x * n_splits, y, z
         split = self.meta.get("dv_split", 1)
-        units = ((x // split) + 1) // 2 * split * y * z
+        if self.meta.get("tile_schedule"):
+            units = x * y * z  # row blocks one by one
+        else:
+            units = ((x // split) + 1) // 2 * split * y * z
         return min(units, self.sms), 1, 1
 
     def kv_splits(self, sizes):
@@ -135,6 +138,12 @@ class Kernel:
         work = dict(opart=torch.empty(max(1, n_splits * rows * dv if n_splits > 1 else 1), device=dev, dtype=torch.float32),
                     spart=torch.empty(max(1, n_splits * rows * self.meta.get("split_state_words", 1) if n_splits > 1 else 1),
                                       device=dev, dtype=torch.float32))
+        if self.meta.get("tile_schedule"):
+            # One ticket counter for this kernel's launches, which follow each
+            # other on the stream: zero at the first, and each leaves it zero.
+            if getattr(self, "tile_counter", None) is None:
+                self.tile_counter = torch.zeros(1, device=dev, dtype=torch.int32)
+            work["tile_counter"] = self.tile_counter
         vals = []
         for a in self.meta["args"]:
             kind = a["kind"]

@@ -11,9 +11,9 @@
 mod common;
 
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, MAX_DQK, parallel_backward, parallel_backward_varlen,
-    parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
-    parallel_forward_varlen,
+    BackwardConfig, Elem, ForwardConfig, Isa, MAX_DQK, TILE_SCHEDULE_ARGS, parallel_backward,
+    parallel_backward_varlen, parallel_forward, parallel_forward_block_sparse,
+    parallel_forward_paged, parallel_forward_varlen,
 };
 use aec::frontend::Variant;
 use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
@@ -316,12 +316,27 @@ fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: 
         Rows::Dense => ("", "q_row0"),
         Rows::Varlen => ("_varlen", "cu_q[bz]"),
         Rows::Paged => ("_paged", "seqlens_k[b]"),
-        Rows::Sparse => ("_sparse", "full_kv_num_blocks[mrow]"),
+        Rows::Sparse => ("_sparse", "full_kv_indices + mrow * mask_cols"),
     };
     assert!(
         kernel.name.ends_with(suffix) && kernel.source.contains(marker),
         "{name}: `{}` is not a {rows:?} kernel",
         kernel.name
+    );
+    // Persistent block-sparse kernels take their row blocks from the ticket
+    // counter; every other kernel walks its grid or a static stride.
+    let scheduled = matches!(rows, Rows::Sparse) && cfg.persistent;
+    assert_eq!(kernel.tile_schedule, scheduled, "{name}: tile schedule");
+    assert_eq!(
+        kernel.source.contains("TAKE_TICKET()"),
+        scheduled,
+        "{name}: ticket taking in the source"
+    );
+    assert_eq!(
+        kernel.args.ends_with(&TILE_SCHEDULE_ARGS),
+        scheduled,
+        "{name}: the schedule's arguments: {:?}",
+        kernel.args
     );
     let compiled = compile(&kernel.source, &CompileOptions::new(arch))
         .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));

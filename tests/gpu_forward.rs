@@ -2223,6 +2223,18 @@ fn gpu_block_sparse() {
         (128, 128),
         &KernelOptions::default(),
     );
+    // More row blocks (6 x 24 heads) than an H100 or H200 has CTAs, with
+    // uneven lists and empty rows: CTAs of the persistent kernel take
+    // several tickets, in the tile order, each head its own mask.
+    check_block_sparse(
+        "gpu_block_sparse_tickets",
+        "softmax",
+        Shape::mha(1, 24, 700, 400),
+        HeadDims::square(64),
+        (1, 24),
+        (128, 128),
+        &KernelOptions::default(),
+    );
     // No mask of its own, GQA, one mask for every sequence, 256-row blocks.
     check_block_sparse(
         "gpu_block_sparse_gqa",

@@ -670,10 +670,40 @@ fn main() {
             };
             let sk_rb = parallel_forward_block_sparse(&v, 128, 128, &per_block_cfg)
                 .expect("block-sparse forward");
+            // Other tiles of the block-sparse kernel, timed beside the
+            // default: Q in registers (frees Q for the next tile's copy at
+            // the tile's start) and a shallower K/V ring.
+            let tiles: Vec<Value> = [
+                (
+                    "rq",
+                    ForwardConfig {
+                        q_in_registers: true,
+                        ..cfg
+                    },
+                ),
+                ("s2", ForwardConfig { stages: 2, ..cfg }),
+                (
+                    "rq_s2",
+                    ForwardConfig {
+                        q_in_registers: true,
+                        stages: 2,
+                        ..cfg
+                    },
+                ),
+            ]
+            .into_iter()
+            .filter(|(_, c)| *c != cfg)
+            .filter_map(|(tag, c)| {
+                let k = parallel_forward_block_sparse(&v, 128, 128, &c).ok()?;
+                let file = format!("sparse_{tag}_{example}");
+                Some(json!({ "tag": tag, "kernel": kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes) }))
+            })
+            .collect();
             sparse.push(json!({
                 "example": example,
                 "dqk": 128,
                 "dv": 128,
+                "tiles": tiles,
                 "dense": kernel_meta(&out, &format!("sparse_dense_{example}"), &dense, nvcc.as_deref(), &includes),
                 "sparse": kernel_meta(&out, &format!("sparse_{example}"), &sk, nvcc.as_deref(), &includes),
                 "sparse_per_block": kernel_meta(&out, &format!("sparse_rb_{example}"), &sk_rb, nvcc.as_deref(), &includes),
@@ -903,6 +933,7 @@ fn kernel_meta(
         "packed_gqa": k.packed_gqa,
         "dv_split": k.dv_split,
         "persistent": k.persistent,
+        "tile_schedule": k.tile_schedule,
         "combine": k.combine,
         "combine_threads": k.combine_threads,
         "combine_rows_per_block": COMBINE_ROWS_PER_BLOCK,

@@ -14,6 +14,7 @@ pub mod intervals;
 pub mod launch_plan;
 pub mod schedule;
 pub mod simplify;
+pub mod tile_order;
 
 pub use cuda::backward::{
     BackwardConfig, BackwardSource, Grid, Launch, parallel_backward, parallel_backward_varlen,
@@ -22,7 +23,7 @@ pub use cuda::block_mask::{BlockMaskBuilder, block_mask_builder};
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
     ArgKind, BLOCK_MASK_ARGS, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource,
-    parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
+    TILE_SCHEDULE_ARGS, parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
     parallel_forward_varlen,
 };
 pub use cuda::recurrent::{

@@ -7,6 +7,7 @@ use super::{
     ParallelKernels, Shape, check_shapes_with, compile_and_load, generate_forward, loading_error,
     require_parallel, upload_i32,
 };
+use crate::compiler::tile_order::tile_order;
 use crate::compiler::{
     BlockMaskBuilder, ForwardConfig, Isa, KernelSource, block_mask_builder,
     parallel_forward_block_sparse,
@@ -57,6 +58,9 @@ pub(super) struct BlockMaskArgs {
     /// `mask_batches, mask_heads, mask_rows, mask_cols, mask_block_m,
     /// mask_block_n`.
     pub(super) extents: [i32; 6],
+    /// For a kernel with a tile schedule ([`KernelSource::tile_schedule`]):
+    /// `tile_order` (the launch brings the counter).
+    pub(super) tile_order: Option<DeviceBuffer<i32>>,
 }
 
 impl BlockMaskArgs {
@@ -76,6 +80,7 @@ impl BlockMaskArgs {
             "mask_cols" => Arg::from(cols),
             "mask_block_m" => Arg::from(bm),
             "mask_block_n" => Arg::from(bn),
+            "tile_order" => Arg::from(self.tile_order.as_ref()?),
             _ => return None,
         })
     }
@@ -287,6 +292,11 @@ impl ParallelKernels {
                 mask.block_n,
             ]
             .map(|n| n as i32),
+            tile_order: if kernel.source.tile_schedule {
+                Some(self.tile_order(stream, &kernel.source, shape, mask)?)
+            } else {
+                None
+            },
         };
         let mut out = self.alloc_output::<T>(stream, shape)?;
         let launch = ForwardLaunch {
@@ -299,6 +309,48 @@ impl ParallelKernels {
         };
         self.launch_forward(stream, &launch, q, k, v, customs, &mut out)?;
         Ok(out)
+    }
+}
+
+impl ParallelKernels {
+    /// The order in which the CTAs of `source` (a kernel with a tile
+    /// schedule) take the row blocks of `shape` under `mask`: longest lists
+    /// first within windows of heads ([`tile_order`]), uploaded.
+    fn tile_order(
+        &self,
+        stream: &Stream,
+        source: &KernelSource,
+        shape: Shape,
+        mask: &BlockMask<'_>,
+    ) -> Result<DeviceBuffer<i32>, Error> {
+        let block_m = source.block_m as usize;
+        let row_blocks = shape.sq.div_ceil(block_m);
+        let planes = shape.b * shape.h;
+        if i32::try_from(planes * row_blocks).is_err() {
+            return Err(Error::Shape(format!(
+                "the shape {shape} has {} row blocks of {block_m}; the block-sparse kernel                  takes 32-bit tile indices",
+                planes * row_blocks
+            )));
+        }
+        let ctas = source
+            .launch_grid(
+                [shape.b, shape.h, shape.hkv, shape.sq],
+                self.device.sm_count(),
+                1,
+            )
+            .map_or(1, |(x, _, _)| x as usize);
+        let mask_rows = mask.kv_num_blocks.len() / (mask.batches * mask.heads);
+        let listed = |plane: usize, r: usize| {
+            let (b, h) = (plane / shape.h, plane % shape.h);
+            let (b, h) = (b % mask.batches, h % mask.heads);
+            let at = (b * mask.heads + h) * mask_rows + r * block_m / mask.block_m;
+            mask.kv_num_blocks[at] + mask.full_kv_num_blocks[at]
+        };
+        upload_i32(
+            stream,
+            "tile_order",
+            tile_order(planes, row_blocks, ctas, listed),
+        )
     }
 }
 

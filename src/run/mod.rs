@@ -1065,6 +1065,13 @@ impl ParallelKernels {
             };
             stream.alloc_zeros::<f32>(n)
         };
+        // A fresh zeroed ticket counter per launch: concurrent launches on
+        // other streams must not share one.
+        let mut tile_counter = if source.tile_schedule {
+            Some(stream.alloc_zeros::<i32>(1).map_err(runtime)?)
+        } else {
+            None
+        };
         let (mut opart, mut spart) = if source.combine.is_some() {
             (
                 Some(workspace("opart").map_err(runtime)?),
@@ -1077,6 +1084,7 @@ impl ParallelKernels {
             let mut o_slot = Some(o);
             let mut rows_slot = Some(row_outputs);
             let (mut opart_slot, mut spart_slot) = (opart.as_mut(), spart.as_mut());
+            let mut counter_slot = tile_counter.as_mut();
             let twice = |what: &str| Error::Compile {
                 variant: self.variant.name.clone(),
                 kernel: "forward",
@@ -1113,6 +1121,9 @@ impl ParallelKernels {
                     }
                     ArgKind::Workspace("spart") => {
                         Arg::from(spart_slot.take().ok_or_else(|| twice("spart"))?)
+                    }
+                    ArgKind::Workspace("tile_counter") => {
+                        Arg::from(counter_slot.take().ok_or_else(|| twice("tile_counter"))?)
                     }
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
                     ArgKind::CuSeqlens
@@ -1378,12 +1389,14 @@ fn params_of(
             ArgKind::Workspace(n @ ("dot" | "dq_acc" | "opart" | "spart")) => {
                 Ok(dir(n, DType::F32))
             }
+            ArgKind::Workspace("tile_counter") => Ok(Param::Out(DType::I32)),
             ArgKind::KvSplits => Ok(Param::I32),
             ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => Ok(Param::In(DType::I32)),
             ArgKind::PagedKv("block_table" | "seqlens_k") => Ok(Param::In(DType::I32)),
             ArgKind::PagedKv("pages_per_seq" | "page_shift") => Ok(Param::I32),
             ArgKind::BlockMask(
-                "kv_num_blocks" | "kv_indices" | "full_kv_num_blocks" | "full_kv_indices",
+                "kv_num_blocks" | "kv_indices" | "full_kv_num_blocks" | "full_kv_indices"
+                | "tile_order",
             ) => Ok(Param::In(DType::I32)),
             ArgKind::BlockMask(_) => Ok(Param::I32),
             ArgKind::RowOut => Ok(dir("rowout", DType::F32)),

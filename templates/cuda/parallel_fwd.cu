@@ -124,6 +124,7 @@
 #define DVG {{ dv_total }}  // row stride of v and o: all of Dv
 #define DV_SPLIT {{ dv_split }}  // blocks per row block, one Dv slice each
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
+#define QV (16 / (int)sizeof(elem_t))  // elements per 16 bytes
 #define SQS (DQK + PAD)
 #define SVS (DV + PAD)
 {% if v_in_k %}// V is the first DVG columns of each K row (shared storage): its tile is
@@ -170,6 +171,32 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         wgmma_rs_n{{ dv }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
 }
 
+{% endif %}{% if sparse %}// The block-sparse mask row of the row block at m0 of batch b, head h.
+__device__ __forceinline__ long long mask_row(int b, int h, int m0, int mask_batches, int mask_heads, int mask_rows, int mask_bm) {
+    return ((long long)(mask_batches == 1 ? 0 : b) * mask_heads + (mask_heads == 1 ? 0 : h)) * mask_rows + m0 / mask_bm;
+}
+
+{% endif %}{% if scheduled %}// The next tile: its ticket, then (for a ticket below n_tickets) its entry of
+// tile_order and its mask row's partial and full list lengths, read here so
+// that the CTA's threads find them in shared memory. Every CTA takes tickets
+// until one is past the last tile, so the CTA that takes ticket
+// n_tickets + gridDim.x - 1 takes the launch's last: it leaves the counter
+// at zero for the next launch.
+__device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const int* tile_order, int n_rb, int ny,
+                                            const int* kv_num_blocks, const int* full_kv_num_blocks,
+                                            int mask_batches, int mask_heads, int mask_rows, int mask_bm) {
+    int4 next = make_int4(atomicAdd(counter, 1), 0, 0, 0);
+    if (next.x == n_tickets + (int)gridDim.x - 1) atomicExch(counter, 0);
+    if (next.x < n_tickets) {
+        next.y = tile_order[next.x / DV_SPLIT];
+        const int rb = next.y % n_rb, h = (next.y / n_rb) % ny, b = next.y / n_rb / ny;
+        const long long mrow = mask_row(b, h, rb * BM, mask_batches, mask_heads, mask_rows, mask_bm);
+        next.z = kv_num_blocks[mrow];
+        next.w = full_kv_num_blocks[mrow];
+    }
+    return next;
+}
+
 {% endif %}{% macro tile_setup() %}
         // This tile: row block `bx` (with its Dv slice) of head `by`, batch `bz`.
 {% if packed %}        // Grouped-query heads packed into the rows: this block's rows are the
@@ -193,7 +220,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 {% endif %}{% if causal %}        // Causal: the longest row blocks (last rows) come first.
         const int b = 0, h = by, m0 = (seq_rb - 1 - bx / DV_SPLIT) * BM;
 {% else %}        const int b = 0, h = by, m0 = (bx / DV_SPLIT) * BM;
-{% endif %}{% else %}{% if causal %}        // Causal: the longest row blocks (last rows) come first.
+{% endif %}{% else %}{% if causal && !scheduled %}        // Causal: the longest row blocks (last rows) come first.
         const int b = bz, h = by, m0 = (nbx / DV_SPLIT - 1 - bx / DV_SPLIT) * BM;
 {% else %}        const int b = bz, h = by, m0 = (bx / DV_SPLIT) * BM;
 {% endif %}{% endif %}
@@ -233,12 +260,16 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         // mask_bn / BN of ours), the partial ones (the variant's mask
         // applies) then the full ones (every key in bounds seen, the mask not
         // evaluated). Steps count kernel key blocks along the lists.
-        const long long mrow = ((long long)(mask_batches == 1 ? 0 : b) * mask_heads + (mask_heads == 1 ? 0 : h)) * mask_rows + m0 / mask_bm;
+        const long long mrow = mask_row(b, h, m0, mask_batches, mask_heads, mask_rows, mask_bm);
         const int* part_idx = kv_indices + mrow * mask_cols;
         const int* full_idx = full_kv_indices + mrow * mask_cols;
         const int sub = mask_bn / BN;
-        const int n_part = kv_num_blocks[mrow] * sub;
+{% if scheduled %}        // (The lengths came with the ticket.)
+        const int n_part = listed_part * sub;
+        const int n_iter = n_part + listed_full * sub;
+{% else %}        const int n_part = kv_num_blocks[mrow] * sub;
         const int n_iter = n_part + full_kv_num_blocks[mrow] * sub;
+{% endif %}
 #define STEP_LISTED_FULL(it) ((it) >= n_part)
 #define KV_N0(it) ((((it) < n_part ? part_idx[(it) / sub] : full_idx[((it) - n_part) / sub]) * sub + (it) % sub) * BN)
 {% if mask %}#define STEP_CLASS(it, n0) (STEP_LISTED_FULL(it) ? 2 : TILE_CLASS((n0), min((n0) + BN, Skv) - 1))
@@ -283,7 +314,27 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
 // (Listed full blocks need no index read when every block is whole.)
 #define STEP_FULL(it) (STEP_LISTED_FULL(it) ? Skv % BN == 0 || KV_N0(it) + BN <= Skv : TILE_FULL(KV_N0(it)))
 {% endif %}{% endmacro %}
-{% macro tile_loop() %}{% if persistent %}
+{% macro tile_loop(producer) %}{% if scheduled %}
+    // Block-sparse rows cost what their lists hold, which a static stride
+    // balances poorly (one CTA ends with several long rows): each tile is
+    // the next ticket of `tile_counter`, in the order `tile_order` gives
+    // (longest lists first within windows of heads, so concurrent CTAs still
+    // share K and V through L2). The producer's thread 0 takes the tickets,
+    // with their tiles and list lengths, and hands each to the CTA through
+    // `s_ticket` once the previous tile's readers are done with it
+    // (`q_free`); every thread waits on `bar_ticket` for it.
+    for (;;) {
+{% if producer %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
+        if (ptid == 0) {
+            s_ticket = next_ticket;
+            mbar_arrive(&bar_ticket);
+        }
+{% endif %}        mbar_wait(&bar_ticket, lt & 1);
+        const int4 ticket = s_ticket;
+        if (ticket.x >= n_tickets) break;
+        const int tile = ticket.y, listed_part = ticket.z, listed_full = ticket.w;
+        const int bx = (tile % n_rb) * DV_SPLIT + ticket.x % DV_SPLIT, by = (tile / n_rb) % NY, bz = tile / n_rb / NY;
+{% else %}{% if persistent %}
     // Persistent: the CTA walks units of work, each the row blocks of rank x
     // and n_rb - 1 - x of one head and Dv slice (under a causal mask a long
     // and a short one: every unit costs about the same, so a static stride
@@ -302,7 +353,7 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         const int bx = rank * DV_SPLIT + slice;
 {% else %}    {
         const int by = blockIdx.y, bz = blockIdx.z;
-{% endif %}{% endmacro %}
+{% endif %}{% endif %}{% endmacro %}
 {% macro epilogue() %}
         // Epilogue: finish the rows, write O, the final row scales and the state.
 {% if varlen %}        const long long rows = (long long)H * Tq;
@@ -451,6 +502,26 @@ __device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned 
         }
     }
 {% endmacro %}
+{% macro modify_q_rows(thread, threads, rows, row0) %}        // The variant's modify_q on `rows` rows of the Q tile from row `row0`,
+        // 16 bytes (QV columns, contiguous under the swizzle too) per thread
+        // and step: element by element this loop was a quarter of the
+        // consumers' time on short block-sparse tiles (H100, ncu).
+        for (int x = {{ thread }}; x < {{ rows }} * (DQK / QV); x += {{ threads }}) {
+            const int r = {{ row0 }} + x / (DQK / QV), d0 = (x % (DQK / QV)) * QV;
+            if (m0 + r < n_rows) {
+                uint4* p = reinterpret_cast<uint4*>(TILE_AT(sQ, BM, DQK, r, d0));
+                uint4 w = *p;
+                elem_t* e = reinterpret_cast<elem_t*>(&w);
+                const int hr = ROW_HEAD(m0 + r), ir = ROW_POS(m0 + r);
+#pragma unroll
+                for (int c = 0; c < QV; ++c) {
+                    const Pt pt = {b, hr, hk, ir, 0, d0 + c};
+                    e[c] = from_f32(modify_q(to_f32(e[c]), pt, P));
+                }
+                *p = w;
+            }
+        }
+{% endmacro %}
 {% macro init_rows() %}
         float acc[MT][DV / 8][4];
 #pragma unroll
@@ -473,7 +544,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}{% if sparse %},
     const int* __restrict__ kv_num_blocks, const int* __restrict__ kv_indices,
     const int* __restrict__ full_kv_num_blocks, const int* __restrict__ full_kv_indices,
-    int mask_batches, int mask_heads, int mask_rows, int mask_cols, int mask_bm, int mask_bn{% endif %}) {
+    int mask_batches, int mask_heads, int mask_rows, int mask_cols, int mask_bm, int mask_bn{% endif %}{% if scheduled %},
+    const int* __restrict__ tile_order, int* __restrict__ tile_counter{% endif %}) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if wgmma %}    // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -502,7 +574,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const int NY = {% if packed %}Hkv{% else %}H{% endif %};
     const int n_rb = ({% if packed %}(H / Hkv) * Sq{% else %}Sq{% endif %} + BM - 1) / BM;
     const int nbx = n_rb * DV_SPLIT, n_pairs = (n_rb + 1) / 2;
-    const int n_units = n_pairs * DV_SPLIT * NY * B;
+{% if scheduled %}    const int n_tickets = n_rb * DV_SPLIT * NY * B;
+{% else %}    const int n_units = n_pairs * DV_SPLIT * NY * B;
+{% endif %}
 {% else %}    const int nbx = gridDim.x;
 {% endif %}{% endif %}
 {% if ws %}    // Warp specialisation: the last warpgroup copies Q once per tile and K/V
@@ -512,9 +586,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     // `q_free` once their last S GEMM of the tile has. Ring positions and
     // barrier phases run on across tiles{% endif %}.
     __shared__ __align__(8) unsigned long long bar_full[STAGES], bar_empty[STAGES], bar_q{% if persistent %}, bar_q_free{% endif %};
-    if (tid == 0) {
+{% if scheduled %}    __shared__ __align__(8) unsigned long long bar_ticket;
+    __shared__ int4 s_ticket;
+{% endif %}    if (tid == 0) {
         mbar_init(&bar_q, NPWARPS * WARP);
-{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
+{% if scheduled %}        mbar_init(&bar_ticket, 1);
+{% endif %}{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
             mbar_init(&bar_full[st], NPWARPS * WARP);
             mbar_init(&bar_empty[st], NWARPS * WARP);
@@ -525,10 +602,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         const int ptid = tid - NWARPS * WARP;
         int ring = 0, lt = 0;  // K/V blocks and tiles loaded so far
-{% call tile_loop() %}{% endcall %}
+{% if scheduled %}        // The first ticket; each later one is taken once the tile before it
+        // has issued its copies (its latency then hides behind the wait for
+        // `q_free`).
+        int4 next_ticket = make_int4(0, 0, 0, 0);
+#define TAKE_TICKET() take_ticket(tile_counter, n_tickets, tile_order, n_rb, NY, kv_num_blocks, full_kv_num_blocks, \
+                                  mask_batches, mask_heads, mask_rows, mask_bm)
+        if (ptid == 0) next_ticket = TAKE_TICKET();
+{% endif %}{% call tile_loop(true) %}{% endcall %}
 {% if !persistent %}        const int bx = blockIdx.x;
 {% endif %}{% call tile_setup() %}{% endcall %}
-{% if persistent %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
+{% if persistent && !scheduled %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
 {% endif %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
         mbar_arrive_cp_async(&bar_q);
         // (Each step's key block is read a step ahead: a block-sparse list
@@ -543,7 +627,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
             mbar_arrive_cp_async(&bar_full[st]);
         }
-        ring += n_iter;
+{% if scheduled %}        if (ptid == 0) next_ticket = TAKE_TICKET();
+{% endif %}        ring += n_iter;
         ++lt;
     }
         cp_async_wait_all();
@@ -551,21 +636,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     int ring = 0, lt = 0;  // K/V blocks and tiles consumed so far
-{% call tile_loop() %}{% endcall %}
+{% call tile_loop(false) %}{% endcall %}
 {% if !persistent %}        const int bx = blockIdx.x;
 {% endif %}{% call tile_setup() %}{% endcall %}
         mbar_wait(&bar_q, lt & 1);
         fence_proxy_async();
 {% if modify_q %}
         // Each warpgroup modifies its own 64 rows of Q.
-        for (int x = tid % 128; x < 64 * DQK; x += 128) {
-            const int r = (warp / 4) * 64 + x / DQK, dd = x % DQK;
-            if (m0 + r < n_rows) {
-                elem_t* p = TILE_AT(sQ, BM, DQK, r, dd);
-                const Pt pt = {b, ROW_HEAD(m0 + r), hk, ROW_POS(m0 + r), 0, dd};
-                *p = from_f32(modify_q(to_f32(*p), pt, P));
-            }
-        }
+{% call modify_q_rows("tid % 128", "128", "64", "(warp / 4) * 64") %}{% endcall %}
         fence_proxy_async();
         warpgroup_sync(1 + warp / 4);
 {% endif %}{% if q_regs %}        // This warp's 16 rows of Q as wgmma A fragments, kept in registers: the
@@ -631,14 +709,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }
 {% if modify_q %}        cp_async_wait_all();
         SYNC_SMEM_WRITES();
-        for (int x = tid; x < BM * DQK; x += NT) {
-            const int r = x / DQK, dd = x % DQK;
-            if (m0 + r < n_rows) {
-                elem_t* p = TILE_AT(sQ, BM, DQK, r, dd);
-                const Pt pt = {b, ROW_HEAD(m0 + r), hk, ROW_POS(m0 + r), 0, dd};
-                *p = from_f32(modify_q(to_f32(*p), pt, P));
-            }
-        }
+{% call modify_q_rows("tid", "NT", "BM", "0") %}{% endcall %}
         SYNC_SMEM_WRITES();
 {% endif %}{% call init_rows() %}{% endcall %}
     for (int it = 0; it < n_iter; ++it) {

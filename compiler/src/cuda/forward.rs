@@ -416,6 +416,18 @@ pub const BLOCK_MASK_ARGS: [&str; 10] = [
     "mask_block_n",
 ];
 
+/// The arguments a persistent block-sparse forward takes after
+/// [`BLOCK_MASK_ARGS`] ([`KernelSource::tile_schedule`]): `tile_order` (i32
+/// `[B · H · ceil(Sq / block_m)]`, every row block `(b · H + h) · R + r`
+/// once, in the order CTAs take them; [`tile_order`](crate::tile_order::tile_order)
+/// makes it) and the workspace `tile_counter` (one i32: zero at launch, and
+/// the kernel leaves it zero, so one counter serves launches that follow
+/// each other on a stream, not concurrent ones).
+pub const TILE_SCHEDULE_ARGS: [ArgKind; 2] = [
+    ArgKind::BlockMask("tile_order"),
+    ArgKind::Workspace("tile_counter"),
+];
+
 /// [`forward_args`], then for a variable-length forward the two boundary
 /// arrays, for a paged one the block table and its sizes.
 fn forward_args_with(variant: &Variant, split_kv: bool, layout: RowLayout) -> Vec<ArgKind> {
@@ -492,6 +504,11 @@ pub struct KernelSource {
     /// V is read from K's rows (their first `dv` columns): the caller passes
     /// the one K/V cache as `k` (and `v`, which is not read).
     pub v_in_k: bool,
+    /// A persistent block-sparse kernel whose CTAs take row blocks from a
+    /// ticket counter in a given order ([`TILE_SCHEDULE_ARGS`]) instead of
+    /// a static stride over pairs: its units are single row blocks
+    /// ([`KernelSource::persistent_units`]).
+    pub tile_schedule: bool,
 }
 
 /// Rows (one warp each) per block of the split-KV combine kernel.
@@ -518,14 +535,20 @@ impl KernelSource {
 
     /// Units of work of a persistent kernel for sizes `B, H, Hkv, Sq`: the
     /// row blocks of a head and Dv slice in pairs (`x`, `n - 1 - x`), over
-    /// every head and batch.
+    /// every head and batch; with a tile schedule, each row block alone.
     pub fn persistent_units(&self, [b, h, hkv, sq]: [usize; 4]) -> usize {
         let (rows, y) = if self.packed_gqa {
             ((h / hkv.max(1)) * sq, hkv)
         } else {
             (sq, h)
         };
-        rows.div_ceil(self.block_m as usize).div_ceil(2) * self.dv_split.max(1) as usize * y * b
+        let row_blocks = rows.div_ceil(self.block_m as usize);
+        let units = if self.tile_schedule {
+            row_blocks
+        } else {
+            row_blocks.div_ceil(2)
+        };
+        units * self.dv_split.max(1) as usize * y * b
     }
 
     /// The grid to launch with on a GPU with `sms` multiprocessors and
@@ -754,6 +777,9 @@ struct ForwardTemplate<'a> {
     paged: bool,
     /// Key blocks from a block-sparse mask's lists.
     sparse: bool,
+    /// A persistent block-sparse kernel: tiles come from a ticket counter in
+    /// the order `tile_order` gives.
+    scheduled: bool,
     /// V read from the K tiles (shared K/V storage).
     v_in_k: bool,
     /// O is written 16 bytes per lane after a transpose across each quad
@@ -869,6 +895,7 @@ fn generate_forward(
     let online = &par.online;
     let nstate = online.state.len();
     let nscales = online.scales.len();
+    let tile_schedule = cfg.persistent && layout == RowLayout::BlockSparse;
     if cfg.key_warps > 1 {
         combine_plan(online).map_err(|e| {
             CompileError(format!(
@@ -970,6 +997,7 @@ fn generate_forward(
         varlen,
         paged: layout == RowLayout::Paged,
         sparse: layout == RowLayout::BlockSparse,
+        scheduled: tile_schedule,
         v_in_k: cfg.v_in_k,
         // The transpose keeps a few more values live in the epilogue: at
         // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
@@ -997,7 +1025,10 @@ fn generate_forward(
     let source = t
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
-    let args = forward_args_with(variant, cfg.split_kv, layout);
+    let mut args = forward_args_with(variant, cfg.split_kv, layout);
+    if tile_schedule {
+        args.extend(TILE_SCHEDULE_ARGS);
+    }
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
@@ -1018,6 +1049,7 @@ fn generate_forward(
         block_n: cfg.block_n,
         split_state_words: nstate as u32 + 1,
         v_in_k: cfg.v_in_k,
+        tile_schedule,
     })
 }
 

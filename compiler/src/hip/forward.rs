@@ -216,6 +216,7 @@ pub fn hip_parallel_forward(
         split_state_words: nstate as u32 + 1,
         // Shared K/V storage is a CUDA template feature so far.
         v_in_k: false,
+        tile_schedule: false,
     })
 }
 
