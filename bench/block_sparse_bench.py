@@ -139,11 +139,14 @@ def main():
         of = flex(q, k, v, block_mask=bm, scale=scale)
         t_flex = bench(lambda: flex(q, k, v, block_mask=bm, scale=scale))
         record("flex", t_flex, fl)
-        ex = args_of(sparse_k)
-        os_, _ = sparse_k(q, k, v, {}, sizes, ex)
-        torch.cuda.synchronize()
-        err = rel_err(os_.float(), of.float())
-        t_sparse = bench(lambda: sparse_k(q, k, v, {}, sizes, ex))
+        def checked_time(kern):
+            """A launch checked against Flex's output, then the median time."""
+            ex = args_of(kern)
+            out, _ = kern(q, k, v, {}, sizes, ex)
+            torch.cuda.synchronize()
+            return rel_err(out.float(), of.float()), bench(lambda: kern(q, k, v, {}, sizes, ex)), ex
+
+        err, t_sparse, ex = checked_time(sparse_k)
         # After the timed launches: each left the ticket counter at zero.
         again, _ = sparse_k(q, k, v, {}, sizes, ex)
         torch.cuda.synchronize()
@@ -151,20 +154,11 @@ def main():
         record("aec-sparse", t_sparse, fl, err_vs_flex=err, err_after_timing=err_again, vs_dense=t_dense / t_sparse,
                vs_flex=t_flex / t_sparse, tile_schedule=bool(sparse_k.meta.get("tile_schedule")))
         if sparse_rb is not None:
-            ex2 = args_of(sparse_rb)
-            o2, _ = sparse_rb(q, k, v, {}, sizes, ex2)
-            torch.cuda.synchronize()
-            err2 = rel_err(o2.float(), of.float())
-            t2 = bench(lambda: sparse_rb(q, k, v, {}, sizes, ex2))
+            err2, t2, _ = checked_time(sparse_rb)
             record("aec-sparse-per-block", t2, fl, err_vs_flex=err2, vs_dense=t_dense / t2, vs_flex=t_flex / t2)
         for tile in e.get("tiles", []):
             # Other tiles of the block-sparse kernel, same process.
-            tk = Kernel(cases_dir, tile["kernel"])
-            ex4 = args_of(tk)
-            o4, _ = tk(q, k, v, {}, sizes, ex4)
-            torch.cuda.synchronize()
-            err4 = rel_err(o4.float(), of.float())
-            t4 = bench(lambda: tk(q, k, v, {}, sizes, ex4))
+            err4, t4, _ = checked_time(Kernel(cases_dir, tile["kernel"]))
             record("aec-sparse-" + tile["tag"], t4, fl, err_vs_flex=err4, vs_flex=t_flex / t4, vs_default=t_sparse / t4)
         for other_dir in os.environ.get("AEC_SPARSE_COMPARE", "").split(":"):
             # Ablation: the same kernel from another cases directory (an
@@ -172,15 +166,10 @@ def main():
             if not other_dir:
                 continue
             oe = {x["example"]: x for x in json.load(open(os.path.join(other_dir, "index.json")))["sparse"]}[example]
-            ok = Kernel(other_dir, oe["sparse"])
-            ex3 = args_of(ok)
-            o3, _ = ok(q, k, v, {}, sizes, ex3)
-            torch.cuda.synchronize()
-            err3 = rel_err(o3.float(), of.float())
-            t3 = bench(lambda: ok(q, k, v, {}, sizes, ex3))
+            err3, t3, _ = checked_time(Kernel(other_dir, oe["sparse"]))
             record("compare:" + os.path.basename(other_dir.rstrip("/")), t3, fl, err_vs_flex=err3,
                    vs_flex=t_flex / t3, vs_new=t_sparse / t3)
-        del q, k, v, od, of, os_
+        del q, k, v, od, of, again
         torch.cuda.empty_cache()
     res = dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()),
                command="python bench/block_sparse_bench.py bench/varlen-cases", torch=torch.__version__, rows=rows)
