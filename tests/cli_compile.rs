@@ -977,3 +977,100 @@ fn recurrent_hip_backward_for_amd_targets() {
         assert!(build["code_object"].is_null(), "{build}");
     }
 }
+
+/// `--v-in-k`: the forward reads V from K's rows (multi-head latent
+/// attention's cache), its plan takes the cache as both `k` and `v` and
+/// every loader refuses two tensors; no backward, no AMD or recurrent
+/// variants.
+#[test]
+fn shared_kv_storage_libraries_take_the_cache_as_k_and_v() {
+    let dir = scratch("v-in-k");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/mla_decode.rs",
+        "-t",
+        "h100",
+        "--v-in-k",
+        "--no-tuning",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("built with --v-in-k"), "{err}");
+    let m = manifest(&dir);
+    let kernels = m["variants"][0]["kernels"].as_array().expect("kernels");
+    let forward = kernels
+        .iter()
+        .find(|k| k["pass"] == "forward")
+        .expect("a forward record");
+    assert!(
+        forward["entry"].as_str().unwrap().ends_with("_vk"),
+        "{forward}"
+    );
+    let plan = &forward["plan"];
+    assert_eq!(plan["same_tensor"], serde_json::json!([["v", "k"]]));
+    let buffer = |name: &str| {
+        plan["buffers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == name)
+            .unwrap_or_else(|| panic!("buffer {name}"))
+            .clone()
+    };
+    assert_eq!(buffer("v")["shape"], buffer("k")["shape"], "{plan}");
+    assert_eq!(buffer("k")["shape"][3], 576, "{plan}");
+    let backward = kernels
+        .iter()
+        .find(|k| k["pass"] == "backward")
+        .expect("a backward record");
+    assert!(
+        backward["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("--v-in-k")),
+        "{backward}"
+    );
+    let header = std::fs::read_to_string(dir.join("include/aec_library.h")).expect("the C header");
+    assert!(
+        header.contains("buffers->v must be buffers->k"),
+        "the C loader checks v is k"
+    );
+    let python =
+        std::fs::read_to_string(dir.join("python/aec_library.py")).expect("the Python module");
+    assert!(
+        python.contains("same_tensor"),
+        "the Python module checks it"
+    );
+    // Without --v-in-k the plan takes V apart.
+    let apart = scratch("v-apart");
+    let (code, err) = aec(&[
+        "compile",
+        "examples/mla_decode.rs",
+        "-t",
+        "h100",
+        "--no-tuning",
+        "-o",
+        apart.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let m = manifest(&apart);
+    let plan = &m["variants"][0]["kernels"][0]["plan"];
+    assert!(plan.get("same_tensor").is_none(), "{plan}");
+    // Refusals, each naming its reason.
+    for (file, target, needle) in [
+        ("examples/mla_decode.rs", "h100,mi300x", "mi300x"),
+        ("examples/mamba2.rs", "h100", "recurrent"),
+    ] {
+        let (code, err) = aec(&[
+            "compile",
+            file,
+            "-t",
+            target,
+            "--v-in-k",
+            "-o",
+            dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("--v-in-k") && err.contains(needle), "{err}");
+    }
+}

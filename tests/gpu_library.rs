@@ -7,7 +7,9 @@
 //! initial state and its final state, and its backward (two modules: the
 //! states pass and the backward kernels) with a final-state gradient and
 //! the initial state's gradient — and the errors of a bad call,
-//! returned before anything is launched.
+//! returned before anything is launched. A library built with shared K/V
+//! storage (`--v-in-k`, multi-head latent attention) is read from
+//! `AEC_TEST_LATENT_LIBRARY` (`gpu_library_latent_cache`).
 //!
 //! The library is read from `AEC_TEST_LIBRARY`, built (on a machine with
 //! Rust and NVRTC) with
@@ -629,4 +631,108 @@ fn gpu_library_tuning_table() {
             );
         }
     }
+}
+
+/// A library built with shared K/V storage (`aec compile
+/// examples/mla_decode.rs --target h100 --v-in-k -o DIR`, read from
+/// `AEC_TEST_LATENT_LIBRARY`): the latent cache passed as `k` and `v` gives
+/// softmax(q · cacheᵀ / √192) times the cache's first 512 columns (f64 on
+/// the host), with and without KV splits; a `v` that is another buffer is
+/// refused before launch.
+#[test]
+fn gpu_library_latent_cache() {
+    let test = "gpu_library_latent_cache";
+    let Some(device) = device(test) else { return };
+    let Some(dir) = std::env::var_os("AEC_TEST_LATENT_LIBRARY") else {
+        skip(
+            test,
+            "AEC_TEST_LATENT_LIBRARY is not set: compile `aec compile examples/mla_decode.rs \
+             --target h100 --v-in-k -o DIR` and set AEC_TEST_LATENT_LIBRARY=DIR",
+        );
+        return;
+    };
+    let lib = Library::open(&dir, &device).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let fwd = lib.entry("MlaDecode", "forward").unwrap();
+    let stream = lib.device().stream();
+    let (dqk, dv) = (576usize, 512usize);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut splits_seen = Vec::new();
+    for (b, h, skv) in [(3usize, 16usize, 1001usize), (1, 64, 3333), (140, 16, 40)] {
+        let q_host: Vec<bf16> = (0..b * h * dqk)
+            .map(|_| bf16::from_f64(normal(&mut rng)))
+            .collect();
+        let c_host: Vec<bf16> = (0..b * skv * dqk)
+            .map(|_| bf16::from_f64(normal(&mut rng)))
+            .collect();
+        let (q, cache) = (
+            stream.upload(&q_host).unwrap(),
+            stream.upload(&c_host).unwrap(),
+        );
+        let sizes = [("B", b), ("H", h), ("Hkv", 1), ("Sq", 1), ("Skv", skv)];
+        let out = fwd
+            .run(
+                &stream,
+                &[
+                    ("q", (&q).into()),
+                    ("k", (&cache).into()),
+                    ("v", (&cache).into()),
+                ],
+                &sizes,
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        let got = download_f64(&stream, out.bf16("o").unwrap());
+        let mut want = vec![0.0f64; b * h * dv];
+        for bi in 0..b {
+            let key = |j: usize, d: usize| c_host[(bi * skv + j) * dqk + d].to_f64();
+            for hi in 0..h {
+                let row = |d: usize| q_host[(bi * h + hi) * dqk + d].to_f64();
+                let s: Vec<f64> = (0..skv)
+                    .map(|j| (0..dqk).map(|d| row(d) * key(j, d)).sum::<f64>() / 192f64.sqrt())
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let l: f64 = p.iter().sum();
+                for d in 0..dv {
+                    want[(bi * h + hi) * dv + d] =
+                        (0..skv).map(|j| p[j] * key(j, d)).sum::<f64>() / l;
+                }
+            }
+        }
+        let err = rel_err(&got, &want);
+        eprintln!(
+            "{test}: B={b} H={h} Skv={skv} KV splits {}: rel_err(o)={err:.2e}",
+            out.kv_splits()
+        );
+        assert!(err < 1e-2, "{test}: relative error {err:.3e}");
+        splits_seen.push(out.kv_splits());
+    }
+    assert!(
+        splits_seen.contains(&1) && splits_seen.iter().any(|&n| n > 1),
+        "{test}: expected runs with and without KV splits, got {splits_seen:?}"
+    );
+    // Another buffer as `v`, even an equal copy, is refused.
+    let q = stream.upload(&vec![bf16::from_f32(0.5); 16 * dqk]).unwrap();
+    let cache = stream
+        .upload(&vec![bf16::from_f32(0.25); 40 * dqk])
+        .unwrap();
+    let copy = stream
+        .upload(&vec![bf16::from_f32(0.25); 40 * dqk])
+        .unwrap();
+    let sizes = [("B", 1), ("H", 16), ("Hkv", 1), ("Sq", 1), ("Skv", 40)];
+    let message = run_error(
+        fwd,
+        &stream,
+        &[
+            ("q", (&q).into()),
+            ("k", (&cache).into()),
+            ("v", (&copy).into()),
+        ],
+        &sizes,
+        &[],
+    );
+    assert!(
+        message.contains("`v` must be the tensor given as `k`"),
+        "{message}"
+    );
 }

@@ -311,6 +311,11 @@ pub struct EntryPlan {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub equal: Vec<[String; 2]>,
     pub buffers: Vec<BufferPlan>,
+    /// Pairs `[a, b]`: input `a` must be the very tensor given as `b` (a
+    /// forward whose V is read from K's rows takes the one cache as `k` and
+    /// `v`); every loader refuses a call that passes two tensors.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_tensor: Vec<[String; 2]>,
     pub launches: Vec<LaunchPlan>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_splits: Option<KvSplitPlan>,
@@ -449,6 +454,20 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
     let dims = parallel_dims(k.dqk, k.dv);
     let rows = || [v("B"), v("H"), v("Sq")];
     let mut buffers = declared_inputs(variant, &dims, k.elem);
+    let mut same_tensor = Vec::new();
+    if k.v_in_k {
+        // V is read from K's rows: the kernel takes the one cache as both
+        // (as `ParallelKernels::forward` does with `v_in_k`), so `v` is k's
+        // tensor again and is checked as one.
+        let key = buffers[1].clone();
+        let value = &mut buffers[2];
+        value.shape = key.shape;
+        value.doc = format!(
+            "the same tensor as {} (V is the first Dv = {} columns of each of its rows)",
+            key.name, k.dv
+        );
+        same_tensor.push([value.name.clone(), key.name]);
+    }
     buffers.push(output(
         "o",
         Dtype::of(k.elem),
@@ -571,6 +590,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
         multiple_of,
         equal,
         buffers,
+        same_tensor,
         launches,
         kv_splits,
     }
@@ -692,6 +712,7 @@ pub fn backward_plan(
         multiple_of,
         equal,
         buffers,
+        same_tensor: Vec::new(),
         launches,
         kv_splits: None,
     }
@@ -765,6 +786,7 @@ pub fn recurrent_forward_plan(variant: &Variant, k: &RecurrentSource) -> EntryPl
         multiple_of: vec![],
         equal: vec![],
         buffers,
+        same_tensor: Vec::new(),
         launches: vec![LaunchPlan {
             entry: k.name.clone(),
             module: None,
@@ -1037,6 +1059,7 @@ pub fn recurrent_backward_plan(variant: &Variant, b: &RecurrentBackwardSource) -
         multiple_of: vec![],
         equal: vec![],
         buffers,
+        same_tensor: Vec::new(),
         launches,
         kv_splits: None,
     }

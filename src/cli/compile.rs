@@ -29,9 +29,9 @@ use aec::compiler::launch_plan::{
     recurrent_forward_plan,
 };
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, ForwardKind, Isa, KernelSource, RecurrentBackwardSource,
-    RecurrentConfig, RecurrentSource, parallel_backward, parallel_forward, recurrent_backward,
-    recurrent_forward,
+    BackwardConfig, CompileError, Elem, ForwardConfig, ForwardKind, Isa, KernelSource,
+    RecurrentBackwardSource, RecurrentConfig, RecurrentSource, forward_default_isa,
+    parallel_backward, parallel_forward, recurrent_backward, recurrent_forward,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -121,6 +121,13 @@ pub struct CompileArgs {
     /// Build the default configurations only, without reading a tuning cache.
     #[arg(long, conflicts_with = "tuning_cache")]
     pub no_tuning: bool,
+    /// The parallel variants' K and V share storage: V is the first Dv
+    /// columns of each K row (multi-head latent attention's cache, e.g.
+    /// examples/mla_decode.rs). The forward reads no V tiles and its callers
+    /// pass the cache as both k and v; CUDA targets only, and no backward
+    /// (it writes dK and dV separately).
+    #[arg(long)]
+    pub v_in_k: bool,
 }
 
 pub fn run(args: &CompileArgs) -> ExitCode {
@@ -158,6 +165,20 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         for Invocation { variant, .. } in found {
             let v = variant.map_err(|d| d.render(&shown, &source).trim_end().to_string())?;
             variants.push((shown.clone(), v));
+        }
+    }
+    if args.v_in_k {
+        if let Some(amd) = targets.iter().find(|t| t.gfx().is_some()) {
+            return Err(format!(
+                "--v-in-k: V read from K's rows is a feature of the CUDA forward template; the HIP forward for `{}` takes separate k and v (build the AMD targets without --v-in-k)",
+                amd.name()
+            ));
+        }
+        if let Some((file, v)) = variants.iter().find(|(_, v)| v.recurrent().is_some()) {
+            return Err(format!(
+                "--v-in-k: `{}` ({file}) is a recurrent variant; shared K/V storage is for parallel variants",
+                v.name
+            ));
         }
     }
     let with_nvrtc = nvrtc_present();
@@ -211,7 +232,16 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         };
         let hash = variant_hash(v);
         for &isa in &isas {
-            let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, isa);
+            let cfg = ForwardConfig {
+                v_in_k: args.v_in_k,
+                ..ForwardConfig::default_for(
+                    v,
+                    vq,
+                    vv,
+                    Elem::Bf16,
+                    forward_default_isa(isa, args.v_in_k),
+                )
+            };
             let k = parallel_forward(v, vq, vv, &cfg)
                 .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
             let forward = ForwardRecord {
@@ -242,6 +272,10 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             );
             for (tcfg, tuned_for) in tuned_configs(cache.entries(), &key, &cfg, toolkit.as_deref())
             {
+                let tcfg = ForwardConfig {
+                    v_in_k: args.v_in_k,
+                    ..tcfg
+                };
                 let tk = match parallel_forward(v, vq, vv, &tcfg) {
                     Ok(tk) if tk.name != k.name => tk,
                     Ok(_) => {
@@ -270,7 +304,14 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         // launched in order with the same arguments.
         for &isa in &isas {
             let bcfg = BackwardConfig::default_for(vq, vv, Elem::Bf16, isa);
-            match parallel_backward(v, vq, vv, &bcfg) {
+            let backward = if args.v_in_k {
+                Err(CompileError(
+                    "built with --v-in-k (K and V share storage): the backward writes dK and dV to separate tensors; build without --v-in-k for training".into(),
+                ))
+            } else {
+                parallel_backward(v, vq, vv, &bcfg)
+            };
+            match backward {
                 Ok(b) => {
                     let base = b.main.name.trim_end_matches("_main").to_string();
                     let builds = write_and_compile(

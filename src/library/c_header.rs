@@ -1300,6 +1300,16 @@ fn emit_check(out: &mut String, v: &VariantC, p: &Pass, base: &str) {
             all.iter().map(|a| format!(", {a}")).collect::<String>()
         );
     }
+    // Inputs that must be one tensor (V read from K's rows: the cache as both).
+    for [one, other] in &r0.plan.same_tensor {
+        let (f, g) = (c_identifier(one), c_identifier(other));
+        let doc = r0.plan.buffer(one).map_or("", |b| b.doc.as_str());
+        let _ = writeln!(
+            out,
+            "    if (b->{f} != b->{g})\n        return aecl_fail(err, errn, AEC_ERROR_ARGUMENT, \"{fname}: buffers->{f} must be buffers->{g}: {}\");",
+            c_str(doc, true)
+        );
+    }
     // Optional buffers too, when given: a misaligned pointer would fault in
     // a 16-byte load or store, or read the wrong bytes.
     for b in all_buffers {

@@ -1221,6 +1221,16 @@ impl<'a> Tensor<'a> {
         }
     }
 
+    /// Whether `other` is this very buffer.
+    pub fn is_same(&self, other: &Tensor<'_>) -> bool {
+        match (self, other) {
+            (Tensor::Bf16(a), Tensor::Bf16(b)) => std::ptr::eq(*a, *b),
+            (Tensor::F16(a), Tensor::F16(b)) => std::ptr::eq(*a, *b),
+            (Tensor::F32(a), Tensor::F32(b)) => std::ptr::eq(*a, *b),
+            _ => false,
+        }
+    }
+
     /// Its element count.
     pub fn len(&self) -> usize {
         match self {
@@ -1744,6 +1754,18 @@ impl Entry {
                      {ordinal}: upload it with a stream of that device",
                     self.label(),
                     t.ordinal()
+                )));
+            }
+        }
+        for [one, other] in &self.plan.same_tensor {
+            let find = |name: &str| tensors.iter().find(|(n, _)| *n == name).map(|(_, t)| t);
+            if let (Some(a), Some(b)) = (find(one), find(other))
+                && !a.is_same(b)
+            {
+                let doc = self.plan.buffer(one).map_or("", |b| b.doc.as_str());
+                return Err(Error::Shape(format!(
+                    "{}: `{one}` must be the tensor given as `{other}`: {doc}",
+                    self.label()
                 )));
             }
         }

@@ -416,7 +416,7 @@ pub fn forward_source(
 /// The instruction set whose default tiles the forward takes on `isa`:
 /// shared K/V storage (`v_in_k`) is a feature of the sm_80 template.
 fn default_isa(options: &KernelOptions, isa: Isa) -> Isa {
-    if options.v_in_k { Isa::Sm80 } else { isa }
+    crate::compiler::forward_default_isa(isa, options.v_in_k)
 }
 
 /// A forward generator of the compiler (dense, variable-length or paged rows).

@@ -1082,6 +1082,11 @@ class Variant:
         lib = self.library
         plan = self.plan(pass_name)
         given = {n: t for n, t in tensors.items() if t is not None}
+        for one, other in plan.plan.get("same_tensor", []):
+            # V read from K's rows: the one cache is passed as both.
+            if one in given and other in given and given[one] is not given[other] and (
+                    given[one].data_ptr() != given[other].data_ptr() or given[one].shape != given[other].shape):
+                raise Error(f"{plan.where}: `{one}` must be the tensor given as `{other}`: {plan.buffers[one]['doc']}")
         infos = {n: _info(torch, t, plan.where, n) for n, t in given.items()}
         want = tuple(want)
         # A call of the same shapes (and dtypes, devices, layouts) as an

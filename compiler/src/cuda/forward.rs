@@ -1053,6 +1053,13 @@ fn generate_forward(
     })
 }
 
+/// The instruction set whose default tiles a forward takes on `isa`: shared
+/// K/V storage (`v_in_k`) is a feature of the sm_80 template, so its
+/// kernels take the sm_80 tiles on every GPU.
+pub fn forward_default_isa(isa: Isa, v_in_k: bool) -> Isa {
+    if v_in_k { Isa::Sm80 } else { isa }
+}
+
 /// Whether `split` (1, 2 or 4) cuts `dv_total` into slices a block can
 /// compute (multiples of 16, at most [`MAX_DV_SLICE`]); every target's
 /// forward checks this.
