@@ -159,10 +159,12 @@ const DECODE_MLA: &str = "decode-mla-b64-h16-kv4096-d576-v512";
 /// sequence share each cache tile through L2.
 const DECODE_MLA_H128: &str = "decode-mla-b16-h128-kv4096-d576-v512";
 
-/// Other tiles of the latent decoding forward, timed beside the default
-/// (each bench entry's `tiles`): (tag, rows per block, warps, key warps, Dv
-/// slices, key block, stages).
-const MLA_TILES: &[(&str, u32, u32, u32, u32, u32, u32)] = &[
+/// A decoding tile timed beside the default (each bench entry's `tiles`):
+/// (tag, rows per block, warps, key warps, Dv slices, key block, stages).
+type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32);
+
+/// Other tiles of the latent decoding forward.
+const MLA_TILES: &[DecodeTile] = &[
     ("v4n32s2", 16, 1, 1, 4, 32, 2),
     ("m64w4v2", 64, 4, 1, 2, 32, 2),
     ("m16k2v2", 16, 2, 2, 2, 32, 2),
@@ -173,7 +175,7 @@ const MLA_TILES: &[(&str, u32, u32, u32, u32, u32, u32)] = &[
 
 /// Other tiles of the decoding forward (d128 and d192 workloads), as
 /// [`MLA_TILES`]: key blocks split between 2 or 4 warps, deeper rings.
-const DECODE_TILES: &[(&str, u32, u32, u32, u32, u32, u32)] = &[
+const DECODE_TILES: &[DecodeTile] = &[
     ("m16w1n32", 16, 1, 1, 1, 32, 2),
     ("m16k2n32", 16, 2, 2, 1, 32, 2),
     ("m16k2n32s4", 16, 2, 2, 1, 32, 4),

@@ -413,12 +413,6 @@ pub fn forward_source(
     )
 }
 
-/// The instruction set whose default tiles the forward takes on `isa`:
-/// shared K/V storage (`v_in_k`) is a feature of the sm_80 template.
-fn default_isa(options: &KernelOptions, isa: Isa) -> Isa {
-    crate::compiler::forward_default_isa(isa, options.v_in_k)
-}
-
 /// A forward generator of the compiler (dense, variable-length or paged rows).
 type ForwardGenerator =
     fn(&frontend::Variant, u32, u32, &ForwardConfig) -> Result<KernelSource, CompileError>;
@@ -442,7 +436,7 @@ fn generate_forward(
             dims.dqk,
             dims.dv,
             options.elem,
-            default_isa(options, isa),
+            crate::compiler::forward_default_isa(isa, options.v_in_k),
         )
     });
     cfg.v_in_k |= options.v_in_k;
@@ -703,7 +697,7 @@ impl ParallelKernels {
                 dims.dqk,
                 dims.dv,
                 options.elem,
-                default_isa(&options, isa),
+                crate::compiler::forward_default_isa(isa, options.v_in_k),
             );
             cfg.v_in_k |= options.v_in_k;
             let packed = cfg.for_decode_shape(
