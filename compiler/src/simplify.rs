@@ -188,6 +188,8 @@ pub struct Rule {
     pub assumes: Assumes,
     /// Pattern variables that must not vary along the row (`Skv`).
     pub row_constant: &'static [&'static str],
+    /// Pattern variables that must be constants above zero.
+    pub positive: &'static [&'static str],
 }
 
 fn not_along_row(
@@ -203,20 +205,37 @@ fn not_along_row(
     }
 }
 
+fn positive_constants(
+    vars: &'static [&'static str],
+) -> impl Fn(&mut EGraph<Math, Facts>, Id, &Subst) -> bool {
+    let vars: Vec<Var> = vars
+        .iter()
+        .map(|v| v.parse().expect("pattern variable"))
+        .collect();
+    move |eg, _, subst| {
+        vars.iter()
+            .all(|v| eg[subst[*v]].data.constant.is_some_and(|c| c > 0.0))
+    }
+}
+
 macro_rules! rules {
-    ($( $name:literal : $lhs:literal => $rhs:literal $(, assumes $a:ident)? $(, row_constant $($rc:literal),+)? ;)*) => {
+    ($( $name:literal : $lhs:literal => $rhs:literal $(, assumes $a:ident)? $(, row_constant $($rc:literal),+)? $(, positive $($pc:literal),+)? ;)*) => {
         vec![$({
             let row_constant: &'static [&'static str] = &[$($($rc),+)?];
+            let positive: &'static [&'static str] = &[$($($pc),+)?];
             let assumes = rules!(@assumes $($a)?);
             let lhs: Pattern<Math> = $lhs.parse().expect("rule lhs");
             let rhs: Pattern<Math> = $rhs.parse().expect("rule rhs");
-            let rewrite = if row_constant.is_empty() {
+            let rewrite = if !positive.is_empty() {
+                Rewrite::new($name, lhs, egg::ConditionalApplier { condition: positive_constants(positive), applier: rhs })
+                    .expect("valid rule")
+            } else if row_constant.is_empty() {
                 Rewrite::new($name, lhs, rhs).expect("valid rule")
             } else {
                 Rewrite::new($name, lhs, egg::ConditionalApplier { condition: not_along_row(row_constant), applier: rhs })
                     .expect("valid rule")
             };
-            Rule { rewrite, lhs: $lhs, rhs: $rhs, assumes, row_constant }
+            Rule { rewrite, lhs: $lhs, rhs: $rhs, assumes, row_constant, positive }
         }),*]
     };
     (@assumes) => { Assumes::Nothing };
@@ -254,6 +273,9 @@ pub fn rules() -> Vec<Rule> {
         "rowsum-neg": "(rowsum (neg ?a))" => "(neg (rowsum ?a))";
         "rowsum-factor": "(rowsum (* ?a ?b))" => "(* ?a (rowsum ?b))", row_constant "?a";
         "rowsum-div": "(rowsum (/ ?a ?b))" => "(/ (rowsum ?a) ?b)", row_constant "?b";
+        // A positive factor keeps the order of the row (a Q scale moved onto
+        // the scores, `q_scale`).
+        "rowmax-factor": "(rowmax (* ?a ?b))" => "(* ?a (rowmax ?b))", positive "?a";
         "mul-zero": "(* ?a 0.0)" => "0.0", assumes Finite;
         "sub-self": "(- ?a ?a)" => "0.0", assumes Finite;
         "add-neg-self": "(+ ?a (neg ?a))" => "0.0", assumes Finite;

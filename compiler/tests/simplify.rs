@@ -85,11 +85,9 @@ fn every_rule_preserves_value_on_random_inputs() {
             for v in lhs.vars() {
                 let name = v.to_string();
                 // Positive, finite operands: every rule's domain (log, division) includes them.
-                let len = if rule.row_constant.contains(&name.as_str()) || trial % 3 == 0 {
-                    1
-                } else {
-                    ROW
-                };
+                let scalar = rule.row_constant.contains(&name.as_str())
+                    || rule.positive.contains(&name.as_str());
+                let len = if scalar || trial % 3 == 0 { 1 } else { ROW };
                 env.insert(
                     name,
                     (0..len)
@@ -112,6 +110,29 @@ fn every_rule_preserves_value_on_random_inputs() {
                     rule.rhs
                 );
             }
+        }
+        if !rule.positive.is_empty() {
+            // A rule that asks for positive constants must need them: with
+            // negative ones some row breaks it.
+            let env: HashMap<String, Vec<f64>> = lhs
+                .vars()
+                .iter()
+                .map(|v| {
+                    let name = v.to_string();
+                    let vals = if rule.positive.contains(&name.as_str()) {
+                        vec![-1.5]
+                    } else {
+                        vec![0.5, -2.0, 1.25]
+                    };
+                    (name, vals)
+                })
+                .collect();
+            let (l, r) = (eval_pattern(&lhs, &env), eval_pattern(&rhs, &env));
+            assert!(
+                l != r,
+                "rule {} asks for positive constants needlessly",
+                rule.rewrite.name
+            );
         }
         if rule.assumes == Assumes::Finite {
             // Finite-only rules must really need the assumption somewhere (or they belong in the exact set).

@@ -875,6 +875,9 @@ fn generate_forward(
     layout: RowLayout,
 ) -> Result<KernelSource, CompileError> {
     let varlen = layout == RowLayout::Varlen;
+    // A uniform Q scale is applied to the scores instead (`q_scale`).
+    let folded = crate::q_scale::fold_q_scale(variant, dqk, dv);
+    let variant = folded.as_ref().unwrap_or(variant);
     let par = parallel_inputs(variant, dqk, dv, "forward", MAX_FORWARD_DQK)?;
     check_config(cfg, dqk, dv)?;
     // From here on `dv` is the slice one block computes.

@@ -132,6 +132,9 @@ pub fn hip_parallel_forward(
     gfx: Gfx,
     prelude: HipPrelude,
 ) -> Result<KernelSource, CompileError> {
+    // A uniform Q scale is applied to the scores instead (`q_scale`).
+    let folded = crate::q_scale::fold_q_scale(variant, dqk, dv);
+    let variant = folded.as_ref().unwrap_or(variant);
     let par = parallel_inputs(variant, dqk, dv, "forward", MAX_DQK)?;
     check_config(cfg, dqk, dv)?;
     let dv_total = dv;
