@@ -240,11 +240,15 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
         }
         let k = parallel_forward(&v, 576, 512, &cfg).expect("latent forward");
         assert!(
-            !k.source.contains("const elem_t* vg = v +") && k.source.contains("sKc + dv0"),
+            !k.source.contains("const elem_t* vg = v +")
+                && k.source.contains("#define V_BASE smem_u32(sKc)")
+                && k.source.contains("dv0 + (col)"),
             "the V tile must be the K tile"
         );
-        // No V ring: Q and `stages` K tiles only.
-        assert_eq!(k.smem_bytes, 2 * (16 * 584 + cfg.stages * 32 * 584));
+        // No V ring: Q and `stages` K tiles only, in unpadded (XOR) rows of
+        // 576 elements.
+        assert!(k.source.contains("#define TILE_XOR_ROWS 1"));
+        assert_eq!(k.smem_bytes, 2 * (16 * 576 + cfg.stages * 32 * 576));
     }
     // Without shared storage the same tiles load V apart (more shared memory).
     let apart = parallel_forward(
@@ -258,7 +262,7 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
     )
     .expect("separate V");
     assert!(
-        apart.smem_bytes > 2 * (16 * 584 + 2 * 32 * 584),
+        apart.smem_bytes > 2 * (16 * 576 + 2 * 32 * 576),
         "{}",
         apart.smem_bytes
     );

@@ -124,13 +124,19 @@
 #define DVG {{ dv_total }}  // row stride of v and o: all of Dv
 #define DV_SPLIT {{ dv_split }}  // blocks per row block, one Dv slice each
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
-#define QV (16 / (int)sizeof(elem_t))  // elements per 16 bytes
-#define SQS (DQK + PAD)
-#define SVS (DV + PAD)
+{% if xor_rows %}#define TILE_XOR_ROWS 1  // 128-byte-aligned rows where the head dim allows (prelude.cu)
+{% endif %}#define QV (16 / (int)sizeof(elem_t))  // elements per 16 bytes
+#define SQS tile_stride<DQK>()
+#define SVS tile_stride<DV>()
 {% if v_in_k %}// V is the first DVG columns of each K row (shared storage): its tile is
-// the K tile, read at column dv0 with K's row stride.
-#define V_TILE_STRIDE SQS
-{% else %}#define V_TILE_STRIDE SVS
+// the K tile, read from column dv0 (a multiple of 64 with XOR rows, so its
+// chunks' low bits stay free for tile_chunk).
+#define V_COLS DQK
+#define V_BASE smem_u32(sKc)
+#define V_LANE(row, col) (tile_offset<DQK>((row), dv0 + (col)) * sizeof(elem_t))
+{% else %}#define V_COLS DV
+#define V_BASE smem_u32(sVc)
+#define V_LANE(row, col) (tile_offset<DV>((row), (col)) * sizeof(elem_t))
 {% endif %}#define NE (KW / 4)
 // Groups of 32 O columns written 16 bytes per lane in the epilogue.
 #define QUAD_GROUPS {% if quad_stores %}(DV / 32){% else %}0{% endif %}
@@ -145,7 +151,8 @@
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/tile_layout.cu" %}
-// Where a K/V tile's rows are: contiguous, or pages of a paged KV cache.
+{% if v_in_k %}static_assert(!tile_xor_rows<DQK>() || DV % 64 == 0, "V in K with XOR rows needs 64-column V slices");
+{% endif %}// Where a K/V tile's rows are: contiguous, or pages of a paged KV cache.
 #define KV_ROWS {% if paged %}kv_rows{% else %}Rows(){% endif %}
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
@@ -715,8 +722,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     for (int it = 0; it < n_iter; ++it) {
         const int cur = it % STAGES;
         elem_t* sKc = sK + cur * BN * SQS;
-{% if v_in_k %}        const elem_t* sVc = sKc + dv0;
-{% else %}        elem_t* sVc = sV + cur * BN * SVS;
+{% if !v_in_k %}        elem_t* sVc = sV + cur * BN * SVS;
 {% endif %}        const int n0 = KV_N0(it), nw0 = n0{% if key_warps > 1 %} + kw * KW{% endif %};  // the block's, this warp's first key
         // 0: no row sees a key of this block: skipped. (Full blocks still
         // evaluate the predicate per score: skipping it cost registers and
@@ -777,21 +783,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int nt = 0; nt < KW / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+        // Each lane's first row and chunk of its ldmatrix groups; later ones
+        // are constant offsets from them (tile_chunk).
+        const unsigned q_lane = tile_offset<DQK>(wr * 16 * MT + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8) * sizeof(elem_t);
+        const unsigned k_lane = tile_offset<DQK>((nw0 - n0) + (lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8) * sizeof(elem_t);
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; ++kk) {
             unsigned qa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const int row = wr * 16 * MT + mt * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-                const int col = kk * 16 + (lane / 16) * 8;
-                ldmatrix_x4(smem_u32(sQ + row * SQS + col), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
-            }
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(smem_u32(sQ) + tile_chunk<DQK>(q_lane, 2 * kk) + mt * 16 * SQS * sizeof(elem_t), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
 #pragma unroll
             for (int np = 0; np < KW / 16; ++np) {
                 unsigned b0, b1, b2, b3;
-                const int row = (nw0 - n0) + np * 16 + (lane / 16) * 8 + lane % 8;
-                const int col = kk * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4(smem_u32(sKc + row * SQS + col), b0, b1, b2, b3);
+                ldmatrix_x4(smem_u32(sKc) + tile_chunk<DQK>(k_lane, 2 * kk) + np * 16 * SQS * sizeof(elem_t), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(s[mt][2 * np], qa[mt], b0, b1);
@@ -836,12 +841,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 pa[mt][2] = pack2(pr[2 * mt][4 * kk + 2], pr[2 * mt][4 * kk + 3]);
                 pa[mt][3] = pack2(pr[2 * mt + 1][4 * kk + 2], pr[2 * mt + 1][4 * kk + 3]);
             }
+            const unsigned v_lane = V_LANE((nw0 - n0) + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8);
 #pragma unroll
             for (int dp = 0; dp < DV / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                const int row = (nw0 - n0) + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-                const int col = dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(smem_u32(sVc + row * V_TILE_STRIDE + col), b0, b1, b2, b3);
+                ldmatrix_x4_trans(V_BASE + tile_chunk<V_COLS>(v_lane, 2 * dp), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(acc[mt][2 * dp], pa[mt], b0, b1);

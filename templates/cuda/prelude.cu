@@ -152,9 +152,54 @@ struct PagedRows {
     }
 };
 
+// Shared-memory tile layouts (a template picks with TILE_XOR_ROWS before
+// including this file). Padded: rows of COLS + PAD elements, which ldmatrix
+// reads without bank conflicts. XOR rows (COLS a multiple of 64): unpadded
+// rows whose 16-byte chunks are permuted within each 128 bytes by the row
+// index mod 8, also conflict-free — and every 128 bytes of a global row land
+// in one 128-byte segment of shared memory. With a 16-byte pad they straddle
+// two, and cp.async then requests each straddling L2 line twice (H200: 1.5x
+// the L2 sectors, 48% L2 hits, and a streaming read 5.7% slower; bench/NOTES.md).
+#ifndef TILE_XOR_ROWS
+#define TILE_XOR_ROWS 0
+#endif
+template <int COLS>
+__host__ __device__ constexpr bool tile_xor_rows() {
+    return TILE_XOR_ROWS && COLS % 64 == 0;
+}
+// Elements from one row of a tile to the next.
+template <int COLS>
+__host__ __device__ constexpr int tile_stride() {
+    return tile_xor_rows<COLS>() ? COLS : COLS + PAD;
+}
+// Where element (r, c) of a tile is (c of a whole 16-byte chunk stays in it).
+template <int COLS>
+__device__ __forceinline__ int tile_offset(int r, int c) {
+    if constexpr (tile_xor_rows<COLS>()) {
+        const int ch = c >> 3;
+        return r * COLS + (((ch ^ r) & 7) | (ch & ~7)) * 8 + (c & 7);
+    } else {
+        return r * (COLS + PAD) + c;
+    }
+}
+
+// The byte offset of chunk c0 + k of a row, given `lane_off`, the byte offset
+// of its chunk c0 (`tile_offset`), for a constant k whose low three bits do
+// not overlap c0's: XOR rows keep the row's permutation in bits 4-6 of the
+// offset, so it is one XOR with a constant away — the same register serves
+// every k (ldmatrix addresses without a register each).
+template <int COLS>
+__device__ __forceinline__ unsigned tile_chunk(unsigned lane_off, int k) {
+    if constexpr (tile_xor_rows<COLS>()) {
+        return (lane_off ^ ((k & 7) << 4)) + ((k & ~7) << 4);
+    } else {
+        return lane_off + k * 16;
+    }
+}
+
 // Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
-// apart in global memory, or where `map` puts them) into shared memory (row
-// stride COLS + PAD) with NTH threads; rows past `limit` are zero-filled.
+// apart in global memory, or where `map` puts them) into a shared-memory tile
+// (`tile_offset`) with NTH threads; rows past `limit` are zero-filled.
 template <int ROWS, int COLS, int NTH = NT, int GS = COLS, typename Map = Rows>
 __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, int limit, int tid, Map map = Map()) {
     constexpr int CH = COLS / 8;
@@ -182,7 +227,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             const int gr = row0 + (ROWS % RPP == 0 && NTH % CH == 0 ? r : min(r, ROWS - 1));  \
             const bool ok = gr < limit;                                                       \
             const elem_t* src = g + (ROW(ok ? gr : spare)) * GS + cc * 8;                     \
-            if (mine) cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);  \
+            if (mine) cp_async16(smem_u32(s + tile_offset<COLS>(r, cc * 8)), src, ok ? 16 : 0);  \
         }                                                                                     \
     } else {                                                                                  \
         constexpr int CPASSES = (CH + NTH - 1) / NTH;                                         \
@@ -193,7 +238,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             _Pragma("unroll") for (int p = 0; p < CPASSES; ++p) {                             \
                 const int cc = tid + p * NTH;                                                 \
                 if (CH % NTH == 0 || cc < CH)                                                 \
-                    cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src + cc * 8, ok ? 16 : 0); \
+                    cp_async16(smem_u32(s + tile_offset<COLS>(r, cc * 8)), src + cc * 8, ok ? 16 : 0); \
             }                                                                                 \
         }                                                                                     \
     }

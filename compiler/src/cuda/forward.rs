@@ -703,16 +703,39 @@ pub(crate) const WS_STATIC_SMEM: u32 = 128;
 /// tiles (rows padded by 8 elements for `ldmatrix` on sm_80; swizzled tiles
 /// unpadded plus 1 KiB to align them to 1024 bytes).
 pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
-    let (pad, align_slack) = if cfg.wgmma { (0, 1024) } else { (8, 0) };
-    cfg.block_m * (dqk + pad) * 2 + ring_bytes(cfg, dqk, dv) + align_slack
+    let align_slack = if cfg.wgmma { 1024 } else { 0 };
+    cfg.block_m * tile_stride(cfg, dv, dqk) * 2 + ring_bytes(cfg, dqk, dv) + align_slack
+}
+
+/// Whether the sm_80 template's tiles use XOR rows (`TILE_XOR_ROWS` in
+/// `templates/cuda/prelude.cu`: 128-byte-aligned rows, so `cp.async` reads
+/// each L2 sector once; bench/NOTES.md): always, except for V read from K
+/// in slices (`dv`, one block's) that are not 64 columns wide.
+fn xor_rows(cfg: &ForwardConfig, dv: u32) -> bool {
+    !cfg.wgmma && (!cfg.v_in_k || dv.is_multiple_of(64))
+}
+
+/// Elements from one row of a shared-memory tile of `cols` columns to the
+/// next (`tile_stride` in the prelude): swizzled panels on wgmma; on sm_80
+/// unpadded rows with XOR-permuted chunks where `cols` is a multiple of 64
+/// ([`xor_rows`]), else rows padded by 8 elements.
+pub(crate) fn tile_stride(cfg: &ForwardConfig, dv: u32, cols: u32) -> u32 {
+    if cfg.wgmma || (xor_rows(cfg, dv) && cols.is_multiple_of(64)) {
+        cols
+    } else {
+        cols + 8
+    }
 }
 
 /// The K/V ring's part of [`smem_bytes`]: `stages` K and V tiles.
 fn ring_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
-    let pad = if cfg.wgmma { 0 } else { 8 };
     // With V stored in K the K tiles are the V tiles.
-    let v_cols = if cfg.v_in_k { 0 } else { dv + pad };
-    cfg.stages * cfg.block_n * (dqk + pad + v_cols) * 2
+    let v_cols = if cfg.v_in_k {
+        0
+    } else {
+        tile_stride(cfg, dv, dv)
+    };
+    cfg.stages * cfg.block_n * (tile_stride(cfg, dv, dqk) + v_cols) * 2
 }
 
 /// Shared memory the key warps' partial rows take at the end (all but the
@@ -741,6 +764,8 @@ struct ForwardTemplate<'a> {
     warps: u32,
     /// Warps splitting each key block (see [`ForwardConfig::key_warps`]).
     key_warps: u32,
+    /// The sm_80 tiles' XOR rows (see [`xor_rows`]).
+    xor_rows: bool,
     m_tiles: u32,
     warp_size: u32,
     dqk: u32,
@@ -1002,6 +1027,7 @@ fn generate_forward(
         sparse: layout == RowLayout::BlockSparse,
         scheduled: tile_schedule,
         v_in_k: cfg.v_in_k,
+        xor_rows: xor_rows(cfg, dv),
         // The transpose keeps a few more values live in the epilogue: at
         // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
         // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved

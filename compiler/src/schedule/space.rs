@@ -9,7 +9,7 @@ use super::device::{DeviceConfig, Target};
 use super::intermediate::{Budget, IntermediateTensor, Placement, Tier, place};
 use crate::cuda::forward::{
     WS_STATIC_SMEM, check_config as check_forward_config, smem_bytes as forward_smem_bytes,
-    wgmma_dims_ok,
+    tile_stride, wgmma_dims_ok,
 };
 use crate::cxx::regions::implies_causal;
 use crate::hip::forward::{HipForwardConfig, check_config as check_hip_forward_config, lds_bytes};
@@ -325,7 +325,11 @@ fn consider_cuda(
     } else {
         (device.regs_per_sm / threads).min(device.regs_per_thread) & !7
     };
-    let (pad, slack) = if cfg.wgmma { (0, 1024) } else { (8, 0) };
+    let slack = if cfg.wgmma { 1024 } else { 0 };
+    let (q_cols, v_cols) = (
+        tile_stride(&cfg, slice, dqk),
+        tile_stride(&cfg, slice, slice),
+    );
     let q_tiers: &[Tier] = if cfg.warp_specialized {
         &[Tier::Register, Tier::Shared]
     } else {
@@ -338,21 +342,9 @@ fn consider_cuda(
         cfg.block_m
     };
     let tensors = vec![
-        IntermediateTensor::new("q", (q_rows, dqk + pad), eb, 1, q_tiers),
-        IntermediateTensor::new(
-            "k",
-            (cfg.block_n, dqk + pad),
-            eb,
-            cfg.stages,
-            &[Tier::Shared],
-        ),
-        IntermediateTensor::new(
-            "v",
-            (cfg.block_n, slice + pad),
-            eb,
-            cfg.stages,
-            &[Tier::Shared],
-        ),
+        IntermediateTensor::new("q", (q_rows, q_cols), eb, 1, q_tiers),
+        IntermediateTensor::new("k", (cfg.block_n, q_cols), eb, cfg.stages, &[Tier::Shared]),
+        IntermediateTensor::new("v", (cfg.block_n, v_cols), eb, cfg.stages, &[Tier::Shared]),
         IntermediateTensor::new("s", (unit_rows, cfg.block_n), 4, 1, &[Tier::Register]),
         IntermediateTensor::new("p", (unit_rows, cfg.block_n), eb, 1, &[Tier::Register]),
         IntermediateTensor::new("o", (unit_rows, slice), 4, 1, &[Tier::Register]),
