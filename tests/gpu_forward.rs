@@ -332,23 +332,25 @@ fn cpu_forward_source_generates_without_a_gpu() {
     }
     // A K/V ring that does not fit an sm_80 block's shared memory, and one
     // deeper than the template holds.
-    let deep = |stages| KernelOptions {
+    let deep = |stages, block_n| KernelOptions {
         config: Some(ForwardConfig {
             stages,
+            block_n,
             ..ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm80)
         }),
         ..KernelOptions::default()
     };
-    match forward_source(&v, HeadDims::square(128), &deep(4), Isa::Sm80) {
+    // 128 Q rows and four stages of 128 K and V rows, 256 bytes each.
+    match forward_source(&v, HeadDims::square(128), &deep(4, 128), Isa::Sm80) {
         Err(e @ Error::Compile { .. }) => assert_eq!(
             e.to_string(),
-            "cannot generate the forward kernel of `Alibi`: the tile configuration needs 174080 \
+            "cannot generate the forward kernel of `Alibi`: the tile configuration needs 294912 \
              bytes of shared memory per block, more than the 166912 an Sm80 block may use: use \
              fewer `stages` or smaller blocks, or leave `KernelOptions::config` to the default"
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }
-    match forward_source(&v, HeadDims::square(128), &deep(5), Isa::Sm80) {
+    match forward_source(&v, HeadDims::square(128), &deep(5, 64), Isa::Sm80) {
         Err(e @ Error::Compile { .. }) => assert_eq!(
             e.to_string(),
             "cannot generate the forward kernel of `Alibi`: 5 K/V stages: the forward's K/V \
@@ -356,7 +358,7 @@ fn cpu_forward_source_generates_without_a_gpu() {
         ),
         other => panic!("expected Error::Compile, got {other:?}"),
     }
-    assert!(forward_source(&v, HeadDims::square(128), &deep(3), Isa::Sm80).is_ok());
+    assert!(forward_source(&v, HeadDims::square(128), &deep(3, 64), Isa::Sm80).is_ok());
     // A configuration whose element type contradicts the options'.
     let mixed = KernelOptions {
         config: Some(ForwardConfig {

@@ -133,10 +133,10 @@
 // chunks' low bits stay free for tile_chunk).
 #define V_COLS DQK
 #define V_BASE smem_u32(sKc)
-#define V_LANE(row, col) (tile_offset<DQK>((row), dv0 + (col)) * sizeof(elem_t))
+#define V_LANE(row, col) tile_offset<DQK>((row), dv0 + (col))
 {% else %}#define V_COLS DV
 #define V_BASE smem_u32(sVc)
-#define V_LANE(row, col) (tile_offset<DV>((row), (col)) * sizeof(elem_t))
+#define V_LANE(row, col) tile_offset<DV>((row), (col))
 {% endif %}#define NE (KW / 4)
 // Groups of 32 O columns written 16 bytes per lane in the epilogue.
 #define QUAD_GROUPS {% if quad_stores %}(DV / 32){% else %}0{% endif %}
@@ -783,20 +783,22 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int nt = 0; nt < KW / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
-        // Each lane's first row and chunk of its ldmatrix groups; later ones
-        // are constant offsets from them (tile_chunk).
-        const unsigned q_lane = tile_offset<DQK>(wr * 16 * MT + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8) * sizeof(elem_t);
-        const unsigned k_lane = tile_offset<DQK>((nw0 - n0) + (lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8) * sizeof(elem_t);
+        // Each lane's ldmatrix addresses: its first row and chunk, then the
+        // four chunk pairs of each 128 bytes (tile_chunks); every other
+        // address is one of these plus a constant.
+        unsigned qx[4], kx[4];
+        tile_chunks<DQK>(qx, smem_u32(sQ), tile_offset<DQK>(wr * 16 * MT + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8));
+        tile_chunks<DQK>(kx, smem_u32(sKc), tile_offset<DQK>((nw0 - n0) + (lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8));
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; ++kk) {
             unsigned qa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(smem_u32(sQ) + tile_chunk<DQK>(q_lane, 2 * kk) + mt * 16 * SQS * sizeof(elem_t), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+                ldmatrix_x4(qx[kk % 4] + tile_chunk_step<DQK>(kk) + mt * 16 * SQS * sizeof(elem_t), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
 #pragma unroll
             for (int np = 0; np < KW / 16; ++np) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4(smem_u32(sKc) + tile_chunk<DQK>(k_lane, 2 * kk) + np * 16 * SQS * sizeof(elem_t), b0, b1, b2, b3);
+                ldmatrix_x4(kx[kk % 4] + tile_chunk_step<DQK>(kk) + np * 16 * SQS * sizeof(elem_t), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(s[mt][2 * np], qa[mt], b0, b1);
@@ -841,11 +843,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 pa[mt][2] = pack2(pr[2 * mt][4 * kk + 2], pr[2 * mt][4 * kk + 3]);
                 pa[mt][3] = pack2(pr[2 * mt + 1][4 * kk + 2], pr[2 * mt + 1][4 * kk + 3]);
             }
-            const unsigned v_lane = V_LANE((nw0 - n0) + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8);
+            unsigned vx[4];
+            tile_chunks<V_COLS>(vx, V_BASE, V_LANE((nw0 - n0) + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8));
 #pragma unroll
             for (int dp = 0; dp < DV / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4_trans(V_BASE + tile_chunk<V_COLS>(v_lane, 2 * dp), b0, b1, b2, b3);
+                ldmatrix_x4_trans(vx[dp % 4] + tile_chunk_step<V_COLS>(dp), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(acc[mt][2 * dp], pa[mt], b0, b1);

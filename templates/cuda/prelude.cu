@@ -183,18 +183,25 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
     }
 }
 
-// The byte offset of chunk c0 + k of a row, given `lane_off`, the byte offset
-// of its chunk c0 (`tile_offset`), for a constant k whose low three bits do
-// not overlap c0's: XOR rows keep the row's permutation in bits 4-6 of the
-// offset, so it is one XOR with a constant away — the same register serves
-// every k (ldmatrix addresses without a register each).
+// ldmatrix addresses of 16-byte chunk pairs 2j, 2j + 1 (j = 0..3) of each
+// 128 bytes of a row, from `base` (the tile's shared-memory address) and
+// `off`, the element offset of the lane's first chunk c0 (0 or 1): with XOR
+// rows the pair's place depends on the row (bits 4-6 of the offset), so
+// each lane keeps four addresses; chunk pair kk of the row is then
+// `x[kk % 4] + tile_chunk_step(kk)`, a constant offset the load folds in.
+// (One XOR per load instead held a register per unrolled address: MLA's
+// 576-column tiles spilled.)
 template <int COLS>
-__device__ __forceinline__ unsigned tile_chunk(unsigned lane_off, int k) {
-    if constexpr (tile_xor_rows<COLS>()) {
-        return (lane_off ^ ((k & 7) << 4)) + ((k & ~7) << 4);
-    } else {
-        return lane_off + k * 16;
-    }
+__device__ __forceinline__ void tile_chunks(unsigned (&x)[4], unsigned base, int off) {
+    const unsigned lane_off = off * sizeof(elem_t);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        x[j] = base + (tile_xor_rows<COLS>() ? (lane_off ^ (j << 5)) : lane_off + j * 32);
+}
+// Bytes from chunk pair kk % 4 of the first 128 bytes to pair kk.
+template <int COLS>
+__device__ __forceinline__ constexpr unsigned tile_chunk_step(int kk) {
+    return (kk / 4) * 128;
 }
 
 // Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
@@ -204,7 +211,8 @@ template <int ROWS, int COLS, int NTH = NT, int GS = COLS, typename Map = Rows>
 __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, int limit, int tid, Map map = Map()) {
     constexpr int CH = COLS / 8;
     // (A paged map shuffles: every lane must run every pass.)
-    static_assert(Map::CONTIGUOUS || (ROWS * CH % NTH == 0 && ROWS <= (WARP - 1) * 16), "paged tile not covered evenly");
+    static_assert(Map::CONTIGUOUS || ((tile_xor_rows<COLS>() ? ROWS % (NTH / 8) == 0 : ROWS * CH % NTH == 0) &&
+                                      ROWS <= (WARP - 1) * 16), "paged tile not covered evenly");
     const auto rows = map.template tile<ROWS>(row0, limit);
     // Rows past the end read an in-bounds row (contiguous: the first; paged:
     // row0) and write zeros.
@@ -217,7 +225,25 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
     // computes a row address in every pass (a paged row map shuffles).
     // (Dividing by 72 per chunk kept the loop from unrolling.)
 #define LOAD_TILE_CHUNKS(ROW)                                                                 \
-    if constexpr (CH <= NTH) {                                                                \
+    if constexpr (tile_xor_rows<COLS>()) {                                                    \
+        /* XOR rows: a thread takes one chunk column c8 of every 128 bytes of    */           \
+        /* its row, and a pass NTH / 8 rows, so its rows share r % 8 (with 32    */           \
+        /* threads, two values) and one destination offset serves all its        */           \
+        /* copies: a row's XOR differs with r % 8, and a loader stepping rows by */           \
+        /* fewer than 8 kept one offset register per row (MLA spilled).          */           \
+        constexpr int RPP = NTH / 8, PASSES = (ROWS + RPP - 1) / RPP, G = COLS / 64;         \
+        const int rs = tid / 8, c8 = tid % 8;                                                 \
+        _Pragma("unroll") for (int p = 0; p < PASSES; ++p) {                                  \
+            const int r = rs + p * RPP;                                                       \
+            const bool mine = ROWS % RPP == 0 || r < ROWS;                                    \
+            const int gr = row0 + (ROWS % RPP == 0 ? r : min(r, ROWS - 1));                   \
+            const bool ok = gr < limit;                                                       \
+            const elem_t* src = g + (ROW(ok ? gr : spare)) * GS + c8 * 8;                     \
+            elem_t* dst = s + tile_offset<COLS>(r, c8 * 8);                                   \
+            _Pragma("unroll") for (int gi = 0; gi < G; ++gi)                                  \
+                if (mine) cp_async16(smem_u32(dst + gi * 64), src + gi * 64, ok ? 16 : 0);    \
+        }                                                                                     \
+    } else if constexpr (CH <= NTH) {                                                         \
         constexpr int RPP = NTH / CH, PASSES = (ROWS + RPP - 1) / RPP;                        \
         const int r0 = tid / CH, cc = tid % CH;                                               \
         const bool active = NTH % CH == 0 || tid < RPP * CH;                                  \
