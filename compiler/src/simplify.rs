@@ -192,30 +192,24 @@ pub struct Rule {
     pub positive: &'static [&'static str],
 }
 
-fn not_along_row(
+/// A rule condition: `holds` for the class of every one of `vars`.
+fn every_class(
     vars: &'static [&'static str],
+    holds: fn(&ClassData) -> bool,
 ) -> impl Fn(&mut EGraph<Math, Facts>, Id, &Subst) -> bool {
     let vars: Vec<Var> = vars
         .iter()
         .map(|v| v.parse().expect("pattern variable"))
         .collect();
-    move |eg, _, subst| {
-        vars.iter()
-            .all(|v| !eg[subst[*v]].data.axes.contains(Axis::Skv))
-    }
+    move |eg, _, subst| vars.iter().all(|v| holds(&eg[subst[*v]].data))
 }
 
-fn positive_constants(
-    vars: &'static [&'static str],
-) -> impl Fn(&mut EGraph<Math, Facts>, Id, &Subst) -> bool {
-    let vars: Vec<Var> = vars
-        .iter()
-        .map(|v| v.parse().expect("pattern variable"))
-        .collect();
-    move |eg, _, subst| {
-        vars.iter()
-            .all(|v| eg[subst[*v]].data.constant.is_some_and(|c| c > 0.0))
-    }
+fn not_along_row(data: &ClassData) -> bool {
+    !data.axes.contains(Axis::Skv)
+}
+
+fn positive_constant(data: &ClassData) -> bool {
+    data.constant.is_some_and(|c| c > 0.0)
 }
 
 macro_rules! rules {
@@ -227,12 +221,12 @@ macro_rules! rules {
             let lhs: Pattern<Math> = $lhs.parse().expect("rule lhs");
             let rhs: Pattern<Math> = $rhs.parse().expect("rule rhs");
             let rewrite = if !positive.is_empty() {
-                Rewrite::new($name, lhs, egg::ConditionalApplier { condition: positive_constants(positive), applier: rhs })
+                Rewrite::new($name, lhs, egg::ConditionalApplier { condition: every_class(positive, positive_constant), applier: rhs })
                     .expect("valid rule")
             } else if row_constant.is_empty() {
                 Rewrite::new($name, lhs, rhs).expect("valid rule")
             } else {
-                Rewrite::new($name, lhs, egg::ConditionalApplier { condition: not_along_row(row_constant), applier: rhs })
+                Rewrite::new($name, lhs, egg::ConditionalApplier { condition: every_class(row_constant, not_along_row), applier: rhs })
                     .expect("valid rule")
             };
             Rule { rewrite, lhs: $lhs, rhs: $rhs, assumes, row_constant, positive }
