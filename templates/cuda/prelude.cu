@@ -243,7 +243,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             _Pragma("unroll") for (int gi = 0; gi < G; ++gi)                                  \
                 if (mine) cp_async16(smem_u32(dst + gi * 64), src + gi * 64, ok ? 16 : 0);    \
         }                                                                                     \
-    } else if constexpr (CH <= NTH) {                                                         \
+    } else if constexpr (CH <= NTH) { /* padded rows */                                     \
         constexpr int RPP = NTH / CH, PASSES = (ROWS + RPP - 1) / RPP;                        \
         const int r0 = tid / CH, cc = tid % CH;                                               \
         const bool active = NTH % CH == 0 || tid < RPP * CH;                                  \
@@ -253,7 +253,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             const int gr = row0 + (ROWS % RPP == 0 && NTH % CH == 0 ? r : min(r, ROWS - 1));  \
             const bool ok = gr < limit;                                                       \
             const elem_t* src = g + (ROW(ok ? gr : spare)) * GS + cc * 8;                     \
-            if (mine) cp_async16(smem_u32(s + tile_offset<COLS>(r, cc * 8)), src, ok ? 16 : 0);  \
+            if (mine) cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);  \
         }                                                                                     \
     } else {                                                                                  \
         constexpr int CPASSES = (CH + NTH - 1) / NTH;                                         \
@@ -264,7 +264,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             _Pragma("unroll") for (int p = 0; p < CPASSES; ++p) {                             \
                 const int cc = tid + p * NTH;                                                 \
                 if (CH % NTH == 0 || cc < CH)                                                 \
-                    cp_async16(smem_u32(s + tile_offset<COLS>(r, cc * 8)), src + cc * 8, ok ? 16 : 0); \
+                    cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src + cc * 8, ok ? 16 : 0); \
             }                                                                                 \
         }                                                                                     \
     }
