@@ -224,6 +224,59 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
         default.split_kv && default.pack_gqa && !default.wgmma,
         "{default:?}"
     );
+    // The untuned tile with shared storage (`with_v_in_k`): Dv split between
+    // two warps of one block, which add their halves of the scores; and its
+    // 64-row form where a KV head has 64 or more query rows.
+    let dv_warps = default.with_v_in_k(576, 512, Isa::Sm80);
+    assert_eq!(
+        (
+            dv_warps.dv_warps,
+            dv_warps.dv_split,
+            dv_warps.key_warps,
+            dv_warps.warps
+        ),
+        (2, 1, 1, 2),
+        "{dv_warps:?}"
+    );
+    // (180 KB of shared memory: Hopper's blocks hold it, an sm_80 block not.)
+    let dv_warps_64 = dv_warps.for_packed_rows(128, 576, 512, Isa::Sm90a);
+    assert_eq!(dv_warps.for_packed_rows(128, 576, 512, Isa::Sm80), dv_warps);
+    assert_eq!(
+        (dv_warps_64.block_m, dv_warps_64.warps, dv_warps_64.dv_warps),
+        (64, 8, 2),
+        "{dv_warps_64:?}"
+    );
+    for (cfg, archs) in [
+        (dv_warps, &["sm_80", "sm_90a"][..]),
+        (dv_warps_64, &["sm_90a"][..]),
+    ] {
+        for rows in [Rows::Dense, Rows::Paged] {
+            for &arch in archs {
+                let line = check_config("mla_decode", &v, arch, &cfg, rows);
+                assert!(line.contains("_dw2_vk"), "{line}");
+                eprintln!("{line}");
+            }
+        }
+        // The pair's partial scores take two buffers after the K ring.
+        let k = parallel_forward(&v, 576, 512, &cfg).expect("latent forward, Dv warps");
+        let exchange = 2 * cfg.warps * 32 * cfg.m_tiles() * (32 / 8) * 4 * 4;
+        assert_eq!(
+            k.smem_bytes,
+            2 * (cfg.block_m * 576 + cfg.stages * 32 * 576) + exchange
+        );
+    }
+    // Dv warps pair up the warps of each row and key range.
+    let e = parallel_forward(
+        &v,
+        576,
+        512,
+        &ForwardConfig {
+            warps: 3,
+            ..dv_warps
+        },
+    )
+    .expect_err("three warps in pairs");
+    assert!(e.to_string().contains("Dv warps"), "{e}");
     for cfg in [
         default,
         ForwardConfig {

@@ -762,6 +762,7 @@ fn gpu_forward_key_warps() {
     let config = ForwardConfig {
         warps: 2,
         key_warps: 2,
+        dv_warps: 1,
         ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80)
     };
     let Some(gpu) = prepare_latent(test, shape, config) else {
@@ -1912,18 +1913,50 @@ fn gpu_forward_latent_cache() {
     let dims = HeadDims::new(576, 512);
     let def = example("mla_decode");
     let default = ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80);
-    for (shape, dv_split) in [
-        (Shape::new(3, 16, 1, 1, 301), default.dv_split),
-        (Shape::new(1, 6, 2, 1, 2999), 4),
-    ] {
-        let Some(gpu) = prepare_latent(
-            test,
-            shape,
+    // Dv split between blocks (2, 4), and between the warps of one block
+    // (dv_warps: the scores' Dqk split between the pair and summed).
+    for (shape, cfg) in [
+        (Shape::new(3, 16, 1, 1, 301), default),
+        (
+            Shape::new(1, 6, 2, 1, 2999),
             ForwardConfig {
-                dv_split,
+                dv_split: 4,
                 ..default
             },
-        ) else {
+        ),
+        (
+            Shape::new(3, 16, 1, 1, 301),
+            ForwardConfig {
+                dv_split: 1,
+                warps: 4,
+                key_warps: 2,
+                dv_warps: 2,
+                ..default
+            },
+        ),
+        (
+            Shape::new(1, 6, 2, 1, 2999),
+            ForwardConfig {
+                dv_split: 1,
+                warps: 2,
+                key_warps: 1,
+                dv_warps: 2,
+                ..default
+            },
+        ),
+        (
+            Shape::new(2, 128, 1, 1, 301),
+            ForwardConfig {
+                block_m: 64,
+                dv_split: 1,
+                warps: 8,
+                key_warps: 1,
+                dv_warps: 2,
+                ..default
+            },
+        ),
+    ] {
+        let Some(gpu) = prepare_latent(test, shape, cfg) else {
             return;
         };
         let GpuCall {

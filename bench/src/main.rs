@@ -161,29 +161,35 @@ const DECODE_MLA_H128: &str = "decode-mla-b16-h128-kv4096-d576-v512";
 
 /// A decoding tile timed beside the default (each bench entry's `tiles`):
 /// (tag, rows per block, warps, key warps, Dv slices, key block, stages).
-type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32);
+/// (tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps).
+type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32, u32);
 
 /// Other tiles of the latent decoding forward.
 const MLA_TILES: &[DecodeTile] = &[
-    ("v4n32s2", 16, 1, 1, 4, 32, 2),
-    ("m64w4v2", 64, 4, 1, 2, 32, 2),
-    ("m16k2v2", 16, 2, 2, 2, 32, 2),
-    ("m16k2v2s3", 16, 2, 2, 2, 32, 3),
-    ("m16k4n64v2", 16, 4, 4, 2, 64, 2),
-    ("m64w8k2v2", 64, 8, 2, 2, 32, 2),
+    ("v4n32s2", 16, 1, 1, 4, 32, 2, 1),
+    ("m64w4v2", 64, 4, 1, 2, 32, 2, 1),
+    ("m16k2v2", 16, 2, 2, 2, 32, 2, 1), // the default before Dv warps
+    ("m16k2v2s3", 16, 2, 2, 2, 32, 3, 1),
+    ("m16k4n64v2", 16, 4, 4, 2, 64, 2, 1),
+    ("m64w8k2v2", 64, 8, 2, 2, 32, 2, 1),
+    // Dv split between the warps of one block (S computed once).
+    ("m16k2d2", 16, 4, 2, 1, 32, 2, 2),
+    ("m16d2", 16, 2, 1, 1, 32, 2, 2),
+    ("m16d2s3", 16, 2, 1, 1, 32, 3, 2),
+    ("m64d2", 64, 8, 1, 1, 32, 2, 2),
 ];
 
 /// Other tiles of the decoding forward (d128 and d192 workloads), as
 /// [`MLA_TILES`]: key blocks split between 2 or 4 warps, deeper rings.
 const DECODE_TILES: &[DecodeTile] = &[
-    ("m16w1n32", 16, 1, 1, 1, 32, 2),
-    ("m16k2n32", 16, 2, 2, 1, 32, 2),
-    ("m16k2n32s4", 16, 2, 2, 1, 32, 4),
-    ("m16k2n64s3", 16, 2, 2, 1, 64, 3),
-    ("m16k4n64s3", 16, 4, 4, 1, 64, 3),
-    ("m16k4n64s4", 16, 4, 4, 1, 64, 4),
-    ("m16k4n128", 16, 4, 4, 1, 128, 2),
-    ("m16k4n128s3", 16, 4, 4, 1, 128, 3),
+    ("m16w1n32", 16, 1, 1, 1, 32, 2, 1),
+    ("m16k2n32", 16, 2, 2, 1, 32, 2, 1),
+    ("m16k2n32s4", 16, 2, 2, 1, 32, 4, 1),
+    ("m16k2n64s3", 16, 2, 2, 1, 64, 3, 1),
+    ("m16k4n64s3", 16, 4, 4, 1, 64, 3, 1),
+    ("m16k4n64s4", 16, 4, 4, 1, 64, 4, 1),
+    ("m16k4n128", 16, 4, 4, 1, 128, 2, 1),
+    ("m16k4n128s3", 16, 4, 4, 1, 128, 3, 1),
 ];
 
 /// Decoding workloads' (B, H, Hkv, Sq): their default tiles follow the
@@ -303,7 +309,7 @@ fn main() {
             } else {
                 MLA_TILES
             };
-            for &(tag, block_m, warps, key_warps, dv_split, block_n, stages) in list {
+            for &(tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps) in list {
                 let cfg = ForwardConfig {
                     block_m,
                     warps,
@@ -311,6 +317,7 @@ fn main() {
                     dv_split,
                     block_n,
                     stages,
+                    dv_warps,
                     ..cfg
                 };
                 // (A tile past an H100's shared memory per block cannot launch:
@@ -515,6 +522,7 @@ fn main() {
                     persistent,
                     v_in_k: false,
                     key_warps: 1,
+                    dv_warps: 1,
                 };
                 let tag = format!(
                     "m{bm}n{bn}w{warps}{}{}{}{}{}",
@@ -808,10 +816,11 @@ pub(crate) fn as_f32(t: &Tensor) -> Vec<u8> {
 /// sm_80 tiles with `v_in_k`, as `KernelOptions::v_in_k` gives them.
 fn forward_config(v: &Variant, dqk: u32, dv: u32, per_block: bool) -> ForwardConfig {
     if v.name == "MlaDecode" {
-        return ForwardConfig {
-            v_in_k: true,
-            ..ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm80)
-        };
+        return ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm80).with_v_in_k(
+            dqk,
+            dv,
+            Isa::Sm80,
+        );
     }
     let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm90a);
     cfg.persistent &= !per_block;

@@ -54,6 +54,7 @@ const CFG: ForwardConfig = ForwardConfig {
     persistent: false,
     v_in_k: false,
     key_warps: 1,
+    dv_warps: 1,
 };
 
 /// [`CFG`] with Dv split between blocks where one block cannot hold it
@@ -299,6 +300,7 @@ fn key_warps_split_key_blocks_or_are_refused_with_reasons() {
         128,
         &ForwardConfig {
             key_warps: 2,
+            dv_warps: 1,
             warp_specialized: false,
             persistent: false,
             ..hopper
@@ -320,6 +322,7 @@ fn key_warps_split_key_blocks_or_are_refused_with_reasons() {
         64,
         &ForwardConfig {
             key_warps: 2,
+            dv_warps: 1,
             ..CFG
         },
     )

@@ -232,15 +232,12 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         };
         let hash = variant_hash(v);
         for &isa in &isas {
-            let cfg = ForwardConfig {
-                v_in_k: args.v_in_k,
-                ..ForwardConfig::default_for(
-                    v,
-                    vq,
-                    vv,
-                    Elem::Bf16,
-                    forward_default_isa(isa, args.v_in_k),
-                )
+            let default_isa = forward_default_isa(isa, args.v_in_k);
+            let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, default_isa);
+            let cfg = if args.v_in_k {
+                cfg.with_v_in_k(vq, vv, default_isa)
+            } else {
+                cfg
             };
             let k = parallel_forward(v, vq, vv, &cfg)
                 .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;

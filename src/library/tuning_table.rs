@@ -160,6 +160,7 @@ mod tests {
             persistent,
             v_in_k: false,
             key_warps: 1,
+            dv_warps: 1,
         }
     }
 

@@ -97,7 +97,7 @@
         fence_regs(pa);
         mbar_arrive(&bar_empty[prev]);
 {% endif %}#pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt) {
+        for (int dt = 0; dt < DVW / 8; ++dt) {
             acc[0][dt][0] *= alpha[0];
             acc[0][dt][1] *= alpha[0];
             acc[0][dt][2] *= alpha[1];
@@ -111,7 +111,8 @@
 #define BN {{ bn }}
 #define NWARPS {{ warps }}
 #define KEY_WARPS {{ key_warps }}  // warps splitting each key block
-#define ROW_WARPS (NWARPS / KEY_WARPS)
+#define DV_WARPS {{ dv_warps }}  // warps splitting Dv (and the scores' Dqk) of the same rows and keys
+#define ROW_WARPS (NWARPS / KEY_WARPS / DV_WARPS)
 #define KW (BN / KEY_WARPS)  // keys of a block per warp
 #define MT {{ m_tiles }}  // 16-row m-tiles per warp
 #define WARP {{ warp_size }}
@@ -123,6 +124,10 @@
 #define DV {{ dv }}  // O columns of this block
 #define DVG {{ dv_total }}  // row stride of v and o: all of Dv
 #define DV_SPLIT {{ dv_split }}  // blocks per row block, one Dv slice each
+#define DVW (DV / DV_WARPS)  // O columns of one warp
+#define DW_COL {% if dv_warps > 1 %}(dw * DVW){% else %}0{% endif %}  // this warp's first O column in the block
+#define RW_ID {% if dv_warps > 1 %}(dw * ROW_WARPS + wr){% else %}wr{% endif %}  // the warp among those of one key range
+#define KS0 (((DQK / 16 + 1) / 2 + 3) / 4 * 4)  // Dv warp 0's k-steps of S (then 64-column aligned)
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
 {% if xor_rows %}#define TILE_XOR_ROWS 1  // 128-byte-aligned rows where the head dim allows (prelude.cu)
 {% endif %}#define QV (16 / (int)sizeof(elem_t))  // elements per 16 bytes
@@ -139,7 +144,7 @@
 #define V_LANE(row, col) tile_offset<DV>((row), (col))
 {% endif %}#define NE (KW / 4)
 // Groups of 32 O columns written 16 bytes per lane in the epilogue.
-#define QUAD_GROUPS {% if quad_stores %}(DV / 32){% else %}0{% endif %}
+#define QUAD_GROUPS {% if quad_stores %}(DVW / 32){% else %}0{% endif %}
 #define STAGES {{ stages }}  // K/V ring depth
 #define NR (2 * MT)  // rows of S held per thread
 #define NSTATE {{ nstate }}
@@ -172,7 +177,7 @@ __device__ __forceinline__ void pack_p(const float (&pr)[NR][NE], unsigned (&pa)
 
 // Issues O += P · V for one block (V at shared address v_base, read N-major:
 // keys are its K dimension); the caller fences, commits and waits.
-__device__ __forceinline__ void pv_gemm(float (&acc)[DV / 8][4], const unsigned (&pa)[BN / 16][4], unsigned v_base) {
+__device__ __forceinline__ void pv_gemm(float (&acc)[DVW / 8][4], const unsigned (&pa)[BN / 16][4], unsigned v_base) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
         wgmma_rs_n{{ dv }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
@@ -376,11 +381,11 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 // A partial row for the combine kernel: the unnormalised output,
                 // the state and whether any key was seen.
                 if (!row_ok) continue;
-                float* prow = opart + ((long long)split * rows + row) * DVG + dv0;
+                float* prow = opart + ((long long)split * rows + row) * DVG + dv0 + DW_COL;
 #pragma unroll
-                for (int dt = 0; dt < DV / 8; ++dt)
+                for (int dt = 0; dt < DVW / 8; ++dt)
                     *reinterpret_cast<float2*>(prow + dt * 8 + 2 * t4) = make_float2(acc[mt][dt][2 * half], acc[mt][dt][2 * half + 1]);
-                if (t4 == 0 && dv0 == 0) {
+                if (t4 == 0 && dv0 == 0 && DW_COL == 0) {
                     float* srow = spart + ((long long)split * rows + row) * (NSTATE + 1);
 #pragma unroll
                     for (int f = 0; f < NSTATE; ++f) srow[f] = st[r][f];
@@ -388,7 +393,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 }
                 continue;
             }
-{% endif %}            elem_t* orow = o + row * DVG + dv0;
+{% endif %}            elem_t* orow = o + row * DVG + dv0 + DW_COL;
             // The epilogue is o times a row factor; fully masked rows are 0.
             const float of = epilogue_o_factor(st[r], P);
             // Four 8-column groups at a time (QUAD_GROUPS): each lane of a
@@ -409,12 +414,12 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 if (row_ok) *reinterpret_cast<uint4*>(orow + (4 * q + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
             }
 #pragma unroll
-            for (int dt = QUAD_GROUPS * 4; dt < DV / 8; ++dt) {
+            for (int dt = QUAD_GROUPS * 4; dt < DVW / 8; ++dt) {
                 const float o0 = seen[r] ? acc[mt][dt][2 * half] * of : 0.0f;
                 const float o1 = seen[r] ? acc[mt][dt][2 * half + 1] * of : 0.0f;
                 if (row_ok) *reinterpret_cast<unsigned*>(orow + dt * 8 + 2 * t4) = pack2(o0, o1);
             }
-            if (row_ok && t4 == 0 && dv0 == 0) {  // every slice has the same row state
+            if (row_ok && t4 == 0 && dv0 == 0 && DW_COL == 0) {  // every slice has the same row state
                 float sc[NSCALES_ARR];
                 epilogue_scales(st[r], sc, P);
 #pragma unroll
@@ -431,18 +436,18 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
         // splits). The others leave accumulators, state and "saw a key" in
         // the K/V ring, free once every warp is past the loop, one word per
         // lane: [key warp - 1][row warp][value][lane].
-        constexpr int NACC = MT * (DV / 8) * 4, NVAL = NACC + NR * (NSTATE_ARR + 1);
+        constexpr int NACC = MT * (DVW / 8) * 4, NVAL = NACC + NR * (NSTATE_ARR + 1);
         float* scratch = reinterpret_cast<float*>(sK);
         cp_async_wait<0>();
         __syncthreads();
         if (kw > 0) {
-            float* mine = scratch + ((kw - 1) * ROW_WARPS + wr) * NVAL * WARP + lane;
+            float* mine = scratch + ((kw - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int dt = 0; dt < DV / 8; ++dt)
+                for (int dt = 0; dt < DVW / 8; ++dt)
 #pragma unroll
-                    for (int c = 0; c < 4; ++c) mine[((mt * (DV / 8) + dt) * 4 + c) * WARP] = acc[mt][dt][c];
+                    for (int c = 0; c < 4; ++c) mine[((mt * (DVW / 8) + dt) * 4 + c) * WARP] = acc[mt][dt][c];
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
 #pragma unroll
@@ -462,7 +467,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             bool any = seen[r];
 #pragma unroll
             for (int w = 1; w < KEY_WARPS; ++w) {
-                const float* other = scratch + ((w - 1) * ROW_WARPS + wr) * NVAL * WARP + lane + (NACC + r * (NSTATE_ARR + 1)) * WARP;
+                const float* other = scratch + ((w - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane + (NACC + r * (NSTATE_ARR + 1)) * WARP;
                 if (other[NSTATE_ARR * WARP] == 0.0f) continue;
                 float x[NSTATE_ARR];
 #pragma unroll
@@ -481,13 +486,13 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 const float c0 = seen[r] ? combine_rescale(st[r], m, P) : 0.0f;
                 if (seen[r]) combine_scaled_add(acc_st, c0, st[r]);
 #pragma unroll
-                for (int dt = 0; dt < DV / 8; ++dt) {
+                for (int dt = 0; dt < DVW / 8; ++dt) {
                     acc[mt][dt][2 * half] *= c0;
                     acc[mt][dt][2 * half + 1] *= c0;
                 }
 #pragma unroll
                 for (int w = 1; w < KEY_WARPS; ++w) {
-                    const float* other = scratch + ((w - 1) * ROW_WARPS + wr) * NVAL * WARP + lane;
+                    const float* other = scratch + ((w - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane;
                     const float* ost = other + (NACC + r * (NSTATE_ARR + 1)) * WARP;
                     if (ost[NSTATE_ARR * WARP] == 0.0f) continue;
                     float x[NSTATE_ARR];
@@ -496,9 +501,9 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                     const float c = combine_rescale(x, m, P);
                     combine_scaled_add(acc_st, c, x);
 #pragma unroll
-                    for (int dt = 0; dt < DV / 8; ++dt) {
-                        acc[mt][dt][2 * half] += c * other[((mt * (DV / 8) + dt) * 4 + 2 * half) * WARP];
-                        acc[mt][dt][2 * half + 1] += c * other[((mt * (DV / 8) + dt) * 4 + 2 * half + 1) * WARP];
+                    for (int dt = 0; dt < DVW / 8; ++dt) {
+                        acc[mt][dt][2 * half] += c * other[((mt * (DVW / 8) + dt) * 4 + 2 * half) * WARP];
+                        acc[mt][dt][2 * half + 1] += c * other[((mt * (DVW / 8) + dt) * 4 + 2 * half + 1) * WARP];
                     }
                 }
                 combine_scaled_finish(m, acc_st);
@@ -529,12 +534,30 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
 {% endmacro %}
+{% macro s_steps(k_begin, k_end) %}#pragma unroll
+        for (int kk = {{ k_begin }}; kk < {{ k_end }}; ++kk) {
+            unsigned qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(qx[kk % 4] + tile_chunk_step<DQK>(kk) + mt * 16 * SQS * sizeof(elem_t), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+#pragma unroll
+            for (int np = 0; np < KW / 16; ++np) {
+                unsigned b0, b1, b2, b3;
+                ldmatrix_x4(kx[kk % 4] + tile_chunk_step<DQK>(kk) + np * 16 * SQS * sizeof(elem_t), b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816(s[mt][2 * np], qa[mt], b0, b1);
+                    mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
+                }
+            }
+        }
+{% endmacro %}
 {% macro init_rows() %}
-        float acc[MT][DV / 8][4];
+        float acc[MT][DVW / 8][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
+            for (int dt = 0; dt < DVW / 8; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
         float st[NR][NSTATE_ARR];
         bool seen[NR];
 #pragma unroll
@@ -561,6 +584,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}
     elem_t* sK = sQ + BM * SQS;
 {% if !v_in_k %}    elem_t* sV = sK + STAGES * BN * SQS;
+{% endif %}{% if dv_warps > 1 %}    // The Dv warps' partial scores, two buffers (after the K/V ring).
+    float* s_x = reinterpret_cast<float*>({% if v_in_k %}sK + STAGES * BN * SQS{% else %}sV + STAGES * BN * SVS{% endif %});
 {% endif %}
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
@@ -571,9 +596,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
-{% if key_warps > 1 %}    // Row warp wr's rows are shared by KEY_WARPS warps; warp kw of them
-    // takes keys kw·KW … of every block.
-    const int wr = warp % ROW_WARPS, kw = warp / ROW_WARPS;
+{% if key_warps > 1 || dv_warps > 1 %}    // Row warp wr's rows are shared by KEY_WARPS × DV_WARPS warps; warp
+    // (kw, dw) takes keys kw·KW … of every block and O columns dw·DVW ….
+    const int wr = warp % ROW_WARPS, dw = (warp / ROW_WARPS) % DV_WARPS, kw = warp / (ROW_WARPS * DV_WARPS);
 {% else %}    const int wr = warp;
 {% endif %}{% if split_kv %}    // Split-KV: the n_splits blocks of one row block are adjacent in x.
     const int split = blockIdx.x % n_splits, nbx = gridDim.x / n_splits;
@@ -789,30 +814,44 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         unsigned qx[4], kx[4];
         tile_chunks<DQK>(qx, smem_u32(sQ), tile_offset<DQK>(wr * 16 * MT + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8));
         tile_chunks<DQK>(kx, smem_u32(sKc), tile_offset<DQK>((nw0 - n0) + (lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8));
-#pragma unroll
-        for (int kk = 0; kk < DQK / 16; ++kk) {
-            unsigned qa[MT][4];
+{% if dv_warps > 1 %}        // The Dv warps of these rows and keys split Dqk: each computes S over
+        // its k-steps, then adds the other's (S is computed once per block,
+        // not once per Dv slice).
+        if (dw == 0) {
+{% call s_steps("0", "KS0") %}{% endcall %}
+        } else {
+{% call s_steps("KS0", "DQK / 16") %}{% endcall %}
+        }
+        {
+            // Double-buffered (a warp rewrites a buffer only after the
+            // barrier of the block after, which its partner passes only once
+            // it has read it): one barrier of the pair per block.
+            constexpr int NS = MT * (KW / 8) * 4;
+            float* mine = s_x + ((it & 1) * NWARPS + warp) * NS * WARP + lane;
+            const float* other = s_x + ((it & 1) * NWARPS + (dw == 0 ? warp + ROW_WARPS : warp - ROW_WARPS)) * NS * WARP + lane;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(qx[kk % 4] + tile_chunk_step<DQK>(kk) + mt * 16 * SQS * sizeof(elem_t), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
 #pragma unroll
-            for (int np = 0; np < KW / 16; ++np) {
-                unsigned b0, b1, b2, b3;
-                ldmatrix_x4(kx[kk % 4] + tile_chunk_step<DQK>(kk) + np * 16 * SQS * sizeof(elem_t), b0, b1, b2, b3);
+                for (int nt = 0; nt < KW / 8; ++nt)
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma16816(s[mt][2 * np], qa[mt], b0, b1);
-                    mma16816(s[mt][2 * np + 1], qa[mt], b2, b3);
-                }
-            }
+                    for (int c = 0; c < 4; ++c) mine[((mt * (KW / 8) + nt) * 4 + c) * WARP] = s[mt][nt][c];
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kw * ROW_WARPS + wr), "r"(2 * WARP) : "memory");
+            // (a + b in both warps: the same scores, so the same online state.)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < KW / 8; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) s[mt][nt][c] += other[((mt * (KW / 8) + nt) * 4 + c) * WARP];
         }
-
+{% else %}{% call s_steps("0", "DQK / 16") %}{% endcall %}
+{% endif %}
 {% endif %}
 {% call block_scores(0) %}{% endcall %}
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt) {
+        for (int dt = 0; dt < DVW / 8; ++dt) {
             acc[mt][dt][0] *= alpha[2 * mt];
             acc[mt][dt][1] *= alpha[2 * mt];
             acc[mt][dt][2] *= alpha[2 * mt + 1];
@@ -844,9 +883,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
                 pa[mt][3] = pack2(pr[2 * mt + 1][4 * kk + 2], pr[2 * mt + 1][4 * kk + 3]);
             }
             unsigned vx[4];
-            tile_chunks<V_COLS>(vx, V_BASE, V_LANE((nw0 - n0) + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8));
+            tile_chunks<V_COLS>(vx, V_BASE, V_LANE((nw0 - n0) + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, DW_COL + (lane / 16) * 8));
 #pragma unroll
-            for (int dp = 0; dp < DV / 16; ++dp) {
+            for (int dp = 0; dp < DVW / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
                 ldmatrix_x4_trans(vx[dp % 4] + tile_chunk_step<V_COLS>(dp), b0, b1, b2, b3);
 #pragma unroll

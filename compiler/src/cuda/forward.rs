@@ -87,6 +87,15 @@ pub struct ForwardConfig {
     /// them all: `warps / key_warps` row warps.
     #[serde(default = "one_key_warp")]
     pub key_warps: u32,
+    /// Warps that split Dv between them for the same rows and keys (1 or 2;
+    /// the sm_80 template): each computes S over part of Dqk, the pair adds
+    /// the parts through shared memory (one barrier of the pair per block),
+    /// then each runs the online step and P·V for its half of the columns.
+    /// S is computed once per block instead of once per Dv slice of
+    /// `dv_split` — for V stored in K (MLA's 576-column scores) where the
+    /// scores are most of the work. `warps` counts them all.
+    #[serde(default = "one_key_warp")]
+    pub dv_warps: u32,
 }
 
 fn one_key_warp() -> u32 {
@@ -176,6 +185,7 @@ impl ForwardConfig {
             persistent: warp_specialized,
             v_in_k: false,
             key_warps,
+            dv_warps: 1,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -229,7 +239,7 @@ impl ForwardConfig {
         self.or_if_it_fits(
             ForwardConfig {
                 block_m: 64,
-                warps: 4,
+                warps: 4 * self.dv_warps.max(1),
                 key_warps: 1,
                 ..self
             },
@@ -269,6 +279,7 @@ impl ForwardConfig {
                 block_n: 128,
                 warps: 4,
                 key_warps: 4,
+                dv_warps: 1,
                 ..self
             },
             dqk,
@@ -294,6 +305,33 @@ impl ForwardConfig {
         packed.for_few_blocks(blocks, sms, dqk, dv, isa)
     }
 
+    /// This configuration reading V from K ([`v_in_k`](Self::v_in_k)). The
+    /// untuned decoding tile then splits Dv between two warps of one block
+    /// instead of between blocks, so the scores — over 576 columns for MLA,
+    /// most of the work — are computed once per block, not once per Dv
+    /// slice (H200, MLA B 64 × 16 heads: 0.107 → 0.091 ms; bench/NOTES.md,
+    /// session 29).
+    pub fn with_v_in_k(self, dqk: u32, dv: u32, isa: Isa) -> ForwardConfig {
+        let cfg = ForwardConfig {
+            v_in_k: true,
+            ..self
+        };
+        if !cfg.pack_gqa || cfg.wgmma || cfg.dv_warps != 1 || cfg.block_m != 16 {
+            return cfg;
+        }
+        let candidate = ForwardConfig {
+            warps: cfg.row_warps() * 2,
+            key_warps: 1,
+            dv_warps: 2,
+            dv_split: 1,
+            ..cfg
+        };
+        if check_config(&candidate, dqk, dv).is_err() {
+            return cfg;
+        }
+        cfg.or_if_it_fits(candidate, dqk, dv, isa)
+    }
+
     /// `candidate` where its shared memory fits `isa`, else `self`.
     fn or_if_it_fits(self, candidate: ForwardConfig, dqk: u32, dv: u32, isa: Isa) -> ForwardConfig {
         if smem_bytes(&candidate, dqk, candidate.dv_slice(dv)) <= isa.max_dynamic_smem() {
@@ -311,7 +349,7 @@ impl ForwardConfig {
     /// Warps that own rows (each row warp's rows are shared by
     /// `key_warps` warps splitting the keys).
     pub fn row_warps(&self) -> u32 {
-        self.warps / self.key_warps.max(1)
+        self.warps / self.key_warps.max(1) / self.dv_warps.max(1)
     }
 
     /// 16-row MMA tiles per warp.
@@ -704,7 +742,20 @@ pub(crate) const WS_STATIC_SMEM: u32 = 128;
 /// unpadded plus 1 KiB to align them to 1024 bytes).
 pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     let align_slack = if cfg.wgmma { 1024 } else { 0 };
-    cfg.block_m * tile_stride(cfg, dv, dqk) * 2 + ring_bytes(cfg, dqk, dv) + align_slack
+    cfg.block_m * tile_stride(cfg, dv, dqk) * 2
+        + ring_bytes(cfg, dqk, dv)
+        + dv_warp_exchange_bytes(cfg)
+        + align_slack
+}
+
+/// The Dv warps' partial scores ([`ForwardConfig::dv_warps`]): two buffers of
+/// every warp's S fragment, a word per lane.
+fn dv_warp_exchange_bytes(cfg: &ForwardConfig) -> u32 {
+    if cfg.dv_warps < 2 {
+        return 0;
+    }
+    let keys = cfg.block_n / cfg.key_warps.max(1);
+    2 * cfg.warps * WARP_SIZE * cfg.m_tiles() * (keys / 8) * 4 * 4
 }
 
 /// Whether the sm_80 template's tiles use XOR rows (`TILE_XOR_ROWS` in
@@ -743,8 +794,8 @@ fn ring_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
 /// a word per lane each); they reuse the K/V ring.
 fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize) -> u32 {
     let rows = 2 * cfg.m_tiles();
-    let words = cfg.m_tiles() * dv / 2 + rows * (nstate.max(1) as u32 + 1);
-    (cfg.key_warps - 1) * cfg.row_warps() * WARP_SIZE * words * 4
+    let words = cfg.m_tiles() * (dv / cfg.dv_warps.max(1)) / 2 + rows * (nstate.max(1) as u32 + 1);
+    (cfg.key_warps - 1) * cfg.row_warps() * cfg.dv_warps * WARP_SIZE * words * 4
 }
 
 /// Whether the `wgmma` forward takes these head dims.
@@ -766,6 +817,8 @@ struct ForwardTemplate<'a> {
     key_warps: u32,
     /// The sm_80 tiles' XOR rows (see [`xor_rows`]).
     xor_rows: bool,
+    /// Warps splitting Dv (see [`ForwardConfig::dv_warps`]).
+    dv_warps: u32,
     m_tiles: u32,
     warp_size: u32,
     dqk: u32,
@@ -972,6 +1025,10 @@ fn generate_forward(
         format!("_k{}", cfg.key_warps)
     } else {
         String::new()
+    } + &if cfg.dv_warps > 1 {
+        format!("_dw{}", cfg.dv_warps)
+    } else {
+        String::new()
     } + &if cfg.dv_split > 1 {
         format!("_v{}", cfg.dv_split)
     } else {
@@ -992,6 +1049,7 @@ fn generate_forward(
         bn: cfg.block_n,
         warps: cfg.warps(),
         key_warps: cfg.key_warps,
+        dv_warps: cfg.dv_warps,
         m_tiles: cfg.m_tiles(),
         warp_size: WARP_SIZE,
         dqk,
@@ -1093,10 +1151,17 @@ pub fn forward_default_isa(isa: Isa, v_in_k: bool) -> Isa {
 /// compute (multiples of 16, at most [`MAX_DV_SLICE`]); every target's
 /// forward checks this.
 pub fn check_dv_split(split: u32, dv_total: u32) -> Result<(), CompileError> {
+    check_dv_slices(split, 1, dv_total)
+}
+
+/// [`check_dv_split`] where `dv_warps` warps share each block's slice: each
+/// warp's columns are what must fit.
+fn check_dv_slices(split: u32, dv_warps: u32, dv_total: u32) -> Result<(), CompileError> {
+    let parts = split * dv_warps.max(1);
     if !matches!(split, 1 | 2 | 4)
-        || !dv_total.is_multiple_of(split)
-        || !(dv_total / split).is_multiple_of(16)
-        || dv_total / split > MAX_DV_SLICE
+        || !dv_total.is_multiple_of(parts)
+        || !(dv_total / parts).is_multiple_of(16)
+        || dv_total / parts > MAX_DV_SLICE
     {
         return Err(CompileError(format!(
             "dv_split {split} does not fit Dv = {dv_total}: it must be 1, 2 or 4 and cut Dv into slices that are multiples of 16 of at most {MAX_DV_SLICE} columns{}",
@@ -1115,7 +1180,7 @@ pub(crate) fn check_config(
     dv_total: u32,
 ) -> Result<(), CompileError> {
     let split = cfg.dv_split;
-    check_dv_split(split, dv_total)?;
+    check_dv_slices(split, cfg.dv_warps, dv_total)?;
     let dv = dv_total / split;
     if !(2..=4).contains(&cfg.stages) {
         return Err(CompileError(format!(
@@ -1136,6 +1201,21 @@ pub(crate) fn check_config(
         return Err(CompileError(format!(
             "{} key warps with {} warps and {}-key blocks are not supported: key_warps must be 1, 2 or 4 and divide the warps, and above 1 it needs the sm_80 template (wgmma: false) and leaves each warp a multiple of 16 keys",
             cfg.key_warps, cfg.warps, cfg.block_n
+        )));
+    }
+    if !matches!(cfg.dv_warps, 1 | 2)
+        || (cfg.dv_warps > 1
+            && (cfg.wgmma
+                || !cfg.warps.is_multiple_of(cfg.key_warps * cfg.dv_warps)
+                || !cfg.dv_slice(dv_total).is_multiple_of(64 * cfg.dv_warps)
+                || !dqk.is_multiple_of(64)))
+    {
+        return Err(CompileError(format!(
+            "{} Dv warps with {} warps ({} key warps), Dqk {dqk} and Dv slices of {} are not supported: dv_warps must be 1 or 2 and divide the warps per key warp, and 2 needs the sm_80 template (wgmma: false), Dqk a multiple of 64 and Dv slices a multiple of 128",
+            cfg.dv_warps,
+            cfg.warps,
+            cfg.key_warps,
+            cfg.dv_slice(dv_total)
         )));
     }
     if cfg.split_kv && cfg.warp_specialized {

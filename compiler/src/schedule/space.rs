@@ -225,6 +225,7 @@ fn cuda_forward_configs(
         persistent: false,
         v_in_k: false,
         key_warps: 1,
+        dv_warps: 1,
     };
     let mut out = Vec::new();
     for &dv_split in splits {
