@@ -13,7 +13,7 @@ use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
     Isa, KernelSource, block_mask_builder, parallel_backward, parallel_backward_varlen,
     parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
-    parallel_forward_varlen,
+    parallel_forward_varlen, untuned_forward_config,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -816,10 +816,14 @@ pub(crate) fn as_f32(t: &Tensor) -> Vec<u8> {
 /// sm_80 tiles with `v_in_k`, as `KernelOptions::v_in_k` gives them.
 fn forward_config(v: &Variant, dqk: u32, dv: u32, per_block: bool) -> ForwardConfig {
     if v.name == "MlaDecode" {
-        return ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm80).with_v_in_k(
+        return untuned_forward_config(
+            ForwardConfig::default_for,
+            v,
             dqk,
             dv,
-            Isa::Sm80,
+            Elem::Bf16,
+            Isa::Sm90a,
+            true,
         );
     }
     let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm90a);

@@ -25,7 +25,7 @@ pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
     ArgKind, BLOCK_MASK_ARGS, COMBINE_ROWS_PER_BLOCK, ForwardConfig, KernelSource,
     TILE_SCHEDULE_ARGS, forward_default_isa, parallel_forward, parallel_forward_block_sparse,
-    parallel_forward_paged, parallel_forward_varlen,
+    parallel_forward_paged, parallel_forward_varlen, untuned_forward_config,
 };
 pub use cuda::recurrent::{
     ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,

@@ -30,8 +30,8 @@ use aec::compiler::launch_plan::{
 };
 use aec::compiler::{
     BackwardConfig, CompileError, Elem, ForwardConfig, ForwardKind, Isa, KernelSource,
-    RecurrentBackwardSource, RecurrentConfig, RecurrentSource, forward_default_isa,
-    parallel_backward, parallel_forward, recurrent_backward, recurrent_forward,
+    RecurrentBackwardSource, RecurrentConfig, RecurrentSource, parallel_backward, parallel_forward,
+    recurrent_backward, recurrent_forward, untuned_forward_config,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -232,13 +232,15 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         };
         let hash = variant_hash(v);
         for &isa in &isas {
-            let default_isa = forward_default_isa(isa, args.v_in_k);
-            let cfg = ForwardConfig::default_for(v, vq, vv, Elem::Bf16, default_isa);
-            let cfg = if args.v_in_k {
-                cfg.with_v_in_k(vq, vv, default_isa)
-            } else {
-                cfg
-            };
+            let cfg = untuned_forward_config(
+                ForwardConfig::default_for,
+                v,
+                vq,
+                vv,
+                Elem::Bf16,
+                isa,
+                args.v_in_k,
+            );
             let k = parallel_forward(v, vq, vv, &cfg)
                 .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
             let forward = ForwardRecord {

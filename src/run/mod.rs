@@ -430,18 +430,17 @@ fn generate_forward(
 ) -> Result<KernelSource, Error> {
     require_parallel(variant)?;
     check_head_dims(variant, dims)?;
-    let default_isa = crate::compiler::forward_default_isa(isa, options.v_in_k);
-    let mut cfg = match options.config {
-        Some(cfg) => cfg,
-        None => {
-            let cfg = default(variant, dims.dqk, dims.dv, options.elem, default_isa);
-            if options.v_in_k {
-                cfg.with_v_in_k(dims.dqk, dims.dv, default_isa)
-            } else {
-                cfg
-            }
-        }
-    };
+    let mut cfg = options.config.unwrap_or_else(|| {
+        crate::compiler::untuned_forward_config(
+            default,
+            variant,
+            dims.dqk,
+            dims.dv,
+            options.elem,
+            isa,
+            options.v_in_k,
+        )
+    });
     cfg.v_in_k |= options.v_in_k;
     if cfg.wgmma && isa != Isa::Sm90a {
         return Err(Error::Shape(
@@ -695,12 +694,15 @@ impl ParallelKernels {
             // Untuned decoding: the default tile for the shape's packed rows
             // and grid (ForwardConfig::for_decode_shape).
             let isa = Isa::for_arch(device.arch());
-            let default_isa = crate::compiler::forward_default_isa(isa, options.v_in_k);
-            let mut cfg =
-                ForwardConfig::default_for(variant, dims.dqk, dims.dv, options.elem, default_isa);
-            if options.v_in_k {
-                cfg = cfg.with_v_in_k(dims.dqk, dims.dv, default_isa);
-            }
+            let cfg = crate::compiler::untuned_forward_config(
+                ForwardConfig::default_for,
+                variant,
+                dims.dqk,
+                dims.dv,
+                options.elem,
+                isa,
+                options.v_in_k,
+            );
             let packed = cfg.for_decode_shape(
                 [shape.b, shape.h, shape.hkv, shape.sq],
                 device.sm_count(),

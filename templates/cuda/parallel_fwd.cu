@@ -539,11 +539,11 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             unsigned qa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(qx[kk % 4] + tile_chunk_step<DQK>(kk) + mt * 16 * SQS * sizeof(elem_t), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+                ldmatrix_x4(qx[kk % 4] + tile_chunk_step(kk) + mt * 16 * SQS * sizeof(elem_t), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
 #pragma unroll
             for (int np = 0; np < KW / 16; ++np) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4(kx[kk % 4] + tile_chunk_step<DQK>(kk) + np * 16 * SQS * sizeof(elem_t), b0, b1, b2, b3);
+                ldmatrix_x4(kx[kk % 4] + tile_chunk_step(kk) + np * 16 * SQS * sizeof(elem_t), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(s[mt][2 * np], qa[mt], b0, b1);
@@ -887,7 +887,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 #pragma unroll
             for (int dp = 0; dp < DVW / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4_trans(vx[dp % 4] + tile_chunk_step<V_COLS>(dp), b0, b1, b2, b3);
+                ldmatrix_x4_trans(vx[dp % 4] + tile_chunk_step(dp), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(acc[mt][2 * dp], pa[mt], b0, b1);

@@ -188,9 +188,8 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
 // `off`, the element offset of the lane's first chunk c0 (0 or 1): with XOR
 // rows the pair's place depends on the row (bits 4-6 of the offset), so
 // each lane keeps four addresses; chunk pair kk of the row is then
-// `x[kk % 4] + tile_chunk_step(kk)`, a constant offset the load folds in.
-// (One XOR per load instead held a register per unrolled address: MLA's
-// 576-column tiles spilled.)
+// `x[kk % 4] + tile_chunk_step(kk)`, a constant offset the load folds in
+// (padded rows the same way, the four addresses 32 bytes apart).
 template <int COLS>
 __device__ __forceinline__ void tile_chunks(unsigned (&x)[4], unsigned base, int off) {
     const unsigned lane_off = off * sizeof(elem_t);
@@ -199,10 +198,7 @@ __device__ __forceinline__ void tile_chunks(unsigned (&x)[4], unsigned base, int
         x[j] = base + (tile_xor_rows<COLS>() ? (lane_off ^ (j << 5)) : lane_off + j * 32);
 }
 // Bytes from chunk pair kk % 4 of the first 128 bytes to pair kk.
-template <int COLS>
-__device__ __forceinline__ constexpr unsigned tile_chunk_step(int kk) {
-    return (kk / 4) * 128;
-}
+__device__ __forceinline__ constexpr unsigned tile_chunk_step(int kk) { return (kk / 4) * 128; }
 
 // Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
 // apart in global memory, or where `map` puts them) into a shared-memory tile

@@ -85,7 +85,7 @@ pub struct ForwardConfig {
     /// without more shared memory: decoding's one-warp block issues too
     /// little to keep the memory busy (bench/NOTES.md). `warps` counts
     /// them all: `warps / key_warps` row warps.
-    #[serde(default = "one_key_warp")]
+    #[serde(default = "one_warp")]
     pub key_warps: u32,
     /// Warps that split Dv between them for the same rows and keys (1 or 2;
     /// the sm_80 template): each computes S over part of Dqk, the pair adds
@@ -94,11 +94,11 @@ pub struct ForwardConfig {
     /// S is computed once per block instead of once per Dv slice of
     /// `dv_split` — for V stored in K (MLA's 576-column scores) where the
     /// scores are most of the work. `warps` counts them all.
-    #[serde(default = "one_key_warp")]
+    #[serde(default = "one_warp")]
     pub dv_warps: u32,
 }
 
-fn one_key_warp() -> u32 {
+fn one_warp() -> u32 {
     1
 }
 
@@ -1145,6 +1145,29 @@ fn generate_forward(
 /// kernels take the sm_80 tiles on every GPU.
 pub fn forward_default_isa(isa: Isa, v_in_k: bool) -> Isa {
     if v_in_k { Isa::Sm80 } else { isa }
+}
+
+/// The untuned forward configuration on `isa`: `default` (a dense, varlen…
+/// rule such as [`ForwardConfig::default_for`]) on the instruction set whose
+/// tiles the forward takes, then, with shared K/V storage,
+/// [`ForwardConfig::with_v_in_k`]. The runtime, `aec compile` and the
+/// benchmark all build it here.
+pub fn untuned_forward_config(
+    default: fn(&Variant, u32, u32, Elem, Isa) -> ForwardConfig,
+    variant: &Variant,
+    dqk: u32,
+    dv: u32,
+    elem: Elem,
+    isa: Isa,
+    v_in_k: bool,
+) -> ForwardConfig {
+    let isa = forward_default_isa(isa, v_in_k);
+    let cfg = default(variant, dqk, dv, elem, isa);
+    if v_in_k {
+        cfg.with_v_in_k(dqk, dv, isa)
+    } else {
+        cfg
+    }
 }
 
 /// Whether `split` (1, 2 or 4) cuts `dv_total` into slices a block can
