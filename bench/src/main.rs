@@ -10,10 +10,10 @@
 //! GPU machine only loads and launches.
 
 use aec_compiler::{
-    ArgKind, BackwardConfig, BackwardSource, COMBINE_ROWS_PER_BLOCK, Elem, ForwardConfig, Grid,
-    Isa, KernelSource, block_mask_builder, parallel_backward, parallel_backward_varlen,
-    parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
-    parallel_forward_varlen, untuned_forward_config,
+    ArgKind, BackwardConfig, BackwardSource, Elem, ForwardConfig, Grid, Isa, KernelSource,
+    block_mask_builder, parallel_backward, parallel_backward_varlen, parallel_forward,
+    parallel_forward_block_sparse, parallel_forward_paged, parallel_forward_varlen,
+    untuned_forward_config,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -166,16 +166,14 @@ type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32, u32);
 
 /// Other tiles of the latent decoding forward.
 const MLA_TILES: &[DecodeTile] = &[
-    ("v4n32s2", 16, 1, 1, 4, 32, 2, 1),
-    ("m64w4v2", 64, 4, 1, 2, 32, 2, 1),
     ("m16k2v2", 16, 2, 2, 2, 32, 2, 1), // the default before Dv warps
-    ("m16k2v2s3", 16, 2, 2, 2, 32, 3, 1),
-    ("m16k4n64v2", 16, 4, 4, 2, 64, 2, 1),
-    ("m64w8k2v2", 64, 8, 2, 2, 32, 2, 1),
     // Dv split between the warps of one block (S computed once).
     ("m16k2d2", 16, 4, 2, 1, 32, 2, 2),
     ("m16d2", 16, 2, 1, 1, 32, 2, 2),
     ("m16d2s3", 16, 2, 1, 1, 32, 3, 2),
+    // 16-key stages: more of the ring in flight for the same bytes.
+    ("m16d2n16s3", 16, 2, 1, 1, 16, 3, 2),
+    ("m16d2n16s4", 16, 2, 1, 1, 16, 4, 2),
     ("m64d2", 64, 8, 1, 1, 32, 2, 2),
 ];
 
@@ -951,7 +949,7 @@ fn kernel_meta(
         "tile_schedule": k.tile_schedule,
         "combine": k.combine,
         "combine_threads": k.combine_threads,
-        "combine_rows_per_block": COMBINE_ROWS_PER_BLOCK,
+        "combine_rows_per_block": k.combine_rows,
         "block_n": k.block_n,
         "split_state_words": k.split_state_words,
         "dqk": k.dqk,

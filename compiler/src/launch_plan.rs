@@ -12,9 +12,7 @@
 //! language needs only JSON and the small expression language of
 //! [`SizeExpr`].
 
-use crate::cuda::forward::{
-    ArgKind, COMBINE_ROWS_PER_BLOCK, KernelSource, KvSplitInputs, MAX_KV_SPLITS, kv_split_rule,
-};
+use crate::cuda::forward::{ArgKind, KernelSource, KvSplitInputs, MAX_KV_SPLITS, kv_split_rule};
 use crate::cuda::recurrent::{RecurrentBackwardSource, RecurrentGridX, RecurrentSource};
 use crate::{Elem, Grid, Launch};
 use aec_frontend::Variant;
@@ -572,7 +570,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
                 entry: combine.clone(),
                 module: None,
                 grid: [
-                    SizeExpr::ceil_div(SizeExpr::mul(rows()), c(COMBINE_ROWS_PER_BLOCK)),
+                    SizeExpr::ceil_div(SizeExpr::mul(rows()), c(k.combine_rows)),
                     c(1),
                     c(1),
                 ],

@@ -903,13 +903,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     }
 {% endif %}}
 {% if split_kv %}
-// Merges the n_splits partial rows of each query row (one warp per row):
-// the merged state from the partials that saw a key, each partial's output
-// rescaled by combine_rescale, then the epilogue as in the main kernel. The
-// lanes take the splits (lane, lane + WARP, …) and merge across the warp, so
-// no load waits on the one before (merging a split at a time: 1.6% slower
-// at 33 splits, 12% at 16, H100, bench/NOTES.md).
-extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kernel_name }}_combine(
+// Merges the n_splits partial rows of each query row: the merged state from
+// the partials that saw a key, each partial's output rescaled by
+// combine_rescale, then the epilogue as in the main kernel. A row's columns
+// are spread over CMB_TPR threads, four each, and a thread loads the outputs
+// of COMBINE_CHUNK splits before it reads any state, so a call waits on
+// memory about twice per chunk of splits instead of about twice per split
+// (one warp per row, a split at a time: +0.4 us per split at d128, H200,
+// bench/NOTES.md).
+#define CMB_TPR (DVG / 4)
+#define CMB_ROWS {{ combine_rows }}
+#define COMBINE_CHUNK 16
+extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR) {{ kernel_name }}_combine(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv,
@@ -917,94 +922,83 @@ extern "C" __global__ void __launch_bounds__({{ combine_rows }} * WARP) {{ kerne
     const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}) {
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int t = threadIdx.x % CMB_TPR, c0 = 4 * t;
     const long long rows = (long long)B * H * Sq;
-    const long long row = (long long)blockIdx.x * {{ combine_rows }} + warp;
+    const long long row = (long long)blockIdx.x * CMB_ROWS + threadIdx.x / CMB_TPR;
     if (row >= rows) return;
 {% if paged %}    P.Skv = seqlens_k[row / ((long long)H * Sq)];  // the row's sequence's keys
-{% endif %}    float st[1][NSTATE_ARR];
+{% endif %}    // The first chunk's outputs: they do not depend on the states.
+    float4 val[COMBINE_CHUNK];
+#pragma unroll
+    for (int j = 0; j < COMBINE_CHUNK; ++j)
+        val[j] = j < n_splits ? *reinterpret_cast<const float4*>(opart + ((long long)j * rows + row) * DVG + c0)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float st[1][NSTATE_ARR];
     {
         const int r = 0;
 {{ state_init }}    }
-    // The merged state: each lane merges its splits', then the warp merges
-    // the lanes' (a butterfly, so every lane ends with the same state).
+    // The merged state, split by split in order; a chunk's state words are
+    // all loaded before any is merged.
     float m[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
     bool any = false;
-    for (int sp = lane; sp < n_splits; sp += WARP) {
-        const float* srow = spart + ((long long)sp * rows + row) * (NSTATE + 1);
-        if (srow[NSTATE] == 0.0f) continue;
-        float x[NSTATE_ARR];
+    for (int base = 0; base < n_splits; base += COMBINE_CHUNK) {
+        float x[COMBINE_CHUNK][NSTATE + 1];
 #pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
-        if (any) combine_merge(m, x);
-        else {
+        for (int j = 0; j < COMBINE_CHUNK; ++j) {
+            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = x[f];
+            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? srow[f] : 0.0f;
         }
-        any = true;
-    }
 #pragma unroll
-    for (int off = WARP / 2; off > 0; off /= 2) {
-        float x[NSTATE_ARR];
+        for (int j = 0; j < COMBINE_CHUNK; ++j) {
+            if (x[j][NSTATE] == 0.0f) continue;  // no key, or past the last split
+            float y[NSTATE_ARR];
 #pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = __shfl_xor_sync(0xffffffffu, m[f], off);
-        const bool other = __shfl_xor_sync(0xffffffffu, any ? 1 : 0, off) != 0;
-        if (other) {
-            if (any) combine_merge(m, x);
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
+            if (any) combine_merge(m, y);
             else {
 #pragma unroll
-                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = x[f];
+                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
             }
+            any = true;
         }
-        any |= other;
     }
-    constexpr int PER_LANE = (DVG + WARP - 1) / WARP;
-    float out[PER_LANE];
-#pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) out[e] = 0.0f;
+    float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float acc_st[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
-    if (any) {
-        // Each lane rescales one split of every WARP; the warp then adds the
-        // outputs split by split (a split that saw no key has c = 0 and an
-        // output of zeros).
-        for (int base = 0; base < n_splits; base += WARP) {
-            float c = 0.0f;
-            if (base + lane < n_splits) {
-                const float* srow = spart + ((long long)(base + lane) * rows + row) * (NSTATE + 1);
-                if (srow[NSTATE] != 0.0f) {
-                    float x[NSTATE_ARR];
+    for (int base = 0; any && base < n_splits; base += COMBINE_CHUNK) {
+        if (base > 0) {
 #pragma unroll
-                    for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
-                    c = combine_rescale(x, m, P);
-                    combine_scaled_add(acc_st, c, x);
-                }
-            }
-            const int n = min(WARP, n_splits - base);
-#pragma unroll 4
-            for (int j = 0; j < n; ++j) {
-                const float cj = __shfl_sync(0xffffffffu, c, j);
-                const float* prow = opart + ((long long)(base + j) * rows + row) * DVG;
-#pragma unroll
-                for (int e = 0; e < PER_LANE; ++e)
-                    if (lane + e * WARP < DVG) out[e] += cj * prow[lane + e * WARP];
-            }
+            for (int j = 0; j < COMBINE_CHUNK; ++j)
+                val[j] = base + j < n_splits
+                             ? *reinterpret_cast<const float4*>(opart + ((long long)(base + j) * rows + row) * DVG + c0)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int off = WARP / 2; off > 0; off /= 2)
+        for (int j = 0; j < COMBINE_CHUNK; ++j) {
+            if (base + j >= n_splits) break;
+            // The state words again (read above: cache hits).
+            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
+            if (srow[NSTATE] == 0.0f) continue;  // its output is zeros, or was never written
+            float y[NSTATE_ARR];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] += __shfl_xor_sync(0xffffffffu, acc_st[f], off);
-        combine_scaled_finish(m, acc_st);
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? srow[f] : 0.0f;
+            const float c = combine_rescale(y, m, P);
+            combine_scaled_add(acc_st, c, y);
+            out.x += c * val[j].x;
+            out.y += c * val[j].y;
+            out.z += c * val[j].z;
+            out.w += c * val[j].w;
+        }
     }
-    elem_t* orow = o + row * DVG;
-    const float of = epilogue_o_factor(m, P);
-#pragma unroll
-    for (int e = 0; e < PER_LANE; ++e)
-        if (lane + e * WARP < DVG) orow[lane + e * WARP] = from_f32(any ? out[e] * of : 0.0f);
-    if (lane == 0) {
+    if (any) combine_scaled_finish(m, acc_st);
+    // Rows no split saw a key of are zeros, as in the main kernel.
+    const float of = any ? epilogue_o_factor(m, P) : 0.0f;
+    *reinterpret_cast<uint2*>(o + row * DVG + c0) = make_uint2(pack2(out.x * of, out.y * of), pack2(out.z * of, out.w * of));
+    if (t == 0) {
         float sc[NSCALES_ARR];
         epilogue_scales(m, sc, P);
 #pragma unroll

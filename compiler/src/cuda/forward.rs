@@ -531,9 +531,11 @@ pub struct KernelSource {
     /// launched after the main one with the same arguments
     /// ([`KernelSource::combine_grid`], `combine_threads` threads).
     pub combine: Option<String>,
-    /// Threads per block of the combine kernel: one warp (wavefront) per row,
-    /// [`COMBINE_ROWS_PER_BLOCK`] rows.
+    /// Threads per block of the combine kernel, which merges `combine_rows`
+    /// query rows.
     pub combine_threads: u32,
+    /// Query rows per block of the combine kernel.
+    pub combine_rows: u32,
     /// Keys per block step (the unit a KV split is made of).
     pub block_n: u32,
     /// Words per query row and split of the `spart` workspace: the state
@@ -549,11 +551,18 @@ pub struct KernelSource {
     pub tile_schedule: bool,
 }
 
-/// Rows (one warp each) per block of the split-KV combine kernel.
+/// Rows (one wavefront each) per block of the HIP split-KV combine kernel.
 pub const COMBINE_ROWS_PER_BLOCK: u32 = 4;
 
-/// Threads per block of the CUDA split-KV combine kernel.
-const COMBINE_THREADS: u32 = COMBINE_ROWS_PER_BLOCK * WARP_SIZE;
+/// Threads per block the CUDA split-KV combine kernel aims at.
+const COMBINE_BLOCK_THREADS: u32 = 128;
+
+/// Rows per block of the CUDA combine kernel for a Dv of `dv`: each row
+/// takes `dv / 4` threads (four columns each), and a block as many rows as
+/// fit in [`COMBINE_BLOCK_THREADS`] (at least one).
+pub fn cuda_combine_rows(dv: u32) -> u32 {
+    (COMBINE_BLOCK_THREADS / (dv / 4).max(1)).max(1)
+}
 
 impl KernelSource {
     /// The launch grid for sizes `B, H, Hkv, Sq`: `(ceil(Sq / block_m) ·
@@ -647,7 +656,7 @@ impl KernelSource {
     /// The combine kernel's grid (`combine_threads` threads per block) for
     /// `rows = B·H·Sq` query rows; `None` when it exceeds what CUDA launches.
     pub fn combine_grid(&self, rows: usize) -> Option<(u32, u32, u32)> {
-        let x = rows.div_ceil(COMBINE_ROWS_PER_BLOCK as usize);
+        let x = rows.div_ceil(self.combine_rows.max(1) as usize);
         (x < (1 << 31)).then_some((x as u32, 1, 1))
     }
 
@@ -1091,7 +1100,7 @@ fn generate_forward(
         // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved
         // spills into the main loop and cost 6% (bench/NOTES.md).
         quad_stores: dqk <= 128,
-        combine_rows: COMBINE_ROWS_PER_BLOCK,
+        combine_rows: cuda_combine_rows(dv_total),
         wgmma_fns: if cfg.wgmma {
             wgmma_fns(
                 cfg.elem,
@@ -1119,7 +1128,8 @@ fn generate_forward(
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
-        combine_threads: COMBINE_THREADS,
+        combine_threads: cuda_combine_rows(dv_total) * (dv_total / 4),
+        combine_rows: cuda_combine_rows(dv_total),
         name: kernel_name,
         source,
         threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,

@@ -201,6 +201,7 @@ pub fn hip_parallel_forward(
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
         combine_threads: COMBINE_ROWS_PER_BLOCK * WAVE_SIZE,
+        combine_rows: COMBINE_ROWS_PER_BLOCK,
         name: kernel_name,
         source,
         threads: cfg.waves * WAVE_SIZE,
