@@ -910,10 +910,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 // of COMBINE_CHUNK splits before it reads any state, so a call waits on
 // memory about twice per chunk of splits instead of about twice per split
 // (one warp per row, a split at a time: +0.4 us per split at d128, H200,
-// bench/NOTES.md).
+// bench/NOTES.md). The chunk shrinks as Dv grows (more rows' threads per
+// multiprocessor).
 #define CMB_TPR (DVG / 4)
 #define CMB_ROWS {{ combine_rows }}
-#define COMBINE_CHUNK 16
+#define COMBINE_CHUNK {{ combine_chunk }}
 extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR) {{ kernel_name }}_combine(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,

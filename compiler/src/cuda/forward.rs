@@ -564,6 +564,14 @@ pub fn cuda_combine_rows(dv: u32) -> u32 {
     (COMBINE_BLOCK_THREADS / (dv / 4).max(1)).max(1)
 }
 
+/// Splits whose partial outputs a CUDA combine thread loads at once for a
+/// Dv of `dv`: 16 at Dv 128, 4 at Dv 512. Each costs a thread five to eight
+/// registers; at Dv 512 (one row per 128 threads, as many blocks as rows) 16
+/// took 168 registers and made MLA's combine twice as slow (H200).
+pub fn cuda_combine_chunk(dv: u32) -> u32 {
+    (2048 / dv.max(1)).clamp(4, 16)
+}
+
 impl KernelSource {
     /// The launch grid for sizes `B, H, Hkv, Sq`: `(ceil(Sq / block_m) ·
     /// dv_split, H, B)`, or with packed heads `(ceil(H/Hkv · Sq / block_m) ·
@@ -873,6 +881,7 @@ struct ForwardTemplate<'a> {
     /// (see the template's epilogue).
     quad_stores: bool,
     combine_rows: u32,
+    combine_chunk: u32,
     wgmma_fns: String,
 }
 
@@ -1101,6 +1110,7 @@ fn generate_forward(
         // spills into the main loop and cost 6% (bench/NOTES.md).
         quad_stores: dqk <= 128,
         combine_rows: cuda_combine_rows(dv_total),
+        combine_chunk: cuda_combine_chunk(dv_total),
         wgmma_fns: if cfg.wgmma {
             wgmma_fns(
                 cfg.elem,
