@@ -26,10 +26,18 @@ use std::fmt::Write as _;
 /// A kernel's argument list as the driver's C++ expressions (the vectors it
 /// declares: tensors and workspaces by name, custom input `n` as `c<n>`, its
 /// gradient as `g<n>`).
-fn call_args(args: &[ArgKind], shape: Shape, customs: &[(String, usize)], n_splits: u32) -> String {
+fn call_args(
+    args: &[ArgKind],
+    shape: Shape,
+    customs: &[(String, usize)],
+    n_splits: u32,
+    v_in_k: bool,
+) -> String {
     let custom = |name: &str| customs.iter().position(|(c, _)| c == name).expect("custom");
     args.iter()
         .map(|a| match a {
+            // V stored in K's rows: the cache is passed as both.
+            ArgKind::Tensor("v") if v_in_k => "k.data()".into(),
             ArgKind::Tensor(n) | ArgKind::Workspace(n) => format!("{n}.data()"),
             ArgKind::RowOut => "rowout.data()".into(),
             ArgKind::Custom(name) => format!("c{}.data()", custom(name)),
@@ -90,7 +98,7 @@ fn driver(
         s,
         "    fclose(f);\n    std::vector<float> opart({ws_o}), spart({ws_s});"
     );
-    let call = call_args(&k.args, shape, customs, n_splits);
+    let call = call_args(&k.args, shape, customs, n_splits, k.v_in_k);
     let _ = writeln!(
         s,
         "    aec_emu::launch({gx}, {gy}, {gz}, {}, [&] {{ {}({call}); }});",
@@ -115,7 +123,7 @@ fn driver(
         for (n, (_, len)) in customs.iter().enumerate() {
             let _ = writeln!(s, "    std::vector<float> g{n}({len}, 0.0f);");
         }
-        let call = call_args(&b.args, shape, customs, n_splits);
+        let call = call_args(&b.args, shape, customs, n_splits, false);
         let sizes = [shape.b, shape.h, shape.hkv, shape.sq, shape.skv];
         for l in [&b.pre, &b.main, &b.post] {
             let (x, y, z) = l.grid_for(sizes, b.dqk).expect("grid");
@@ -189,7 +197,13 @@ fn check_with(
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(n_splits == 1 || k.combine.is_some(), "{name}: no split-KV");
-    let call = random_call(&def, shape, dims, range, name);
+    let mut call = random_call(&def, shape, dims, range, name);
+    if k.v_in_k {
+        // The reference's V is K's first Dv columns; the driver still
+        // uploads an independent random v, which the kernel must not read.
+        let kt = call.inputs.k.clone();
+        call.inputs.v = reference::Tensor::from_fn(&call.inputs.v.shape, |idx| kt.get(idx));
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let p = |f: &str| dir.path().join(f);
     std::fs::write(p("kernel.hip"), &k.source).unwrap();
@@ -430,6 +444,23 @@ fn emulated_decode_split_kv_and_combine() {
             HeadDims::square(128),
             (0.0, 1.0),
             keep,
+            splits,
+        );
+    }
+}
+
+/// Multi-head latent attention decoding (Dqk 576, Dv 512): Dv split between
+/// workgroups and split-KV, with separate k and v and with V read from K's
+/// rows (`v_in_k`), at a key count that is not a multiple of the key block.
+#[test]
+fn emulated_latent_decode_with_v_in_k() {
+    for (v_in_k, splits) in [(false, 1), (true, 1), (true, 3)] {
+        check(
+            "mla_decode",
+            Shape::new(1, 6, 2, 1, 75),
+            HeadDims::new(576, 512),
+            (0.0, 1.0),
+            |c| c.v_in_k = v_in_k,
             splits,
         );
     }

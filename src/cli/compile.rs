@@ -123,9 +123,10 @@ pub struct CompileArgs {
     pub no_tuning: bool,
     /// The parallel variants' K and V share storage: V is the first Dv
     /// columns of each K row (multi-head latent attention's cache, e.g.
-    /// examples/mla_decode.rs). The forward reads no V tiles and its callers
-    /// pass the cache as both k and v; CUDA targets only, and no backward
-    /// (it writes dK and dV separately).
+    /// examples/mla_decode.rs). The forward reads V from K's rows and its
+    /// callers pass the cache as both k and v (CUDA: one tile serves both;
+    /// AMD: V's columns are read a second time, from cache); no backward (it
+    /// writes dK and dV separately).
     #[arg(long)]
     pub v_in_k: bool,
 }
@@ -167,19 +168,13 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             variants.push((shown.clone(), v));
         }
     }
-    if args.v_in_k {
-        if let Some(amd) = targets.iter().find(|t| t.gfx().is_some()) {
-            return Err(format!(
-                "--v-in-k: V read from K's rows is a feature of the CUDA forward template; the HIP forward for `{}` takes separate k and v (build the AMD targets without --v-in-k)",
-                amd.name()
-            ));
-        }
-        if let Some((file, v)) = variants.iter().find(|(_, v)| v.recurrent().is_some()) {
-            return Err(format!(
-                "--v-in-k: `{}` ({file}) is a recurrent variant; shared K/V storage is for parallel variants",
-                v.name
-            ));
-        }
+    if args.v_in_k
+        && let Some((file, v)) = variants.iter().find(|(_, v)| v.recurrent().is_some())
+    {
+        return Err(format!(
+            "--v-in-k: `{}` ({file}) is a recurrent variant; shared K/V storage is for parallel variants",
+            v.name
+        ));
     }
     let with_nvrtc = nvrtc_present();
     let any_cuda = targets.iter().any(|t| t.cuda_arch().is_some());
@@ -352,7 +347,14 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             }
         }
         for t in targets.iter().filter(|t| t.gfx().is_some()) {
-            kernels.extend(hip_kernels(&kernels_dir, v, file, vq, vv, *t)?);
+            kernels.extend(hip_kernels(
+                &kernels_dir,
+                v,
+                file,
+                (vq, vv),
+                *t,
+                args.v_in_k,
+            )?);
         }
         manifest_variants.push(json!({
             "name": v.name,
@@ -870,12 +872,15 @@ fn hip_kernels(
     dir: &Path,
     v: &Variant,
     file: &str,
-    dqk: u32,
-    dv: u32,
+    (dqk, dv): (u32, u32),
     target: Target,
+    v_in_k: bool,
 ) -> Result<Vec<Value>, String> {
     let gfx = target.gfx().expect("AMD target");
-    let cfg = HipForwardConfig::default_for(v, dqk, dv, Elem::Bf16);
+    let cfg = HipForwardConfig {
+        v_in_k,
+        ..HipForwardConfig::default_for(v, dqk, dv, Elem::Bf16)
+    };
     let k = hip_parallel_forward(v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
         .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
     let build = hip_build(dir, &k.name, &k.source, &k.name, cfg.waves, target, &v.name)?;
@@ -888,12 +893,19 @@ fn hip_kernels(
         "row_outputs": k.row_outputs,
         "config": json!({
             "block_m": cfg.block_m, "block_n": cfg.block_n, "waves": cfg.waves,
-            "pack_gqa": cfg.pack_gqa, "elem": cfg.elem.name(),
+            "pack_gqa": cfg.pack_gqa, "elem": cfg.elem.name(), "v_in_k": cfg.v_in_k,
         }),
         "plan": forward_plan(v, &k),
     })];
     let bcfg = HipBackwardConfig::default_for(dqk, dv, Elem::Bf16);
-    match hip_parallel_backward(v, dqk, dv, &bcfg, gfx, HipPrelude::Amdgcn) {
+    let backward = if v_in_k {
+        Err(CompileError(
+            "built with --v-in-k (K and V share storage): the backward writes dK and dV to separate tensors; build without --v-in-k for training".into(),
+        ))
+    } else {
+        hip_parallel_backward(v, dqk, dv, &bcfg, gfx, HipPrelude::Amdgcn)
+    };
+    match backward {
         Ok(b) => {
             let base = b.main.name.trim_end_matches("_main").to_string();
             let build = hip_build(

@@ -47,7 +47,10 @@
 #define NT (NWAVES * WAVE)
 #define DQK {{ dqk }}
 #define DV {{ dv }}  // O columns of this block
-#define DVG {{ dv_total }}  // row stride of v and o: all of Dv
+#define DVG {{ dv_total }}  // row stride of o: all of Dv
+{% if v_in_k %}#define VGS DQK  // V is the first Dv columns of K's rows (one cache for both)
+{% else %}#define VGS DVG  // row stride of v
+{% endif %}
 #define DV_SPLIT {{ dv_split }}  // blocks per row block, one Dv slice each
 #define SKS (DQK + 8)  // K tile row stride in LDS: 16-byte rows, banks staggered
 #define SVS (BN + 4)  // Vᵀ tile row stride in LDS: 8-byte fragments
@@ -136,7 +139,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}(
     const elem_t* qg = q + (long long)(b * H + h) * Sq * DQK;
     const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
     const int dv0 = (bx % DV_SPLIT) * DV;
-    const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DVG + dv0;
+    const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * VGS + dv0;
     int row_i[QT];
 #pragma unroll
     for (int qt = 0; qt < QT; ++qt) row_i[qt] = m0 + (wave * QT + qt) * 16 + col;
@@ -206,7 +209,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}(
     u16x8 kreg[KCH], vreg[VCH];
     if (n_begin < n_end) {
         prefetch_rows<BN, DQK, KCH, DQK>(kreg, kg, n_begin * BN, Skv, tid);
-        prefetch_rows<BN, DV, VCH, DVG>(vreg, vg, n_begin * BN, Skv, tid);
+        prefetch_rows<BN, DV, VCH, VGS>(vreg, vg, n_begin * BN, Skv, tid);
     }
     for (int nb = n_begin; nb < n_end; ++nb) {
         const int n0 = nb * BN;
@@ -248,7 +251,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}(
         // The next block's loads are in flight while this one is computed.
         if (nb + 1 < n_end) {
             prefetch_rows<BN, DQK, KCH, DQK>(kreg, kg, n0 + BN, Skv, tid);
-            prefetch_rows<BN, DV, VCH, DVG>(vreg, vg, n0 + BN, Skv, tid);
+            prefetch_rows<BN, DV, VCH, VGS>(vreg, vg, n0 + BN, Skv, tid);
         }
 {% if mask %}        const int cls = TILE_CLASS(n0, min(n0 + BN, Skv) - 1);
 {% else %}        const int cls = 2;

@@ -9,7 +9,7 @@ use crate::cuda::forward::{
     COMBINE_ROWS_PER_BLOCK, KernelSource, check_dv_split, default_dv_split, forward_args,
 };
 use crate::cxx::closures::{
-    CustomParams, MAX_DQK, custom_params, parallel_inputs, reads, row_output_names,
+    CustomParams, MAX_FORWARD_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
 use crate::cxx::regions::{forward_regions, implies_causal, state_init};
@@ -36,6 +36,13 @@ pub struct HipForwardConfig {
     /// Split-KV with the derived combine kernel, as in
     /// [`crate::ForwardConfig::split_kv`].
     pub split_kv: bool,
+    /// V is the first Dv columns of K's rows (multi-head latent attention's
+    /// cache), as in [`crate::ForwardConfig::v_in_k`]: the caller passes the
+    /// one cache as `k` and `v`, and V's rows are read `Dqk` apart. The K
+    /// and Vᵀ tiles stay separate in LDS, so the second read of those
+    /// columns comes from the cache hierarchy.
+    #[serde(default)]
+    pub v_in_k: bool,
 }
 
 impl HipForwardConfig {
@@ -59,8 +66,12 @@ impl HipForwardConfig {
         };
         let block_n = if lds_bytes(64, dqk, slice) <= MAX_LDS_BYTES / 2 {
             64
-        } else {
+        } else if dqk <= 256 {
             32
+        } else {
+            // The next block's K rows are prefetched into registers: at Dqk
+            // 576 a 32-key block on one wave would take 144 of them.
+            16
         };
         HipForwardConfig {
             block_m,
@@ -73,6 +84,7 @@ impl HipForwardConfig {
                 && variant
                     .parallel()
                     .is_some_and(|p| combine_plan(&p.online).is_ok()),
+            v_in_k: false,
         }
     }
 
@@ -119,6 +131,7 @@ struct HipForwardTemplate<'a> {
     clamp: bool,
     split_kv: bool,
     combine_rows: u32,
+    v_in_k: bool,
 }
 
 /// Generates the HIP parallel forward of `variant` for head dims `dqk`, `dv`
@@ -135,7 +148,7 @@ pub fn hip_parallel_forward(
     // A uniform Q scale is applied to the scores instead (`q_scale`).
     let folded = crate::q_scale::fold_q_scale(variant, dqk, dv);
     let variant = folded.as_ref().unwrap_or(variant);
-    let par = parallel_inputs(variant, dqk, dv, "forward", MAX_DQK)?;
+    let par = parallel_inputs(variant, dqk, dv, "forward", MAX_FORWARD_DQK)?;
     check_config(cfg, dqk, dv)?;
     let dv_total = dv;
     let dv = dv_total / cfg.dv_split;
@@ -149,7 +162,7 @@ pub fn hip_parallel_forward(
         init: params_init,
     } = custom_params(variant.customs.len(), false);
     let kernel_name = format!(
-        "aec_fwd_{}_{}_d{dqk}x{dv_total}_m{}n{}w{}{}{}_{}",
+        "aec_fwd_{}_{}_d{dqk}x{dv_total}_m{}n{}w{}{}{}{}_{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
@@ -161,6 +174,7 @@ pub fn hip_parallel_forward(
         } else {
             String::new()
         },
+        if cfg.v_in_k { "_vk" } else { "" },
         gfx.name(),
     );
     let t = HipForwardTemplate {
@@ -193,6 +207,7 @@ pub fn hip_parallel_forward(
         clamp: scores_read_customs_by_position(variant),
         split_kv: cfg.split_kv,
         combine_rows: COMBINE_ROWS_PER_BLOCK,
+        v_in_k: cfg.v_in_k,
     };
     let source = t
         .render()
@@ -218,8 +233,7 @@ pub fn hip_parallel_forward(
         dv: dv_total,
         block_n: cfg.block_n,
         split_state_words: nstate as u32 + 1,
-        // Shared K/V storage is a CUDA template feature so far.
-        v_in_k: false,
+        v_in_k: cfg.v_in_k,
         tile_schedule: false,
     })
 }
@@ -231,6 +245,11 @@ pub(crate) fn check_config(
 ) -> Result<(), CompileError> {
     let split = cfg.dv_split;
     check_dv_split(split, dv_total)?;
+    if cfg.v_in_k && dv_total > dqk {
+        return Err(CompileError(format!(
+            "v_in_k (V stored in the first Dv columns of K's rows) needs Dv <= Dqk; got Dqk {dqk}, Dv {dv_total}"
+        )));
+    }
     if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
         || !matches!(cfg.block_n, 16 | 32 | 64 | 128)
         || cfg.waves == 0

@@ -453,6 +453,7 @@ fn hip_forward_configs(
                     pack_gqa: facts.decode,
                     dv_split,
                     split_kv: facts.decode && facts.combinable,
+                    v_in_k: false,
                 });
             }
         }
