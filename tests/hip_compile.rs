@@ -83,6 +83,15 @@ fn assert_healthy(entry: &str, threads: u32, gfx: Gfx, c: &Checked) {
 fn check_forward(k: &KernelSource, gfx: Gfx) -> Checked {
     let c = compile_checked(&k.source, &k.name, gfx);
     assert_healthy(&k.name, k.threads, gfx, &c);
+    if let Some(combine) = &k.combine {
+        // The split-KV combine: no scratch either, room for its work-items.
+        let cc = compile_checked(&k.source, combine, gfx);
+        assert_resources(
+            &format!("{combine} on {}", gfx.name()),
+            k.combine_threads,
+            &cc.resources,
+        );
+    }
     assert!(
         c.isa.contains("ds_bpermute_b32"),
         "{} on {}: row reductions exchange lanes with ds_bpermute",

@@ -435,9 +435,11 @@ fn emulated_masks_scores_and_custom_inputs() {
     );
 }
 
+/// 20 splits: more than one combine chunk (16 at Dv 128), and splits past
+/// the last key block (ten of 32 keys), which see no key.
 #[test]
 fn emulated_decode_split_kv_and_combine() {
-    for splits in [1, 3] {
+    for splits in [1, 3, 20] {
         check(
             "decode",
             Shape::new(1, 4, 2, 1, 300),
@@ -450,11 +452,13 @@ fn emulated_decode_split_kv_and_combine() {
 }
 
 /// Multi-head latent attention decoding (Dqk 576, Dv 512): Dv split between
-/// workgroups and split-KV, with separate k and v and with V read from K's
-/// rows (`v_in_k`), at a key count that is not a multiple of the key block.
+/// workgroups and split-KV (6 splits: two combine chunks of 4, one split
+/// past the last of five key blocks), with separate k and v and with V read
+/// from K's rows (`v_in_k`), at a key count that is not a multiple of the
+/// key block.
 #[test]
 fn emulated_latent_decode_with_v_in_k() {
-    for (v_in_k, splits) in [(false, 1), (true, 1), (true, 3)] {
+    for (v_in_k, splits) in [(false, 1), (true, 1), (true, 3), (true, 6)] {
         check(
             "mla_decode",
             Shape::new(1, 6, 2, 1, 75),

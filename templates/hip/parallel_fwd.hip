@@ -346,68 +346,96 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}(
     }
 }
 {% if split_kv %}
-// Merges the n_splits partial rows of each query row (one wave per row), as
-// the CUDA template's combine kernel: merged state, rescaled partial outputs,
-// the epilogue.
-KERNEL LAUNCH_BOUNDS({{ combine_rows }} * WAVE) void {{ h.kernel_name }}_combine(
+// Merges the n_splits partial rows of each query row, as the CUDA
+// template's combine kernel: the merged state, rescaled partial outputs, the
+// epilogue. A row's columns are spread over CMB_TPR work-items, four each;
+// a work-item loads the first COMBINE_CHUNK splits' outputs before it reads
+// any state and a chunk's state words before it merges any, so it waits on
+// memory about twice per chunk of splits rather than twice per split.
+#define CMB_TPR (DVG / 4)
+#define CMB_ROWS {{ combine_rows }}
+#define COMBINE_CHUNK {{ combine_chunk }}
+KERNEL LAUNCH_BOUNDS(CMB_ROWS * CMB_TPR) void {{ h.kernel_name }}_combine(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv,
     float* __restrict__ opart, float* __restrict__ spart, int n_splits) {
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
-    const int wave = TID_X / WAVE, lane = TID_X % WAVE;
+    const int t = TID_X % CMB_TPR, c0 = 4 * t;
     const long long rows = (long long)B * H * Sq;
-    const long long row = (long long)BID_X * {{ combine_rows }} + wave;
+    const long long row = (long long)BID_X * CMB_ROWS + TID_X / CMB_TPR;
     if (row >= rows) return;
+    // The first chunk's outputs: they do not depend on the states.
+    float val[COMBINE_CHUNK][4];
+#pragma unroll
+    for (int j = 0; j < COMBINE_CHUNK; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            val[j][e] = j < n_splits ? opart[((long long)j * rows + row) * DVG + c0 + e] : 0.0f;
     float st[1][NSTATE_ARR];
     {
         const int r = 0;
 {{ state_init }}    }
+    // The merged state, split by split in order; a chunk's state words are
+    // all loaded before any is merged.
     float m[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
     bool any = false;
-    for (int sp = 0; sp < n_splits; ++sp) {
-        const float* srow = spart + ((long long)sp * rows + row) * (NSTATE + 1);
-        if (srow[NSTATE] == 0.0f) continue;
-        float x[NSTATE_ARR];
+    for (int base = 0; base < n_splits; base += COMBINE_CHUNK) {
+        float x[COMBINE_CHUNK][NSTATE + 1];
 #pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
-        if (any) combine_merge(m, x);
-        else {
+        for (int j = 0; j < COMBINE_CHUNK; ++j) {
+            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = x[f];
+            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? srow[f] : 0.0f;
         }
-        any = true;
-    }
-    constexpr int PER_LANE = (DVG + WAVE - 1) / WAVE;
-    float out[PER_LANE];
 #pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) out[e] = 0.0f;
+        for (int j = 0; j < COMBINE_CHUNK; ++j) {
+            if (x[j][NSTATE] == 0.0f) continue;  // no key, or past the last split
+            float y[NSTATE_ARR];
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
+            if (any) combine_merge(m, y);
+            else {
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
+            }
+            any = true;
+        }
+    }
+    float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float acc_st[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
-    for (int sp = 0; any && sp < n_splits; ++sp) {
-        const float* srow = spart + ((long long)sp * rows + row) * (NSTATE + 1);
-        if (srow[NSTATE] == 0.0f) continue;
-        float x[NSTATE_ARR];
+    for (int base = 0; any && base < n_splits; base += COMBINE_CHUNK) {
+        if (base > 0) {
 #pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) x[f] = f < NSTATE ? srow[f] : 0.0f;
-        const float c = combine_rescale(x, m, P);
-        combine_scaled_add(acc_st, c, x);
-        const float* prow = opart + ((long long)sp * rows + row) * DVG;
+            for (int j = 0; j < COMBINE_CHUNK; ++j)
 #pragma unroll
-        for (int e = 0; e < PER_LANE; ++e)
-            if (lane + e * WAVE < DVG) out[e] += c * prow[lane + e * WAVE];
+                for (int e = 0; e < 4; ++e)
+                    val[j][e] = base + j < n_splits ? opart[((long long)(base + j) * rows + row) * DVG + c0 + e] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < COMBINE_CHUNK; ++j) {
+            if (base + j >= n_splits) break;
+            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
+            if (srow[NSTATE] == 0.0f) continue;  // its output is zeros, or was never written
+            float y[NSTATE_ARR];
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? srow[f] : 0.0f;
+            const float c = combine_rescale(y, m, P);
+            combine_scaled_add(acc_st, c, y);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) out[e] += c * val[j][e];
+        }
     }
     if (any) combine_scaled_finish(m, acc_st);
-    elem_t* orow = o + row * DVG;
-    const float of = epilogue_o_factor(m, P);
-#pragma unroll
-    for (int e = 0; e < PER_LANE; ++e)
-        if (lane + e * WAVE < DVG) orow[lane + e * WAVE] = from_f32(any ? out[e] * of : 0.0f);
-    if (lane == 0) {
+    // Rows no split saw a key of are zeros, as in the main kernel.
+    const float of = any ? epilogue_o_factor(m, P) : 0.0f;
+    store4(o + row * DVG + c0, from_f32(out[0] * of), from_f32(out[1] * of), from_f32(out[2] * of), from_f32(out[3] * of));
+    if (t == 0) {
         float sc[NSCALES_ARR];
         epilogue_scales(m, sc, P);
 #pragma unroll

@@ -551,24 +551,21 @@ pub struct KernelSource {
     pub tile_schedule: bool,
 }
 
-/// Rows (one wavefront each) per block of the HIP split-KV combine kernel.
-pub const COMBINE_ROWS_PER_BLOCK: u32 = 4;
-
-/// Threads per block the CUDA split-KV combine kernel aims at.
+/// Threads per block the split-KV combine kernels (CUDA and HIP) aim at.
 const COMBINE_BLOCK_THREADS: u32 = 128;
 
-/// Rows per block of the CUDA combine kernel for a Dv of `dv`: each row
+/// Rows per block of the split-KV combine kernel for a Dv of `dv`: each row
 /// takes `dv / 4` threads (four columns each), and a block as many rows as
 /// fit in [`COMBINE_BLOCK_THREADS`] (at least one).
-pub fn cuda_combine_rows(dv: u32) -> u32 {
+pub fn combine_rows_for(dv: u32) -> u32 {
     (COMBINE_BLOCK_THREADS / (dv / 4).max(1)).max(1)
 }
 
-/// Splits whose partial outputs a CUDA combine thread loads at once for a
-/// Dv of `dv`: 16 at Dv 128, 4 at Dv 512. Each costs a thread five to eight
+/// Splits whose partial outputs a combine thread loads at once for a Dv of
+/// `dv`: 16 at Dv 128, 4 at Dv 512. Each costs a thread five to eight
 /// registers; at Dv 512 (one row per 128 threads, as many blocks as rows) 16
 /// took 168 registers and made MLA's combine twice as slow (H200).
-pub fn cuda_combine_chunk(dv: u32) -> u32 {
+pub fn combine_chunk_for(dv: u32) -> u32 {
     (2048 / dv.max(1)).clamp(4, 16)
 }
 
@@ -1109,8 +1106,8 @@ fn generate_forward(
         // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved
         // spills into the main loop and cost 6% (bench/NOTES.md).
         quad_stores: dqk <= 128,
-        combine_rows: cuda_combine_rows(dv_total),
-        combine_chunk: cuda_combine_chunk(dv_total),
+        combine_rows: combine_rows_for(dv_total),
+        combine_chunk: combine_chunk_for(dv_total),
         wgmma_fns: if cfg.wgmma {
             wgmma_fns(
                 cfg.elem,
@@ -1138,8 +1135,8 @@ fn generate_forward(
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
-        combine_threads: cuda_combine_rows(dv_total) * (dv_total / 4),
-        combine_rows: cuda_combine_rows(dv_total),
+        combine_threads: combine_rows_for(dv_total) * (dv_total / 4),
+        combine_rows: combine_rows_for(dv_total),
         name: kernel_name,
         source,
         threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,

@@ -6,7 +6,8 @@ use crate::CompileError;
 use crate::Elem;
 use crate::combine::combine_plan;
 use crate::cuda::forward::{
-    COMBINE_ROWS_PER_BLOCK, KernelSource, check_dv_split, default_dv_split, forward_args,
+    KernelSource, check_dv_split, combine_chunk_for, combine_rows_for, default_dv_split,
+    forward_args,
 };
 use crate::cxx::closures::{
     CustomParams, MAX_FORWARD_DQK, custom_params, parallel_inputs, reads, row_output_names,
@@ -131,6 +132,7 @@ struct HipForwardTemplate<'a> {
     clamp: bool,
     split_kv: bool,
     combine_rows: u32,
+    combine_chunk: u32,
     v_in_k: bool,
 }
 
@@ -206,7 +208,8 @@ pub fn hip_parallel_forward(
         mask: par.mask.is_some(),
         clamp: scores_read_customs_by_position(variant),
         split_kv: cfg.split_kv,
-        combine_rows: COMBINE_ROWS_PER_BLOCK,
+        combine_rows: combine_rows_for(dv_total),
+        combine_chunk: combine_chunk_for(dv_total),
         v_in_k: cfg.v_in_k,
     };
     let source = t
@@ -215,8 +218,8 @@ pub fn hip_parallel_forward(
     let args = forward_args(variant, cfg.split_kv);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
-        combine_threads: COMBINE_ROWS_PER_BLOCK * WAVE_SIZE,
-        combine_rows: COMBINE_ROWS_PER_BLOCK,
+        combine_threads: combine_rows_for(dv_total) * (dv_total / 4),
+        combine_rows: combine_rows_for(dv_total),
         name: kernel_name,
         source,
         threads: cfg.waves * WAVE_SIZE,
