@@ -1041,11 +1041,15 @@ fn kv_splits_follow_the_rule_and_gate_the_combine() {
         c.kv_splits,
         "the main grid's x is multiplied by the splits"
     );
+    // The combine: Dv / 4 threads per row, 128 threads per block (Dv 64
+    // here: 8 rows per block).
     assert_eq!(
         c.launches[1].grid,
-        (2, 1, 1),
-        "combine: 8 query rows, 4 per block"
+        (1, 1, 1),
+        "combine: 8 query rows, 8 per block"
     );
+    let combine = &plan.launches[c.launches[1].index];
+    assert_eq!(combine.threads, 128, "combine threads");
     // Fewer SMs, fewer splits; a full grid, none.
     assert_eq!(run(1, 2, 3001, 4).kv_splits, 4);
     let c = run(200, 2, 3001, 132);
