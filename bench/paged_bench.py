@@ -5,7 +5,9 @@
 <cases_dir> is what `aec-bench <cases_dir> --nvcc … --varlen-only` wrote (its
 `paged` entry: the decoding forward of examples/decode.rs, d128, over a
 contiguous and over a paged cache). Per workload (every sequence the same
-length, so both read the same keys), timed with triton's do_bench (median):
+length, so both read the same keys), timed as CUDA-graph replays (gpu_check's
+`bench_graph`: decoding calls are as short as the host's work to launch them;
+every cache here spans at least 134 MB, well past the L2):
 - aec-contiguous: the dense decoding kernel on `[B, Hkv, Skv, D]`;
 - aec-paged-<P>: the paged kernel on pages of P rows placed in shuffled order;
 - cudnn: SDPA (cuDNN backend) on the contiguous cache, the anchor.
@@ -17,7 +19,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check import OUT, Kernel, bench, copy_bandwidth, ctypes, dev, rel_err  # noqa: E402
+from gpu_check import OUT, Kernel, bench_graph, copy_bandwidth, ctypes, dev, rel_err  # noqa: E402
+
+
+def bench(fn):
+    """Milliseconds per call of `fn`, graph-timed."""
+    return bench_graph(lambda i: fn(), 1)
 
 WORKLOADS = [
     # id, B, H, Hkv, Skv

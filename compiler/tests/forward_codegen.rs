@@ -541,16 +541,20 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     // the default.
     let fat = gqa.for_few_blocks(8, 132, 128, 128, Isa::Sm90a);
     assert_eq!(
-        (fat.block_n, fat.warps, fat.key_warps),
-        (128, 4, 4),
+        (fat.block_n, fat.warps, fat.key_warps, fat.stages),
+        (128, 4, 4, 3),
         "{fat:?}"
     );
+    // Three 64 KB stages exceed sm_80's shared memory: two there.
+    let fat80 = gqa.for_few_blocks(8, 108, 128, 128, Isa::Sm80);
+    assert_eq!((fat80.key_warps, fat80.stages), (4, 2), "{fat80:?}");
     assert_eq!(gqa.for_few_blocks(512, 132, 128, 128, Isa::Sm90a), gqa);
     assert_eq!(cfg.for_few_blocks(8, 132, 576, 512, Isa::Sm90a), cfg);
     // DeepSeek's 192/128 at 128 keys: 178 KB, beyond sm_80's 163 KB.
     let ds = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm80);
     assert_eq!(ds.for_few_blocks(8, 108, 192, 128, Isa::Sm80), ds);
-    assert_eq!(ds.for_few_blocks(8, 132, 192, 128, Isa::Sm90a).key_warps, 4);
+    let ds90 = ds.for_few_blocks(8, 132, 192, 128, Isa::Sm90a);
+    assert_eq!((ds90.key_warps, ds90.stages), (4, 2), "{ds90:?}");
     // Both rules from the call's sizes: one sequence, 32 heads on 8 KV heads.
     assert_eq!(
         gqa.for_decode_shape([1, 32, 8, 1], 132, 128, 128, Isa::Sm90a),

@@ -255,8 +255,10 @@ impl ForwardConfig {
     /// which KV splits spread over the GPU), four key warps on 128-key
     /// blocks where shared memory holds them: fatter blocks leave fewer
     /// partial rows to combine (H100, one sequence of 32768 keys, d128:
-    /// 78.1 → 71.8 µs; bench/NOTES.md). Otherwise, and with V stored in K
-    /// (latent decoding measured slower with 64-key blocks), unchanged.
+    /// 78.1 → 71.8 µs; bench/NOTES.md), in three stages where those fit
+    /// (one block per multiprocessor either way; 2% faster on an H100 and
+    /// in two H200 runs). Otherwise, and with V stored in K (latent decoding
+    /// measured slower with 64-key blocks), unchanged.
     pub fn for_few_blocks(
         self,
         blocks: usize,
@@ -274,18 +276,19 @@ impl ForwardConfig {
         {
             return self;
         }
-        self.or_if_it_fits(
-            ForwardConfig {
-                block_n: 128,
-                warps: 4,
-                key_warps: 4,
-                dv_warps: 1,
-                ..self
-            },
-            dqk,
-            dv,
-            isa,
-        )
+        let fat = ForwardConfig {
+            block_n: 128,
+            warps: 4,
+            key_warps: 4,
+            dv_warps: 1,
+            ..self
+        };
+        let deep = ForwardConfig {
+            stages: self.stages.max(3),
+            ..fat
+        };
+        self.or_if_it_fits(fat, dqk, dv, isa)
+            .or_if_it_fits(deep, dqk, dv, isa)
     }
 
     /// The untuned decoding tile for sizes `[B, H, Hkv, Sq]` on `sms`
