@@ -125,9 +125,10 @@ fn every_parallel_kernel_compiles_for_gfx90a_and_gfx942() {
             let k = hip_parallel_forward(v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             let c = check_forward(&k, gfx);
-            if dqk > aec::compiler::MAX_DQK {
-                // MLA decoding (Dqk 576): the forward only, also with V read
-                // from K's rows; the backward refuses the head dim clearly.
+            // The second kernel reported: the backward, or for MLA decoding
+            // (Dqk 576, forward only) the forward with V read from K's rows,
+            // whose backward refuses the head dim clearly.
+            let (second, b, waves) = if dqk > aec::compiler::MAX_DQK {
                 let latent = HipForwardConfig {
                     v_in_k: true,
                     ..cfg
@@ -135,34 +136,19 @@ fn every_parallel_kernel_compiles_for_gfx90a_and_gfx942() {
                 let kl = hip_parallel_forward(v, dqk, dv, &latent, gfx, HipPrelude::Amdgcn)
                     .unwrap_or_else(|e| panic!("{name} v_in_k: {e}"));
                 assert!(kl.v_in_k && kl.name.contains("_vk"), "{}", kl.name);
-                let cl = check_forward(&kl, gfx);
                 let bcfg = HipBackwardConfig::default_for(dqk, dv, Elem::Bf16);
                 let e = hip_parallel_backward(v, dqk, dv, &bcfg, gfx, HipPrelude::Amdgcn)
                     .expect_err("HIP backward above its largest Dqk");
                 assert!(e.to_string().contains("up to 256"), "{name}: {e}");
-                for (pass, c) in [("fwd", &c), ("fwd vk", &cl)] {
-                    let r = &c.resources;
-                    report.push_str(&format!(
-                        "{name:<22} {pass} {:<7} {:>3} VGPRs ({:>3} of them AGPRs) {:>3} SGPRs {:>6} B LDS, {} waves/SIMD\n",
-                        gfx.name(),
-                        r.vgprs,
-                        r.agprs,
-                        r.sgprs,
-                        r.lds_bytes,
-                        r.waves_per_simd(cfg.waves)
-                    ));
-                }
-                continue;
-            }
-            let b = check_backward(v, dqk, dv, Elem::Bf16, gfx);
-            for (pass, c, waves) in [
-                ("fwd", &c, cfg.waves),
+                ("fwd vk", check_forward(&kl, gfx), cfg.waves)
+            } else {
                 (
                     "bwd",
-                    &b,
+                    check_backward(v, dqk, dv, Elem::Bf16, gfx),
                     HipBackwardConfig::default_for(dqk, dv, Elem::Bf16).waves,
-                ),
-            ] {
+                )
+            };
+            for (pass, c, waves) in [("fwd", &c, cfg.waves), (second, &b, waves)] {
                 let r = &c.resources;
                 report.push_str(&format!(
                     "{name:<22} {pass} {:<7} {:>3} VGPRs ({:>3} of them AGPRs) {:>3} SGPRs {:>6} B LDS, {} waves/SIMD\n",
