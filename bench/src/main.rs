@@ -150,6 +150,10 @@ const SLIDING_WINDOW: &str = "sliding-window-b1-h32-s8192-d128-w256";
 /// sequence of a long context, where only split-KV fills the GPU.
 const DECODE_B1: &str = "decode-gqa-b1-h32-kv8-kv32768-d128";
 
+/// Another decoding workload of `extra_workloads`: eight sequences of 16384
+/// keys (64 blocks before KV splits, under half an H100's or H200's SMs).
+const DECODE_B8: &str = "decode-gqa-b8-h32-kv8-kv16384-d128";
+
 /// Multi-head latent attention decoding (`examples/mla_decode.rs`, V stored
 /// in K): DeepSeek-V3's 128 query heads over 8 GPUs (16 per GPU), one
 /// latent cache row of 576 per token. Also in `extra_workloads`.
@@ -198,6 +202,7 @@ const DECODE_SHAPES: &[(&str, [usize; 4])] = &[
     ("decode-gqa-b64-h32-kv8-kv4096-d128", [64, 32, 8, 1]),
     ("decode-deepseek-b64-h16-kv4096-d192-v128", [64, 16, 16, 1]),
     (DECODE_B1, [1, 32, 8, 1]),
+    (DECODE_B8, [8, 32, 8, 1]),
     (DECODE_MLA, [64, 16, 1, 1]),
     (DECODE_MLA_H128, [16, 128, 1, 1]),
 ];
@@ -247,6 +252,7 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
     ),
     ("relu-b64-h6-s1024-d64", "relu", 64, 64),
     (DECODE_B1, "decode", 128, 128),
+    (DECODE_B8, "decode", 128, 128),
     (DECODE_MLA, "mla_decode", 576, 512),
     (DECODE_MLA_H128, "mla_decode", 576, 512),
     (
@@ -417,6 +423,14 @@ fn main() {
         "anchors": ["cudnn", "fa2"],
         "passes": ["fwd"],
         "note": "not in shared/reference/workloads.json: one sequence, so the grid has 8 blocks without split-KV"
+    }, {
+        "id": DECODE_B8,
+        "variant": "softmax",
+        "b": 8, "h": 32, "hkv": 8, "sq": 1, "skv": 16384, "dqk": 128, "dv": 128,
+        "causal": false,
+        "anchors": ["cudnn", "fa2"],
+        "passes": ["fwd"],
+        "note": "not in shared/reference/workloads.json: eight long sequences, 64 blocks without split-KV"
     }]);
     // MLA decoding: one latent KV head, V the cache's first 512 columns.
     let mla_workload = |id: &str, b: u32, h: u32, heads: &str| {
