@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Decoding on the GPU machine: the key-warp, latent-cache (MLA) and decoding
 # GPU tests (the key-warp ones under compute-sanitizer too), the case checks
-# under compute-sanitizer, and the decoding benchmark rows
+# under compute-sanitizer, and the decoding benchmark rows (graph-timed)
 # beside cuDNN, FA2, Flex and PyTorch with the copy bandwidth, in one process.
 #
 # Build here first (the GPU machine has no Rust):
@@ -15,7 +15,7 @@
 set -u
 OUT=${OUT:-/tmp/aec-out}
 mkdir -p "$OUT"
-DECODE=decode-gqa-b64-h32-kv8-kv4096-d128,decode-deepseek-b64-h16-kv4096-d192-v128,decode-gqa-b1-h32-kv8-kv32768-d128,decode-mla-b64-h16-kv4096-d576-v512,decode-mla-b16-h128-kv4096-d576-v512
+DECODE=decode-gqa-b64-h32-kv8-kv4096-d128,decode-deepseek-b64-h16-kv4096-d192-v128,decode-gqa-b1-h32-kv8-kv32768-d128,decode-gqa-b8-h32-kv8-kv16384-d128,decode-mla-b64-h16-kv4096-d576-v512,decode-mla-b16-h128-kv4096-d576-v512
 status=0
 AEC_REQUIRE_GPU=1 target/gpu-run/gpu_forward ${GPU_TESTS:-key_warps latent decode paged} --test-threads 1 \
     > "$OUT/gpu_forward.txt" 2>&1 || status=1
