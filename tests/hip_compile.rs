@@ -88,7 +88,7 @@ fn check_forward(k: &KernelSource, gfx: Gfx) -> Checked {
         let cc = compile_checked(&k.source, combine, gfx);
         assert_resources(
             &format!("{combine} on {}", gfx.name()),
-            k.combine_threads,
+            k.combine_threads(),
             &cc.resources,
         );
     }

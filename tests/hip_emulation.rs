@@ -109,7 +109,7 @@ fn driver(
         let _ = writeln!(
             s,
             "    aec_emu::launch({cx}, {cy}, {cz}, {}, [&] {{ {combine}({call}); }});",
-            k.combine_threads
+            k.combine_threads()
         );
     }
     s += "    FILE* g = fopen(\"out.bin\", \"wb\");\n    fwrite(o.data(), 2, o.size(), g);\n    fwrite(rowout.data(), 4, rowout.size(), g);\n";

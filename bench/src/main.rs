@@ -175,9 +175,6 @@ const MLA_TILES: &[DecodeTile] = &[
     ("m16k2d2", 16, 4, 2, 1, 32, 2, 2),
     ("m16d2", 16, 2, 1, 1, 32, 2, 2),
     ("m16d2s3", 16, 2, 1, 1, 32, 3, 2),
-    // 16-key stages: more of the ring in flight for the same bytes.
-    ("m16d2n16s3", 16, 2, 1, 1, 16, 3, 2),
-    ("m16d2n16s4", 16, 2, 1, 1, 16, 4, 2),
     ("m64d2", 64, 8, 1, 1, 32, 2, 2),
 ];
 
@@ -962,8 +959,8 @@ fn kernel_meta(
         "persistent": k.persistent,
         "tile_schedule": k.tile_schedule,
         "combine": k.combine,
-        "combine_threads": k.combine_threads,
-        "combine_rows_per_block": k.combine_rows,
+        "combine_threads": k.combine_threads(),
+        "combine_rows_per_block": k.combine_rows(),
         "block_n": k.block_n,
         "split_state_words": k.split_state_words,
         "dqk": k.dqk,

@@ -570,11 +570,11 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
                 entry: combine.clone(),
                 module: None,
                 grid: [
-                    SizeExpr::ceil_div(SizeExpr::mul(rows()), c(k.combine_rows)),
+                    SizeExpr::ceil_div(SizeExpr::mul(rows()), c(k.combine_rows())),
                     c(1),
                     c(1),
                 ],
-                threads: k.combine_threads,
+                threads: k.combine_threads(),
                 dynamic_smem_bytes: 0,
                 args,
                 when: Some(Condition::SplitKv),

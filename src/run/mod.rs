@@ -1173,7 +1173,7 @@ impl ParallelKernels {
                     ))
                 })?;
                 combine
-                    .launch(stream, grid, (source.combine_threads, 1, 1), 0, &mut args)
+                    .launch(stream, grid, (source.combine_threads(), 1, 1), 0, &mut args)
                     .map_err(runtime)?;
             }
         }

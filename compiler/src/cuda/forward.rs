@@ -532,13 +532,9 @@ pub struct KernelSource {
     pub dv: u32,
     /// With split-KV: the kernel that merges the partial rows (entry name),
     /// launched after the main one with the same arguments
-    /// ([`KernelSource::combine_grid`], `combine_threads` threads).
+    /// ([`KernelSource::combine_grid`], [`KernelSource::combine_threads`]
+    /// threads).
     pub combine: Option<String>,
-    /// Threads per block of the combine kernel, which merges `combine_rows`
-    /// query rows.
-    pub combine_threads: u32,
-    /// Query rows per block of the combine kernel.
-    pub combine_rows: u32,
     /// Keys per block step (the unit a KV split is made of).
     pub block_n: u32,
     /// Words per query row and split of the `spart` workspace: the state
@@ -661,10 +657,21 @@ impl KernelSource {
             .then(|| smem_per_sm / (self.smem_bytes + SMEM_RESERVED_PER_BLOCK))
     }
 
-    /// The combine kernel's grid (`combine_threads` threads per block) for
-    /// `rows = B·H·Sq` query rows; `None` when it exceeds what CUDA launches.
+    /// Query rows per block of the combine kernel ([`combine_rows_for`]).
+    pub fn combine_rows(&self) -> u32 {
+        combine_rows_for(self.dv)
+    }
+
+    /// Threads per block of the combine kernel: `dv / 4` per row.
+    pub fn combine_threads(&self) -> u32 {
+        self.combine_rows() * (self.dv / 4)
+    }
+
+    /// The combine kernel's grid ([`combine_threads`](Self::combine_threads)
+    /// threads per block) for `rows = B·H·Sq` query rows; `None` when it
+    /// exceeds what CUDA launches.
     pub fn combine_grid(&self, rows: usize) -> Option<(u32, u32, u32)> {
-        let x = rows.div_ceil(self.combine_rows.max(1) as usize);
+        let x = rows.div_ceil(self.combine_rows() as usize);
         (x < (1 << 31)).then_some((x as u32, 1, 1))
     }
 
@@ -1138,8 +1145,6 @@ fn generate_forward(
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
-        combine_threads: combine_rows_for(dv_total) * (dv_total / 4),
-        combine_rows: combine_rows_for(dv_total),
         name: kernel_name,
         source,
         threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,

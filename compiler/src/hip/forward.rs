@@ -218,8 +218,6 @@ pub fn hip_parallel_forward(
     let args = forward_args(variant, cfg.split_kv);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
-        combine_threads: combine_rows_for(dv_total) * (dv_total / 4),
-        combine_rows: combine_rows_for(dv_total),
         name: kernel_name,
         source,
         threads: cfg.waves * WAVE_SIZE,
