@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Decoding on the GPU machine: the key-warp, latent-cache (MLA) and decoding
-# GPU tests (the key-warp ones under compute-sanitizer too), the case checks
+# Decoding on the GPU machine: the key-warp, latent-cache (MLA), decoding and
+# fused-combine GPU tests (the key-warp and fused-combine ones under
+# compute-sanitizer too), the case checks
 # under compute-sanitizer, and the decoding benchmark rows (graph-timed)
 # beside cuDNN, FA2, Flex and PyTorch with the copy bandwidth, in one process.
 #
@@ -17,14 +18,16 @@ OUT=${OUT:-/tmp/aec-out}
 mkdir -p "$OUT"
 DECODE=decode-gqa-b64-h32-kv8-kv4096-d128,decode-deepseek-b64-h16-kv4096-d192-v128,decode-gqa-b1-h32-kv8-kv32768-d128,decode-gqa-b8-h32-kv8-kv16384-d128,decode-mla-b64-h16-kv4096-d576-v512,decode-mla-b16-h128-kv4096-d576-v512
 status=0
-AEC_REQUIRE_GPU=1 target/gpu-run/gpu_forward ${GPU_TESTS:-key_warps latent decode paged} --test-threads 1 \
+AEC_REQUIRE_GPU=1 target/gpu-run/gpu_forward ${GPU_TESTS:-key_warps latent decode paged fused_combine} --test-threads 1 \
     > "$OUT/gpu_forward.txt" 2>&1 || status=1
 grep -E "^test |test result|rel_err|panicked" "$OUT/gpu_forward.txt" | tail -n 40
-for tool in memcheck racecheck; do
-    AEC_REQUIRE_GPU=1 compute-sanitizer --tool $tool --error-exitcode 3 \
-        target/gpu-run/gpu_forward gpu_forward_key_warps --test-threads 1 \
-        >> "$OUT/sanitizer-key-warps.txt" 2>&1 || status=1
-    tail -n 2 "$OUT/sanitizer-key-warps.txt"
+for test in key_warps fused_combine; do
+    for tool in memcheck racecheck; do
+        AEC_REQUIRE_GPU=1 compute-sanitizer --tool $tool --error-exitcode 3 \
+            target/gpu-run/gpu_forward gpu_forward_$test --test-threads 1 \
+            >> "$OUT/sanitizer-$test.txt" 2>&1 || status=1
+        echo "$tool $test: $(tail -n 2 "$OUT/sanitizer-$test.txt" | tr '\n' ' ')"
+    done
 done
 python bench/gpu_check.py bench/cases --only mla_decode,mla_decode_gqa,decode --no-bench \
     > "$OUT/checks.txt" 2>&1 || status=1

@@ -11,8 +11,8 @@
 mod common;
 
 use aec::compiler::{
-    BackwardConfig, Elem, ForwardConfig, Isa, MAX_DQK, TILE_SCHEDULE_ARGS, parallel_backward,
-    parallel_backward_varlen, parallel_forward, parallel_forward_block_sparse,
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, MAX_DQK, TILE_SCHEDULE_ARGS,
+    parallel_backward, parallel_backward_varlen, parallel_forward, parallel_forward_block_sparse,
     parallel_forward_paged, parallel_forward_varlen,
 };
 use aec::frontend::Variant;
@@ -353,6 +353,86 @@ fn key_warp_decoding_tiles_compile() {
             for arch in ["sm_80", "sm_90a"] {
                 let line = check_config(name, v, arch, &cfg, rows);
                 assert!(line.contains(&format!("_k{key_warps}")), "{line}");
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// Split-KV tiles with the combine in the main kernel (`fused_combine`):
+/// d128 decoding with one, two and four key warps and with Dv split between
+/// blocks, and the latent cache with Dv split between warps, dense and
+/// paged, compile within the spill budget as one entry that counts its row
+/// block's finished blocks (an atomic in the SASS) and takes the counters
+/// right after the number of splits; no combine kernel is generated.
+#[test]
+fn fused_combine_decoding_tiles_compile() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let decode = common::example("decode");
+    let base = ForwardConfig {
+        fused_combine: true,
+        ..ForwardConfig::default_for(&decode, 128, 128, Elem::Bf16, Isa::Sm80)
+    };
+    let mla = common::example("mla_decode");
+    let latent = ForwardConfig {
+        v_in_k: true,
+        fused_combine: true,
+        dv_split: 1,
+        warps: 2,
+        key_warps: 1,
+        dv_warps: 2,
+        ..ForwardConfig::default_for(&mla, 576, 512, Elem::Bf16, Isa::Sm80)
+    };
+    let with = |warps, key_warps, block_n, dv_split| ForwardConfig {
+        warps,
+        key_warps,
+        block_n,
+        dv_split,
+        ..base
+    };
+    let tiles = [
+        ("decode", &decode, with(1, 1, 32, 1)),
+        ("decode", &decode, with(2, 2, 32, 1)),
+        ("decode", &decode, with(4, 4, 128, 1)),
+        ("decode", &decode, with(2, 2, 32, 2)),
+        ("mla_decode", &mla, latent),
+    ];
+    for (name, v, cfg) in tiles {
+        let (dqk, dv) = common::head_dims(v);
+        for rows in [Rows::Dense, Rows::Paged] {
+            let kernel = match rows {
+                Rows::Dense => parallel_forward(v, dqk, dv, &cfg),
+                _ => parallel_forward_paged(v, dqk, dv, &cfg),
+            }
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(
+                kernel.split_kv && kernel.combine.is_none(),
+                "{name}: {kernel:?}"
+            );
+            assert!(
+                !kernel.source.contains("_combine("),
+                "{name}: a combine kernel"
+            );
+            let at = kernel.args.iter().position(|a| *a == ArgKind::KvSplits);
+            assert_eq!(
+                at.map(|i| &kernel.args[i + 1]),
+                Some(&ArgKind::Workspace("split_count")),
+                "{name}: {:?}",
+                kernel.args
+            );
+            for arch in ["sm_80", "sm_90a"] {
+                let line = check_config(name, v, arch, &cfg, rows);
+                assert!(line.contains("_fc"), "{line}");
+                let compiled = compile(&kernel.source, &CompileOptions::new(arch))
+                    .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
+                let text = sass(&compiled.cubin)
+                    .unwrap_or_else(|e| panic!("{name} ({arch}): cuobjdump: {e}"));
+                assert!(
+                    text.contains("ATOMG"),
+                    "{name} ({arch}): no counter atomic in the SASS"
+                );
                 eprintln!("{line}");
             }
         }

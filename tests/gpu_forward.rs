@@ -708,7 +708,8 @@ fn gpu_forward_key_warps() {
     }
     // One long sequence: compile_for_shape gives its few blocks four key
     // warps on 128-key blocks, three stages where they fit
-    // (ForwardConfig::for_few_blocks).
+    // (ForwardConfig::for_few_blocks), and the combine in the main kernel
+    // (ForwardConfig::with_combine_for_rows).
     if let Some(device) = device(test) {
         let def = example("decode");
         let (shape, dims) = (Shape::new(1, 4, 2, 1, 3001), HeadDims::square(128));
@@ -726,7 +727,7 @@ fn gpu_forward_key_warps() {
         };
         let name = &kernels.forward_source().name;
         assert!(
-            name.contains("n128w4_gqa") && name.contains("_k4"),
+            name.contains("n128w4_gqa") && name.contains("_k4") && name.contains("_fc"),
             "{name}"
         );
         let call = common::gpu::random_call(&def, shape, dims, (0.0, 1.0), "decode_few_blocks");
@@ -774,6 +775,116 @@ fn gpu_forward_key_warps() {
     };
     let source = gpu.kernels.forward_source();
     assert!(source.name.contains("_k2"), "{}", source.name);
+    check_latent_forward(
+        test,
+        &gpu.kernels,
+        &gpu.stream,
+        &gpu.call,
+        &gpu.q,
+        &gpu.k,
+        shape,
+    );
+}
+
+/// Split-KV with the combine in the main kernel (`fused_combine`): the last
+/// block of each row block merges the partial rows. Decoding with one, two
+/// and four key warps (the others stay for the merge), with Dv split between
+/// two blocks (the count covers both slices), at lengths where splits end
+/// mid-block and where the last splits see no key; paged decoding; the
+/// latent cache with Dv split between warps. Row outputs are checked too:
+/// the merged state must be the one pass's.
+#[test]
+fn gpu_forward_fused_combine() {
+    let test = "gpu_forward_fused_combine";
+    let def = example("decode");
+    let base = ForwardConfig {
+        block_m: 16,
+        pack_gqa: true,
+        split_kv: true,
+        fused_combine: true,
+        ..ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, Isa::Sm80)
+    };
+    let tiles = [(1, 1, 32, 1), (2, 2, 32, 1), (4, 4, 128, 1), (2, 2, 32, 2)];
+    for (warps, key_warps, block_n, dv_split) in tiles {
+        let options = KernelOptions {
+            config: Some(ForwardConfig {
+                warps,
+                key_warps,
+                block_n,
+                dv_split,
+                ..base
+            }),
+            ..KernelOptions::default()
+        };
+        for shape in [
+            Shape::new(1, 4, 2, 1, 3001),
+            Shape::new(3, 8, 2, 1, 301),
+            Shape::new(2, 16, 1, 1, 999),
+        ] {
+            if let Some(gpu) = common::gpu::prepare_with(
+                test,
+                "decode",
+                shape,
+                HeadDims::square(128),
+                (0.0, 1.0),
+                &options,
+            ) {
+                let source = gpu.kernels.forward_source();
+                assert!(
+                    source.name.ends_with("_fc") || source.name.contains("_fc_"),
+                    "{}",
+                    source.name
+                );
+                assert!(
+                    source.combine.is_none(),
+                    "no combine kernel: {:?}",
+                    source.combine
+                );
+                assert!(gpu.kernels.kv_splits(shape) > 1, "{shape}: one split");
+            }
+            check_example_with(
+                &format!("{test} ({warps} warps, {key_warps} key warps, Dv/{dv_split}, {shape})"),
+                "decode",
+                shape,
+                HeadDims::square(128),
+                (0.0, 1.0),
+                &options,
+            );
+        }
+    }
+    check_paged(
+        &format!("{test} (paged decode)"),
+        "decode",
+        (8, 2),
+        1,
+        &[1000, 37, 513, 1, 300],
+        64,
+        HeadDims::square(128),
+        &KernelOptions {
+            config: Some(ForwardConfig {
+                warps: 2,
+                key_warps: 2,
+                block_n: 32,
+                ..base
+            }),
+            ..KernelOptions::default()
+        },
+    );
+    let latent = example("mla_decode");
+    let shape = Shape::new(2, 16, 1, 1, 1301);
+    let config = ForwardConfig {
+        dv_split: 1,
+        warps: 2,
+        key_warps: 1,
+        dv_warps: 2,
+        fused_combine: true,
+        ..ForwardConfig::default_for(&latent, 576, 512, Elem::Bf16, Isa::Sm80)
+    };
+    let Some(gpu) = prepare_latent(test, shape, config) else {
+        return;
+    };
+    assert!(gpu.kernels.forward_source().name.contains("_fc"));
+    assert!(gpu.kernels.kv_splits(shape) > 1);
     check_latent_forward(
         test,
         &gpu.kernels,

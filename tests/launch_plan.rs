@@ -182,6 +182,47 @@ fn plans_match_the_runtime_launch_logic() {
     );
 }
 
+/// A forward that merges its own KV splits (`fused_combine`): one launch,
+/// the same KV-split rule, and a zeroed `split_count` workspace only when
+/// it splits, with a counter per block of the grid before splits.
+#[test]
+fn fused_combine_plans_launch_one_kernel_with_zeroed_counters() {
+    let v = common::example("decode");
+    let cfg = ForwardConfig {
+        fused_combine: true,
+        ..ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm80)
+    };
+    let k = parallel_forward(&v, 128, 128, &cfg).expect("fused decoding forward");
+    let plan = forward_plan(&v, &k);
+    check_arguments("decode (fused combine)", &plan);
+    assert_eq!(plan.launches.len(), 1, "{:?}", plan.launches);
+    let count = plan.buffer("split_count").expect("the counters");
+    assert!(count.zeroed && count.role == Role::Workspace);
+    assert_eq!(count.when, Some(Condition::SplitKv));
+    let mut split = 0;
+    for shape in SHAPES {
+        let shape = [shape[0], shape[1], shape[2], 1, shape[4]];
+        let [b, h, hkv, sq, _] = shape;
+        let splits = k.kv_splits(shape, 132, 228 * 1024);
+        let planned =
+            plan.kv_splits
+                .as_ref()
+                .expect("a split rule")
+                .splits(&vars(shape, 1), 132, 228 * 1024);
+        assert_eq!(planned, u64::from(splits), "{shape:?}");
+        split += usize::from(splits > 1);
+        let at = vars(shape, planned);
+        assert_eq!(
+            count.elements(&at),
+            Some(k.split_count_len([b, h, hkv, sq]) as u64),
+            "{shape:?}"
+        );
+        let (x, y, z) = k.grid_for([b, h, hkv, sq]).expect("grid");
+        assert_eq!(k.split_count_len([b, h, hkv, sq]), (x * y * z) as usize);
+    }
+    assert!(split > 0, "some shape must split");
+}
+
 /// Recurrent shapes `[B, H, S]`: one step, part of a chunk, a chunk and one
 /// step, exact chunks, many chunks.
 const RECURRENT_SHAPES: [[usize; 3]; 6] = [

@@ -331,6 +331,19 @@ fn main() {
                     Err(e) => json!({ "tiles": tag, "error": e.to_string() }),
                 });
             }
+            if cfg.split_kv {
+                // The default with the other form of the split-KV combine:
+                // in the main kernel (`fc`) or as a second kernel (`ck`).
+                let other = ForwardConfig {
+                    fused_combine: !cfg.fused_combine,
+                    ..cfg
+                };
+                let tag = if other.fused_combine { "fc" } else { "ck" };
+                tiles.push(match parallel_forward(&v, *dqk, *dv, &other) {
+                    Ok(k) => json!({ "tiles": tag, "kernel": kernel_meta(&out, &format!("{file}_{tag}"), &k, nvcc.as_deref(), &includes) }),
+                    Err(e) => json!({ "tiles": tag, "error": e.to_string() }),
+                });
+            }
             bench.push(json!({
                 "workload": workload,
                 "kernel": kernel_meta(&out, &file, &parallel_forward(&v, *dqk, *dv, &cfg).expect("decoding forward"), nvcc.as_deref(), &includes),
@@ -528,6 +541,7 @@ fn main() {
                     q_in_registers: q_regs,
                     dv_split: 1,
                     split_kv: false,
+                    fused_combine: false,
                     persistent,
                     v_in_k: false,
                     key_warps: 1,
@@ -958,6 +972,7 @@ fn kernel_meta(
         "dv_split": k.dv_split,
         "persistent": k.persistent,
         "tile_schedule": k.tile_schedule,
+        "split_kv": k.split_kv,
         "combine": k.combine,
         "combine_threads": k.combine_threads(),
         "combine_rows_per_block": k.combine_rows(),

@@ -1,5 +1,7 @@
 //! Prints the generated parallel forward kernel of a variant file.
 //! `cargo run -p aec-compiler --example emit_forward -- examples/softmax.rs 128 128 [block_m block_n warps]`
+//! or, for a decoding variant, `… examples/decode.rs 128 128 shape B H Hkv Sq`: the
+//! untuned tile for that shape on 132 multiprocessors (`ForwardConfig::for_decode_shape`).
 use aec_compiler::{Elem, ForwardConfig, Isa, parallel_forward};
 
 fn main() {
@@ -16,7 +18,13 @@ fn main() {
         .expect("valid variant");
     let (dqk, dv): (u32, u32) = (dqk.parse().expect("dqk"), dv.parse().expect("dv"));
     let mut cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
-    if let [bm, bn, warps, ..] = rest {
+    if let [shape, b, h, hkv, sq] = rest
+        && shape == "shape"
+    {
+        let n = |s: &String| s.parse::<usize>().expect("a size");
+        cfg = cfg.for_decode_shape([n(b), n(h), n(hkv), n(sq)], 132, dqk, dv, Isa::Sm90a);
+        eprintln!("{cfg:?}");
+    } else if let [bm, bn, warps, ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");
         cfg.block_n = bn.parse().expect("block_n");
         cfg.warps = warps.parse().expect("warps");

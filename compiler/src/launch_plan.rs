@@ -521,8 +521,8 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
     } else {
         [x.clone(), y.clone(), v("B")]
     };
-    match &k.combine {
-        None => launches.push(LaunchPlan {
+    if !k.split_kv {
+        launches.push(LaunchPlan {
             entry: k.name.clone(),
             module: None,
             grid,
@@ -530,42 +530,58 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
             dynamic_smem_bytes: k.smem_bytes,
             args,
             when: None,
-        }),
-        Some(combine) => {
-            for (name, per_row) in [("opart", k.dv), ("spart", k.split_state_words)] {
-                buffers.push(BufferPlan {
-                    name: name.to_string(),
-                    role: Role::Workspace,
-                    dtype: Dtype::F32,
-                    shape: vec![v("kv_splits"), v("B"), v("H"), v("Sq"), c(per_row)],
-                    zeroed: false,
-                    when: Some(Condition::SplitKv),
-                    doc: format!(
-                        "split-KV partial {}",
-                        if name == "opart" { "outputs" } else { "states" }
-                    ),
-                });
-            }
-            kv_splits = Some(KvSplitPlan {
-                blocks: SizeExpr::mul([x.clone(), y.clone(), v("B")]),
-                key_blocks: SizeExpr::ceil_div(v("Skv"), c(k.block_n)),
-                max_splits: MAX_KV_SPLITS,
-                block_smem_bytes: u64::from(k.smem_bytes),
-                rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
-                       clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)), \
-                       at most max(1, floor(smem_per_sm / (block_smem_bytes + 1024)) * SMs / \
-                       blocks) (one wave of resident blocks) where block_smem_bytes > 0"
-                    .to_string(),
+        });
+    } else {
+        for (name, per_row) in [("opart", k.dv), ("spart", k.split_state_words)] {
+            buffers.push(BufferPlan {
+                name: name.to_string(),
+                role: Role::Workspace,
+                dtype: Dtype::F32,
+                shape: vec![v("kv_splits"), v("B"), v("H"), v("Sq"), c(per_row)],
+                zeroed: false,
+                when: Some(Condition::SplitKv),
+                doc: format!(
+                    "split-KV partial {}",
+                    if name == "opart" { "outputs" } else { "states" }
+                ),
             });
-            launches.push(LaunchPlan {
-                entry: k.name.clone(),
-                module: None,
-                grid: [SizeExpr::mul([x, v("kv_splits")]), y, v("B")],
-                threads: k.threads,
-                dynamic_smem_bytes: k.smem_bytes,
-                args: args.clone(),
-                when: None,
+        }
+        if k.args.contains(&ArgKind::Workspace("split_count")) {
+            // The main kernel merges the splits: the last block of a row
+            // block to finish, counted here (the kernel leaves it zero). The
+            // counters are i32; plans have no integer buffers, and a zeroed
+            // 4-byte word is the same bits either way.
+            buffers.push(BufferPlan {
+                name: "split_count".to_string(),
+                role: Role::Workspace,
+                dtype: Dtype::F32,
+                shape: vec![x.clone(), y.clone(), v("B")],
+                zeroed: true,
+                when: Some(Condition::SplitKv),
+                doc: "finished blocks per row block of a split-KV launch".to_string(),
             });
+        }
+        kv_splits = Some(KvSplitPlan {
+            blocks: SizeExpr::mul([x.clone(), y.clone(), v("B")]),
+            key_blocks: SizeExpr::ceil_div(v("Skv"), c(k.block_n)),
+            max_splits: MAX_KV_SPLITS,
+            block_smem_bytes: u64::from(k.smem_bytes),
+            rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
+                   clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)), \
+                   at most max(1, floor(smem_per_sm / (block_smem_bytes + 1024)) * SMs / \
+                   blocks) (one wave of resident blocks) where block_smem_bytes > 0"
+                .to_string(),
+        });
+        launches.push(LaunchPlan {
+            entry: k.name.clone(),
+            module: None,
+            grid: [SizeExpr::mul([x, v("kv_splits")]), y, v("B")],
+            threads: k.threads,
+            dynamic_smem_bytes: k.smem_bytes,
+            args: args.clone(),
+            when: None,
+        });
+        if let Some(combine) = &k.combine {
             launches.push(LaunchPlan {
                 entry: combine.clone(),
                 module: None,

@@ -51,6 +51,7 @@ const CFG: ForwardConfig = ForwardConfig {
     q_in_registers: false,
     dv_split: 1,
     split_kv: false,
+    fused_combine: false,
     persistent: false,
     v_in_k: false,
     key_warps: 1,
@@ -555,11 +556,27 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(ds.for_few_blocks(8, 108, 192, 128, Isa::Sm80), ds);
     let ds90 = ds.for_few_blocks(8, 132, 192, 128, Isa::Sm90a);
     assert_eq!((ds90.key_warps, ds90.stages), (4, 2), "{ds90:?}");
-    // Both rules from the call's sizes: one sequence, 32 heads on 8 KV heads.
+    // The rules from the call's sizes: one sequence, 32 heads on 8 KV heads;
+    // its 4 rows of 32 column quads on 128 threads merge in the main kernel.
     assert_eq!(
         gqa.for_decode_shape([1, 32, 8, 1], 132, 128, 128, Isa::Sm90a),
-        fat
+        ForwardConfig {
+            fused_combine: true,
+            ..fat
+        }
     );
+    // 16 rows of MLA's 128 column quads on 64 threads: the combine kernel.
+    let mla_shape = cfg.for_decode_shape([64, 16, 1, 1], 132, 576, 512, Isa::Sm90a);
+    assert!(
+        mla_shape.split_kv && !mla_shape.fused_combine,
+        "{mla_shape:?}"
+    );
+    // 4 rows per KV head on the default 64 threads: 128 quads, two each.
+    assert!(gqa.with_combine_for_rows(4, 128).fused_combine);
+    assert!(!gqa.with_combine_for_rows(5, 128).fused_combine);
+    // Prefill kernels and Hopper's wgmma tiles have no KV splits to merge.
+    let prefill = ForwardConfig::default_for(&example("softmax"), 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(prefill.with_combine_for_rows(1, 128), prefill);
     let k = parallel_forward(&v, 128, 128, &fat).expect("fat decoding forward");
     assert_eq!(k.threads, 128);
     // One block per H100 SM (139 KB): 132 / 8 = 16 splits fill one wave.
@@ -588,6 +605,26 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
             .contains("split-KV is implemented for the kernels without warp specialisation"),
         "{err}"
     );
+    // The combine in the main kernel needs KV splits on the sm_80 template.
+    for cfg in [
+        ForwardConfig {
+            fused_combine: true,
+            ..ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm80)
+        },
+        ForwardConfig {
+            fused_combine: true,
+            split_kv: true,
+            warp_specialized: false,
+            persistent: false,
+            ..ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm90a)
+        },
+    ] {
+        let err = parallel_forward(&p, 128, 128, &cfg).unwrap_err();
+        assert!(
+            err.to_string().contains("fused_combine") && err.to_string().contains("split_kv"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

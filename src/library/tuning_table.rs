@@ -157,6 +157,7 @@ mod tests {
             q_in_registers: false,
             dv_split: 1,
             split_kv: false,
+            fused_combine: false,
             persistent,
             v_in_k: false,
             key_warps: 1,

@@ -1069,7 +1069,19 @@ impl ParallelKernels {
         } else {
             None
         };
-        let (mut opart, mut spart) = if source.combine.is_some() {
+        // The row blocks' counters of a kernel that merges its own splits:
+        // zeroed per launch, as the ticket counter.
+        let split_count_len = source.split_count_len([shape.b, shape.h, shape.hkv, shape.sq]);
+        let mut split_count = if split_count_len > 0 {
+            Some(
+                stream
+                    .alloc_zeros::<i32>(split_count_len)
+                    .map_err(runtime)?,
+            )
+        } else {
+            None
+        };
+        let (mut opart, mut spart) = if source.split_kv {
             (
                 Some(workspace("opart").map_err(runtime)?),
                 Some(workspace("spart").map_err(runtime)?),
@@ -1082,6 +1094,7 @@ impl ParallelKernels {
             let mut rows_slot = Some(row_outputs);
             let (mut opart_slot, mut spart_slot) = (opart.as_mut(), spart.as_mut());
             let mut counter_slot = tile_counter.as_mut();
+            let mut split_count_slot = split_count.as_mut();
             let twice = |what: &str| Error::Compile {
                 variant: self.variant.name.clone(),
                 kernel: "forward",
@@ -1122,6 +1135,11 @@ impl ParallelKernels {
                     ArgKind::Workspace("tile_counter") => {
                         Arg::from(counter_slot.take().ok_or_else(|| twice("tile_counter"))?)
                     }
+                    ArgKind::Workspace("split_count") => Arg::from(
+                        split_count_slot
+                            .take()
+                            .ok_or_else(|| twice("split_count"))?,
+                    ),
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
                     ArgKind::CuSeqlens
                     | ArgKind::CuSeqlensKv
@@ -1386,7 +1404,7 @@ fn params_of(
             ArgKind::Workspace(n @ ("dot" | "dq_acc" | "opart" | "spart")) => {
                 Ok(dir(n, DType::F32))
             }
-            ArgKind::Workspace("tile_counter") => Ok(Param::Out(DType::I32)),
+            ArgKind::Workspace("tile_counter" | "split_count") => Ok(Param::Out(DType::I32)),
             ArgKind::KvSplits => Ok(Param::I32),
             ArgKind::CuSeqlens | ArgKind::CuSeqlensKv => Ok(Param::In(DType::I32)),
             ArgKind::PagedKv("block_table" | "seqlens_k") => Ok(Param::In(DType::I32)),

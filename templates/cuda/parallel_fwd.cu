@@ -429,6 +429,33 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
 {% endmacro %}
+{% macro fused_combine_tail() %}
+        // Split-KV with the combine in this kernel: the last of the row
+        // block's n_splits × DV_SPLIT blocks to finish merges its rows, while
+        // the partials are in L2, instead of a second launch (one sequence of
+        // 32768 keys, H200: the combine kernel and the gap before it took
+        // 3.9 us of 39.4). `split_count` counts a row block's finished blocks
+        // and the last one sets it back to 0 for the next launch.
+        if (n_splits > 1) {
+            __shared__ int s_last;
+            __threadfence();  // this block's partial rows, before its arrival
+            __syncthreads();
+            if (tid == 0) {
+                int* count = split_count + ((long long)bz * gridDim.y + by) * (nbx / DV_SPLIT) + bx / DV_SPLIT;
+                const bool last = atomicAdd(count, 1) == n_splits * DV_SPLIT - 1;
+                if (last) *count = 0;
+                __threadfence();  // the others' partial rows, before reading them
+                s_last = last;
+            }
+            __syncthreads();
+            if (s_last) {
+                const long long all_rows = (long long)B * H * Sq;
+                const int nr = min(BM, n_rows - m0);
+                for (int x = tid; x < nr * CMB_TPR; x += NT)
+                    combine_row_quad<FUSED_CHUNK>(P, opart, spart, o, rowout, all_rows, q_row0 + m0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
+            }
+        }
+{% endmacro %}
 {% macro merge_key_warps() %}
     {
         // The key warps' partial rows merge into key warp 0's with the
@@ -456,8 +483,10 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
         __syncthreads();
-        if (kw > 0) return;
-#pragma unroll
+{% if fused_combine %}        // (The others stay: the combine below waits on every thread.)
+        if (kw == 0) {
+{% else %}        if (kw > 0) return;
+{% endif %}#pragma unroll
         for (int r = 0; r < NR; ++r) {
             const int mt = r / 2, half = r % 2;
             // The merged state, then each partial rescaled into it.
@@ -512,7 +541,8 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = m[f];
             seen[r] = any;
         }
-    }
+{% if fused_combine %}        }
+{% endif %}    }
 {% endmacro %}
 {% macro modify_q_rows(thread, threads, rows, row0) %}        // The variant's modify_q on `rows` rows of the Q tile from row `row0`,
         // 16 bytes (QV columns, contiguous under the swizzle too) per thread
@@ -565,11 +595,114 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             seen[r] = false;
 {{ state_init }}        }
 {% endmacro %}
-extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
+{% if split_kv %}// Merges the n_splits partial rows of query row `row`, columns c0 … c0 + 3:
+// the merged state from the partials that saw a key, each partial's output
+// rescaled by combine_rescale, then the epilogue as in the main kernel; the
+// thread of column 0 also writes the row's scales and state. A thread loads
+// the outputs of COMBINE_CHUNK splits before it reads any state, so a row
+// waits on memory about twice per chunk of splits instead of about twice per
+// split (one warp per row, a split at a time: +0.4 us per split at d128,
+// H200, bench/NOTES.md). The chunk shrinks as Dv grows (more rows' threads
+// per multiprocessor). Loads go through L2 only: with the combine in the
+// main kernel, other blocks wrote these partials during this launch.
+#define CMB_TPR (DVG / 4)
+#define CMB_ROWS {{ combine_rows }}
+#define COMBINE_CHUNK {{ combine_chunk }}
+// In the main kernel, where the loop's registers are still counted: half
+// as many loads in flight above 8.
+#define FUSED_CHUNK (COMBINE_CHUNK > 8 ? 8 : COMBINE_CHUNK)
+template <int CHUNK>
+__device__ __forceinline__ void combine_row_quad(const Params& P, const float* __restrict__ opart,
+                                                 const float* __restrict__ spart, elem_t* __restrict__ o,
+                                                 float* __restrict__ rowout, long long rows, long long row, int c0,
+                                                 int n_splits) {
+    // The first chunk's outputs: they do not depend on the states.
+    float4 val[CHUNK];
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j)
+        val[j] = j < n_splits ? __ldcg(reinterpret_cast<const float4*>(opart + ((long long)j * rows + row) * DVG + c0))
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float st[1][NSTATE_ARR];
+    {
+        const int r = 0;
+{{ state_init }}    }
+    // The merged state, split by split in order; a chunk's state words are
+    // all loaded before any is merged.
+    float m[NSTATE_ARR];
+#pragma unroll
+    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
+    bool any = false;
+    for (int base = 0; base < n_splits; base += CHUNK) {
+        float x[CHUNK][NSTATE + 1];
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
+#pragma unroll
+            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? __ldcg(srow + f) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            if (x[j][NSTATE] == 0.0f) continue;  // no key, or past the last split
+            float y[NSTATE_ARR];
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
+            if (any) combine_merge(m, y);
+            else {
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
+            }
+            any = true;
+        }
+    }
+    float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float acc_st[NSTATE_ARR];
+#pragma unroll
+    for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
+    for (int base = 0; any && base < n_splits; base += CHUNK) {
+        if (base > 0) {
+#pragma unroll
+            for (int j = 0; j < CHUNK; ++j)
+                val[j] = base + j < n_splits
+                             ? __ldcg(reinterpret_cast<const float4*>(opart + ((long long)(base + j) * rows + row) * DVG + c0))
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            if (base + j >= n_splits) break;
+            // The state words again (read above: cache hits).
+            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
+            if (__ldcg(srow + NSTATE) == 0.0f) continue;  // its output is zeros, or was never written
+            float y[NSTATE_ARR];
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? __ldcg(srow + f) : 0.0f;
+            const float c = combine_rescale(y, m, P);
+            combine_scaled_add(acc_st, c, y);
+            out.x += c * val[j].x;
+            out.y += c * val[j].y;
+            out.z += c * val[j].z;
+            out.w += c * val[j].w;
+        }
+    }
+    if (any) combine_scaled_finish(m, acc_st);
+    // Rows no split saw a key of are zeros, as in the main kernel.
+    const float of = any ? epilogue_o_factor(m, P) : 0.0f;
+    *reinterpret_cast<uint2*>(o + row * DVG + c0) = make_uint2(pack2(out.x * of, out.y * of), pack2(out.z * of, out.w * of));
+    if (c0 == 0) {
+        float sc[NSCALES_ARR];
+        epilogue_scales(m, sc, P);
+#pragma unroll
+        for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
+#pragma unroll
+        for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = m[f];
+    }
+}
+
+{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
-    float* __restrict__ opart, float* __restrict__ spart, int n_splits{% endif %}{% if varlen %},
+    float* __restrict__ opart, float* __restrict__ spart, int n_splits{% if fused_combine %},
+    int* __restrict__ split_count{% endif %}{% endif %}{% if varlen %},
     const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}{% if paged %},
     const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}{% if sparse %},
     const int* __restrict__ kv_num_blocks, const int* __restrict__ kv_indices,
@@ -899,22 +1032,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         }  // cls != 0
     }
 {% if key_warps > 1 %}{% call merge_key_warps() %}{% endcall %}{% endif %}
-{% call epilogue() %}{% endcall %}
+{% if fused_combine && key_warps > 1 %}        if (kw == 0) {
+{% endif %}{% call epilogue() %}{% endcall %}
+{% if fused_combine && key_warps > 1 %}        }
+{% endif %}{% if fused_combine %}{% call fused_combine_tail() %}{% endcall %}{% endif %}
     }
 {% endif %}}
-{% if split_kv %}
-// Merges the n_splits partial rows of each query row: the merged state from
-// the partials that saw a key, each partial's output rescaled by
-// combine_rescale, then the epilogue as in the main kernel. A row's columns
-// are spread over CMB_TPR threads, four each, and a thread loads the outputs
-// of COMBINE_CHUNK splits before it reads any state, so a call waits on
-// memory about twice per chunk of splits instead of about twice per split
-// (one warp per row, a split at a time: +0.4 us per split at d128, H200,
-// bench/NOTES.md). The chunk shrinks as Dv grows (more rows' threads per
-// multiprocessor).
-#define CMB_TPR (DVG / 4)
-#define CMB_ROWS {{ combine_rows }}
-#define COMBINE_CHUNK {{ combine_chunk }}
+{% if split_kv && !fused_combine %}
+// The split-KV combine as its own kernel: CMB_ROWS rows per block, each
+// row's Dv/4 column quads over CMB_TPR threads (combine_row_quad).
 extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR) {{ kernel_name }}_combine(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
@@ -923,89 +1049,10 @@ extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR) {{ kernel_name 
     const int* __restrict__ block_table, const int* __restrict__ seqlens_k, int pages_per_seq, int page_shift{% endif %}) {
     Params P;
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
-    const int t = threadIdx.x % CMB_TPR, c0 = 4 * t;
     const long long rows = (long long)B * H * Sq;
     const long long row = (long long)blockIdx.x * CMB_ROWS + threadIdx.x / CMB_TPR;
     if (row >= rows) return;
 {% if paged %}    P.Skv = seqlens_k[row / ((long long)H * Sq)];  // the row's sequence's keys
-{% endif %}    // The first chunk's outputs: they do not depend on the states.
-    float4 val[COMBINE_CHUNK];
-#pragma unroll
-    for (int j = 0; j < COMBINE_CHUNK; ++j)
-        val[j] = j < n_splits ? *reinterpret_cast<const float4*>(opart + ((long long)j * rows + row) * DVG + c0)
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float st[1][NSTATE_ARR];
-    {
-        const int r = 0;
-{{ state_init }}    }
-    // The merged state, split by split in order; a chunk's state words are
-    // all loaded before any is merged.
-    float m[NSTATE_ARR];
-#pragma unroll
-    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
-    bool any = false;
-    for (int base = 0; base < n_splits; base += COMBINE_CHUNK) {
-        float x[COMBINE_CHUNK][NSTATE + 1];
-#pragma unroll
-        for (int j = 0; j < COMBINE_CHUNK; ++j) {
-            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-#pragma unroll
-            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? srow[f] : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < COMBINE_CHUNK; ++j) {
-            if (x[j][NSTATE] == 0.0f) continue;  // no key, or past the last split
-            float y[NSTATE_ARR];
-#pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
-            if (any) combine_merge(m, y);
-            else {
-#pragma unroll
-                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
-            }
-            any = true;
-        }
-    }
-    float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float acc_st[NSTATE_ARR];
-#pragma unroll
-    for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
-    for (int base = 0; any && base < n_splits; base += COMBINE_CHUNK) {
-        if (base > 0) {
-#pragma unroll
-            for (int j = 0; j < COMBINE_CHUNK; ++j)
-                val[j] = base + j < n_splits
-                             ? *reinterpret_cast<const float4*>(opart + ((long long)(base + j) * rows + row) * DVG + c0)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int j = 0; j < COMBINE_CHUNK; ++j) {
-            if (base + j >= n_splits) break;
-            // The state words again (read above: cache hits).
-            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-            if (srow[NSTATE] == 0.0f) continue;  // its output is zeros, or was never written
-            float y[NSTATE_ARR];
-#pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? srow[f] : 0.0f;
-            const float c = combine_rescale(y, m, P);
-            combine_scaled_add(acc_st, c, y);
-            out.x += c * val[j].x;
-            out.y += c * val[j].y;
-            out.z += c * val[j].z;
-            out.w += c * val[j].w;
-        }
-    }
-    if (any) combine_scaled_finish(m, acc_st);
-    // Rows no split saw a key of are zeros, as in the main kernel.
-    const float of = any ? epilogue_o_factor(m, P) : 0.0f;
-    *reinterpret_cast<uint2*>(o + row * DVG + c0) = make_uint2(pack2(out.x * of, out.y * of), pack2(out.z * of, out.w * of));
-    if (t == 0) {
-        float sc[NSCALES_ARR];
-        epilogue_scales(m, sc, P);
-#pragma unroll
-        for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
-#pragma unroll
-        for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = m[f];
-    }
+{% endif %}    combine_row_quad<COMBINE_CHUNK>(P, opart, spart, o, rowout, rows, row, 4 * (threadIdx.x % CMB_TPR), n_splits);
 }
 {% endif %}

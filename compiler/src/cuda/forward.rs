@@ -60,6 +60,15 @@ pub struct ForwardConfig {
     /// ([`crate::combine`]). For decoding, where few query rows leave the
     /// GPU idle. Not with warp specialisation.
     pub split_kv: bool,
+    /// Split-KV with the combine in the main kernel (the sm_80 template): the
+    /// last of a row block's blocks to finish merges its partial rows, read
+    /// back from L2, instead of a second kernel launched after the main one;
+    /// a zeroed `split_count` workspace (an i32 per row block, which the
+    /// kernel leaves zero) counts the finished blocks. Worth it where the
+    /// merge is short for one block: few rows per block against its threads
+    /// ([`ForwardConfig::for_decode_shape`] sets it there).
+    #[serde(default)]
+    pub fused_combine: bool,
     /// With warp specialisation: one CTA per multiprocessor walks the row
     /// blocks (grid `(min(units, SMs), 1, 1)`, see
     /// [`KernelSource::launch_grid`]), so the producer loads the next tile's
@@ -178,6 +187,7 @@ impl ForwardConfig {
             q_in_registers: false,
             dv_split,
             split_kv: decode && combinable,
+            fused_combine: false,
             // Every warp-specialised kernel is persistent: one block per
             // multiprocessor walking pairs of row blocks, whose prologue and
             // epilogue overlap the next tile's loads (H100: 2-11% faster
@@ -291,9 +301,29 @@ impl ForwardConfig {
             .or_if_it_fits(deep, dqk, dv, isa)
     }
 
+    /// This split-KV tile with the combine in the main kernel
+    /// ([`fused_combine`](Self::fused_combine)) where a block of `rows`
+    /// query rows (packed rows per KV head, `H / Hkv · Sq`) merges them with
+    /// at most two column quads per thread: `min(block_m, rows) · Dv / 4 ≤ 2
+    /// · threads`. Beyond that the last block's merge would queue behind
+    /// itself (MLA's 16 rows of 512 columns on 64 threads: 32 quads each)
+    /// and the combine kernel, spread over the GPU, is faster. Otherwise
+    /// unchanged.
+    pub fn with_combine_for_rows(self, rows: usize, dv: u32) -> ForwardConfig {
+        if !self.split_kv || self.wgmma || self.warp_specialized {
+            return self;
+        }
+        let quads = (self.block_m as usize).min(rows) * (dv / 4) as usize;
+        ForwardConfig {
+            fused_combine: quads <= 2 * (self.warps() * WARP_SIZE) as usize,
+            ..self
+        }
+    }
+
     /// The untuned decoding tile for sizes `[B, H, Hkv, Sq]` on `sms`
     /// multiprocessors: [`for_packed_rows`](Self::for_packed_rows), then
-    /// [`for_few_blocks`](Self::for_few_blocks) on the grid that leaves.
+    /// [`for_few_blocks`](Self::for_few_blocks) on the grid that leaves,
+    /// then [`with_combine_for_rows`](Self::with_combine_for_rows).
     pub fn for_decode_shape(
         self,
         [b, h, hkv, sq]: [usize; 4],
@@ -305,7 +335,9 @@ impl ForwardConfig {
         let rows = h / hkv.max(1) * sq;
         let packed = self.for_packed_rows(rows, dqk, dv, isa);
         let blocks = b * hkv * rows.div_ceil(packed.block_m as usize) * packed.dv_split as usize;
-        packed.for_few_blocks(blocks, sms, dqk, dv, isa)
+        packed
+            .for_few_blocks(blocks, sms, dqk, dv, isa)
+            .with_combine_for_rows(rows, dv)
     }
 
     /// This configuration reading V from K ([`v_in_k`](Self::v_in_k)). The
@@ -530,10 +562,15 @@ pub struct KernelSource {
     pub dqk: u32,
     /// The whole Dv of v and o (a block computes `dv / dv_split` columns).
     pub dv: u32,
+    /// The kernel takes KV splits at launch (`opart`, `spart`, `n_splits`):
+    /// [`KernelSource::kv_splits`] says how many.
+    pub split_kv: bool,
     /// With split-KV: the kernel that merges the partial rows (entry name),
     /// launched after the main one with the same arguments
     /// ([`KernelSource::combine_grid`], [`KernelSource::combine_threads`]
-    /// threads).
+    /// threads). `None` where the main kernel merges them itself
+    /// ([`ForwardConfig::fused_combine`]: the arguments then hold the
+    /// `split_count` workspace, [`KernelSource::split_count_len`]).
     pub combine: Option<String>,
     /// Keys per block step (the unit a KV split is made of).
     pub block_n: u32,
@@ -636,7 +673,7 @@ impl KernelSource {
         let Some((x, y, z)) = self.grid_for([b, h, hkv, sq]) else {
             return 1;
         };
-        if self.combine.is_none() {
+        if !self.split_kv {
             return 1;
         }
         kv_split_rule(KvSplitInputs {
@@ -680,6 +717,16 @@ impl KernelSource {
         let (x, y, z) = self.grid_for(sizes)?;
         let x = x as u64 * n_splits.max(1) as u64;
         (x < (1 << 31)).then_some((x as u32, y, z))
+    }
+
+    /// Counters of the `split_count` workspace (one per row block of the
+    /// grid without splits) for sizes `B, H, Hkv, Sq`: 0 without one.
+    pub fn split_count_len(&self, sizes: [usize; 4]) -> usize {
+        if !self.args.contains(&ArgKind::Workspace("split_count")) {
+            return 0;
+        }
+        self.grid_for(sizes)
+            .map_or(0, |(x, y, z)| x as usize * y as usize * z as usize)
     }
 
     /// Elements of a split-KV workspace (`opart` or `spart`) for `rows =
@@ -873,6 +920,7 @@ struct ForwardTemplate<'a> {
     stages: u32,
     q_regs: bool,
     split_kv: bool,
+    fused_combine: bool,
     /// A packed variable-length batch (`cu_q`, `cu_k`).
     varlen: bool,
     /// K and V in a paged cache (`block_table`, `seqlens_k`).
@@ -924,6 +972,7 @@ pub fn parallel_forward_varlen(
     let cfg = ForwardConfig {
         pack_gqa: false,
         split_kv: false,
+        fused_combine: false,
         ..*cfg
     };
     generate_forward(variant, dqk, dv, &cfg, RowLayout::Varlen)
@@ -1054,11 +1103,13 @@ fn generate_forward(
         format!("_dw{}", cfg.dv_warps)
     } else {
         String::new()
-    } + &if cfg.dv_split > 1 {
-        format!("_v{}", cfg.dv_split)
-    } else {
-        String::new()
-    } + if cfg.v_in_k { "_vk" } else { "" }
+    } + if cfg.fused_combine { "_fc" } else { "" }
+        + &if cfg.dv_split > 1 {
+            format!("_v{}", cfg.dv_split)
+        } else {
+            String::new()
+        }
+        + if cfg.v_in_k { "_vk" } else { "" }
         + match layout {
             RowLayout::Dense => "",
             RowLayout::Varlen => "_varlen",
@@ -1105,6 +1156,7 @@ fn generate_forward(
         stages: cfg.stages,
         q_regs: cfg.q_in_registers,
         split_kv: cfg.split_kv,
+        fused_combine: cfg.fused_combine,
         varlen,
         paged: layout == RowLayout::Paged,
         sparse: layout == RowLayout::BlockSparse,
@@ -1139,12 +1191,21 @@ fn generate_forward(
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
     let mut args = forward_args_with(variant, cfg.split_kv, layout);
+    if cfg.fused_combine {
+        // The template takes the row blocks' counters after n_splits.
+        let at = args
+            .iter()
+            .position(|a| *a == ArgKind::KvSplits)
+            .map_or(args.len(), |i| i + 1);
+        args.insert(at, ArgKind::Workspace("split_count"));
+    }
     if tile_schedule {
         args.extend(TILE_SCHEDULE_ARGS);
     }
     let row_outputs = row_output_names(online);
     Ok(KernelSource {
-        combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
+        combine: (cfg.split_kv && !cfg.fused_combine).then(|| format!("{kernel_name}_combine")),
+        split_kv: cfg.split_kv,
         name: kernel_name,
         source,
         threads: (cfg.warps() + if cfg.warp_specialized { 4 } else { 0 }) * WARP_SIZE,
@@ -1265,6 +1326,11 @@ pub(crate) fn check_config(
             cfg.key_warps,
             cfg.dv_slice(dv_total)
         )));
+    }
+    if cfg.fused_combine && (!cfg.split_kv || cfg.wgmma) {
+        return Err(CompileError(
+            "the combine in the main kernel (fused_combine) needs split-KV (split_kv: true) and the sm_80 template (wgmma: false)".into(),
+        ));
     }
     if cfg.split_kv && cfg.warp_specialized {
         return Err(CompileError(

@@ -218,6 +218,7 @@ pub fn hip_parallel_forward(
     let args = forward_args(variant, cfg.split_kv);
     Ok(KernelSource {
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
+        split_kv: cfg.split_kv,
         name: kernel_name,
         source,
         threads: cfg.waves * WAVE_SIZE,

@@ -222,6 +222,7 @@ fn cuda_forward_configs(
         q_in_registers: false,
         dv_split: 1,
         split_kv: false,
+        fused_combine: false,
         persistent: false,
         v_in_k: false,
         key_warps: 1,
