@@ -1,8 +1,9 @@
 """Runs one forward kernel a few times on its workload's shape, for a
 profiler: a configuration of the forward sweep (`aec-bench … --fwd-sweep`),
 or with `--bench` the benchmark kernel of a workload (`index.json`'s
-`bench`, the workload from workloads.json or `extra_workloads`); with
-`--cudnn` also cuDNN's SDPA on the same tensors (to profile the anchor):
+`bench`, the workload from workloads.json or `extra_workloads`; `--tile
+TAG` one of its other tiles instead of the default); with `--cudnn` also
+cuDNN's SDPA on the same tensors (to profile the anchor):
 
     ncu --set full -k regex:aec_fwd --launch-skip 2 --launch-count 1 \\
         python bench/profile_one.py bench/cases <config>
@@ -28,7 +29,11 @@ w = workloads[entry["workload"]]
 q = torch.randn(w["b"], w["h"], w["sq"], w["dqk"], device=dev, dtype=torch.bfloat16)
 k = torch.randn(w["b"], w["hkv"], w["skv"], w["dqk"], device=dev, dtype=torch.bfloat16)
 v = k if w.get("v_in_k") else torch.randn(w["b"], w["hkv"], w["skv"], w["dv"], device=dev, dtype=torch.bfloat16)
-kern = Kernel(cases_dir, entry["kernel"])
+meta = entry["kernel"]
+if "--tile" in sys.argv:
+    tag = sys.argv[sys.argv.index("--tile") + 1]
+    meta = next(t["kernel"] for t in entry["tiles"] if t["tiles"] == tag)
+kern = Kernel(cases_dir, meta)
 sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
 for _ in range(4):
     kern(q, k, v, {}, sizes)
@@ -38,4 +43,4 @@ if "--cudnn" in sys.argv:
         for _ in range(4):
             F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(w["dqk"]), enable_gqa=w["hkv"] != w["h"])
 torch.cuda.synchronize()
-print("ran", entry["kernel"]["name"], "on", entry["workload"])
+print("ran", meta["name"], "on", entry["workload"])

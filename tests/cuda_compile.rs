@@ -498,6 +498,15 @@ fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: 
                 kernel.name
             )
         });
+    // The sm_80 tiles start at the dynamic shared memory's base, which is
+    // 128-byte aligned only with no static shared memory before it: 16
+    // static bytes made decoding 8-18% slower (bench/NOTES.md).
+    if !cfg.wgmma {
+        assert_eq!(
+            entry.shared_bytes, 0,
+            "{name} ({arch}): static shared memory shifts the tiles"
+        );
+    }
     let allowed = spill_budget(&cfg, dqk, dv);
     assert!(
         entry.performance_warnings.is_empty(),

@@ -430,31 +430,11 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
         }
 {% endmacro %}
 {% macro fused_combine_tail() %}
-        // Split-KV with the combine in this kernel: the last of the row
-        // block's n_splits × DV_SPLIT blocks to finish merges its rows, while
-        // the partials are in L2, instead of a second launch (one sequence of
-        // 32768 keys, H200: the combine kernel and the gap before it took
-        // 3.9 us of 39.4). `split_count` counts a row block's finished blocks
-        // and the last one sets it back to 0 for the next launch.
-        if (n_splits > 1) {
-            __shared__ int s_last;
-            __threadfence();  // this block's partial rows, before its arrival
-            __syncthreads();
-            if (tid == 0) {
-                int* count = split_count + ((long long)bz * gridDim.y + by) * (nbx / DV_SPLIT) + bx / DV_SPLIT;
-                const bool last = atomicAdd(count, 1) == n_splits * DV_SPLIT - 1;
-                if (last) *count = 0;
-                __threadfence();  // the others' partial rows, before reading them
-                s_last = last;
-            }
-            __syncthreads();
-            if (s_last) {
-                const long long all_rows = (long long)B * H * Sq;
-                const int nr = min(BM, n_rows - m0);
-                for (int x = tid; x < nr * CMB_TPR; x += NT)
-                    combine_row_quad<FUSED_CHUNK>(P, opart, spart, o, rowout, all_rows, q_row0 + m0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
-            }
-        }
+        // Split-KV with the combine in this kernel (merge_if_last_split).
+        if (n_splits > 1)
+            merge_if_last_split(P, opart, spart, o, rowout,
+                                split_count + ((long long)bz * gridDim.y + by) * (nbx / DV_SPLIT) + bx / DV_SPLIT,
+                                n_splits * DV_SPLIT, (long long)B * H * Sq, q_row0 + m0, min(BM, n_rows - m0), n_splits);
 {% endmacro %}
 {% macro merge_key_warps() %}
     {
@@ -608,9 +588,10 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 #define CMB_TPR (DVG / 4)
 #define CMB_ROWS {{ combine_rows }}
 #define COMBINE_CHUNK {{ combine_chunk }}
-// In the main kernel, where the loop's registers are still counted: half
-// as many loads in flight above 8.
-#define FUSED_CHUNK (COMBINE_CHUNK > 8 ? 8 : COMBINE_CHUNK)
+// In the main kernel: at most 8 where Dv is split between blocks (16 spilled
+// 128 bytes there at d128); one sequence of 32768 keys took 43.63 us with 16,
+// 43.83 with 8 (H200).
+#define FUSED_CHUNK (DV_SPLIT > 1 && COMBINE_CHUNK > 8 ? 8 : COMBINE_CHUNK)
 template <int CHUNK>
 __device__ __forceinline__ void combine_row_quad(const Params& P, const float* __restrict__ opart,
                                                  const float* __restrict__ spart, elem_t* __restrict__ o,
@@ -697,7 +678,34 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* _
     }
 }
 
-{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
+{% if fused_combine %}// The split-KV combine in the main kernel, called by every thread of a
+// block once its partial rows are written: the last of a row block's
+// `arrivals` blocks (n_splits × DV_SPLIT) to get here merges the row block's
+// `nr` rows from `row0`, while the partials are in L2, instead of a second
+// launch (one sequence of 32768 keys, H200: the combine kernel and the gap
+// before it took 3.9 us of 39.4). `count` counts the row block's arrivals
+// and the last one sets it back to 0 for the next launch. (No static shared
+// memory for the verdict: it would shift the dynamic tiles off their
+// 128-byte alignment, which made every launch 8-18% slower, one split too;
+// bench/NOTES.md.)
+__device__ __forceinline__ void merge_if_last_split(const Params& P, const float* __restrict__ opart,
+                                                    const float* __restrict__ spart, elem_t* __restrict__ o,
+                                                    float* __restrict__ rowout, int* count, int arrivals,
+                                                    long long all_rows, long long row0, int nr, int n_splits) {
+    __threadfence();  // this block's partial rows, before its arrival
+    __syncthreads();
+    bool last = false;
+    if (threadIdx.x == 0) {
+        last = atomicAdd(count, 1) == arrivals - 1;
+        if (last) *count = 0;
+        __threadfence();  // the others' partial rows, before reading them
+    }
+    if (!__syncthreads_or(last)) return;
+    for (int x = threadIdx.x; x < nr * CMB_TPR; x += NT)
+        combine_row_quad<FUSED_CHUNK>(P, opart, spart, o, rowout, all_rows, row0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
+}
+
+{% endif %}{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
