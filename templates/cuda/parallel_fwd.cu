@@ -583,8 +583,11 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 // waits on memory about twice per chunk of splits instead of about twice per
 // split (one warp per row, a split at a time: +0.4 us per split at d128,
 // H200, bench/NOTES.md). The chunk shrinks as Dv grows (more rows' threads
-// per multiprocessor). Loads go through L2 only: with the combine in the
-// main kernel, other blocks wrote these partials during this launch.
+// per multiprocessor). IN_KERNEL: other blocks of this launch wrote the
+// partials (the combine in the main kernel), so plain loads after the
+// acquiring fence, not the read-only path; a combine kernel reads them
+// through the read-only path (`ld.global.cg` there, coherent "strong" loads,
+// made the combine 4 us slower at 16 splits: bench/NOTES.md).
 #define CMB_TPR (DVG / 4)
 #define CMB_ROWS {{ combine_rows }}
 #define COMBINE_CHUNK {{ combine_chunk }}
@@ -592,16 +595,23 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 // 128 bytes there at d128); one sequence of 32768 keys took 43.63 us with 16,
 // 43.83 with 8 (H200).
 #define FUSED_CHUNK (DV_SPLIT > 1 && COMBINE_CHUNK > 8 ? 8 : COMBINE_CHUNK)
-template <int CHUNK>
-__device__ __forceinline__ void combine_row_quad(const Params& P, const float* __restrict__ opart,
-                                                 const float* __restrict__ spart, elem_t* __restrict__ o,
-                                                 float* __restrict__ rowout, long long rows, long long row, int c0,
-                                                 int n_splits) {
+template <bool IN_KERNEL>
+__device__ __forceinline__ float4 partial_quad(const float* p) {
+    return IN_KERNEL ? *reinterpret_cast<const float4*>(p) : __ldg(reinterpret_cast<const float4*>(p));
+}
+template <bool IN_KERNEL>
+__device__ __forceinline__ float partial_word(const float* p) {
+    return IN_KERNEL ? *p : __ldg(p);
+}
+template <int CHUNK, bool IN_KERNEL>
+__device__ __forceinline__ void combine_row_quad(const Params& P, const float* opart, const float* spart,
+                                                 elem_t* __restrict__ o, float* __restrict__ rowout, long long rows,
+                                                 long long row, int c0, int n_splits) {
     // The first chunk's outputs: they do not depend on the states.
     float4 val[CHUNK];
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j)
-        val[j] = j < n_splits ? __ldcg(reinterpret_cast<const float4*>(opart + ((long long)j * rows + row) * DVG + c0))
+        val[j] = j < n_splits ? partial_quad<IN_KERNEL>(opart + ((long long)j * rows + row) * DVG + c0)
                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float st[1][NSTATE_ARR];
     {
@@ -619,7 +629,7 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* _
         for (int j = 0; j < CHUNK; ++j) {
             const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
 #pragma unroll
-            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? __ldcg(srow + f) : 0.0f;
+            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
@@ -644,7 +654,7 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* _
 #pragma unroll
             for (int j = 0; j < CHUNK; ++j)
                 val[j] = base + j < n_splits
-                             ? __ldcg(reinterpret_cast<const float4*>(opart + ((long long)(base + j) * rows + row) * DVG + c0))
+                             ? partial_quad<IN_KERNEL>(opart + ((long long)(base + j) * rows + row) * DVG + c0)
                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
@@ -652,10 +662,10 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* _
             if (base + j >= n_splits) break;
             // The state words again (read above: cache hits).
             const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-            if (__ldcg(srow + NSTATE) == 0.0f) continue;  // its output is zeros, or was never written
+            if (partial_word<IN_KERNEL>(srow + NSTATE) == 0.0f) continue;  // its output is zeros, or was never written
             float y[NSTATE_ARR];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? __ldcg(srow + f) : 0.0f;
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
             const float c = combine_rescale(y, m, P);
             combine_scaled_add(acc_st, c, y);
             out.x += c * val[j].x;
@@ -688,10 +698,10 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* _
 // memory for the verdict: it would shift the dynamic tiles off their
 // 128-byte alignment, which made every launch 8-18% slower, one split too;
 // bench/NOTES.md.)
-__device__ __forceinline__ void merge_if_last_split(const Params& P, const float* __restrict__ opart,
-                                                    const float* __restrict__ spart, elem_t* __restrict__ o,
-                                                    float* __restrict__ rowout, int* count, int arrivals,
-                                                    long long all_rows, long long row0, int nr, int n_splits) {
+__device__ __forceinline__ void merge_if_last_split(const Params& P, const float* opart, const float* spart,
+                                                    elem_t* __restrict__ o, float* __restrict__ rowout, int* count,
+                                                    int arrivals, long long all_rows, long long row0, int nr,
+                                                    int n_splits) {
     __threadfence();  // this block's partial rows, before its arrival
     __syncthreads();
     bool last = false;
@@ -702,7 +712,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
     if (!__syncthreads_or(last)) return;
     for (int x = threadIdx.x; x < nr * CMB_TPR; x += NT)
-        combine_row_quad<FUSED_CHUNK>(P, opart, spart, o, rowout, all_rows, row0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
+        combine_row_quad<FUSED_CHUNK, true>(P, opart, spart, o, rowout, all_rows, row0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
 }
 
 {% endif %}{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
@@ -1061,6 +1071,6 @@ extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR) {{ kernel_name 
     const long long row = (long long)blockIdx.x * CMB_ROWS + threadIdx.x / CMB_TPR;
     if (row >= rows) return;
 {% if paged %}    P.Skv = seqlens_k[row / ((long long)H * Sq)];  // the row's sequence's keys
-{% endif %}    combine_row_quad<COMBINE_CHUNK>(P, opart, spart, o, rowout, rows, row, 4 * (threadIdx.x % CMB_TPR), n_splits);
+{% endif %}    combine_row_quad<COMBINE_CHUNK, false>(P, opart, spart, o, rowout, rows, row, 4 * (threadIdx.x % CMB_TPR), n_splits);
 }
 {% endif %}
