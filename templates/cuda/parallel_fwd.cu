@@ -1058,8 +1058,11 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}}
 {% if split_kv && !fused_combine %}
 // The split-KV combine as its own kernel: CMB_ROWS rows per block, each
-// row's Dv/4 column quads over CMB_TPR threads (combine_row_quad).
-extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR) {{ kernel_name }}_combine(
+// row's Dv/4 column quads over CMB_TPR threads (combine_row_quad). One block
+// per SM is enough to bound the registers (its grids are small: split-KV
+// runs where rows are few): at d128 ptxas otherwise stopped at 168 and
+// spilled, 0.4 us slower at 16 splits (bench/NOTES.md).
+extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR, 1) {{ kernel_name }}_combine(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv,
