@@ -752,16 +752,7 @@ fn gpu_forward_key_warps() {
         assert!(kernels.kv_splits(shape) > 1);
         assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
     }
-    check_paged(
-        &format!("{test} (paged decode)"),
-        "decode",
-        (8, 2),
-        1,
-        &[1000, 37, 513, 1, 300],
-        64,
-        HeadDims::square(128),
-        &with("decode", 128, 2, 32),
-    );
+    check_paged_decode(test, &with("decode", 128, 2, 32));
     let def = example("mla_decode");
     let shape = Shape::new(2, 16, 1, 1, 1301);
     let config = ForwardConfig {
@@ -770,20 +761,7 @@ fn gpu_forward_key_warps() {
         dv_warps: 1,
         ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80)
     };
-    let Some(gpu) = prepare_latent(test, shape, config) else {
-        return;
-    };
-    let source = gpu.kernels.forward_source();
-    assert!(source.name.contains("_k2"), "{}", source.name);
-    check_latent_forward(
-        test,
-        &gpu.kernels,
-        &gpu.stream,
-        &gpu.call,
-        &gpu.q,
-        &gpu.k,
-        shape,
-    );
+    check_latent_tile(test, shape, config, "_k2");
 }
 
 /// Split-KV with the combine in the main kernel (`fused_combine`): the last
@@ -853,14 +831,8 @@ fn gpu_forward_fused_combine() {
             );
         }
     }
-    check_paged(
-        &format!("{test} (paged decode)"),
-        "decode",
-        (8, 2),
-        1,
-        &[1000, 37, 513, 1, 300],
-        64,
-        HeadDims::square(128),
+    check_paged_decode(
+        test,
         &KernelOptions {
             config: Some(ForwardConfig {
                 warps: 2,
@@ -881,20 +853,7 @@ fn gpu_forward_fused_combine() {
         fused_combine: true,
         ..ForwardConfig::default_for(&latent, 576, 512, Elem::Bf16, Isa::Sm80)
     };
-    let Some(gpu) = prepare_latent(test, shape, config) else {
-        return;
-    };
-    assert!(gpu.kernels.forward_source().name.contains("_fc"));
-    assert!(gpu.kernels.kv_splits(shape) > 1);
-    check_latent_forward(
-        test,
-        &gpu.kernels,
-        &gpu.stream,
-        &gpu.call,
-        &gpu.q,
-        &gpu.k,
-        shape,
-    );
+    check_latent_tile(test, shape, config, "_fc");
 }
 
 /// Query heads of a group packed into the rows (the decoding kernels'
@@ -2014,6 +1973,47 @@ fn check_latent_forward(
     );
     assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
     out
+}
+
+/// The latent-cache forward of `config` at `shape` (with KV splits) against
+/// the reference; its kernel's name must contain `tag`.
+fn check_latent_tile(test: &str, shape: Shape, config: ForwardConfig, tag: &str) {
+    let Some(gpu) = prepare_latent(test, shape, config) else {
+        return;
+    };
+    let name = &gpu.kernels.forward_source().name;
+    assert!(
+        name.contains(tag),
+        "{test}: `{name}` is not a `{tag}` kernel"
+    );
+    assert!(
+        gpu.kernels.kv_splits(shape) > 1,
+        "{test}: one split at {shape}"
+    );
+    check_latent_forward(
+        test,
+        &gpu.kernels,
+        &gpu.stream,
+        &gpu.call,
+        &gpu.q,
+        &gpu.k,
+        shape,
+    );
+}
+
+/// Paged decoding with the tiles of `options`: 8 query heads on 2 KV heads,
+/// sequences of 1 to 1000 keys in pages of 64.
+fn check_paged_decode(test: &str, options: &KernelOptions) {
+    check_paged(
+        &format!("{test} (paged decode)"),
+        "decode",
+        (8, 2),
+        1,
+        &[1000, 37, 513, 1, 300],
+        64,
+        HeadDims::square(128),
+        options,
+    );
 }
 
 /// Multi-head latent attention decoding with V stored in K (`v_in_k`, Dqk
