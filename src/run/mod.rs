@@ -1054,13 +1054,18 @@ impl ParallelKernels {
         };
         let rows = shape.rows();
         let (o, row_outputs) = (&mut out.o, &mut out.row_outputs);
+        // The partial rows are not zero-filled: every block of every split
+        // writes its rows' outputs and states (a split past the last key
+        // block writes "saw no key"), and the combine reads only those
+        // (compute-sanitizer initcheck clean on the split-KV tests). MLA's
+        // four splits would otherwise memset 8.4 MB per call.
         let workspace = |name: &str| {
             let n = if n_splits > 1 {
                 source.workspace_len(name, rows, n_splits)
             } else {
                 1 // not read with one split; a valid pointer all the same
             };
-            stream.alloc_zeros::<f32>(n)
+            stream.alloc_scratch::<f32>(n)
         };
         // A fresh zeroed ticket counter per launch: concurrent launches on
         // other streams must not share one.
