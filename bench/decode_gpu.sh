@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Decoding on the GPU machine: the key-warp, latent-cache (MLA), decoding and
 # fused-combine GPU tests (the key-warp and fused-combine ones under
-# compute-sanitizer too), the case checks
+# compute-sanitizer's memcheck, racecheck and initcheck too), the case checks
 # under compute-sanitizer, and the decoding benchmark rows (graph-timed)
 # beside cuDNN, FA2, Flex and PyTorch with the copy bandwidth, in one process.
 #
@@ -22,7 +22,8 @@ AEC_REQUIRE_GPU=1 target/gpu-run/gpu_forward ${GPU_TESTS:-key_warps latent decod
     > "$OUT/gpu_forward.txt" 2>&1 || status=1
 grep -E "^test |test result|rel_err|panicked" "$OUT/gpu_forward.txt" | tail -n 40
 for test in key_warps fused_combine; do
-    for tool in memcheck racecheck; do
+    # initcheck: the split-KV workspaces are not zero-filled (src/run/mod.rs).
+    for tool in memcheck racecheck initcheck; do
         AEC_REQUIRE_GPU=1 compute-sanitizer --tool $tool --error-exitcode 3 \
             target/gpu-run/gpu_forward gpu_forward_$test --test-threads 1 \
             >> "$OUT/sanitizer-$test.txt" 2>&1 || status=1
