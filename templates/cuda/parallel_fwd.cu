@@ -662,7 +662,7 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* o
             if (base + j >= n_splits) break;
             // The state words again (read above: cache hits).
             const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-            if (partial_word<IN_KERNEL>(srow + NSTATE) == 0.0f) continue;  // its output is zeros, or was never written
+            if (partial_word<IN_KERNEL>(srow + NSTATE) == 0.0f) continue;  // the split saw no key: its output is zeros
             float y[NSTATE_ARR];
 #pragma unroll
             for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
