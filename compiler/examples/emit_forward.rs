@@ -43,13 +43,12 @@ fn main() {
             }
         }
         eprintln!("{cfg:?}");
-        let k = parallel_forward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{e}"));
-        eprintln!("smem_bytes {} block_n {}", k.smem_bytes, k.block_n);
     } else if let [bm, bn, warps, ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");
         cfg.block_n = bn.parse().expect("block_n");
         cfg.warps = warps.parse().expect("warps");
     }
     let k = parallel_forward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("smem_bytes {} block_n {}", k.smem_bytes, k.block_n);
     print!("{}", k.source);
 }

@@ -546,7 +546,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
                 ),
             });
         }
-        if k.args.contains(&ArgKind::Workspace("split_count")) {
+        if k.merges_splits_in_kernel() {
             // The main kernel merges the splits: the last block of a row
             // block to finish, counted here (the kernel leaves it zero). The
             // counters are i32; plans have no integer buffers, and a zeroed

@@ -1075,16 +1075,13 @@ impl ParallelKernels {
             None
         };
         // The row blocks' counters of a kernel that merges its own splits:
-        // zeroed per launch, as the ticket counter.
+        // zeroed per launch, as the ticket counter; with one split they are
+        // not read (a valid pointer, not filled).
         let split_count_len = source.split_count_len([shape.b, shape.h, shape.hkv, shape.sq]);
-        let mut split_count = if split_count_len > 0 {
-            Some(
-                stream
-                    .alloc_zeros::<i32>(split_count_len)
-                    .map_err(runtime)?,
-            )
-        } else {
-            None
+        let mut split_count = match (split_count_len, n_splits) {
+            (0, _) => None,
+            (_, 1) => Some(stream.alloc_scratch::<i32>(1).map_err(runtime)?),
+            (n, _) => Some(stream.alloc_zeros::<i32>(n).map_err(runtime)?),
         };
         let (mut opart, mut spart) = if source.split_kv {
             (

@@ -429,13 +429,6 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
 {% endmacro %}
-{% macro fused_combine_tail() %}
-        // Split-KV with the combine in this kernel (merge_if_last_split).
-        if (n_splits > 1)
-            merge_if_last_split(P, opart, spart, o, rowout,
-                                split_count + ((long long)bz * gridDim.y + by) * (nbx / DV_SPLIT) + bx / DV_SPLIT,
-                                n_splits * DV_SPLIT, (long long)B * H * Sq, q_row0 + m0, min(BM, n_rows - m0), n_splits);
-{% endmacro %}
 {% macro merge_key_warps() %}
     {
         // The key warps' partial rows merge into key warp 0's with the
@@ -1053,7 +1046,12 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if fused_combine && key_warps > 1 %}        if (kw == 0) {
 {% endif %}{% call epilogue() %}{% endcall %}
 {% if fused_combine && key_warps > 1 %}        }
-{% endif %}{% if fused_combine %}{% call fused_combine_tail() %}{% endcall %}{% endif %}
+{% endif %}{% if fused_combine %}        // Split-KV with the combine in this kernel (merge_if_last_split).
+        if (n_splits > 1)
+            merge_if_last_split(P, opart, spart, o, rowout,
+                                split_count + ((long long)bz * gridDim.y + by) * (nbx / DV_SPLIT) + bx / DV_SPLIT,
+                                n_splits * DV_SPLIT, (long long)B * H * Sq, q_row0 + m0, min(BM, n_rows - m0), n_splits);
+{% endif %}
     }
 {% endif %}}
 {% if split_kv && !fused_combine %}

@@ -721,10 +721,17 @@ impl KernelSource {
         (x < (1 << 31)).then_some((x as u32, y, z))
     }
 
+    /// Split-KV whose main kernel merges the splits itself
+    /// ([`ForwardConfig::fused_combine`]): no combine kernel, and a
+    /// `split_count` workspace among the arguments.
+    pub fn merges_splits_in_kernel(&self) -> bool {
+        self.split_kv && self.combine.is_none()
+    }
+
     /// Counters of the `split_count` workspace (one per row block of the
     /// grid without splits) for sizes `B, H, Hkv, Sq`: 0 without one.
     pub fn split_count_len(&self, sizes: [usize; 4]) -> usize {
-        if !self.args.contains(&ArgKind::Workspace("split_count")) {
+        if !self.merges_splits_in_kernel() {
             return 0;
         }
         self.grid_for(sizes)
