@@ -383,34 +383,52 @@ fn main() {
             json!({ "workload": workload, "config": tag, "backward": meta })
         };
         let v = load(&root, "softmax");
-        for (bm, warps, wgmma) in [(32, 8, false), (64, 8, false), (64, 8, true)] {
+        let tag_of = |cfg: &BackwardConfig| {
+            format!(
+                "m{}w{}s{}{}{}",
+                cfg.block_m,
+                cfg.warps,
+                cfg.split_d,
+                if cfg.wgmma { "_wgmma" } else { "" },
+                if cfg.warp_specialized { "_ws" } else { "" }
+            )
+        };
+        for (bm, warps, wgmma, warp_specialized) in [
+            (32, 8, false, false),
+            (64, 8, false, false),
+            (64, 8, true, false),
+            (64, 8, true, true),
+        ] {
             let cfg = BackwardConfig {
                 block_m: bm,
                 warps,
                 split_d: 1,
                 elem: Elem::Bf16,
                 wgmma,
+                warp_specialized,
             };
-            let tag = format!("m{bm}w{warps}{}", if wgmma { "_wgmma" } else { "" });
+            let tag = tag_of(&cfg);
             let file = format!("sweep_bwd_{tag}");
             sweep.push(sweep_row(&v, BENCH[0].0, &file, tag, (128, 128), cfg));
         }
         // Head dims above 128: the sm_80 kernel (the default there before the
-        // split wgmma kernel) against the sm_90a default.
+        // split wgmma kernel), and the sm_90a default with and without its
+        // producer warpgroup.
         for &(workload, example, dqk, dv) in BENCH
             .iter()
             .filter(|w| matches!(w.1, "deepseek" | "diff_transformer"))
         {
             let v = load(&root, example);
-            for isa in [Isa::Sm80, Isa::Sm90a] {
-                let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, isa);
-                let tag = format!(
-                    "m{}w{}s{}{}",
-                    cfg.block_m,
-                    cfg.warps,
-                    cfg.split_d,
-                    if cfg.wgmma { "_wgmma" } else { "" }
-                );
+            let sm90 = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+            for cfg in [
+                BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm80),
+                BackwardConfig {
+                    warp_specialized: !sm90.warp_specialized,
+                    ..sm90
+                },
+                sm90,
+            ] {
+                let tag = tag_of(&cfg);
                 let file = format!("sweep_bwd_{example}_{tag}");
                 sweep.push(sweep_row(&v, workload, &file, tag, (dqk, dv), cfg));
             }

@@ -1,5 +1,6 @@
 //! Prints the generated parallel backward kernels of a variant file.
 //! `cargo run -p aec-compiler --example emit_backward -- examples/softmax.rs 128 128 [block_m warps [split_d]]`
+//! (`AEC_BWD_WS=0`: the wgmma kernel without its producer warpgroup)
 use aec_compiler::{BackwardConfig, Elem, Isa, parallel_backward};
 
 fn main() {
@@ -21,6 +22,14 @@ fn main() {
         cfg.warps = warps.parse().expect("warps");
         cfg.split_d = more.first().map_or(1, |s| s.parse().expect("split_d"));
     }
+    // AEC_BWD_WS=0: without the producer warpgroup (for comparisons).
+    if std::env::var("AEC_BWD_WS").is_ok_and(|v| v == "0") {
+        cfg.warp_specialized = false;
+    }
     let k = parallel_backward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "main {} threads {} smem_bytes {}",
+        k.main.name, k.main.threads, k.main.smem_bytes
+    );
     print!("{}", k.source);
 }

@@ -427,7 +427,60 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         &BackwardConfig::default_for(64, 64, Elem::Bf16, Isa::Sm90a),
     )
     .expect("wgmma backward");
-    assert!(b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_main"));
+    assert!(b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_ws_main"));
+    // Warp-specialised by default on sm_90a: a producer warpgroup beside the
+    // two computing ones (its setmaxnreg budget balances theirs), dQ staged
+    // in shared memory and added by the producer, within the shared memory.
+    for (dqk, dv) in [(64, 64), (128, 128), (192, 128), (128, 256)] {
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(cfg.warp_specialized, "{dqk}x{dv}: {cfg:?}");
+        let k = parallel_backward(&v, dqk, dv, &cfg).expect("ws backward");
+        assert_eq!(k.main.threads, 384, "{dqk}x{dv}");
+        assert_eq!((k.pre.threads, k.post.threads), (256, 256), "{dqk}x{dv}");
+        assert!(
+            k.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem(),
+            "{dqk}x{dv}"
+        );
+        let plain = parallel_backward(
+            &v,
+            dqk,
+            dv,
+            &BackwardConfig {
+                warp_specialized: false,
+                ..cfg
+            },
+        )
+        .expect("backward without the producer");
+        // Two dSᵀ buffers and the staged f32 dQ tile (rows of Dqk + 8).
+        assert_eq!(
+            k.main.smem_bytes - plain.main.smem_bytes,
+            cfg.block_n() * 64 * 2 + 64 * (dqk + 8) * 4,
+            "{dqk}x{dv}"
+        );
+        assert_eq!(plain.main.threads, 256);
+        for text in [
+            "setmaxnreg.dec.sync.aligned.u32 24",
+            "setmaxnreg.inc.sync.aligned.u32 240",
+            "mbar_wait(&bar_dq_full, drained & 1)",
+            "atomicAdd(reinterpret_cast<float4*>(dqg",
+        ] {
+            assert!(k.source.contains(text), "{dqk}x{dv}: no `{text}`");
+            assert!(!plain.source.contains(text), "{dqk}x{dv}: `{text}`");
+        }
+    }
+    // Only the wgmma kernel has a producer warpgroup.
+    let err = parallel_backward(
+        &v,
+        128,
+        128,
+        &BackwardConfig {
+            warp_specialized: true,
+            ..BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80)
+        },
+    )
+    .expect_err("warp-specialised sm_80 backward");
+    assert!(err.to_string().contains("needs the wgmma kernel"), "{err}");
+    assert!(!BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80).warp_specialized);
 }
 
 /// Dv above 256: the forward splits it between blocks (the grid's x grows

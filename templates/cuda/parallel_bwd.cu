@@ -11,7 +11,9 @@
 //                           Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, forms Pᵀ and dSᵀ from the
 //                           saved row state, accumulates dV += Pᵀ·dO and
 //                           dK += dSᵀ·Q in registers and adds dS·K into dQ
-//                           with f32 atomics;
+//                           with f32 atomics{% if ws %} (issued by a producer
+//                           warpgroup, which also loads Q, dO and the row
+//                           state ahead of the computing warpgroups){% endif %};
 //   {{ kernel_name }}_post  per dQ element: the q modification's backward.
 #include <{{ sp.header }}>
 
@@ -19,8 +21,12 @@
 #define BN {{ bn }}
 #define NWARPS {{ warps }}
 #define WARP {{ warp_size }}
-#define NT (NWARPS * WARP)
-#define DQK {{ dqk }}
+#define NT (NWARPS * WARP)  // the computing threads (and the row and element kernels' blocks)
+{% if ws %}#define NPT 128  // the main kernel's producer warpgroup: copies and dQ atomics
+#define NT_MAIN (NT + NPT)
+#define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
+{% else %}#define NT_MAIN NT
+{% endif %}#define DQK {{ dqk }}
 #define DV {{ dv }}
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
 #define SQS (DQK + PAD)
@@ -46,7 +52,11 @@
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/tile_layout.cu" %}
-__device__ __forceinline__ void ldmatrix_x4_trans_a(unsigned addr, unsigned (&a)[4]) {
+// A barrier of the main kernel's computing threads only{% if ws %} (the producer warpgroup
+// runs on its own){% endif %}.
+{% if ws %}#define MMA_SYNC() (fence_proxy_async(), named_bar_sync(1, NT))
+{% else %}#define MMA_SYNC() SYNC_SMEM_WRITES()
+{% endif %}__device__ __forceinline__ void ldmatrix_x4_trans_a(unsigned addr, unsigned (&a)[4]) {
     ldmatrix_x4_trans(addr, a[0], a[1], a[2], a[3]);
 }
 
@@ -162,7 +172,7 @@ __device__ __forceinline__ void fetch_stats(float (&st)[NSTAT_ARR], const float*
 {% endif %}    }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_ARGS) {
+extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(BWD_ARGS) {
     INIT_PARAMS
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if wgmma %}    // Swizzled tiles start at 1024-byte boundaries (1 KiB of slack is part of
@@ -173,9 +183,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     elem_t* sV = sK + BN * SQS;
     elem_t* sQ = sV + BN * SVS;       // two buffers
     elem_t* sdO = sQ + 2 * BM * SQS;  // two buffers
-    elem_t* sdS = sdO + 2 * BM * SVS;
-    float* sRC = reinterpret_cast<float*>(sdS + BN * SDS);  // two buffers of [NRC_ARR][BM]
-
+    elem_t* sdS = sdO + 2 * BM * SVS;  // {% if ws %}two buffers (consecutive steps overlap){% else %}one buffer{% endif %}
+    float* sRC = reinterpret_cast<float*>(sdS + {% if ws %}2 * {% endif %}BN * SDS);  // two buffers of [NRC_ARR][BM]
+{% if ws %}    float* sdQ = sRC + 2 * NRC_ARR * BM;  // the step's dQ tile, [BM][DQS], for the producer's atomics
+{% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
     const int n0 = blockIdx.x * BN, hk = blockIdx.y;
@@ -198,9 +209,27 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     const elem_t* vg = v + k_row0 * DV;
     const elem_t* qsrc = {% if modify_q %}qmod{% else %}q{% endif %};
 
-    LOAD_TILE<BN, DQK>(sK, kg, n0, Skv, tid);
+{% if ws %}    // Q and dO of each step arrive in a ring of two stages: `q_full` when the
+    // producer's copies and row constants have landed, `q_empty` when both
+    // computing warpgroups are done with them. The step's dQ tile goes
+    // through sdQ: `dq_full` once staged, `dq_empty` once added.
+    __shared__ __align__(8) unsigned long long bar_q_full[2], bar_q_empty[2], bar_dq_full, bar_dq_empty;
+    if (tid == 0) {
+        for (int st = 0; st < 2; ++st) {
+            mbar_init(&bar_q_full[st], NPT + BM);
+            mbar_init(&bar_q_empty[st], NT);
+        }
+        mbar_init(&bar_dq_full, NT);
+        mbar_init(&bar_dq_empty, NPT);
+    }
+    __syncthreads();
+    if (tid < NT) {
+        LOAD_TILE<BN, DQK>(sK, kg, n0, Skv, tid);
+        LOAD_TILE<BN, DV>(sV, vg, n0, Skv, tid);
+    }
+{% else %}    LOAD_TILE<BN, DQK>(sK, kg, n0, Skv, tid);
     LOAD_TILE<BN, DV>(sV, vg, n0, Skv, tid);
-    cp_async_commit();
+{% endif %}    cp_async_commit();
     // The query blocks to visit (per query head): all, from the diagonal on
     // for masks that imply causality, then trimmed of leading and trailing
     // blocks the mask hides from every key of this block (tile
@@ -228,7 +257,54 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     }
 {% endif %}    const int per_head = mb_end - mb0;
     const int iters = group * per_head;
-
+{% if ws %}
+    if (warp >= NWARPS) {
+        // The producer warpgroup: step it's Q, dO and row constants into stage
+        // it % 2, then step it - 1's dQ tile added into dq_acc.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        const int ptid = tid - NT;
+        int drained = 0;  // dQ tiles added so far
+        for (int it = 0; it <= iters; ++it) {
+            if (it < iters) {
+                const int st = it & 1;
+                if (it >= 2) mbar_wait(&bar_q_empty[st], ((it >> 1) - 1) & 1);
+                const int h = hk * group + it / per_head;
+                const int m0 = (mb0 + it % per_head) * BM;
+                const long long row0 = Q_ROW0(h);
+                load_tile_sw128<BM, DQK, NPT>(sQ + st * BM * SQS, qsrc + row0 * DQK, m0, Sq, ptid);
+                load_tile_sw128<BM, DV, NPT>(sdO + st * BM * SVS, dout + row0 * DV, m0, Sq, ptid);
+                mbar_arrive_cp_async(&bar_q_full[st]);
+                if (ptid < BM) {
+                    float stt[NSTAT_ARR], rc[NRC_ARR];
+                    fetch_stats(stt, rowout, dot, rows, row0, m0, Sq, ptid);
+                    row_consts(stt, rc, P);
+#pragma unroll
+                    for (int x = 0; x < NRC; ++x) sRC[(st * NRC_ARR + x) * BM + ptid] = rc[x];
+                    mbar_arrive(&bar_q_full[st]);
+                }
+            }
+            if (it == 0) continue;
+            const int h = hk * group + (it - 1) / per_head;
+            const int m0 = (mb0 + (it - 1) % per_head) * BM;
+{% if mask %}            if (mask_block(m0, min(m0 + BM, Sq) - 1, n0, j_last, b, h, hk, P) == 0) continue;
+{% endif %}            mbar_wait(&bar_dq_full, drained & 1);
+            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
+            const int valid = min(BM, Sq - m0) * (DQK / 4);
+            for (int x = ptid; x < valid; x += NPT) {
+                const int r = x / (DQK / 4), c = (x % (DQK / 4)) * 4;
+                atomicAdd(reinterpret_cast<float4*>(dqg + r * DQK + c), *reinterpret_cast<const float4*>(sdQ + r * DQS + c));
+            }
+            mbar_arrive(&bar_dq_empty);
+            ++drained;
+        }
+        cp_async_wait_all();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    int staged = 0;  // dQ tiles handed to the producer
+    cp_async_wait_all();
+    MMA_SYNC();
+{% else %}
     // Issues the copies of iteration `it` into buffer `buf` (stats into registers).
     auto issue = [&](int it, int buf, float (&st)[NSTAT_ARR]) {
         const int h = hk * group + it / per_head;
@@ -256,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
     cp_async_commit();
     cp_async_wait_all();
     SYNC_SMEM_WRITES();
-{% if modify_k %}
+{% endif %}{% if modify_k %}
     for (int x = tid; x < BN * DQK; x += NT) {
         const int r = x / DQK, dd = x % DQK;
         if (n0 + r < Skv) {
@@ -275,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         }
     }
 {% endif %}{% if modify_k || modify_v %}
-    SYNC_SMEM_WRITES();
+    MMA_SYNC();
 {% endif %}
 {% if kv_split %}    // This warpgroup's 64-column panels of [dK | dV] for the block's 64 keys.
     float kv_acc[NKV][8][4];
@@ -300,10 +376,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         const int cur = it & 1;
         const int h = hk * group + it / per_head;
         const int m0 = (mb0 + it % per_head) * BM;
-        const bool prefetch = it + 1 < iters;
+{% if ws %}        mbar_wait(&bar_q_full[cur], (it >> 1) & 1);
+        fence_proxy_async();
+        elem_t* sdSc = sdS + cur * (BN * SDS);
+{% else %}        const bool prefetch = it + 1 < iters;
         if (prefetch) issue(it + 1, cur ^ 1, st_next);
         cp_async_commit();
-        const elem_t* sQc = sQ + cur * BM * SQS;
+        elem_t* sdSc = sdS;
+{% endif %}        const elem_t* sQc = sQ + cur * BM * SQS;
         const elem_t* sdOc = sdO + cur * BM * SVS;
         const float* sRCc = sRC + cur * NRC_ARR * BM;
 {% if mask %}        // 0: no query of this block sees a key of ours: skipped. (Full
@@ -368,11 +448,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         }
 {{ grad_flush }}
         // dSᵀ to shared memory for dQ = dS·K.
-#pragma unroll
+{% if ws %}        // (The row is opaque to the compiler here so that the stores'
+        // swizzled offsets are formed per step: hoisted out of the loop, the
+        // eight of them spilled under the computing warps' 240 registers.)
+        int gr_ = g;
+        asm volatile("" : "+r"(gr_));
+{% else %}        const int gr_ = g;
+{% endif %}#pragma unroll
         for (int t = 0; t < BM / 8; ++t) {
             if (!key_owner) break;
-            *reinterpret_cast<unsigned*>(TILE_AT(sdS, BN, BM, jr + g, t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
-            *reinterpret_cast<unsigned*>(TILE_AT(sdS, BN, BM, jr + g + 8, t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
         }
 
 {% if wgmma %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A
@@ -396,25 +482,35 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
             wgmma_rs_n{{ dqk }}(dk_acc, da[kk], sw128_desc(smem_u32(sQc) + kk * 16 * 128, BM * 128));
         }
 {% endif %}        wgmma_commit();
-        SYNC_SMEM_WRITES();  // sdS complete (its generic stores made visible to wgmma)
+        MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
 
         // dQ += dS·K: warpgroup w takes the 64-column panels w, w + NWG, … of
         // dQ for all BM queries (with KSPLIT 2, warpgroup 1 starts: warpgroup
         // 0 holds the extra dK/dV panel when their count is odd); dS is read
         // M-major from the dSᵀ tile and K N-major (keys are the K dimension).
-{% if kv_split %}        for (int pnl = 1 - warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
+{% if ws %}        // The producer must have added the previous dQ tile from sdQ.
+        if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
+{% endif %}{% if kv_split %}        for (int pnl = 1 - warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
 {% else %}        for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
 {% endif %}
             float dq_part[8][4];
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_ss_tt_n64(dq_part, sw128_desc(smem_u32(sdS) + kk * 16 * 128, BN * 128),
+                wgmma_ss_tt_n64(dq_part, sw128_desc(smem_u32(sdSc) + kk * 16 * 128, BN * 128),
                                 sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);
-            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
+{% if ws %}#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+#pragma unroll
+                for (int c = 0; c < 4; c += 2) {
+                    const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
+                    *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                }
+            }
+{% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
 #pragma unroll
             for (int t = 0; t < 8; ++t) {
 #pragma unroll
@@ -424,8 +520,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
                     if (m0 + r < Sq) atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_part[t][c], dq_part[t][c + 1]));
                 }
             }
-        }
-        wgmma_wait0();
+{% endif %}        }
+{% if ws %}        mbar_arrive(&bar_dq_full);  // the dQ tile is staged
+        ++staged;
+{% endif %}        wgmma_wait0();
 {% if kv_split %}#pragma unroll
         for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);
 {% else %}        wgmma_fence_operands_n{{ dv }}(dv_acc);
@@ -503,11 +601,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}_main(BWD_A
         }
 {% endif %}
         }  // cls != 0
-        if (prefetch) store_stats(cur ^ 1, st_next);
+{% if ws %}        mbar_arrive(&bar_q_empty[cur]);  // this step's Q, dO and row constants are read
+    }
+{% else %}        if (prefetch) store_stats(cur ^ 1, st_next);
         cp_async_wait_all();
         SYNC_SMEM_WRITES();
     }
-
+{% endif %}
     // dK and dV of this warp's keys, through the k and v modifications' backward.
 {% if kv_split %}    // Slot s of warpgroup `slice` is panel slice·NKV + s of [dK | dV].
 #pragma unroll

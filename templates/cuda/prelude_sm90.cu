@@ -117,6 +117,10 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
             : "memory");
     }
 }
+// Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // A barrier for the 128 threads of one warpgroup (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int id) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");

@@ -35,6 +35,14 @@ pub struct BackwardConfig {
     /// and dPᵀ and accumulating its share of the 64-column panels of dK and
     /// dV ([`wgmma_split_dims_ok`]: head dims above 128).
     pub wgmma: bool,
+    /// With `wgmma`: a third warpgroup copies each step's Q, dO and row
+    /// constants into a two-stage ring (mbarriers) ahead of the computing
+    /// warpgroups and adds their dQ tiles, staged in shared memory, into
+    /// the f32 accumulator with vector atomics, so the computing warpgroups
+    /// neither issue loads nor wait on the atomics; they give it their
+    /// spare registers (`setmaxnreg`). Needs the shared memory of the
+    /// staged dQ tile ([`BackwardConfig::smem_bytes`]).
+    pub warp_specialized: bool,
 }
 
 impl BackwardConfig {
@@ -62,12 +70,23 @@ impl BackwardConfig {
                 None
             };
             if let Some(split_d) = split_d {
-                return BackwardConfig {
+                let cfg = BackwardConfig {
                     block_m: 64,
                     warps: 8,
                     split_d,
                     elem,
                     wgmma: true,
+                    warp_specialized: true,
+                };
+                // (Room for four row constants: what a variant needs is known
+                // only when it is generated.)
+                return if cfg.smem_bytes(dqk, dv, 4) <= isa.max_dynamic_smem() {
+                    cfg
+                } else {
+                    BackwardConfig {
+                        warp_specialized: false,
+                        ..cfg
+                    }
                 };
             }
         }
@@ -93,11 +112,42 @@ impl BackwardConfig {
             split_d,
             elem,
             wgmma: false,
+            warp_specialized: false,
         }
     }
 
     pub fn block_n(&self) -> u32 {
         16 * self.warps / self.split_d.max(1)
+    }
+
+    /// Threads of the main kernel: the computing warps, and the producer
+    /// warpgroup of a warp-specialised one.
+    pub fn main_threads(&self) -> u32 {
+        (self.warps + if self.warp_specialized { 4 } else { 0 }) * WARP_SIZE
+    }
+
+    /// Dynamic shared memory of the main kernel for head dims `dqk`, `dv`
+    /// and `nrc` row constants per query row: the K and V block, two stages
+    /// of Q and dO, dSᵀ (two buffers when warp-specialised, whose steps
+    /// overlap), the row constants and, warp-specialised, the staged f32 dQ
+    /// tile (rows of Dqk + 8).
+    pub fn smem_bytes(&self, dqk: u32, dv: u32, nrc: u32) -> u32 {
+        let (bm, bn) = (self.block_m, self.block_n());
+        let pad = if self.wgmma { 0 } else { 8 };
+        let ds_buffers = if self.warp_specialized { 2 } else { 1 };
+        let elems = bn * (dqk + pad)
+            + bn * (dv + pad)
+            + 2 * bm * (dqk + pad)
+            + 2 * bm * (dv + pad)
+            + ds_buffers * bn * (bm + pad);
+        let staged_dq = if self.warp_specialized {
+            4 * bm * (dqk + 8)
+        } else {
+            0
+        };
+        // Swizzled tiles are aligned to 1024 bytes inside the allocation.
+        let align_slack = if self.wgmma { 1024 } else { 0 };
+        elems * 2 + 4 * 2 * nrc.max(1) * bm + staged_dq + align_slack
     }
 }
 
@@ -242,6 +292,8 @@ struct BackwardTemplate<'a> {
     mask: bool,
     clamp: bool,
     wgmma: bool,
+    /// The warp-specialised main kernel ([`BackwardConfig::warp_specialized`]).
+    ws: bool,
     wgmma_fns: String,
     /// The wgmma kernel with both warpgroups on the same 64 keys.
     kv_split: bool,
@@ -294,6 +346,11 @@ fn generate_backward(
         2 => wgmma_split_dims_ok(dqk, dv),
         _ => false,
     };
+    if cfg.warp_specialized && !cfg.wgmma {
+        return Err(CompileError(
+            "the warp-specialised backward needs the wgmma kernel (wgmma: true, sm_90a)".into(),
+        ));
+    }
     if cfg.wgmma && !(dims_ok && cfg.block_m == 64 && cfg.warps == 8) {
         return Err(CompileError(format!(
             "the wgmma backward takes block_m 64 on 8 warps with split_d 1 (Dqk, Dv of 64 or 128) or split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}); got block_m {}, {} warps, split_d {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
@@ -345,7 +402,8 @@ fn generate_backward(
             String::new()
         },
         if cfg.wgmma { "_wgmma" } else { "" }
-    ) + if varlen { "_varlen" } else { "" };
+    ) + if cfg.warp_specialized { "_ws" } else { "" }
+        + if varlen { "_varlen" } else { "" };
     let t = BackwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -386,6 +444,7 @@ fn generate_backward(
         mask: par.mask.is_some(),
         clamp: scores_read_customs_by_position(variant),
         wgmma: cfg.wgmma,
+        ws: cfg.warp_specialized,
         wgmma_fns: if kv_split {
             wgmma_fns(
                 cfg.elem,
@@ -427,16 +486,19 @@ fn generate_backward(
         args.extend([ArgKind::CuSeqlens, ArgKind::CuSeqlensKv]);
     }
 
-    let (bm, bn) = (cfg.block_m, cfg.block_n());
-    let pad = if cfg.wgmma { 0 } else { 8 };
-    let elems = bn * (dqk + pad)
-        + bn * (dv + pad)
-        + 2 * bm * (dqk + pad)
-        + 2 * bm * (dv + pad)
-        + bn * (bm + pad);
-    // Swizzled tiles are aligned to 1024 bytes inside the allocation.
-    let align_slack = if cfg.wgmma { 1024 } else { 0 };
-    let smem_bytes = elems * 2 + 4 * 2 * nrc.max(1) as u32 * bm + align_slack;
+    let bn = cfg.block_n();
+    let smem_bytes = cfg.smem_bytes(dqk, dv, nrc as u32);
+    if cfg.wgmma && smem_bytes > Isa::Sm90a.max_dynamic_smem() {
+        return Err(CompileError(format!(
+            "the wgmma backward for Dqk = {dqk}, Dv = {dv} needs {smem_bytes} bytes of shared memory{}, more than sm_90a's {} (use warp_specialized: false)",
+            if cfg.warp_specialized {
+                " with the staged dQ tile of the warp-specialised kernel"
+            } else {
+                ""
+            },
+            Isa::Sm90a.max_dynamic_smem()
+        )));
+    }
     let threads = cfg.warps * WARP_SIZE;
     let row_outputs = row_output_names(online);
     Ok(BackwardSource {
@@ -452,7 +514,7 @@ fn generate_backward(
         },
         main: Launch {
             name: format!("{kernel_name}_main"),
-            threads,
+            threads: cfg.main_threads(),
             smem_bytes,
             grid: Grid::KeyBlocks { block_n: bn },
         },
