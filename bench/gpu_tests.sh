@@ -17,8 +17,9 @@ done
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "${SAN:-}" ]; then
   for tool in memcheck racecheck; do
-    # softmax_gqa and deepseek: the warp-specialised wgmma backward (a warpgroup per
-    # 64 keys; both on the same keys); the others the sm_80 kernel or masks.
+    # On sm_90a all four run the warp-specialised wgmma backward: a warpgroup per
+    # 64 keys, both on the same keys for DeepSeek's 192/128; ALiBi and the
+    # document mask add custom-input gradients and skipped tiles.
     for case in gpu_backward_softmax_gqa gpu_backward_deepseek gpu_backward_alibi gpu_backward_document_mask; do
       "$SAN" --tool $tool --error-exitcode 9 target/gpu-bin/gpu_backward $case --exact --test-threads=1 \
         >"$OUT/sanitizer-$tool-$case.log" 2>&1
