@@ -1,8 +1,8 @@
 //! Prints the generated parallel forward kernel of a variant file.
 //! `cargo run -p aec-compiler --example emit_forward -- examples/softmax.rs 128 128 [block_m block_n warps]`
 //! or, for a decoding variant, `… examples/decode.rs 128 128 shape B H Hkv Sq`: the
-//! untuned tile for that shape on 132 multiprocessors (`ForwardConfig::for_decode_shape`),
-//! then the settings in `AEC_EMIT_SET` (`"block_n=64 stages=6"`).
+//! untuned tile for that shape on 132 multiprocessors (`ForwardConfig::for_decode_shape`);
+//! either way then the settings in `AEC_EMIT_SET` (`"block_n=64 stages=6"`).
 use aec_compiler::{Elem, ForwardConfig, Isa, parallel_forward};
 
 fn main() {
@@ -24,30 +24,32 @@ fn main() {
     {
         let n = |s: &String| s.parse::<usize>().expect("a size");
         cfg = cfg.for_decode_shape([n(b), n(h), n(hkv), n(sq)], 132, dqk, dv, Isa::Sm90a);
-        // Then `name=value` overrides from AEC_EMIT_SET (e.g. "block_n=64 stages=6").
-        for kv in std::env::var("AEC_EMIT_SET")
-            .unwrap_or_default()
-            .split_whitespace()
-        {
-            let (k, v) = kv.split_once('=').expect("name=value");
-            let v: u32 = v.parse().expect("a number");
-            match k {
-                "block_m" => cfg.block_m = v,
-                "block_n" => cfg.block_n = v,
-                "warps" => cfg.warps = v,
-                "key_warps" => cfg.key_warps = v,
-                "stages" => cfg.stages = v,
-                "dv_warps" => cfg.dv_warps = v,
-                "fused_combine" => cfg.fused_combine = v != 0,
-                other => panic!("unknown setting `{other}`"),
-            }
-        }
-        eprintln!("{cfg:?}");
     } else if let [bm, bn, warps, ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");
         cfg.block_n = bn.parse().expect("block_n");
         cfg.warps = warps.parse().expect("warps");
     }
+    // Then `name=value` overrides from AEC_EMIT_SET (e.g. "block_n=64 stages=6").
+    for kv in std::env::var("AEC_EMIT_SET")
+        .unwrap_or_default()
+        .split_whitespace()
+    {
+        let (k, v) = kv.split_once('=').expect("name=value");
+        let v: u32 = v.parse().expect("a number");
+        match k {
+            "block_m" => cfg.block_m = v,
+            "block_n" => cfg.block_n = v,
+            "warps" => cfg.warps = v,
+            "key_warps" => cfg.key_warps = v,
+            "stages" => cfg.stages = v,
+            "dv_warps" => cfg.dv_warps = v,
+            "fused_combine" => cfg.fused_combine = v != 0,
+            "q_in_registers" => cfg.q_in_registers = v != 0,
+            "persistent" => cfg.persistent = v != 0,
+            other => panic!("unknown setting `{other}`"),
+        }
+    }
+    eprintln!("{cfg:?}");
     let k = parallel_forward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("smem_bytes {} block_n {}", k.smem_bytes, k.block_n);
     print!("{}", k.source);

@@ -244,12 +244,11 @@ fn the_default_is_in_the_space() {
         let default = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
         let space = forward_space(&v, &p, &h100);
         // Level 2 may place Q differently; the tile itself is a candidate.
-        let same_tile = |c: &ForwardConfig| {
-            ForwardConfig {
-                q_in_registers: false,
-                ..*c
-            } == default
+        let tile = |c: &ForwardConfig| ForwardConfig {
+            q_in_registers: false,
+            ..*c
         };
+        let same_tile = |c: &ForwardConfig| tile(c) == tile(&default);
         assert!(
             space.candidates.iter().any(|c| same_tile(&cuda(&c.config))),
             "{dqk}x{dv}: {default:?} not among the candidates"

@@ -126,7 +126,9 @@ impl ForwardConfig {
     /// On sm_90a, prefill shapes whose head dims the swizzled tiles take
     /// (multiples of 64, Dv ≤ 256) use `wgmma`: 128 rows on two warpgroups,
     /// 128-key blocks (64 when Dqk + Dv > 256, to stay within shared memory
-    /// and registers; 80 for Dv = 256 with Dqk ≤ 128).
+    /// and registers; 80 for Dv = 256 with Dqk ≤ 128, and for Dqk up to 192
+    /// with Dv ≤ 128, there with Q in registers: H100, DeepSeek 192/128
+    /// causal 0.440 → 0.416 ms, bench/NOTES.md session 32).
     pub fn default_for(
         variant: &Variant,
         dqk: u32,
@@ -163,6 +165,10 @@ impl ForwardConfig {
                 // S (80 columns) beside the 256-column accumulator, 3 stages:
                 // 5% faster than 64 keys and 4 stages (H100, DiffTransformer).
                 80
+            } else if dqk <= 192 && dv <= 128 {
+                // With Q in registers (below): the S GEMM reads only K from
+                // shared memory, and 80 keys fit beside Q's fragments.
+                80
             } else {
                 64
             };
@@ -175,6 +181,10 @@ impl ForwardConfig {
             (128, 64, 8, false)
         };
         let warp_specialized = hopper && !decode && !modifies_kv;
+        // Dqk above 128 with Dv ≤ 128 (DeepSeek's 192/128): S's m64n80 GEMM
+        // on Q from registers (Dqk / 4 of them) halves its shared-memory
+        // reads, which otherwise run at the pipe's full rate.
+        let q_in_registers = warp_specialized && dqk > 128 && dqk <= 192 && dv <= 128;
         let mut cfg = ForwardConfig {
             block_m,
             block_n,
@@ -184,7 +194,7 @@ impl ForwardConfig {
             wgmma: hopper && !decode,
             warp_specialized,
             stages: 2,
-            q_in_registers: false,
+            q_in_registers,
             dv_split,
             split_kv: decode && combinable,
             fused_combine: false,
