@@ -14,12 +14,13 @@
 
 mod common;
 
+use aec::compiler::BackwardConfig;
 use aec::frontend::parse_file;
 use aec::frontend::reference::{self, Tensor};
 use aec::prelude::*;
 use aec::{Error, backward_source};
 use common::example;
-use common::gpu::{GpuCall, download_f64, prepare, rel_err};
+use common::gpu::{GpuCall, device, download_f64, prepare_with, rel_err};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -119,7 +120,15 @@ fn cpu_a_normalisation_without_kernel_form_is_refused_with_the_reduction() {
 /// Forward then backward of `examples/<name>.rs` on the GPU, against the
 /// reference interpreter's gradients on the same inputs.
 fn check_backward(test: &str, name: &str, shape: Shape, dims: HeadDims, custom_range: (f64, f64)) {
-    check_backward_with(test, name, shape, dims, custom_range, 2e-2);
+    check_backward_with(
+        test,
+        name,
+        shape,
+        dims,
+        custom_range,
+        2e-2,
+        &KernelOptions::default(),
+    );
 }
 
 /// [`check_backward`] with `custom_tol` the relative error allowed for the
@@ -132,8 +141,9 @@ fn check_backward_with(
     dims: HeadDims,
     custom_range: (f64, f64),
     custom_tol: f64,
+    options: &KernelOptions,
 ) {
-    let Some(gpu) = prepare(test, name, shape, dims, custom_range) else {
+    let Some(gpu) = prepare_with(test, name, shape, dims, custom_range, options) else {
         return;
     };
     let GpuCall {
@@ -361,7 +371,55 @@ fn gpu_backward_retnet_parallel_dv512() {
         HeadDims { dqk: 256, dv: 512 },
         (0.8, 0.99),
         6e-2,
+        &KernelOptions::default(),
     );
+}
+
+/// The sm_90a wgmma backward without its producer warpgroup
+/// (`warp_specialized: false`: the computing warpgroups copy Q/dO and add
+/// dQ themselves), still a configuration a caller may choose: a warpgroup
+/// per 64 keys (causal) and both on the same keys (DeepSeek). Skipped on
+/// GPUs other than sm_90.
+#[test]
+fn gpu_backward_wgmma_without_producer() {
+    let test = "gpu_backward_wgmma_without_producer";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    if dev.compute_capability().0 != 9 {
+        println!("{test}: SKIP (the wgmma backward needs sm_90a)");
+        return;
+    }
+    for (name, shape, dims) in [
+        (
+            "softmax_causal",
+            Shape::mha(2, 2, 150, 150),
+            HeadDims::square(128),
+        ),
+        (
+            "deepseek",
+            Shape::mha(1, 2, 97, 133),
+            HeadDims { dqk: 192, dv: 128 },
+        ),
+    ] {
+        let cfg = BackwardConfig {
+            warp_specialized: false,
+            ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
+        };
+        assert!(cfg.wgmma, "{name}: {cfg:?}");
+        check_backward_with(
+            &format!("{test}_{name}"),
+            name,
+            shape,
+            dims,
+            (0.0, 1.0),
+            2e-2,
+            &KernelOptions {
+                backward_config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
 }
 
 #[test]
