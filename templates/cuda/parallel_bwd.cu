@@ -257,6 +257,19 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     }
 {% endif %}    const int per_head = mb_end - mb0;
     const int iters = group * per_head;
+    // Step it's query head and first query row: the group's heads outer,
+    // their query blocks inner.
+    auto step_head = [&](int it) { return hk * group + it / per_head; };
+    auto step_m0 = [&](int it) { return (mb0 + it % per_head) * BM; };
+    // Row constants of fetched stats into sRC[buf] (thread t < BM: row t).
+    auto store_stats = [&](int buf, int t, const float (&st)[NSTAT_ARR]) {
+        if (t < BM) {
+            float rc[NRC_ARR];
+            row_consts(st, rc, P);
+#pragma unroll
+            for (int x = 0; x < NRC; ++x) sRC[(buf * NRC_ARR + x) * BM + t] = rc[x];
+        }
+    };
 {% if ws %}
     if (warp >= NWARPS) {
         // The producer warpgroup: step it's Q, dO and row constants into stage
@@ -268,24 +281,20 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             if (it < iters) {
                 const int st = it & 1;
                 if (it >= 2) mbar_wait(&bar_q_empty[st], ((it >> 1) - 1) & 1);
-                const int h = hk * group + it / per_head;
-                const int m0 = (mb0 + it % per_head) * BM;
-                const long long row0 = Q_ROW0(h);
+                const int m0 = step_m0(it);
+                const long long row0 = Q_ROW0(step_head(it));
                 load_tile_sw128<BM, DQK, NPT>(sQ + st * BM * SQS, qsrc + row0 * DQK, m0, Sq, ptid);
                 load_tile_sw128<BM, DV, NPT>(sdO + st * BM * SVS, dout + row0 * DV, m0, Sq, ptid);
                 mbar_arrive_cp_async(&bar_q_full[st]);
                 if (ptid < BM) {
-                    float stt[NSTAT_ARR], rc[NRC_ARR];
+                    float stt[NSTAT_ARR];
                     fetch_stats(stt, rowout, dot, rows, row0, m0, Sq, ptid);
-                    row_consts(stt, rc, P);
-#pragma unroll
-                    for (int x = 0; x < NRC; ++x) sRC[(st * NRC_ARR + x) * BM + ptid] = rc[x];
+                    store_stats(st, ptid, stt);
                     mbar_arrive(&bar_q_full[st]);
                 }
             }
             if (it == 0) continue;
-            const int h = hk * group + (it - 1) / per_head;
-            const int m0 = (mb0 + (it - 1) % per_head) * BM;
+            const int h = step_head(it - 1), m0 = step_m0(it - 1);
 {% if mask %}            if (mask_block(m0, min(m0 + BM, Sq) - 1, n0, j_last, b, h, hk, P) == 0) continue;
 {% endif %}            mbar_wait(&bar_dq_full, drained & 1);
             float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
@@ -307,27 +316,17 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}
     // Issues the copies of iteration `it` into buffer `buf` (stats into registers).
     auto issue = [&](int it, int buf, float (&st)[NSTAT_ARR]) {
-        const int h = hk * group + it / per_head;
-        const int m0 = (mb0 + it % per_head) * BM;
-        const long long row0 = Q_ROW0(h);
+        const int m0 = step_m0(it);
+        const long long row0 = Q_ROW0(step_head(it));
         LOAD_TILE<BM, DQK>(sQ + buf * BM * SQS, qsrc + row0 * DQK, m0, Sq, tid);
         LOAD_TILE<BM, DV>(sdO + buf * BM * SVS, dout + row0 * DV, m0, Sq, tid);
         fetch_stats(st, rowout, dot, rows, row0, m0, Sq, tid);
-    };
-    // Row constants of the fetched stats into sRC[buf].
-    auto store_stats = [&](int buf, const float (&st)[NSTAT_ARR]) {
-        if (tid < BM) {
-            float rc[NRC_ARR];
-            row_consts(st, rc, P);
-#pragma unroll
-            for (int x = 0; x < NRC; ++x) sRC[(buf * NRC_ARR + x) * BM + tid] = rc[x];
-        }
     };
 
     float st_next[NSTAT_ARR];
     if (iters > 0) {
         issue(0, 0, st_next);
-        store_stats(0, st_next);
+        store_stats(0, tid, st_next);
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -374,8 +373,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 
     for (int it = 0; it < iters; ++it) {
         const int cur = it & 1;
-        const int h = hk * group + it / per_head;
-        const int m0 = (mb0 + it % per_head) * BM;
+        const int h = step_head(it), m0 = step_m0(it);
 {% if ws %}        mbar_wait(&bar_q_full[cur], (it >> 1) & 1);
         fence_proxy_async();
         elem_t* sdSc = sdS + cur * (BN * SDS);
@@ -603,7 +601,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         }  // cls != 0
 {% if ws %}        mbar_arrive(&bar_q_empty[cur]);  // this step's Q, dO and row constants are read
     }
-{% else %}        if (prefetch) store_stats(cur ^ 1, st_next);
+{% else %}        if (prefetch) store_stats(cur ^ 1, tid, st_next);
         cp_async_wait_all();
         SYNC_SMEM_WRITES();
     }

@@ -156,6 +156,11 @@ impl ForwardConfig {
             .parallel()
             .is_some_and(|p| combine_plan(&p.online).is_ok());
         let key_warps = if decode && combinable { 2 } else { 1 };
+        // Dqk above 128 with Dv ≤ 128 (DeepSeek's 192/128): S's GEMM on Q
+        // from registers (Dqk / 4 of them) halves its shared-memory reads,
+        // which otherwise run at the pipe's full rate, and 80 keys fit
+        // beside Q's fragments.
+        let q_regs_tile = hopper && dqk > 128 && dqk <= 192 && dv <= 128;
         let (block_m, block_n, warps, pack_gqa) = if decode {
             (16, 32, key_warps, true)
         } else if hopper {
@@ -165,9 +170,7 @@ impl ForwardConfig {
                 // S (80 columns) beside the 256-column accumulator, 3 stages:
                 // 5% faster than 64 keys and 4 stages (H100, DiffTransformer).
                 80
-            } else if dqk <= 192 && dv <= 128 {
-                // With Q in registers (below): the S GEMM reads only K from
-                // shared memory, and 80 keys fit beside Q's fragments.
+            } else if q_regs_tile {
                 80
             } else {
                 64
@@ -181,10 +184,7 @@ impl ForwardConfig {
             (128, 64, 8, false)
         };
         let warp_specialized = hopper && !decode && !modifies_kv;
-        // Dqk above 128 with Dv ≤ 128 (DeepSeek's 192/128): S's m64n80 GEMM
-        // on Q from registers (Dqk / 4 of them) halves its shared-memory
-        // reads, which otherwise run at the pipe's full rate.
-        let q_in_registers = warp_specialized && dqk > 128 && dqk <= 192 && dv <= 128;
+        let q_in_registers = warp_specialized && q_regs_tile;
         let mut cfg = ForwardConfig {
             block_m,
             block_n,
