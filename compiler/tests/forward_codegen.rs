@@ -483,6 +483,35 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     assert!(!BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80).warp_specialized);
 }
 
+/// The backward's element step: a block inside both lengths whose mask
+/// class is full runs a copy of the loop without per-score tests; variants
+/// whose score closure runs per score keep one loop (two copies spill).
+#[test]
+fn backward_full_blocks_skip_the_per_score_tests() {
+    let one_loop = "const bool ok = true;";
+    let full_test = "if (cls == 2 && m0 + BM <= Sq && n0 + BN <= Skv)";
+    for (name, dqk, dv, split) in [
+        ("softmax", 128, 128, true),
+        ("softmax_causal", 128, 128, true),
+        ("deepseek", 192, 128, true),
+        ("sigmoid", 128, 128, false),
+        ("relative_bias", 128, 128, false),
+    ] {
+        let v = example(name);
+        for isa in [Isa::Sm90a, Isa::Sm80] {
+            let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, isa);
+            let b = parallel_backward(&v, dqk, dv, &cfg).expect("backward");
+            assert_eq!(b.source.contains(one_loop), split, "{name} {isa:?}");
+            assert_eq!(b.source.contains(full_test), split, "{name} {isa:?}");
+            // The checked loop is always there: partial blocks and padding.
+            assert!(
+                b.source.contains("bool ok = i < Sq && j < Skv;"),
+                "{name} {isa:?}"
+            );
+        }
+    }
+}
+
 /// Dv above 256: the forward splits it between blocks (the grid's x grows
 /// by the split, each block loads and writes its slice of v and o with the
 /// whole Dv as row stride, only the first slice writes the row outputs);

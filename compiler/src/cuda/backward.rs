@@ -294,6 +294,10 @@ struct BackwardTemplate<'a> {
     wgmma: bool,
     /// The warp-specialised main kernel ([`BackwardConfig::warp_specialized`]).
     ws: bool,
+    /// Full blocks get their own element loop without per-score tests (not
+    /// where a score closure runs per score: two copies of it spill, and the
+    /// tests are then a small part of the step).
+    split_full_blocks: bool,
     wgmma_fns: String,
     /// The wgmma kernel with both warpgroups on the same 64 keys.
     kv_split: bool,
@@ -404,6 +408,7 @@ fn generate_backward(
         if cfg.wgmma { "_wgmma" } else { "" }
     ) + if cfg.warp_specialized { "_ws" } else { "" }
         + if varlen { "_varlen" } else { "" };
+    let split_full_blocks = par.modify_scores.is_none() && grad_accum.trim().is_empty();
     let t = BackwardTemplate {
         version: env!("CARGO_PKG_VERSION"),
         variant: &variant.name,
@@ -445,6 +450,7 @@ fn generate_backward(
         clamp: scores_read_customs_by_position(variant),
         wgmma: cfg.wgmma,
         ws: cfg.warp_specialized,
+        split_full_blocks,
         wgmma_fns: if kv_split {
             wgmma_fns(
                 cfg.elem,
