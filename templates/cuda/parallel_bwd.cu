@@ -446,9 +446,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         rows_times_rows<DV, SVS>(pacc, sV + jr * SVS, sdOc, lane);
 {% endif %}
         // Pᵀ (into sacc) and the raw-score gradient dSᵀ (into pacc), element by
-        // element; a block inside both lengths that the mask keeps whole needs
-        // no per-score test (session 33: 2–4% of the step), unless a score
-        // closure runs per score (two copies of it spill).
+        // element. A block inside both lengths that the mask keeps whole needs
+        // no per-score test: its own copy of the loop, without them (about 3%
+        // on DeepSeek and DiffTransformer, bench/NOTES.md session 33 item 6),
+        // unless a score closure runs per score (two copies of it spill).
 {{ grad_decl }}{% if split_full_blocks %}        if (cls == 2 && m0 + BM <= Sq && n0 + BN <= Skv) {
 {% call score_grads(false) %}{% endcall %}        } else {
 {% call score_grads(true) %}{% endcall %}        }
