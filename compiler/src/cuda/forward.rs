@@ -166,11 +166,10 @@ impl ForwardConfig {
         } else if hopper {
             let block_n = if dqk + dv <= 256 {
                 128
-            } else if dv == 256 && dqk <= 128 {
-                // S (80 columns) beside the 256-column accumulator, 3 stages:
-                // 5% faster than 64 keys and 4 stages (H100, DiffTransformer).
-                80
-            } else if q_regs_tile {
+            } else if (dv == 256 && dqk <= 128) || q_regs_tile {
+                // Dv = 256: S (80 columns) beside the 256-column accumulator,
+                // 3 stages: 5% faster than 64 keys and 4 stages (H100,
+                // DiffTransformer). Q in registers: 80 keys fit beside them.
                 80
             } else {
                 64
