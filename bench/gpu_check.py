@@ -705,9 +705,9 @@ def run_bwd_sweep(cases_dir, index, workloads):
 
 
 def run_fwd_sweep(cases_dir, index, workloads):
-    """Forward alone, per tile configuration, next to FA2 in the same process."""
+    """Forward alone, per tile configuration, next to cuDNN in the same process."""
     from torch.nn.attention import sdpa_kernel, SDPBackend
-    rows = []
+    rows, timed_cudnn = [], set()
     wl = {w["id"]: w for w in workloads["workloads"]}
     for e in index.get("fwd_sweep", []):
         w = wl[e["workload"]]
@@ -720,7 +720,18 @@ def run_fwd_sweep(cases_dir, index, workloads):
         # FA2 where it has a kernel, else any backend (Dqk != Dv).
         backends = [SDPBackend.FLASH_ATTENTION] if dqk == dv else [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         with sdpa_kernel(backends):
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"], scale=1 / math.sqrt(dqk))
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"], scale=1 / math.sqrt(dqk),
+                                                 enable_gqa=hkv != h)
+        if e["workload"] not in timed_cudnn:
+            # cuDNN's time for this workload, once, in the same process.
+            timed_cudnn.add(e["workload"])
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"],
+                                                                  scale=1 / math.sqrt(dqk), enable_gqa=hkv != h))
+            rows.append(dict(workload=e["workload"], **{"pass": "fwd"}, impl="cudnn", ms=ms,
+                             tflops=fl / (ms * 1e-3) / 1e12))
+            print(f"sweep {e['workload']:34s} fwd {'cudnn':16s} {ms:8.4f} ms {rows[-1]['tflops']:7.1f} TF/s",
+                  flush=True)
         impl = "aec " + e["config"]
         try:
             if "error" in e["kernel"]:

@@ -277,7 +277,10 @@ fn main() {
     // `--recurrent-only`: only the recurrent cases and kernels (the parallel
     // lists stay empty).
     let varlen_only = args.iter().any(|a| a == "--varlen-only");
-    let recurrent_only = varlen_only || args.iter().any(|a| a == "--recurrent-only");
+    // `--sweep-only`: only the tile sweeps asked for (`--fwd-sweep`,
+    // `--bwd-sweep`), without the cases, the benchmark and recurrent kernels.
+    let sweep_only = args.iter().any(|a| a == "--sweep-only");
+    let recurrent_only = varlen_only || sweep_only || args.iter().any(|a| a == "--recurrent-only");
     // `--per-block`: the warp-specialised kernels launched with a block per
     // row block instead of persistent (to check and time that form).
     let per_block = args.iter().any(|a| a == "--per-block");
@@ -477,75 +480,70 @@ fn main() {
         mla_workload(DECODE_MLA, 64, 16, "16 query heads per GPU (128 over 8)"),
         mla_workload(DECODE_MLA_H128, 16, 128, "all 128 query heads on one GPU"),
     ]);
-    // Forward tile sweep (`gpu_check.py --fwd-sweep`): sm_80 and wgmma
-    // configurations on the plain and the causal softmax workloads.
+    // Forward tile sweep (`gpu_check.py --fwd-sweep`, each workload next to
+    // cuDNN): wgmma configurations on the d128 softmax workloads,
+    // DiffTransformer and DeepSeek.
     let mut fwd_sweep = Vec::new();
     if args.iter().any(|a| a == "--fwd-sweep") {
-        let wg = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false, false);
-        let rq = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true, false);
         // Persistent (one CTA per SM walking the row blocks).
         let wp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false, true);
+        let rqp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true, true);
+        // (Earlier sessions' rows: `results/*-forward-sweep.json` and notes.)
         for (example, workload, dqk, dv, configs) in [
             (
                 "softmax",
                 "softmax-b8-h32-s2048-d128",
                 128,
                 128,
-                vec![
-                    (128, 64, 4, false, false, 2, false, false),
-                    (128, 128, 8, true, false, 2, false, false),
-                    wg(128, 128, 8, 2),
-                    wg(128, 128, 8, 3),
-                    rq(128, 128, 8, 3),
-                    rq(128, 64, 8, 4),
-                    wp(128, 128, 8, 3),
-                ],
+                vec![wp(128, 128, 8, 3)],
+            ),
+            (
+                "softmax",
+                "softmax-b1-h32-s8192-d128",
+                128,
+                128,
+                vec![wp(128, 128, 8, 3)],
             ),
             (
                 "softmax_causal",
                 "softmax-causal-b8-h32-s2048-d128",
                 128,
                 128,
-                vec![
-                    (128, 64, 4, false, false, 2, false, false),
-                    wg(128, 128, 8, 3),
-                    rq(128, 128, 8, 3),
-                    wp(128, 128, 8, 3),
-                ],
+                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
+            ),
+            (
+                "softmax_causal",
+                "softmax-causal-b1-h32-s8192-d128",
+                128,
+                128,
+                vec![wp(128, 128, 8, 3)],
+            ),
+            (
+                "softmax_gqa_causal",
+                "softmax-gqa-causal-b8-h32-kv8-s2048-d128",
+                128,
+                128,
+                vec![wp(128, 128, 8, 3)],
             ),
             (
                 "diff_transformer",
                 "diff-causal-b8-h12-s2048-d128-v256",
                 128,
                 256,
-                vec![
-                    wg(128, 64, 8, 4),
-                    wp(128, 64, 8, 4),
-                    rq(128, 64, 8, 4),
-                    rq(128, 64, 8, 3),
-                    wp(128, 80, 8, 3),
-                    wp(128, 80, 8, 2),
-                    wp(128, 96, 8, 2),
-                    wp(128, 112, 8, 2),
-                ],
+                vec![wp(128, 64, 8, 4), wp(128, 80, 8, 3)],
             ),
             (
                 "deepseek",
                 "deepseek-causal-b8-h16-s2048-d192-v128",
                 192,
                 128,
-                vec![
-                    wg(128, 64, 8, 4),
-                    wp(128, 64, 8, 4),
-                    rq(128, 64, 8, 4),
-                    rq(128, 128, 8, 2),
-                    wp(128, 80, 8, 3),
-                    wp(128, 96, 8, 2),
-                    wp(128, 112, 8, 2),
-                ],
+                vec![rqp(128, 80, 8, 3), rqp(128, 64, 8, 4), wp(128, 64, 8, 4)],
             ),
         ] {
-            let v = load(&root, example);
+            let v = match example {
+                "softmax_gqa_causal" => gqa_causal(&root),
+                e => load(&root, e),
+            };
             for (bm, bn, warps, wgmma, ws, stages, q_regs, persistent) in configs {
                 let cfg = ForwardConfig {
                     block_m: bm,
@@ -761,7 +759,7 @@ fn main() {
             }));
         }
     }
-    let (recurrent_cases, recurrent_bench) = if varlen_only {
+    let (recurrent_cases, recurrent_bench) = if varlen_only || sweep_only {
         (Vec::new(), Vec::new())
     } else {
         recurrent::write_all(&out, &root, nvcc.as_deref(), &includes)

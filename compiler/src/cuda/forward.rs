@@ -166,12 +166,15 @@ impl ForwardConfig {
         } else if hopper {
             let block_n = if dqk + dv <= 256 {
                 128
-            } else if (dv == 256 && dqk <= 128) || q_regs_tile {
-                // Dv = 256: S (80 columns) beside the 256-column accumulator,
-                // 3 stages: 5% faster than 64 keys and 4 stages (H100,
-                // DiffTransformer). Q in registers: 80 keys fit beside them.
+            } else if q_regs_tile {
+                // Q in registers: 80 keys fit beside them (H100, DeepSeek:
+                // 2.5% faster than 64 keys in 4 stages).
                 80
             } else {
+                // Dv = 256 (DiffTransformer) among others: 64 keys in 4
+                // stages, 5% faster than 80 in 3 (H100, three interleaved
+                // rounds, bench/NOTES.md session 34; session 16's kernel
+                // had measured the opposite).
                 64
             };
             (128, block_n, 8, false)

@@ -170,8 +170,8 @@ pub struct Space {
 /// counters, the row state, closure temporaries). Calibrated on the
 /// sm_90a forward: at d128 with 128-key blocks, Q in registers (192 tile
 /// registers) spilled 48 bytes (bench/NOTES.md w6), while Dqk 128 / Dv 256
-/// with 80-key blocks (188) spills at most 4 bytes and is the fastest tile
-/// there; 96-key blocks (200) spill 40.
+/// with 80-key blocks (188) spills at most 4 bytes (64 keys are the
+/// faster tile there since session 34); 96-key blocks (200) spill 40.
 const FIXED_REGISTERS: u32 = 44;
 
 /// Registers a computing warpgroup of the warp-specialised kernel gets
