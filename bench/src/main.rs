@@ -291,7 +291,18 @@ fn main() {
         index.push(meta);
     }
     let mut bench = Vec::new();
-    for (workload, example, dqk, dv) in BENCH.iter().filter(|_| !recurrent_only) {
+    // (With `--sweep-only --bwd-sweep`, the forwards whose outputs the
+    // backward sweep starts from.)
+    let bwd_sweep = args.iter().any(|a| a == "--bwd-sweep");
+    let swept_backward = |&&(workload, example, _, _): &&(&str, &str, u32, u32)| {
+        sweep_only
+            && bwd_sweep
+            && (workload == BENCH[0].0 || matches!(example, "deepseek" | "diff_transformer"))
+    };
+    for (workload, example, dqk, dv) in BENCH
+        .iter()
+        .filter(|w| !recurrent_only || swept_backward(w))
+    {
         eprintln!("bench kernel {workload} …");
         let v = match *example {
             // GQA + causal: the GQA example with the causal mask, declared here.
@@ -370,7 +381,7 @@ fn main() {
     // Backward tile sweep: every supported configuration on the first
     // softmax workload, timed alone by `gpu_check.py --bwd-sweep`.
     let mut sweep = Vec::new();
-    if args.iter().any(|a| a == "--bwd-sweep") {
+    if bwd_sweep {
         // One sweep row: the backward of `v` for `cfg`, compiled as `file`.
         let sweep_row = |v: &Variant,
                          workload: &str,
