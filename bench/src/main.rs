@@ -500,57 +500,31 @@ fn main() {
         let wp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false, true);
         let rqp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true, true);
         // (Earlier sessions' rows: `results/*-forward-sweep.json` and notes.)
-        for (example, workload, dqk, dv, configs) in [
+        for (workload, configs) in [
+            ("softmax-b8-h32-s2048-d128", vec![wp(128, 128, 8, 3)]),
+            ("softmax-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
             (
-                "softmax",
-                "softmax-b8-h32-s2048-d128",
-                128,
-                128,
-                vec![wp(128, 128, 8, 3)],
-            ),
-            (
-                "softmax",
-                "softmax-b1-h32-s8192-d128",
-                128,
-                128,
-                vec![wp(128, 128, 8, 3)],
-            ),
-            (
-                "softmax_causal",
                 "softmax-causal-b8-h32-s2048-d128",
-                128,
-                128,
                 vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
             ),
+            ("softmax-causal-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
             (
-                "softmax_causal",
-                "softmax-causal-b1-h32-s8192-d128",
-                128,
-                128,
-                vec![wp(128, 128, 8, 3)],
-            ),
-            (
-                "softmax_gqa_causal",
                 "softmax-gqa-causal-b8-h32-kv8-s2048-d128",
-                128,
-                128,
                 vec![wp(128, 128, 8, 3)],
             ),
             (
-                "diff_transformer",
                 "diff-causal-b8-h12-s2048-d128-v256",
-                128,
-                256,
                 vec![wp(128, 64, 8, 4), wp(128, 80, 8, 3)],
             ),
             (
-                "deepseek",
                 "deepseek-causal-b8-h16-s2048-d192-v128",
-                192,
-                128,
                 vec![rqp(128, 80, 8, 3), rqp(128, 64, 8, 4), wp(128, 64, 8, 4)],
             ),
         ] {
+            let &(_, example, dqk, dv) = BENCH
+                .iter()
+                .find(|w| w.0 == workload)
+                .expect("a benchmark workload");
             let v = match example {
                 "softmax_gqa_causal" => gqa_causal(&root),
                 e => load(&root, e),
