@@ -75,11 +75,10 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
 }
 
 // The descriptor of the operand `off` bytes (a multiple of 16) past the one
-// `d` describes: only the address field's low word changes, and it cannot
-// carry (shared addresses stay below 2^18). Built from one base descriptor
-// per tile, a GEMM's descriptors cost one add each (the mask and shifts of
-// `sw128_desc` per wgmma were half of the forward's uniform-datapath
-// instructions).
+// `d` describes: only the 14-bit address field in the low word changes, and
+// it cannot carry (shared addresses stay below 2^18). Built from one base
+// descriptor per tile, a GEMM's descriptors cost one add each instead of
+// `sw128_desc`'s mask, shift and or per wgmma (bench/NOTES.md session 34).
 __device__ __forceinline__ unsigned long long desc_plus(unsigned long long d, unsigned off) {
     return (d & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)d + (off >> 4));
 }
