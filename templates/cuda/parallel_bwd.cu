@@ -424,18 +424,18 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // queries (both operands K-major in the swizzled tiles).
         {
             // Warpgroups sharing keys (KSPLIT 2) read the same 64 rows.
-            const unsigned long long kd = sw128_desc(smem_u32(sK) + (warp % KEY_WARPS / 4) * 64 * 128, 16),
-                                     vd = sw128_desc(smem_u32(sV) + (warp % KEY_WARPS / 4) * 64 * 128, 16);
-            const unsigned long long qd = sw128_desc(smem_u32(sQc), 16), od = sw128_desc(smem_u32(sdOc), 16);
+            const unsigned kb = smem_u32(sK) + (warp % KEY_WARPS / 4) * 64 * 128,
+                           vb = smem_u32(sV) + (warp % KEY_WARPS / 4) * 64 * 128;
+            const unsigned qb = smem_u32(sQc), ob = smem_u32(sdOc);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bm }}(sacc, desc_plus(kd, (kk / 4) * (BN * 128) + (kk % 4) * 32),
-                              desc_plus(qd, (kk / 4) * (BM * 128) + (kk % 4) * 32), kk);
+                wgmma_ss_n{{ bm }}(sacc, sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(qb + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
 #pragma unroll
             for (int kk = 0; kk < DV / 16; ++kk)
-                wgmma_ss_n{{ bm }}(pacc, desc_plus(vd, (kk / 4) * (BN * 128) + (kk % 4) * 32),
-                              desc_plus(od, (kk / 4) * (BM * 128) + (kk % 4) * 32), kk);
+                wgmma_ss_n{{ bm }}(pacc, sw128_desc(vb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(ob + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bm }}(sacc);
@@ -485,8 +485,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         wgmma_fence();
 {% if kv_split %}{{ kv_issue }}{% else %}#pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
-            wgmma_rs_n{{ dv }}(dv_acc, pa[kk], desc_plus(sw128_desc(smem_u32(sdOc), BM * 128), kk * 16 * 128));
-            wgmma_rs_n{{ dqk }}(dk_acc, da[kk], desc_plus(sw128_desc(smem_u32(sQc), BM * 128), kk * 16 * 128));
+            wgmma_rs_n{{ dv }}(dv_acc, pa[kk], sw128_desc(smem_u32(sdOc) + kk * 16 * 128, BM * 128));
+            wgmma_rs_n{{ dqk }}(dk_acc, da[kk], sw128_desc(smem_u32(sQc) + kk * 16 * 128, BM * 128));
         }
 {% endif %}        wgmma_commit();
         MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
@@ -504,8 +504,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_ss_tt_n64(dq_part, desc_plus(sw128_desc(smem_u32(sdSc), BN * 128), kk * 16 * 128),
-                                desc_plus(sw128_desc(smem_u32(sK) + pnl * (BN * 128), BN * 128), kk * 16 * 128), kk);
+                wgmma_ss_tt_n64(dq_part, sw128_desc(smem_u32(sdSc) + kk * 16 * 128, BN * 128),
+                                sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);

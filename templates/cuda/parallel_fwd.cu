@@ -72,15 +72,15 @@
 {% endif %}        float s[MT][BN / 8][4];
         wgmma_fence();
         {
-            const unsigned long long k_desc = sw128_desc(smem_u32(sK + cur * BN * SQS), 16);
+            const unsigned k_base = smem_u32(sK + cur * BN * SQS);
 {% if q_regs %}#pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_rsk_n{{ bn }}(s[0], qf[kk], desc_plus(k_desc, (kk / 4) * (BN * 128) + (kk % 4) * 32), kk);
-{% else %}            const unsigned long long q_desc = sw128_desc(smem_u32(sQ) + (warp / 4) * 64 * 128, 16);
+                wgmma_rsk_n{{ bn }}(s[0], qf[kk], sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
+{% else %}            const unsigned q_base = smem_u32(sQ) + (warp / 4) * 64 * 128;
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bn }}(s[0], desc_plus(q_desc, (kk / 4) * (BM * 128) + (kk % 4) * 32),
-                              desc_plus(k_desc, (kk / 4) * (BN * 128) + (kk % 4) * 32), kk);
+                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
 {% endif %}        }
         wgmma_commit();
 {% if first %}        wgmma_wait0();
@@ -178,10 +178,9 @@ __device__ __forceinline__ void pack_p(const float (&pr)[NR][NE], unsigned (&pa)
 // Issues O += P · V for one block (V at shared address v_base, read N-major:
 // keys are its K dimension); the caller fences, commits and waits.
 __device__ __forceinline__ void pv_gemm(float (&acc)[DVW / 8][4], const unsigned (&pa)[BN / 16][4], unsigned v_base) {
-    const unsigned long long v_desc = sw128_desc(v_base, BN * 128);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs_n{{ dv }}(acc, pa[kk], desc_plus(v_desc, kk * 16 * 128));
+        wgmma_rs_n{{ dv }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
 }
 
 {% endif %}{% if sparse %}// The block-sparse mask row of the row block at m0 of batch b, head h.
@@ -935,13 +934,13 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // both operands read from the swizzled tiles by the tensor cores.
         float s[MT][BN / 8][4];
         {
-            const unsigned long long q_desc = sw128_desc(smem_u32(sQ) + (warp / 4) * 64 * 128, 16);
-            const unsigned long long k_desc = sw128_desc(smem_u32(sKc), 16);
+            const unsigned q_base = smem_u32(sQ) + (warp / 4) * 64 * 128;
+            const unsigned k_base = smem_u32(sKc);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bn }}(s[0], desc_plus(q_desc, (kk / 4) * (BM * 128) + (kk % 4) * 32),
-                              desc_plus(k_desc, (kk / 4) * (BN * 128) + (kk % 4) * 32), kk);
+                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bn }}(s[0]);

@@ -74,15 +74,6 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
            ((unsigned long long)(1024u >> 4) << 32) | (1ull << 62);
 }
 
-// The descriptor of the operand `off` bytes (a multiple of 16) past the one
-// `d` describes: only the 14-bit address field in the low word changes, and
-// it cannot carry (shared addresses stay below 2^18). Built from one base
-// descriptor per tile, a GEMM's descriptors cost one add each instead of
-// `sw128_desc`'s mask, shift and or per wgmma (bench/NOTES.md session 34).
-__device__ __forceinline__ unsigned long long desc_plus(unsigned long long d, unsigned off) {
-    return (d & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)d + (off >> 4));
-}
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
