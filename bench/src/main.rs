@@ -204,6 +204,10 @@ const DECODE_SHAPES: &[(&str, [usize; 4])] = &[
     (DECODE_MLA_H128, [16, 128, 1, 1]),
 ];
 
+/// The examples above head dim 128 whose backward the backward sweep times
+/// (besides the first softmax workload).
+const BWD_SWEEP_EXAMPLES: [&str; 2] = ["deepseek", "diff_transformer"];
+
 /// Benchmark kernels: (workload id from workloads.json or the extra ones, example, dqk, dv).
 const BENCH: &[(&str, &str, u32, u32)] = &[
     ("softmax-b8-h32-s2048-d128", "softmax", 128, 128),
@@ -274,17 +278,17 @@ fn main() {
     std::fs::create_dir_all(&out).expect("create output directory");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut index = Vec::new();
-    // `--recurrent-only`: only the recurrent cases and kernels (the parallel
-    // lists stay empty).
-    let varlen_only = args.iter().any(|a| a == "--varlen-only");
+    // `--recurrent-only`: only the recurrent cases and kernels;
     // `--sweep-only`: only the tile sweeps asked for (`--fwd-sweep`,
-    // `--bwd-sweep`), without the cases, the benchmark and recurrent kernels.
+    // `--bwd-sweep`). Either way, and with `--varlen-only`, the parallel
+    // cases and benchmark kernels are left out.
+    let varlen_only = args.iter().any(|a| a == "--varlen-only");
     let sweep_only = args.iter().any(|a| a == "--sweep-only");
-    let recurrent_only = varlen_only || sweep_only || args.iter().any(|a| a == "--recurrent-only");
+    let no_parallel = varlen_only || sweep_only || args.iter().any(|a| a == "--recurrent-only");
     // `--per-block`: the warp-specialised kernels launched with a block per
     // row block instead of persistent (to check and time that form).
     let per_block = args.iter().any(|a| a == "--per-block");
-    for case in CASES.iter().filter(|_| !recurrent_only) {
+    for case in CASES.iter().filter(|_| !no_parallel) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
         let meta = write_case(&out, case, &v, per_block, nvcc.as_deref(), &includes);
@@ -295,14 +299,9 @@ fn main() {
     // backward sweep starts from.)
     let bwd_sweep = args.iter().any(|a| a == "--bwd-sweep");
     let swept_backward = |&&(workload, example, _, _): &&(&str, &str, u32, u32)| {
-        sweep_only
-            && bwd_sweep
-            && (workload == BENCH[0].0 || matches!(example, "deepseek" | "diff_transformer"))
+        sweep_only && bwd_sweep && (workload == BENCH[0].0 || BWD_SWEEP_EXAMPLES.contains(&example))
     };
-    for (workload, example, dqk, dv) in BENCH
-        .iter()
-        .filter(|w| !recurrent_only || swept_backward(w))
-    {
+    for (workload, example, dqk, dv) in BENCH.iter().filter(|w| !no_parallel || swept_backward(w)) {
         eprintln!("bench kernel {workload} …");
         let v = match *example {
             // GQA + causal: the GQA example with the causal mask, declared here.
@@ -428,9 +427,8 @@ fn main() {
         // Head dims above 128: the sm_80 kernel (the default there before the
         // split wgmma kernel), and the sm_90a default with and without its
         // producer warpgroup.
-        for &(workload, example, dqk, dv) in BENCH
-            .iter()
-            .filter(|w| matches!(w.1, "deepseek" | "diff_transformer"))
+        for &(workload, example, dqk, dv) in
+            BENCH.iter().filter(|w| BWD_SWEEP_EXAMPLES.contains(&w.1))
         {
             let v = load(&root, example);
             let sm90 = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
