@@ -72,6 +72,44 @@ def get_function(module, name, smem_bytes):
     return fn
 
 
+def size_expr(e, sizes):
+    """A launch plan's size expression (compiler/src/launch_plan.rs) for `sizes`."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return sizes[e]
+    (op, xs), = e.items()
+    vals = [size_expr(x, sizes) for x in xs]
+    if op == "mul":
+        return math.prod(vals)
+    if op == "ceil_div":
+        return -(-vals[0] // vals[1])
+    return min(vals)
+
+
+class TensorMap(ctypes.Structure):
+    _fields_ = [("words", ctypes.c_uint64 * 16)]
+
+
+_tensor_maps = {}
+
+
+def tensor_map(t, dims, box):
+    """A CUtensorMap of bf16 `t` as TensorMapPlan describes (rank 3, 128-byte
+    swizzle, zeros outside), cached by address and shape; its storage is
+    64-byte aligned, as the encoder requires."""
+    key = (t.data_ptr(), tuple(dims), tuple(box))
+    if key not in _tensor_maps:
+        buf = ctypes.create_string_buffer(ctypes.sizeof(TensorMap) + 128)
+        m = TensorMap.from_address((ctypes.addressof(buf) + 127) & ~127)
+        check(libcuda.cuTensorMapEncodeTiled(
+            ctypes.byref(m), 9, 3, ctypes.c_void_p(t.data_ptr()), (ctypes.c_uint64 * 3)(*dims),
+            (ctypes.c_uint64 * 2)(dims[0] * 2, dims[0] * dims[1] * 2), (ctypes.c_uint32 * 3)(*box),
+            (ctypes.c_uint32 * 3)(1, 1, 1), 0, 3, 2, 0), "cuTensorMapEncodeTiled")
+        _tensor_maps[key] = (m, buf)
+    return _tensor_maps[key][0]
+
+
 class Kernel:
     """A generated forward kernel loaded from its cubin."""
 
@@ -166,6 +204,9 @@ class Kernel:
                 vals.append(ctypes.c_int32(n_splits))
             elif kind in ("paged", "block_mask"):
                 vals.append(extra[a["name"]])
+            elif kind == "tensor_map":
+                t = {"q": q, "k": k, "v": v}[a["name"]]
+                vals.append(tensor_map(t, [size_expr(d, sizes) for d in a["dims"]], a["box"]))
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])

@@ -25,6 +25,12 @@ where the library has none), loads the library on the current GPU and checks:
   backward) and a call outside runs the default kernel
   (`variant.last_entry`); without any, a note (a failure where
   AEC_REQUIRE_TUNED=1);
+- tensor maps: where the Softmax forward loads q, k and v with TMA copies
+  (the sm_90a kernels take tensor maps of them, which the module encodes
+  per call), calls of one shape on other tensors (the second from the
+  module's cached plan, so a stale map would read the first call's
+  tensors) and on views into the middle of larger tensors each match the
+  reference; elsewhere a note;
 - refusals: wrong dtype, wrong shape, non-contiguous and CPU tensors, a
   missing custom input, each a clear error naming
   the tensor (or the variant);
@@ -275,6 +281,42 @@ def check_mamba2(lib, sizes):
     guarded("Mamba2 forward, initial and final state", lambda: final_state(state), variant="Mamba2", shape=shape)
 
 
+def check_tensor_maps(lib):
+    """The Softmax forward's tensor maps (ArgPlan::TensorMap) hold the
+    tensors' addresses: each call must encode them for its own tensors."""
+    plan = lib.Softmax.plan("forward")
+    maps = [a["tensor_map"]["buffer"] for launch in plan.launch_plans for a in launch["args"] if "tensor_map" in a]
+    if not maps:
+        record("Softmax tensor maps", arch=lib.arch, note="the Softmax forward takes no tensor maps here", passed=True)
+        return
+    d = plan.buffers["q"]["shape"][3]
+    b, h, s = 2, 4, 300
+    shape = f"B={b} H={h} S={s} D={d}"
+    # The first call's tensors stay alive, so the second call's (other values)
+    # lie at other addresses: PyTorch's allocator would otherwise hand the
+    # same memory back and a stale map would read the right tensors.
+    kept = []
+
+    def inputs(i):
+        torch.manual_seed(1000 + i)
+        if i < 2:
+            return bf16(b, h, s, d), bf16(b, h, s, d), bf16(b, h, s, d)
+        # Contiguous, 16-byte aligned views that start inside larger tensors.
+        return tuple(bf16(b + 2, h, s, d)[1:1 + b] for _ in range(3))
+
+    for i, what in enumerate(("fresh tensors", "other tensors of the same shapes", "views into larger tensors")):
+        def one(i=i, what=what):
+            q, k, v = inputs(i)
+            moved = all(t.data_ptr() not in [x.data_ptr() for x in kept] for t in (q, k, v))
+            kept.extend((q, k, v))
+            o = lib.Softmax(q, k, v)
+            torch.cuda.synchronize()
+            err = rel_err(o, ref_softmax(q.double(), k.double(), v.double()))
+            record(f"Softmax tensor maps, {what}", variant="Softmax", shape=shape, maps=",".join(maps),
+                   kernel=lib.Softmax.last_entry, new_addresses=moved, rel_err_o=err, passed=err <= TOL and moved)
+        guarded(f"Softmax tensor maps, {what}", one, variant="Softmax", shape=shape)
+
+
 def check_refusals(lib):
     """Calls the module must refuse, each with a message naming the culprit."""
     B, H, S, D = 2, 4, 200, lib.Softmax.plan("forward").buffers["q"]["shape"][3]
@@ -382,6 +424,7 @@ def main():
     for b, h, s in ((2, 4, 200), (1, 3, 77)):
         check_mamba2(lib, (b, h, s, dk, dv))
     check_tuning_table(lib, {"Softmax": ref_softmax, "Sigmoid": ref_sigmoid})
+    check_tensor_maps(lib)
     check_refusals(lib)
     speed = [] if "--no-bench" in sys.argv else bench_softmax(lib)
     ok = all(c["passed"] for c in checks)

@@ -49,8 +49,9 @@ fn call_args(
             | ArgKind::CuSeqlensKv
             | ArgKind::PagedKv(_)
             | ArgKind::BlockMask(_)
-            | ArgKind::Segments(_)) => {
-                unreachable!("parallel kernels take no {other:?}")
+            | ArgKind::Segments(_)
+            | ArgKind::TensorMap(_)) => {
+                unreachable!("HIP parallel kernels take no {other:?}")
             }
         })
         .collect::<Vec<_>>()

@@ -64,6 +64,12 @@ fn check_arguments(name: &str, plan: &EntryPlan) {
                     "{name}: `{b}` is not a buffer of the plan"
                 );
             }
+            if let ArgPlan::TensorMap(m) = a {
+                let b = plan.buffer(&m.buffer).unwrap_or_else(|| {
+                    panic!("{name}: the map of `{}` is not a buffer's", m.buffer)
+                });
+                assert_eq!(b.role, Role::Input, "{name}: maps `{}`", m.buffer);
+            }
         }
     }
     for b in &plan.buffers {
@@ -412,4 +418,68 @@ fn check_recurrent_backward(
         assert_eq!(el("states"), Dtype::Bf16);
         assert_eq!(el("d_state_out"), Dtype::F32);
     }
+}
+
+#[test]
+fn tensor_maps_cover_their_inputs_exactly() {
+    let mut checked = 0;
+    for (name, v) in common::parallel_examples() {
+        let (dqk, dv) = common::head_dims(&v);
+        let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+        let Ok(k) = parallel_forward(&v, dqk, dv, &cfg) else {
+            continue;
+        };
+        let plan = forward_plan(&v, &k);
+        let maps: Vec<_> = plan.launches[0]
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                ArgPlan::TensorMap(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(maps.len(), k.tensor_maps.len(), "{name}");
+        for m in maps {
+            let buffer = plan.buffer(&m.buffer).expect("a buffer");
+            assert_eq!(m.box_dims[0] as u64 * buffer.dtype.bytes(), 128, "{name}");
+            for mut shape in SHAPES {
+                // (K and V declared with H heads: the call's Hkv is H.)
+                if plan.equal.contains(&["Hkv".to_string(), "H".to_string()]) {
+                    shape[2] = shape[1];
+                }
+                // The extents' product is the tensor's element count: the
+                // map neither reads past it nor misses rows.
+                let at = vars(shape, 1);
+                let covered = m
+                    .dims
+                    .iter()
+                    .map(|e| e.eval(&at).expect("known sizes"))
+                    .product::<u64>();
+                assert_eq!(
+                    Some(covered),
+                    buffer.elements(&at),
+                    "{name} {} {shape:?}",
+                    m.buffer
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 9, "only {checked} tensor maps checked");
+    // The manifest's JSON form, which the C and Python loaders read.
+    let v = common::example("softmax");
+    let k = parallel_forward(
+        &v,
+        128,
+        128,
+        &ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a),
+    )
+    .expect("forward");
+    let plan = forward_plan(&v, &k);
+    let json = serde_json::to_value(&plan.launches[0].args).expect("json");
+    let n = json.as_array().expect("array").len();
+    assert_eq!(
+        json[n - 3],
+        serde_json::json!({"tensor_map": {"buffer": "q", "dims": [128, "Sq", {"mul": ["B", "H"]}], "box": [64, 128, 1]}})
+    );
 }

@@ -180,6 +180,7 @@ fn passes(plan: &EntryPlan, call: &aec::library::CallPlan, launch: usize, name: 
         }
         CallArg::Null => false,
         CallArg::I32(_) => panic!("`{name}` passed as an integer"),
+        CallArg::TensorMap { .. } => panic!("`{name}` passed as a tensor map"),
     }
 }
 

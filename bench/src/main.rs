@@ -545,6 +545,7 @@ fn main() {
                     v_in_k: false,
                     key_warps: 1,
                     dv_warps: 1,
+                    tma_loads: ws,
                 };
                 let tag = format!(
                     "m{bm}n{bn}w{warps}{}{}{}{}{}",
@@ -957,7 +958,19 @@ fn kernel_meta(
     includes: &[String],
 ) -> Value {
     let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
-    let args = args_meta(&k.args);
+    let mut args = args_meta(&k.args);
+    // A tensor map's extents (size expressions, innermost first) and box.
+    for (a, meta) in k.args.iter().zip(args.iter_mut()) {
+        if let ArgKind::TensorMap(t) = a {
+            let spec = k
+                .tensor_maps
+                .iter()
+                .find(|m| m.tensor == *t)
+                .expect("every tensor map has its spec");
+            meta["dims"] = json!(spec.dims);
+            meta["box"] = json!(spec.box_dims);
+        }
+    }
     json!({
         "name": k.name,
         "source": cu,
@@ -1077,6 +1090,7 @@ fn args_meta(args: &[ArgKind]) -> Vec<Value> {
             ArgKind::PagedKv(n) => json!({ "kind": "paged", "name": n }),
             ArgKind::BlockMask(n) => json!({ "kind": "block_mask", "name": n }),
             ArgKind::Segments(n) => json!({ "kind": "segments", "name": n }),
+            ArgKind::TensorMap(n) => json!({ "kind": "tensor_map", "name": n }),
         })
         .collect()
 }

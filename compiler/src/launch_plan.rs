@@ -12,7 +12,9 @@
 //! language needs only JSON and the small expression language of
 //! [`SizeExpr`].
 
-use crate::cuda::forward::{ArgKind, KernelSource, KvSplitInputs, MAX_KV_SPLITS, kv_split_rule};
+use crate::cuda::forward::{
+    ArgKind, KernelSource, KvSplitInputs, MAX_KV_SPLITS, TensorMapSpec, kv_split_rule,
+};
 use crate::cuda::recurrent::{RecurrentBackwardSource, RecurrentGridX, RecurrentSource};
 use crate::{Elem, Grid, Launch};
 use aec_frontend::Variant;
@@ -149,6 +151,15 @@ impl Dtype {
         }
     }
 
+    /// The `CUtensorMapDataType` of a tensor map over this type.
+    pub fn tensor_map_data_type(self) -> u32 {
+        match self {
+            Dtype::F16 => 6,
+            Dtype::F32 => 7,
+            Dtype::Bf16 => 9,
+        }
+    }
+
     fn of(elem: Elem) -> Dtype {
         match elem {
             Elem::Bf16 => Dtype::Bf16,
@@ -222,6 +233,28 @@ pub enum ArgPlan {
     /// never fills (the recurrent backward's states pass does not write the
     /// final state: `{"null": "state_out"}`).
     Null(String),
+    /// A CUDA tensor map of a buffer, passed by value (a 128-byte,
+    /// 64-byte-aligned `CUtensorMap`), which the loader encodes per call
+    /// with `cuTensorMapEncodeTiled`: see [`TensorMapPlan`].
+    TensorMap(TensorMapPlan),
+}
+
+/// A tensor map the loader encodes with `cuTensorMapEncodeTiled` for each
+/// call: rank 3 over the buffer's elements (its dtype: `bf16` is
+/// `CU_TENSOR_MAP_DATA_TYPE_BFLOAT16`, `f16` `FLOAT16`), global address the
+/// buffer's, extents `dims` (innermost first), byte strides `dims[0] ·
+/// bytes` and `dims[0] · dims[1] · bytes` (the buffer is contiguous), box
+/// `box` with element strides 1, no interleave, 128-byte swizzle
+/// (`CU_TENSOR_MAP_SWIZZLE_128B`), 128-byte L2 promotion, and elements
+/// outside the tensor filled with zeros (`CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE`).
+/// The encoder refuses a buffer address that is not 16-byte aligned and
+/// extents above 2³²: loaders check both before encoding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorMapPlan {
+    pub buffer: String,
+    pub dims: [SizeExpr; 3],
+    #[serde(rename = "box")]
+    pub box_dims: [u32; 3],
 }
 
 /// The module key of the recurrent backward's states pass (see
@@ -411,9 +444,24 @@ fn c(n: u32) -> SizeExpr {
 }
 
 /// The kernel arguments of a parallel kernel (forward or backward).
-fn parallel_args(args: &[ArgKind], dims: &BTreeMap<Axis, u32>) -> Vec<ArgPlan> {
+fn parallel_args(
+    args: &[ArgKind],
+    dims: &BTreeMap<Axis, u32>,
+    maps: &[TensorMapSpec],
+) -> Vec<ArgPlan> {
     args.iter()
         .map(|a| match a {
+            ArgKind::TensorMap(n) => {
+                let spec = maps
+                    .iter()
+                    .find(|m| m.tensor == *n)
+                    .expect("every tensor-map argument has its spec");
+                ArgPlan::TensorMap(TensorMapPlan {
+                    buffer: n.to_string(),
+                    dims: spec.dims.clone(),
+                    box_dims: spec.box_dims,
+                })
+            }
             ArgKind::Tensor(n) | ArgKind::Workspace(n) | ArgKind::State(n) => {
                 ArgPlan::Ptr(n.to_string())
             }
@@ -506,7 +554,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
     );
     let mut launches = Vec::new();
     let mut kv_splits = None;
-    let args = parallel_args(&k.args, &dims);
+    let args = parallel_args(&k.args, &dims, &k.tensor_maps);
     // A persistent kernel walks pairs of row blocks (per Dv slice, head row
     // and batch) with at most one block per multiprocessor
     // ([`KernelSource::persistent_units`]).
@@ -686,7 +734,7 @@ pub fn backward_plan(
             )
         });
     }
-    let args = parallel_args(args, &dims);
+    let args = parallel_args(args, &dims, &[]);
     let launches = launches
         .into_iter()
         .map(|l| {

@@ -56,6 +56,7 @@ const CFG: ForwardConfig = ForwardConfig {
     v_in_k: false,
     key_warps: 1,
     dv_warps: 1,
+    tma_loads: false,
 };
 
 /// [`CFG`] with Dv split between blocks where one block cannot hold it
@@ -526,7 +527,7 @@ fn dv_above_256_is_split_into_slices() {
         let k = parallel_forward(&v, 256, 512, &cfg).expect("split forward");
         assert_eq!((k.dv, k.dv_split), (512, 2));
         assert!(
-            k.name.contains("d256x512") && k.name.ends_with("_v2"),
+            k.name.contains("d256x512") && k.name.contains("_v2"),
             "{}",
             k.name
         );
@@ -800,4 +801,92 @@ fn persistence_needs_the_warp_specialised_kernel() {
         err.contains("persistent") && err.contains("warp_specialized"),
         "{err}"
     );
+}
+
+#[test]
+fn warp_specialised_dense_forwards_load_by_tma_with_three_tensor_maps() {
+    use aec_compiler::launch_plan::SizeExpr;
+    use aec_compiler::{
+        parallel_forward_block_sparse, parallel_forward_paged, parallel_forward_varlen,
+    };
+    // DiffTransformer's 128/256: K's and V's maps differ in columns.
+    let v = example("softmax_causal");
+    let cfg = ForwardConfig::default_for(&v, 128, 256, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.warp_specialized && cfg.tma_loads, "{cfg:?}");
+    let k = parallel_forward(&v, 128, 256, &cfg).expect("TMA forward");
+    assert!(k.name.ends_with("_tma"), "{}", k.name);
+    // The three maps are the last arguments, in the source's order.
+    let n = k.args.len();
+    assert_eq!(
+        k.args[n - 3..],
+        [
+            ArgKind::TensorMap("q"),
+            ArgKind::TensorMap("k"),
+            ArgKind::TensorMap("v")
+        ]
+    );
+    assert!(
+        k.source
+            .contains("const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k, const __grid_constant__ TmaMap tm_v) {"),
+        "the kernel's last parameters are the maps"
+    );
+    let var = |s: &str| SizeExpr::var(s);
+    let names: Vec<_> = k.tensor_maps.iter().map(|m| m.tensor).collect();
+    assert_eq!(names, ["q", "k", "v"]);
+    let (q, key, val) = (&k.tensor_maps[0], &k.tensor_maps[1], &k.tensor_maps[2]);
+    assert_eq!(q.dims[0], SizeExpr::Const(128));
+    assert_eq!(q.dims[1], var("Sq"));
+    assert_eq!(q.dims[2], SizeExpr::mul([var("B"), var("H")]));
+    assert_eq!(q.box_dims, [64, cfg.block_m, 1]);
+    assert_eq!(key.dims[1], var("Skv"));
+    assert_eq!(key.dims[2], SizeExpr::mul([var("B"), var("Hkv")]));
+    assert_eq!(key.box_dims, [64, cfg.block_n, 1]);
+    assert_eq!(val.dims[0], SizeExpr::Const(256));
+    // One arrival per phase with the boxes' bytes: Q's 128 x 128, K's and
+    // V's block_n x (128 + 256) of 2-byte elements.
+    assert!(k.source.contains("mbar_init(&bar_q, 1);"));
+    assert!(
+        k.source
+            .contains("mbar_arrive_expect_tx(&bar_q, BM * DQK * (int)sizeof(elem_t));")
+    );
+    assert!(
+        k.source
+            .contains("tma_load_3d(sV + st * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64")
+    );
+    assert!(
+        !k.source
+            .contains("load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK")
+    );
+
+    // cp.async where the rows are not one head's dense matrix, or without a
+    // producer warpgroup.
+    let mut others = vec![
+        parallel_forward_varlen(&v, 128, 128, &cfg).expect("varlen"),
+        parallel_forward_paged(&v, 128, 128, &cfg).expect("paged"),
+        parallel_forward_block_sparse(&v, 128, 128, &cfg).expect("block-sparse"),
+    ];
+    let plain = ForwardConfig {
+        warp_specialized: false,
+        persistent: false,
+        ..cfg
+    };
+    others.push(parallel_forward(&v, 128, 128, &plain).expect("wgmma without a producer"));
+    others.push(
+        parallel_forward(
+            &v,
+            128,
+            128,
+            &ForwardConfig {
+                tma_loads: false,
+                ..cfg
+            },
+        )
+        .expect("cp.async producer"),
+    );
+    for o in &others {
+        assert!(o.tensor_maps.is_empty(), "{}", o.name);
+        assert!(!o.name.contains("_tma"), "{}", o.name);
+        assert!(!o.args.iter().any(|a| matches!(a, ArgKind::TensorMap(_))));
+        assert!(!o.source.contains("tm_q"), "{}", o.name);
+    }
 }

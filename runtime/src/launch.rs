@@ -19,6 +19,7 @@ use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::memory::{DType, DeviceBuffer};
 use crate::stream::Stream;
+use crate::tensor_map::TensorMap;
 
 /// A loaded module (one CUBIN) on one device.
 #[derive(Debug, Clone)]
@@ -104,6 +105,8 @@ pub enum Param {
     U32,
     F32,
     U64,
+    /// A `CUtensorMap` passed by value ([`TensorMap`]).
+    TensorMap,
 }
 
 impl std::fmt::Display for Param {
@@ -115,13 +118,14 @@ impl std::fmt::Display for Param {
             Param::U32 => f.write_str("u32"),
             Param::F32 => f.write_str("f32"),
             Param::U64 => f.write_str("u64"),
+            Param::TensorMap => f.write_str("tensor map"),
         }
     }
 }
 
-/// One launch argument: a buffer (`&buf` to read, `&mut buf` to write) or a
-/// scalar (`i32`, `u32`, `f32`, `u64`). Made with `Arg::from`/`.into()` or
-/// the [`args!`](crate::args) macro.
+/// One launch argument: a buffer (`&buf` to read, `&mut buf` to write), a
+/// scalar (`i32`, `u32`, `f32`, `u64`) or a tensor map (`&map`). Made with
+/// `Arg::from`/`.into()` or the [`args!`](crate::args) macro.
 #[derive(Debug)]
 pub struct Arg<'a>(ArgKind<'a>);
 
@@ -133,6 +137,13 @@ enum ArgKind<'a> {
     U32(u32),
     F32(f32),
     U64(u64),
+    TensorMap(&'a TensorMap),
+}
+
+impl<'a> From<&'a TensorMap> for Arg<'a> {
+    fn from(m: &'a TensorMap) -> Self {
+        Arg(ArgKind::TensorMap(m))
+    }
 }
 
 macro_rules! buffer_args {
@@ -180,6 +191,7 @@ macro_rules! buffer_args {
                 ArgKind::U32(v) => { builder.arg(&*v); }
                 ArgKind::F32(v) => { builder.arg(&*v); }
                 ArgKind::U64(v) => { builder.arg(&*v); }
+                ArgKind::TensorMap(m) => { builder.arg(&**m); }
             }
         }
     };
@@ -207,7 +219,8 @@ impl Arg<'_> {
             (ArgKind::I32(_), Param::I32)
             | (ArgKind::U32(_), Param::U32)
             | (ArgKind::F32(_), Param::F32)
-            | (ArgKind::U64(_), Param::U64) => true,
+            | (ArgKind::U64(_), Param::U64)
+            | (ArgKind::TensorMap(_), Param::TensorMap) => true,
             _ => false,
         }
     }
@@ -228,6 +241,7 @@ impl Arg<'_> {
             ArgKind::U32(_) => "u32".into(),
             ArgKind::F32(_) => "f32".into(),
             ArgKind::U64(_) => "u64".into(),
+            ArgKind::TensorMap(_) => "&tensor map".into(),
         }
     }
 }

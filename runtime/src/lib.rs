@@ -5,7 +5,8 @@
 //!   point returns [`RuntimeError::NoDriver`] (cudarc would panic).
 //! - [`compile`]: CUDA C++ → CUBIN + PTX with NVRTC; needs no GPU.
 //! - [`KernelCache`]: compiled modules in memory and on disk.
-//! - [`Module`], [`Kernel`], [`Arg`]: loading and checked launches.
+//! - [`Module`], [`Kernel`], [`Arg`]: loading and checked launches;
+//!   [`TensorMap`]: the descriptors of TMA copies, encoded per call.
 //! - [`Stream`], [`DeviceBuffer`]: copies; [`time_ms`]: event timing.
 //! - [`ptxas_resources`], [`sass`]: the compile checks' view of a kernel.
 //! - [`tuning`]: the autotuner's persistent results ([`TuningCache`]), one
@@ -30,6 +31,7 @@ mod memory;
 mod nvrtc;
 mod resources;
 mod stream;
+mod tensor_map;
 mod timer;
 mod tools;
 pub mod tuning;
@@ -51,6 +53,7 @@ pub use nvrtc::{
 };
 pub use resources::{ResourceUsage, parse_ptxas_verbose};
 pub use stream::Stream;
+pub use tensor_map::TensorMap;
 pub use timer::{Timing, time_ms};
 pub use tools::{find_tool, ptxas_resources, sass, toolchains_required};
 pub use tuning::{

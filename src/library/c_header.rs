@@ -20,12 +20,15 @@
 //! pointers, grid and 32-bit limits) before any launch, picks the build for
 //! the GPU's architecture, lays the workspace out in 256-byte aligned
 //! sub-buffers, zero-fills the buffers the plan marks, computes `kv_splits`
-//! with the plan's rule and launches the kernels in order. The text depends
-//! on the manifest only, so the same manifest gives the same header.
+//! with the plan's rule, encodes the tensor maps the sm_90a kernels take by
+//! value (`cuTensorMapEncodeTiled`, extents checked with the sizes, maps
+//! encoded before anything is allocated or launched) and launches the
+//! kernels in order. The text depends on the manifest only, so the same
+//! manifest gives the same header.
 
 use crate::library::loader::{TunedBucket, parse_tuned_bucket};
 use aec_compiler::launch_plan::{
-    ArgPlan, Condition, Dtype, EntryPlan, Role, SMS, SizeExpr, SizeOp,
+    ArgPlan, Condition, Dtype, EntryPlan, Role, SMS, SizeExpr, SizeOp, TensorMapPlan,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -455,8 +458,78 @@ fn validate_plan(p: &EntryPlan, at: &str) -> Result<(), String> {
                     check_expr(e, &format!("launch {i} ({}) argument {j}", l.entry))?
                 }
                 ArgPlan::Ptr(_) | ArgPlan::Null(_) => {}
+                ArgPlan::TensorMap(m) => {
+                    validate_tensor_map(
+                        p,
+                        m,
+                        &format!("{at}: launch {i} ({}) argument {j}", l.entry),
+                    )?;
+                    for (d, e) in m.dims.iter().enumerate() {
+                        check_expr(
+                            e,
+                            &format!(
+                                "launch {i} ({}) argument {j} (the tensor map of `{}`) dims[{d}]",
+                                l.entry, m.buffer
+                            ),
+                        )?;
+                    }
+                }
             }
         }
+    }
+    Ok(())
+}
+
+/// The largest box extent `cuTensorMapEncodeTiled` takes, and the width in
+/// bytes of the 128-byte swizzle, which a box row may not exceed.
+const MAX_TENSOR_MAP_BOX: u32 = 256;
+const SWIZZLE_BYTES: u64 = 128;
+
+/// Checks a tensor-map argument (`at` names it): the generated call
+/// encodes it from the caller's pointer, so it must map a required 16-bit
+/// input (what the sm_90a kernels load through TMA), with a box the
+/// encoder and the 128-byte swizzle take.
+fn validate_tensor_map(p: &EntryPlan, m: &TensorMapPlan, at: &str) -> Result<(), String> {
+    let n = &m.buffer;
+    let Some(b) = p.buffer(n) else {
+        return Err(format!(
+            "manifest {at} is a tensor map of `{n}`, which is not one of the plan's buffers"
+        ));
+    };
+    let not_required = match (b.role, b.when) {
+        (Role::Input, None) => None,
+        (Role::Input, Some(Condition::SplitKv)) => Some("an input only used when kv_splits > 1"),
+        (Role::OptionalInput, _) => Some("an optional input"),
+        (Role::Output | Role::OptionalOutput, _) => Some("an output"),
+        (Role::Workspace, _) => Some("a workspace"),
+    };
+    if let Some(what) = not_required {
+        return Err(format!(
+            "manifest {at} is a tensor map of `{n}`, which is {what}: tensor maps are encoded from required inputs only"
+        ));
+    }
+    if b.dtype == Dtype::F32 {
+        return Err(format!(
+            "manifest {at} is a tensor map of `{n}`, an f32 buffer: the kernels' tensor maps read bf16 or f16 elements only"
+        ));
+    }
+    if let Some(x) = m
+        .box_dims
+        .iter()
+        .find(|&&x| x == 0 || x > MAX_TENSOR_MAP_BOX)
+    {
+        return Err(format!(
+            "manifest {at} (the tensor map of `{n}`) has the box {:?}: {x} is outside [1, {MAX_TENSOR_MAP_BOX}]",
+            m.box_dims
+        ));
+    }
+    let row = u64::from(m.box_dims[0]) * b.dtype.bytes();
+    if row > SWIZZLE_BYTES {
+        return Err(format!(
+            "manifest {at} (the tensor map of `{n}`) has box rows of {} {} elements, {row} bytes: wider than the {SWIZZLE_BYTES}-byte swizzle",
+            m.box_dims[0],
+            b.dtype.name()
+        ));
     }
     Ok(())
 }
@@ -862,8 +935,8 @@ fn header_preamble(out: &mut String, manifest: &Value, vs: &[VariantC]) {
     out.push_str(
         r#"#include "aec_loader.h"
 
-#if !defined(AEC_LOADER_VERSION) || AEC_LOADER_VERSION != 2
-#error "aec_library.h needs the aec_loader.h written with it (AEC_LOADER_VERSION 2)"
+#if !defined(AEC_LOADER_VERSION) || AEC_LOADER_VERSION != 3
+#error "aec_library.h needs the aec_loader.h written with it (AEC_LOADER_VERSION 3)"
 #endif
 
 #ifdef __cplusplus
@@ -1486,6 +1559,31 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
             .position(|(x, _)| *x == e)
             .expect("collected above")
     };
+    // The distinct tensor maps, likewise: their extents and the element
+    // count of the buffer each maps (which the extents must not exceed).
+    let mut maps: Vec<(&TensorMapPlan, usize)> = Vec::new();
+    for (l, launch) in plan.launches.iter().enumerate() {
+        for arg in &launch.args {
+            if let ArgPlan::TensorMap(m) = arg
+                && !maps.iter().any(|(x, _)| *x == m)
+            {
+                let _ = writeln!(
+                    out,
+                    "    uint64_t map{k}[3], map{k}_elements; /* the tensor map of {}: {} innermost first */",
+                    comment(&m.buffer),
+                    comment(&shape_text(&m.dims)),
+                    k = maps.len()
+                );
+                maps.push((m, l));
+            }
+        }
+    }
+    let map_index = |m: &TensorMapPlan| {
+        maps.iter()
+            .position(|(x, _)| *x == m)
+            .expect("collected above")
+    };
+    let mapped = |m: &TensorMapPlan| plan.buffer(&m.buffer).expect("validate_plan checked it");
     let _ = writeln!(out, "}} aecg_{base}_r{i}_layout;\n");
 
     // _plan
@@ -1507,6 +1605,10 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
         exprs.extend(&l.grid);
     }
     exprs.extend(i32_args.iter().map(|x| x.0));
+    for (m, _) in &maps {
+        exprs.extend(&m.dims);
+        exprs.extend(&mapped(m).shape);
+    }
     let used: BTreeSet<&str> = exprs.iter().flat_map(|e| e.vars()).collect();
     for s in &v.sizes {
         if used.contains(s.name.as_str()) {
@@ -1588,6 +1690,13 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     for (a, (e, _)) in i32_args.iter().enumerate() {
         let _ = writeln!(out, "    L->arg{a} = {};", c_expr(e, &local));
     }
+    for (k, (m, _)) in maps.iter().enumerate() {
+        for (d, e) in m.dims.iter().enumerate() {
+            let _ = writeln!(out, "    L->map{k}[{d}] = {};", c_expr(e, &local));
+        }
+        let elements = c_expr(&SizeExpr::Op(SizeOp::Mul(mapped(m).shape.clone())), &local);
+        let _ = writeln!(out, "    L->map{k}_elements = {elements};");
+    }
     let sizes_fmt: Vec<String> = v
         .sizes
         .iter()
@@ -1622,6 +1731,16 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
             "    if ((status = aecl_check_i32(err, errn, \"{fname}\", \"{}\", \"{}\", L->arg{a})) != AEC_OK)\n        return status;",
             c_str(&plan.launches[*l].entry, false),
             c_str(&e.to_string(), false)
+        );
+    }
+    // Before any launch: the encoder's limits on the extents.
+    for (k, (m, l)) in maps.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "    if ((status = aecl_check_tensor_map(err, errn, \"{fname}\", \"{}\", \"{}\", L->map{k}, {}u, L->map{k}_elements)) != AEC_OK)\n        return status;",
+            c_str(&plan.launches[*l].entry, false),
+            c_str(&m.buffer, false),
+            mapped(m).dtype.bytes()
         );
     }
     out.push_str("    return AEC_OK;\n}\n\n");
@@ -1663,6 +1782,14 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
         .any(|l| l.args.iter().any(|a| matches!(a, ArgPlan::Null(_))));
     if uses_null {
         out.push_str("    aecl_devptr null_arg = 0;\n");
+    }
+    if !maps.is_empty() {
+        // C99 has no alignas: the maps live in bytes aligned by hand.
+        let _ = writeln!(
+            out,
+            "    unsigned char map_storage[{}u * AECL_TENSOR_MAP_BYTES + AECL_TENSOR_MAP_ALIGN - 1u];\n    unsigned char *maps = aecl_tensor_map_storage(map_storage);",
+            maps.len()
+        );
     }
     for b in &plan.buffers {
         let _ = writeln!(out, "    aecl_devptr p_{} = 0;", buf_field(&b.name));
@@ -1719,6 +1846,27 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
             launch.dynamic_smem_bytes
         );
     }
+    // The tensor maps, encoded for the caller's pointers before anything is
+    // allocated or launched, so a refusal leaves nothing to undo.
+    for (k, (m, l)) in maps.iter().enumerate() {
+        let b = mapped(m);
+        let data_type = match b.dtype {
+            Dtype::Bf16 => "AECL_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+            Dtype::F16 => "AECL_CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+            Dtype::F32 => "AECL_CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+        };
+        let [b0, b1, b2] = m.box_dims;
+        let _ = writeln!(
+            out,
+            "    {{ /* the tensor map of {}: {}, box [{b0}, {b1}, {b2}] */\n        const uint32_t box[3] = {{{b0}u, {b1}u, {b2}u}};\n        if ((status = aecl_tensor_map_encode(lib, maps + {k}u * AECL_TENSOR_MAP_BYTES, {data_type}, {}u, aecl_dptr(b->{}), L.map{k}, box, \"{fname}\", \"{}\", \"{}\")) != AEC_OK)\n            return status;\n    }}",
+            comment(&m.buffer),
+            comment(&shape_text(&m.dims)),
+            b.dtype.bytes(),
+            buf_field(&m.buffer),
+            c_str(&plan.launches[*l].entry, false),
+            c_str(&m.buffer, false)
+        );
+    }
     let _ = writeln!(
         out,
         "    if (L.workspace_bytes > 0 && workspace == NULL) {{\n        if ((status = aecl_workspace_alloc(lib, L.workspace_bytes, &ws, \"{fname}\")) != AEC_OK)\n            return status;\n        owned = 1;\n    }}"
@@ -1765,6 +1913,11 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
                 ArgPlan::I32(e) => {
                     let _ = writeln!(out, "        int a{a} = (int)L.arg{};", arg_index(e));
                     params.push(format!("&a{a}"));
+                }
+                // The kernel takes the map by value: the parameter is
+                // its 128 bytes.
+                ArgPlan::TensorMap(m) => {
+                    params.push(format!("maps + {}u * AECL_TENSOR_MAP_BYTES", map_index(m)))
                 }
             }
         }

@@ -65,7 +65,9 @@ pub use crate::compiler::launch_plan::{Dtype, EntryPlan};
 use crate::frontend::diag::suggest;
 use crate::library::tuning_table::in_bucket;
 use crate::run::Error;
-use crate::runtime::{Arg, DType, Device, DeviceBuffer, Kernel, Module, Param, Stream, bf16, f16};
+use crate::runtime::{
+    Arg, DType, Device, DeviceBuffer, Kernel, Module, Param, Stream, TensorMap, bf16, f16,
+};
 
 /// The manifest format this loader reads (`"format"` in `manifest.json`).
 pub const MANIFEST_FORMAT: u64 = 4;
@@ -744,6 +746,20 @@ pub fn validate_plan(plan: &EntryPlan) -> Result<(), String> {
                 }
                 ArgPlan::I32(e) => known(e, true, false, &format!("an argument of {what}"))?,
                 ArgPlan::Null(_) => {}
+                ArgPlan::TensorMap(m) => {
+                    let b = plan.buffer(&m.buffer).ok_or_else(|| {
+                        format!("{what} maps `{}`, which is not a buffer", m.buffer)
+                    })?;
+                    if b.role != Role::Input || b.dtype == Dtype::F32 {
+                        return Err(format!(
+                            "{what} maps `{}`, which is not a 16-bit input",
+                            m.buffer
+                        ));
+                    }
+                    for e in &m.dims {
+                        known(e, false, false, &format!("a tensor-map extent of {what}"))?;
+                    }
+                }
             }
         }
     }
@@ -814,6 +830,13 @@ pub enum CallArg {
     /// A null pointer (an absent buffer).
     Null,
     I32(i32),
+    /// A tensor map of the buffer with this index in the plan (an input),
+    /// encoded at launch ([`TensorMapPlan`](crate::compiler::launch_plan::TensorMapPlan)).
+    TensorMap {
+        buffer: usize,
+        dims: [u64; 3],
+        box_dims: [u32; 3],
+    },
 }
 
 /// A list of names for messages: `a, b, c` or `none`.
@@ -1169,6 +1192,28 @@ pub fn check_call_on(
                     }
                 }
                 ArgPlan::Null(_) => CallArg::Null,
+                ArgPlan::TensorMap(m) => {
+                    let i = plan
+                        .buffers
+                        .iter()
+                        .position(|b| b.name == m.buffer)
+                        .ok_or_else(|| {
+                            Error::Shape(format!(
+                                "{} maps `{}`, which the plan does not declare",
+                                what(),
+                                m.buffer
+                            ))
+                        })?;
+                    let mut dims = [0u64; 3];
+                    for (d, e) in dims.iter_mut().zip(&m.dims) {
+                        *d = e.eval(&lookup).unwrap_or(0);
+                    }
+                    CallArg::TensorMap {
+                        buffer: i,
+                        dims,
+                        box_dims: m.box_dims,
+                    }
+                }
                 ArgPlan::I32(e) => {
                     let v = e.eval(&lookup).and_then(|v| i32::try_from(v).ok());
                     match v {
@@ -1258,6 +1303,21 @@ impl<'a> Tensor<'a> {
             Tensor::Bf16(b) => Arg::from(b),
             Tensor::F16(b) => Arg::from(b),
             Tensor::F32(b) => Arg::from(b),
+        }
+    }
+
+    /// A tensor map over it (`name` in messages; see [`TensorMap::tiled_3d`]).
+    fn tensor_map(
+        &self,
+        stream: &Stream,
+        name: &str,
+        dims: [u64; 3],
+        box_dims: [u32; 3],
+    ) -> crate::runtime::Result<TensorMap> {
+        match self {
+            Tensor::Bf16(b) => TensorMap::tiled_3d(stream, b, name, dims, box_dims),
+            Tensor::F16(b) => TensorMap::tiled_3d(stream, b, name, dims, box_dims),
+            Tensor::F32(b) => TensorMap::tiled_3d(stream, b, name, dims, box_dims),
         }
     }
 }
@@ -1533,6 +1593,7 @@ impl Entry {
                 .map(|a| match a {
                     ArgPlan::I32(_) => Param::I32,
                     ArgPlan::Null(_) => Param::U64,
+                    ArgPlan::TensorMap(_) => Param::TensorMap,
                     ArgPlan::Ptr(n) => {
                         let b = plan.buffer(n).expect("validate_plan checked the buffers");
                         param(b.role, b.dtype)
@@ -1798,6 +1859,31 @@ impl Entry {
         }
         for launch in &call.launches {
             let lp = &self.plan.launches[launch.index];
+            // The tensor maps of this launch, encoded for the given tensors
+            // (they hold their addresses) before the arguments borrow them.
+            let mut maps = Vec::new();
+            for a in &launch.args {
+                if let CallArg::TensorMap {
+                    buffer,
+                    dims,
+                    box_dims,
+                } = *a
+                {
+                    let b = &self.plan.buffers[buffer];
+                    let t = call.buffers[buffer]
+                        .given
+                        .expect("validate_plan maps inputs only");
+                    let map = tensors[t]
+                        .1
+                        .tensor_map(stream, &b.name, dims, box_dims)
+                        .map_err(|e| Error::Runtime {
+                            during: format!("encoding a tensor map for {}", self.label()),
+                            source: e,
+                        })?;
+                    maps.push(map);
+                }
+            }
+            let mut maps = maps.iter();
             let mut slots: Vec<Option<&mut Output>> =
                 owned.iter_mut().map(Option::as_mut).collect();
             let mut args: Vec<Arg<'_>> = Vec::with_capacity(launch.args.len());
@@ -1811,6 +1897,12 @@ impl Entry {
                     CallArg::Null => {
                         args.push(Arg::from(0u64));
                         params.push(Param::U64);
+                    }
+                    CallArg::TensorMap { .. } => {
+                        args.push(Arg::from(
+                            maps.next().expect("one map per tensor-map argument"),
+                        ));
+                        params.push(Param::TensorMap);
                     }
                     CallArg::Buffer(i) => {
                         let b = &self.plan.buffers[i];

@@ -162,6 +162,7 @@ mod tests {
             v_in_k: false,
             key_warps: 1,
             dv_warps: 1,
+            tma_loads: false,
         }
     }
 

@@ -91,7 +91,7 @@ use crate::frontend::variant::TensorDecl;
 use crate::frontend::{self, Pattern};
 use crate::runtime::{
     Arg, CompileOptions, DType, Device, DeviceBuffer, Element, Kernel, KernelCache, Module, Param,
-    RuntimeError, Stream, bf16, f16,
+    RuntimeError, Stream, TensorMap, bf16, f16,
 };
 
 mod sealed {
@@ -1091,6 +1091,33 @@ impl ParallelKernels {
         } else {
             (None, None)
         };
+        // TMA loads: tensor maps of q, k and v for this call (they hold the
+        // buffers' addresses).
+        let size_of = |name: &str| -> Option<u64> {
+            let n = match name {
+                "B" => sizes.b,
+                "H" => sizes.h,
+                "Hkv" => sizes.hkv,
+                "Sq" => sizes.sq,
+                "Skv" => sizes.skv,
+                _ => return None,
+            };
+            Some(n as u64)
+        };
+        let mut maps = Vec::with_capacity(source.tensor_maps.len());
+        for spec in &source.tensor_maps {
+            let buffer = match spec.tensor {
+                "q" => q,
+                "k" => k,
+                _ => v,
+            };
+            let dims = spec.dims.clone().map(|e| e.eval(&size_of).unwrap_or(0));
+            maps.push((
+                spec.tensor,
+                TensorMap::tiled_3d(stream, buffer, spec.tensor, dims, spec.box_dims)
+                    .map_err(runtime)?,
+            ));
+        }
         {
             let mut o_slot = Some(o);
             let mut rows_slot = Some(row_outputs);
@@ -1143,6 +1170,13 @@ impl ParallelKernels {
                             .ok_or_else(|| twice("split_count"))?,
                     ),
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
+                    ArgKind::TensorMap(name) => {
+                        let (_, map) = maps
+                            .iter()
+                            .find(|(n, _)| n == name)
+                            .expect("every tensor-map argument has its spec");
+                        Arg::from(map)
+                    }
                     ArgKind::CuSeqlens
                     | ArgKind::CuSeqlensKv
                     | ArgKind::PagedKv(_)
@@ -1421,6 +1455,7 @@ fn params_of(
             ArgKind::CustomGrad(name) if declared(name) => Ok(Param::Out(DType::F32)),
             ArgKind::Size(Axis::B | Axis::H | Axis::Hkv | Axis::Sq | Axis::Skv)
             | ArgKind::Size(Axis::Dqk | Axis::Dv) => Ok(Param::I32),
+            ArgKind::TensorMap("q" | "k" | "v") => Ok(Param::TensorMap),
             other => Err(Error::Compile {
                 variant: variant.name.clone(),
                 kernel,

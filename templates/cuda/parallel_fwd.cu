@@ -719,7 +719,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     const int* __restrict__ kv_num_blocks, const int* __restrict__ kv_indices,
     const int* __restrict__ full_kv_num_blocks, const int* __restrict__ full_kv_indices,
     int mask_batches, int mask_heads, int mask_rows, int mask_cols, int mask_bm, int mask_bn{% endif %}{% if scheduled %},
-    const int* __restrict__ tile_order, int* __restrict__ tile_counter{% endif %}) {
+    const int* __restrict__ tile_order, int* __restrict__ tile_counter{% endif %}{% if tma %},
+    // Q as [B·H, Sq, Dqk], K as [B·Hkv, Skv, Dqk] and V as [B·Hkv, Skv, Dv],
+    // boxes of 64 columns x BM (Q) or BN (K, V) rows, 128-byte swizzle.
+    const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_k, const __grid_constant__ TmaMap tm_v{% endif %}) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if wgmma %}    // Swizzled panels must start at 1024-byte boundaries (1 KiB of slack is
     // part of the launch's dynamic shared memory).
@@ -765,11 +768,11 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if scheduled %}    __shared__ __align__(8) unsigned long long bar_ticket;
     __shared__ int4 s_ticket;
 {% endif %}    if (tid == 0) {
-        mbar_init(&bar_q, NPWARPS * WARP);
+        mbar_init(&bar_q, {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
 {% if scheduled %}        mbar_init(&bar_ticket, 1);
 {% endif %}{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
-            mbar_init(&bar_full[st], NPWARPS * WARP);
+            mbar_init(&bar_full[st], {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
             mbar_init(&bar_empty[st], NWARPS * WARP);
         }
     }
@@ -777,7 +780,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     if (warp >= NWARPS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         const int ptid = tid - NWARPS * WARP;
-        int ring = 0, lt = 0;  // K/V blocks and tiles loaded so far
+{% if tma %}        // One warp walks the tiles (their classification is warp-wide) and
+        // its first lane issues the copies: a TMA copy moves a whole box.
+        if (ptid >= WARP) return;
+{% endif %}        int ring = 0, lt = 0;  // K/V blocks and tiles loaded so far
 {% if scheduled %}        // The first ticket; each later one is taken once the tile before it
         // has issued its copies (its latency then hides behind the wait for
         // `q_free`).
@@ -789,8 +795,14 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if !persistent %}        const int bx = blockIdx.x;
 {% endif %}{% call tile_setup() %}{% endcall %}
 {% if persistent && !scheduled %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
-{% endif %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
+{% endif %}{% if tma %}        if (ptid == 0) {
+            mbar_arrive_expect_tx(&bar_q, BM * DQK * (int)sizeof(elem_t));
+#pragma unroll
+            for (int p = 0; p < DQK / 64; ++p) tma_load_3d(sQ + p * BM * 64, tm_q, p * 64, m0, b * H + h, &bar_q);
+        }
+{% else %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
         mbar_arrive_cp_async(&bar_q);
+{% endif %}
         // (Each step's key block is read a step ahead: a block-sparse list
         // read would otherwise stall the copies behind it.)
         int n0_next = n_iter > 0 ? KV_N0(0) : 0;
@@ -799,9 +811,19 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             const int n0 = n0_next;
             if (it + 1 < n_iter) n0_next = KV_N0(it + 1);
             if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
-            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
+{% if tma %}            if (ptid == 0) {
+                mbar_arrive_expect_tx(&bar_full[st], BN * (DQK + DV) * (int)sizeof(elem_t));
+#pragma unroll
+                for (int p = 0; p < DQK / 64; ++p)
+                    tma_load_3d(sK + st * BN * SQS + p * BN * 64, tm_k, p * 64, n0, b * Hkv + hk, &bar_full[st]);
+#pragma unroll
+                for (int p = 0; p < DV / 64; ++p)
+                    tma_load_3d(sV + st * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64, n0, b * Hkv + hk, &bar_full[st]);
+            }
+{% else %}            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
             load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
             mbar_arrive_cp_async(&bar_full[st]);
+{% endif %}
         }
 {% if scheduled %}        if (ptid == 0) next_ticket = TAKE_TICKET();
 {% endif %}        ring += n_iter;

@@ -117,6 +117,27 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
             : "memory");
     }
 }
+// A CUDA tensor map (CUtensorMap: 128 opaque bytes that the launcher encodes
+// with cuTensorMapEncodeTiled), passed by value as a __grid_constant__
+// parameter so the copy engine reads it from the parameter space.
+struct __align__(64) TmaMap {
+    unsigned long long words[16];
+};
+// One arrival that also expects `bytes` of copies to land (the TMA copies
+// count down the barrier's transaction bytes as they complete).
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// A TMA copy of the box at coordinates (c0, c1, c2), innermost first, of the
+// 3-D tensor `map` describes into shared memory at `dst` (1024-byte aligned
+// for the 128-byte swizzle), completing on `bar`. Elements outside the
+// tensor read as zero and still count towards the transaction bytes.
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap& map, int c0, int c1, int c2, unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %2, %3, %4 }], [%5];\n"
+        ::"r"(smem_u32(dst)), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+        : "memory");
+}
 // Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -31,6 +31,12 @@ device; with PyTorch built for ROCm, from the HIP code objects through the
 HIP runtime (ctypes, `libamdhip64.so`, the one PyTorch uses) on the device.
 Either way they are launched on PyTorch's current stream, so they order
 with PyTorch's own work.
+
+A launch argument `{"tensor_map": {"buffer": "q", "dims": [...], "box": [...]}}`
+(the sm_90a forwards that load q, k and v with TMA copies) is a CUDA tensor
+map of that input, passed by value: each call encodes it for the call's
+tensor with the driver's cuTensorMapEncodeTiled (it holds the tensor's
+address), so only the plan is kept between calls of the same shapes.
 """
 
 import ctypes
@@ -54,6 +60,26 @@ ALIGN_BYTES = 16
 
 DTYPES = ("bf16", "f16", "f32")
 ROLES = ("input", "optional_input", "output", "optional_output", "workspace")
+#: Bytes per element of each dtype.
+DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+# Tensor maps (ArgPlan::TensorMap): a CUtensorMap is 128 opaque bytes at a
+# 64-byte-aligned address, passed to the kernel by value and encoded for
+# each call with cuTensorMapEncodeTiled, which takes extents of 1 to 2^32,
+# byte strides that are multiples of 16 below 2^40 and box extents of 1 to
+# 256 (with the 128-byte swizzle, a box row of at most 128 bytes).
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGN = 64
+TENSOR_MAP_RANK = 3
+TENSOR_MAP_MAX_DIM = 2**32
+TENSOR_MAP_MAX_STRIDE = 2**40
+TENSOR_MAP_MAX_BOX = 256
+TENSOR_MAP_SWIZZLE_BYTES = 128
+#: CUtensorMapDataType of each dtype.
+TENSOR_MAP_DATA_TYPES = {"f16": 6, "f32": 7, "bf16": 9}
+#: CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+#: CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE.
+TENSOR_MAP_INTERLEAVE, TENSOR_MAP_SWIZZLE, TENSOR_MAP_L2_PROMOTION, TENSOR_MAP_OOB_FILL = 0, 3, 2, 0
 
 # The CUDA architecture aec builds for each compute capability major
 # version: 9.0 runs sm_90a cubins (Hopper-only instructions), 8.x runs sm_80.
@@ -402,13 +428,90 @@ class Call:
         #: [(name, dtype, shape tuple, zeroed)] the loader allocates.
         self.allocations = allocations
         #: [(entry, (x, y, z), threads, dynamic_smem_bytes, args)], args
-        #: [("ptr", buffer name or None for a null pointer) | ("i32", int)].
+        #: [("ptr", buffer name or None for a null pointer) | ("i32", int)
+        #: | ("tensor_map", TensorMapArg)].
         self.launches = launches
         #: The names the call returns (outputs, wanted optional outputs).
         self.outputs = outputs
         #: Per launch: the module that holds its entry (a key of the build's
         #: `modules`), or None for the build's own cubin.
         self.modules = modules if modules is not None else [None] * len(launches)
+
+
+class TensorMapArg:
+    """A tensor-map argument of a checked call (ArgPlan::TensorMap): what
+    cuTensorMapEncodeTiled takes for the call's sizes, all but the address,
+    which each launch gives (a map holds its tensor's address)."""
+
+    __slots__ = ("buffer", "dtype", "dims", "strides", "box")
+
+    def __init__(self, buffer, dtype, dims, box):
+        #: The input it maps, its dtype (`bf16`, `f16`).
+        self.buffer, self.dtype = buffer, dtype
+        #: Extents in elements, innermost first, and the box.
+        self.dims, self.box = tuple(dims), tuple(box)
+        #: Byte strides of the outer two dimensions (the tensor is contiguous).
+        b = DTYPE_BYTES[dtype]
+        self.strides = (self.dims[0] * b, self.dims[0] * self.dims[1] * b)
+
+    @property
+    def data_type(self):
+        """The CUtensorMapDataType (bf16: 9, f16: 6, f32: 7)."""
+        return TENSOR_MAP_DATA_TYPES[self.dtype]
+
+    def encode_args(self, address):
+        """cuTensorMapEncodeTiled's arguments after the output map, as plain
+        values: (data_type, rank, address, dims, strides, box,
+        element_strides, interleave, swizzle, l2_promotion, oob_fill)."""
+        return (
+            self.data_type,
+            TENSOR_MAP_RANK,
+            int(address),
+            self.dims,
+            self.strides,
+            self.box,
+            (1,) * TENSOR_MAP_RANK,
+            TENSOR_MAP_INTERLEAVE,
+            TENSOR_MAP_SWIZZLE,
+            TENSOR_MAP_L2_PROMOTION,
+            TENSOR_MAP_OOB_FILL,
+        )
+
+    def describe(self):
+        return f"the tensor map of `{self.buffer}` ({self.dtype}, dims {_dims(self.dims)}, box {_dims(self.box)})"
+
+    def __eq__(self, other):
+        return isinstance(other, TensorMapArg) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __hash__(self):
+        return hash((self.buffer, self.dims, self.box))
+
+    def __repr__(self):
+        return f"TensorMapArg({self.buffer!r}, {self.dtype!r}, dims={self.dims}, box={self.box})"
+
+
+def encode_tensor_map(driver, out_address, arg, address, where="aec"):
+    """Encodes `arg` (a TensorMapArg) for the tensor at device address
+    `address` into the 128 bytes at host address `out_address` (64-byte
+    aligned) through `driver.encode_tensor_map` (the driver's
+    cuTensorMapEncodeTiled: its arguments, a CUresult back); an Error names
+    the tensor, its dims and box when the address is not 16-byte aligned or
+    the driver refuses."""
+    address = int(address)
+    if address % ALIGN_BYTES:
+        raise Error(
+            f"{where}: {arg.buffer}: its data at {address:#x} does not start at a multiple of {ALIGN_BYTES} bytes, "
+            f"which cuTensorMapEncodeTiled needs for {arg.describe()}; pass {arg.buffer}.clone()"
+        )
+    if out_address % TENSOR_MAP_ALIGN:
+        raise Error(f"{where}: {arg.describe()}: the map's host memory at {out_address:#x} is not {TENSOR_MAP_ALIGN}-byte aligned")
+    res = driver.encode_tensor_map(out_address, *arg.encode_args(address))
+    if res:
+        name = driver.error_name(res) if hasattr(driver, "error_name") else f"error {res}"
+        raise Error(
+            f"{where}: cuTensorMapEncodeTiled failed ({name}) for {arg.describe()} at {address:#x}, "
+            f"byte strides {_dims(arg.strides)}"
+        )
 
 
 def _eval_or(expr, sizes, default):
@@ -447,6 +550,90 @@ class Plan:
         #: How messages call a buffer where the caller knows it by another
         #: name (a recurrent variant's `initial_state` is `state_in`).
         self.labels = {}
+        for launch in self.launch_plans:
+            for a in launch["args"]:
+                if isinstance(a, dict) and "tensor_map" in a:
+                    self.check_tensor_map(launch, a["tensor_map"])
+
+    def check_tensor_map(self, launch, m):
+        """Refuses a tensor-map argument of `launch` that does not map a
+        16-bit input, whose dims are not three expressions of the plan's
+        sizes, or whose box is not three integers from 1 to 256 (its row at
+        most 128 bytes, the swizzle's span)."""
+        at = f"{self.where}: launch {launch.get('entry', '?')}"
+        if not isinstance(m, dict) or not {"buffer", "dims", "box"} <= set(m):
+            raise Error(f"{at}: malformed tensor_map argument {m!r} (expected buffer, dims and box)")
+        name = m["buffer"]
+        b = self.buffers.get(name) if isinstance(name, str) else None
+        if b is None:
+            raise Error(f"{at} maps unknown buffer `{name}`")
+        if b["role"] != "input" or DTYPE_BYTES[b["dtype"]] != 2:
+            raise Error(f"{at} maps `{name}`, which is not a 16-bit input (it is a{'n' if b['role'][0] in 'aeiou' else ''} {b['role']} of {b['dtype']})")
+        what = f"{at}: tensor map of `{name}`"
+        dims = m["dims"]
+        if not isinstance(dims, list) or len(dims) != TENSOR_MAP_RANK:
+            raise Error(f"{what}: dims {dims!r}: expected {TENSOR_MAP_RANK} size expressions")
+        ones = {n: 1 for n in self.size_names}
+        for i, e in enumerate(dims):
+            try:
+                eval_size(e, ones)
+            except Error as err:
+                raise Error(f"{what}: dims[{i}]: {err}") from None
+        box = m["box"]
+        if (
+            not isinstance(box, list)
+            or len(box) != TENSOR_MAP_RANK
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= TENSOR_MAP_MAX_BOX for x in box)
+        ):
+            raise Error(f"{what}: box {box!r}: expected {TENSOR_MAP_RANK} integers from 1 to {TENSOR_MAP_MAX_BOX}")
+        row = box[0] * DTYPE_BYTES[b["dtype"]]
+        if row > TENSOR_MAP_SWIZZLE_BYTES:
+            raise Error(
+                f"{what}: box {_dims(box)}: a row of {box[0]} {b['dtype']} elements is {row} bytes, "
+                f"wider than the {TENSOR_MAP_SWIZZLE_BYTES}-byte swizzle"
+            )
+
+    def tensor_map(self, launch, m, sizes, infos, hip=False):
+        """The TensorMapArg of a tensor-map argument (checked by
+        check_tensor_map) for the bound `sizes`: an Error naming the tensor
+        where an extent is outside 1 to 2^32, the extents cover more than
+        the tensor, or a stride is beyond the encoder's limits."""
+        name = m["buffer"]
+        at = f"{self.where}: launch {launch['entry']}"
+        if hip:
+            raise Error(
+                f"{at} takes a CUDA tensor map of `{name}`, which HIP cannot launch "
+                f"(HIP libraries have no tensor-map arguments: is this plan from a CUDA build?)"
+            )
+        b = self.buffers[name]
+        dims = tuple(eval_size(e, sizes) for e in m["dims"])
+        shown = _dims(show_size(e) for e in m["dims"])
+        label = self.label(name)
+        bound = ", ".join(f"{n}={sizes[n]}" for n in self.size_names if n in sizes)
+        for d in dims:
+            if not 1 <= d <= TENSOR_MAP_MAX_DIM:
+                raise Error(
+                    f"{at}: {label}: tensor map dims {shown} = {_dims(dims)}: {d} is outside 1 to 2^32 "
+                    f"(cuTensorMapEncodeTiled's limit) for {bound}"
+                )
+        shape = infos[name].shape if name in infos else tuple(eval_size(e, sizes) for e in b["shape"])
+        elements = 1
+        for d in shape:
+            elements *= d
+        covered = dims[0] * dims[1] * dims[2]
+        if covered > elements:
+            raise Error(
+                f"{at}: {label}: tensor map dims {shown} = {_dims(dims)} cover {covered} elements, "
+                f"more than the tensor's {elements} ({_dims(shape)})"
+            )
+        arg = TensorMapArg(name, b["dtype"], dims, m["box"])
+        for s in arg.strides:
+            if s % ALIGN_BYTES or s >= TENSOR_MAP_MAX_STRIDE:
+                raise Error(
+                    f"{at}: {label}: tensor map dims {shown} = {_dims(dims)} give byte strides {_dims(arg.strides)}; "
+                    f"cuTensorMapEncodeTiled needs multiples of {ALIGN_BYTES} below 2^40"
+                )
+        return arg
 
     def label(self, name):
         other = self.labels.get(name)
@@ -640,6 +827,8 @@ class Plan:
                     args.append(("ptr", a["ptr"] if a["ptr"] in present else None))
                 elif "null" in a:
                     args.append(("ptr", None))
+                elif "tensor_map" in a:
+                    args.append(("tensor_map", self.tensor_map(launch, a["tensor_map"], sizes, infos, hip)))
                 elif "i32" in a:
                     value = eval_size(a["i32"], sizes)
                     if value > I32_MAX:
@@ -690,9 +879,7 @@ class _Driver:
 
     def check(self, res, what):
         if res != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(res, ctypes.byref(name))
-            raise RuntimeError(f"{what}: {name.value.decode() if name.value else f'CUDA error {res}'}")
+            raise RuntimeError(f"{what}: {self.error_name(res)}")
 
     def primary_context(self, ordinal):
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
@@ -722,6 +909,42 @@ class _Driver:
     def launch(self, fn, grid, threads, smem, stream, params):
         """cuLaunchKernel's result (0: launched)."""
         return self.lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params, None)
+
+    def error_name(self, res):
+        """A CUresult's name (`CUDA_ERROR_INVALID_VALUE`)."""
+        name = ctypes.c_char_p()
+        self.lib.cuGetErrorName(res, ctypes.byref(name))
+        return name.value.decode() if name.value else f"CUDA error {res}"
+
+    def _tensor_map_encoder(self):
+        """cuTensorMapEncodeTiled, resolved at its first use (CUDA 12.0 drivers
+        and newer have it): an Error where the driver lacks it."""
+        fn = getattr(self, "_encode_tiled", None)
+        if fn is None:
+            try:
+                fn = self.lib.cuTensorMapEncodeTiled
+            except AttributeError:
+                raise Error(
+                    "the CUDA driver (libcuda.so.1) has no cuTensorMapEncodeTiled, which the sm_90a kernels' "
+                    "tensor maps need: update the NVIDIA driver (CUDA 12.0 or newer)"
+                ) from None
+            p, vp, i, u32, u64 = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64
+            fn.restype = i
+            fn.argtypes = [vp, i, u32, vp, p(u64), p(u64), p(u32), p(u32), i, i, i, i]
+            self._encode_tiled = fn
+        return fn
+
+    def encode_tensor_map(self, out, data_type, rank, address, dims, strides, box, element_strides,
+                          interleave, swizzle, l2_promotion, oob_fill):
+        """cuTensorMapEncodeTiled into the CUtensorMap at host address `out`
+        (64-byte aligned); its CUresult (0: encoded)."""
+        fn = self._tensor_map_encoder()
+        u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+        return fn(
+            ctypes.c_void_p(out), data_type, rank, ctypes.c_void_p(address),
+            (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box), (u32 * rank)(*element_strides),
+            interleave, swizzle, l2_promotion, oob_fill,
+        )
 
 
 class _Current:
@@ -824,6 +1047,14 @@ class _HipDriver:
     def launch(self, fn, grid, threads, smem, stream, params):
         """hipModuleLaunchKernel's result (0: launched)."""
         return self.lib.hipModuleLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream, params, None)
+
+    def error_name(self, res):
+        name = self.lib.hipGetErrorName(res)
+        return name.decode() if name else f"HIP error {res}"
+
+    def encode_tensor_map(self, *args):
+        """Refused: tensor maps are CUDA's (HIP libraries have no tensor-map arguments)."""
+        raise Error("a CUDA tensor map cannot be encoded through the HIP runtime (HIP libraries have no tensor-map arguments)")
 
 
 class _HipCurrent:
@@ -1002,19 +1233,33 @@ def _info(torch, t, where, name):
 
 def _params(args):
     """A launch's kernel parameters as cuLaunchKernel and hipModuleLaunchKernel take them (an array of
-    pointers to the values), and the pointer slots a call fills in: (slot,
-    buffer name); null pointers and the 32-bit sizes are set once."""
-    values, slots = [], []
+    pointers to the values), the pointer slots a call fills in: (slot,
+    buffer name), and the tensor maps it encodes: (host address of the
+    map's 128 bytes, 64-byte aligned, TensorMapArg); null pointers and the
+    32-bit sizes are set once."""
+    values, addresses, slots, maps = [], [], [], []
     for kind, v in args:
         if kind == "ptr":
             values.append(ctypes.c_uint64(0))
             if v is not None:
                 slots.append((values[-1], v))
-        else:
+        elif kind == "tensor_map":
+            # A CUtensorMap by value: 128 bytes at a 64-byte-aligned address
+            # inside a larger buffer (ctypes aligns its buffers to 16 at most).
+            room = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN - 1)
+            address = (ctypes.addressof(room) + TENSOR_MAP_ALIGN - 1) & ~(TENSOR_MAP_ALIGN - 1)
+            values.append(room)
+            addresses.append(address)
+            maps.append((address, v))
+            continue
+        elif kind == "i32":
             values.append(ctypes.c_int32(v))
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(x) for x in values])
+        else:
+            raise Error(f"unknown kernel argument kind {kind!r}")
+        addresses.append(ctypes.addressof(values[-1]))
+    params = (ctypes.c_void_p * len(addresses))(*addresses)
     params._values = values  # keeps the values alive with the array
-    return params, slots
+    return params, slots, maps
 
 
 def _fit(t, dtype):
@@ -1117,7 +1362,7 @@ class Variant:
                 lib._function(cubin if m is None else modules[m], entry, smem)
                 for (entry, _, _, smem, _), m in zip(call.launches, call.modules)
             ]
-            call.params = [_params(args) for _, _, _, _, args in call.launches]
+            call.params = [_params(args) for _, _, _, _, args in call.launches]  # (params, slots, maps)
             call.lock = threading.Lock()
             if len(self._calls) >= 256:
                 self._calls.clear()
@@ -1128,9 +1373,13 @@ class Variant:
         drv = lib._driver
         stream = ctypes.c_void_p(torch.cuda.current_stream(lib.device).cuda_stream)
         with call.lock, drv.current(lib._ctx):
-            for fn, (entry, grid, threads, smem, _), (params, slots) in zip(call.functions, call.launches, call.params):
+            for fn, (entry, grid, threads, smem, _), (params, slots, maps) in zip(call.functions, call.launches, call.params):
                 for slot, name in slots:
                     slot.value = bufs[name].data_ptr()
+                # Tensor maps hold their tensor's address: encoded for this
+                # call's tensors (the launch copies the bytes).
+                for address, arg in maps:
+                    encode_tensor_map(drv, address, arg, bufs[arg.buffer].data_ptr(), f"{plan.where}: launch {entry}")
                 res = drv.launch(fn, grid, threads, smem, stream, params)
                 if res:
                     drv.check(res, f"{plan.where}: {drv.LAUNCH} {entry} grid {_dims(grid)} block {threads} smem {smem}")

@@ -42,7 +42,7 @@
 #ifndef AEC_LOADER_H
 #define AEC_LOADER_H
 
-#define AEC_LOADER_VERSION 2
+#define AEC_LOADER_VERSION 3
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -127,6 +127,23 @@ typedef struct aecl_CUstream_st *aecl_CUstream;
 #define AECL_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 #define AECL_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
+/* cuTensorMapEncodeTiled's enum values (CUtensorMapDataType, …): the ones
+   the sm_90a kernels' tensor maps use. */
+#define AECL_CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6
+#define AECL_CU_TENSOR_MAP_DATA_TYPE_FLOAT32 7
+#define AECL_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9
+#define AECL_CU_TENSOR_MAP_INTERLEAVE_NONE 0
+#define AECL_CU_TENSOR_MAP_SWIZZLE_128B 3
+#define AECL_CU_TENSOR_MAP_L2_PROMOTION_L2_128B 2
+#define AECL_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE 0
+
+/* A CUtensorMap is 128 opaque bytes the driver wants 64-byte aligned (CUDA
+   13's cuda.h declares it 128-byte aligned: so do we). C99 has no alignas,
+   so the generated calls keep their maps in a byte array and align the
+   start by hand (aecl_tensor_map_storage). */
+#define AECL_TENSOR_MAP_BYTES 128u
+#define AECL_TENSOR_MAP_ALIGN 128u
+
 /* The CUDA driver entry points, loaded with dlsym (the `_v2` symbols where
    the driver exports them). */
 typedef struct aecl_cuda_api {
@@ -156,6 +173,10 @@ typedef struct aecl_cuda_api {
     aecl_CUresult (*cuMemcpyHtoD)(aecl_devptr, const void *, size_t);
     aecl_CUresult (*cuMemcpyDtoH)(void *, aecl_devptr, size_t);
     aecl_CUresult (*cuStreamSynchronize)(aecl_CUstream);
+    /* Optional (NULL when the driver lacks it): only libraries whose sm_90a
+       kernels take tensor maps call it, and they say so when it is missing. */
+    aecl_CUresult (*cuTensorMapEncodeTiled)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *,
+                                            const uint32_t *, const uint32_t *, int, int, int, int);
 } aecl_cuda_api;
 
 /* The HIP runtime types the loader uses (same layout as hip_runtime_api.h,
@@ -413,6 +434,53 @@ static inline int aecl_check_i32(char *err, size_t n, const char *fn, const char
     return AEC_OK;
 }
 
+/* AEC_ERROR_SHAPE unless a tensor map with extents `dims` (innermost
+   first) over a contiguous tensor of `bytes`-byte elements is one
+   cuTensorMapEncodeTiled takes: every extent in [1, 2^32], the byte strides
+   dims[0] * bytes and dims[0] * dims[1] * bytes multiples of 16 below 2^40,
+   and no more elements than the buffer's `elements` (the shape the plan
+   gives it). */
+static inline int aecl_check_tensor_map(char *err, size_t n, const char *fn, const char *entry, const char *tensor,
+                                        const uint64_t dims[3], uint64_t bytes, uint64_t elements)
+{
+    int d, ovf = 0;
+    uint64_t row, plane, all;
+    for (d = 0; d < 3; d++)
+        if (dims[d] < 1 || dims[d] > ((uint64_t)1 << 32))
+            return aecl_fail(err, n, AEC_ERROR_SHAPE,
+                             "%s: the tensor map of %s for kernel %s would have extents (%llu, %llu, %llu) "
+                             "(innermost first); cuTensorMapEncodeTiled takes extents in [1, 2^32]: use smaller sizes",
+                             fn, tensor, entry, (unsigned long long)dims[0], (unsigned long long)dims[1],
+                             (unsigned long long)dims[2]);
+    row = aecl_mul(dims[0], bytes, &ovf);
+    plane = aecl_mul(row, dims[1], &ovf);
+    if (ovf || row % 16 != 0 || plane % 16 != 0 || row >= ((uint64_t)1 << 40) || plane >= ((uint64_t)1 << 40))
+        return aecl_fail(err, n, AEC_ERROR_SHAPE,
+                         "%s: the tensor map of %s for kernel %s (extents (%llu, %llu, %llu), innermost first, "
+                         "%llu-byte elements) would have byte strides %llu and %s%llu; cuTensorMapEncodeTiled takes "
+                         "multiples of 16 below 2^40: use smaller sizes",
+                         fn, tensor, entry, (unsigned long long)dims[0], (unsigned long long)dims[1],
+                         (unsigned long long)dims[2], (unsigned long long)bytes, (unsigned long long)row,
+                         ovf ? "more than " : "", ovf ? (unsigned long long)UINT64_MAX : (unsigned long long)plane);
+    all = aecl_mul(aecl_mul(dims[0], dims[1], &ovf), dims[2], &ovf);
+    if (ovf || all > elements)
+        return aecl_fail(err, n, AEC_ERROR_SHAPE,
+                         "%s: the tensor map of %s for kernel %s (extents (%llu, %llu, %llu)) would cover more "
+                         "than the buffer's %llu elements: the library's launch plan is inconsistent",
+                         fn, tensor, entry, (unsigned long long)dims[0], (unsigned long long)dims[1],
+                         (unsigned long long)dims[2], (unsigned long long)elements);
+    return AEC_OK;
+}
+
+/* The first AECL_TENSOR_MAP_ALIGN-aligned byte of `storage`: with
+   n * AECL_TENSOR_MAP_BYTES + AECL_TENSOR_MAP_ALIGN - 1 bytes there, n maps
+   fit from it on. */
+static inline unsigned char *aecl_tensor_map_storage(unsigned char *storage)
+{
+    uintptr_t off = (uintptr_t)storage % AECL_TENSOR_MAP_ALIGN;
+    return storage + (off == 0 ? 0 : AECL_TENSOR_MAP_ALIGN - off);
+}
+
 static inline aecl_devptr aecl_dptr(const void *p)
 {
     return (aecl_devptr)(uintptr_t)p;
@@ -506,8 +574,9 @@ static inline int aecl_resolve(aec_library *lib, const char *const *names, void 
     return AEC_OK;
 }
 
-/* The API tables are arrays of function pointers filled in order. */
-typedef char aecl_cuda_api_is_24_pointers[sizeof(aecl_cuda_api) == 24 * sizeof(void (*)(void)) ? 1 : -1];
+/* The API tables are arrays of function pointers filled in order (CUDA: 24
+   required, then the optional cuTensorMapEncodeTiled). */
+typedef char aecl_cuda_api_is_25_pointers[sizeof(aecl_cuda_api) == 25 * sizeof(void (*)(void)) ? 1 : -1];
 typedef char aecl_hip_api_is_19_pointers[sizeof(aecl_hip_api) == 19 * sizeof(void (*)(void)) ? 1 : -1];
 
 /* Loads every CUDA driver entry point. */
@@ -523,11 +592,15 @@ static inline int aecl_load_cuda_api(aec_library *lib)
     };
     /* The fields of aecl_cuda_api in the order of `names`. */
     void *slots[sizeof names / sizeof names[0]];
+    void *encode;
     int status = aecl_resolve(lib, names, slots, sizeof names / sizeof names[0], "libcuda.so.1",
                               "the NVIDIA driver is too old (CUDA 12 or newer is needed)");
     if (status != AEC_OK)
         return status;
-    memcpy(&lib->cu, slots, sizeof lib->cu);
+    memcpy(&lib->cu, slots, sizeof slots);
+    /* Missing from drivers before CUDA 12; a call that needs it says so. */
+    encode = dlsym(lib->driver, "cuTensorMapEncodeTiled");
+    memcpy(&lib->cu.cuTensorMapEncodeTiled, &encode, sizeof encode);
     return AEC_OK;
 }
 
@@ -1003,6 +1076,69 @@ static inline int aecl_launch(aec_library *lib, aecl_kernel fn, const uint64_t g
                  caller, AECL_CALL(lib, "cuLaunchKernel", "hipModuleLaunchKernel"), entry,
                  (unsigned long long)grid[0], (unsigned long long)grid[1],
                  (unsigned long long)grid[2], threads, smem);
+        return aecl_driver_fail(lib, r, what);
+    }
+    return AEC_OK;
+}
+
+static inline const char *aecl_tensor_map_type_name(int data_type)
+{
+    switch (data_type) {
+    case AECL_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: return "bf16";
+    case AECL_CU_TENSOR_MAP_DATA_TYPE_FLOAT16: return "f16";
+    case AECL_CU_TENSOR_MAP_DATA_TYPE_FLOAT32: return "f32";
+    default: return "an unknown element type";
+    }
+}
+
+/* Encodes into `map` (AECL_TENSOR_MAP_BYTES at an AECL_TENSOR_MAP_ALIGN
+   boundary) the tensor map of `tensor` at `address`, as the launch plan's
+   TensorMapPlan says: rank 3, elements `data_type` of `bytes` bytes,
+   extents `dims` innermost first (checked by aecl_check_tensor_map),
+   contiguous (byte strides dims[0] * bytes, dims[0] * dims[1] * bytes),
+   boxes `box`, element strides 1, no interleave, the 128-byte swizzle, L2
+   promotion by 128 bytes, zeros outside the extents. The kernel then takes
+   `map` itself as the argument (cuLaunchKernel copies the 128 bytes). */
+static inline int aecl_tensor_map_encode(aec_library *lib, unsigned char *map, int data_type, uint64_t bytes,
+                                         aecl_devptr address, const uint64_t dims[3], const uint32_t box[3],
+                                         const char *caller, const char *entry, const char *tensor)
+{
+    static const uint32_t element_strides[3] = {1u, 1u, 1u};
+    uint64_t strides[2];
+    aecl_CUresult r;
+    char what[512];
+    if (lib->backend != AEC_BACKEND_CUDA)
+        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_NO_KERNEL,
+                         "%s: kernel %s takes a CUDA tensor map of %s, which the HIP runtime has no equivalent "
+                         "of; HIP builds of aec never take one: the library's manifest is inconsistent",
+                         caller, entry, tensor);
+    if (lib->cu.cuTensorMapEncodeTiled == NULL)
+        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_DRIVER,
+                         "%s: kernel %s takes a tensor map of %s, but libcuda.so.1 lacks cuTensorMapEncodeTiled: "
+                         "the NVIDIA driver is too old (CUDA 12 or newer is needed)",
+                         caller, entry, tensor);
+    if (address % AEC_TENSOR_ALIGN != 0)
+        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
+                         "%s: the tensor %s at %p is not 16-byte aligned, as the tensor map kernel %s reads it "
+                         "through must be (a pointer into the middle of an allocation?)",
+                         caller, tensor, aecl_hptr(address), entry);
+    if ((uintptr_t)map % AECL_TENSOR_MAP_ALIGN != 0)
+        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT,
+                         "%s: the tensor map of %s is not stored %u-byte aligned", caller, tensor,
+                         AECL_TENSOR_MAP_ALIGN);
+    strides[0] = dims[0] * bytes;
+    strides[1] = dims[0] * dims[1] * bytes;
+    r = lib->cu.cuTensorMapEncodeTiled(map, data_type, 3u, aecl_hptr(address), dims, strides, box, element_strides,
+                                       AECL_CU_TENSOR_MAP_INTERLEAVE_NONE, AECL_CU_TENSOR_MAP_SWIZZLE_128B,
+                                       AECL_CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       AECL_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != AECL_CUDA_SUCCESS) {
+        snprintf(what, sizeof what,
+                 "%s: cuTensorMapEncodeTiled of %s for kernel %s (%s at %p, extents (%llu, %llu, %llu) innermost "
+                 "first, box (%u, %u, %u), 128-byte swizzle)",
+                 caller, tensor, entry, aecl_tensor_map_type_name(data_type), aecl_hptr(address),
+                 (unsigned long long)dims[0], (unsigned long long)dims[1], (unsigned long long)dims[2],
+                 (unsigned)box[0], (unsigned)box[1], (unsigned)box[2]);
         return aecl_driver_fail(lib, r, what);
     }
     return AEC_OK;

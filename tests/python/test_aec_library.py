@@ -227,6 +227,33 @@ class WithManifest(unittest.TestCase):
         record, _ = al.select_kernel(self.v["Alibi"], "forward", "sm_90a")
         self.assertIn("wgmma", record["plan"]["launches"][0]["entry"])
 
+    def test_sm90a_forward_tensor_maps(self):
+        # The warp-specialised sm_90a forward loads q, k and v with TMA
+        # copies: its last three arguments are their tensor maps.
+        if "sm_90a" not in self.archs:
+            self.skipTest("no sm_90a builds")
+        record, _ = al.select_kernel(self.v["Alibi"], "forward", "sm_90a")
+        launch = record["plan"]["launches"][0]
+        kinds = [next(iter(a)) for a in launch["args"]]
+        if "tensor_map" not in kinds:
+            self.skipTest(f"{launch['entry']} takes no tensor maps")
+        self.assertEqual(kinds[-3:], ["tensor_map"] * 3, kinds)
+        self.assertNotIn("tensor_map", kinds[:-3])
+        p = al.Plan("Alibi", record["plan"])
+        call = p.prepare(self.alibi(), sms=132)
+        maps = [x for kind, x in call.launches[0][4] if kind == "tensor_map"]
+        self.assertEqual([m.buffer for m in maps], ["q", "k", "v"])
+        q, k, v = maps
+        self.assertEqual((q.dims, k.dims, v.dims), ((128, 100, 16), (128, 50, 16), (64, 50, 16)))
+        self.assertEqual((q.strides, v.strides), ((256, 25600), (128, 6400)))
+        self.assertEqual([m.box[0] for m in maps], [64, 64, 64])
+        self.assertEqual([m.box[2] for m in maps], [1, 1, 1])
+        self.assertEqual(q.data_type, 9)
+        self.assertEqual(q.encode_args(0x1000)[6:], ((1, 1, 1), 0, 3, 2, 0))
+        # HIP cannot launch them.
+        with self.assertRaisesRegex(Error, "takes a CUDA tensor map of `q`, which HIP cannot launch"):
+            p.prepare(self.alibi(), sms=132, hip=True)
+
     def test_tuning_table_records_are_chosen_by_gpu_and_bucket(self):
         gpu = "NVIDIA H100 80GB HBM3"
         alibi = copy.deepcopy(self.v["Alibi"])
@@ -323,6 +350,13 @@ class WithManifest(unittest.TestCase):
             else:
                 self.assertEqual(grid, (1, 8, 2))
             self.assertGreater(threads, 0)
+            # The sm_90a kernel loads q, k and v with TMA copies: their tensor
+            # maps come last (test_sm90a_forward_tensor_maps).
+            maps = [x.buffer for kind, x in args if kind == "tensor_map"]
+            self.assertIn(maps, ([], ["q", "k", "v"]))
+            if maps:
+                self.assertEqual(arch, "sm_90a")
+                args = args[:-3]
             self.assertEqual(
                 args,
                 [("ptr", "q"), ("ptr", "k"), ("ptr", "v"), ("ptr", "o"), ("ptr", "row_outputs"), ("ptr", "slopes")]
@@ -585,9 +619,256 @@ class WithManifest(unittest.TestCase):
                     for kind, x in args:
                         if kind == "ptr" and x is not None:
                             self.assertIn(x, names)
+                        if kind == "tensor_map":
+                            # A map of a given 16-bit input, inside its elements.
+                            self.assertIn(x.buffer, infos)
+                            self.assertIn(x.dtype, ("bf16", "f16"))
+                            elements = 1
+                            for d in infos[x.buffer].shape:
+                                elements *= d
+                            self.assertLessEqual(x.dims[0] * x.dims[1] * x.dims[2], elements)
+                            self.assertEqual(x.strides[0] % 16, 0)
                 count += 1
         self.assertGreaterEqual(count, 5)
 
+
+
+# --------------------------------------------------------------------------
+# Tensor maps (ArgPlan::TensorMap): the sm_90a forwards that load q, k and v
+# with TMA copies take three, encoded per call with cuTensorMapEncodeTiled.
+
+
+def _tma_plan(dtype="bf16", dqk=128, dv=64, block_m=128, block_n=128):
+    """A plan shaped like an sm_90a warp-specialised forward with TMA loads:
+    q, k, v (and a custom f32 input), o, the row outputs, sizes, then the
+    tensor maps of q, k and v as its last three arguments."""
+    bhs = lambda heads, rows, d: ["B", heads, rows, d]  # noqa: E731
+    buf = lambda name, role, shape, dt=dtype: {"name": name, "role": role, "dtype": dt, "shape": shape, "doc": name}  # noqa: E731
+    tm = lambda name, d, heads, rows, box_rows: {  # noqa: E731
+        "tensor_map": {"buffer": name, "dims": [d, rows, {"mul": ["B", heads]}], "box": [64, box_rows, 1]}}
+    return {
+        "pass": "forward",
+        "sizes": [{"name": n} for n in ("B", "H", "Hkv", "Sq", "Skv")],
+        "equal": [["Hkv", "H"]],
+        "buffers": [
+            buf("q", "input", bhs("H", "Sq", dqk)),
+            buf("k", "input", bhs("Hkv", "Skv", dqk)),
+            buf("v", "input", bhs("Hkv", "Skv", dv)),
+            buf("slopes", "input", ["H"], "f32"),
+            buf("o", "output", bhs("H", "Sq", dv)),
+            buf("row_outputs", "output", [1, "B", "H", "Sq"], "f32"),
+        ],
+        "launches": [{
+            "entry": "aec_fwd_tma_wgmma_ws",
+            "grid": [{"ceil_div": ["Sq", block_m]}, "H", "B"],
+            "threads": 384,
+            "dynamic_smem_bytes": 180224,
+            "args": [{"ptr": n} for n in ("q", "k", "v", "o", "row_outputs", "slopes")]
+            + [{"i32": n} for n in ("B", "H", "Hkv", "Sq", "Skv")]
+            + [tm("q", dqk, "H", "Sq", block_m), tm("k", dqk, "Hkv", "Skv", block_n), tm("v", dv, "Hkv", "Skv", block_n)],
+        }],
+    }
+
+
+def _tma_manifest(plan):
+    """A manifest of one parallel variant `Tma` whose sm_90a forward is `plan`."""
+    return al.check_manifest({
+        "format": 4,
+        "variants": [{
+            "name": "Tma",
+            "pattern": "parallel",
+            "inputs": [{"name": n} for n in ("q", "k", "v", "slopes")],
+            "kernels": [{
+                "pass": "forward",
+                "entry": plan["launches"][0]["entry"],
+                "plan": plan,
+                "builds": [{"arch": "sm_90a", "cubin": "kernels/tma.sm_90a.cubin"}],
+            }],
+        }],
+    })
+
+
+def _tma_inputs(b=2, h=3, sq=100, skv=77, dtype="bf16", dqk=128, dv=64, **over):
+    t = dict(q=info((b, h, sq, dqk), dtype), k=info((b, h, skv, dqk), dtype), v=info((b, h, skv, dv), dtype),
+             slopes=info((h,), "f32"))
+    t.update(over)
+    return t
+
+
+class FakeEncoder:
+    """A driver's tensor-map calls without a GPU: records each
+    encode_tensor_map call and answers `result`."""
+
+    def __init__(self, result=0):
+        self.result, self.calls = result, []
+
+    def encode_tensor_map(self, *args):
+        self.calls.append(args)
+        return self.result
+
+    def error_name(self, res):
+        return {1: "CUDA_ERROR_INVALID_VALUE"}.get(res, f"CUDA error {res}")
+
+
+class TensorMaps(unittest.TestCase):
+    def prepare(self, plan=None, **kw):
+        inputs = kw.pop("inputs", None) or _tma_inputs()
+        return al.Plan("Tma", plan or _tma_plan()).prepare(inputs, sms=132, **kw)
+
+    def maps(self, call, launch=0):
+        return [x for kind, x in call.launches[launch][4] if kind == "tensor_map"]
+
+    def test_an_sm90a_plan_with_tensor_maps_prepares(self):
+        m = _tma_manifest(_tma_plan())
+        record, cubin = al.select_kernel(m["variants"][0], "forward", "sm_90a")
+        self.assertEqual(cubin, "kernels/tma.sm_90a.cubin")
+        call = al.Plan("Tma", record["plan"]).prepare(_tma_inputs(), sms=132, device="cuda:0")
+        self.assertEqual(call.sizes, dict(B=2, H=3, Hkv=3, Sq=100, Skv=77, kv_splits=1))
+        args = call.launches[0][4]
+        self.assertEqual(args[:6], [("ptr", n) for n in ("q", "k", "v", "o", "row_outputs", "slopes")])
+        self.assertEqual(args[6:11], [("i32", x) for x in (2, 3, 3, 100, 77)])
+        self.assertEqual([k for k, _ in args[11:]], ["tensor_map"] * 3)
+        q, k, v = self.maps(call)
+        self.assertEqual((q.buffer, k.buffer, v.buffer), ("q", "k", "v"))
+        # Extents innermost first: columns, rows, B * heads matrices.
+        self.assertEqual(q.dims, (128, 100, 6))
+        self.assertEqual(k.dims, (128, 77, 6))
+        self.assertEqual(v.dims, (64, 77, 6))
+        # Byte strides: a row, a matrix (bf16).
+        self.assertEqual(q.strides, (256, 256 * 100))
+        self.assertEqual(k.strides, (256, 256 * 77))
+        self.assertEqual(v.strides, (128, 128 * 77))
+        self.assertEqual(q.box, (64, 128, 1))
+        self.assertEqual((q.dtype, q.data_type), ("bf16", 9))
+
+    def test_encode_arguments(self):
+        q, k, v = self.maps(self.prepare())
+        self.assertEqual(
+            q.encode_args(0x7F0000001000),
+            (9, 3, 0x7F0000001000, (128, 100, 6), (256, 25600), (64, 128, 1), (1, 1, 1), 0, 3, 2, 0),
+        )
+        self.assertEqual(v.encode_args(0x2000)[3:6], ((64, 77, 6), (128, 9856), (64, 128, 1)))
+        # f16: data type 6, the same byte strides.
+        call = self.prepare(_tma_plan("f16"), inputs=_tma_inputs(dtype="f16"))
+        q16 = self.maps(call)[0]
+        self.assertEqual(q16.encode_args(0x1000)[:6], (6, 3, 0x1000, (128, 100, 6), (256, 25600), (64, 128, 1)))
+        self.assertEqual(al.TENSOR_MAP_DATA_TYPES, {"bf16": 9, "f16": 6, "f32": 7})
+        # The encoder gets them through the driver, with the map's address first.
+        fake = FakeEncoder()
+        al.encode_tensor_map(fake, 0x4000, q, 0x7F0000001000, "Tma forward")
+        self.assertEqual(fake.calls, [(0x4000,) + q.encode_args(0x7F0000001000)])
+
+    def test_encoder_refusals_name_the_tensor(self):
+        q = self.maps(self.prepare())[0]
+        fake = FakeEncoder()
+        with self.assertRaisesRegex(Error, r"^Tma forward: q: its data at 0x1008 does not start at a multiple of 16 bytes, "
+                                           r"which cuTensorMapEncodeTiled needs for the tensor map of `q` \(bf16, dims \[128, 100, 6\], box \[64, 128, 1\]\); pass q.clone\(\)$"):
+            al.encode_tensor_map(fake, 0x4000, q, 0x1008, "Tma forward")
+        with self.assertRaisesRegex(Error, r"map's host memory at 0x4020 is not 64-byte aligned"):
+            al.encode_tensor_map(fake, 0x4020, q, 0x1000, "Tma forward")
+        self.assertEqual(fake.calls, [])
+        with self.assertRaisesRegex(Error, r"^Tma forward: cuTensorMapEncodeTiled failed \(CUDA_ERROR_INVALID_VALUE\) for the tensor map "
+                                           r"of `q` \(bf16, dims \[128, 100, 6\], box \[64, 128, 1\]\) at 0x1000, byte strides \[256, 25600\]$"):
+            al.encode_tensor_map(FakeEncoder(result=1), 0x4000, q, 0x1000, "Tma forward")
+
+    def test_plan_refusals(self):
+        def with_map(**m):
+            plan = _tma_plan()
+            plan["launches"][0]["args"][-3]["tensor_map"].update(m)
+            return plan
+
+        cases = [
+            (dict(buffer="x"), r"^Tma forward: launch aec_fwd_tma_wgmma_ws maps unknown buffer `x`$"),
+            (dict(buffer="o"), r"maps `o`, which is not a 16-bit input \(it is an output of bf16\)"),
+            (dict(buffer="row_outputs"), r"maps `row_outputs`, which is not a 16-bit input \(it is an output of f32\)"),
+            (dict(buffer="slopes"), r"maps `slopes`, which is not a 16-bit input \(it is an input of f32\)"),
+            (dict(box=[64, 0, 1]), r"tensor map of `q`: box \[64, 0, 1\]: expected 3 integers from 1 to 256"),
+            (dict(box=[64, 257, 1]), r"box \[64, 257, 1\]: expected 3 integers from 1 to 256"),
+            (dict(box=[64, 128]), r"box \[64, 128\]: expected 3 integers"),
+            (dict(box=[64, 128.0, 1]), r"expected 3 integers"),
+            (dict(box=[64, True, 1]), r"expected 3 integers"),
+            (dict(box=[128, 128, 1]), r"box \[128, 128, 1\]: a row of 128 bf16 elements is 256 bytes, wider than the 128-byte swizzle"),
+            (dict(dims=[128, "Sq"]), r"tensor map of `q`: dims \[128, 'Sq'\]: expected 3 size expressions"),
+            (dict(dims=[128, "Sx", 1]), r"tensor map of `q`: dims\[1\]: size expression reads `Sx`, which the call does not bind"),
+            (dict(dims=[128, "Sq", {"add": [1, 2]}]), r"dims\[2\]: malformed size expression"),
+        ]
+        for over, pattern in cases:
+            with self.subTest(over=over):
+                with self.assertRaisesRegex(Error, pattern):
+                    al.Plan("Tma", with_map(**over))
+        plan = _tma_plan()
+        del plan["launches"][0]["args"][-1]["tensor_map"]["box"]
+        with self.assertRaisesRegex(Error, r"malformed tensor_map argument .*expected buffer, dims and box"):
+            al.Plan("Tma", plan)
+        # The manifest's own plans pass: a variant's plan is checked when made.
+        al.Plan("Tma", _tma_plan("f16"))
+
+    def test_extent_errors_name_the_tensor(self):
+        def with_dims(dims):
+            plan = _tma_plan()
+            plan["launches"][0]["args"][-3]["tensor_map"]["dims"] = dims
+            return plan
+
+        with self.assertRaisesRegex(Error, r"^Tma forward: launch aec_fwd_tma_wgmma_ws: q: tensor map dims \[Sq \* Sq, 1, 1\] = \[4900000000, 1, 1\]: "
+                                           r"4900000000 is outside 1 to 2\^32 \(cuTensorMapEncodeTiled's limit\) for B=1, H=1, Hkv=1, Sq=70000, Skv=1$"):
+            self.prepare(with_dims([{"mul": ["Sq", "Sq"]}, 1, 1]), inputs=_tma_inputs(b=1, h=1, sq=70000, skv=1))
+        with self.assertRaisesRegex(Error, r"q: tensor map dims \[128, min\(Sq, 0\), B \* H\] = \[128, 0, 6\]: 0 is outside 1 to 2\^32"):
+            self.prepare(with_dims([128, {"min": ["Sq", 0]}, {"mul": ["B", "H"]}]))
+        with self.assertRaisesRegex(Error, r"q: tensor map dims \[128, Skv, B \* H\] = \[128, 177, 6\] cover 135936 elements, "
+                                           r"more than the tensor's 76800 \(\[2, 3, 100, 128\]\)"):
+            self.prepare(with_dims([128, "Skv", {"mul": ["B", "H"]}]), inputs=_tma_inputs(skv=177))
+        with self.assertRaisesRegex(Error, r"q: tensor map dims \[100, Sq, B \* H\] = \[100, 100, 6\] give byte strides \[200, 20000\]; "
+                                           r"cuTensorMapEncodeTiled needs multiples of 16 below 2\^40"):
+            self.prepare(with_dims([100, "Sq", {"mul": ["B", "H"]}]))
+
+    def test_hip_refuses_tensor_maps(self):
+        with self.assertRaisesRegex(Error, r"launch aec_fwd_tma_wgmma_ws takes a CUDA tensor map of `q`, which HIP cannot launch"):
+            self.prepare(hip=True)
+        drv = al._HipDriver.__new__(al._HipDriver)
+        with self.assertRaisesRegex(Error, "cannot be encoded through the HIP runtime"):
+            al.encode_tensor_map(drv, 0x4000, self.maps(self.prepare())[0], 0x1000)
+
+    def test_params_hold_aligned_maps_the_driver_class_encodes(self):
+        # The CUDA driver class over a stand-in for libcuda whose
+        # cuTensorMapEncodeTiled is a Python function: it checks what the
+        # driver would get and writes a recognisable map.
+        ct = al.ctypes
+        u32p, u64p = ct.POINTER(ct.c_uint32), ct.POINTER(ct.c_uint64)
+        proto = ct.CFUNCTYPE(ct.c_int, ct.c_void_p, ct.c_int, ct.c_uint32, ct.c_void_p, u64p, u64p, u32p, u32p,
+                             ct.c_int, ct.c_int, ct.c_int, ct.c_int)
+        seen = []
+
+        def encode(out, data_type, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2, oob):
+            seen.append((out, data_type, rank, address, tuple(dims[:3]), tuple(strides[:2]), tuple(box[:3]),
+                         tuple(element_strides[:3]), interleave, swizzle, l2, oob))
+            ct.memmove(out, bytes(range(dims[1] % 128, dims[1] % 128 + 128)), 128)
+            return 0
+
+        class Lib:
+            cuTensorMapEncodeTiled = proto(encode)
+
+        drv = al._Driver.__new__(al._Driver)
+        drv.lib = Lib()
+        call = self.prepare()
+        params, slots, maps = al._params(call.launches[0][4])
+        self.assertEqual(len(params), 14)
+        self.assertEqual([name for _, name in slots], ["q", "k", "v", "o", "row_outputs", "slopes"])
+        self.assertEqual([arg.buffer for _, arg in maps], ["q", "k", "v"])
+        addresses = {"q": 0x10000, "k": 0x20000, "v": 0x30000}
+        for (address, arg), i in zip(maps, (11, 12, 13)):
+            self.assertEqual(address % 64, 0)
+            self.assertEqual(params[i], address)  # the parameter is the map, by value
+            al.encode_tensor_map(drv, address, arg, addresses[arg.buffer], "Tma forward")
+        self.assertEqual(seen[0], (maps[0][0], 9, 3, 0x10000, (128, 100, 6), (256, 25600), (64, 128, 1), (1, 1, 1), 0, 3, 2, 0))
+        self.assertEqual(seen[2][3:7], (0x30000, (64, 77, 6), (128, 9856), (64, 128, 1)))
+        self.assertEqual(ct.string_at(params[11], 128), bytes(range(100, 228)))
+        self.assertEqual(ct.string_at(params[12], 128), bytes(range(77, 205)))
+        self.assertEqual(ct.c_int32.from_address(params[9]).value, 100)  # the sizes stay in their slots
+        # A driver without the encoder (older than CUDA 12.0): a clear error.
+        old = al._Driver.__new__(al._Driver)
+        old.lib = object()
+        with self.assertRaisesRegex(Error, r"libcuda.so.1\) has no cuTensorMapEncodeTiled.*CUDA 12.0 or newer"):
+            al.encode_tensor_map(old, maps[0][0], maps[0][1], 0x10000)
 
 
 class HipArchitectures(unittest.TestCase):
@@ -664,7 +945,8 @@ class HipBuilds(unittest.TestCase):
                     module = drv.load_module(fh.read(), co)
                 for entry, grid, threads, smem, args in call.launches:
                     fn = drv.get_function(module, entry, smem)
-                    params, slots = al._params(args)
+                    params, slots, maps = al._params(args)
+                    self.assertEqual(maps, [])  # HIP plans have no tensor maps
                     for slot, name in slots:
                         slot.value = addresses[name]
                     drv.check(drv.launch(fn, grid, threads, smem, None, params), f"{drv.LAUNCH} {entry}")

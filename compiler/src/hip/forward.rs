@@ -217,6 +217,7 @@ pub fn hip_parallel_forward(
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
     let args = forward_args(variant, cfg.split_kv);
     Ok(KernelSource {
+        tensor_maps: Vec::new(),
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
         split_kv: cfg.split_kv,
         name: kernel_name,
