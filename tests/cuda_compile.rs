@@ -194,6 +194,7 @@ fn deeper_rings_compile_without_spills() {
                 stages,
                 warp_specialized: false,
                 persistent: false,
+                q_in_registers: false,
                 v_in_k: false,
                 ..ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::for_arch(arch))
             };

@@ -617,6 +617,7 @@ fn gpu_forward_deeper_ring() {
             wgmma,
             warp_specialized: false,
             persistent: false,
+            q_in_registers: false,
             v_in_k: false,
             ..ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, isa)
         };

@@ -499,16 +499,25 @@ fn main() {
         let rqp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true, true);
         // (Earlier sessions' rows: `results/*-forward-sweep.json` and notes.)
         for (workload, configs) in [
-            ("softmax-b8-h32-s2048-d128", vec![wp(128, 128, 8, 3)]),
-            ("softmax-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
+            (
+                "softmax-b8-h32-s2048-d128",
+                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
+            ),
+            (
+                "softmax-b1-h32-s8192-d128",
+                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
+            ),
             (
                 "softmax-causal-b8-h32-s2048-d128",
                 vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
             ),
-            ("softmax-causal-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
+            (
+                "softmax-causal-b1-h32-s8192-d128",
+                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
+            ),
             (
                 "softmax-gqa-causal-b8-h32-kv8-s2048-d128",
-                vec![wp(128, 128, 8, 3)],
+                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
             ),
             (
                 "diff-causal-b8-h12-s2048-d128-v256",

@@ -769,7 +769,7 @@ fn persistent_kernels_walk_pairs_of_row_blocks() {
     let decode = ForwardConfig::default_for(&example("decode"), 128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(!decode.persistent && decode.split_kv, "{decode:?}");
     let k = parallel_forward(&v, 128, 128, &cfg).expect("persistent kernel");
-    assert!(k.persistent && k.name.contains("_ws_p"), "{}", k.name);
+    assert!(k.persistent && k.name.contains("_p_"), "{}", k.name);
     assert!(k.source.contains("bar_q_free") && k.source.contains("n_units"));
     // Sq 2048 in 128-row blocks: 16 row blocks, 8 pairs per head; 8 × 32 heads
     // × 8 batches = 2048 units, launched on at most one block per SM.
@@ -889,4 +889,28 @@ fn warp_specialised_dense_forwards_load_by_tma_with_three_tensor_maps() {
         assert!(!o.args.iter().any(|a| matches!(a, ArgKind::TensorMap(_))));
         assert!(!o.source.contains("tm_q"), "{}", o.name);
     }
+}
+
+#[test]
+fn causal_d128_keeps_q_in_registers_on_hopper() {
+    let cfg = |name: &str, d: u32| {
+        ForwardConfig::default_for(&example(name), d, d, Elem::Bf16, Isa::Sm90a)
+    };
+    // Measured faster under a causal mask with TMA loads, slower without a
+    // mask (bench/NOTES.md session 35).
+    for name in ["softmax_causal", "sliding_window"] {
+        let c = cfg(name, 128);
+        assert!(
+            c.q_in_registers && c.tma_loads && c.block_n == 128,
+            "{name}: {c:?}"
+        );
+        let k = parallel_forward(&example(name), 128, 128, &c).expect("forward");
+        assert!(k.name.contains("_ws_rq_"), "{}", k.name);
+    }
+    assert!(!cfg("softmax", 128).q_in_registers);
+    assert!(!cfg("softmax_causal", 64).q_in_registers);
+    assert!(
+        !ForwardConfig::default_for(&example("softmax_causal"), 128, 128, Elem::Bf16, Isa::Sm80)
+            .q_in_registers
+    );
 }

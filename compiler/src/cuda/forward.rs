@@ -139,9 +139,11 @@ impl ForwardConfig {
     /// On sm_90a, prefill shapes whose head dims the swizzled tiles take
     /// (multiples of 64, Dv ≤ 256) use `wgmma`: 128 rows on two warpgroups,
     /// 128-key blocks (64 when Dqk + Dv > 256, to stay within shared memory
-    /// and registers; 80 for Dv = 256 with Dqk ≤ 128, and for Dqk up to 192
-    /// with Dv ≤ 128, there with Q in registers: H100, DeepSeek 192/128
-    /// causal 0.440 → 0.416 ms, bench/NOTES.md session 32).
+    /// and registers; 80 for Dqk up to 192 with Dv ≤ 128, there with Q in
+    /// registers: H100, DeepSeek 192/128 causal 0.440 → 0.416 ms,
+    /// bench/NOTES.md session 32). Causal masks at Dqk 128 also keep Q in
+    /// registers (H100, with TMA loads: 3-6% faster; 6% slower without a
+    /// mask, bench/NOTES.md session 35).
     pub fn default_for(
         variant: &Variant,
         dqk: u32,
@@ -174,6 +176,16 @@ impl ForwardConfig {
         // which otherwise run at the pipe's full rate, and 80 keys fit
         // beside Q's fragments.
         let q_regs_tile = hopper && dqk > 128 && dqk <= 192 && dv <= 128;
+        // A causal mask at Dqk 128: Q in registers too (128-key blocks), as
+        // measured rather than derived (H100, TMA loads: causal 0.612 →
+        // 0.590 ms, s8192 0.987 → 0.955, GQA causal 0.611 → 0.573; without
+        // a mask 0.962 → 1.021, so not there).
+        let causal_q_regs = hopper
+            && dqk == 128
+            && dv <= 128
+            && variant
+                .parallel()
+                .is_some_and(|p| p.mask.as_ref().is_some_and(implies_causal));
         let (block_m, block_n, warps, pack_gqa) = if decode {
             (16, 32, key_warps, true)
         } else if hopper {
@@ -199,7 +211,7 @@ impl ForwardConfig {
             (128, 64, 8, false)
         };
         let warp_specialized = hopper && !decode && !modifies_kv;
-        let q_in_registers = warp_specialized && q_regs_tile;
+        let q_in_registers = warp_specialized && (q_regs_tile || causal_q_regs);
         let mut cfg = ForwardConfig {
             block_m,
             block_n,
