@@ -168,7 +168,14 @@ enum Rows {
 
 fn check_one(name: &str, v: &Variant, arch: &str, persistent: bool, rows: Rows) -> String {
     let (dqk, dv) = common::head_dims(v);
-    let mut cfg = ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
+    // (The runtime's defaults: paged, block-sparse and variable-length rows
+    // load by cp.async and take those tiles.)
+    let default = if matches!(rows, Rows::Dense) {
+        ForwardConfig::default_for
+    } else {
+        ForwardConfig::cp_async_default_for
+    };
+    let mut cfg = default(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     cfg.persistent = persistent && cfg.warp_specialized;
     check_config(name, v, arch, &cfg, rows)
 }

@@ -908,6 +908,16 @@ fn causal_d128_keeps_q_in_registers_on_hopper() {
         assert!(k.name.contains("_ws_rq_"), "{}", k.name);
     }
     assert!(!cfg("softmax", 128).q_in_registers);
+    // Not for the rows that keep cp.async (paged, block-sparse, varlen).
+    let v = example("softmax_causal");
+    assert!(
+        !ForwardConfig::cp_async_default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a).q_in_registers
+    );
+    assert!(
+        !ForwardConfig::varlen_default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a).q_in_registers
+    );
+    // (A mask reading custom inputs spills with Q in registers.)
+    assert!(!cfg("document_mask", 128).q_in_registers);
     assert!(!cfg("softmax_causal", 64).q_in_registers);
     assert!(
         !ForwardConfig::default_for(&example("softmax_causal"), 128, 128, Elem::Bf16, Isa::Sm80)

@@ -100,7 +100,7 @@ pub fn block_sparse_forward_source(
         dims,
         options,
         isa,
-        ForwardConfig::default_for,
+        ForwardConfig::cp_async_default_for,
         parallel_forward_block_sparse,
     )
 }

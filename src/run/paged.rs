@@ -72,7 +72,7 @@ pub fn paged_forward_source(
         dims,
         options,
         isa,
-        ForwardConfig::default_for,
+        ForwardConfig::cp_async_default_for,
         parallel_forward_paged,
     )
 }

@@ -794,13 +794,22 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% call tile_loop(true) %}{% endcall %}
 {% if !persistent %}        const int bx = blockIdx.x;
 {% endif %}{% call tile_setup() %}{% endcall %}
-{% if persistent && !scheduled %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
-{% endif %}{% if tma %}        if (ptid == 0) {
-            mbar_arrive_expect_tx(&bar_q, BM * DQK * (int)sizeof(elem_t));
-#pragma unroll
-            for (int p = 0; p < DQK / 64; ++p) tma_load_3d(sQ + p * BM * 64, tm_q, p * 64, m0, b * H + h, &bar_q);
-        }
-{% else %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
+{% if tma %}        // Q waits for the previous tile's last S GEMM (`q_free`), its first K/V
+        // block only for a free stage: that block goes out first (H100: 1-3%
+        // faster, bench/NOTES.md session 35), except where Q sits in
+        // registers, which free it at the tile's start (there 0.5-1% slower).
+#define ISSUE_Q()                                                                                         \
+    do {                                                                                                  \
+        {% if persistent && !scheduled %}if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);{% endif %}      \
+        if (ptid == 0) {                                                                                  \
+            mbar_arrive_expect_tx(&bar_q, BM * DQK * (int)sizeof(elem_t));                                \
+            for (int p = 0; p < DQK / 64; ++p) tma_load_3d(sQ + p * BM * 64, tm_q, p * 64, m0, b * H + h, &bar_q); \
+        }                                                                                                 \
+    } while (0)
+{% if q_regs %}        ISSUE_Q();
+{% else %}        if (n_iter == 0) ISSUE_Q();
+{% endif %}{% else %}{% if persistent && !scheduled %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
+{% endif %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
         mbar_arrive_cp_async(&bar_q);
 {% endif %}
         // (Each step's key block is read a step ahead: a block-sparse list
@@ -820,7 +829,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
                 for (int p = 0; p < DV / 64; ++p)
                     tma_load_3d(sV + st * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64, n0, b * Hkv + hk, &bar_full[st]);
             }
-{% else %}            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
+{% if !q_regs %}            if (it == 0) ISSUE_Q();
+{% endif %}{% else %}            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
             load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
             mbar_arrive_cp_async(&bar_full[st]);
 {% endif %}

@@ -151,6 +151,35 @@ impl ForwardConfig {
         elem: Elem,
         isa: Isa,
     ) -> ForwardConfig {
+        ForwardConfig::default_with(variant, dqk, dv, elem, isa, true)
+    }
+
+    /// The default tiles of the forwards whose rows are not one head's dense
+    /// matrix (paged, block-sparse; the variable-length one builds on it),
+    /// which keep `cp.async` loads: [`default_for`](Self::default_for)'s
+    /// without Q in registers under causal masks, which gained nothing
+    /// without TMA loads (bench/NOTES.md session 34 item 6) and spilled 36 B
+    /// in the variable-length kernel.
+    pub fn cp_async_default_for(
+        variant: &Variant,
+        dqk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> ForwardConfig {
+        ForwardConfig::default_with(variant, dqk, dv, elem, isa, false)
+    }
+
+    /// [`default_for`](Self::default_for) for rows that TMA loads
+    /// (`tma_rows`) or not ([`cp_async_default_for`](Self::cp_async_default_for)).
+    fn default_with(
+        variant: &Variant,
+        dqk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+        tma_rows: bool,
+    ) -> ForwardConfig {
         let mask_reads_inputs = variant.parallel().is_some_and(|p| {
             reads(p.mask.as_ref(), |op| {
                 matches!(op, Op::Custom(_) | Op::Gather(_))
@@ -179,10 +208,13 @@ impl ForwardConfig {
         // A causal mask at Dqk 128: Q in registers too (128-key blocks), as
         // measured rather than derived (H100, TMA loads: causal 0.612 →
         // 0.590 ms, s8192 0.987 → 0.955, GQA causal 0.611 → 0.573; without
-        // a mask 0.962 → 1.021, so not there).
+        // a mask 0.962 → 1.021, so not there). Not where the mask reads
+        // custom inputs (the document mask spilled 52 B).
         let causal_q_regs = hopper
+            && tma_rows
             && dqk == 128
             && dv <= 128
+            && !mask_reads_inputs
             && variant
                 .parallel()
                 .is_some_and(|p| p.mask.as_ref().is_some_and(implies_causal));
@@ -250,7 +282,7 @@ impl ForwardConfig {
     }
 
     /// The default tiles of the variable-length forward
-    /// ([`parallel_forward_varlen`]): [`default_for`](Self::default_for)'s,
+    /// ([`parallel_forward_varlen`]): [`cp_async_default_for`](Self::cp_async_default_for)'s,
     /// with a block per row block instead of a persistent walk. The
     /// persistent kernel's static stride balances units of one length, not
     /// sequences of many: on an H100 (d128, 16 heads) 16 sequences of
@@ -266,7 +298,7 @@ impl ForwardConfig {
     ) -> ForwardConfig {
         ForwardConfig {
             persistent: false,
-            ..ForwardConfig::default_for(variant, dqk, dv, elem, isa)
+            ..ForwardConfig::cp_async_default_for(variant, dqk, dv, elem, isa)
         }
     }
 
