@@ -759,7 +759,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% else %}    const int nbx = gridDim.x;
 {% endif %}{% endif %}
 {% if ws %}    // Warp specialisation: the last warpgroup copies Q once per tile and K/V
-    // blocks into a ring of STAGES buffers (cp.async, completion signalled on
+    // blocks into a ring of STAGES buffers ({% if tma %}TMA boxes, one expect_tx arrival{% else %}cp.async{% endif %}, completion signalled on
     // `full`); the other warpgroups compute, each at its own pace, and release
     // a stage on `empty` once both of its GEMMs have read it{% if persistent %}, and Q on
     // `q_free` once their last S GEMM of the tile has. Ring positions and
