@@ -14,6 +14,10 @@ import ctypes, datetime, json, math, os, re, sys
 import torch
 import torch.nn.functional as F
 
+# The launch plans' size expressions, as the kernel libraries' module reads them.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "templates", "library"))
+from aec_library import eval_size  # noqa: E402
+
 OUT = os.environ.get("OUT", "/tmp/aec-out")
 os.makedirs(OUT, exist_ok=True)
 dev = "cuda"
@@ -70,21 +74,6 @@ def get_function(module, name, smem_bytes):
         check(libcuda.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
               "cuFuncSetAttribute")
     return fn
-
-
-def size_expr(e, sizes):
-    """A launch plan's size expression (compiler/src/launch_plan.rs) for `sizes`."""
-    if isinstance(e, int):
-        return e
-    if isinstance(e, str):
-        return sizes[e]
-    (op, xs), = e.items()
-    vals = [size_expr(x, sizes) for x in xs]
-    if op == "mul":
-        return math.prod(vals)
-    if op == "ceil_div":
-        return -(-vals[0] // vals[1])
-    return min(vals)
 
 
 class TensorMap(ctypes.Structure):
@@ -206,7 +195,7 @@ class Kernel:
                 vals.append(extra[a["name"]])
             elif kind == "tensor_map":
                 t = {"q": q, "k": k, "v": v}[a["name"]]
-                vals.append(tensor_map(t, [size_expr(d, sizes) for d in a["dims"]], a["box"]))
+                vals.append(tensor_map(t, [eval_size(d, sizes) for d in a["dims"]], a["box"]))
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])

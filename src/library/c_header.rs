@@ -1537,21 +1537,16 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     let _ = writeln!(out, "    uint64_t grid[{}][3];", plan.launches.len());
     // The distinct 32-bit argument values, in order of first use, with the
     // first launch that takes each (for messages).
-    let mut i32_args: Vec<(&SizeExpr, usize)> = Vec::new();
-    for (l, launch) in plan.launches.iter().enumerate() {
-        for arg in &launch.args {
-            if let ArgPlan::I32(e) = arg
-                && !i32_args.iter().any(|(x, _)| *x == e)
-            {
-                let _ = writeln!(
-                    out,
-                    "    uint64_t arg{}; /* {} */",
-                    i32_args.len(),
-                    comment(&e.to_string())
-                );
-                i32_args.push((e, l));
-            }
-        }
+    let i32_args = distinct_args(plan, |a| match a {
+        ArgPlan::I32(e) => Some(e),
+        _ => None,
+    });
+    for (a, (e, _)) in i32_args.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "    uint64_t arg{a}; /* {} */",
+            comment(&e.to_string())
+        );
     }
     let arg_index = |e: &SizeExpr| {
         i32_args
@@ -1561,22 +1556,17 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     };
     // The distinct tensor maps, likewise: their extents and the element
     // count of the buffer each maps (which the extents must not exceed).
-    let mut maps: Vec<(&TensorMapPlan, usize)> = Vec::new();
-    for (l, launch) in plan.launches.iter().enumerate() {
-        for arg in &launch.args {
-            if let ArgPlan::TensorMap(m) = arg
-                && !maps.iter().any(|(x, _)| *x == m)
-            {
-                let _ = writeln!(
-                    out,
-                    "    uint64_t map{k}[3], map{k}_elements; /* the tensor map of {}: {} innermost first */",
-                    comment(&m.buffer),
-                    comment(&shape_text(&m.dims)),
-                    k = maps.len()
-                );
-                maps.push((m, l));
-            }
-        }
+    let maps = distinct_args(plan, |a| match a {
+        ArgPlan::TensorMap(m) => Some(m),
+        _ => None,
+    });
+    for (k, (m, _)) in maps.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "    uint64_t map{k}[3], map{k}_elements; /* the tensor map of {}: {} innermost first */",
+            comment(&m.buffer),
+            comment(&shape_text(&m.dims)),
+        );
     }
     let map_index = |m: &TensorMapPlan| {
         maps.iter()
@@ -1950,6 +1940,23 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
         out,
         "    if (owned)\n        status = aecl_workspace_release(lib, ws, stream, status, \"{fname}\");\n    return status;\n}}\n"
     );
+}
+
+/// The distinct values `pick` takes from the plan's launch arguments, in
+/// order of first use, each with the first launch that passes it.
+fn distinct_args<'a, T: PartialEq>(
+    plan: &'a EntryPlan,
+    pick: impl Fn(&'a ArgPlan) -> Option<&'a T>,
+) -> Vec<(&'a T, usize)> {
+    let mut out: Vec<(&T, usize)> = Vec::new();
+    for (l, launch) in plan.launches.iter().enumerate() {
+        for value in launch.args.iter().filter_map(&pick) {
+            if !out.iter().any(|(x, _)| *x == value) {
+                out.push((value, l));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

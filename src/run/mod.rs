@@ -1093,16 +1093,10 @@ impl ParallelKernels {
         };
         // TMA loads: tensor maps of q, k and v for this call (they hold the
         // buffers' addresses).
-        let size_of = |name: &str| -> Option<u64> {
-            let n = match name {
-                "B" => sizes.b,
-                "H" => sizes.h,
-                "Hkv" => sizes.hkv,
-                "Sq" => sizes.sq,
-                "Skv" => sizes.skv,
-                _ => return None,
-            };
-            Some(n as u64)
+        let size_of = |name: &str| {
+            Axis::from_name(name)
+                .and_then(|a| sizes.size(a))
+                .map(|n| n as u64)
         };
         let mut maps = Vec::with_capacity(source.tensor_maps.len());
         for spec in &source.tensor_maps {
@@ -1111,7 +1105,7 @@ impl ParallelKernels {
                 "k" => k,
                 _ => v,
             };
-            let dims = spec.dims.clone().map(|e| e.eval(&size_of).unwrap_or(0));
+            let dims = std::array::from_fn(|d| spec.dims[d].eval(&size_of).unwrap_or(0));
             maps.push((
                 spec.tensor,
                 TensorMap::tiled_3d(stream, buffer, spec.tensor, dims, spec.box_dims)
