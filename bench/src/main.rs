@@ -494,38 +494,60 @@ fn main() {
     // DiffTransformer and DeepSeek.
     let mut fwd_sweep = Vec::new();
     if args.iter().any(|a| a == "--fwd-sweep") {
-        // Persistent (one CTA per SM walking the row blocks).
-        let wp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, false, true);
-        let rqp = |bm, bn, warps, stages| (bm, bn, warps, true, true, stages, true, true);
+        // Persistent (one CTA per SM walking the row blocks), TMA loads.
+        let wp = |bm, bn, warps, stages| ForwardConfig {
+            block_m: bm,
+            block_n: bn,
+            warps,
+            elem: Elem::Bf16,
+            pack_gqa: false,
+            wgmma: true,
+            warp_specialized: true,
+            stages,
+            q_in_registers: false,
+            dv_split: 1,
+            split_kv: false,
+            fused_combine: false,
+            persistent: true,
+            v_in_k: false,
+            key_warps: 1,
+            dv_warps: 1,
+            tma_loads: true,
+            late_epilogue: false,
+        };
+        // Q in registers.
+        let rqp = |bm, bn, warps, stages| ForwardConfig {
+            q_in_registers: true,
+            ..wp(bm, bn, warps, stages)
+        };
+        // The epilogue under the next tile's first S GEMM.
+        let late = |cfg: ForwardConfig| ForwardConfig {
+            late_epilogue: true,
+            ..cfg
+        };
         // (Earlier sessions' rows: `results/*-forward-sweep.json` and notes.)
         for (workload, configs) in [
-            (
-                "softmax-b8-h32-s2048-d128",
-                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
-            ),
-            (
-                "softmax-b1-h32-s8192-d128",
-                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
-            ),
+            ("softmax-b8-h32-s2048-d128", vec![wp(128, 128, 8, 3)]),
+            ("softmax-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
             (
                 "softmax-causal-b8-h32-s2048-d128",
-                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
+                vec![rqp(128, 128, 8, 3), late(rqp(128, 128, 8, 3))],
             ),
             (
                 "softmax-causal-b1-h32-s8192-d128",
-                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
+                vec![rqp(128, 128, 8, 3), late(rqp(128, 128, 8, 3))],
             ),
             (
                 "softmax-gqa-causal-b8-h32-kv8-s2048-d128",
-                vec![wp(128, 128, 8, 3), rqp(128, 128, 8, 3)],
+                vec![rqp(128, 128, 8, 3), late(rqp(128, 128, 8, 3))],
             ),
             (
                 "diff-causal-b8-h12-s2048-d128-v256",
-                vec![wp(128, 64, 8, 4), wp(128, 80, 8, 3)],
+                vec![wp(128, 64, 8, 4)],
             ),
             (
                 "deepseek-causal-b8-h16-s2048-d192-v128",
-                vec![rqp(128, 80, 8, 3), rqp(128, 64, 8, 4), wp(128, 64, 8, 4)],
+                vec![rqp(128, 80, 8, 3), late(rqp(128, 80, 8, 3))],
             ),
         ] {
             let &(_, example, dqk, dv) = BENCH
@@ -536,37 +558,19 @@ fn main() {
                 "softmax_gqa_causal" => gqa_causal(&root),
                 e => load(&root, e),
             };
-            for (bm, bn, warps, wgmma, ws, stages, q_regs, persistent) in configs {
-                let cfg = ForwardConfig {
-                    block_m: bm,
-                    block_n: bn,
-                    warps,
-                    elem: Elem::Bf16,
-                    pack_gqa: false,
-                    wgmma,
-                    warp_specialized: ws,
-                    stages,
-                    q_in_registers: q_regs,
-                    dv_split: 1,
-                    split_kv: false,
-                    fused_combine: false,
-                    persistent,
-                    v_in_k: false,
-                    key_warps: 1,
-                    dv_warps: 1,
-                    tma_loads: ws,
-                };
+            for cfg in configs {
                 let tag = format!(
-                    "m{bm}n{bn}w{warps}{}{}{}{}{}",
-                    if wgmma { "_wgmma" } else { "" },
-                    if ws { "_ws" } else { "" },
-                    if q_regs { "_rq" } else { "" },
-                    if persistent { "_p" } else { "" },
-                    if stages == 2 {
+                    "m{}n{}w{}_wgmma_ws{}_p{}{}",
+                    cfg.block_m,
+                    cfg.block_n,
+                    cfg.warps,
+                    if cfg.q_in_registers { "_rq" } else { "" },
+                    if cfg.stages == 2 {
                         String::new()
                     } else {
-                        format!("_s{stages}")
-                    }
+                        format!("_s{}", cfg.stages)
+                    },
+                    if cfg.late_epilogue { "_le" } else { "" },
                 );
                 eprintln!("forward sweep {example} {tag} …");
                 let file = format!("sweep_fwd_{example}_{tag}");

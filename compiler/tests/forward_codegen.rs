@@ -4,6 +4,7 @@
 use aec_compiler::cxx::regions::implies_causal;
 use aec_compiler::{
     ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, parallel_backward, parallel_forward,
+    parallel_forward_varlen,
 };
 use aec_frontend::{Variant, parse_file, parse_str};
 use std::path::PathBuf;
@@ -57,6 +58,7 @@ const CFG: ForwardConfig = ForwardConfig {
     key_warps: 1,
     dv_warps: 1,
     tma_loads: false,
+    late_epilogue: false,
 };
 
 /// [`CFG`] with Dv split between blocks where one block cannot hold it
@@ -878,6 +880,7 @@ fn warp_specialised_dense_forwards_load_by_tma_with_three_tensor_maps() {
             128,
             &ForwardConfig {
                 tma_loads: false,
+                late_epilogue: false,
                 ..cfg
             },
         )
@@ -923,4 +926,59 @@ fn causal_d128_keeps_q_in_registers_on_hopper() {
         !ForwardConfig::default_for(&example("softmax_causal"), 128, 128, Elem::Bf16, Isa::Sm80)
             .q_in_registers
     );
+}
+
+#[test]
+fn causal_q_register_tiles_store_their_rows_under_the_next_s_gemm() {
+    let v = example("softmax_causal");
+    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.late_epilogue && cfg.q_in_registers, "{cfg:?}");
+    let k = parallel_forward(&v, 128, 128, &cfg).expect("forward");
+    assert!(k.name.ends_with("_tma_le"), "{}", k.name);
+    // The rows are packed at the tile's end and stored between the next
+    // tile's first S GEMM's commit and its wait; the last tile's after the
+    // tile loop.
+    let src = &k.source;
+    let hook = src
+        .find("The previous tile's epilogue while this S GEMM runs")
+        .expect("the late stores");
+    let commit = src[..hook].rfind("wgmma_commit();").expect("the S GEMM");
+    assert!(
+        !src[commit..hook].contains("wgmma_wait"),
+        "S GEMM waited on"
+    );
+    let wait = hook + src[hook..].find("wgmma_wait0();").expect("its wait");
+    assert!(src[hook..wait].contains("if (has_prev)"));
+    assert!(src[hook..wait].contains("*reinterpret_cast<uint4*>(orow"));
+    assert!(src.contains("// The last tile's epilogue."));
+    // Without it the rows are stored where the tile ends.
+    let early = parallel_forward(
+        &v,
+        128,
+        128,
+        &ForwardConfig {
+            late_epilogue: false,
+            ..cfg
+        },
+    )
+    .expect("forward");
+    assert!(!early.source.contains("has_prev") && !early.name.ends_with("_le"));
+    // Q in shared memory (loaded only once the last tile's S GEMMs end) keeps
+    // the stores in the tile: 5% slower late (bench/NOTES.md session 36).
+    assert!(
+        !ForwardConfig::default_for(&example("softmax"), 128, 128, Elem::Bf16, Isa::Sm90a)
+            .late_epilogue
+    );
+    // Rows `cp.async` loads ignore it (their loaders differ per layout).
+    let varlen = parallel_forward_varlen(
+        &v,
+        128,
+        128,
+        &ForwardConfig {
+            late_epilogue: true,
+            ..ForwardConfig::varlen_default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a)
+        },
+    )
+    .expect("varlen forward");
+    assert!(!varlen.source.contains("has_prev"));
 }

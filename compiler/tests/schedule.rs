@@ -243,9 +243,11 @@ fn the_default_is_in_the_space() {
         let p = problem(8, 16, 2048, dqk, dv);
         let default = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
         let space = forward_space(&v, &p, &h100);
-        // Level 2 may place Q differently; the tile itself is a candidate.
+        // Level 2 may place Q differently (and with it the late epilogue);
+        // the tile itself is a candidate.
         let tile = |c: &ForwardConfig| ForwardConfig {
             q_in_registers: false,
+            late_epilogue: false,
             ..*c
         };
         let same_tile = |c: &ForwardConfig| tile(c) == tile(&default);

@@ -163,6 +163,7 @@ mod tests {
             key_warps: 1,
             dv_warps: 1,
             tma_loads: false,
+            late_epilogue: false,
         }
     }
 

@@ -83,7 +83,8 @@
                               sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
 {% endif %}        }
         wgmma_commit();
-{% if first %}        wgmma_wait0();
+{% if first %}{% if late_epilogue %}        // The previous tile's epilogue while this S GEMM runs.
+{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}{% endif %}        wgmma_wait0();
 {% else %}        {
             const unsigned v_base = smem_u32(sV + prev * BN * SVS);
             pv_gemm(acc[0], pa, v_base);
@@ -366,6 +367,61 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% else %}    {
         const int by = blockIdx.y, bz = blockIdx.z;
 {% endif %}{% endif %}{% endmacro %}
+{% macro pack_rows() %}
+        // The late epilogue's first half, at the tile's end: O's rows times
+        // their row factors (fully masked rows are 0), packed and transposed
+        // as `epilogue` does, kept in `opk` for the next tile to store. (The
+        // epilogue interleaves the two halves, which keeps fewer values live.)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const int mt = r / 2, half = r % 2;
+            const float of = epilogue_o_factor(st[r], P);
+#pragma unroll
+            for (int q = 0; q < QUAD_GROUPS; ++q) {
+                unsigned w[4];
+#pragma unroll
+                for (int d = 0; d < 4; ++d) {
+                    const float o0 = seen[r] ? acc[mt][4 * q + d][2 * half] * of : 0.0f;
+                    const float o1 = seen[r] ? acc[mt][4 * q + d][2 * half + 1] * of : 0.0f;
+                    w[d] = pack2(o0, o1);
+                }
+                quad_transpose(w, t4);
+#pragma unroll
+                for (int d = 0; d < 4; ++d) opk[r][4 * q + d] = w[d];
+            }
+#pragma unroll
+            for (int dt = QUAD_GROUPS * 4; dt < DVW / 8; ++dt) {
+                const float o0 = seen[r] ? acc[mt][dt][2 * half] * of : 0.0f;
+                const float o1 = seen[r] ? acc[mt][dt][2 * half + 1] * of : 0.0f;
+                opk[r][dt] = pack2(o0, o1);
+            }
+        }
+{% endmacro %}
+{% macro store_rows() %}
+        // The late epilogue's second half: the packed rows (`opk`), the final
+        // row scales and the state.
+        const long long rows = (long long)B * H * Sq;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            if (row_i[r] >= n_rows) continue;
+            const long long row = q_row0 + row_i[r];
+            elem_t* orow = o + row * DVG + dv0 + DW_COL;
+#pragma unroll
+            for (int q = 0; q < QUAD_GROUPS; ++q)
+                *reinterpret_cast<uint4*>(orow + (4 * q + t4) * 8) =
+                    make_uint4(opk[r][4 * q], opk[r][4 * q + 1], opk[r][4 * q + 2], opk[r][4 * q + 3]);
+#pragma unroll
+            for (int dt = QUAD_GROUPS * 4; dt < DVW / 8; ++dt) *reinterpret_cast<unsigned*>(orow + dt * 8 + 2 * t4) = opk[r][dt];
+            if (t4 == 0 && dv0 == 0 && DW_COL == 0) {  // every slice has the same row state
+                float sc[NSCALES_ARR];
+                epilogue_scales(st[r], sc, P);
+#pragma unroll
+                for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
+#pragma unroll
+                for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
+            }
+        }
+{% endmacro %}
 {% macro epilogue() %}
         // Epilogue: finish the rows, write O, the final row scales and the state.
 {% if varlen %}        const long long rows = (long long)H * Tq;
@@ -427,6 +483,18 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 #pragma unroll
                 for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
             }
+        }
+{% endmacro %}
+{% macro previous_epilogue() %}        if (has_prev) {
+            // The previous tile's packed rows, stored under its names (rows of
+            // one head's dense matrix: the late epilogue is only there).
+            const int n_rows = Sq;
+            const long long q_row0 = prev_q_row0;
+            const int dv0 = prev_dv0;
+            int row_i[NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) row_i[r] = prev_m0 + wr * 16 * MT + (r / 2) * 16 + (r % 2) * 8 + g;
+{% call store_rows() %}{% endcall %}
         }
 {% endmacro %}
 {% macro merge_key_warps() %}
@@ -555,15 +623,15 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
 {% endmacro %}
-{% macro init_rows() %}
+{% macro init_rows(declare) %}{% if declare %}
         float acc[MT][DVW / 8][4];
-#pragma unroll
+{% endif %}#pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int dt = 0; dt < DVW / 8; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
-        float st[NR][NSTATE_ARR];
+{% if declare %}        float st[NR][NSTATE_ARR];
         bool seen[NR];
-#pragma unroll
+{% endif %}#pragma unroll
         for (int r = 0; r < NR; ++r) {
             seen[r] = false;
 {{ state_init }}        }
@@ -769,8 +837,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     __shared__ int4 s_ticket;
 {% endif %}    if (tid == 0) {
         mbar_init(&bar_q, {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
+{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
+{% endif %}
 {% if scheduled %}        mbar_init(&bar_ticket, 1);
-{% endif %}{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
             mbar_init(&bar_full[st], {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
             mbar_init(&bar_empty[st], NWARPS * WARP);
@@ -844,7 +913,16 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     int ring = 0, lt = 0;  // K/V blocks and tiles consumed so far
-{% call tile_loop(false) %}{% endcall %}
+{% if late_epilogue %}    // A tile's rows are stored under the next tile's first S GEMM (the
+    // tensor cores would otherwise idle through the stores): its packed rows
+    // (`opk`; packed at the tile's end, since ptxas injects a wait for the
+    // in-flight GEMM before any read of registers a GEMM wrote in an earlier
+    // tile), its row state and where they go outlive the tile.
+{% call init_rows(true) %}{% endcall %}    unsigned opk[NR][DVW / 8];
+    bool has_prev = false;
+    long long prev_q_row0 = 0;
+    int prev_m0 = 0, prev_dv0 = 0;
+{% endif %}{% call tile_loop(false) %}{% endcall %}
 {% if !persistent %}        const int bx = blockIdx.x;
 {% endif %}{% call tile_setup() %}{% endcall %}
         mbar_wait(&bar_q, lt & 1);
@@ -864,14 +942,15 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             ldmatrix_x4(smem_u32(TILE_AT(sQ, BM, DQK, row, col)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
         }
 {% if persistent %}        mbar_arrive(&bar_q_free);
-{% endif %}{% endif %}{% call init_rows() %}{% endcall %}
+{% endif %}{% endif %}{% if !late_epilogue %}{% call init_rows(true) %}{% endcall %}{% endif %}
         // The FlashAttention-3 schedule inside a warpgroup: block it's scores
         // and online step run while block it-1's P·V is on the tensor cores;
         // a stage goes back to the producer once its P·V has finished.
         unsigned pa[BN / 16][4];  // P of the previous block, packed
         if (n_iter > 0) {
 {% call pipelined_block(true, 0) %}{% endcall %}
-        }
+        }{% if late_epilogue %} else {
+{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}        }{% endif %}
         // Runs of tiles that need per-score masking and runs that do not, each
         // loop body with one path: one body branching between the two paths
         // while P·V is in flight measured far slower on the tiles that take
@@ -895,11 +974,17 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             wgmma_fence_operands_n{{ dv }}(acc[0]);
 {% if persistent %}            mbar_arrive(&bar_empty[last]);
 {% endif %}        }
-{% call epilogue() %}{% endcall %}
-        ring += n_iter;
+{% if late_epilogue %}{% call pack_rows() %}{% endcall %}        has_prev = true;
+        prev_q_row0 = q_row0;
+        prev_m0 = m0;
+        prev_dv0 = dv0;
+{% else %}{% call epilogue() %}{% endcall %}{% endif %}        ring += n_iter;
         ++lt;
     }
-{% else %}
+{% if late_epilogue %}    {
+        // The last tile's epilogue.
+{% call previous_epilogue() %}{% endcall %}    }
+{% endif %}{% else %}
     {
         const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %}, by = blockIdx.y, bz = blockIdx.z;
 {% call tile_setup() %}{% endcall %}
@@ -919,7 +1004,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         SYNC_SMEM_WRITES();
 {% call modify_q_rows("tid", "NT", "BM", "0") %}{% endcall %}
         SYNC_SMEM_WRITES();
-{% endif %}{% call init_rows() %}{% endcall %}
+{% endif %}{% call init_rows(true) %}{% endcall %}
     for (int it = 0; it < n_iter; ++it) {
         const int cur = it % STAGES;
         elem_t* sKc = sK + cur * BN * SQS;

@@ -118,6 +118,16 @@ pub struct ForwardConfig {
     /// bench/NOTES.md session 34.)
     #[serde(default)]
     pub tma_loads: bool,
+    /// Persistent kernels on rows TMA loads (ignored elsewhere): a tile's
+    /// output rows are packed at its end and stored in the next tile, after
+    /// that tile's first S GEMM is issued, so the tensor cores compute
+    /// through the stores. Pays where the next tile's Q is ready by then,
+    /// i.e. in registers ([`q_in_registers`](Self::q_in_registers)): H100,
+    /// causal d128 1-2% faster; with Q in shared memory, loaded only once
+    /// the last tile's S GEMMs are done, 5% slower (bench/NOTES.md session
+    /// 36).
+    #[serde(default)]
+    pub late_epilogue: bool,
 }
 
 fn one_warp() -> u32 {
@@ -143,7 +153,8 @@ impl ForwardConfig {
     /// registers: H100, DeepSeek 192/128 causal 0.440 → 0.416 ms,
     /// bench/NOTES.md session 32). Causal masks at Dqk 128 also keep Q in
     /// registers (H100, with TMA loads: 3-6% faster; 6% slower without a
-    /// mask, bench/NOTES.md session 35).
+    /// mask, bench/NOTES.md session 35), and store a tile's rows under the
+    /// next tile's first S GEMM ([`late_epilogue`](Self::late_epilogue)).
     pub fn default_for(
         variant: &Variant,
         dqk: u32,
@@ -266,6 +277,9 @@ impl ForwardConfig {
             key_warps,
             dv_warps: 1,
             tma_loads: warp_specialized,
+            // Measured on the causal Q-in-registers tiles at Dqk 128 only
+            // (DeepSeek's 80-key one: level).
+            late_epilogue: causal_q_regs && warp_specialized,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -1021,6 +1035,8 @@ struct ForwardTemplate<'a> {
     ws: bool,
     persistent: bool,
     stages: u32,
+    /// A tile's epilogue runs under the next tile's first S GEMM.
+    late_epilogue: bool,
     q_regs: bool,
     split_kv: bool,
     fused_combine: bool,
@@ -1159,6 +1175,7 @@ fn generate_forward(
     // TMA boxes address rows of one head's dense matrix: the other layouts
     // (sequences packed into one matrix, pages, block lists) keep cp.async.
     let tma = cfg.tma_loads && cfg.warp_specialized && layout == RowLayout::Dense;
+    let late_epilogue = cfg.late_epilogue && tma && cfg.persistent;
     if cfg.key_warps > 1 {
         combine_plan(online).map_err(|e| {
             CompileError(format!(
@@ -1219,6 +1236,7 @@ fn generate_forward(
         }
         + if cfg.v_in_k { "_vk" } else { "" }
         + if tma { "_tma" } else { "" }
+        + if late_epilogue { "_le" } else { "" }
         + match layout {
             RowLayout::Dense => "",
             RowLayout::Varlen => "_varlen",
@@ -1263,6 +1281,7 @@ fn generate_forward(
         ws: cfg.warp_specialized,
         persistent: cfg.persistent,
         stages: cfg.stages,
+        late_epilogue,
         q_regs: cfg.q_in_registers,
         split_kv: cfg.split_kv,
         fused_combine: cfg.fused_combine,

@@ -228,6 +228,7 @@ fn cuda_forward_configs(
         key_warps: 1,
         dv_warps: 1,
         tma_loads: false,
+        late_epilogue: false,
     };
     let mut out = Vec::new();
     for &dv_split in splits {
@@ -278,6 +279,7 @@ fn cuda_forward_configs(
                                     // (TMA loads wherever the producer is a
                                     // warp of its own: 1-6% faster.)
                                     tma_loads: ws,
+                                    late_epilogue: false,
                                     ..base
                                 });
                             }
@@ -371,6 +373,9 @@ fn consider_cuda(
     };
     if cfg.warp_specialized {
         cfg.q_in_registers = placement.tier_of("q") == Some(Tier::Register);
+        // The next tile's Q is ready at the last tile's end only from
+        // registers, where storing rows late pays (`late_epilogue`).
+        cfg.late_epilogue = cfg.q_in_registers && cfg.persistent;
         if !cfg.q_in_registers {
             // In shared memory Q is the block's whole tile, not a unit's.
             let q = placement
