@@ -929,28 +929,38 @@ fn causal_d128_keeps_q_in_registers_on_hopper() {
 }
 
 #[test]
-fn causal_q_register_tiles_store_their_rows_under_the_next_s_gemm() {
+fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
     let v = example("softmax_causal");
     let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(cfg.late_epilogue && cfg.q_in_registers, "{cfg:?}");
+    // DeepSeek's dims keep Q in registers too.
+    let deepseek = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(
+        deepseek.late_epilogue && deepseek.q_in_registers,
+        "{deepseek:?}"
+    );
     let k = parallel_forward(&v, 128, 128, &cfg).expect("forward");
     assert!(k.name.ends_with("_tma_le"), "{}", k.name);
-    // The rows are packed at the tile's end and stored between the next
-    // tile's first S GEMM's commit and its wait; the last tile's after the
-    // tile loop.
+    // The previous tile's last P·V is its own group just before the next
+    // tile's first S GEMM; once it is done (wait 1) the rows are packed and
+    // stored while the S GEMM runs (wait 0 after them); the last tile's after
+    // the tile loop.
     let src = &k.source;
+    let pv = src
+        .find("The previous tile's last P·V, in its own group")
+        .expect("the late P·V");
     let hook = src
         .find("The previous tile's epilogue while this S GEMM runs")
         .expect("the late stores");
-    let commit = src[..hook].rfind("wgmma_commit();").expect("the S GEMM");
-    assert!(
-        !src[commit..hook].contains("wgmma_wait"),
-        "S GEMM waited on"
-    );
+    assert!(pv < hook);
+    assert!(src[pv..hook].contains("pv_gemm(acc[0], pa,"));
+    assert_eq!(src[pv..hook].matches("wgmma_commit();").count(), 2);
+    assert!(!src[pv..hook].contains("wgmma_wait"), "a GEMM waited on");
     let wait = hook + src[hook..].find("wgmma_wait0();").expect("its wait");
-    assert!(src[hook..wait].contains("if (has_prev)"));
-    assert!(src[hook..wait].contains("*reinterpret_cast<uint4*>(orow"));
-    assert!(src.contains("// The last tile's epilogue."));
+    let late = &src[hook..wait];
+    assert!(late.contains("wgmma_wait1();") && late.contains("if (has_prev)"));
+    assert!(late.find("wgmma_wait1();") < late.find("*reinterpret_cast<uint4*>(orow"));
+    assert!(src.contains("// The last tile's last P·V and epilogue."));
     // Without it the rows are stored where the tile ends.
     let early = parallel_forward(
         &v,

@@ -71,7 +71,14 @@
         const int cls = STEP_CLASS(it, n0);
 {% endif %}        float s[MT][BN / 8][4];
         wgmma_fence();
-        {
+{% if first && late_epilogue %}        // The previous tile's last P·V, in its own group ahead of this S GEMM.
+        // Every path issues it (one group shape for ptxas): without one (the
+        // CTA's first tile, or one without key blocks) it multiplies P from
+        // an earlier block with this stage's V into rows that are not stored
+        // (nothing seen) or zeroed next.
+        pv_gemm(acc[0], pa, smem_u32(sV + (prev_pv ? prev_last : cur) * BN * SVS));
+        wgmma_commit();
+{% endif %}        {
             const unsigned k_base = smem_u32(sK + cur * BN * SQS);
 {% if q_regs %}#pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
@@ -84,7 +91,11 @@
 {% endif %}        }
         wgmma_commit();
 {% if first %}{% if late_epilogue %}        // The previous tile's epilogue while this S GEMM runs.
-{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}{% endif %}        wgmma_wait0();
+        wgmma_wait1();
+        wgmma_fence_operands_n{{ dv }}(acc[0]);
+        fence_regs(pa);
+        if (prev_pv) mbar_arrive(&bar_empty[prev_last]);
+{% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}{% endif %}        wgmma_wait0();
 {% else %}        {
             const unsigned v_base = smem_u32(sV + prev * BN * SVS);
             pv_gemm(acc[0], pa, v_base);
@@ -483,6 +494,16 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 #pragma unroll
                 for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
             }
+        }
+{% endmacro %}
+{% macro last_pv() %}        if (prev_pv) {
+            // The previous tile's last P·V, alone.
+            wgmma_fence();
+            pv_gemm(acc[0], pa, smem_u32(sV + prev_last * BN * SVS));
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands_n{{ dv }}(acc[0]);
+            mbar_arrive(&bar_empty[prev_last]);
         }
 {% endmacro %}
 {% macro previous_epilogue() %}        if (has_prev) {
@@ -919,6 +940,13 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // in-flight GEMM before any read of registers a GEMM wrote in an earlier
     // tile), its row state and where they go outlive the tile.
 {% call init_rows(true) %}{% endcall %}    unsigned opk[NR][DVW / 8];
+    // The last block's P of the previous tile and its stage: its P·V runs in
+    // the next tile, beside that tile's first S GEMM.
+    unsigned pa[BN / 16][4];
+#pragma unroll
+    for (int i = 0; i < BN / 16; ++i) pa[i][0] = pa[i][1] = pa[i][2] = pa[i][3] = 0u;
+    bool prev_pv = false;
+    int prev_last = 0;
     bool has_prev = false;
     long long prev_q_row0 = 0;
     int prev_m0 = 0, prev_dv0 = 0;
@@ -946,11 +974,11 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // The FlashAttention-3 schedule inside a warpgroup: block it's scores
         // and online step run while block it-1's P·V is on the tensor cores;
         // a stage goes back to the producer once its P·V has finished.
-        unsigned pa[BN / 16][4];  // P of the previous block, packed
-        if (n_iter > 0) {
+{% if !late_epilogue %}        unsigned pa[BN / 16][4];  // P of the previous block, packed
+{% endif %}        if (n_iter > 0) {
 {% call pipelined_block(true, 0) %}{% endcall %}
         }{% if late_epilogue %} else {
-{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}        }{% endif %}
+{% call last_pv() %}{% endcall %}{% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}        }{% endif %}
         // Runs of tiles that need per-score masking and runs that do not, each
         // loop body with one path: one body branching between the two paths
         // while P·V is in flight measured far slower on the tiles that take
@@ -964,7 +992,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             }
         }
 {% if persistent && !q_regs %}        mbar_arrive(&bar_q_free);  // the tile's S GEMMs are done with Q
-{% endif %}        if (n_iter > 0) {
+{% endif %}{% if late_epilogue %}        // The last block's P·V waits for the next tile's first S GEMM.
+        prev_pv = n_iter > 0;
+        prev_last = (ring + n_iter + STAGES - 1) % STAGES;
+{% else %}        if (n_iter > 0) {
             // The last block's P·V.
             const int last = (ring + n_iter - 1) % STAGES;
             wgmma_fence();
@@ -974,7 +1005,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             wgmma_fence_operands_n{{ dv }}(acc[0]);
 {% if persistent %}            mbar_arrive(&bar_empty[last]);
 {% endif %}        }
-{% if late_epilogue %}{% call pack_rows() %}{% endcall %}        has_prev = true;
+{% endif %}{% if late_epilogue %}        has_prev = true;
         prev_q_row0 = q_row0;
         prev_m0 = m0;
         prev_dv0 = dv0;
@@ -982,8 +1013,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         ++lt;
     }
 {% if late_epilogue %}    {
-        // The last tile's epilogue.
-{% call previous_epilogue() %}{% endcall %}    }
+        // The last tile's last P·V and epilogue.
+{% call last_pv() %}{% endcall %}{% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}    }
 {% endif %}{% else %}
     {
         const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %}, by = blockIdx.y, bz = blockIdx.z;

@@ -119,13 +119,14 @@ pub struct ForwardConfig {
     #[serde(default)]
     pub tma_loads: bool,
     /// Persistent kernels on rows TMA loads (ignored elsewhere): a tile's
-    /// output rows are packed at its end and stored in the next tile, after
-    /// that tile's first S GEMM is issued, so the tensor cores compute
-    /// through the stores. Pays where the next tile's Q is ready by then,
-    /// i.e. in registers ([`q_in_registers`](Self::q_in_registers)): H100,
-    /// causal d128 1-2% faster; with Q in shared memory, loaded only once
-    /// the last tile's S GEMMs are done, 5% slower (bench/NOTES.md session
-    /// 36).
+    /// last P·V and epilogue run in the next tile, beside its first S GEMM
+    /// (the P·V issued just before it, the rows packed and stored while it
+    /// runs), so the tensor cores compute through what was the tile's
+    /// drain. Pays where the next tile's Q is ready by then, i.e. in
+    /// registers ([`q_in_registers`](Self::q_in_registers)): H100, causal
+    /// d128 2-3% and DeepSeek 1.5% faster; with Q in shared memory, loaded
+    /// only once the last tile's S GEMMs are done, the stores alone made it
+    /// 5% slower (bench/NOTES.md session 36).
     #[serde(default)]
     pub late_epilogue: bool,
 }
@@ -153,8 +154,9 @@ impl ForwardConfig {
     /// registers: H100, DeepSeek 192/128 causal 0.440 → 0.416 ms,
     /// bench/NOTES.md session 32). Causal masks at Dqk 128 also keep Q in
     /// registers (H100, with TMA loads: 3-6% faster; 6% slower without a
-    /// mask, bench/NOTES.md session 35), and store a tile's rows under the
-    /// next tile's first S GEMM ([`late_epilogue`](Self::late_epilogue)).
+    /// mask, bench/NOTES.md session 35). Tiles with Q in registers run a
+    /// tile's last P·V and epilogue beside the next tile's first S GEMM
+    /// ([`late_epilogue`](Self::late_epilogue)).
     pub fn default_for(
         variant: &Variant,
         dqk: u32,
@@ -277,9 +279,9 @@ impl ForwardConfig {
             key_warps,
             dv_warps: 1,
             tma_loads: warp_specialized,
-            // Measured on the causal Q-in-registers tiles at Dqk 128 only
-            // (DeepSeek's 80-key one: level).
-            late_epilogue: causal_q_regs && warp_specialized,
+            // Wherever Q is in registers (H100: causal d128 2-3%, DeepSeek
+            // 1.5% faster; bench/NOTES.md session 36).
+            late_epilogue: q_in_registers,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
