@@ -973,6 +973,18 @@ fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
     )
     .expect("forward");
     assert!(!early.source.contains("has_prev") && !early.name.ends_with("_le"));
+    // Q in registers loads the next tile's Q at the tile's start; in shared
+    // memory, where it loads only after the last S GEMM, the producer first
+    // brings it into L2.
+    assert!(!k.source.contains("tma_prefetch_3d(tm_q"));
+    let plain = parallel_forward(
+        &example("softmax"),
+        128,
+        128,
+        &ForwardConfig::default_for(&example("softmax"), 128, 128, Elem::Bf16, Isa::Sm90a),
+    )
+    .expect("forward");
+    assert!(plain.source.contains("tma_prefetch_3d(tm_q, p * 64, nm0,"));
     // Q in shared memory (loaded only once the last tile's S GEMMs end) keeps
     // the stores in the tile: 5% slower late (bench/NOTES.md session 36).
     assert!(

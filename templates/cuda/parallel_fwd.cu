@@ -926,6 +926,20 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
         }
 {% if scheduled %}        if (ptid == 0) next_ticket = TAKE_TICKET();
+{% endif %}{% if tma && persistent && !scheduled && !q_regs %}        if (ptid == 0) {
+            // The next tile's Q into L2: its load waits for this tile's last
+            // S GEMM (`q_free`), and then reads L2 instead of memory.
+            int nu = unit, ns = second + 1;
+            if (ns == 2 || n_rb - 1 - pair == pair) {
+                nu += gridDim.x;
+                ns = 0;
+            }
+            if (nu < n_units) {
+                const int np = (nu / DV_SPLIT) % n_pairs, nrank = ns ? n_rb - 1 - np : np;
+                const int nm0 = ({% if causal %}n_rb - 1 - nrank{% else %}nrank{% endif %}) * BM;
+                for (int p = 0; p < DQK / 64; ++p) tma_prefetch_3d(tm_q, p * 64, nm0, nu / DV_SPLIT / n_pairs);
+            }
+        }
 {% endif %}        ring += n_iter;
         ++lt;
     }

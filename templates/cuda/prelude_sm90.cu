@@ -138,6 +138,13 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap& map, int c0
         ::"r"(smem_u32(dst)), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
         : "memory");
 }
+// Brings the box at (c0, c1, c2) of the tensor `map` describes into L2 (no
+// shared memory, no barrier): a later tma_load_3d of it then reads L2.
+__device__ __forceinline__ void tma_prefetch_3d(const TmaMap& map, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, { %1, %2, %3 }];\n"
+                 ::"l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
 // Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
