@@ -379,10 +379,10 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
         const int by = blockIdx.y, bz = blockIdx.z;
 {% endif %}{% endif %}{% endmacro %}
 {% macro pack_rows() %}
-        // The late epilogue's first half, at the tile's end: O's rows times
-        // their row factors (fully masked rows are 0), packed and transposed
-        // as `epilogue` does, kept in `opk` for the next tile to store. (The
-        // epilogue interleaves the two halves, which keeps fewer values live.)
+        // The late epilogue's first half: O's rows times their row factors
+        // (fully masked rows are 0), packed and transposed as `epilogue`
+        // does, into `opk`. (The epilogue interleaves this with the stores,
+        // which keeps fewer values live.)
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             const int mt = r / 2, half = r % 2;
@@ -858,9 +858,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     __shared__ int4 s_ticket;
 {% endif %}    if (tid == 0) {
         mbar_init(&bar_q, {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
-{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
-{% endif %}
 {% if scheduled %}        mbar_init(&bar_ticket, 1);
+{% endif %}{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
             mbar_init(&bar_full[st], {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
             mbar_init(&bar_empty[st], NWARPS * WARP);
@@ -948,11 +947,12 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     int ring = 0, lt = 0;  // K/V blocks and tiles consumed so far
-{% if late_epilogue %}    // A tile's rows are stored under the next tile's first S GEMM (the
-    // tensor cores would otherwise idle through the stores): its packed rows
-    // (`opk`; packed at the tile's end, since ptxas injects a wait for the
-    // in-flight GEMM before any read of registers a GEMM wrote in an earlier
-    // tile), its row state and where they go outlive the tile.
+{% if late_epilogue %}    // A tile's last P·V and epilogue run in the next tile, beside its first
+    // S GEMM (the tensor cores would otherwise idle through them), so its
+    // accumulators, row state, last P and where its rows go outlive the
+    // tile. (The P·V is issued there, not waited for here: ptxas waits for
+    // every in-flight GEMM before an instruction reads accumulators that a
+    // GEMM of an earlier loop iteration wrote.)
 {% call init_rows(true) %}{% endcall %}    unsigned opk[NR][DVW / 8];
     // The last block's P of the previous tile and its stage: its P·V runs in
     // the next tile, beside that tile's first S GEMM.
