@@ -378,6 +378,25 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% else %}    {
         const int by = blockIdx.y, bz = blockIdx.z;
 {% endif %}{% endif %}{% endmacro %}
+{% macro quad_group() %}                // Group q of row r's O columns (in 8-column groups) times
+                // the row factor `of`, packed, transposed across the quad: lane
+                // t4 holds group 4q + t4 whole (w[0..3]).
+                unsigned w[4];
+#pragma unroll
+                for (int d = 0; d < 4; ++d) {
+                    const float o0 = seen[r] ? acc[mt][4 * q + d][2 * half] * of : 0.0f;
+                    const float o1 = seen[r] ? acc[mt][4 * q + d][2 * half + 1] * of : 0.0f;
+                    w[d] = pack2(o0, o1);
+                }
+                quad_transpose(w, t4);
+{% endmacro %}
+{% macro row_state_out() %}                float sc[NSCALES_ARR];
+                epilogue_scales(st[r], sc, P);
+#pragma unroll
+                for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
+#pragma unroll
+                for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
+{% endmacro %}
 {% macro pack_rows() %}
         // The late epilogue's first half: O's rows times their row factors
         // (fully masked rows are 0), packed and transposed as `epilogue`
@@ -389,15 +408,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             const float of = epilogue_o_factor(st[r], P);
 #pragma unroll
             for (int q = 0; q < QUAD_GROUPS; ++q) {
-                unsigned w[4];
-#pragma unroll
-                for (int d = 0; d < 4; ++d) {
-                    const float o0 = seen[r] ? acc[mt][4 * q + d][2 * half] * of : 0.0f;
-                    const float o1 = seen[r] ? acc[mt][4 * q + d][2 * half + 1] * of : 0.0f;
-                    w[d] = pack2(o0, o1);
-                }
-                quad_transpose(w, t4);
-#pragma unroll
+{% call quad_group() %}{% endcall %}#pragma unroll
                 for (int d = 0; d < 4; ++d) opk[r][4 * q + d] = w[d];
             }
 #pragma unroll
@@ -424,13 +435,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 #pragma unroll
             for (int dt = QUAD_GROUPS * 4; dt < DVW / 8; ++dt) *reinterpret_cast<unsigned*>(orow + dt * 8 + 2 * t4) = opk[r][dt];
             if (t4 == 0 && dv0 == 0 && DW_COL == 0) {  // every slice has the same row state
-                float sc[NSCALES_ARR];
-                epilogue_scales(st[r], sc, P);
-#pragma unroll
-                for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
-#pragma unroll
-                for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
-            }
+{% call row_state_out() %}{% endcall %}            }
         }
 {% endmacro %}
 {% macro epilogue() %}
@@ -470,15 +475,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             // columns per lane.
 #pragma unroll
             for (int q = 0; q < QUAD_GROUPS; ++q) {
-                unsigned w[4];
-#pragma unroll
-                for (int d = 0; d < 4; ++d) {
-                    const float o0 = seen[r] ? acc[mt][4 * q + d][2 * half] * of : 0.0f;
-                    const float o1 = seen[r] ? acc[mt][4 * q + d][2 * half + 1] * of : 0.0f;
-                    w[d] = pack2(o0, o1);
-                }
-                quad_transpose(w, t4);
-                if (row_ok) *reinterpret_cast<uint4*>(orow + (4 * q + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+{% call quad_group() %}{% endcall %}                if (row_ok) *reinterpret_cast<uint4*>(orow + (4 * q + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
             }
 #pragma unroll
             for (int dt = QUAD_GROUPS * 4; dt < DVW / 8; ++dt) {
@@ -487,13 +484,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 if (row_ok) *reinterpret_cast<unsigned*>(orow + dt * 8 + 2 * t4) = pack2(o0, o1);
             }
             if (row_ok && t4 == 0 && dv0 == 0 && DW_COL == 0) {  // every slice has the same row state
-                float sc[NSCALES_ARR];
-                epilogue_scales(st[r], sc, P);
-#pragma unroll
-                for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
-#pragma unroll
-                for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
-            }
+{% call row_state_out() %}{% endcall %}            }
         }
 {% endmacro %}
 {% macro last_pv() %}        if (prev_pv) {
