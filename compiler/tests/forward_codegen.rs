@@ -1,7 +1,7 @@
 //! The parallel forward generator on every parallel example: it renders, the
 //! variant's regions land in the kernel, configuration errors are clear.
 
-use aec_compiler::cxx::regions::implies_causal;
+use aec_compiler::cxx::regions::{implies_causal, is_causal};
 use aec_compiler::{
     ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, parallel_backward, parallel_forward,
     parallel_forward_varlen,
@@ -177,20 +177,19 @@ fn causal_masks_bound_the_kv_loop() {
             .expect("example")
             .1
     };
-    for (name, causal) in [
-        ("softmax_causal", true),
-        ("sliding_window", true),
-        ("document_mask", true),
-        ("alibi", true),
-        ("softmax", false),
-        ("decode", false),
+    // (name, implies causality, is exactly causal)
+    for (name, causal, plain) in [
+        ("softmax_causal", true, true),
+        ("sliding_window", true, false),
+        ("document_mask", true, false),
+        ("alibi", true, true),
+        ("softmax", false, false),
+        ("decode", false, false),
     ] {
         let v = by_name(name);
-        let is = v
-            .parallel()
-            .and_then(|p| p.mask.as_ref())
-            .is_some_and(implies_causal);
-        assert_eq!(is, causal, "{name}");
+        let mask = v.parallel().and_then(|p| p.mask.as_ref());
+        assert_eq!(mask.is_some_and(implies_causal), causal, "{name}");
+        assert_eq!(mask.is_some_and(is_causal), plain, "{name}: plain causal");
         let (dqk, dv) = dims(&v);
         let k = parallel_forward(&v, dqk, dv, &CFG).expect("kernel");
         assert_eq!(
@@ -211,6 +210,7 @@ fn causal_masks_bound_the_kv_loop() {
     )
     .expect("variant");
     assert!(implies_causal(v.parallel().unwrap().mask.as_ref().unwrap()));
+    assert!(is_causal(v.parallel().unwrap().mask.as_ref().unwrap()));
     let v = parse_str(
         "pub struct C: parallel { q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv]; mask = |b, h, i, j| i >= j || j == 0; }",
     )
@@ -933,6 +933,13 @@ fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
     let v = example("softmax_causal");
     let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(cfg.late_epilogue && cfg.q_in_registers, "{cfg:?}");
+    // Not under the sliding window's two-sided mask (3% slower there).
+    let window =
+        ForwardConfig::default_for(&example("sliding_window"), 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(window.q_in_registers && !window.late_epilogue, "{window:?}");
+    // Nor with a per-score closure (not measured).
+    let alibi = ForwardConfig::default_for(&example("alibi"), 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(alibi.q_in_registers && !alibi.late_epilogue, "{alibi:?}");
     // DeepSeek's dims keep Q in registers too.
     let deepseek = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm90a);
     assert!(

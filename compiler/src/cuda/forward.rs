@@ -9,7 +9,7 @@ use crate::cxx::closures::{
     CustomParams, MAX_FORWARD_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
-use crate::cxx::regions::{forward_regions, implies_causal, state_init};
+use crate::cxx::regions::{forward_regions, implies_causal, is_causal, state_init};
 use crate::launch_plan::SizeExpr;
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op};
@@ -126,7 +126,8 @@ pub struct ForwardConfig {
     /// registers ([`q_in_registers`](Self::q_in_registers)): H100, causal
     /// d128 2-3% and DeepSeek 1.5% faster; with Q in shared memory, loaded
     /// only once the last tile's S GEMMs are done, the stores alone made it
-    /// 5% slower (bench/NOTES.md session 36).
+    /// 5% slower; under the sliding window's two-sided mask 3% slower
+    /// (bench/NOTES.md session 36).
     #[serde(default)]
     pub late_epilogue: bool,
 }
@@ -154,8 +155,9 @@ impl ForwardConfig {
     /// registers: H100, DeepSeek 192/128 causal 0.440 → 0.416 ms,
     /// bench/NOTES.md session 32). Causal masks at Dqk 128 also keep Q in
     /// registers (H100, with TMA loads: 3-6% faster; 6% slower without a
-    /// mask, bench/NOTES.md session 35). Tiles with Q in registers run a
-    /// tile's last P·V and epilogue beside the next tile's first S GEMM
+    /// mask, bench/NOTES.md session 35). Tiles with Q in registers, no
+    /// mask or a plain causal one and no per-score closure run a tile's last
+    /// P·V and epilogue beside the next tile's first S GEMM
     /// ([`late_epilogue`](Self::late_epilogue)).
     pub fn default_for(
         variant: &Variant,
@@ -256,6 +258,13 @@ impl ForwardConfig {
             (128, 64, 8, false)
         };
         let warp_specialized = hopper && !decode && !modifies_kv;
+        // The late epilogue where Q is in registers, the mask, if any, is
+        // plain causal and no score closure runs per score: as measured
+        // (H100: causal d128 2-3%, DeepSeek 1.5% faster; under the sliding
+        // window's two-sided mask 3% slower; bench/NOTES.md session 36).
+        let plain_scores = variant
+            .parallel()
+            .is_some_and(|p| p.mask.as_ref().is_none_or(is_causal) && p.modify_scores.is_none());
         let q_in_registers = warp_specialized && (q_regs_tile || causal_q_regs);
         let mut cfg = ForwardConfig {
             block_m,
@@ -279,9 +288,7 @@ impl ForwardConfig {
             key_warps,
             dv_warps: 1,
             tma_loads: warp_specialized,
-            // Wherever Q is in registers (H100: causal d128 2-3%, DeepSeek
-            // 1.5% faster; bench/NOTES.md session 36).
-            late_epilogue: q_in_registers,
+            late_epilogue: q_in_registers && plain_scores,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined

@@ -449,16 +449,28 @@ fn combine_fns(
 /// Whether a mask is false wherever `j > i` (causal, or causal and more): then
 /// no key past the block's last query row needs to be visited.
 pub fn implies_causal(mask: &Region) -> bool {
-    use aec_frontend::ir::{Binary, NodeId};
-    fn go(r: &Region, id: NodeId) -> bool {
-        let n = r.graph.node(id);
-        let is = |k: usize, axis: Axis| r.graph.node(n.args[k]).op == Op::Index(axis);
-        match n.op {
-            Op::Binary(Binary::Ge) => is(0, Axis::Sq) && is(1, Axis::Skv),
-            Op::Binary(Binary::Le) => is(0, Axis::Skv) && is(1, Axis::Sq),
-            Op::Binary(Binary::And) => go(r, n.args[0]) || go(r, n.args[1]),
-            _ => false,
+    mask.output("mask")
+        .is_some_and(|m| causal_term(mask, m, true))
+}
+
+/// Whether the mask is exactly `i >= j` (or `j <= i`), with nothing else.
+pub fn is_causal(mask: &Region) -> bool {
+    mask.output("mask")
+        .is_some_and(|m| causal_term(mask, m, false))
+}
+
+/// Whether node `id` is `i >= j` (or `j <= i`), or with `in_and` a
+/// conjunction with such a term.
+fn causal_term(r: &Region, id: aec_frontend::ir::NodeId, in_and: bool) -> bool {
+    use aec_frontend::ir::Binary;
+    let n = r.graph.node(id);
+    let is = |k: usize, axis: Axis| r.graph.node(n.args[k]).op == Op::Index(axis);
+    match n.op {
+        Op::Binary(Binary::Ge) => is(0, Axis::Sq) && is(1, Axis::Skv),
+        Op::Binary(Binary::Le) => is(0, Axis::Skv) && is(1, Axis::Sq),
+        Op::Binary(Binary::And) if in_and => {
+            causal_term(r, n.args[0], true) || causal_term(r, n.args[1], true)
         }
+        _ => false,
     }
-    mask.output("mask").is_some_and(|m| go(mask, m))
 }
