@@ -132,6 +132,17 @@ pub struct ForwardConfig {
     pub late_epilogue: bool,
 }
 
+/// Whether [`ForwardConfig::late_epilogue`] pays for `variant` where Q is in
+/// registers: its mask, if any, is plain causal and no score closure runs
+/// per score, as measured (H100: causal d128 2-3%, DeepSeek 1.5% faster;
+/// under the sliding window's two-sided mask 3% slower; bench/NOTES.md
+/// session 36). The default and the tuner's space both follow it.
+pub(crate) fn late_epilogue_pays(variant: &Variant) -> bool {
+    variant
+        .parallel()
+        .is_some_and(|p| p.mask.as_ref().is_none_or(is_causal) && p.modify_scores.is_none())
+}
+
 fn one_warp() -> u32 {
     1
 }
@@ -258,13 +269,6 @@ impl ForwardConfig {
             (128, 64, 8, false)
         };
         let warp_specialized = hopper && !decode && !modifies_kv;
-        // The late epilogue where Q is in registers, the mask, if any, is
-        // plain causal and no score closure runs per score: as measured
-        // (H100: causal d128 2-3%, DeepSeek 1.5% faster; under the sliding
-        // window's two-sided mask 3% slower; bench/NOTES.md session 36).
-        let plain_scores = variant
-            .parallel()
-            .is_some_and(|p| p.mask.as_ref().is_none_or(is_causal) && p.modify_scores.is_none());
         let q_in_registers = warp_specialized && (q_regs_tile || causal_q_regs);
         let mut cfg = ForwardConfig {
             block_m,
@@ -288,7 +292,7 @@ impl ForwardConfig {
             key_warps,
             dv_warps: 1,
             tma_loads: warp_specialized,
-            late_epilogue: q_in_registers && plain_scores,
+            late_epilogue: q_in_registers && late_epilogue_pays(variant),
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined

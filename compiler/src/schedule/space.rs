@@ -188,8 +188,9 @@ pub fn forward_space(variant: &Variant, problem: &Problem, device: &DeviceConfig
         .collect();
     match device.target {
         Target::Cuda(isa) => {
+            let late_epilogue = crate::cuda::forward::late_epilogue_pays(variant);
             for cfg in cuda_forward_configs(&facts, problem, isa, &splits) {
-                consider_cuda(&mut space, cfg, problem, device);
+                consider_cuda(&mut space, cfg, problem, device, late_epilogue);
             }
         }
         Target::Hip(_) => {
@@ -279,7 +280,6 @@ fn cuda_forward_configs(
                                     // (TMA loads wherever the producer is a
                                     // warp of its own: 1-6% faster.)
                                     tma_loads: ws,
-                                    late_epilogue: false,
                                     ..base
                                 });
                             }
@@ -303,11 +303,14 @@ fn cuda_forward_configs(
     out
 }
 
+/// `late_epilogue`: whether the variant takes the late epilogue where Q is
+/// in registers.
 fn consider_cuda(
     space: &mut Space,
     mut cfg: ForwardConfig,
     problem: &Problem,
     device: &DeviceConfig,
+    late_epilogue: bool,
 ) {
     let reject = |space: &mut Space, cfg, reason: String| {
         space.rejected.push(Rejected {
@@ -374,8 +377,9 @@ fn consider_cuda(
     if cfg.warp_specialized {
         cfg.q_in_registers = placement.tier_of("q") == Some(Tier::Register);
         // The next tile's Q is ready at the last tile's end only from
-        // registers, where storing rows late pays (`late_epilogue`).
-        cfg.late_epilogue = cfg.q_in_registers && cfg.persistent;
+        // registers, where finishing a tile late pays for the variants
+        // `late_epilogue_pays` names (as in the default).
+        cfg.late_epilogue = late_epilogue && cfg.q_in_registers && cfg.persistent;
         if !cfg.q_in_registers {
             // In shared memory Q is the block's whole tile, not a unit's.
             let q = placement
