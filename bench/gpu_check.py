@@ -219,10 +219,11 @@ class BackwardKernel:
         self.module = load_module(cases_dir, meta["cubin"])
         self.fns = [(get_function(self.module, l["name"], l["smem_bytes"]), l) for l in meta["launches"]]
 
-    def __call__(self, q, k, v, o, dout, rowout, customs, sizes, cu_q=None, cu_k=None):
+    def __call__(self, q, k, v, o, dout, rowout, customs, sizes, cu_q=None, cu_k=None, only=None):
         """With `cu_q`, `cu_k`: the backward of a packed variable-length batch
         (q, k, v packed `[H, T, D]`; `sizes` B = sequences, Sq/Skv the
-        longest): the row kernels cover the packed rows."""
+        longest): the row kernels cover the packed rows. With `only` (0, 1
+        or 2): that launch alone (pre, main, post), for timing."""
         b, h, hkv, sq, skv = sizes["B"], sizes["H"], sizes["Hkv"], sizes["Sq"], sizes["Skv"]
         dqk, dv = self.meta["dqk"], self.meta["dv"]
         rows = q.numel() // dqk if cu_q is not None else b * h * sq
@@ -250,7 +251,9 @@ class BackwardKernel:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
         stream = torch.cuda.current_stream().cuda_stream
-        for fn, l in self.fns:
+        for idx, (fn, l) in enumerate(self.fns):
+            if only is not None and idx != only:
+                continue
             g = l["grid"]
             if g["kind"] == "rows":
                 grid = ((rows + g["per_block"] - 1) // g["per_block"], 1, 1)
@@ -726,8 +729,11 @@ def run_bwd_sweep(cases_dir, index, workloads):
                 ms = bench(lambda: bk(q, k, v, o, do, rowout, {}, sizes))
                 rows.append(dict(workload=work, **{"pass": "bwd"}, impl=impl, template=template_of(e["backward"]), ms=ms,
                                  tflops=fl / (ms * 1e-3) / 1e12, max_rel_err=err, ptxas=e["backward"].get("ptxas")))
-                print(f"sweep {work:34s} bwd {impl:14s} {ms:8.4f} ms {rows[-1]['tflops']:7.1f} TF/s err={err:.2e}",
-                      flush=True)
+                # Each launch alone: the row kernel, the main kernel, dQ's conversion.
+                parts = [bench(lambda: bk(q, k, v, o, do, rowout, {}, sizes, only=i)) for i in range(len(bk.fns))]
+                rows[-1]["launch_ms"] = parts
+                print(f"sweep {work:34s} bwd {impl:14s} {ms:8.4f} ms {rows[-1]['tflops']:7.1f} TF/s err={err:.2e}"
+                      f" (pre/main/post {' / '.join(f'{x:.4f}' for x in parts)} ms)", flush=True)
             except Exception as ex:
                 rows.append(dict(workload=work, **{"pass": "bwd"}, impl=impl, error=f"{type(ex).__name__}: {ex}"))
                 print(f"sweep {work:34s} bwd {impl:14s} ERROR {type(ex).__name__}: {ex}", flush=True)

@@ -151,6 +151,7 @@ fn plans_match_the_runtime_launch_logic() {
                 [&bw.pre, &bw.main, &bw.post],
                 &bw.args,
                 &bw.row_outputs,
+                bw.modifies_q,
             );
             check_arguments(&name, &plan);
             for shape in SHAPES {

@@ -47,6 +47,7 @@ fn parallel_backward(name: &str, isa: Isa) -> EntryPlan {
         [&b.pre, &b.main, &b.post],
         &b.args,
         &b.row_outputs,
+        b.modifies_q,
     )
 }
 

@@ -667,6 +667,7 @@ pub fn backward_plan(
     launches: [&Launch; 3],
     args: &[ArgKind],
     row_outputs: &[String],
+    modifies_q: bool,
 ) -> EntryPlan {
     let dims = parallel_dims(dqk, dv);
     let el = Dtype::of(elem);
@@ -693,7 +694,6 @@ pub fn backward_plan(
         role: Role::Input,
         ..output("dout", el, with(&q_rows, dv), "the gradient of the output")
     });
-    let modifies_q = variant.parallel().is_some_and(|p| p.modify_q.is_some());
     let work = |name: &str, dtype: Dtype, shape: Vec<SizeExpr>, doc: &str| BufferPlan {
         role: Role::Workspace,
         ..output(name, dtype, shape, doc)

@@ -1,12 +1,14 @@
 //! A uniform Q scale moved onto the scores: the rewritten forward regions
 //! compute what the variant's do on scaled scores, the simplified online
 //! step costs no more than before, other modifications of Q are left alone,
-//! and the kernels no longer modify the Q tile.
+//! and the kernels no longer modify the Q tile; the backward's weights and
+//! score gradients are those of the raw scores, and its kernels read q.
 
+use aec_compiler::backward_plan::{DOT_FIELD, backward_plan};
 use aec_compiler::cuda::dialect::{Elem, Isa};
-use aec_compiler::q_scale::fold_q_scale;
+use aec_compiler::q_scale::{fold_q_scale, fold_q_scale_backward};
 use aec_compiler::simplify::{Limits, simplify_region};
-use aec_compiler::{ForwardConfig, parallel_forward};
+use aec_compiler::{BackwardConfig, ForwardConfig, parallel_backward, parallel_forward};
 use aec_frontend::ir::{Op, ParamRole, Region};
 use aec_frontend::reference::eval::eval_region;
 use aec_frontend::{Variant, parse_file};
@@ -134,6 +136,129 @@ fn kernels_no_longer_modify_the_q_tile() {
         assert!(
             k.source.contains("online_fwd"),
             "{isa:?}: online step present"
+        );
+    }
+}
+
+/// Every output of a backward region with its score row `scores`, the seed
+/// (dP or the closure's upstream gradient) `seed`, the state fields by name
+/// (dO·O under `DOT_FIELD`), indices and sizes fixed.
+fn eval_backward(r: &Region, scores: &[f64], seed: &[f64], state: &[(&str, f64)]) -> Vec<Vec<f64>> {
+    eval_region(r, &mut |op| match op {
+        Op::Param(k) => match &r.params[*k as usize].role {
+            ParamRole::Element => scores.to_vec(),
+            ParamRole::Seed(_) => seed.to_vec(),
+            ParamRole::State(f) => vec![
+                state
+                    .iter()
+                    .find(|(name, _)| name == f)
+                    .unwrap_or_else(|| panic!("state field {f}"))
+                    .1,
+            ],
+        },
+        Op::Index(_) => vec![5.0],
+        Op::Shape(_) => vec![300.0],
+        other => unreachable!("{other:?}"),
+    })
+}
+
+#[test]
+fn the_backward_recomputes_weights_and_gradients_of_the_raw_scores() {
+    let v = example("softmax");
+    let folded = fold_q_scale_backward(&v, 128, 128).expect("softmax's Q scale folds");
+    assert!(folded.parallel().unwrap().modify_q.is_none());
+    assert!(folded.parallel().unwrap().backward.modify_q.is_none());
+    let (orig, new) = (backward_plan(&v).unwrap(), backward_plan(&folded).unwrap());
+    assert_eq!(orig.uses_dot, new.uses_dot);
+    let c = 1.0 / 128f64.sqrt();
+    let mut rng = StdRng::seed_from_u64(5);
+    for trial in 0..20 {
+        let s: Vec<f64> = (0..11).map(|_| rng.random_range(-40.0..40.0)).collect();
+        let dp: Vec<f64> = (0..11).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let scaled: Vec<f64> = s.iter().map(|x| c * x).collect();
+        let state = [
+            ("m", rng.random_range(-2.0..2.0)),
+            ("l", rng.random_range(0.5..3.0)),
+            (DOT_FIELD, rng.random_range(-1.0..1.0)),
+        ];
+        // The weight of the raw score is the original weight of the scaled one.
+        assert_rows_close(
+            &eval_backward(&new.recompute, &s, &dp, &state),
+            &eval_backward(&orig.recompute, &scaled, &dp, &state),
+            &format!("recomputed p, trial {trial}"),
+        );
+        // dL/ds_raw = c · dL/ds_scaled: the kernels' dK and dQ need no rescale.
+        let want: Vec<Vec<f64>> = eval_backward(&orig.ds, &scaled, &dp, &state)
+            .into_iter()
+            .map(|row| row.into_iter().map(|x| c * x).collect())
+            .collect();
+        assert_rows_close(
+            &eval_backward(&new.ds, &s, &dp, &state),
+            &want,
+            &format!("ds, trial {trial}"),
+        );
+    }
+}
+
+#[test]
+fn a_score_modification_gradient_takes_the_scale() {
+    let v = example("softcap");
+    let folded = fold_q_scale_backward(&v, 64, 64).expect("softcap's Q scale folds");
+    let (orig, new) = (v.parallel().unwrap(), folded.parallel().unwrap());
+    let (orig_bwd, new_bwd) = (
+        orig.backward.modify_scores.as_ref().unwrap(),
+        new.backward.modify_scores.as_ref().unwrap(),
+    );
+    let c = 1.0 / 64f64.sqrt();
+    let s: Vec<f64> = vec![-300.0, -7.5, 0.0, 2.25, 90.0];
+    let dy: Vec<f64> = vec![0.5, -1.25, 2.0, 0.75, -0.1];
+    let scaled: Vec<f64> = s.iter().map(|x| c * x).collect();
+    let want: Vec<Vec<f64>> = eval_backward(orig_bwd, &scaled, &dy, &[])
+        .into_iter()
+        .map(|row| row.into_iter().map(|x| c * x).collect())
+        .collect();
+    assert_rows_close(
+        &eval_backward(new_bwd, &s, &dy, &[]),
+        &want,
+        "softcap's score gradient",
+    );
+}
+
+#[test]
+fn wgmma_backward_kernels_read_q_itself() {
+    let v = example("softmax");
+    let cfg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.wgmma);
+    let k = parallel_backward(&v, 128, 128, &cfg).expect("softmax backward");
+    assert!(!k.modifies_q, "no qmod workspace to fill");
+    assert!(
+        !k.source.contains("modify_q(") && !k.source.contains("modify_q_bwd("),
+        "neither the row kernel's pass over Q nor dQ's rescale"
+    );
+    assert!(k.source.contains("qsrc = q;"), "the main kernel loads q");
+    // Kept where the fold is not taken: the mma.sync kernel (its register
+    // allocation spilled more with it), a score closure that reads custom
+    // inputs (its gradient and the scaled one are two values per score), a
+    // Q modification that is not one factor.
+    let mapped = aec_frontend::parse_str(
+        r#"
+        pub struct MappedQ: parallel {
+            q: [B, H, Sq, Dqk], k: [B, H, Skv, Dqk], v: [B, H, Skv, Dv];
+            modify_q = |q| relu(q) * rsqrt(Dqk);
+        }
+    "#,
+    )
+    .expect("parse");
+    assert!(fold_q_scale_backward(&mapped, 128, 128).is_none());
+    let sm80 = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80);
+    assert!(!sm80.wgmma);
+    for (variant, cfg) in [(&v, sm80), (&example("relative_bias"), cfg), (&mapped, cfg)] {
+        let k = parallel_backward(variant, 128, 128, &cfg).expect("backward");
+        assert!(k.modifies_q, "{}", k.main.name);
+        assert!(
+            k.source.contains("qsrc = qmod;") && k.source.contains("modify_q_bwd("),
+            "{}",
+            k.main.name
         );
     }
 }

@@ -332,6 +332,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                             [&b.pre, &b.main, &b.post],
                             &b.args,
                             &b.row_outputs,
+                            b.modifies_q,
                         ),
                     ));
                 }
@@ -929,6 +930,7 @@ fn hip_kernels(
                     [&b.pre, &b.main, &b.post],
                     &b.args,
                     &b.row_outputs,
+                    b.modifies_q,
                 ),
             ));
         }

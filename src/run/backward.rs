@@ -208,10 +208,7 @@ impl ParallelKernels {
             during: format!("running the backward of `{}`", self.variant.name),
             source: e,
         };
-        let modifies_q = self
-            .variant
-            .parallel()
-            .is_some_and(|p| p.modify_q.is_some());
+        let modifies_q = src.modifies_q;
         let kv_rows = shape.b * shape.hkv * shape.skv;
         // check_varlen_shapes bounded every boundary by the i32 row counts.
         let boundaries = match &forward.cu_seqlens {

@@ -50,6 +50,8 @@
 #define NWARPS {{ warps }}
 #define WARP {{ warp_size }}
 #define NT (NWARPS * WARP)  // the computing threads (and the row and element kernels' blocks)
+#define POST_ELEMS {{ post_elems }}  // dQ elements per thread of the element kernel
+static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of dq per thread");
 {% if ws %}#define NPT 128  // the main kernel's producer warpgroup: copies and dQ atomics
 #define NT_MAIN (NT + NPT)
 #define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
@@ -154,12 +156,22 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_pre(BWD_ARGS)
     for (int off = WARP / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) dot[row] = acc;
 {% endif %}{% if modify_q %}
-    for (int d = lane; d < DQK; d += WARP) {
-        const Pt pt = {b, h, hk, i, 0, d};
-        qmod[row * DQK + d] = from_f32(modify_q(to_f32(q[row * DQK + d]), pt, P));
+    // Eight elements (16 bytes) per lane and step.
+    for (int d0 = lane * 8; d0 < DQK; d0 += WARP * 8) {
+        const uint4 qv = *reinterpret_cast<const uint4*>(q + row * DQK + d0);
+        const elem_t* qe = reinterpret_cast<const elem_t*>(&qv);
+        float y[8];
+#pragma unroll
+        for (int x = 0; x < 8; ++x) {
+            const Pt pt = {b, h, hk, i, 0, d0 + x};
+            y[x] = modify_q(to_f32(qe[x]), pt, P);
+        }
+        *reinterpret_cast<uint4*>(qmod + row * DQK + d0) =
+            make_uint4(pack2(y[0], y[1]), pack2(y[2], y[3]), pack2(y[4], y[5]), pack2(y[6], y[7]));
     }
 {% endif %}
-    for (int d = lane; d < DQK; d += WARP) dq_acc[row * DQK + d] = 0.0f;
+    for (int d = lane * 4; d < DQK; d += WARP * 4)
+        *reinterpret_cast<float4*>(dq_acc + row * DQK + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 // acc = A·Bᵀ for the 16 rows of A at `a` and the BM rows of B at `b`, over
@@ -685,20 +697,35 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}{% if varlen %}    }  // the sequence's scope
 {% endif %}}
 
-// One thread per dQ element.
+// POST_ELEMS consecutive dQ elements of one row per thread (16-byte loads
+// and stores: DQK is a multiple of 16).
 extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS) {
     INIT_PARAMS
 {% if varlen %}    const int Tq = cu_q[B];
 {% endif %}    const long long n = ROWS * DQK;
-    const long long x = (long long)blockIdx.x * NT + threadIdx.x;
-    if (x >= n) return;
-    float d = dq_acc[x];
+    const long long x0 = ((long long)blockIdx.x * NT + threadIdx.x) * POST_ELEMS;
+    if (x0 >= n) return;
+    float d[POST_ELEMS];
+#pragma unroll
+    for (int c = 0; c < POST_ELEMS; c += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(dq_acc + x0 + c);
+        d[c] = a.x;
+        d[c + 1] = a.y;
+        d[c + 2] = a.z;
+        d[c + 3] = a.w;
+    }
 {% if modify_q %}    {
-        const long long row = x / DQK;
+        const long long row = x0 / DQK;
         ROW_COORDS(row)
-        const Pt pt = {b, h, h / (H / Hkv), i, 0, (int)(x % DQK)};
-        float gr[NGRAD_Q_ARR];
-        d = modify_q_bwd(to_f32(q[x]), d, pt, P, gr);
-{{ grad_q }}    }
-{% endif %}    dq[x] = from_f32(d);
+#pragma unroll
+        for (int c = 0; c < POST_ELEMS; ++c) {
+            const Pt pt = {b, h, h / (H / Hkv), i, 0, (int)(x0 % DQK) + c};
+            float gr[NGRAD_Q_ARR];
+            d[c] = modify_q_bwd(to_f32(q[x0 + c]), d[c], pt, P, gr);
+{{ grad_q }}        }
+    }
+{% endif %}    unsigned w[POST_ELEMS / 2];
+#pragma unroll
+    for (int c = 0; c < POST_ELEMS / 2; ++c) w[c] = pack2(d[2 * c], d[2 * c + 1]);
+    *reinterpret_cast<uint4*>(dq + x0) = make_uint4(w[0], w[1], w[2], w[3]);
 }

@@ -239,6 +239,10 @@ pub struct BackwardSource {
     pub config: BackwardConfig,
     /// Kernels of a packed variable-length batch ([`parallel_backward_varlen`]).
     pub varlen: bool,
+    /// Whether the row kernel writes the modified Q to `qmod` for the main
+    /// kernel (a `modify_q` that is not a uniform scale folded onto the
+    /// scores); otherwise `qmod` is not read and one element is enough.
+    pub modifies_q: bool,
 }
 
 impl BackwardSource {
@@ -307,6 +311,7 @@ struct BackwardTemplate<'a> {
     kv_panels: u32,
     nkv: u32,
     kv_issue: String,
+    post_elems: u32,
 }
 
 /// Generates the parallel backward kernels of `variant` for head dims `dqk`, `dv`.
@@ -344,6 +349,12 @@ fn generate_backward(
     cfg: &BackwardConfig,
     varlen: bool,
 ) -> Result<BackwardSource, CompileError> {
+    // A uniform Q scale is applied to the scores instead (`q_scale`), in the
+    // wgmma kernels: the mma.sync kernel's register allocation at Dqk 80 and
+    // 96 on sm_90a spilled twice as much with the folded element step
+    // (NVRTC: 72 → 152 bytes at d80).
+    let folded = crate::q_scale::backward_variant(variant, dqk, dv, cfg.wgmma);
+    let variant = folded.as_ref().unwrap_or(variant);
     let par = parallel_inputs(variant, dqk, dv, "backward", MAX_DQK)?;
     let dims_ok = match cfg.split_d {
         1 => wgmma_backward_dims_ok(dqk, dv),
@@ -483,6 +494,7 @@ fn generate_backward(
         } else {
             String::new()
         },
+        post_elems: POST_ELEMS,
     };
     let source = t
         .render()
@@ -529,15 +541,22 @@ fn generate_backward(
             name: format!("{kernel_name}_post"),
             threads,
             smem_bytes: 0,
-            grid: Grid::Elements { per_block: threads },
+            grid: Grid::Elements {
+                per_block: threads * POST_ELEMS,
+            },
         },
         dqk,
         dv,
         row_outputs,
         config: *cfg,
         varlen,
+        modifies_q: par.modify_q.is_some(),
     })
 }
+
+/// dQ elements per thread of the element kernel: 16-byte stores of dq and
+/// two 16-byte loads of the f32 accumulator (Dqk is a multiple of 16).
+const POST_ELEMS: u32 = 8;
 
 /// Whether the `wgmma` backward takes these head dims: its registers hold
 /// dK and dV of 64 keys per warpgroup, which fits up to 128 columns each.

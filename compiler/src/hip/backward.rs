@@ -70,6 +70,8 @@ pub struct HipBackwardSource {
     pub dv: u32,
     pub row_outputs: Vec<String>,
     pub config: HipBackwardConfig,
+    /// As [`BackwardSource::modifies_q`](crate::BackwardSource::modifies_q).
+    pub modifies_q: bool,
 }
 
 #[derive(Template)]
@@ -116,6 +118,9 @@ pub fn hip_parallel_backward(
     gfx: Gfx,
     prelude: HipPrelude,
 ) -> Result<HipBackwardSource, CompileError> {
+    // A uniform Q scale is applied to the scores instead (`q_scale`).
+    let folded = crate::q_scale::backward_variant(variant, dqk, dv, true);
+    let variant = folded.as_ref().unwrap_or(variant);
     let par = parallel_inputs(variant, dqk, dv, "backward", MAX_DQK)?;
     if dv > MAX_BACKWARD_DV {
         return Err(CompileError(format!(
@@ -228,5 +233,6 @@ pub fn hip_parallel_backward(
         dv,
         row_outputs: row_output_names(online),
         config: *cfg,
+        modifies_q: par.modify_q.is_some(),
     })
 }
