@@ -247,6 +247,8 @@ class BackwardKernel:
                 vals.append(ctypes.c_uint64(grads[a["name"]].data_ptr()))
             elif kind in ("cu_seqlens", "cu_seqlens_k"):
                 vals.append(ctypes.c_uint64((cu_q if kind == "cu_seqlens" else cu_k).data_ptr()))
+            elif kind == "tensor_map":
+                vals.append(tensor_map(bufs[a["name"]], [eval_size(d, sizes) for d in a["dims"]], a["box"]))
             else:
                 vals.append(ctypes.c_int32(sizes[a["axis"]]))
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])

@@ -144,15 +144,7 @@ fn plans_match_the_runtime_launch_logic() {
             let Ok(bw) = parallel_backward(&v, dqk, dv, &cfg) else {
                 continue;
             };
-            let plan = backward_plan(
-                &v,
-                (dqk, dv),
-                Elem::Bf16,
-                [&bw.pre, &bw.main, &bw.post],
-                &bw.args,
-                &bw.row_outputs,
-                bw.modifies_q,
-            );
+            let plan = backward_plan(&v, (dqk, dv), Elem::Bf16, bw.kernels());
             check_arguments(&name, &plan);
             for shape in SHAPES {
                 let at = vars(shape, 1);

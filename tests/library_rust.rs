@@ -40,15 +40,7 @@ fn parallel_forward(name: &str, isa: Isa) -> EntryPlan {
 fn parallel_backward(name: &str, isa: Isa) -> EntryPlan {
     let def = example(name);
     let b = backward_source(&def, dims(), &KernelOptions::default(), isa).expect("backward source");
-    backward_plan(
-        &def,
-        (128, 64),
-        Elem::Bf16,
-        [&b.pre, &b.main, &b.post],
-        &b.args,
-        &b.row_outputs,
-        b.modifies_q,
-    )
+    backward_plan(&def, (128, 64), Elem::Bf16, b.kernels())
 }
 
 fn mamba2_forward() -> EntryPlan {

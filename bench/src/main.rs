@@ -11,9 +11,9 @@
 
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, Elem, ForwardConfig, Grid, Isa, KernelSource,
-    block_mask_builder, parallel_backward, parallel_backward_varlen, parallel_forward,
-    parallel_forward_block_sparse, parallel_forward_paged, parallel_forward_varlen,
-    untuned_forward_config,
+    TensorMapSpec, block_mask_builder, parallel_backward, parallel_backward_varlen,
+    parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
+    parallel_forward_varlen, untuned_forward_config,
 };
 use aec_frontend::ir::Axis;
 use aec_frontend::reference::{self, Inputs, Options, Tensor};
@@ -398,19 +398,25 @@ fn main() {
         let v = load(&root, "softmax");
         let tag_of = |cfg: &BackwardConfig| {
             format!(
-                "m{}w{}s{}{}{}",
+                "m{}w{}s{}{}{}{}",
                 cfg.block_m,
                 cfg.warps,
                 cfg.split_d,
                 if cfg.wgmma { "_wgmma" } else { "" },
-                if cfg.warp_specialized { "_ws" } else { "" }
+                if cfg.warp_specialized { "_ws" } else { "" },
+                if cfg.warp_specialized && cfg.tma_loads {
+                    "_tma"
+                } else {
+                    ""
+                }
             )
         };
-        for (bm, warps, wgmma, warp_specialized) in [
-            (32, 8, false, false),
-            (64, 8, false, false),
-            (64, 8, true, false),
-            (64, 8, true, true),
+        for (bm, warps, wgmma, warp_specialized, tma_loads) in [
+            (32, 8, false, false, false),
+            (64, 8, false, false, false),
+            (64, 8, true, false, false),
+            (64, 8, true, true, false),
+            (64, 8, true, true, true),
         ] {
             let cfg = BackwardConfig {
                 block_m: bm,
@@ -419,6 +425,7 @@ fn main() {
                 elem: Elem::Bf16,
                 wgmma,
                 warp_specialized,
+                tma_loads,
             };
             let tag = tag_of(&cfg);
             let file = format!("sweep_bwd_{tag}");
@@ -436,6 +443,10 @@ fn main() {
                 BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm80),
                 BackwardConfig {
                     warp_specialized: !sm90.warp_specialized,
+                    ..sm90
+                },
+                BackwardConfig {
+                    tma_loads: !sm90.tma_loads,
                     ..sm90
                 },
                 sm90,
@@ -971,19 +982,7 @@ fn kernel_meta(
     includes: &[String],
 ) -> Value {
     let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
-    let mut args = args_meta(&k.args);
-    // A tensor map's extents (size expressions, innermost first) and box.
-    for (a, meta) in k.args.iter().zip(args.iter_mut()) {
-        if let ArgKind::TensorMap(t) = a {
-            let spec = k
-                .tensor_maps
-                .iter()
-                .find(|m| m.tensor == *t)
-                .expect("every tensor map has its spec");
-            meta["dims"] = json!(spec.dims);
-            meta["box"] = json!(spec.box_dims);
-        }
-    }
+    let args = args_meta_with_maps(&k.args, &k.tensor_maps);
     json!({
         "name": k.name,
         "source": cu,
@@ -1030,7 +1029,7 @@ fn backward_meta(
     json!({
         "source": cu,
         "cubin": cubin,
-        "args": args_meta(&b.args),
+        "args": args_meta_with_maps(&b.args, &b.tensor_maps),
         "launches": [launch(&b.pre), launch(&b.main), launch(&b.post)],
         "dqk": b.dqk,
         "dv": b.dv,
@@ -1085,6 +1084,23 @@ pub(crate) fn compile_source(
         cubin = json!(target.file_name().and_then(|f| f.to_str()));
     }
     (json!(cu.file_name().and_then(|f| f.to_str())), cubin, ptxas)
+}
+
+/// [`args_meta`], with each tensor map's extents (size expressions,
+/// innermost first) and box.
+fn args_meta_with_maps(args: &[ArgKind], maps: &[TensorMapSpec]) -> Vec<Value> {
+    let mut meta = args_meta(args);
+    for (a, m) in args.iter().zip(meta.iter_mut()) {
+        if let ArgKind::TensorMap(t) = a {
+            let spec = maps
+                .iter()
+                .find(|s| s.tensor == *t)
+                .expect("every tensor map has its spec");
+            m["dims"] = json!(spec.dims);
+            m["box"] = json!(spec.box_dims);
+        }
+    }
+    meta
 }
 
 fn args_meta(args: &[ArgKind]) -> Vec<Value> {

@@ -658,17 +658,35 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
     }
 }
 
+/// What a backward's plan takes from its generated source (CUDA's
+/// `BackwardSource` or HIP's `HipBackwardSource`, through their `kernels`).
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardKernels<'a> {
+    /// `pre`, `main`, `post`, launched in order with the same arguments.
+    pub launches: [&'a Launch; 3],
+    pub args: &'a [ArgKind],
+    /// The tensor maps among `args` (TMA loads of q and dO).
+    pub tensor_maps: &'a [TensorMapSpec],
+    pub row_outputs: &'a [String],
+    /// Whether the row kernel fills the `qmod` workspace.
+    pub modifies_q: bool,
+}
+
 /// The plan of a parallel backward: its three kernels (`pre`, `main`,
 /// `post`, any target) launched in order with the same arguments.
 pub fn backward_plan(
     variant: &Variant,
     (dqk, dv): (u32, u32),
     elem: Elem,
-    launches: [&Launch; 3],
-    args: &[ArgKind],
-    row_outputs: &[String],
-    modifies_q: bool,
+    kernels: BackwardKernels<'_>,
 ) -> EntryPlan {
+    let BackwardKernels {
+        launches,
+        args,
+        tensor_maps,
+        row_outputs,
+        modifies_q,
+    } = kernels;
     let dims = parallel_dims(dqk, dv);
     let el = Dtype::of(elem);
     let mut buffers = declared_inputs(variant, &dims, elem);
@@ -734,7 +752,7 @@ pub fn backward_plan(
             )
         });
     }
-    let args = parallel_args(args, &dims, &[]);
+    let args = parallel_args(args, &dims, tensor_maps);
     let launches = launches
         .into_iter()
         .map(|l| {

@@ -430,7 +430,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         &BackwardConfig::default_for(64, 64, Elem::Bf16, Isa::Sm90a),
     )
     .expect("wgmma backward");
-    assert!(b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_ws_main"));
+    assert!(b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_ws_tma_main"));
     // Warp-specialised by default on sm_90a: a producer warpgroup beside the
     // two computing ones (its setmaxnreg budget balances theirs), dQ staged
     // in shared memory and added by the producer, within the shared memory.
@@ -1010,4 +1010,50 @@ fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
     )
     .expect("varlen forward");
     assert!(!varlen.source.contains("has_prev"));
+}
+
+#[test]
+fn warp_specialised_backward_loads_q_and_do_by_tma() {
+    let v = example("softmax_causal");
+    let cfg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.warp_specialized && cfg.tma_loads, "{cfg:?}");
+    let b = parallel_backward(&v, 128, 128, &cfg).expect("TMA backward");
+    assert!(b.main.name.ends_with("_tma_main"), "{}", b.main.name);
+    let n = b.args.len();
+    assert_eq!(
+        b.args[n - 2..],
+        [ArgKind::TensorMap("q"), ArgKind::TensorMap("dout")]
+    );
+    let names: Vec<_> = b
+        .tensor_maps
+        .iter()
+        .map(|m| (m.tensor, m.box_dims))
+        .collect();
+    assert_eq!(names, [("q", [64, 64, 1]), ("dout", [64, 64, 1])]);
+    // One arrival with the boxes' bytes, then the row constants' BM.
+    assert!(b.source.contains("mbar_init(&bar_q_full[st], 1 + BM);"));
+    assert!(
+        b.source
+            .contains("tma_load_3d(sdO + st * BM * SVS + p * BM * 64, tm_dout")
+    );
+    // cp.async where rows are packed sequences, or without the producer.
+    let varlen = aec_compiler::parallel_backward_varlen(&v, 128, 128, &cfg).expect("varlen");
+    let plain = parallel_backward(
+        &v,
+        128,
+        128,
+        &BackwardConfig {
+            warp_specialized: false,
+            ..cfg
+        },
+    )
+    .expect("no producer");
+    for b in [varlen, plain] {
+        assert!(
+            b.tensor_maps.is_empty() && !b.source.contains("tm_q"),
+            "{}",
+            b.main.name
+        );
+        assert!(!b.args.iter().any(|a| matches!(a, ArgKind::TensorMap(_))));
+    }
 }

@@ -325,15 +325,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         format!("kernels/{base}.cu"),
                         json!(builds),
                         (vq, vv),
-                        backward_plan(
-                            v,
-                            (vq, vv),
-                            Elem::Bf16,
-                            [&b.pre, &b.main, &b.post],
-                            &b.args,
-                            &b.row_outputs,
-                            b.modifies_q,
-                        ),
+                        backward_plan(v, (vq, vv), Elem::Bf16, b.kernels()),
                     ));
                 }
                 Err(e) => {
@@ -923,15 +915,7 @@ fn hip_kernels(
                 format!("kernels/{base}.hip"),
                 json!([build]),
                 (dqk, dv),
-                backward_plan(
-                    v,
-                    (dqk, dv),
-                    Elem::Bf16,
-                    [&b.pre, &b.main, &b.post],
-                    &b.args,
-                    &b.row_outputs,
-                    b.modifies_q,
-                ),
+                backward_plan(v, (dqk, dv), Elem::Bf16, b.kernels()),
             ));
         }
         Err(e) => {

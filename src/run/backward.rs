@@ -7,7 +7,7 @@ use super::{
 };
 use crate::compiler::{ArgKind, BackwardSource, CompileError, Isa};
 use crate::frontend::ir::Axis;
-use crate::runtime::{Arg, DeviceBuffer, Stream, bf16};
+use crate::runtime::{Arg, DeviceBuffer, Stream, TensorMap, bf16};
 
 /// What [`ParallelKernels::backward`] returns: the gradients of the loss with
 /// respect to every input, filled once the stream reaches the launches.
@@ -241,6 +241,29 @@ impl ParallelKernels {
                 stream.alloc_zeros::<f32>(buf.len()).map_err(runtime)?,
             ));
         }
+        // TMA loads: tensor maps of q and dO for this call (they hold the
+        // buffers' addresses).
+        let mut maps = Vec::with_capacity(src.tensor_maps.len());
+        for spec in &src.tensor_maps {
+            let buffer = if spec.tensor == "q" { q } else { d_o };
+            let dims = spec.dims.clone().map(|e| {
+                e.eval(&|name| {
+                    let axis = match name {
+                        "B" => Axis::B,
+                        "H" => Axis::H,
+                        "Sq" => Axis::Sq,
+                        _ => return None,
+                    };
+                    sizes.size(axis).map(|n| n as u64)
+                })
+                .unwrap_or(0)
+            });
+            maps.push((
+                spec.tensor,
+                TensorMap::tiled_3d(stream, buffer, spec.tensor, dims, spec.box_dims)
+                    .map_err(runtime)?,
+            ));
+        }
         {
             let mut outs_dot = Some(&mut dot);
             let mut outs_qmod = Some(&mut qmod);
@@ -314,6 +337,13 @@ impl ParallelKernels {
                         }
                         })?;
                         Arg::from(if *a == ArgKind::CuSeqlens { cu_q } else { cu_k })
+                    }
+                    ArgKind::TensorMap(name) => {
+                        let (_, map) = maps
+                            .iter()
+                            .find(|(n, _)| n == name)
+                            .expect("every tensor-map argument has its spec");
+                        Arg::from(map)
                     }
                     other => unreachable!("backward_params rejected {other:?}"),
                 });

@@ -1449,7 +1449,7 @@ fn params_of(
             ArgKind::CustomGrad(name) if declared(name) => Ok(Param::Out(DType::F32)),
             ArgKind::Size(Axis::B | Axis::H | Axis::Hkv | Axis::Sq | Axis::Skv)
             | ArgKind::Size(Axis::Dqk | Axis::Dv) => Ok(Param::I32),
-            ArgKind::TensorMap("q" | "k" | "v") => Ok(Param::TensorMap),
+            ArgKind::TensorMap("q" | "k" | "v" | "dout") => Ok(Param::TensorMap),
             other => Err(Error::Compile {
                 variant: variant.name.clone(),
                 kernel,

@@ -100,7 +100,8 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
         const float* __restrict__ rowout, float* __restrict__ dot, elem_t* __restrict__ qmod,      \
         float* __restrict__ dq_acc, elem_t* __restrict__ dq, elem_t* __restrict__ dk,              \
         elem_t* __restrict__ dv, {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if varlen %}, \
-        const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}
+        const int* __restrict__ cu_q, const int* __restrict__ cu_k{% endif %}{% if tma %}, \
+        const __grid_constant__ TmaMap tm_q, const __grid_constant__ TmaMap tm_dout{% endif %}
 
 #define INIT_PARAMS                                                                                \
     Params P;                                                                                      \
@@ -256,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     __shared__ __align__(8) unsigned long long bar_q_full[2], bar_q_empty[2], bar_dq_full, bar_dq_empty;
     if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
-            mbar_init(&bar_q_full[st], NPT + BM);
+            mbar_init(&bar_q_full[st], {% if tma %}1{% else %}NPT{% endif %} + BM);
             mbar_init(&bar_q_empty[st], NT);
         }
         mbar_init(&bar_dq_full, NT);
@@ -323,9 +324,20 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 if (it >= 2) mbar_wait(&bar_q_empty[st], ((it >> 1) - 1) & 1);
                 const int m0 = step_m0(it);
                 const long long row0 = Q_ROW0(step_head(it));
-                load_tile_sw128<BM, DQK, NPT>(sQ + st * BM * SQS, qsrc + row0 * DQK, m0, Sq, ptid);
+{% if tma %}                // One thread copies Q and dO as boxes of 64 columns (the maps
+                // see [B·H, Sq, D]; rows past Sq read as zero).
+                if (ptid == 0) {
+                    const int mat = b * H + step_head(it);
+                    mbar_arrive_expect_tx(&bar_q_full[st], BM * (DQK + DV) * (int)sizeof(elem_t));
+#pragma unroll
+                    for (int p = 0; p < DQK / 64; ++p) tma_load_3d(sQ + st * BM * SQS + p * BM * 64, tm_q, p * 64, m0, mat, &bar_q_full[st]);
+#pragma unroll
+                    for (int p = 0; p < DV / 64; ++p) tma_load_3d(sdO + st * BM * SVS + p * BM * 64, tm_dout, p * 64, m0, mat, &bar_q_full[st]);
+                }
+{% else %}                load_tile_sw128<BM, DQK, NPT>(sQ + st * BM * SQS, qsrc + row0 * DQK, m0, Sq, ptid);
                 load_tile_sw128<BM, DV, NPT>(sdO + st * BM * SVS, dout + row0 * DV, m0, Sq, ptid);
                 mbar_arrive_cp_async(&bar_q_full[st]);
+{% endif %}
                 if (ptid < BM) {
                     float stt[NSTAT_ARR];
                     fetch_stats(stt, rowout, dot, rows, row0, m0, Sq, ptid);

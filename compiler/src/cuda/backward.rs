@@ -3,14 +3,15 @@
 //! normalisation backward ([`crate::backward_plan`]).
 
 use super::dialect::{Elem, ElemSpelling, Isa, WARP_SIZE, elem_spelling};
-use super::forward::ArgKind;
-use super::wgmma::{Form, wgmma_fns};
+use super::forward::{ArgKind, TensorMapSpec};
+use super::wgmma::{Form, PANEL_COLS, wgmma_fns};
 use crate::CompileError;
 use crate::cxx::closures::{
     CustomParams, MAX_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
 use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal};
+use crate::launch_plan::SizeExpr;
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op};
 use askama::Template;
@@ -43,6 +44,13 @@ pub struct BackwardConfig {
     /// spare registers (`setmaxnreg`). Needs the shared memory of the
     /// staged dQ tile ([`BackwardConfig::smem_bytes`]).
     pub warp_specialized: bool,
+    /// With warp specialisation (ignored without): the producer loads each
+    /// step's Q and dO with TMA tensor copies (one thread, a box per 64
+    /// columns) instead of `cp.async` from every producer thread; the
+    /// kernels then take tensor maps of `q` and `dout`
+    /// ([`BackwardSource::tensor_maps`]). Not for packed variable-length
+    /// batches, nor where Q is modified (the main kernel reads `qmod`).
+    pub tma_loads: bool,
 }
 
 impl BackwardConfig {
@@ -77,6 +85,7 @@ impl BackwardConfig {
                     elem,
                     wgmma: true,
                     warp_specialized: true,
+                    tma_loads: true,
                 };
                 // (Room for four row constants: what a variant needs is known
                 // only when it is generated.)
@@ -85,6 +94,7 @@ impl BackwardConfig {
                 } else {
                     BackwardConfig {
                         warp_specialized: false,
+                        tma_loads: false,
                         ..cfg
                     }
                 };
@@ -113,6 +123,7 @@ impl BackwardConfig {
             elem,
             wgmma: false,
             warp_specialized: false,
+            tma_loads: false,
         }
     }
 
@@ -243,9 +254,23 @@ pub struct BackwardSource {
     /// kernel (a `modify_q` that is not a uniform scale folded onto the
     /// scores); otherwise `qmod` is not read and one element is enough.
     pub modifies_q: bool,
+    /// The tensor maps the kernels take ([`ArgKind::TensorMap`], in
+    /// argument order); empty without TMA loads.
+    pub tensor_maps: Vec<TensorMapSpec>,
 }
 
 impl BackwardSource {
+    /// What the launch plan takes from these kernels.
+    pub fn kernels(&self) -> crate::launch_plan::BackwardKernels<'_> {
+        crate::launch_plan::BackwardKernels {
+            launches: [&self.pre, &self.main, &self.post],
+            args: &self.args,
+            tensor_maps: &self.tensor_maps,
+            row_outputs: &self.row_outputs,
+            modifies_q: self.modifies_q,
+        }
+    }
+
     /// Elements of a workspace argument for `rows = B·H·Sq` query rows.
     pub fn workspace_len(&self, name: &str, rows: usize) -> usize {
         match name {
@@ -307,6 +332,8 @@ struct BackwardTemplate<'a> {
     kv_split: bool,
     /// A packed variable-length batch (`cu_q`, `cu_k` after the sizes).
     varlen: bool,
+    /// The producer copies Q and dO with TMA (tensor maps as parameters).
+    tma: bool,
     /// 64-column panels of dK then dV, and the slots each warpgroup holds.
     kv_panels: u32,
     nkv: u32,
@@ -405,6 +432,9 @@ fn generate_backward(
         args: custom_args,
         init: params_init,
     } = custom_params(variant.customs.len(), true);
+    // TMA boxes address one head's dense rows of q itself: not a packed
+    // batch, nor the modified copy in `qmod`.
+    let tma = cfg.tma_loads && cfg.warp_specialized && !varlen && par.modify_q.is_none();
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}{}",
         variant.name.to_lowercase(),
@@ -418,6 +448,7 @@ fn generate_backward(
         },
         if cfg.wgmma { "_wgmma" } else { "" }
     ) + if cfg.warp_specialized { "_ws" } else { "" }
+        + if tma { "_tma" } else { "" }
         + if varlen { "_varlen" } else { "" };
     // (Custom-input gradients per score come only from the score closure.)
     let split_full_blocks = par.modify_scores.is_none();
@@ -487,6 +518,7 @@ fn generate_backward(
         },
         kv_split,
         varlen,
+        tma,
         kv_panels,
         nkv,
         kv_issue: if kv_split {
@@ -504,6 +536,24 @@ fn generate_backward(
     if varlen {
         args.extend([ArgKind::CuSeqlens, ArgKind::CuSeqlensKv]);
     }
+    // Q and dO as [B·H, Sq, D], boxes of 64 columns x a step's rows.
+    let tensor_maps: Vec<TensorMapSpec> = if tma {
+        [("q", dqk), ("dout", dv)]
+            .into_iter()
+            .map(|(tensor, cols)| TensorMapSpec {
+                tensor,
+                dims: [
+                    SizeExpr::Const(u64::from(cols)),
+                    SizeExpr::var("Sq"),
+                    SizeExpr::mul([SizeExpr::var("B"), SizeExpr::var("H")]),
+                ],
+                box_dims: [PANEL_COLS, cfg.block_m, 1],
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    args.extend(tensor_maps.iter().map(|m| ArgKind::TensorMap(m.tensor)));
 
     let bn = cfg.block_n();
     let smem_bytes = cfg.smem_bytes(dqk, dv, nrc as u32);
@@ -551,6 +601,7 @@ fn generate_backward(
         config: *cfg,
         varlen,
         modifies_q: par.modify_q.is_some(),
+        tensor_maps,
     })
 }
 

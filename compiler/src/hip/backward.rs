@@ -74,6 +74,20 @@ pub struct HipBackwardSource {
     pub modifies_q: bool,
 }
 
+impl HipBackwardSource {
+    /// What the launch plan takes from these kernels (no tensor maps: the
+    /// HIP kernels load through their own loops).
+    pub fn kernels(&self) -> crate::launch_plan::BackwardKernels<'_> {
+        crate::launch_plan::BackwardKernels {
+            launches: [&self.pre, &self.main, &self.post],
+            args: &self.args,
+            tensor_maps: &[],
+            row_outputs: &self.row_outputs,
+            modifies_q: self.modifies_q,
+        }
+    }
+}
+
 #[derive(Template)]
 #[template(path = "hip/parallel_bwd.hip", escape = "none")]
 struct HipBackwardTemplate<'a> {
