@@ -582,7 +582,7 @@ fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
         b.main.name
     );
     assert_eq!(
-        b.source.contains("cu_q[blockIdx.z]"),
+        b.source.contains("cu_q[bz]"),
         varlen,
         "{name}: the sequence's rows"
     );

@@ -279,6 +279,19 @@ fn gpu_backward_softmax_causal() {
     );
 }
 
+/// Ten (batch, head) pairs: the causal dispatch order's windows of eight
+/// pairs, the last one partial.
+#[test]
+fn gpu_backward_causal_dispatch_windows() {
+    check_backward(
+        "gpu_backward_causal_dispatch_windows",
+        "softmax_causal",
+        Shape::mha(2, 5, 150, 330),
+        HeadDims::square(64),
+        (0.0, 1.0),
+    );
+}
+
 #[test]
 fn gpu_backward_deepseek() {
     check_backward(

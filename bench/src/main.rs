@@ -204,9 +204,9 @@ const DECODE_SHAPES: &[(&str, [usize; 4])] = &[
     (DECODE_MLA_H128, [16, 128, 1, 1]),
 ];
 
-/// The examples above head dim 128 whose backward the backward sweep times
-/// (besides the first softmax workload).
-const BWD_SWEEP_EXAMPLES: [&str; 2] = ["deepseek", "diff_transformer"];
+/// The examples whose backward the backward sweep times besides the first
+/// softmax workload: the causal softmax and the head dims above 128.
+const BWD_SWEEP_EXAMPLES: [&str; 3] = ["softmax_causal", "deepseek", "diff_transformer"];
 
 /// Benchmark kernels: (workload id from workloads.json or the extra ones, example, dqk, dv).
 const BENCH: &[(&str, &str, u32, u32)] = &[

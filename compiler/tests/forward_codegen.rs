@@ -1057,3 +1057,27 @@ fn warp_specialised_backward_loads_q_and_do_by_tma() {
         assert!(!b.args.iter().any(|a| matches!(a, ArgKind::TensorMap(_))));
     }
 }
+
+#[test]
+fn causal_backward_starts_the_longest_key_blocks_first() {
+    let cfg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    let causal = parallel_backward(&example("softmax_causal"), 128, 128, &cfg).expect("causal");
+    assert!(
+        causal.source.contains("in_win / wh") && causal.source.contains("#define CAUSAL_HEADS 8"),
+        "key blocks numbered longest first within windows of heads"
+    );
+    // Launch order elsewhere: without a mask every walk is as long, and a
+    // packed batch's blocks index their sequence.
+    let dense = parallel_backward(&example("softmax"), 128, 128, &cfg).expect("dense");
+    let varlen = aec_compiler::parallel_backward_varlen(&example("softmax_causal"), 128, 128, &cfg)
+        .expect("varlen");
+    for b in [dense, varlen] {
+        assert!(
+            !b.source.contains("in_win / wh")
+                && b.source
+                    .contains("const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;"),
+            "{}",
+            b.main.name
+        );
+    }
+}

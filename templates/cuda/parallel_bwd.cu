@@ -50,6 +50,7 @@
 #define NWARPS {{ warps }}
 #define WARP {{ warp_size }}
 #define NT (NWARPS * WARP)  // the computing threads (and the row and element kernels' blocks)
+#define CAUSAL_HEADS 8  // (batch, KV head) pairs per window of the causal dispatch order
 #define POST_ELEMS {{ post_elems }}  // dQ elements per thread of the element kernel
 static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of dq per thread");
 {% if ws %}#define NPT 128  // the main kernel's producer warpgroup: copies and dQ atomics
@@ -230,19 +231,37 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
-    const int n0 = blockIdx.x * BN, hk = blockIdx.y;
-{% if varlen %}    // Sequence blockIdx.z: its own lengths shadow the grid's (the longest).
-    const int Tq = cu_q[B], Tk = cu_k[B];
-    const int q_start = cu_q[blockIdx.z], k_start = cu_k[blockIdx.z];
+{% if causal && !varlen %}    // Under a causal mask key block 0 has the longest walk (every query block
+    // sees it) and the last the shortest, while the blocks are dispatched in
+    // launch order: they are numbered in windows of CAUSAL_HEADS (batch, KV
+    // head) pairs, longest key blocks first within each, so concurrent
+    // blocks still share their heads' Q and dO in L2 and the last blocks to
+    // start are short ones.
+    int bx, by, bz;
     {
-    const int Sq = cu_q[blockIdx.z + 1] - q_start, Skv = cu_k[blockIdx.z + 1] - k_start;
+        const int heads = gridDim.y * gridDim.z;
+        const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        const int win = lin / (gridDim.x * CAUSAL_HEADS), in_win = lin % (gridDim.x * CAUSAL_HEADS);
+        const int wh = min(CAUSAL_HEADS, heads - win * CAUSAL_HEADS);
+        const int yz = win * CAUSAL_HEADS + in_win % wh;
+        bx = in_win / wh;
+        by = yz % gridDim.y;
+        bz = yz / gridDim.y;
+    }
+{% else %}    const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+{% endif %}    const int n0 = bx * BN, hk = by;
+{% if varlen %}    // Sequence bz: its own lengths shadow the grid's (the longest).
+    const int Tq = cu_q[B], Tk = cu_k[B];
+    const int q_start = cu_q[bz], k_start = cu_k[bz];
+    {
+    const int Sq = cu_q[bz + 1] - q_start, Skv = cu_k[bz + 1] - k_start;
     P.B = 1;
     P.Sq = Sq;
     P.Skv = Skv;
     if (n0 >= Skv) return;  // past this sequence's keys
     const int b = 0;
     const long long k_row0 = (long long)hk * Tk + k_start;
-{% else %}    const int b = blockIdx.z;
+{% else %}    const int b = bz;
     const long long k_row0 = (long long)(b * Hkv + hk) * Skv;
 {% endif %}    const int group = H / Hkv;
     const long long rows = ROWS;
