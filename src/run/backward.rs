@@ -2,12 +2,12 @@
 
 use super::{
     BackwardKernels, Error, ForwardOutput, KernelElement, ParallelKernels, VarlenBatch,
-    check_lengths, check_varlen_shapes, compile_and_load, generate_backward, loading_error,
-    params_of, upload_i32,
+    check_lengths, check_varlen_shapes, compile_and_load, encode_tensor_maps, generate_backward,
+    loading_error, params_of, tensor_map_arg, upload_i32,
 };
 use crate::compiler::{ArgKind, BackwardSource, CompileError, Isa};
 use crate::frontend::ir::Axis;
-use crate::runtime::{Arg, DeviceBuffer, Stream, TensorMap, bf16};
+use crate::runtime::{Arg, DeviceBuffer, Stream, bf16};
 
 /// What [`ParallelKernels::backward`] returns: the gradients of the loss with
 /// respect to every input, filled once the stream reaches the launches.
@@ -243,27 +243,10 @@ impl ParallelKernels {
         }
         // TMA loads: tensor maps of q and dO for this call (they hold the
         // buffers' addresses).
-        let mut maps = Vec::with_capacity(src.tensor_maps.len());
-        for spec in &src.tensor_maps {
-            let buffer = if spec.tensor == "q" { q } else { d_o };
-            let dims = spec.dims.clone().map(|e| {
-                e.eval(&|name| {
-                    let axis = match name {
-                        "B" => Axis::B,
-                        "H" => Axis::H,
-                        "Sq" => Axis::Sq,
-                        _ => return None,
-                    };
-                    sizes.size(axis).map(|n| n as u64)
-                })
-                .unwrap_or(0)
-            });
-            maps.push((
-                spec.tensor,
-                TensorMap::tiled_3d(stream, buffer, spec.tensor, dims, spec.box_dims)
-                    .map_err(runtime)?,
-            ));
-        }
+        let maps = encode_tensor_maps(stream, &src.tensor_maps, sizes, |t| {
+            if t == "q" { q } else { d_o }
+        })
+        .map_err(runtime)?;
         {
             let mut outs_dot = Some(&mut dot);
             let mut outs_qmod = Some(&mut qmod);
@@ -338,13 +321,7 @@ impl ParallelKernels {
                         })?;
                         Arg::from(if *a == ArgKind::CuSeqlens { cu_q } else { cu_k })
                     }
-                    ArgKind::TensorMap(name) => {
-                        let (_, map) = maps
-                            .iter()
-                            .find(|(n, _)| n == name)
-                            .expect("every tensor-map argument has its spec");
-                        Arg::from(map)
-                    }
+                    ArgKind::TensorMap(name) => tensor_map_arg(&maps, name),
                     other => unreachable!("backward_params rejected {other:?}"),
                 });
             }

@@ -1093,25 +1093,12 @@ impl ParallelKernels {
         };
         // TMA loads: tensor maps of q, k and v for this call (they hold the
         // buffers' addresses).
-        let size_of = |name: &str| {
-            Axis::from_name(name)
-                .and_then(|a| sizes.size(a))
-                .map(|n| n as u64)
-        };
-        let mut maps = Vec::with_capacity(source.tensor_maps.len());
-        for spec in &source.tensor_maps {
-            let buffer = match spec.tensor {
-                "q" => q,
-                "k" => k,
-                _ => v,
-            };
-            let dims = std::array::from_fn(|d| spec.dims[d].eval(&size_of).unwrap_or(0));
-            maps.push((
-                spec.tensor,
-                TensorMap::tiled_3d(stream, buffer, spec.tensor, dims, spec.box_dims)
-                    .map_err(runtime)?,
-            ));
-        }
+        let maps = encode_tensor_maps(stream, &source.tensor_maps, sizes, |t| match t {
+            "q" => q,
+            "k" => k,
+            _ => v,
+        })
+        .map_err(runtime)?;
         {
             let mut o_slot = Some(o);
             let mut rows_slot = Some(row_outputs);
@@ -1164,13 +1151,7 @@ impl ParallelKernels {
                             .ok_or_else(|| twice("split_count"))?,
                     ),
                     ArgKind::KvSplits => Arg::from(n_splits as i32),
-                    ArgKind::TensorMap(name) => {
-                        let (_, map) = maps
-                            .iter()
-                            .find(|(n, _)| n == name)
-                            .expect("every tensor-map argument has its spec");
-                        Arg::from(map)
-                    }
+                    ArgKind::TensorMap(name) => tensor_map_arg(&maps, name),
                     ArgKind::CuSeqlens
                     | ArgKind::CuSeqlensKv
                     | ArgKind::PagedKv(_)
@@ -1315,6 +1296,44 @@ impl<T: KernelElement> ForwardOutput<T> {
 }
 
 /// Checks that buffers of `T` fit kernels of `variant` compiled for `elem`.
+/// One call's tensor maps (TMA loads): each spec's extents at the call's
+/// `sizes`, over the buffer `buffer_of` gives for its tensor's name.
+fn encode_tensor_maps<'b, T: KernelElement>(
+    stream: &Stream,
+    specs: &[crate::compiler::TensorMapSpec],
+    sizes: Shape,
+    buffer_of: impl Fn(&str) -> &'b DeviceBuffer<T>,
+) -> crate::runtime::Result<Vec<(&'static str, TensorMap)>> {
+    let size_of = |name: &str| {
+        Axis::from_name(name)
+            .and_then(|a| sizes.size(a))
+            .map(|n| n as u64)
+    };
+    specs
+        .iter()
+        .map(|spec| {
+            let dims = std::array::from_fn(|d| spec.dims[d].eval(&size_of).unwrap_or(0));
+            let map = TensorMap::tiled_3d(
+                stream,
+                buffer_of(spec.tensor),
+                spec.tensor,
+                dims,
+                spec.box_dims,
+            )?;
+            Ok((spec.tensor, map))
+        })
+        .collect()
+}
+
+/// The launch argument of the tensor map `name` among a call's `maps`.
+fn tensor_map_arg<'m>(maps: &'m [(&'static str, TensorMap)], name: &str) -> Arg<'m> {
+    let (_, map) = maps
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("every tensor-map argument has its spec");
+    Arg::from(map)
+}
+
 fn check_elem<T: KernelElement>(variant: &str, elem: Elem, what: &str) -> Result<(), Error> {
     if T::ELEM != elem {
         return Err(Error::Shape(format!(
