@@ -1275,7 +1275,7 @@ fn cpu_varlen_forward_generates_without_a_gpu() {
                 aec::compiler::ArgKind::CuSeqlensKv
             ]
         );
-        assert!(b.source.contains("cu_q[blockIdx.z + 1] - q_start"));
+        assert!(b.source.contains("cu_q[bz + 1] - q_start"));
         assert!(b.source.contains("if (cu_q[mid] <= t_)"));
         let dense = aec::backward_source(&v, HeadDims::square(128), &KernelOptions::default(), isa)
             .unwrap();
