@@ -704,7 +704,8 @@ def run_bwd_sweep(cases_dir, index, workloads):
             try:
                 leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
                 with sdpa_kernel([be]):
-                    out = F.scaled_dot_product_attention(*leaves, is_causal=w["causal"], scale=1 / math.sqrt(dqk))
+                    out = F.scaled_dot_product_attention(*leaves, is_causal=w["causal"], scale=1 / math.sqrt(dqk),
+                                                         enable_gqa=hkv != h)
                 grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
                 if ref is None:
                     ref = [g.float() for g in grads]

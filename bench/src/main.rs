@@ -205,8 +205,13 @@ const DECODE_SHAPES: &[(&str, [usize; 4])] = &[
 ];
 
 /// The examples whose backward the backward sweep times besides the first
-/// softmax workload: the causal softmax and the head dims above 128.
-const BWD_SWEEP_EXAMPLES: [&str; 3] = ["softmax_causal", "deepseek", "diff_transformer"];
+/// softmax workload: the causal softmax, GQA and the head dims above 128.
+const BWD_SWEEP_EXAMPLES: [&str; 4] = [
+    "softmax_causal",
+    "softmax_gqa_causal",
+    "deepseek",
+    "diff_transformer",
+];
 
 /// Benchmark kernels: (workload id from workloads.json or the extra ones, example, dqk, dv).
 const BENCH: &[(&str, &str, u32, u32)] = &[
@@ -303,11 +308,7 @@ fn main() {
     };
     for (workload, example, dqk, dv) in BENCH.iter().filter(|w| !no_parallel || swept_backward(w)) {
         eprintln!("bench kernel {workload} …");
-        let v = match *example {
-            // GQA + causal: the GQA example with the causal mask, declared here.
-            "softmax_gqa_causal" => gqa_causal(&root),
-            e => load(&root, e),
-        };
+        let v = bench_variant(&root, example);
         let mut cfg = forward_config(&v, *dqk, *dv, per_block);
         if let Some((_, sizes)) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
             cfg = cfg.for_decode_shape(*sizes, 132, *dqk, *dv, Isa::Sm90a);
@@ -431,13 +432,13 @@ fn main() {
             let file = format!("sweep_bwd_{tag}");
             sweep.push(sweep_row(&v, BENCH[0].0, &file, tag, (128, 128), cfg));
         }
-        // Head dims above 128: the sm_80 kernel (the default there before the
-        // split wgmma kernel), and the sm_90a default with and without its
-        // producer warpgroup.
+        // The other swept workloads (causal, GQA, head dims above 128): the
+        // sm_80 kernel, and the sm_90a default with and without its producer
+        // warpgroup and its TMA loads.
         for &(workload, example, dqk, dv) in
             BENCH.iter().filter(|w| BWD_SWEEP_EXAMPLES.contains(&w.1))
         {
-            let v = load(&root, example);
+            let v = bench_variant(&root, example);
             let sm90 = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
             for cfg in [
                 BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm80),
@@ -565,10 +566,7 @@ fn main() {
                 .iter()
                 .find(|w| w.0 == workload)
                 .expect("a benchmark workload");
-            let v = match example {
-                "softmax_gqa_causal" => gqa_causal(&root),
-                e => load(&root, e),
-            };
+            let v = bench_variant(&root, example);
             for cfg in configs {
                 let tag = format!(
                     "m{}n{}w{}_wgmma_ws{}_p{}{}",
@@ -808,6 +806,15 @@ pub(crate) fn load(root: &Path, example: &str) -> Variant {
         .remove(0)
         .variant
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A benchmark workload's variant: its example, or for
+/// `softmax_gqa_causal` the GQA example with the causal mask (declared here).
+fn bench_variant(root: &Path, example: &str) -> Variant {
+    match example {
+        "softmax_gqa_causal" => gqa_causal(root),
+        e => load(root, e),
+    }
 }
 
 fn gqa_causal(root: &Path) -> Variant {
