@@ -19,6 +19,7 @@
 //! state means the same thing either way.
 
 use crate::backward_plan::backward_plan;
+use crate::cxx::closures::reads;
 use aec_frontend::derive;
 use aec_frontend::ir::{Axis, Binary, Graph, NodeId, Op, ParamRole, Region};
 use aec_frontend::variant::{Body, Variant};
@@ -71,11 +72,8 @@ pub fn fold_q_scale_backward(variant: &Variant, dqk: u32, dv: u32) -> Option<Var
 /// relative-bias backward against 88 without the fold.
 pub fn backward_variant(variant: &Variant, dqk: u32, dv: u32, folds: bool) -> Option<Variant> {
     let par = variant.parallel()?;
-    let closure_reads_inputs = par.modify_scores.as_ref().is_some_and(|r| {
-        r.graph
-            .nodes()
-            .iter()
-            .any(|n| matches!(n.op, Op::Custom(_) | Op::Gather(_)))
+    let closure_reads_inputs = reads(par.modify_scores.as_ref(), |op| {
+        matches!(op, Op::Custom(_) | Op::Gather(_))
     });
     if !folds || closure_reads_inputs {
         return None;

@@ -208,7 +208,6 @@ impl ParallelKernels {
             during: format!("running the backward of `{}`", self.variant.name),
             source: e,
         };
-        let modifies_q = src.modifies_q;
         let kv_rows = shape.b * shape.hkv * shape.skv;
         // check_varlen_shapes bounded every boundary by the i32 row counts.
         let boundaries = match &forward.cu_seqlens {
@@ -222,11 +221,7 @@ impl ParallelKernels {
             .alloc_zeros::<f32>(src.workspace_len("dot", rows))
             .map_err(runtime)?;
         let mut qmod = stream
-            .alloc_zeros::<T>(if modifies_q {
-                src.workspace_len("qmod", rows)
-            } else {
-                1
-            })
+            .alloc_zeros::<T>(src.workspace_len("qmod", rows))
             .map_err(runtime)?;
         let mut dq_acc = stream
             .alloc_zeros::<f32>(src.workspace_len("dq_acc", rows))

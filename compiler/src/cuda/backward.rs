@@ -4,14 +4,13 @@
 
 use super::dialect::{Elem, ElemSpelling, Isa, WARP_SIZE, elem_spelling};
 use super::forward::{ArgKind, TensorMapSpec};
-use super::wgmma::{Form, PANEL_COLS, wgmma_fns};
+use super::wgmma::{Form, wgmma_fns};
 use crate::CompileError;
 use crate::cxx::closures::{
     CustomParams, MAX_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
 use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal};
-use crate::launch_plan::SizeExpr;
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op};
 use askama::Template;
@@ -275,6 +274,8 @@ impl BackwardSource {
     pub fn workspace_len(&self, name: &str, rows: usize) -> usize {
         match name {
             "dot" => rows,
+            // Not read where Q is not modified: one element for the argument.
+            "qmod" if !self.modifies_q => 1,
             "qmod" | "dq_acc" => rows * self.dqk as usize,
             other => unreachable!("unknown workspace `{other}`"),
         }
@@ -538,18 +539,10 @@ fn generate_backward(
     }
     // Q and dO as [B·H, Sq, D], boxes of 64 columns x a step's rows.
     let tensor_maps: Vec<TensorMapSpec> = if tma {
-        [("q", dqk), ("dout", dv)]
-            .into_iter()
-            .map(|(tensor, cols)| TensorMapSpec {
-                tensor,
-                dims: [
-                    SizeExpr::Const(u64::from(cols)),
-                    SizeExpr::var("Sq"),
-                    SizeExpr::mul([SizeExpr::var("B"), SizeExpr::var("H")]),
-                ],
-                box_dims: [PANEL_COLS, cfg.block_m, 1],
-            })
-            .collect()
+        vec![
+            TensorMapSpec::dense("q", dqk, "Sq", "H", cfg.block_m),
+            TensorMapSpec::dense("dout", dv, "Sq", "H", cfg.block_m),
+        ]
     } else {
         Vec::new()
     };

@@ -566,12 +566,34 @@ pub enum ArgKind {
 /// zero. Extents are size expressions over `B`, `H`, `Hkv`, `Sq`, `Skv`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorMapSpec {
-    /// `q`, `k` or `v`.
+    /// `q`, `k`, `v` (the forward) or `q`, `dout` (the backward).
     pub tensor: &'static str,
     /// Extents, innermost first: columns, rows, then the `B · heads` matrices.
     pub dims: [SizeExpr; 3],
     /// The box a copy moves, innermost first (64 columns: one swizzle span).
     pub box_dims: [u32; 3],
+}
+
+impl TensorMapSpec {
+    /// A map over `tensor`'s dense rows `[B · heads, rows, cols]` whose boxes
+    /// are `box_rows` rows of 64 columns (one swizzle span).
+    pub(crate) fn dense(
+        tensor: &'static str,
+        cols: u32,
+        rows: &str,
+        heads: &str,
+        box_rows: u32,
+    ) -> TensorMapSpec {
+        TensorMapSpec {
+            tensor,
+            dims: [
+                SizeExpr::Const(u64::from(cols)),
+                SizeExpr::var(rows),
+                SizeExpr::mul([SizeExpr::var("B"), SizeExpr::var(heads)]),
+            ],
+            box_dims: [PANEL_COLS, box_rows, 1],
+        }
+    }
 }
 
 /// The forward's arguments in launch order (every target's forward takes
@@ -1381,25 +1403,10 @@ fn generate_forward(
 /// Dv).
 fn tma_maps(cfg: &ForwardConfig, dqk: u32, dv_slice: u32, dv_total: u32) -> Vec<TensorMapSpec> {
     debug_assert!(dqk.is_multiple_of(64) && dv_slice.is_multiple_of(64));
-    let var = SizeExpr::var;
-    let cols = |d: u32| SizeExpr::Const(u64::from(d));
-    let matrices = |heads: &str| SizeExpr::mul([var("B"), var(heads)]);
     vec![
-        TensorMapSpec {
-            tensor: "q",
-            dims: [cols(dqk), var("Sq"), matrices("H")],
-            box_dims: [PANEL_COLS, cfg.block_m, 1],
-        },
-        TensorMapSpec {
-            tensor: "k",
-            dims: [cols(dqk), var("Skv"), matrices("Hkv")],
-            box_dims: [PANEL_COLS, cfg.block_n, 1],
-        },
-        TensorMapSpec {
-            tensor: "v",
-            dims: [cols(dv_total), var("Skv"), matrices("Hkv")],
-            box_dims: [PANEL_COLS, cfg.block_n, 1],
-        },
+        TensorMapSpec::dense("q", dqk, "Sq", "H", cfg.block_m),
+        TensorMapSpec::dense("k", dqk, "Skv", "Hkv", cfg.block_n),
+        TensorMapSpec::dense("v", dv_total, "Skv", "Hkv", cfg.block_n),
     ]
 }
 
