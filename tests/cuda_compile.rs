@@ -246,27 +246,52 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
         (2, 1, 1, 2),
         "{dv_warps:?}"
     );
-    // (180 KB of shared memory: Hopper's blocks hold it, an sm_80 block not.)
-    let dv_warps_64 = dv_warps.for_packed_rows(128, 576, 512, Isa::Sm90a);
+    // Its 64-row form (180 KB of shared memory: Hopper's blocks hold it, an
+    // sm_80 block not), the sm_80 template's tile for 64 or more rows; on
+    // sm_90a those take the wgmma tile: one warpgroup of 64 rows, 64-key
+    // blocks, Dv in two slices.
+    let dv_warps_64 = ForwardConfig {
+        block_m: 64,
+        warps: 8,
+        ..dv_warps
+    };
     assert_eq!(dv_warps.for_packed_rows(128, 576, 512, Isa::Sm80), dv_warps);
+    let wgmma = dv_warps.for_packed_rows(128, 576, 512, Isa::Sm90a);
     assert_eq!(
-        (dv_warps_64.block_m, dv_warps_64.warps, dv_warps_64.dv_warps),
-        (64, 8, 2),
-        "{dv_warps_64:?}"
+        (
+            wgmma.wgmma,
+            wgmma.block_m,
+            wgmma.block_n,
+            wgmma.warps,
+            wgmma.dv_warps,
+            wgmma.dv_split
+        ),
+        (true, 64, 64, 4, 1, 2),
+        "{wgmma:?}"
     );
-    for (cfg, archs) in [
-        (dv_warps, &["sm_80", "sm_90a"][..]),
-        (dv_warps_64, &["sm_90a"][..]),
+    for (cfg, archs, tag) in [
+        (dv_warps, &["sm_80", "sm_90a"][..], "_dw2_vk"),
+        (dv_warps_64, &["sm_90a"][..], "_dw2_vk"),
+        (wgmma, &["sm_90a"][..], "_gqa_wgmma_v2_vk"),
     ] {
         for rows in [Rows::Dense, Rows::Paged] {
             for &arch in archs {
                 let line = check_config("mla_decode", &v, arch, &cfg, rows);
-                assert!(line.contains("_dw2_vk"), "{line}");
+                assert!(line.contains(tag), "{line}");
                 eprintln!("{line}");
             }
         }
+        let k = parallel_forward(&v, 576, 512, &cfg).expect("latent forward");
+        if cfg.wgmma {
+            // Q and two K tiles in 128-byte-swizzled panels, 1 KiB of slack
+            // to align them.
+            assert_eq!(
+                k.smem_bytes,
+                2 * (cfg.block_m * 576 + cfg.stages * cfg.block_n * 576) + 1024
+            );
+            continue;
+        }
         // The pair's partial scores take two buffers after the K ring.
-        let k = parallel_forward(&v, 576, 512, &cfg).expect("latent forward, Dv warps");
         let exchange = 2 * cfg.warps * 32 * cfg.m_tiles() * (32 / 8) * 4 * 4;
         assert_eq!(
             k.smem_bytes,

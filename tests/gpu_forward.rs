@@ -2107,8 +2107,9 @@ fn gpu_forward_latent_cache() {
         assert!(e.to_string().contains("not implemented"), "{e}");
     }
     // All 128 heads on the one latent head: compile_for_shape picks 64-row
-    // blocks on four warps (ForwardConfig::for_packed_rows).
+    // blocks on four warps, wgmma on sm_90a (ForwardConfig::for_packed_rows).
     let Some(device) = device(test) else { return };
+    let hopper = Isa::for_arch(device.arch()) == Isa::Sm90a;
     let shape = Shape::new(2, 128, 1, 1, 301);
     let options = KernelOptions {
         v_in_k: true,
@@ -2121,8 +2122,11 @@ fn gpu_forward_latent_cache() {
         return;
     };
     assert_eq!(
-        kernels.forward_source().block_m,
-        64,
+        (
+            kernels.forward_source().block_m,
+            kernels.forward_source().name.contains("_gqa_wgmma")
+        ),
+        (64, hopper),
         "{}",
         kernels.forward_source().name
     );
@@ -2145,6 +2149,98 @@ fn gpu_forward_latent_cache() {
         &KernelOptions {
             v_in_k: true,
             ..KernelOptions::default()
+        },
+    );
+}
+
+/// The sm_90a decoding tile of many packed rows (`wgmma` without warp
+/// specialisation, `ForwardConfig::for_packed_rows`), on Hopper only: the
+/// latent cache (V in K, Dqk 576, two or four Dv slices) with 128 and 160
+/// heads (a second, partial row block) and one-warpgroup 64-row blocks,
+/// paged; d128 decoding without V in K; packed rows that cross heads inside
+/// a row block (Sq 37); a causal mask over two row blocks.
+#[test]
+fn gpu_forward_packed_wgmma() {
+    let test = "gpu_forward_packed_wgmma";
+    let Some(device) = device(test) else { return };
+    if Isa::for_arch(device.arch()) != Isa::Sm90a {
+        eprintln!("{test}: skipped, wgmma needs sm_90a");
+        return;
+    }
+    let tile =
+        |name: &str, dqk: u32, dv: u32, block_m: u32, block_n: u32, dv_split: u32| ForwardConfig {
+            block_m,
+            block_n,
+            warps: block_m / 16,
+            pack_gqa: true,
+            wgmma: true,
+            warp_specialized: false,
+            persistent: false,
+            tma_loads: false,
+            late_epilogue: false,
+            q_in_registers: false,
+            stages: 2,
+            dv_split,
+            key_warps: 1,
+            dv_warps: 1,
+            fused_combine: false,
+            ..ForwardConfig::default_for(&example(name), dqk, dv, Elem::Bf16, Isa::Sm80)
+        };
+    for (shape, cfg) in [
+        (
+            Shape::new(2, 128, 1, 1, 301),
+            tile("mla_decode", 576, 512, 128, 32, 2),
+        ),
+        (
+            Shape::new(1, 160, 1, 1, 1777),
+            tile("mla_decode", 576, 512, 128, 32, 4),
+        ),
+        (
+            Shape::new(2, 128, 2, 1, 999),
+            tile("mla_decode", 576, 512, 64, 64, 2),
+        ),
+    ] {
+        check_latent_tile(test, shape, cfg, "_gqa_wgmma");
+    }
+    let with = |cfg| KernelOptions {
+        config: Some(cfg),
+        ..KernelOptions::default()
+    };
+    check_example_with(
+        &format!("{test} (decode d128)"),
+        "decode",
+        Shape::new(2, 256, 2, 1, 1001),
+        HeadDims::square(128),
+        (0.0, 1.0),
+        &with(tile("decode", 128, 128, 128, 64, 1)),
+    );
+    check_example_with(
+        &format!("{test} (rows across heads)"),
+        "softmax_gqa",
+        Shape::new(2, 8, 2, 37, 70),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        &with(tile("softmax_gqa", 64, 64, 128, 32, 1)),
+    );
+    check_example_with(
+        &format!("{test} (causal)"),
+        "softmax_causal",
+        Shape::mha(2, 3, 150, 150),
+        HeadDims::square(64),
+        (0.0, 1.0),
+        &with(tile("softmax_causal", 64, 64, 128, 32, 1)),
+    );
+    check_paged(
+        &format!("{test} (paged latent cache)"),
+        "mla_decode",
+        (128, 1),
+        1,
+        &[1000, 37, 513, 1, 300],
+        64,
+        HeadDims::new(576, 512),
+        &KernelOptions {
+            v_in_k: true,
+            ..with(tile("mla_decode", 576, 512, 128, 32, 2))
         },
     );
 }

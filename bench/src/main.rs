@@ -154,6 +154,10 @@ const DECODE_B1: &str = "decode-gqa-b1-h32-kv8-kv32768-d128";
 /// keys (64 blocks before KV splits, under half an H100's or H200's SMs).
 const DECODE_B8: &str = "decode-gqa-b8-h32-kv8-kv16384-d128";
 
+/// Multi-query decoding at d128 with 128 query heads on one KV head: 128
+/// packed rows per KV head, the sm_90a wgmma decoding tile's shape.
+const DECODE_MQA_H128: &str = "decode-mqa-b16-h128-kv1-kv4096-d128";
+
 /// Multi-head latent attention decoding (`examples/mla_decode.rs`, V stored
 /// in K): DeepSeek-V3's 128 query heads over 8 GPUs (16 per GPU), one
 /// latent cache row of 576 per token. Also in `extra_workloads`.
@@ -165,30 +169,38 @@ const DECODE_MLA_H128: &str = "decode-mla-b16-h128-kv4096-d576-v512";
 
 /// A decoding tile timed beside the default (each bench entry's `tiles`):
 /// (tag, rows per block, warps, key warps, Dv slices, key block, stages).
-/// (tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps).
-type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32, u32);
+/// (tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps,
+/// wgmma).
+type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32, u32, bool);
 
 /// Other tiles of the latent decoding forward.
 const MLA_TILES: &[DecodeTile] = &[
-    ("m16k2v2", 16, 2, 2, 2, 32, 2, 1), // the default before Dv warps
+    ("m16k2v2", 16, 2, 2, 2, 32, 2, 1, false), // the default before Dv warps
     // Dv split between the warps of one block (S computed once).
-    ("m16k2d2", 16, 4, 2, 1, 32, 2, 2),
-    ("m16d2", 16, 2, 1, 1, 32, 2, 2),
-    ("m16d2s3", 16, 2, 1, 1, 32, 3, 2),
-    ("m64d2", 64, 8, 1, 1, 32, 2, 2),
+    ("m16k2d2", 16, 4, 2, 1, 32, 2, 2, false),
+    ("m16d2", 16, 2, 1, 1, 32, 2, 2, false),
+    ("m16d2s3", 16, 2, 1, 1, 32, 3, 2, false),
+    ("m64d2", 64, 8, 1, 1, 32, 2, 2, false),
+    // wgmma (sm_90a) on one or two warpgroups, Dv in two 256-column slices
+    // (the default at 128 heads is one warpgroup on 64-key blocks).
+    ("wg64n48", 64, 4, 1, 2, 48, 2, 1, true),
+    ("wg64n32s4", 64, 4, 1, 2, 32, 4, 1, true),
+    ("wg128n32", 128, 8, 1, 2, 32, 2, 1, true),
 ];
 
 /// Other tiles of the decoding forward (d128 and d192 workloads), as
 /// [`MLA_TILES`]: key blocks split between 2 or 4 warps, deeper rings.
 const DECODE_TILES: &[DecodeTile] = &[
-    ("m16w1n32", 16, 1, 1, 1, 32, 2, 1),
-    ("m16k2n32", 16, 2, 2, 1, 32, 2, 1),
-    ("m16k2n32s4", 16, 2, 2, 1, 32, 4, 1),
-    ("m16k2n64s3", 16, 2, 2, 1, 64, 3, 1),
-    ("m16k4n64s3", 16, 4, 4, 1, 64, 3, 1),
-    ("m16k4n64s4", 16, 4, 4, 1, 64, 4, 1),
-    ("m16k4n128", 16, 4, 4, 1, 128, 2, 1),
-    ("m16k4n128s3", 16, 4, 4, 1, 128, 3, 1),
+    ("m16w1n32", 16, 1, 1, 1, 32, 2, 1, false),
+    ("m16k2n32", 16, 2, 2, 1, 32, 2, 1, false),
+    ("m16k2n32s4", 16, 2, 2, 1, 32, 4, 1, false),
+    ("m16k2n64s3", 16, 2, 2, 1, 64, 3, 1, false),
+    ("m16k4n64s3", 16, 4, 4, 1, 64, 3, 1, false),
+    ("m16k4n64s4", 16, 4, 4, 1, 64, 4, 1, false),
+    ("m16k4n128", 16, 4, 4, 1, 128, 2, 1, false),
+    ("m16k4n128s3", 16, 4, 4, 1, 128, 3, 1, false),
+    // 64 rows on four warps: the sm_80 tile for 64 or more packed rows.
+    ("m64w4", 64, 4, 1, 1, 32, 2, 1, false),
 ];
 
 /// Decoding workloads' (B, H, Hkv, Sq): their default tiles follow the
@@ -202,6 +214,7 @@ const DECODE_SHAPES: &[(&str, [usize; 4])] = &[
     (DECODE_B8, [8, 32, 8, 1]),
     (DECODE_MLA, [64, 16, 1, 1]),
     (DECODE_MLA_H128, [16, 128, 1, 1]),
+    (DECODE_MQA_H128, [16, 128, 1, 1]),
 ];
 
 /// The examples whose backward the backward sweep times besides the first
@@ -261,6 +274,7 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
     (DECODE_B8, "decode", 128, 128),
     (DECODE_MLA, "mla_decode", 576, 512),
     (DECODE_MLA_H128, "mla_decode", 576, 512),
+    (DECODE_MQA_H128, "decode", 128, 128),
     (
         "retnet-parallel-b2-h32-s2048-d256-v512",
         "retnet_parallel",
@@ -324,7 +338,9 @@ fn main() {
             } else {
                 MLA_TILES
             };
-            for &(tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps) in list {
+            for &(tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps, wgmma) in
+                list
+            {
                 let cfg = ForwardConfig {
                     block_m,
                     warps,
@@ -333,6 +349,8 @@ fn main() {
                     block_n,
                     stages,
                     dv_warps,
+                    wgmma,
+                    fused_combine: cfg.fused_combine && !wgmma,
                     ..cfg
                 };
                 // (A tile past an H100's shared memory per block cannot launch:
@@ -483,6 +501,14 @@ fn main() {
         "anchors": ["cudnn", "fa2"],
         "passes": ["fwd"],
         "note": "not in shared/reference/workloads.json: eight long sequences, 64 blocks without split-KV"
+    }, {
+        "id": DECODE_MQA_H128,
+        "variant": "softmax",
+        "b": 16, "h": 128, "hkv": 1, "sq": 1, "skv": 4096, "dqk": 128, "dv": 128,
+        "causal": false,
+        "anchors": ["cudnn", "fa2"],
+        "passes": ["fwd"],
+        "note": "not in shared/reference/workloads.json: multi-query decoding, 128 query heads on one KV head (128 packed rows per block)"
     }]);
     // MLA decoding: one latent KV head, V the cache's first 512 columns.
     let mla_workload = |id: &str, b: u32, h: u32, heads: &str| {

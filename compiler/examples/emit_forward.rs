@@ -1,9 +1,9 @@
 //! Prints the generated parallel forward kernel of a variant file.
 //! `cargo run -p aec-compiler --example emit_forward -- examples/softmax.rs 128 128 [block_m block_n warps]`
-//! or, for a decoding variant, `… examples/decode.rs 128 128 shape B H Hkv Sq`: the
+//! or, for a decoding variant, `… examples/decode.rs 128 128 shape B H Hkv Sq [v_in_k]`: the
 //! untuned tile for that shape on 132 multiprocessors (`ForwardConfig::for_decode_shape`);
 //! either way then the settings in `AEC_EMIT_SET` (`"block_n=64 stages=6"`).
-use aec_compiler::{Elem, ForwardConfig, Isa, parallel_forward};
+use aec_compiler::{Elem, ForwardConfig, Isa, parallel_forward, untuned_forward_config};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -19,10 +19,20 @@ fn main() {
         .expect("valid variant");
     let (dqk, dv): (u32, u32) = (dqk.parse().expect("dqk"), dv.parse().expect("dv"));
     let mut cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
-    if let [shape, b, h, hkv, sq] = rest
+    if let [shape, b, h, hkv, sq, storage @ ..] = rest
         && shape == "shape"
     {
         let n = |s: &String| s.parse::<usize>().expect("a size");
+        let v_in_k = storage.first().is_some_and(|s| s == "v_in_k");
+        cfg = untuned_forward_config(
+            ForwardConfig::default_for,
+            &v,
+            dqk,
+            dv,
+            Elem::Bf16,
+            Isa::Sm90a,
+            v_in_k,
+        );
         cfg = cfg.for_decode_shape([n(b), n(h), n(hkv), n(sq)], 132, dqk, dv, Isa::Sm90a);
     } else if let [bm, bn, warps, ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");

@@ -603,8 +603,80 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 1);
     // With 64 or more packed rows per KV head, 64-row blocks on four warps
     // (where shared memory holds them); fewer rows keep the 16-row tile.
-    let wide = cfg.for_packed_rows(128, 576, 512, Isa::Sm90a);
-    assert_eq!((wide.block_m, wide.warps), (64, 4), "{wide:?}");
+    let wide = cfg.for_packed_rows(128, 576, 512, Isa::Sm80);
+    assert_eq!(
+        (wide.block_m, wide.warps, wide.wgmma),
+        (64, 4, false),
+        "{wide:?}"
+    );
+    // On sm_90a at Dqk 576: 64-row wgmma blocks (one warpgroup) on 64-key
+    // blocks, Dv in two slices of 256; 217 KB, one block per SM, so the 64
+    // blocks of 16 sequences take 2 splits.
+    let hopper = cfg.for_packed_rows(128, 576, 512, Isa::Sm90a);
+    assert_eq!(
+        (
+            hopper.block_m,
+            hopper.block_n,
+            hopper.warps,
+            hopper.wgmma,
+            hopper.warp_specialized,
+            hopper.dv_split,
+            hopper.dv_warps,
+            hopper.v_in_k
+        ),
+        (64, 64, 4, true, false, 2, 1, true),
+        "{hopper:?}"
+    );
+    assert_eq!(cfg.for_packed_rows(64, 576, 512, Isa::Sm90a), hopper);
+    let k = parallel_forward(&mla, 576, 512, &hopper).expect("wgmma latent forward");
+    assert!(k.name.contains("_gqa_wgmma"), "{}", k.name);
+    assert!(k.source.contains("wgmma_ss_n64(") && k.source.contains("wgmma_rs_n256("));
+    // V is read from K's tile at the slice's first column: no V tile.
+    assert!(k.source.contains("smem_u32(sKc) + (dv0 / 64) * (BN * 128)"));
+    assert!(!k.source.contains("sV + "), "no V ring");
+    assert_eq!(k.resident_blocks(H100_SMEM_PER_SM), Some(1));
+    assert_eq!(k.grid_for([16, 128, 1, 1]), Some((4, 1, 16)));
+    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 2);
+    // The warp-specialised prefill kernel takes neither packed rows, V in K
+    // nor Dqk above 256: each is refused, naming what is missing.
+    let softmax = example("softmax");
+    let ws = ForwardConfig::default_for(&softmax, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(ws.warp_specialized);
+    let latent_ws = ForwardConfig {
+        dv_split: 2,
+        tma_loads: false,
+        ..ws
+    };
+    for (variant, bad, dqk, dv, words) in [
+        (
+            &softmax,
+            ForwardConfig {
+                pack_gqa: true,
+                ..ws
+            },
+            128,
+            128,
+            "packed GQA rows under warp specialisation",
+        ),
+        (
+            &mla,
+            ForwardConfig {
+                v_in_k: true,
+                ..latent_ws
+            },
+            576,
+            512,
+            "without warp specialisation",
+        ),
+        (&mla, latent_ws, 576, 512, "Dqk <= 256 (warp-specialised)"),
+    ] {
+        let e = parallel_forward(variant, dqk, dv, &bad).expect_err("refused");
+        assert!(e.to_string().contains(words), "{e}");
+    }
+    // d128 decoding with as many rows keeps the sm_80 tile (measured level).
+    let gqa_rows = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a)
+        .for_packed_rows(128, 128, 128, Isa::Sm90a);
+    assert!(!gqa_rows.wgmma && gqa_rows.block_m == 64, "{gqa_rows:?}");
     assert_eq!(cfg.for_packed_rows(16, 576, 512, Isa::Sm90a), cfg);
     let deep = ForwardConfig { stages: 4, ..cfg };
     assert_eq!(
@@ -1081,3 +1153,4 @@ fn causal_backward_starts_the_longest_key_blocks_first() {
         );
     }
 }
+

@@ -1160,7 +1160,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         {
             unsigned pa[BN / 16][4];
             pack_p(pr, pa);
-            const unsigned v_base = smem_u32(sVc);
+{% if v_in_k %}            // V is K's tile from column dv0: its 64-column panels are K's.
+            const unsigned v_base = smem_u32(sKc) + (dv0 / 64) * (BN * 128);
+{% else %}            const unsigned v_base = smem_u32(sVc);
+{% endif %}
             wgmma_fence();
             pv_gemm(acc[0], pa, v_base);
             wgmma_commit();

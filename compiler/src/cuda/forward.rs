@@ -33,7 +33,10 @@ pub struct ForwardConfig {
     /// Both GEMMs on Hopper's warpgroup MMA (`wgmma`, sm_90a only): one
     /// warpgroup (4 warps) per 64 rows, each warp 16 rows, K and V read by
     /// the tensor cores from 128-byte-swizzled shared memory. Needs Dqk and
-    /// Dv to be multiples of 64 and Dv ≤ 256.
+    /// Dv to be multiples of 64, Dv ≤ 256 (one block's slice) and Dqk ≤ 256
+    /// with warp specialisation, ≤ 576 without (the decoding tile of
+    /// [`for_packed_rows`](Self::for_packed_rows), which also packs query
+    /// heads into its rows).
     pub wgmma: bool,
     /// With `wgmma`: one more warpgroup only copies (Q once, K/V blocks into
     /// a ring of `stages` buffers signalled through mbarriers) and gives its registers
@@ -83,7 +86,8 @@ pub struct ForwardConfig {
     /// (multi-head latent attention's compressed KV cache, Dqk 576 / Dv 512,
     /// where K and V share storage). The kernel loads only K tiles and reads
     /// P·V's operand from them; the `v` argument is not read. Needs Dv ≤
-    /// Dqk and the sm_80 template (not `wgmma`).
+    /// Dqk and a kernel without warp specialisation (the sm_80 template, or
+    /// the `wgmma` decoding tile, which reads V's panels from K's tile).
     #[serde(default)]
     pub v_in_k: bool,
     /// Warps that split every key block between them (1, 2 or 4; the sm_80
@@ -343,6 +347,9 @@ impl ForwardConfig {
         if !self.pack_gqa || self.wgmma || rows < 64 || self.block_m >= 64 {
             return self;
         }
+        if let Some(tile) = self.wgmma_packed_tile(rows, dqk, dv, isa) {
+            return tile;
+        }
         self.or_if_it_fits(
             ForwardConfig {
                 block_m: 64,
@@ -354,6 +361,45 @@ impl ForwardConfig {
             dv,
             isa,
         )
+    }
+
+    /// The sm_90a decoding tile for 64 or more packed rows per KV head with
+    /// Dqk above 256 (MLA's latent cache, 576): `wgmma` on one warpgroup of
+    /// 64 rows and 64-key blocks in two stages (217 KB at Dqk 576, one block
+    /// per SM), Dv in slices of at most 256 columns between blocks. There the
+    /// scores are most of the work and `mma.sync` on four warps per SM
+    /// cannot keep up (H100, 16 sequences × 128 heads on one latent KV head:
+    /// 0.089 → 0.069 ms; 128-row blocks on two warpgroups need 32-key blocks
+    /// to fit, whose S GEMM is bound by shared memory: 0.076; bench/NOTES.md
+    /// session 38). At d128 (128 heads on one KV head) the sm_80 tile was
+    /// level with it (0.034 against 0.036 ms) and stays. `None` elsewhere,
+    /// or where the dims or shared memory do not allow it.
+    fn wgmma_packed_tile(self, rows: usize, dqk: u32, dv: u32, isa: Isa) -> Option<ForwardConfig> {
+        let dv_split = [1, 2, 4]
+            .into_iter()
+            .find(|&n| dv.is_multiple_of(n) && dv / n <= MAX_N)?;
+        if isa != Isa::Sm90a
+            || rows < 64
+            || dqk <= 256
+            || !wgmma_unspecialized_dims_ok(dqk, dv / dv_split)
+        {
+            return None;
+        }
+        let tile = ForwardConfig {
+            block_m: 64,
+            block_n: 64,
+            warps: 4,
+            wgmma: true,
+            stages: 2,
+            dv_split,
+            key_warps: 1,
+            dv_warps: 1,
+            fused_combine: false,
+            ..self
+        };
+        (check_config(&tile, dqk, dv).is_ok()
+            && smem_bytes(&tile, dqk, tile.dv_slice(dv)) <= isa.max_dynamic_smem())
+        .then_some(tile)
     }
 
     /// This decoding tile for a grid of `blocks` blocks (before KV splits)
@@ -1021,9 +1067,20 @@ fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize) -> u32 {
     (cfg.key_warps - 1) * cfg.row_warps() * cfg.dv_warps * WARP_SIZE * words * 4
 }
 
-/// Whether the `wgmma` forward takes these head dims.
+/// Whether the `wgmma` forward takes these head dims (`dv` one block's
+/// slice).
 pub fn wgmma_dims_ok(dqk: u32, dv: u32) -> bool {
     dqk.is_multiple_of(PANEL_COLS) && dv.is_multiple_of(PANEL_COLS) && dv <= MAX_N && dqk <= 256
+}
+
+/// Whether the `wgmma` kernel without warp specialisation (the decoding tile
+/// of [`ForwardConfig::for_packed_rows`]) takes these head dims: Dqk up to
+/// [`MAX_FORWARD_DQK`] (MLA's latent cache, 576), `dv` one block's slice.
+fn wgmma_unspecialized_dims_ok(dqk: u32, dv: u32) -> bool {
+    dqk.is_multiple_of(PANEL_COLS)
+        && dv.is_multiple_of(PANEL_COLS)
+        && dv <= MAX_N
+        && dqk <= MAX_FORWARD_DQK
 }
 
 #[derive(Template)]
@@ -1243,7 +1300,8 @@ fn generate_forward(
         cfg.block_n,
         cfg.warps,
         match (cfg.pack_gqa, cfg.wgmma) {
-            (true, _) => "_gqa",
+            (true, true) => "_gqa_wgmma",
+            (true, false) => "_gqa",
             (false, true) if cfg.q_in_registers => "_wgmma_ws_rq",
             (false, true) if cfg.warp_specialized => "_wgmma_ws",
             (false, true) => "_wgmma",
@@ -1411,8 +1469,10 @@ fn tma_maps(cfg: &ForwardConfig, dqk: u32, dv_slice: u32, dv_total: u32) -> Vec<
 }
 
 /// The instruction set whose default tiles a forward takes on `isa`: shared
-/// K/V storage (`v_in_k`) is a feature of the sm_80 template, so its
-/// kernels take the sm_80 tiles on every GPU.
+/// K/V storage (`v_in_k`) is refused by the warp-specialised prefill
+/// kernel, so its kernels start from the sm_80 tiles on every GPU (on
+/// sm_90a, [`ForwardConfig::for_packed_rows`] then takes `wgmma` where a KV
+/// head has 64 or more query rows).
 pub fn forward_default_isa(isa: Isa, v_in_k: bool) -> Isa {
     if v_in_k { Isa::Sm80 } else { isa }
 }
@@ -1481,10 +1541,14 @@ pub(crate) fn check_config(
             cfg.stages
         )));
     }
-    if cfg.v_in_k && (cfg.wgmma || dv_total > dqk) {
+    if cfg.v_in_k && (cfg.warp_specialized || dv_total > dqk) {
         return Err(CompileError(format!(
-            "v_in_k (V stored in the first Dv columns of K) is implemented for the sm_80 template with Dv <= Dqk; got {}Dqk {dqk}, Dv {dv_total}",
-            if cfg.wgmma { "wgmma, " } else { "" }
+            "v_in_k (V stored in the first Dv columns of K) is implemented for the kernels without warp specialisation with Dv <= Dqk; got {}Dqk {dqk}, Dv {dv_total}",
+            if cfg.warp_specialized {
+                "warp_specialized, "
+            } else {
+                ""
+            }
         )));
     }
     if !matches!(cfg.key_warps, 1 | 2 | 4)
@@ -1538,22 +1602,33 @@ pub(crate) fn check_config(
         ));
     }
     if cfg.wgmma {
-        if cfg.pack_gqa || !cfg.warps.is_multiple_of(4) || cfg.block_m != 16 * cfg.warps {
+        let packed_ws = cfg.pack_gqa && cfg.warp_specialized;
+        if packed_ws || !cfg.warps.is_multiple_of(4) || cfg.block_m != 16 * cfg.warps {
             return Err(CompileError(format!(
-                "wgmma tile {}x{} with {} warps{} is not supported: each warpgroup of 4 warps owns 64 rows (block_m = 16 x warps) and rows cannot pack query heads",
+                "wgmma tile {}x{} with {} warps{} is not supported: each warpgroup of 4 warps owns 64 rows (block_m = 16 x warps), and only the kernel without warp specialisation packs query heads into its rows",
                 cfg.block_m,
                 cfg.block_n,
                 cfg.warps,
-                if cfg.pack_gqa {
-                    " and packed GQA rows"
+                if packed_ws {
+                    " and packed GQA rows under warp specialisation"
                 } else {
                     ""
                 }
             )));
         }
-        if !wgmma_dims_ok(dqk, dv) {
+        let (dims_ok, max_dqk) = if cfg.warp_specialized {
+            (wgmma_dims_ok(dqk, dv), 256)
+        } else {
+            (wgmma_unspecialized_dims_ok(dqk, dv), MAX_FORWARD_DQK)
+        };
+        if !dims_ok {
             return Err(CompileError(format!(
-                "the wgmma forward needs Dqk and Dv to be multiples of {PANEL_COLS} with Dv <= {MAX_N} and Dqk <= 256, got Dqk {dqk}, Dv {dv}; use the sm_80 template (wgmma: false)"
+                "the wgmma forward needs Dqk and Dv to be multiples of {PANEL_COLS} with Dv <= {MAX_N} and Dqk <= {max_dqk}{}, got Dqk {dqk}, Dv {dv}; use the sm_80 template (wgmma: false)",
+                if cfg.warp_specialized {
+                    " (warp-specialised)"
+                } else {
+                    ""
+                }
             )));
         }
     }
