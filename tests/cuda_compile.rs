@@ -248,8 +248,8 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
     );
     // Its 64-row form (180 KB of shared memory: Hopper's blocks hold it, an
     // sm_80 block not), the sm_80 template's tile for 64 or more rows; on
-    // sm_90a those take the wgmma tile: one warpgroup of 64 rows, 64-key
-    // blocks, Dv in two slices.
+    // sm_90a those take the wgmma tile: 64 rows, 64-key blocks, Dv split
+    // between two warpgroups.
     let dv_warps_64 = ForwardConfig {
         block_m: 64,
         warps: 8,
@@ -266,13 +266,13 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
             wgmma.dv_warps,
             wgmma.dv_split
         ),
-        (true, 64, 64, 4, 1, 2),
+        (true, 64, 64, 8, 2, 1),
         "{wgmma:?}"
     );
     for (cfg, archs, tag) in [
         (dv_warps, &["sm_80", "sm_90a"][..], "_dw2_vk"),
         (dv_warps_64, &["sm_90a"][..], "_dw2_vk"),
-        (wgmma, &["sm_90a"][..], "_gqa_wgmma_v2_vk"),
+        (wgmma, &["sm_90a"][..], "_gqa_wgmma_dw2_vk"),
     ] {
         for rows in [Rows::Dense, Rows::Paged] {
             for &arch in archs {

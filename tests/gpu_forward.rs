@@ -2156,8 +2156,8 @@ fn gpu_forward_latent_cache() {
 /// The sm_90a decoding tile of many packed rows (`wgmma` without warp
 /// specialisation, `ForwardConfig::for_packed_rows`), on Hopper only: the
 /// latent cache (V in K, Dqk 576, two or four Dv slices) with 128 and 160
-/// heads (a second, partial row block) and one-warpgroup 64-row blocks,
-/// paged; d128 decoding without V in K; packed rows that cross heads inside
+/// heads (a second, partial row block), one-warpgroup 64-row blocks and Dv
+/// split between two warpgroups, paged; d128 decoding without V in K; packed rows that cross heads inside
 /// a row block (Sq 37); a causal mask over two row blocks.
 #[test]
 fn gpu_forward_packed_wgmma() {
@@ -2199,6 +2199,15 @@ fn gpu_forward_packed_wgmma() {
             Shape::new(2, 128, 2, 1, 999),
             tile("mla_decode", 576, 512, 64, 64, 2),
         ),
+        // Dv split between the two warpgroups of one block.
+        (
+            Shape::new(1, 160, 1, 1, 1777),
+            ForwardConfig {
+                warps: 8,
+                dv_warps: 2,
+                ..tile("mla_decode", 576, 512, 64, 64, 1)
+            },
+        ),
     ] {
         check_latent_tile(test, shape, cfg, "_gqa_wgmma");
     }
@@ -2213,6 +2222,18 @@ fn gpu_forward_packed_wgmma() {
         HeadDims::square(128),
         (0.0, 1.0),
         &with(tile("decode", 128, 128, 128, 64, 1)),
+    );
+    check_example_with(
+        &format!("{test} (decode d128, Dv warpgroups)"),
+        "decode",
+        Shape::new(2, 256, 2, 1, 1001),
+        HeadDims::square(128),
+        (0.0, 1.0),
+        &with(ForwardConfig {
+            warps: 8,
+            dv_warps: 2,
+            ..tile("decode", 128, 128, 64, 64, 1)
+        }),
     );
     check_example_with(
         &format!("{test} (rows across heads)"),

@@ -186,6 +186,10 @@ const MLA_TILES: &[DecodeTile] = &[
     ("wg64n48", 64, 4, 1, 2, 48, 2, 1, true),
     ("wg64n32s4", 64, 4, 1, 2, 32, 4, 1, true),
     ("wg128n32", 128, 8, 1, 2, 32, 2, 1, true),
+    // Dv split between the two warpgroups of one 64-row block instead of
+    // between blocks: each computes all of S, K tiles are read once.
+    ("wg64d2", 64, 8, 1, 1, 64, 2, 2, true),
+    ("wg64d2n32s3", 64, 8, 1, 1, 32, 3, 2, true),
 ];
 
 /// Other tiles of the decoding forward (d128 and d192 workloads), as

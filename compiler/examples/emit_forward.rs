@@ -53,6 +53,7 @@ fn main() {
             "key_warps" => cfg.key_warps = v,
             "stages" => cfg.stages = v,
             "dv_warps" => cfg.dv_warps = v,
+            "dv_split" => cfg.dv_split = v,
             "fused_combine" => cfg.fused_combine = v != 0,
             "q_in_registers" => cfg.q_in_registers = v != 0,
             "persistent" => cfg.persistent = v != 0,

@@ -609,9 +609,9 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
         (64, 4, false),
         "{wide:?}"
     );
-    // On sm_90a at Dqk 576: 64-row wgmma blocks (one warpgroup) on 64-key
-    // blocks, Dv in two slices of 256; 217 KB, one block per SM, so the 64
-    // blocks of 16 sequences take 2 splits.
+    // On sm_90a at Dqk 576: 64-row wgmma blocks on 64-key blocks, Dv split
+    // between two warpgroups; 217 KB, one block per SM, so the 32 blocks of
+    // 16 sequences take 4 splits.
     let hopper = cfg.for_packed_rows(128, 576, 512, Isa::Sm90a);
     assert_eq!(
         (
@@ -624,19 +624,21 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
             hopper.dv_warps,
             hopper.v_in_k
         ),
-        (64, 64, 4, true, false, 2, 1, true),
+        (64, 64, 8, true, false, 1, 2, true),
         "{hopper:?}"
     );
     assert_eq!(cfg.for_packed_rows(64, 576, 512, Isa::Sm90a), hopper);
     let k = parallel_forward(&mla, 576, 512, &hopper).expect("wgmma latent forward");
     assert!(k.name.contains("_gqa_wgmma"), "{}", k.name);
     assert!(k.source.contains("wgmma_ss_n64(") && k.source.contains("wgmma_rs_n256("));
-    // V is read from K's tile at the slice's first column: no V tile.
-    assert!(k.source.contains("smem_u32(sKc) + (dv0 / 64) * (BN * 128)"));
+    // V is read from K's tile at the warpgroup's first column: no V tile.
     assert!(!k.source.contains("sV + "), "no V ring");
     assert_eq!(k.resident_blocks(H100_SMEM_PER_SM), Some(1));
-    assert_eq!(k.grid_for([16, 128, 1, 1]), Some((4, 1, 16)));
-    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 2);
+    assert!(k.name.contains("_dw2"), "{}", k.name);
+    assert!(k.source.contains("((dv0 + DW_COL) / 64) * (BN * 128)"));
+    assert_eq!(k.grid_for([16, 128, 1, 1]), Some((2, 1, 16)));
+    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 4);
+
     // The warp-specialised prefill kernel takes neither packed rows, V in K
     // nor Dqk above 256: each is refused, naming what is missing.
     let softmax = example("softmax");
@@ -1153,4 +1155,3 @@ fn causal_backward_starts_the_longest_key_blocks_first() {
         );
     }
 }
-

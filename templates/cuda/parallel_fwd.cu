@@ -92,7 +92,7 @@
         wgmma_commit();
 {% if first %}{% if late_epilogue %}        // The previous tile's epilogue while this S GEMM runs.
         wgmma_wait1();
-        wgmma_fence_operands_n{{ dv }}(acc[0]);
+        wgmma_fence_operands_n{{ dvw }}(acc[0]);
         fence_regs(pa);
         if (prev_pv) mbar_arrive(&bar_empty[prev_last]);
 {% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}{% endif %}        wgmma_wait0();
@@ -105,7 +105,7 @@
 {% endif %}        wgmma_fence_operands_n{{ bn }}(s[0]);
 {% call block_scores(path) %}{% endcall %}
 {% if !first %}        wgmma_wait0();
-        wgmma_fence_operands_n{{ dv }}(acc[0]);
+        wgmma_fence_operands_n{{ dvw }}(acc[0]);
         fence_regs(pa);
         mbar_arrive(&bar_empty[prev]);
 {% endif %}#pragma unroll
@@ -192,7 +192,7 @@ __device__ __forceinline__ void pack_p(const float (&pr)[NR][NE], unsigned (&pa)
 __device__ __forceinline__ void pv_gemm(float (&acc)[DVW / 8][4], const unsigned (&pa)[BN / 16][4], unsigned v_base) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs_n{{ dv }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
+        wgmma_rs_n{{ dvw }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
 }
 
 {% endif %}{% if sparse %}// The block-sparse mask row of the row block at m0 of batch b, head h.
@@ -493,7 +493,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             pv_gemm(acc[0], pa, smem_u32(sV + prev_last * BN * SVS));
             wgmma_commit();
             wgmma_wait0();
-            wgmma_fence_operands_n{{ dv }}(acc[0]);
+            wgmma_fence_operands_n{{ dvw }}(acc[0]);
             mbar_arrive(&bar_empty[prev_last]);
         }
 {% endmacro %}
@@ -811,7 +811,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
     elem_t* sK = sQ + BM * SQS;
 {% if !v_in_k %}    elem_t* sV = sK + STAGES * BN * SQS;
-{% endif %}{% if dv_warps > 1 %}    // The Dv warps' partial scores, two buffers (after the K/V ring).
+{% endif %}{% if dv_warps > 1 && !wgmma %}    // The Dv warps' partial scores, two buffers (after the K/V ring).
     float* s_x = reinterpret_cast<float*>({% if v_in_k %}sK + STAGES * BN * SQS{% else %}sV + STAGES * BN * SVS{% endif %});
 {% endif %}
     Params P;
@@ -1007,7 +1007,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             pv_gemm(acc[0], pa, smem_u32(sV + last * BN * SVS));
             wgmma_commit();
             wgmma_wait0();
-            wgmma_fence_operands_n{{ dv }}(acc[0]);
+            wgmma_fence_operands_n{{ dvw }}(acc[0]);
 {% if persistent %}            mbar_arrive(&bar_empty[last]);
 {% endif %}        }
 {% endif %}{% if late_epilogue %}        has_prev = true;
@@ -1087,7 +1087,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // both operands read from the swizzled tiles by the tensor cores.
         float s[MT][BN / 8][4];
         {
-            const unsigned q_base = smem_u32(sQ) + (warp / 4) * 64 * 128;
+            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
             const unsigned k_base = smem_u32(sKc);
             wgmma_fence();
 #pragma unroll
@@ -1161,14 +1161,14 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             unsigned pa[BN / 16][4];
             pack_p(pr, pa);
 {% if v_in_k %}            // V is K's tile from column dv0: its 64-column panels are K's.
-            const unsigned v_base = smem_u32(sKc) + (dv0 / 64) * (BN * 128);
-{% else %}            const unsigned v_base = smem_u32(sVc);
+            const unsigned v_base = smem_u32(sKc) + ((dv0 + DW_COL) / 64) * (BN * 128);
+{% else %}            const unsigned v_base = smem_u32(sVc) + (DW_COL / 64) * (BN * 128);
 {% endif %}
             wgmma_fence();
             pv_gemm(acc[0], pa, v_base);
             wgmma_commit();
             wgmma_wait0();
-            wgmma_fence_operands_n{{ dv }}(acc[0]);
+            wgmma_fence_operands_n{{ dvw }}(acc[0]);
         }
 {% else %}        // O += P · V: the accumulator layout of S is the A-operand layout of
         // P; each V fragment feeds MT MMAs.

@@ -364,36 +364,44 @@ impl ForwardConfig {
     }
 
     /// The sm_90a decoding tile for 64 or more packed rows per KV head with
-    /// Dqk above 256 (MLA's latent cache, 576): `wgmma` on one warpgroup of
-    /// 64 rows and 64-key blocks in two stages (217 KB at Dqk 576, one block
-    /// per SM), Dv in slices of at most 256 columns between blocks. There the
-    /// scores are most of the work and `mma.sync` on four warps per SM
-    /// cannot keep up (H100, 16 sequences × 128 heads on one latent KV head:
-    /// 0.089 → 0.069 ms; 128-row blocks on two warpgroups need 32-key blocks
-    /// to fit, whose S GEMM is bound by shared memory: 0.076; bench/NOTES.md
-    /// session 38). At d128 (128 heads on one KV head) the sm_80 tile was
-    /// level with it (0.034 against 0.036 ms) and stays. `None` elsewhere,
-    /// or where the dims or shared memory do not allow it.
+    /// Dqk above 256 (MLA's latent cache, 576): `wgmma` on 64 rows and
+    /// 64-key blocks in two stages (217 KB at Dqk 576, one block per SM),
+    /// Dv split between two warpgroups that each compute all of S (a K tile
+    /// feeds both, so the cache is read once per row block), in 256-column
+    /// slices between blocks where Dv is wider. There the scores are most of the
+    /// work and `mma.sync` on four warps per SM cannot keep up (H100, 16
+    /// sequences × 128 heads on one latent KV head: 0.089 → 0.064 ms; Dv
+    /// split between blocks instead 0.069, 128-row blocks on 32-key blocks,
+    /// whose S GEMM is bound by shared memory, 0.075; bench/NOTES.md session
+    /// 38). At d128 (128 heads on one KV head) the sm_80 tile was level with
+    /// the wgmma one (0.034 against 0.036 ms) and stays. `None` elsewhere, or
+    /// where the dims or shared memory do not allow it.
     fn wgmma_packed_tile(self, rows: usize, dqk: u32, dv: u32, isa: Isa) -> Option<ForwardConfig> {
         let dv_split = [1, 2, 4]
             .into_iter()
-            .find(|&n| dv.is_multiple_of(n) && dv / n <= MAX_N)?;
+            .find(|&n| dv.is_multiple_of(n) && dv / n <= 2 * MAX_N)?;
+        let slice = dv / dv_split;
+        let dv_warps = if slice.is_multiple_of(2 * PANEL_COLS) {
+            2
+        } else {
+            1
+        };
         if isa != Isa::Sm90a
             || rows < 64
             || dqk <= 256
-            || !wgmma_unspecialized_dims_ok(dqk, dv / dv_split)
+            || !wgmma_unspecialized_dims_ok(dqk, slice / dv_warps)
         {
             return None;
         }
         let tile = ForwardConfig {
             block_m: 64,
             block_n: 64,
-            warps: 4,
+            warps: 4 * dv_warps,
             wgmma: true,
             stages: 2,
             dv_split,
             key_warps: 1,
-            dv_warps: 1,
+            dv_warps,
             fused_combine: false,
             ..self
         };
@@ -1018,9 +1026,10 @@ pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
 }
 
 /// The Dv warps' partial scores ([`ForwardConfig::dv_warps`]): two buffers of
-/// every warp's S fragment, a word per lane.
+/// every warp's S fragment, a word per lane. (Dv warpgroups on `wgmma` each
+/// compute all of S: none.)
 fn dv_warp_exchange_bytes(cfg: &ForwardConfig) -> u32 {
-    if cfg.dv_warps < 2 {
+    if cfg.dv_warps < 2 || cfg.wgmma {
         return 0;
     }
     let keys = cfg.block_n / cfg.key_warps.max(1);
@@ -1103,6 +1112,8 @@ struct ForwardTemplate<'a> {
     warp_size: u32,
     dqk: u32,
     dv: u32,
+    /// O columns of one warp (with Dv warps, their share of `dv`).
+    dvw: u32,
     dv_total: u32,
     dv_split: u32,
     nstate: usize,
@@ -1350,6 +1361,7 @@ fn generate_forward(
         warp_size: WARP_SIZE,
         dqk,
         dv,
+        dvw: dv / cfg.dv_warps.max(1),
         dv_total,
         dv_split: cfg.dv_split,
         nstate,
@@ -1402,7 +1414,7 @@ fn generate_forward(
                     } else {
                         (cfg.block_n, Form::Ss)
                     },
-                    (dv, Form::RsNMajor),
+                    (dv / cfg.dv_warps.max(1), Form::RsNMajor),
                 ],
             )
         } else {
@@ -1562,13 +1574,15 @@ pub(crate) fn check_config(
     }
     if !matches!(cfg.dv_warps, 1 | 2)
         || (cfg.dv_warps > 1
-            && (cfg.wgmma
-                || !cfg.warps.is_multiple_of(cfg.key_warps * cfg.dv_warps)
+            && (cfg.warp_specialized
+                || !cfg
+                    .warps
+                    .is_multiple_of(cfg.key_warps * cfg.dv_warps * if cfg.wgmma { 4 } else { 1 })
                 || !cfg.dv_slice(dv_total).is_multiple_of(64 * cfg.dv_warps)
                 || !dqk.is_multiple_of(64)))
     {
         return Err(CompileError(format!(
-            "{} Dv warps with {} warps ({} key warps), Dqk {dqk} and Dv slices of {} are not supported: dv_warps must be 1 or 2 and divide the warps per key warp, and 2 needs the sm_80 template (wgmma: false), Dqk a multiple of 64 and Dv slices a multiple of 128",
+            "{} Dv warps with {} warps ({} key warps), Dqk {dqk} and Dv slices of {} are not supported: dv_warps must be 1 or 2 and divide the warps per key warp (on wgmma, warpgroups), and 2 needs a kernel without warp specialisation, Dqk a multiple of 64 and Dv slices a multiple of 128",
             cfg.dv_warps,
             cfg.warps,
             cfg.key_warps,
@@ -1603,9 +1617,12 @@ pub(crate) fn check_config(
     }
     if cfg.wgmma {
         let packed_ws = cfg.pack_gqa && cfg.warp_specialized;
-        if packed_ws || !cfg.warps.is_multiple_of(4) || cfg.block_m != 16 * cfg.warps {
+        if packed_ws
+            || !cfg.warps.is_multiple_of(4 * cfg.dv_warps.max(1))
+            || cfg.block_m != 16 * cfg.row_warps()
+        {
             return Err(CompileError(format!(
-                "wgmma tile {}x{} with {} warps{} is not supported: each warpgroup of 4 warps owns 64 rows (block_m = 16 x warps), and only the kernel without warp specialisation packs query heads into its rows",
+                "wgmma tile {}x{} with {} warps{} is not supported: each warpgroup of 4 warps owns 64 rows (block_m = 16 x warps / dv_warps), and only the kernel without warp specialisation packs query heads into its rows",
                 cfg.block_m,
                 cfg.block_n,
                 cfg.warps,
@@ -1616,14 +1633,16 @@ pub(crate) fn check_config(
                 }
             )));
         }
+        // (Dv warpgroups each take their share of the slice's columns.)
+        let dvw = dv / cfg.dv_warps.max(1);
         let (dims_ok, max_dqk) = if cfg.warp_specialized {
-            (wgmma_dims_ok(dqk, dv), 256)
+            (wgmma_dims_ok(dqk, dvw), 256)
         } else {
-            (wgmma_unspecialized_dims_ok(dqk, dv), MAX_FORWARD_DQK)
+            (wgmma_unspecialized_dims_ok(dqk, dvw), MAX_FORWARD_DQK)
         };
         if !dims_ok {
             return Err(CompileError(format!(
-                "the wgmma forward needs Dqk and Dv to be multiples of {PANEL_COLS} with Dv <= {MAX_N} and Dqk <= {max_dqk}{}, got Dqk {dqk}, Dv {dv}; use the sm_80 template (wgmma: false)",
+                "the wgmma forward needs Dqk and Dv to be multiples of {PANEL_COLS} with Dv <= {MAX_N} per warpgroup and Dqk <= {max_dqk}{}, got Dqk {dqk}, Dv {dvw}; use the sm_80 template (wgmma: false)",
                 if cfg.warp_specialized {
                     " (warp-specialised)"
                 } else {
