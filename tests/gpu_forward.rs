@@ -2157,7 +2157,8 @@ fn gpu_forward_latent_cache() {
 /// specialisation, `ForwardConfig::for_packed_rows`), on Hopper only: the
 /// latent cache (V in K, Dqk 576, two or four Dv slices) with 128 and 160
 /// heads (a second, partial row block), one-warpgroup 64-row blocks and Dv
-/// split between two warpgroups, paged; d128 decoding without V in K; packed rows that cross heads inside
+/// split between two warpgroups (with and without a producer warpgroup),
+/// paged; d128 decoding without V in K (also with a producer warpgroup); packed rows that cross heads inside
 /// a row block (Sq 37); a causal mask over two row blocks.
 #[test]
 fn gpu_forward_packed_wgmma() {
@@ -2199,12 +2200,22 @@ fn gpu_forward_packed_wgmma() {
             Shape::new(2, 128, 2, 1, 999),
             tile("mla_decode", 576, 512, 64, 64, 2),
         ),
-        // Dv split between the two warpgroups of one block.
+        // Dv split between the two warpgroups of one block, and the same
+        // with a producer warpgroup.
         (
             Shape::new(1, 160, 1, 1, 1777),
             ForwardConfig {
                 warps: 8,
                 dv_warps: 2,
+                ..tile("mla_decode", 576, 512, 64, 64, 1)
+            },
+        ),
+        (
+            Shape::new(2, 160, 2, 1, 1001),
+            ForwardConfig {
+                warps: 8,
+                dv_warps: 2,
+                warp_specialized: true,
                 ..tile("mla_decode", 576, 512, 64, 64, 1)
             },
         ),
@@ -2233,6 +2244,17 @@ fn gpu_forward_packed_wgmma() {
             warps: 8,
             dv_warps: 2,
             ..tile("decode", 128, 128, 64, 64, 1)
+        }),
+    );
+    check_example_with(
+        &format!("{test} (decode d128, producer warpgroup)"),
+        "decode",
+        Shape::new(3, 128, 2, 1, 777),
+        HeadDims::square(128),
+        (0.0, 1.0),
+        &with(ForwardConfig {
+            warp_specialized: true,
+            ..tile("decode", 128, 128, 128, 64, 1)
         }),
     );
     check_example_with(

@@ -170,41 +170,53 @@ const DECODE_MLA_H128: &str = "decode-mla-b16-h128-kv4096-d576-v512";
 /// A decoding tile timed beside the default (each bench entry's `tiles`):
 /// (tag, rows per block, warps, key warps, Dv slices, key block, stages).
 /// (tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps,
-/// wgmma).
-type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32, u32, bool);
+/// kernel: the sm_80 template, `wgmma`, or `wgmma` with its producer
+/// warpgroup).
+type DecodeTile = (&'static str, u32, u32, u32, u32, u32, u32, u32, TileKernel);
+
+/// The kernel a [`DecodeTile`] runs on.
+#[derive(Clone, Copy, PartialEq)]
+enum TileKernel {
+    Sm80,
+    Wgmma,
+    WgmmaProducer,
+}
 
 /// Other tiles of the latent decoding forward.
 const MLA_TILES: &[DecodeTile] = &[
-    ("m16k2v2", 16, 2, 2, 2, 32, 2, 1, false), // the default before Dv warps
+    ("m16k2v2", 16, 2, 2, 2, 32, 2, 1, TileKernel::Sm80), // the default before Dv warps
     // Dv split between the warps of one block (S computed once).
-    ("m16k2d2", 16, 4, 2, 1, 32, 2, 2, false),
-    ("m16d2", 16, 2, 1, 1, 32, 2, 2, false),
-    ("m16d2s3", 16, 2, 1, 1, 32, 3, 2, false),
-    ("m64d2", 64, 8, 1, 1, 32, 2, 2, false),
+    ("m16k2d2", 16, 4, 2, 1, 32, 2, 2, TileKernel::Sm80),
+    ("m16d2", 16, 2, 1, 1, 32, 2, 2, TileKernel::Sm80),
+    ("m16d2s3", 16, 2, 1, 1, 32, 3, 2, TileKernel::Sm80),
+    ("m64d2", 64, 8, 1, 1, 32, 2, 2, TileKernel::Sm80),
     // wgmma (sm_90a) on one or two warpgroups, Dv in two 256-column slices
     // (the default at 128 heads is one warpgroup on 64-key blocks).
-    ("wg64n48", 64, 4, 1, 2, 48, 2, 1, true),
-    ("wg64n32s4", 64, 4, 1, 2, 32, 4, 1, true),
-    ("wg128n32", 128, 8, 1, 2, 32, 2, 1, true),
+    ("wg64n48", 64, 4, 1, 2, 48, 2, 1, TileKernel::Wgmma),
+    ("wg64n32s4", 64, 4, 1, 2, 32, 4, 1, TileKernel::Wgmma),
+    ("wg128n32", 128, 8, 1, 2, 32, 2, 1, TileKernel::Wgmma),
     // Dv split between the two warpgroups of one 64-row block instead of
     // between blocks: each computes all of S, K tiles are read once.
-    ("wg64d2", 64, 8, 1, 1, 64, 2, 2, true),
-    ("wg64d2n32s3", 64, 8, 1, 1, 32, 3, 2, true),
+    ("wg64d2", 64, 8, 1, 1, 64, 2, 2, TileKernel::Wgmma),
+    ("wg64d2n32s3", 64, 8, 1, 1, 32, 3, 2, TileKernel::Wgmma),
+    // The same with a producer warpgroup copying K into the ring (the two
+    // computing warpgroups then run at their own pace).
+    ("wg64d2ws", 64, 8, 1, 1, 64, 2, 2, TileKernel::WgmmaProducer),
 ];
 
 /// Other tiles of the decoding forward (d128 and d192 workloads), as
 /// [`MLA_TILES`]: key blocks split between 2 or 4 warps, deeper rings.
 const DECODE_TILES: &[DecodeTile] = &[
-    ("m16w1n32", 16, 1, 1, 1, 32, 2, 1, false),
-    ("m16k2n32", 16, 2, 2, 1, 32, 2, 1, false),
-    ("m16k2n32s4", 16, 2, 2, 1, 32, 4, 1, false),
-    ("m16k2n64s3", 16, 2, 2, 1, 64, 3, 1, false),
-    ("m16k4n64s3", 16, 4, 4, 1, 64, 3, 1, false),
-    ("m16k4n64s4", 16, 4, 4, 1, 64, 4, 1, false),
-    ("m16k4n128", 16, 4, 4, 1, 128, 2, 1, false),
-    ("m16k4n128s3", 16, 4, 4, 1, 128, 3, 1, false),
+    ("m16w1n32", 16, 1, 1, 1, 32, 2, 1, TileKernel::Sm80),
+    ("m16k2n32", 16, 2, 2, 1, 32, 2, 1, TileKernel::Sm80),
+    ("m16k2n32s4", 16, 2, 2, 1, 32, 4, 1, TileKernel::Sm80),
+    ("m16k2n64s3", 16, 2, 2, 1, 64, 3, 1, TileKernel::Sm80),
+    ("m16k4n64s3", 16, 4, 4, 1, 64, 3, 1, TileKernel::Sm80),
+    ("m16k4n64s4", 16, 4, 4, 1, 64, 4, 1, TileKernel::Sm80),
+    ("m16k4n128", 16, 4, 4, 1, 128, 2, 1, TileKernel::Sm80),
+    ("m16k4n128s3", 16, 4, 4, 1, 128, 3, 1, TileKernel::Sm80),
     // 64 rows on four warps: the sm_80 tile for 64 or more packed rows.
-    ("m64w4", 64, 4, 1, 1, 32, 2, 1, false),
+    ("m64w4", 64, 4, 1, 1, 32, 2, 1, TileKernel::Sm80),
 ];
 
 /// Decoding workloads' (B, H, Hkv, Sq): their default tiles follow the
@@ -342,9 +354,10 @@ fn main() {
             } else {
                 MLA_TILES
             };
-            for &(tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps, wgmma) in
+            for &(tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps, kernel) in
                 list
             {
+                let wgmma = kernel != TileKernel::Sm80;
                 let cfg = ForwardConfig {
                     block_m,
                     warps,
@@ -354,6 +367,9 @@ fn main() {
                     stages,
                     dv_warps,
                     wgmma,
+                    warp_specialized: kernel == TileKernel::WgmmaProducer,
+                    persistent: false,
+                    tma_loads: false,
                     fused_combine: cfg.fused_combine && !wgmma,
                     ..cfg
                 };

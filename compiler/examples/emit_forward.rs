@@ -57,6 +57,8 @@ fn main() {
             "fused_combine" => cfg.fused_combine = v != 0,
             "q_in_registers" => cfg.q_in_registers = v != 0,
             "persistent" => cfg.persistent = v != 0,
+            "warp_specialized" => cfg.warp_specialized = v != 0,
+            "tma_loads" => cfg.tma_loads = v != 0,
             other => panic!("unknown setting `{other}`"),
         }
     }

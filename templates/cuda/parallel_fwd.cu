@@ -76,14 +76,14 @@
         // CTA's first tile, or one without key blocks) it multiplies P from
         // an earlier block with this stage's V into rows that are not stored
         // (nothing seen) or zeroed next.
-        pv_gemm(acc[0], pa, smem_u32(sV + (prev_pv ? prev_last : cur) * BN * SVS));
+        pv_gemm(acc[0], pa, V_SMEM(prev_pv ? prev_last : cur));
         wgmma_commit();
 {% endif %}        {
             const unsigned k_base = smem_u32(sK + cur * BN * SQS);
 {% if q_regs %}#pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_rsk_n{{ bn }}(s[0], qf[kk], sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
-{% else %}            const unsigned q_base = smem_u32(sQ) + (warp / 4) * 64 * 128;
+{% else %}            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
@@ -97,8 +97,7 @@
         if (prev_pv) mbar_arrive(&bar_empty[prev_last]);
 {% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}{% endif %}        wgmma_wait0();
 {% else %}        {
-            const unsigned v_base = smem_u32(sV + prev * BN * SVS);
-            pv_gemm(acc[0], pa, v_base);
+            pv_gemm(acc[0], pa, V_SMEM(prev));
         }
         wgmma_commit();
         wgmma_wait1();
@@ -187,6 +186,12 @@ __device__ __forceinline__ void pack_p(const float (&pr)[NR][NE], unsigned (&pa)
     }
 }
 
+// The shared address of stage `stage`'s V panels for this warp's O columns
+// (its Dv warpgroup's share of the block's slice, from column dv0): V's own
+// tile, or with V stored in K the K tile from that column.
+{% if v_in_k %}#define V_SMEM(stage) (smem_u32(sK + (stage) * BN * SQS) + ((dv0 + DW_COL) / 64) * (BN * 128))
+{% else %}#define V_SMEM(stage) (smem_u32(sV + (stage) * BN * SVS) + (DW_COL / 64) * (BN * 128))
+{% endif %}
 // Issues O += P · V for one block (V at shared address v_base, read N-major:
 // keys are its K dimension); the caller fences, commits and waits.
 __device__ __forceinline__ void pv_gemm(float (&acc)[DVW / 8][4], const unsigned (&pa)[BN / 16][4], unsigned v_base) {
@@ -490,7 +495,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% macro last_pv() %}        if (prev_pv) {
             // The previous tile's last P·V, alone.
             wgmma_fence();
-            pv_gemm(acc[0], pa, smem_u32(sV + prev_last * BN * SVS));
+            pv_gemm(acc[0], pa, V_SMEM(prev_last));
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ dvw }}(acc[0]);
@@ -872,7 +877,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
                                   mask_batches, mask_heads, mask_rows, mask_bm)
         if (ptid == 0) next_ticket = TAKE_TICKET();
 {% endif %}{% call tile_loop(true) %}{% endcall %}
-{% if !persistent %}        const int bx = blockIdx.x;
+{% if !persistent %}        const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %};
 {% endif %}{% call tile_setup() %}{% endcall %}
 {% if tma %}        // Q waits for the previous tile's last S GEMM (`q_free`), its first K/V
         // block only for a free stage: that block goes out first (H100: 1-3%
@@ -911,7 +916,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             }
 {% if !q_regs %}            if (it == 0) ISSUE_Q();
 {% endif %}{% else %}            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
-            load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
+{% if !v_in_k %}            load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
+{% endif %}
             mbar_arrive_cp_async(&bar_full[st]);
 {% endif %}
         }
@@ -956,7 +962,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     long long prev_q_row0 = 0;
     int prev_m0 = 0, prev_dv0 = 0;
 {% endif %}{% call tile_loop(false) %}{% endcall %}
-{% if !persistent %}        const int bx = blockIdx.x;
+{% if !persistent %}        const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %};
 {% endif %}{% call tile_setup() %}{% endcall %}
         mbar_wait(&bar_q, lt & 1);
         fence_proxy_async();
@@ -970,7 +976,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         unsigned qf[DQK / 16][4];
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; ++kk) {
-            const int row = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+            const int row = wr * 16 + ((lane / 8) % 2) * 8 + lane % 8;
             const int col = kk * 16 + (lane / 16) * 8;
             ldmatrix_x4(smem_u32(TILE_AT(sQ, BM, DQK, row, col)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
         }
@@ -1004,7 +1010,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             // The last block's P·V.
             const int last = (ring + n_iter - 1) % STAGES;
             wgmma_fence();
-            pv_gemm(acc[0], pa, smem_u32(sV + last * BN * SVS));
+            pv_gemm(acc[0], pa, V_SMEM(last));
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ dvw }}(acc[0]);
@@ -1160,10 +1166,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         {
             unsigned pa[BN / 16][4];
             pack_p(pr, pa);
-{% if v_in_k %}            // V is K's tile from column dv0: its 64-column panels are K's.
-            const unsigned v_base = smem_u32(sKc) + ((dv0 + DW_COL) / 64) * (BN * 128);
-{% else %}            const unsigned v_base = smem_u32(sVc) + (DW_COL / 64) * (BN * 128);
-{% endif %}
+            const unsigned v_base = V_SMEM(cur);
+
             wgmma_fence();
             pv_gemm(acc[0], pa, v_base);
             wgmma_commit();

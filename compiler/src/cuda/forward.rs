@@ -389,7 +389,7 @@ impl ForwardConfig {
         if isa != Isa::Sm90a
             || rows < 64
             || dqk <= 256
-            || !wgmma_unspecialized_dims_ok(dqk, slice / dv_warps)
+            || !wgmma_decoding_dims_ok(dqk, slice / dv_warps)
         {
             return None;
         }
@@ -1079,13 +1079,21 @@ fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize) -> u32 {
 /// Whether the `wgmma` forward takes these head dims (`dv` one block's
 /// slice).
 pub fn wgmma_dims_ok(dqk: u32, dv: u32) -> bool {
-    dqk.is_multiple_of(PANEL_COLS) && dv.is_multiple_of(PANEL_COLS) && dv <= MAX_N && dqk <= 256
+    dqk.is_multiple_of(PANEL_COLS)
+        && dv.is_multiple_of(PANEL_COLS)
+        && dv <= MAX_N
+        && dqk <= WS_PERSISTENT_MAX_DQK
 }
 
-/// Whether the `wgmma` kernel without warp specialisation (the decoding tile
-/// of [`ForwardConfig::for_packed_rows`]) takes these head dims: Dqk up to
-/// [`MAX_FORWARD_DQK`] (MLA's latent cache, 576), `dv` one block's slice.
-fn wgmma_unspecialized_dims_ok(dqk: u32, dv: u32) -> bool {
+/// The largest Dqk of the persistent warp-specialised forward (and of the
+/// prefill defaults, [`wgmma_dims_ok`]).
+const WS_PERSISTENT_MAX_DQK: u32 = 256;
+
+/// Whether a `wgmma` kernel with a block per row block (the decoding tile of
+/// [`ForwardConfig::for_packed_rows`]) takes these head dims: Dqk up to
+/// [`MAX_FORWARD_DQK`] (MLA's latent cache, 576), `dv` one warpgroup's
+/// columns.
+fn wgmma_decoding_dims_ok(dqk: u32, dv: u32) -> bool {
     dqk.is_multiple_of(PANEL_COLS)
         && dv.is_multiple_of(PANEL_COLS)
         && dv <= MAX_N
@@ -1265,6 +1273,12 @@ fn generate_forward(
             variant.name
         )));
     }
+    if cfg.warp_specialized && cfg.dv_warps > 1 && par.modify_q.is_some() {
+        return Err(CompileError(format!(
+            "`{}` modifies q in shared memory, which the warp-specialised forward does per warpgroup: with Dv warps two warpgroups share the rows; use dv_warps: 1 or warp_specialized: false",
+            variant.name
+        )));
+    }
     if cfg.warp_specialized && (par.modify_k.is_some() || par.modify_v.is_some()) {
         return Err(CompileError(format!(
             "`{}` modifies k or v in shared memory, which the warp-specialised forward cannot do; use warp_specialized: false",
@@ -1277,7 +1291,11 @@ fn generate_forward(
     let tile_schedule = cfg.persistent && layout == RowLayout::BlockSparse;
     // TMA boxes address rows of one head's dense matrix: the other layouts
     // (sequences packed into one matrix, pages, block lists) keep cp.async.
-    let tma = cfg.tma_loads && cfg.warp_specialized && layout == RowLayout::Dense;
+    let tma = cfg.tma_loads
+        && cfg.warp_specialized
+        && layout == RowLayout::Dense
+        && !cfg.pack_gqa
+        && !cfg.v_in_k;
     let late_epilogue = cfg.late_epilogue && tma && cfg.persistent;
     if cfg.key_warps > 1 {
         combine_plan(online).map_err(|e| {
@@ -1553,14 +1571,9 @@ pub(crate) fn check_config(
             cfg.stages
         )));
     }
-    if cfg.v_in_k && (cfg.warp_specialized || dv_total > dqk) {
+    if cfg.v_in_k && dv_total > dqk {
         return Err(CompileError(format!(
-            "v_in_k (V stored in the first Dv columns of K) is implemented for the kernels without warp specialisation with Dv <= Dqk; got {}Dqk {dqk}, Dv {dv_total}",
-            if cfg.warp_specialized {
-                "warp_specialized, "
-            } else {
-                ""
-            }
+            "v_in_k (V stored in the first Dv columns of K) needs Dv <= Dqk; got Dqk {dqk}, Dv {dv_total}"
         )));
     }
     if !matches!(cfg.key_warps, 1 | 2 | 4)
@@ -1574,15 +1587,14 @@ pub(crate) fn check_config(
     }
     if !matches!(cfg.dv_warps, 1 | 2)
         || (cfg.dv_warps > 1
-            && (cfg.warp_specialized
-                || !cfg
-                    .warps
-                    .is_multiple_of(cfg.key_warps * cfg.dv_warps * if cfg.wgmma { 4 } else { 1 })
+            && (!cfg
+                .warps
+                .is_multiple_of(cfg.key_warps * cfg.dv_warps * if cfg.wgmma { 4 } else { 1 })
                 || !cfg.dv_slice(dv_total).is_multiple_of(64 * cfg.dv_warps)
                 || !dqk.is_multiple_of(64)))
     {
         return Err(CompileError(format!(
-            "{} Dv warps with {} warps ({} key warps), Dqk {dqk} and Dv slices of {} are not supported: dv_warps must be 1 or 2 and divide the warps per key warp (on wgmma, warpgroups), and 2 needs a kernel without warp specialisation, Dqk a multiple of 64 and Dv slices a multiple of 128",
+            "{} Dv warps with {} warps ({} key warps), Dqk {dqk} and Dv slices of {} are not supported: dv_warps must be 1 or 2 and divide the warps per key warp (on wgmma, warpgroups), and 2 needs Dqk a multiple of 64 and Dv slices a multiple of 128",
             cfg.dv_warps,
             cfg.warps,
             cfg.key_warps,
@@ -1594,10 +1606,18 @@ pub(crate) fn check_config(
             "the combine in the main kernel (fused_combine) needs split-KV (split_kv: true) and the sm_80 template (wgmma: false)".into(),
         ));
     }
-    if cfg.split_kv && cfg.warp_specialized {
-        return Err(CompileError(
-            "split-KV is implemented for the kernels without warp specialisation (set warp_specialized: false)".into(),
-        ));
+    // The decoding features of the warp-specialised kernel run with a block
+    // per row block (its persistent walk has no KV splits, and its tiles'
+    // rows are one head's).
+    let decoding = cfg.split_kv
+        || cfg.pack_gqa
+        || cfg.v_in_k
+        || cfg.dv_warps > 1
+        || dqk > WS_PERSISTENT_MAX_DQK;
+    if cfg.warp_specialized && cfg.persistent && decoding {
+        return Err(CompileError(format!(
+            "split-KV, packed GQA rows, V in K, Dv warps and Dqk above {WS_PERSISTENT_MAX_DQK} are implemented for the warp-specialised forward with a block per row block (set persistent: false)"
+        )));
     }
     if cfg.q_in_registers && !cfg.warp_specialized {
         return Err(CompileError(
@@ -1616,38 +1636,18 @@ pub(crate) fn check_config(
         ));
     }
     if cfg.wgmma {
-        let packed_ws = cfg.pack_gqa && cfg.warp_specialized;
-        if packed_ws
-            || !cfg.warps.is_multiple_of(4 * cfg.dv_warps.max(1))
-            || cfg.block_m != 16 * cfg.row_warps()
+        if !cfg.warps.is_multiple_of(4 * cfg.dv_warps.max(1)) || cfg.block_m != 16 * cfg.row_warps()
         {
             return Err(CompileError(format!(
-                "wgmma tile {}x{} with {} warps{} is not supported: each warpgroup of 4 warps owns 64 rows (block_m = 16 x warps / dv_warps), and only the kernel without warp specialisation packs query heads into its rows",
-                cfg.block_m,
-                cfg.block_n,
-                cfg.warps,
-                if packed_ws {
-                    " and packed GQA rows under warp specialisation"
-                } else {
-                    ""
-                }
+                "wgmma tile {}x{} with {} warps is not supported: each warpgroup of 4 warps owns 64 rows (block_m = 16 x warps / dv_warps)",
+                cfg.block_m, cfg.block_n, cfg.warps,
             )));
         }
         // (Dv warpgroups each take their share of the slice's columns.)
         let dvw = dv / cfg.dv_warps.max(1);
-        let (dims_ok, max_dqk) = if cfg.warp_specialized {
-            (wgmma_dims_ok(dqk, dvw), 256)
-        } else {
-            (wgmma_unspecialized_dims_ok(dqk, dvw), MAX_FORWARD_DQK)
-        };
-        if !dims_ok {
+        if !wgmma_decoding_dims_ok(dqk, dvw) {
             return Err(CompileError(format!(
-                "the wgmma forward needs Dqk and Dv to be multiples of {PANEL_COLS} with Dv <= {MAX_N} per warpgroup and Dqk <= {max_dqk}{}, got Dqk {dqk}, Dv {dvw}; use the sm_80 template (wgmma: false)",
-                if cfg.warp_specialized {
-                    " (warp-specialised)"
-                } else {
-                    ""
-                }
+                "the wgmma forward needs Dqk and Dv to be multiples of {PANEL_COLS} with Dv <= {MAX_N} per warpgroup and Dqk <= {MAX_FORWARD_DQK}, got Dqk {dqk}, Dv {dvw}; use the sm_80 template (wgmma: false)"
             )));
         }
     }
