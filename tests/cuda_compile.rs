@@ -273,6 +273,15 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
         (dv_warps, &["sm_80", "sm_90a"][..], "_dw2_vk"),
         (dv_warps_64, &["sm_90a"][..], "_dw2_vk"),
         (wgmma, &["sm_90a"][..], "_gqa_wgmma_dw2_vk"),
+        // The same with a producer warpgroup (not a default).
+        (
+            ForwardConfig {
+                warp_specialized: true,
+                ..wgmma
+            },
+            &["sm_90a"][..],
+            "_gqa_wgmma_ws_dw2_vk",
+        ),
     ] {
         for rows in [Rows::Dense, Rows::Paged] {
             for &arch in archs {

@@ -639,8 +639,8 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(k.grid_for([16, 128, 1, 1]), Some((2, 1, 16)));
     assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 4);
 
-    // The warp-specialised prefill kernel takes neither packed rows, V in K
-    // nor Dqk above 256: each is refused, naming what is missing.
+    // The persistent warp-specialised kernel takes neither packed rows, V in
+    // K nor Dqk above 256: each is refused, naming what is missing.
     let softmax = example("softmax");
     let ws = ForwardConfig::default_for(&softmax, 128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(ws.warp_specialized);
@@ -658,7 +658,7 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
             },
             128,
             128,
-            "packed GQA rows under warp specialisation",
+            "with a block per row block (set persistent: false)",
         ),
         (
             &mla,
@@ -668,13 +668,50 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
             },
             576,
             512,
-            "without warp specialisation",
+            "with a block per row block (set persistent: false)",
         ),
-        (&mla, latent_ws, 576, 512, "Dqk <= 256 (warp-specialised)"),
+        (&mla, latent_ws, 576, 512, "Dqk above 256 are implemented"),
     ] {
         let e = parallel_forward(variant, dqk, dv, &bad).expect_err("refused");
         assert!(e.to_string().contains(words), "{e}");
+        // With a block per row block it generates (cp.async loads, no maps).
+        let k = parallel_forward(
+            variant,
+            dqk,
+            dv,
+            &ForwardConfig {
+                persistent: false,
+                ..bad
+            },
+        )
+        .expect("a block per row block");
+        assert_eq!(
+            k.tensor_maps.is_empty(),
+            !bad.tma_loads || bad.pack_gqa || bad.v_in_k,
+            "{}",
+            k.name
+        );
     }
+    // A modify_q (one that is not a uniform scale, which moves onto the
+    // scores) with Dv warpgroups under warp specialisation is refused: each
+    // warpgroup modifies its own rows.
+    let scaled_q = aec_frontend::parse_str(
+        "pub struct Wq: parallel { q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv]; w: [Dqk]; modify_q = |q| q * w; }",
+    )
+    .expect("variant");
+    let dv_warpgroups = ForwardConfig {
+        warps: 8,
+        dv_warps: 2,
+        block_m: 64,
+        persistent: false,
+        tma_loads: false,
+        late_epilogue: false,
+        q_in_registers: false,
+        ..ws
+    };
+    let e = parallel_forward(&scaled_q, 128, 128, &dv_warpgroups).expect_err("refused");
+    assert!(e.to_string().contains("modifies q"), "{e}");
+    parallel_forward(&softmax, 128, 128, &dv_warpgroups).expect("Dv warpgroups, softmax");
     // d128 decoding with as many rows keeps the sm_80 tile (measured level).
     let gqa_rows = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a)
         .for_packed_rows(128, 128, 128, Isa::Sm90a);
@@ -761,7 +798,7 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     .unwrap_err();
     assert!(
         err.to_string()
-            .contains("split-KV is implemented for the kernels without warp specialisation"),
+            .contains("with a block per row block (set persistent: false)"),
         "{err}"
     );
     // The combine in the main kernel needs KV splits on the sm_80 template.

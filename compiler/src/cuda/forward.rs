@@ -1329,6 +1329,7 @@ fn generate_forward(
         cfg.block_n,
         cfg.warps,
         match (cfg.pack_gqa, cfg.wgmma) {
+            (true, true) if cfg.warp_specialized => "_gqa_wgmma_ws",
             (true, true) => "_gqa_wgmma",
             (true, false) => "_gqa",
             (false, true) if cfg.q_in_registers => "_wgmma_ws_rq",
