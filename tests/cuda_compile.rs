@@ -293,10 +293,21 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
         let k = parallel_forward(&v, 576, 512, &cfg).expect("latent forward");
         if cfg.wgmma {
             // Q and two K tiles in 128-byte-swizzled panels, 1 KiB of slack
-            // to align them.
+            // to align them; without the producer warpgroup the second Dv
+            // warpgroup takes P (BN / 4 words per thread) and the row
+            // rescale (2) from the first through shared memory.
+            let hand_over = if cfg.warp_specialized {
+                0
+            } else {
+                128 * (cfg.block_n / 4 + 2) * 4
+            };
             assert_eq!(
                 k.smem_bytes,
-                2 * (cfg.block_m * 576 + cfg.stages * cfg.block_n * 576) + 1024
+                2 * (cfg.block_m * 576 + cfg.stages * cfg.block_n * 576) + 1024 + hand_over
+            );
+            assert_eq!(
+                k.source.contains("mbar_wait(&bar_p, p_phase & 1)"),
+                !cfg.warp_specialized
             );
             continue;
         }

@@ -635,6 +635,14 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert!(!k.source.contains("sV + "), "no V ring");
     assert_eq!(k.resident_blocks(H100_SMEM_PER_SM), Some(1));
     assert!(k.name.contains("_dw2"), "{}", k.name);
+    // The first warpgroup computes S and hands P and the row rescale to the
+    // second (an mbarrier phase per block), and the row state at the end.
+    assert!(
+        k.source.contains("mbar_arrive(&bar_p)")
+            && k.source.contains("mbar_wait(&bar_p, p_phase & 1)")
+            && k.source.contains("if (dw == 0) {"),
+        "S once per block"
+    );
     assert!(k.source.contains("((dv0 + DW_COL) / 64) * (BN * 128)"));
     assert_eq!(k.grid_for([16, 128, 1, 1]), Some((2, 1, 16)));
     assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 4);

@@ -816,6 +816,17 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
     elem_t* sK = sQ + BM * SQS;
 {% if !v_in_k %}    elem_t* sV = sK + STAGES * BN * SQS;
+{% endif %}{% if share_p %}    // The second Dv warpgroup's P, row rescale and (at the end) row state,
+    // handed over by the first: a word per thread and value (after the ring).
+    unsigned* xch = reinterpret_cast<unsigned*>({% if v_in_k %}sK + STAGES * BN * SQS{% else %}sV + STAGES * BN * SVS{% endif %}) + threadIdx.x % 128;
+    // The first warpgroup's 128 threads arrive once their P is written (an
+    // mbarrier: each arrival releases that thread's stores); the buffer is
+    // rewritten only after the next block's __syncthreads, which the second
+    // warpgroup reaches once it has read it.
+    __shared__ __align__(8) unsigned long long bar_p;
+    if (threadIdx.x == 0) mbar_init(&bar_p, 128);
+    __syncthreads();
+    unsigned p_phase = 0;
 {% endif %}{% if dv_warps > 1 && !wgmma %}    // The Dv warps' partial scores, two buffers (after the K/V ring).
     float* s_x = reinterpret_cast<float*>({% if v_in_k %}sK + STAGES * BN * SQS{% else %}sV + STAGES * BN * SVS{% endif %});
 {% endif %}
@@ -1089,7 +1100,13 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         SYNC_SMEM_WRITES();
 {% endif %}
         if (cls != 0) {
-{% if wgmma %}        // S = Q · Kᵀ for this warpgroup's 64 rows and the block's BN keys,
+{% if share_p %}        // The first Dv warpgroup computes S and the online step and hands
+        // P and the row rescale to the second (S once per block); both then
+        // add P · V for their columns.
+        unsigned pa[BN / 16][4];
+        float row_scale[NR];
+        if (dw == 0) {
+{% endif %}{% if wgmma %}        // S = Q · Kᵀ for this warpgroup's 64 rows and the block's BN keys,
         // both operands read from the swizzled tiles by the tensor cores.
         float s[MT][BN / 8][4];
         {
@@ -1151,22 +1168,46 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
 {% endif %}
 {% call block_scores(0) %}{% endcall %}
+{% if share_p %}            pack_p(pr, pa);
 #pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) xch[(kk * 4 + c) * 128] = pa[kk][c];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                row_scale[r] = alpha[r];
+                xch[(BN / 4 + r) * 128] = __float_as_uint(alpha[r]);
+            }
+            mbar_arrive(&bar_p);
+        } else {
+            mbar_wait(&bar_p, p_phase & 1);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) pa[kk][c] = xch[(kk * 4 + c) * 128];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) row_scale[r] = __uint_as_float(xch[(BN / 4 + r) * 128]);
+        }
+        ++p_phase;
+#define ROW_SCALE row_scale
+{% else %}#define ROW_SCALE alpha
+{% endif %}#pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int dt = 0; dt < DVW / 8; ++dt) {
-            acc[mt][dt][0] *= alpha[2 * mt];
-            acc[mt][dt][1] *= alpha[2 * mt];
-            acc[mt][dt][2] *= alpha[2 * mt + 1];
-            acc[mt][dt][3] *= alpha[2 * mt + 1];
+            acc[mt][dt][0] *= ROW_SCALE[2 * mt];
+            acc[mt][dt][1] *= ROW_SCALE[2 * mt];
+            acc[mt][dt][2] *= ROW_SCALE[2 * mt + 1];
+            acc[mt][dt][3] *= ROW_SCALE[2 * mt + 1];
         }
+#undef ROW_SCALE
 
 {% if wgmma %}        // O += P · V: the accumulator layout of S is the register A-operand
         // layout of wgmma; V is read N-major (keys are its K dimension).
         {
-            unsigned pa[BN / 16][4];
+{% if !share_p %}            unsigned pa[BN / 16][4];
             pack_p(pr, pa);
-            const unsigned v_base = V_SMEM(cur);
+{% endif %}            const unsigned v_base = V_SMEM(cur);
 
             wgmma_fence();
             pv_gemm(acc[0], pa, v_base);
@@ -1202,7 +1243,26 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
         }  // cls != 0
     }
-{% if key_warps > 1 %}{% call merge_key_warps() %}{% endcall %}{% endif %}
+{% if share_p %}    // The second warpgroup's rows' state (it computed none): the first's.
+    __syncthreads();
+    if (dw == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) xch[(r * NSTATE_ARR + f) * 128] = __float_as_uint(st[r][f]);
+            xch[(NR * NSTATE_ARR + r) * 128] = seen[r] ? 1u : 0u;
+        }
+    }
+    __syncthreads();
+    if (dw == 1) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = __uint_as_float(xch[(r * NSTATE_ARR + f) * 128]);
+            seen[r] = xch[(NR * NSTATE_ARR + r) * 128] != 0u;
+        }
+    }
+{% endif %}{% if key_warps > 1 %}{% call merge_key_warps() %}{% endcall %}{% endif %}
 {% if fused_combine && key_warps > 1 %}        if (kw == 0) {
 {% endif %}{% call epilogue() %}{% endcall %}
 {% if fused_combine && key_warps > 1 %}        }

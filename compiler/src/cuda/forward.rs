@@ -101,13 +101,17 @@ pub struct ForwardConfig {
     /// them all: `warps / key_warps` row warps.
     #[serde(default = "one_warp")]
     pub key_warps: u32,
-    /// Warps that split Dv between them for the same rows and keys (1 or 2;
-    /// the sm_80 template): each computes S over part of Dqk, the pair adds
+    /// Warps that split Dv between them for the same rows and keys (1 or 2).
+    /// On the sm_80 template each computes S over part of Dqk, the pair adds
     /// the parts through shared memory (one barrier of the pair per block),
     /// then each runs the online step and P·V for its half of the columns.
-    /// S is computed once per block instead of once per Dv slice of
-    /// `dv_split` — for V stored in K (MLA's 576-column scores) where the
-    /// scores are most of the work. `warps` counts them all.
+    /// On `wgmma` they are warpgroups: without warp specialisation the first
+    /// computes S and the online step and hands P and the row rescale (and
+    /// at the end the row state) to the second through shared memory behind
+    /// an mbarrier; with it each computes all of S. Either way S is computed
+    /// once per block instead of once per Dv slice of `dv_split` — for V
+    /// stored in K (MLA's 576-column scores) where the scores are most of
+    /// the work. `warps` counts them all.
     #[serde(default = "one_warp")]
     pub dv_warps: u32,
     /// With warp specialisation (ignored without): the producer loads Q, K and V with TMA
@@ -365,17 +369,19 @@ impl ForwardConfig {
 
     /// The sm_90a decoding tile for 64 or more packed rows per KV head with
     /// Dqk above 256 (MLA's latent cache, 576): `wgmma` on 64 rows and
-    /// 64-key blocks in two stages (217 KB at Dqk 576, one block per SM),
-    /// Dv split between two warpgroups that each compute all of S (a K tile
-    /// feeds both, so the cache is read once per row block), in 256-column
-    /// slices between blocks where Dv is wider. There the scores are most of the
-    /// work and `mma.sync` on four warps per SM cannot keep up (H100, 16
-    /// sequences × 128 heads on one latent KV head: 0.089 → 0.064 ms; Dv
-    /// split between blocks instead 0.069, 128-row blocks on 32-key blocks,
-    /// whose S GEMM is bound by shared memory, 0.075; bench/NOTES.md session
-    /// 38). At d128 (128 heads on one KV head) the sm_80 tile was level with
-    /// the wgmma one (0.034 against 0.036 ms) and stays. `None` elsewhere, or
-    /// where the dims or shared memory do not allow it.
+    /// 64-key blocks in two stages, Dv split between two warpgroups (in
+    /// 256-column slices between blocks where Dv is wider): the first
+    /// computes S and the online step and hands P and the row rescale to the
+    /// second through shared memory, so S is computed once per block and a K
+    /// tile feeds both (226 KB at Dqk 576, one block per SM). There the
+    /// scores are most of the work and `mma.sync` on four warps per SM
+    /// cannot keep up (H100, 16 sequences × 128 heads on one latent KV head:
+    /// 0.089 → 0.053 ms; both warpgroups computing S 0.062, Dv split between
+    /// blocks 0.069, 128-row blocks on 32-key blocks, whose S GEMM is bound by
+    /// shared memory, 0.075; bench/NOTES.md session 38). At d128 (128 heads
+    /// on one KV head) the sm_80 tile was level with a wgmma one (0.034
+    /// against 0.036 ms) and stays. `None` elsewhere, or where the dims or
+    /// shared memory do not allow it.
     fn wgmma_packed_tile(self, rows: usize, dqk: u32, dv: u32, isa: Isa) -> Option<ForwardConfig> {
         let dv_split = [1, 2, 4]
             .into_iter()
@@ -1026,14 +1032,32 @@ pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
 }
 
 /// The Dv warps' partial scores ([`ForwardConfig::dv_warps`]): two buffers of
-/// every warp's S fragment, a word per lane. (Dv warpgroups on `wgmma` each
-/// compute all of S: none.)
+/// every warp's S fragment, a word per lane. Dv warpgroups on `wgmma` without
+/// warp specialisation ([`shares_p`]) hand over P and the row rescale instead
+/// (then the row state): a word per value and thread of one warpgroup. With
+/// warp specialisation each computes all of S: none.
 fn dv_warp_exchange_bytes(cfg: &ForwardConfig) -> u32 {
+    if shares_p(cfg) {
+        return 128 * p_exchange_words(cfg) * 4;
+    }
     if cfg.dv_warps < 2 || cfg.wgmma {
         return 0;
     }
     let keys = cfg.block_n / cfg.key_warps.max(1);
     2 * cfg.warps * WARP_SIZE * cfg.m_tiles() * (keys / 8) * 4 * 4
+}
+
+/// Whether the first of two Dv warpgroups computes S and hands P to the
+/// second (`wgmma` without warp specialisation): S once per block.
+fn shares_p(cfg: &ForwardConfig) -> bool {
+    cfg.wgmma && cfg.dv_warps > 1 && !cfg.warp_specialized
+}
+
+/// Words per thread of the P hand-over ([`shares_p`]): P's fragments (BN / 4)
+/// and the two rows' rescale; the row state handed over at the end must fit
+/// too.
+fn p_exchange_words(cfg: &ForwardConfig) -> u32 {
+    cfg.block_n / 4 + 2
 }
 
 /// Whether the sm_80 template's tiles use XOR rows (`TILE_XOR_ROWS` in
@@ -1116,6 +1140,8 @@ struct ForwardTemplate<'a> {
     xor_rows: bool,
     /// Warps splitting Dv (see [`ForwardConfig::dv_warps`]).
     dv_warps: u32,
+    /// Dv warpgroups hand P over ([`shares_p`]).
+    share_p: bool,
     m_tiles: u32,
     warp_size: u32,
     dqk: u32,
@@ -1287,6 +1313,13 @@ fn generate_forward(
     }
     let online = &par.online;
     let nstate = online.state.len();
+    if shares_p(cfg) && 2 * (nstate.max(1) as u32 + 1) > p_exchange_words(cfg) {
+        return Err(CompileError(format!(
+            "`{}`: Dv warpgroups hand the row state over through {} words per thread, too few for {nstate} state values per row; use dv_warps: 1",
+            variant.name,
+            p_exchange_words(cfg)
+        )));
+    }
     let nscales = online.scales.len();
     let tile_schedule = cfg.persistent && layout == RowLayout::BlockSparse;
     // TMA boxes address rows of one head's dense matrix: the other layouts
@@ -1376,6 +1409,7 @@ fn generate_forward(
         warps: cfg.warps(),
         key_warps: cfg.key_warps,
         dv_warps: cfg.dv_warps,
+        share_p: shares_p(cfg),
         m_tiles: cfg.m_tiles(),
         warp_size: WARP_SIZE,
         dqk,
