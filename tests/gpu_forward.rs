@@ -2222,57 +2222,67 @@ fn gpu_forward_packed_wgmma() {
     ] {
         check_latent_tile(test, shape, cfg, "_gqa_wgmma");
     }
-    let with = |cfg| KernelOptions {
-        config: Some(cfg),
-        ..KernelOptions::default()
-    };
-    check_example_with(
-        &format!("{test} (decode d128)"),
-        "decode",
-        Shape::new(2, 256, 2, 1, 1001),
-        HeadDims::square(128),
-        (0.0, 1.0),
-        &with(tile("decode", 128, 128, 128, 64, 1)),
-    );
-    check_example_with(
-        &format!("{test} (decode d128, Dv warpgroups)"),
-        "decode",
-        Shape::new(2, 256, 2, 1, 1001),
-        HeadDims::square(128),
-        (0.0, 1.0),
-        &with(ForwardConfig {
-            warps: 8,
-            dv_warps: 2,
-            ..tile("decode", 128, 128, 64, 64, 1)
-        }),
-    );
-    check_example_with(
-        &format!("{test} (decode d128, producer warpgroup)"),
-        "decode",
-        Shape::new(3, 128, 2, 1, 777),
-        HeadDims::square(128),
-        (0.0, 1.0),
-        &with(ForwardConfig {
-            warp_specialized: true,
-            ..tile("decode", 128, 128, 128, 64, 1)
-        }),
-    );
-    check_example_with(
-        &format!("{test} (rows across heads)"),
-        "softmax_gqa",
-        Shape::new(2, 8, 2, 37, 70),
-        HeadDims::square(64),
-        (0.0, 1.0),
-        &with(tile("softmax_gqa", 64, 64, 128, 32, 1)),
-    );
-    check_example_with(
-        &format!("{test} (causal)"),
-        "softmax_causal",
-        Shape::mha(2, 3, 150, 150),
-        HeadDims::square(64),
-        (0.0, 1.0),
-        &with(tile("softmax_causal", 64, 64, 128, 32, 1)),
-    );
+    let decode = |shape: Shape, cfg: ForwardConfig| ("decode", shape, 128, cfg);
+    for (what, (name, shape, d, cfg)) in [
+        (
+            "decode d128",
+            decode(
+                Shape::new(2, 256, 2, 1, 1001),
+                tile("decode", 128, 128, 128, 64, 1),
+            ),
+        ),
+        (
+            "decode d128, Dv warpgroups",
+            decode(
+                Shape::new(2, 256, 2, 1, 1001),
+                ForwardConfig {
+                    warps: 8,
+                    dv_warps: 2,
+                    ..tile("decode", 128, 128, 64, 64, 1)
+                },
+            ),
+        ),
+        (
+            "decode d128, producer warpgroup",
+            decode(
+                Shape::new(3, 128, 2, 1, 777),
+                ForwardConfig {
+                    warp_specialized: true,
+                    ..tile("decode", 128, 128, 128, 64, 1)
+                },
+            ),
+        ),
+        (
+            "rows across heads",
+            (
+                "softmax_gqa",
+                Shape::new(2, 8, 2, 37, 70),
+                64,
+                tile("softmax_gqa", 64, 64, 128, 32, 1),
+            ),
+        ),
+        (
+            "causal",
+            (
+                "softmax_causal",
+                Shape::mha(2, 3, 150, 150),
+                64,
+                tile("softmax_causal", 64, 64, 128, 32, 1),
+            ),
+        ),
+    ] {
+        check_example_with(
+            &format!("{test} ({what})"),
+            name,
+            shape,
+            HeadDims::square(d),
+            (0.0, 1.0),
+            &KernelOptions {
+                config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
     check_paged(
         &format!("{test} (paged latent cache)"),
         "mla_decode",
@@ -2283,7 +2293,8 @@ fn gpu_forward_packed_wgmma() {
         HeadDims::new(576, 512),
         &KernelOptions {
             v_in_k: true,
-            ..with(tile("mla_decode", 576, 512, 128, 32, 2))
+            config: Some(tile("mla_decode", 576, 512, 128, 32, 2)),
+            ..KernelOptions::default()
         },
     );
 }

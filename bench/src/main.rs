@@ -505,31 +505,45 @@ fn main() {
         "anchors": ["flex"],
         "passes": ["fwd", "fwd+bwd"],
         "note": "not in shared/reference/workloads.json; FLOPs count the visible (query, key) pairs only"
-    }, {
-        "id": DECODE_B1,
-        "variant": "softmax",
-        "b": 1, "h": 32, "hkv": 8, "sq": 1, "skv": 32768, "dqk": 128, "dv": 128,
-        "causal": false,
-        "anchors": ["cudnn", "fa2"],
-        "passes": ["fwd"],
-        "note": "not in shared/reference/workloads.json: one sequence, so the grid has 8 blocks without split-KV"
-    }, {
-        "id": DECODE_B8,
-        "variant": "softmax",
-        "b": 8, "h": 32, "hkv": 8, "sq": 1, "skv": 16384, "dqk": 128, "dv": 128,
-        "causal": false,
-        "anchors": ["cudnn", "fa2"],
-        "passes": ["fwd"],
-        "note": "not in shared/reference/workloads.json: eight long sequences, 64 blocks without split-KV"
-    }, {
-        "id": DECODE_MQA_H128,
-        "variant": "softmax",
-        "b": 16, "h": 128, "hkv": 1, "sq": 1, "skv": 4096, "dqk": 128, "dv": 128,
-        "causal": false,
-        "anchors": ["cudnn", "fa2"],
-        "passes": ["fwd"],
-        "note": "not in shared/reference/workloads.json: multi-query decoding, 128 query heads on one KV head (128 packed rows per block)"
     }]);
+    // Softmax decoding beside cuDNN and FA2 (d128, one query per sequence).
+    let decode_workload = |id: &str, b: u32, h: u32, hkv: u32, skv: u32, what: &str| {
+        json!({
+            "id": id,
+            "variant": "softmax",
+            "b": b, "h": h, "hkv": hkv, "sq": 1, "skv": skv, "dqk": 128, "dv": 128,
+            "causal": false,
+            "anchors": ["cudnn", "fa2"],
+            "passes": ["fwd"],
+            "note": format!("not in shared/reference/workloads.json: {what}")
+        })
+    };
+    extra.as_array_mut().expect("a list").extend([
+        decode_workload(
+            DECODE_B1,
+            1,
+            32,
+            8,
+            32768,
+            "one sequence, so the grid has 8 blocks without split-KV",
+        ),
+        decode_workload(
+            DECODE_B8,
+            8,
+            32,
+            8,
+            16384,
+            "eight long sequences, 64 blocks without split-KV",
+        ),
+        decode_workload(
+            DECODE_MQA_H128,
+            16,
+            128,
+            1,
+            4096,
+            "multi-query decoding, 128 query heads on one KV head (128 packed rows per block)",
+        ),
+    ]);
     // MLA decoding: one latent KV head, V the cache's first 512 columns.
     let mla_workload = |id: &str, b: u32, h: u32, heads: &str| {
         json!({
