@@ -168,7 +168,6 @@ const DECODE_MLA: &str = "decode-mla-b64-h16-kv4096-d576-v512";
 const DECODE_MLA_H128: &str = "decode-mla-b16-h128-kv4096-d576-v512";
 
 /// A decoding tile timed beside the default (each bench entry's `tiles`):
-/// (tag, rows per block, warps, key warps, Dv slices, key block, stages).
 /// (tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps,
 /// kernel: the sm_80 template, `wgmma`, or `wgmma` with its producer
 /// warpgroup).
@@ -196,11 +195,12 @@ const MLA_TILES: &[DecodeTile] = &[
     ("wg64n32s4", 64, 4, 1, 2, 32, 4, 1, TileKernel::Wgmma),
     ("wg128n32", 128, 8, 1, 2, 32, 2, 1, TileKernel::Wgmma),
     // Dv split between the two warpgroups of one 64-row block instead of
-    // between blocks: each computes all of S, K tiles are read once.
+    // between blocks: the first computes S and hands P to the second, K
+    // tiles are read once.
     ("wg64d2", 64, 8, 1, 1, 64, 2, 2, TileKernel::Wgmma),
     ("wg64d2n32s3", 64, 8, 1, 1, 32, 3, 2, TileKernel::Wgmma),
     // The same with a producer warpgroup copying K into the ring (the two
-    // computing warpgroups then run at their own pace).
+    // computing warpgroups then run at their own pace, each computing S).
     ("wg64d2ws", 64, 8, 1, 1, 64, 2, 2, TileKernel::WgmmaProducer),
 ];
 

@@ -1208,7 +1208,6 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if !share_p %}            unsigned pa[BN / 16][4];
             pack_p(pr, pa);
 {% endif %}            const unsigned v_base = V_SMEM(cur);
-
             wgmma_fence();
             pv_gemm(acc[0], pa, v_base);
             wgmma_commit();

@@ -351,7 +351,7 @@ impl ForwardConfig {
         if !self.pack_gqa || self.wgmma || rows < 64 || self.block_m >= 64 {
             return self;
         }
-        if let Some(tile) = self.wgmma_packed_tile(rows, dqk, dv, isa) {
+        if let Some(tile) = self.wgmma_packed_tile(dqk, dv, isa) {
             return tile;
         }
         self.or_if_it_fits(
@@ -381,8 +381,9 @@ impl ForwardConfig {
     /// shared memory, 0.075; bench/NOTES.md session 38). At d128 (128 heads
     /// on one KV head) the sm_80 tile was level with a wgmma one (0.034
     /// against 0.036 ms) and stays. `None` elsewhere, or where the dims or
-    /// shared memory do not allow it.
-    fn wgmma_packed_tile(self, rows: usize, dqk: u32, dv: u32, isa: Isa) -> Option<ForwardConfig> {
+    /// shared memory do not allow it. ([`for_packed_rows`](Self::for_packed_rows)
+    /// has checked the rows.)
+    fn wgmma_packed_tile(self, dqk: u32, dv: u32, isa: Isa) -> Option<ForwardConfig> {
         let dv_split = [1, 2, 4]
             .into_iter()
             .find(|&n| dv.is_multiple_of(n) && dv / n <= 2 * MAX_N)?;
@@ -392,11 +393,7 @@ impl ForwardConfig {
         } else {
             1
         };
-        if isa != Isa::Sm90a
-            || rows < 64
-            || dqk <= 256
-            || !wgmma_decoding_dims_ok(dqk, slice / dv_warps)
-        {
+        if isa != Isa::Sm90a || dqk <= 256 || !wgmma_decoding_dims_ok(dqk, slice / dv_warps) {
             return None;
         }
         let tile = ForwardConfig {
@@ -1103,10 +1100,7 @@ fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize) -> u32 {
 /// Whether the `wgmma` forward takes these head dims (`dv` one block's
 /// slice).
 pub fn wgmma_dims_ok(dqk: u32, dv: u32) -> bool {
-    dqk.is_multiple_of(PANEL_COLS)
-        && dv.is_multiple_of(PANEL_COLS)
-        && dv <= MAX_N
-        && dqk <= WS_PERSISTENT_MAX_DQK
+    wgmma_dims_within(dqk, dv, WS_PERSISTENT_MAX_DQK)
 }
 
 /// The largest Dqk of the persistent warp-specialised forward (and of the
@@ -1118,10 +1112,13 @@ const WS_PERSISTENT_MAX_DQK: u32 = 256;
 /// [`MAX_FORWARD_DQK`] (MLA's latent cache, 576), `dv` one warpgroup's
 /// columns.
 fn wgmma_decoding_dims_ok(dqk: u32, dv: u32) -> bool {
-    dqk.is_multiple_of(PANEL_COLS)
-        && dv.is_multiple_of(PANEL_COLS)
-        && dv <= MAX_N
-        && dqk <= MAX_FORWARD_DQK
+    wgmma_dims_within(dqk, dv, MAX_FORWARD_DQK)
+}
+
+/// Head dims in 64-column panels, `dv` within one instruction's N and Dqk
+/// at most `max_dqk`.
+fn wgmma_dims_within(dqk: u32, dv: u32, max_dqk: u32) -> bool {
+    dqk.is_multiple_of(PANEL_COLS) && dv.is_multiple_of(PANEL_COLS) && dv <= MAX_N && dqk <= max_dqk
 }
 
 #[derive(Template)]
@@ -1290,9 +1287,11 @@ fn generate_forward(
     let variant = folded.as_ref().unwrap_or(variant);
     let par = parallel_inputs(variant, dqk, dv, "forward", MAX_FORWARD_DQK)?;
     check_config(cfg, dqk, dv)?;
-    // From here on `dv` is the slice one block computes.
+    // From here on `dv` is the slice one block computes, `dvw` one (Dv)
+    // warp's or warpgroup's share of it.
     let dv_total = dv;
     let dv = cfg.dv_slice(dv_total);
+    let dvw = dv / cfg.dv_warps.max(1);
     if cfg.v_in_k && (par.modify_k.is_some() || par.modify_v.is_some()) {
         return Err(CompileError(format!(
             "`{}` modifies k or v in shared memory, but with v_in_k they are one tile (V is the first Dv columns of K): modifying one would change the other; use separate k and v (v_in_k: false)",
@@ -1414,7 +1413,7 @@ fn generate_forward(
         warp_size: WARP_SIZE,
         dqk,
         dv,
-        dvw: dv / cfg.dv_warps.max(1),
+        dvw,
         dv_total,
         dv_split: cfg.dv_split,
         nstate,
@@ -1467,7 +1466,7 @@ fn generate_forward(
                     } else {
                         (cfg.block_n, Form::Ss)
                     },
-                    (dv / cfg.dv_warps.max(1), Form::RsNMajor),
+                    (dvw, Form::RsNMajor),
                 ],
             )
         } else {
