@@ -26,6 +26,8 @@ libcuda = ctypes.CDLL("libcuda.so.1")
 libcuda.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
 libcuda.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
 libcuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
+    ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 libcuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -109,7 +111,13 @@ class Kernel:
         self.combine = get_function(self.module, meta["combine"], 0) if meta.get("combine") else None
         props = torch.cuda.get_device_properties(dev)
         self.sms = props.multi_processor_count
-        self.smem_per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
+        # Blocks one SM holds at once by the driver (registers included):
+        # the split rule's wave cap, as the runtime and the loaders read it.
+        resident = ctypes.c_int(0)
+        check(libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(resident), self.fn, meta["threads"], meta["smem_bytes"]),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor " + meta["name"])
+        self.resident = resident.value
         self.splits_override = None  # an int forces the number of KV splits
 
     def grid(self, sizes):
@@ -135,7 +143,9 @@ class Kernel:
         return min(units, self.sms), 1, 1
 
     def kv_splits(self, sizes):
-        """KernelSource::kv_splits (compiler/src/cuda/forward.rs), the same rule."""
+        """KernelSource::kv_splits (compiler/src/cuda/forward.rs), the same rule:
+        the splits within one wave of resident blocks for which the busiest SM
+        finishes first (split_cost), the fewest among equals."""
         if not self.meta.get("split_kv", self.combine is not None):
             return 1
         if self.splits_override:
@@ -144,12 +154,13 @@ class Kernel:
         blocks = x * y * z
         if blocks >= 2 * self.sms:
             return 1
-        most = min(max((sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"] // 4, 1), 128)
-        splits = min(max((2 * self.sms + blocks - 1) // blocks, 1), most)
-        if self.meta["smem_bytes"] == 0 or self.smem_per_sm == 0:
-            return splits
-        # At most one wave of the blocks that fit the SMs' shared memory.
-        return min(splits, max(1, self.smem_per_sm // (self.meta["smem_bytes"] + 1024) * self.sms // blocks))
+        key_blocks = (sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"]
+        top = min(max(key_blocks // 4, 1), 128, max(1, self.resident * self.sms // blocks))
+
+        def cost(s):
+            n = -(-blocks * s // self.sms)
+            return n * (-(-key_blocks // s) + 1) * (100 if min(n, self.resident) >= 2 else 115)
+        return min(range(1, top + 1), key=lambda s: (cost(s), s))
 
     def __call__(self, q, k, v, customs, sizes, extra=None):
         """`extra`: the values of the arguments of other row layouts (a paged

@@ -1902,17 +1902,15 @@ fn check_paged(
         if pass { "PASS" } else { "FAIL" },
         kernels.paged_source().unwrap().name,
         device.name(),
-        kernels.paged_source().unwrap().kv_splits(
-            [
-                seqlens.len(),
+        kernels
+            .paged_kv_splits(Shape {
+                b: seqlens.len(),
                 h,
                 hkv,
-                queries,
-                *seqlens.iter().max().unwrap()
-            ],
-            device.sm_count(),
-            device.shared_memory_per_sm()
-        ),
+                sq: queries,
+                skv: *seqlens.iter().max().unwrap(),
+            })
+            .unwrap(),
         dims.dqk,
         dims.dv,
     );

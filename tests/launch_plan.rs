@@ -14,9 +14,12 @@ use aec::compiler::launch_plan::{
     forward_plan, grad_name, recurrent_backward_plan,
 };
 use aec::compiler::{
-    ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, parallel_backward,
-    parallel_forward, recurrent_backward,
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, Residency,
+    parallel_backward, parallel_forward, recurrent_backward,
 };
+
+/// The KV-split wave cap of an H100's 228 KiB of shared memory per SM.
+const H100: Residency = Residency::SharedMemory(228 * 1024);
 
 /// Shapes `[B, H, Hkv, Sq, Skv]` that are not tile multiples, GQA among them.
 const SHAPES: [[usize; 5]; 6] = [
@@ -100,19 +103,25 @@ fn plans_match_the_runtime_launch_logic() {
                     None => shape,
                 };
                 let [b, h, hkv, sq, _] = shape;
-                // With and without the wave cap (an H100's shared memory).
-                for smem in [0, 228 * 1024] {
-                    let splits = k.kv_splits(shape, 132, smem);
+                // Without the wave cap, with an H100's shared memory, with
+                // the driver's counts.
+                for residency in [
+                    Residency::Unknown,
+                    H100,
+                    Residency::Blocks(1),
+                    Residency::Blocks(2),
+                ] {
+                    let splits = k.kv_splits(shape, 132, residency);
                     let planned = match &plan.kv_splits {
-                        Some(p) => p.splits(&vars(shape, 1), 132, u64::from(smem)),
+                        Some(p) => p.splits(&vars(shape, 1), 132, residency),
                         None => 1,
                     };
                     assert_eq!(
                         planned, splits as u64,
-                        "{name} {isa:?} {shape:?} smem {smem}: kv splits"
+                        "{name} {isa:?} {shape:?} {residency:?}: kv splits"
                     );
                 }
-                let splits = k.kv_splits(shape, 132, 228 * 1024);
+                let splits = k.kv_splits(shape, 132, H100);
                 let planned = splits as u64;
                 checked_splits += usize::from(splits > 1);
                 let at = vars(shape, planned);
@@ -202,12 +211,12 @@ fn fused_combine_plans_launch_one_kernel_with_zeroed_counters() {
     for shape in SHAPES {
         let shape = [shape[0], shape[1], shape[2], 1, shape[4]];
         let [b, h, hkv, sq, _] = shape;
-        let splits = k.kv_splits(shape, 132, 228 * 1024);
+        let splits = k.kv_splits(shape, 132, H100);
         let planned =
             plan.kv_splits
                 .as_ref()
                 .expect("a split rule")
-                .splits(&vars(shape, 1), 132, 228 * 1024);
+                .splits(&vars(shape, 1), 132, H100);
         assert_eq!(planned, u64::from(splits), "{shape:?}");
         split += usize::from(splits > 1);
         let at = vars(shape, planned);

@@ -131,6 +131,13 @@ fn c_interface_compiles_checks_calls_and_reports_the_missing_driver() {
         "        module_0 = \"kernels/aec_rec_states_mamba2_",
         "    if ((status = aecl_function_get(lib, module_0, \"aec_rec_states_mamba2_",
         "&p_state_in, &null_arg, &p_states, ",
+        // The decoding forward's KV splits: the call caps them by the
+        // driver's occupancy count of its split launch (registers
+        // included), the workspace query by shared memory alone (an upper
+        // bound of the call's).
+        "_plan(lib, s, aecl_resident_blocks(lib, fn[0], ",
+        "_plan(lib, sizes, 0, &layout, err, sizeof err)",
+        "lib->sm_count, lib->smem_per_sm, resident);",
         // The sm_90a Softmax forward takes tensor maps of q, k and v.
         "aecl_tensor_map_encode(lib, maps + 0u * AECL_TENSOR_MAP_BYTES, AECL_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2u, aecl_dptr(b->q), ",
     ] {

@@ -13,7 +13,7 @@
 //! [`SizeExpr`].
 
 use crate::cuda::forward::{
-    ArgKind, KernelSource, KvSplitInputs, MAX_KV_SPLITS, TensorMapSpec, kv_split_rule,
+    ArgKind, KernelSource, KvSplitInputs, MAX_KV_SPLITS, Residency, TensorMapSpec, kv_split_rule,
 };
 use crate::cuda::recurrent::{RecurrentBackwardSource, RecurrentGridX, RecurrentSource};
 use crate::{Elem, Grid, Launch};
@@ -281,28 +281,37 @@ pub struct LaunchPlan {
 }
 
 /// How many KV splits a split-KV forward launches with: 1 when `blocks`
-/// (the grid without splits) is at least `2 · SMs`; otherwise
-/// `clamp(ceil(2 · SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits))`,
-/// and where `block_smem_bytes` is not 0 at most one wave of the blocks that
-/// fit the multiprocessors' shared memory at once: `max(1, floor(smem_per_sm
-/// / (block_smem_bytes + 1024)) · SMs / blocks)`
+/// (the grid without splits) is at least `2 · SMs`; otherwise the splits
+/// from 1 to `min(clamp(key_blocks / 4, 1, max_splits), max(1, resident ·
+/// SMs / blocks))` for which the busiest multiprocessor finishes first
+/// ([`split_cost`](crate::cuda::forward::split_cost)), the fewest among
+/// equals. `resident`, the blocks a multiprocessor holds at once, is the
+/// driver's occupancy count for the split launch's function (registers
+/// included) where a loader has it, else `floor(smem_per_sm /
+/// (block_smem_bytes + 1024))` where `block_smem_bytes` is not 0, else
+/// unknown (no wave cap)
 /// ([`KernelSource::kv_splits`](crate::KernelSource::kv_splits)).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvSplitPlan {
     pub blocks: SizeExpr,
     pub key_blocks: SizeExpr,
     pub max_splits: u64,
-    /// The split launch's dynamic shared memory per block (0: the wave cap
-    /// does not apply).
+    /// The split launch's dynamic shared memory per block (0: the
+    /// shared-memory form of the wave cap does not apply).
     #[serde(default)]
     pub block_smem_bytes: u64,
     pub rule: String,
 }
 
 impl KvSplitPlan {
-    /// The rule above for a GPU with `sms` multiprocessors of `smem_per_sm`
-    /// bytes of shared memory (0: no wave cap).
-    pub fn splits(&self, vars: &dyn Fn(&str) -> Option<u64>, sms: u64, smem_per_sm: u64) -> u64 {
+    /// The rule above for a GPU with `sms` multiprocessors, capped by
+    /// `residency` ([`Residency`]).
+    pub fn splits(
+        &self,
+        vars: &dyn Fn(&str) -> Option<u64>,
+        sms: u64,
+        residency: Residency,
+    ) -> u64 {
         let (Some(blocks), Some(key_blocks)) = (self.blocks.eval(vars), self.key_blocks.eval(vars))
         else {
             return 1;
@@ -313,7 +322,7 @@ impl KvSplitPlan {
             max_splits: self.max_splits,
             block_smem: self.block_smem_bytes,
             sms,
-            smem_per_sm,
+            residency,
         })
     }
 }
@@ -615,9 +624,14 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
             max_splits: MAX_KV_SPLITS,
             block_smem_bytes: u64::from(k.smem_bytes),
             rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
-                   clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)), \
-                   at most max(1, floor(smem_per_sm / (block_smem_bytes + 1024)) * SMs / \
-                   blocks) (one wave of resident blocks) where block_smem_bytes > 0"
+                   the splits s from 1 to min(clamp(key_blocks / 4, 1, max_splits), \
+                   max(1, resident * SMs / blocks)) with the least cost n * \
+                   (ceil(key_blocks / s) + 1) * (100 if min(n, resident) >= 2 else 115), \
+                   n = ceil(blocks * s / SMs) (the busiest multiprocessor's time), the \
+                   fewest among equals; resident being the driver's occupancy count for \
+                   the split launch's function where known, else floor(smem_per_sm / \
+                   (block_smem_bytes + 1024)) where block_smem_bytes > 0, else unknown \
+                   (no cap, min(n, resident) = n)"
                 .to_string(),
         });
         launches.push(LaunchPlan {
@@ -1195,17 +1209,40 @@ mod tests {
                 _ => None,
             }
         };
-        assert_eq!(p.splits(&at(264, 100), 132, 0), 1);
-        assert_eq!(p.splits(&at(8, 256), 132, 0), 33);
-        assert_eq!(p.splits(&at(8, 8), 132, 0), 2);
-        assert_eq!(p.splits(&at(1, 100_000), 132, 0), 128);
+        let unknown = Residency::Unknown;
+        assert_eq!(p.splits(&at(264, 100), 132, unknown), 1);
+        // 8 blocks, 256 key blocks: 32 splits put two blocks of 8 key
+        // blocks on each busy SM; 33 would be no faster, 16 (one block of
+        // 16 on each) slower.
+        assert_eq!(p.splits(&at(8, 256), 132, unknown), 32);
+        assert_eq!(p.splits(&at(8, 8), 132, unknown), 2);
+        assert_eq!(p.splits(&at(1, 100_000), 132, unknown), 128);
         // Blocks of 93 KB, two per 228 KB SM: one wave of 264 blocks.
         let big = KvSplitPlan {
             block_smem_bytes: 93_440,
-            ..p
+            ..p.clone()
         };
-        assert_eq!(big.splits(&at(128, 128), 132, 228 * 1024), 2);
-        assert_eq!(big.splits(&at(128, 128), 132, 0), 3);
-        assert_eq!(big.splits(&at(200, 128), 132, 228 * 1024), 1);
+        let h100 = Residency::SharedMemory(228 * 1024);
+        assert_eq!(big.splits(&at(128, 128), 132, h100), 2);
+        assert_eq!(big.splits(&at(128, 128), 132, unknown), 2);
+        assert_eq!(big.splits(&at(200, 128), 132, h100), 1);
+        // 32 blocks: 8 splits (two blocks on every SM), not the 9 that
+        // ceil(2 · 132 / 32) gave (three on some), whatever the residency.
+        for r in [unknown, h100, Residency::Blocks(2), Residency::Blocks(3)] {
+            assert_eq!(p.splits(&at(32, 128), 132, r), 8, "{r:?}");
+        }
+        assert_eq!(p.splits(&at(200, 128), 132, Residency::Blocks(1)), 1);
+        // 140 blocks: a second split is a second wave where two fit an SM,
+        // and takes the busiest SM from two whole blocks to three halves
+        // where three fit.
+        assert_eq!(p.splits(&at(140, 128), 132, Residency::Blocks(2)), 1);
+        assert_eq!(p.splits(&at(140, 128), 132, Residency::Blocks(3)), 2);
+        use crate::cuda::forward::split_cost;
+        // The busiest SM's time: blocks × (key blocks + 1) × 100, × 115
+        // where fewer than two are resident together.
+        assert_eq!(split_cost(32, 64, 8, 132, Some(3)), 2 * 9 * 100);
+        assert_eq!(split_cost(32, 64, 9, 132, Some(3)), 3 * 9 * 100);
+        assert_eq!(split_cost(32, 64, 4, 132, Some(3)), 17 * 115);
+        assert_eq!(split_cost(8, 256, 33, 132, Some(1)), 2 * 9 * 115);
     }
 }

@@ -23,9 +23,9 @@ pub use cuda::backward::{
 pub use cuda::block_mask::{BlockMaskBuilder, block_mask_builder};
 pub use cuda::dialect::{Elem, Isa};
 pub use cuda::forward::{
-    ArgKind, BLOCK_MASK_ARGS, ForwardConfig, KernelSource, TILE_SCHEDULE_ARGS, TensorMapSpec,
-    forward_default_isa, parallel_forward, parallel_forward_block_sparse, parallel_forward_paged,
-    parallel_forward_varlen, untuned_forward_config,
+    ArgKind, BLOCK_MASK_ARGS, ForwardConfig, KernelSource, Residency, TILE_SCHEDULE_ARGS,
+    TensorMapSpec, forward_default_isa, parallel_forward, parallel_forward_block_sparse,
+    parallel_forward_paged, parallel_forward_varlen, untuned_forward_config,
 };
 pub use cuda::recurrent::{
     ForwardKind, RecurrentBackwardKernel, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX,

@@ -3,8 +3,8 @@
 
 use aec_compiler::cxx::regions::{implies_causal, is_causal};
 use aec_compiler::{
-    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, parallel_backward, parallel_forward,
-    parallel_forward_varlen,
+    ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, Residency, parallel_backward,
+    parallel_forward, parallel_forward_varlen,
 };
 use aec_frontend::{Variant, parse_file, parse_str};
 use std::path::PathBuf;
@@ -567,8 +567,9 @@ fn dv_above_256_is_split_into_slices() {
 
 /// Decoding kernels take a number of KV splits at launch and carry the
 /// combine kernel; the launch rule splits only grids that leave the GPU idle.
-/// An H100 multiprocessor's shared memory.
+/// An H100 multiprocessor's shared memory, bytes and as the split rule's cap.
 const H100_SMEM_PER_SM: u32 = 228 * 1024;
+const H100: Residency = Residency::SharedMemory(H100_SMEM_PER_SM as u64);
 
 #[test]
 fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
@@ -580,16 +581,25 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert!(k.source.contains("combine_rescale") && k.source.contains("fmaxf(m[0], x[0])"));
     assert_eq!(k.args.last(), Some(&ArgKind::KvSplits));
     // 64 sequences × 8 KV heads: 512 blocks, no split on 132 SMs.
-    assert_eq!(k.kv_splits([64, 32, 8, 1, 4096], 132, H100_SMEM_PER_SM), 1);
-    // One sequence: 8 blocks → 2·132/8 = 33 splits of 32 key blocks each.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100_SMEM_PER_SM), 33);
+    assert_eq!(k.kv_splits([64, 32, 8, 1, 4096], 132, H100), 1);
+    // One sequence: 8 blocks of 1024 key blocks. 32 splits of 32 key
+    // blocks put two blocks on each busy SM; 33 would be no faster, 49
+    // (three of 21 each) are as fast by key blocks but pay a block's fixed
+    // work once more.
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100), 32);
     // Short contexts keep at least four key blocks per split.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 300], 132, H100_SMEM_PER_SM), 2);
-    assert_eq!(k.split_grid_for([1, 32, 8, 1], 33), Some((33, 8, 1)));
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 300], 132, H100), 2);
+    assert_eq!(k.split_grid_for([1, 32, 8, 1], 32), Some((32, 8, 1)));
     // Without the shared-memory figure, no wave cap: the same splits.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, 0), 33);
-    // MLA decoding: 128 blocks of 93 KB (two fit an H100 SM). ceil(264 /
-    // 128) = 3 splits would start a second wave; one wave holds 2.
+    assert_eq!(
+        k.kv_splits([1, 32, 8, 1, 32768], 132, Residency::Unknown),
+        32
+    );
+    // MLA decoding: 128 blocks of 93 KB (two fit an H100 SM): 2 splits, two
+    // blocks on each SM. 3 would start a second wave (the old rule's
+    // ceil(264 / 128)); without the wave cap they are no better: three
+    // blocks of a third of the keys on some SMs stream as many key blocks
+    // as two halves and pay a block's fixed work once more.
     let mla = example("mla_decode");
     let cfg = ForwardConfig {
         v_in_k: true,
@@ -597,10 +607,13 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     };
     let k = parallel_forward(&mla, 576, 512, &cfg).expect("latent forward");
     assert_eq!(k.resident_blocks(H100_SMEM_PER_SM), Some(2));
-    assert_eq!(k.kv_splits([64, 16, 1, 1, 4096], 132, H100_SMEM_PER_SM), 2);
-    assert_eq!(k.kv_splits([64, 16, 1, 1, 4096], 132, 0), 3);
+    assert_eq!(k.kv_splits([64, 16, 1, 1, 4096], 132, H100), 2);
+    assert_eq!(
+        k.kv_splits([64, 16, 1, 1, 4096], 132, Residency::Unknown),
+        2
+    );
     // All 128 heads: 256 blocks, one wave of 264: no split.
-    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 1);
+    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100), 1);
     // With 64 or more packed rows per KV head, 64-row blocks on four warps
     // (where shared memory holds them); fewer rows keep the 16-row tile.
     let wide = cfg.for_packed_rows(128, 576, 512, Isa::Sm80);
@@ -645,7 +658,25 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     );
     assert!(k.source.contains("((dv0 + DW_COL) / 64) * (BN * 128)"));
     assert_eq!(k.grid_for([16, 128, 1, 1]), Some((2, 1, 16)));
-    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100_SMEM_PER_SM), 4);
+    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100), 4);
+
+    // MQA at d128, 128 query heads on one KV head, 16 sequences: 32 blocks
+    // of the 64-row tile, three of which fit an SM. 8 splits put two on
+    // every SM; the old rule's ceil(2 · 132 / 32) = 9 put three on some
+    // (0.0346 ms against 0.0302 on an H100), 4 one with twice the keys
+    // (0.0348).
+    let decode = example("decode");
+    let mqa = ForwardConfig::default_for(&decode, 128, 128, Elem::Bf16, Isa::Sm90a)
+        .for_packed_rows(128, 128, 128, Isa::Sm90a);
+    let k = parallel_forward(&decode, 128, 128, &mqa).expect("MQA decoding forward");
+    assert_eq!(k.grid_for([16, 128, 1, 1]), Some((2, 1, 16)));
+    for r in [H100, Residency::Blocks(2), Residency::Blocks(3)] {
+        assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, r), 8, "{r:?}");
+    }
+    assert_eq!(
+        k.kv_splits([16, 128, 1, 1, 4096], 132, Residency::Blocks(1)),
+        4
+    );
 
     // The persistent warp-specialised kernel takes neither packed rows, V in
     // K nor Dqk above 256: each is refused, naming what is missing.
@@ -784,16 +815,13 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     let k = parallel_forward(&v, 128, 128, &fat).expect("fat decoding forward");
     assert_eq!(k.threads, 128);
     // One block per H100 SM (139 KB): 132 / 8 = 16 splits fill one wave.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100_SMEM_PER_SM), 16);
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100), 16);
     // Prefill kernels have no combine.
     let p = example("softmax");
     let cfg = ForwardConfig::default_for(&p, 128, 128, Elem::Bf16, Isa::Sm80);
     assert!(!cfg.split_kv);
     let k = parallel_forward(&p, 128, 128, &cfg).expect("forward");
-    assert_eq!(
-        k.kv_splits([1, 1, 1, 16, 100_000], 132, H100_SMEM_PER_SM),
-        1
-    );
+    assert_eq!(k.kv_splits([1, 1, 1, 16, 100_000], 132, H100), 1);
     let err = parallel_forward(
         &p,
         128,

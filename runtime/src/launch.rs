@@ -88,6 +88,7 @@ impl Module {
             dynamic_allowed: Mutex::new(attr(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             )?),
+            resident: Mutex::new(None),
             ctx: self.device.context().clone(),
             func,
         })
@@ -265,6 +266,8 @@ pub struct Kernel {
     max_threads: u32,
     /// The kernel's current MAX_DYNAMIC_SHARED_SIZE_BYTES.
     dynamic_allowed: Mutex<u32>,
+    /// The last occupancy query: threads, dynamic shared memory, blocks.
+    resident: Mutex<Option<(u32, u32, u32)>>,
     ctx: Arc<CudaContext>,
 }
 
@@ -285,6 +288,32 @@ impl Kernel {
     /// The most dynamic shared memory a launch may ask for.
     pub fn max_dynamic_shared_bytes(&self) -> u32 {
         self.optin_limit.saturating_sub(self.static_smem)
+    }
+
+    /// Blocks of `threads` threads with `dynamic_smem` bytes of dynamic
+    /// shared memory that one multiprocessor holds at once, by the driver's
+    /// occupancy calculator (registers, threads and shared memory). The
+    /// kernel is opted in to `dynamic_smem` first, as a launch would be.
+    /// The answer is kept: decoding calls ask it every launch.
+    pub fn resident_blocks(&self, threads: u32, dynamic_smem: u32) -> Result<u32> {
+        let mut last = self.resident.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((t, s, n)) = *last
+            && (t, s) == (threads, dynamic_smem)
+        {
+            return Ok(n);
+        }
+        self.opt_in_shared(dynamic_smem)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(RuntimeError::driver("cuCtxSetCurrent"))?;
+        let n = self
+            .func
+            .occupancy_max_active_blocks_per_multiprocessor(threads, dynamic_smem as usize, None)
+            .map_err(RuntimeError::driver(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+            ))?;
+        *last = Some((threads, dynamic_smem, n));
+        Ok(n)
     }
 
     /// Queues the kernel on `stream`. Above the default 48 KiB of dynamic

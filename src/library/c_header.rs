@@ -157,6 +157,13 @@ fn c_str(s: &str, format: bool) -> String {
 }
 
 /// Text for a C comment: no `*/`, one line.
+/// The launch whose grid reads the KV splits (the split launch), if any.
+fn split_launch(plan: &EntryPlan) -> Option<usize> {
+    plan.launches
+        .iter()
+        .position(|l| l.grid.iter().any(|g| g.vars().contains(&"kv_splits")))
+}
+
 fn comment(s: &str) -> String {
     s.replace("*/", "* /").replace(['\n', '\r'], " ")
 }
@@ -1186,7 +1193,7 @@ fn emit_pass(out: &mut String, v: &VariantC, p: &Pass) {
         .any(|r| r.plan.buffers.iter().any(|b| b.role == Role::Workspace));
     let _ = writeln!(
         out,
-        "/* The workspace bytes {fname} needs for `sizes` on the library's GPU\n   ({}); AEC_WORKSPACE_INVALID when it cannot run them (the call says why). */\nstatic inline size_t {fname}_workspace_bytes(const aec_library *lib, const aec_{}_sizes *sizes);\n",
+        "/* The workspace bytes {fname} needs for `sizes` on the library's GPU\n   ({}): enough for the call, whose KV splits are at most the ones assumed\n   here (it also counts the kernel's registers); AEC_WORKSPACE_INVALID when\n   it cannot run them (the call says why). */\nstatic inline size_t {fname}_workspace_bytes(const aec_library *lib, const aec_{}_sizes *sizes);\n",
         if has_ws {
             "0 when none"
         } else {
@@ -1220,7 +1227,7 @@ fn emit_pass(out: &mut String, v: &VariantC, p: &Pass) {
     for i in 0..p.records.len() {
         let _ = writeln!(
             out,
-            "    case {i}: {{\n        aecg_{base}_r{i}_layout layout;\n        if (aecg_{base}_r{i}_plan(lib, sizes, &layout, err, sizeof err) != AEC_OK || (uint64_t)(size_t)layout.workspace_bytes != layout.workspace_bytes)\n            return AEC_WORKSPACE_INVALID;\n        return (size_t)layout.workspace_bytes;\n    }}"
+            "    case {i}: {{\n        aecg_{base}_r{i}_layout layout;\n        if (aecg_{base}_r{i}_plan(lib, sizes, 0, &layout, err, sizeof err) != AEC_OK || (uint64_t)(size_t)layout.workspace_bytes != layout.workspace_bytes)\n            return AEC_WORKSPACE_INVALID;\n        return (size_t)layout.workspace_bytes;\n    }}"
         );
     }
     out.push_str("    default:\n        return AEC_WORKSPACE_INVALID;\n    }\n}\n\n");
@@ -1579,7 +1586,7 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     // _plan
     let _ = writeln!(
         out,
-        "static inline int aecg_{base}_r{i}_plan(const aec_library *lib, const aec_{}_sizes *s, aecg_{base}_r{i}_layout *L, char *err, size_t errn)\n{{\n    int ovf = 0, status;",
+        "static inline int aecg_{base}_r{i}_plan(const aec_library *lib, const aec_{}_sizes *s, int resident, aecg_{base}_r{i}_layout *L, char *err, size_t errn)\n{{\n    int ovf = 0, status;",
         v.ident
     );
     // Which size locals are read.
@@ -1616,10 +1623,13 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     if !uses_split && !uses_kv_var {
         out.push_str("    (void)lib;\n");
     }
+    if plan.kv_splits.is_none() {
+        out.push_str("    (void)resident;\n");
+    }
     if let Some(kv) = &plan.kv_splits {
         let _ = writeln!(
             out,
-            "    /* kv_splits: {} */\n    n_kv_splits = aecl_kv_splits({}, {}, {}u, {}u, lib->sm_count, lib->smem_per_sm);",
+            "    /* kv_splits: {} */\n    n_kv_splits = aecl_kv_splits({}, {}, {}u, {}u, lib->sm_count, lib->smem_per_sm, resident);",
             comment(&kv.rule),
             c_expr(&kv.blocks, &local),
             c_expr(&kv.key_blocks, &local),
@@ -1784,23 +1794,6 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     for b in &plan.buffers {
         let _ = writeln!(out, "    aecl_devptr p_{} = 0;", buf_field(&b.name));
     }
-    let _ = writeln!(
-        out,
-        "    if ((status = aecg_{base}_r{i}_plan(lib, s, &L, lib->error, sizeof lib->error)) != AEC_OK)\n        return status;"
-    );
-    for b in caller_buffers(plan).filter(|b| b.when == Some(Condition::SplitKv)) {
-        let f = buf_field(&b.name);
-        if matches!(b.role, Role::Input | Role::Output) {
-            let _ = writeln!(
-                out,
-                "    if (L.kv_splits > 1 && b->{f} == NULL)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT, \"{fname}: buffers->{f} is NULL, but these sizes run %llu KV splits on this GPU and need it\", (unsigned long long)L.kv_splits);"
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "    if (workspace != NULL && L.workspace_bytes > 0 && (uintptr_t)workspace % AEC_WORKSPACE_ALIGN != 0)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT, \"{fname}: the workspace %p is not 256-byte aligned\", workspace);"
-    );
     for k in &module_keys {
         let local = module_local(k);
         let mut seen: Vec<&str> = Vec::new();
@@ -1836,6 +1829,32 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
             launch.dynamic_smem_bytes
         );
     }
+    // The plan after the functions: the KV-split rule reads the split
+    // launch's occupancy (`aecl_resident_blocks`).
+    let resident = match (&plan.kv_splits, split_launch(plan)) {
+        (Some(_), Some(l)) => format!(
+            "aecl_resident_blocks(lib, fn[{l}], {}u, {}u)",
+            plan.launches[l].threads, plan.launches[l].dynamic_smem_bytes
+        ),
+        _ => "0".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "    if ((status = aecg_{base}_r{i}_plan(lib, s, {resident}, &L, lib->error, sizeof lib->error)) != AEC_OK)\n        return status;"
+    );
+    for b in caller_buffers(plan).filter(|b| b.when == Some(Condition::SplitKv)) {
+        let f = buf_field(&b.name);
+        if matches!(b.role, Role::Input | Role::Output) {
+            let _ = writeln!(
+                out,
+                "    if (L.kv_splits > 1 && b->{f} == NULL)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT, \"{fname}: buffers->{f} is NULL, but these sizes run %llu KV splits on this GPU and need it\", (unsigned long long)L.kv_splits);"
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "    if (workspace != NULL && L.workspace_bytes > 0 && (uintptr_t)workspace % AEC_WORKSPACE_ALIGN != 0)\n        return aecl_fail(lib->error, sizeof lib->error, AEC_ERROR_ARGUMENT, \"{fname}: the workspace %p is not 256-byte aligned\", workspace);"
+    );
     // The tensor maps, encoded for the caller's pointers before anything is
     // allocated or launched, so a refusal leaves nothing to undo.
     for (k, (m, l)) in maps.iter().enumerate() {

@@ -60,6 +60,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
 
+use crate::compiler::Residency;
 use crate::compiler::launch_plan::{ArgPlan, Condition, Role, SMS, SizeExpr};
 pub use crate::compiler::launch_plan::{Dtype, EntryPlan};
 use crate::frontend::diag::suggest;
@@ -982,29 +983,26 @@ pub fn check_call(
     want: &[&str],
     sms: u32,
 ) -> Result<CallPlan, Error> {
-    check_call_on(plan, sizes, tensors, want, sms, 0)
+    check_call_on(plan, sizes, tensors, want, sms, Residency::Unknown)
 }
 
-/// [`check_call`] on a device whose multiprocessors have `smem_per_sm` bytes
-/// of shared memory: the KV split rule then also caps the splits at one
-/// wave of resident blocks ([`KvSplitPlan`](crate::compiler::launch_plan::KvSplitPlan); 0: no cap,
-/// as `check_call`).
+/// [`check_call`] on a device where a multiprocessor holds `residency` of
+/// the split launch's blocks at once: the KV split rule then also caps the
+/// splits at one wave of them
+/// ([`KvSplitPlan`](crate::compiler::launch_plan::KvSplitPlan);
+/// [`Residency::Unknown`]: no cap, as `check_call`).
 pub fn check_call_on(
     plan: &EntryPlan,
     sizes: &[(&str, usize)],
     tensors: &[(&str, Dtype, usize)],
     want: &[&str],
     sms: u32,
-    smem_per_sm: u32,
+    residency: Residency,
 ) -> Result<CallPlan, Error> {
     let bad = |m: String| Err(Error::Shape(m));
     let mut vars = bind_sizes(plan, sizes)?;
     let kv_splits = plan.kv_splits.as_ref().map_or(1, |k| {
-        k.splits(
-            &|n: &str| vars.get(n).copied(),
-            u64::from(sms),
-            u64::from(smem_per_sm),
-        )
+        k.splits(&|n: &str| vars.get(n).copied(), u64::from(sms), residency)
     });
     vars.insert(KV_SPLITS.to_string(), kv_splits);
     vars.insert(SMS.to_string(), u64::from(sms.max(1)));
@@ -1512,10 +1510,40 @@ pub struct Entry {
     /// The build's own module first, then the named ones.
     modules: Vec<Module>,
     launches: Vec<LaunchKernels>,
+    /// The KV-split rule's wave cap on the device ([`Residency`]).
+    residency: Residency,
     /// This record's tuning-table buckets on the device (empty: a default).
     tuned_for: Vec<TunedBucket>,
     /// A default entry's tuning-table alternatives for the device's GPU.
     tuned: Vec<Entry>,
+}
+
+/// The wave cap of `plan`'s KV-split rule on `device`: the driver's count of
+/// the split launch's blocks (the first whose grid reads `kv_splits`) that
+/// one multiprocessor holds, registers included; where the driver cannot
+/// say, the shared-memory bound; without split-KV none.
+fn split_launch_residency(
+    plan: &EntryPlan,
+    launches: &[LaunchKernels],
+    device: &Device,
+) -> Residency {
+    let by_smem = Residency::SharedMemory(u64::from(device.shared_memory_per_sm()));
+    if plan.kv_splits.is_none() {
+        return Residency::Unknown;
+    }
+    let Some((l, slot)) = plan
+        .launches
+        .iter()
+        .zip(launches)
+        .find(|(l, _)| l.grid.iter().any(|g| g.vars().contains(&KV_SPLITS)))
+    else {
+        return by_smem;
+    };
+    let kernels = slot.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+    kernels.first().map_or(by_smem, |(_, k)| {
+        k.resident_blocks(l.threads, l.dynamic_smem_bytes)
+            .map_or(by_smem, |n| Residency::Blocks(u64::from(n)))
+    })
 }
 
 impl Entry {
@@ -1626,6 +1654,7 @@ impl Entry {
                 kernels: Mutex::new(vec![(params, Arc::new(kernel))]),
             });
         }
+        let residency = split_launch_residency(&plan, &launches, device);
         Ok(Entry {
             variant: variant.name.clone(),
             pass: record.pass.clone(),
@@ -1637,6 +1666,7 @@ impl Entry {
             device: device.clone(),
             modules,
             launches,
+            residency,
             tuned_for: Vec::new(),
             tuned: Vec::new(),
         })
@@ -1733,7 +1763,7 @@ impl Entry {
             tensors,
             want,
             e.device.sm_count(),
-            e.device.shared_memory_per_sm(),
+            e.residency,
         )
         .map_err(|err| e.context(err))
     }
@@ -1747,7 +1777,7 @@ impl Entry {
             k.splits(
                 &|n: &str| vars.get(n).copied(),
                 u64::from(e.device.sm_count()),
-                u64::from(e.device.shared_memory_per_sm()),
+                e.residency,
             )
         }))
     }

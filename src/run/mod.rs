@@ -84,7 +84,7 @@ use std::sync::OnceLock;
 
 use crate::compiler::{
     ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, Isa, KernelSource,
-    RecurrentConfig, parallel_backward, parallel_backward_varlen, parallel_forward,
+    RecurrentConfig, Residency, parallel_backward, parallel_backward_varlen, parallel_forward,
 };
 use crate::frontend::ir::Axis;
 use crate::frontend::variant::TensorDecl;
@@ -588,6 +588,25 @@ struct LayoutKernel {
     _module: Module,
 }
 
+/// The KV splits `source`, loaded as `main`, launches with for `shape` on
+/// `device`: the split rule capped at one wave of the blocks the driver's
+/// occupancy calculator says a multiprocessor holds (registers count too:
+/// a 64-row decoding tile that shared memory would fit three times runs two
+/// per SM). Where the driver cannot say, the shared-memory bound caps them.
+fn kv_splits_on(device: &Device, source: &KernelSource, main: &Kernel, shape: Shape) -> u32 {
+    let sizes = [shape.b, shape.h, shape.hkv, shape.sq, shape.skv];
+    let residency = if source.split_kv {
+        main.resident_blocks(source.threads, source.smem_bytes)
+            .map_or_else(
+                |_| Residency::SharedMemory(u64::from(device.shared_memory_per_sm())),
+                |n| Residency::Blocks(u64::from(n)),
+            )
+    } else {
+        Residency::Unknown
+    };
+    source.kv_splits(sizes, device.sm_count(), residency)
+}
+
 /// Compiles the forward `source` of `variant` for `device` (through the
 /// kernel cache) and loads its entry points; `form` names it in errors
 /// ("the forward kernel of `softmax`").
@@ -761,13 +780,10 @@ impl ParallelKernels {
 
     /// The KV splits the forward launches with for `shape` on this device
     /// (1 unless the kernel has split-KV and the grid is small:
-    /// [`KernelSource::kv_splits`]).
+    /// [`KernelSource::kv_splits`], at most one wave of the blocks the driver
+    /// says a multiprocessor holds).
     pub fn kv_splits(&self, shape: Shape) -> u32 {
-        self.source.kv_splits(
-            [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
-            self.device.sm_count(),
-            self.device.shared_memory_per_sm(),
-        )
+        kv_splits_on(&self.device, &self.source, &self.forward, shape)
     }
 
     /// Checks, without touching the GPU, that tensors with the given element

@@ -3,7 +3,8 @@
 
 use super::{
     Error, ForwardLaunch, ForwardOutput, HeadDims, KernelElement, KernelOptions, LaunchRows,
-    ParallelKernels, Shape, check_shapes_with, generate_forward, require_parallel, upload_i32,
+    ParallelKernels, Shape, check_shapes_with, generate_forward, kv_splits_on, require_parallel,
+    upload_i32,
 };
 use crate::compiler::{ForwardConfig, Isa, KernelSource, parallel_forward_paged};
 use crate::frontend::{self, ir::Axis};
@@ -223,6 +224,18 @@ impl ParallelKernels {
             .source)
     }
 
+    /// The KV splits [`forward_paged`](Self::forward_paged) launches with
+    /// for `shape` (`Skv` the longest sequence's keys) on this device.
+    pub fn paged_kv_splits(&self, shape: Shape) -> Result<u32, Error> {
+        let kernel = self.layout_kernel(&self.paged, paged_forward_source, "paged")?;
+        Ok(kv_splits_on(
+            &self.device,
+            &kernel.source,
+            &kernel.main,
+            shape,
+        ))
+    }
+
     /// Runs the forward with keys and values in a paged cache ([`PagedKv`]
     /// says where each sequence's keys are): `q` `[B, H, Sq, Dqk]`, `k`
     /// `[pages, Hkv, page_size, Dqk]`, `v` `[pages, Hkv, page_size, Dv]`.
@@ -254,11 +267,7 @@ impl ParallelKernels {
             main: &kernel.main,
             combine: kernel.combine.as_ref(),
             sizes: shape,
-            n_splits: kernel.source.kv_splits(
-                [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
-                self.device.sm_count(),
-                self.device.shared_memory_per_sm(),
-            ),
+            n_splits: kv_splits_on(&self.device, &kernel.source, &kernel.main, shape),
             rows: LaunchRows::Paged(PagedArgs {
                 block_table: &table,
                 seqlens_k: &seqlens,

@@ -169,14 +169,27 @@ def show_size(expr):
     return str(expr)
 
 
-def kv_splits_for(kv_plan, sizes, sms, smem_per_sm=0):
+def split_cost(blocks, key_blocks, splits, sms, per_sm=None):
+    """The busiest multiprocessor's time with `splits` KV splits (split_cost
+    in compiler/src/cuda/forward.rs): n = ceil(blocks·splits / SMs) blocks of
+    ceil(key_blocks / splits) + 1 key blocks, 15% slower when fewer than two
+    are resident at once (`per_sm` of them fit; None: all)."""
+    n = -(-blocks * splits // sms)
+    per_block = -(-key_blocks // splits) + 1
+    together = n if per_sm is None else min(n, per_sm)
+    return n * per_block * (100 if together >= 2 else 115)
+
+
+def kv_splits_for(kv_plan, sizes, sms, smem_per_sm=0, resident=0):
     """How many KV splits a split-KV forward launches with (KvSplitPlan::splits):
-    1 without a plan or when `blocks` ≥ 2·SMs; otherwise
-    clamp(ceil(2·SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)),
-    and where the plan's `block_smem_bytes` and `smem_per_sm` (the device's
-    shared memory per multiprocessor) are not 0, at most one wave of the
-    blocks that fit it at once: max(1, smem_per_sm // (block_smem_bytes +
-    1024) · SMs // blocks)."""
+    1 without a plan or when `blocks` ≥ 2·SMs; otherwise the splits s from 1
+    to min(clamp(key_blocks / 4, 1, max_splits), max(1, per_sm·SMs // blocks))
+    with the least split_cost, the fewest among equals. per_sm, the blocks a
+    multiprocessor holds at once: `resident` (the driver's occupancy count
+    for the split launch's function, registers included) when it is above
+    0, else, where the plan's `block_smem_bytes` and `smem_per_sm` (the
+    device's shared memory per multiprocessor) are not 0, smem_per_sm //
+    (block_smem_bytes + 1024); else unknown (no wave cap)."""
     if not kv_plan:
         return 1
     blocks = eval_size(kv_plan["blocks"], sizes)
@@ -184,12 +197,17 @@ def kv_splits_for(kv_plan, sizes, sms, smem_per_sm=0):
     sms = max(int(sms), 1)
     if blocks >= 2 * sms or blocks == 0:
         return 1
-    most = max(1, min(max(key_blocks // 4, 1), int(kv_plan["max_splits"])))
-    splits = min(max(-(-2 * sms // blocks), 1), most)
+    top = max(1, min(max(key_blocks // 4, 1), int(kv_plan["max_splits"])))
     block_smem = int(kv_plan.get("block_smem_bytes", 0))
-    if block_smem == 0 or smem_per_sm <= 0:
-        return splits
-    return min(splits, max(1, int(smem_per_sm) // (block_smem + 1024) * sms // blocks))
+    if resident > 0:
+        per_sm = int(resident)
+    elif block_smem != 0 and smem_per_sm > 0:
+        per_sm = int(smem_per_sm) // (block_smem + 1024)
+    else:
+        per_sm = None
+    if per_sm is not None:
+        top = min(top, max(1, per_sm * sms // blocks))
+    return min(range(1, top + 1), key=lambda s: (split_cost(blocks, key_blocks, s, sms, per_sm), s))
 
 
 # --------------------------------------------------------------------------
@@ -758,11 +776,12 @@ class Plan:
             if sizes[a] != sizes[b]:
                 raise Error(f"{self.where}: {said(a)} must equal {said(b)}")
 
-    def kv_splits(self, sizes, sms, override=None, smem_per_sm=0):
+    def kv_splits(self, sizes, sms, override=None, smem_per_sm=0, resident=0):
         """The number of KV splits: the plan's rule (with the device's shared
-        memory per multiprocessor, 0 if unknown), or `override` (1 ≤ n ≤ max_splits)."""
+        memory per multiprocessor and the split launch's resident blocks per
+        multiprocessor, each 0 if unknown), or `override` (1 ≤ n ≤ max_splits)."""
         if override is None:
-            return kv_splits_for(self.kv_plan, sizes, sms, smem_per_sm)
+            return kv_splits_for(self.kv_plan, sizes, sms, smem_per_sm, resident)
         if not self.kv_plan:
             if override != 1:
                 raise Error(f"{self.where}: kv_splits={override}, but this plan has no split-KV launch (only 1)")
@@ -772,7 +791,19 @@ class Plan:
             raise Error(f"{self.where}: kv_splits={override!r}: expected an int from 1 to {top}")
         return override
 
-    def prepare(self, infos, want=(), sms=1, kv_splits=None, device=None, hip=False, smem_per_sm=0):
+    def split_launch(self):
+        """The launch whose grid reads `kv_splits` (a dict of the plan), or None."""
+        def reads(expr):
+            if isinstance(expr, str):
+                return expr == "kv_splits"
+            if isinstance(expr, dict):
+                return any(reads(t) for terms in expr.values() for t in terms)
+            return False
+        if not self.kv_plan:
+            return None
+        return next((l for l in self.plan["launches"] if any(reads(g) for g in l["grid"])), None)
+
+    def prepare(self, infos, want=(), sms=1, kv_splits=None, device=None, hip=False, smem_per_sm=0, resident=0):
         """Checks a call with the tensors `infos` (name -> TensorInfo) and
         plans it: a Call, or an Error naming what is wrong. `hip`: the launch
         goes through HIP, whose grids also have at most 2^32 - 1 threads
@@ -784,7 +815,7 @@ class Plan:
         sizes, origin = self.bind({n: i.shape for n, i in infos.items()})
         self.check_sizes(sizes, origin)
         sizes = {n: sizes[n] for n in self.size_names}
-        splits = self.kv_splits(sizes, sms, kv_splits, smem_per_sm)
+        splits = self.kv_splits(sizes, sms, kv_splits, smem_per_sm, resident)
         sizes["kv_splits"] = splits
         # Grids may also read the multiprocessor count (persistent kernels).
         grid_sizes = dict(sizes, sms=max(int(sms), 1))
@@ -872,6 +903,7 @@ class _Driver:
         lib.cuModuleLoadData.argtypes = [p(vp), ctypes.c_char_p]
         lib.cuModuleGetFunction.argtypes = [p(vp), vp, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [vp, i, i]
+        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [p(i), vp, i, ctypes.c_size_t]
         lib.cuLaunchKernel.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, vp, vp]
         lib.cuGetErrorName.argtypes = [i, p(ctypes.c_char_p)]
         self.lib = lib
@@ -905,6 +937,15 @@ class _Driver:
                 f"cuFuncSetAttribute {entry} (MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem})",
             )
         return fn
+
+    def resident_blocks(self, fn, threads, smem):
+        """Blocks of `fn` (`threads` threads, `smem` bytes of dynamic shared
+        memory) one multiprocessor holds at once, by the driver's occupancy
+        calculator (registers included); 0 where it cannot say."""
+        n = ctypes.c_int(0)
+        if self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, threads, smem) != 0:
+            return 0
+        return n.value
 
     def launch(self, fn, grid, threads, smem, stream, params):
         """cuLaunchKernel's result (0: launched)."""
@@ -1043,6 +1084,10 @@ class _HipDriver:
         fn = ctypes.c_void_p()
         self.check(self.lib.hipModuleGetFunction(ctypes.byref(fn), module, entry.encode()), f"hipModuleGetFunction {entry}")
         return fn
+
+    def resident_blocks(self, fn, threads, smem):
+        """0: HIP launches cap their KV splits by no occupancy count."""
+        return 0
 
     def launch(self, fn, grid, threads, smem, stream, params):
         """hipModuleLaunchKernel's result (0: launched)."""
@@ -1318,6 +1363,20 @@ class Variant:
             self._plans[pass_name] = (plan, binary_of(build), modules)
         return self._plans[pass_name][0]
 
+    def _resident(self, plan, cubin, modules):
+        """The blocks of `plan`'s split launch (in `cubin` or one of `modules`)
+        one multiprocessor holds at once, by the driver (registers included):
+        the KV-split rule's wave cap; 0 without a split launch or a count."""
+        launch = plan.split_launch()
+        if launch is None:
+            return 0
+        lib = self.library
+        module = launch.get("module")
+        smem = int(launch["dynamic_smem_bytes"])
+        fn = lib._function(cubin if module is None else modules[module], launch["entry"], smem)
+        with lib._driver.current(lib._ctx):
+            return lib._driver.resident_blocks(fn, int(launch["threads"]), smem)
+
     def run(self, pass_name, tensors, want=(), kv_splits=None):
         """Runs the plan of `pass_name` on `tensors` (name -> torch tensor:
         its inputs, and optional inputs or None), allocating its outputs and
@@ -1342,9 +1401,9 @@ class Variant:
         call = self._calls.get(key)
         if call is None:
             hip = lib.backend == "hip"
-            call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip,
-                                smem_per_sm=lib.smem_per_sm)
             _, cubin, modules = self._plans[pass_name]
+            call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip,
+                                smem_per_sm=lib.smem_per_sm, resident=self._resident(plan, cubin, modules))
             call.tuned_for = None
             tuned = select_tuned(self.record, pass_name, lib.arch, lib.device_name, call.sizes)
             if tuned is not None:
@@ -1354,7 +1413,7 @@ class Variant:
                 tuned_plan, cubin = self._tuned_plans[record["entry"]]
                 modules = build_modules(self.record, record, build)
                 call = tuned_plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip,
-                                smem_per_sm=lib.smem_per_sm)
+                                smem_per_sm=lib.smem_per_sm, resident=self._resident(tuned_plan, cubin, modules))
                 call.tuned_for = call_tuned_for
             dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
             call.torch_allocations = [(n, dtypes[d], s, z) for n, d, s, z in call.allocations]

@@ -173,6 +173,7 @@ typedef struct aecl_cuda_api {
     aecl_CUresult (*cuMemcpyHtoD)(aecl_devptr, const void *, size_t);
     aecl_CUresult (*cuMemcpyDtoH)(void *, aecl_devptr, size_t);
     aecl_CUresult (*cuStreamSynchronize)(aecl_CUstream);
+    aecl_CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, aecl_kernel, int, size_t);
     /* Optional (NULL when the driver lacks it): only libraries whose sm_90a
        kernels take tensor maps call it, and they say so when it is missing. */
     aecl_CUresult (*cuTensorMapEncodeTiled)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *,
@@ -379,25 +380,59 @@ static inline uint64_t aecl_clamp(uint64_t x, uint64_t lo, uint64_t hi)
     return x < lo ? lo : x > hi ? hi : x;
 }
 
+/* The busiest multiprocessor's time with `splits` KV splits (split_cost in
+   compiler/src/cuda/forward.rs): n = ceil(blocks * splits / SMs) blocks of
+   ceil(key_blocks / splits) + 1 key blocks, 15% slower when fewer than two
+   are resident at once (`per_sm` of them fit where `known`). */
+static inline uint64_t aecl_split_cost(uint64_t blocks, uint64_t key_blocks, uint64_t splits, uint64_t sms,
+                                       int known, uint64_t per_sm)
+{
+    uint64_t n = (blocks * splits + sms - 1) / sms;
+    uint64_t per_block = (key_blocks + splits - 1) / splits + 1;
+    uint64_t together = known && per_sm < n ? per_sm : n;
+    return n * per_block * (together >= 2 ? 100u : 115u);
+}
+
 /* The KV-split rule of the launch plans (KvSplitPlan::splits): 1 when the
-   grid already has 2 blocks per multiprocessor; otherwise
-   clamp(ceil(2 * SMs / blocks), 1, clamp(key_blocks / 4, 1, max_splits)),
-   and where block_smem and smem_per_sm are not 0 at most one wave of the
-   blocks that fit the multiprocessors' shared memory at once:
-   max(1, floor(smem_per_sm / (block_smem + 1024)) * SMs / blocks). */
+   grid already has 2 blocks per multiprocessor; otherwise the splits s from
+   1 to min(clamp(key_blocks / 4, 1, max_splits), max(1, per_sm * SMs /
+   blocks)) with the least aecl_split_cost, the fewest among equals.
+   per_sm, the blocks a multiprocessor holds at once: `resident` (the
+   driver's count for the split launch's function, aecl_resident_blocks,
+   registers included) where it is above 0; else, where block_smem and
+   smem_per_sm are not 0, floor(smem_per_sm / (block_smem + 1024)), an
+   upper bound of the driver's; else unknown (no wave cap). */
 static inline uint64_t aecl_kv_splits(uint64_t blocks, uint64_t key_blocks, uint64_t max_splits, uint64_t block_smem,
-                                      int sm_count, int smem_per_sm)
+                                      int sm_count, int smem_per_sm, int resident)
 {
     uint64_t sms = sm_count < 1 ? 1u : (uint64_t)sm_count;
-    uint64_t most, splits, wave;
+    uint64_t top, s, best = 1, best_cost, cost, per_sm = 0, wave;
+    int known = 1;
     if (blocks == 0 || blocks >= 2 * sms)
         return 1;
-    most = aecl_clamp(key_blocks / 4, 1, max_splits < 1 ? 1 : max_splits);
-    splits = aecl_clamp((2 * sms + blocks - 1) / blocks, 1, most);
-    if (block_smem == 0 || smem_per_sm <= 0)
-        return splits;
-    wave = (uint64_t)smem_per_sm / (block_smem + 1024) * sms / blocks;
-    return splits < wave ? splits : wave < 1 ? 1 : wave;
+    top = aecl_clamp(key_blocks / 4, 1, max_splits < 1 ? 1 : max_splits);
+    if (resident > 0)
+        per_sm = (uint64_t)resident;
+    else if (block_smem != 0 && smem_per_sm > 0)
+        per_sm = (uint64_t)smem_per_sm / (block_smem + 1024);
+    else
+        known = 0;
+    if (known) {
+        wave = per_sm * sms / blocks;
+        if (wave < 1)
+            wave = 1;
+        if (wave < top)
+            top = wave;
+    }
+    best_cost = aecl_split_cost(blocks, key_blocks, 1, sms, known, per_sm);
+    for (s = 2; s <= top; s++) {
+        cost = aecl_split_cost(blocks, key_blocks, s, sms, known, per_sm);
+        if (cost < best_cost) {
+            best = s;
+            best_cost = cost;
+        }
+    }
+    return best;
 }
 
 /* AEC_ERROR_SHAPE unless 1 <= x < 2^31 and 1 <= y, z < 65536; on HIP also
@@ -574,9 +609,9 @@ static inline int aecl_resolve(aec_library *lib, const char *const *names, void 
     return AEC_OK;
 }
 
-/* The API tables are arrays of function pointers filled in order (CUDA: 24
+/* The API tables are arrays of function pointers filled in order (CUDA: 25
    required, then the optional cuTensorMapEncodeTiled). */
-typedef char aecl_cuda_api_is_25_pointers[sizeof(aecl_cuda_api) == 25 * sizeof(void (*)(void)) ? 1 : -1];
+typedef char aecl_cuda_api_is_26_pointers[sizeof(aecl_cuda_api) == 26 * sizeof(void (*)(void)) ? 1 : -1];
 typedef char aecl_hip_api_is_19_pointers[sizeof(aecl_hip_api) == 19 * sizeof(void (*)(void)) ? 1 : -1];
 
 /* Loads every CUDA driver entry point. */
@@ -589,6 +624,7 @@ static inline int aecl_load_cuda_api(aec_library *lib)
         "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncSetAttribute",
         "cuLaunchKernel", "cuMemsetD32Async", "cuMemsetD16Async", "cuMemAlloc_v2", "cuMemFree_v2",
         "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuStreamSynchronize",
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     };
     /* The fields of aecl_cuda_api in the order of `names`. */
     void *slots[sizeof names / sizeof names[0]];
@@ -1060,6 +1096,21 @@ static inline int aecl_function_get(aec_library *lib, const char *cubin, const c
     }
     *out = fn;
     return AEC_OK;
+}
+
+/* Blocks of `fn` with `threads` threads and `smem` bytes of dynamic shared
+   memory that one multiprocessor holds at once, by the CUDA driver's
+   occupancy calculator (registers, threads and shared memory; `fn` comes
+   from aecl_function_get, which opted it in to `smem`). 0 where it cannot
+   say, and on HIP: the KV-split rule then uses its shared-memory bound. */
+static inline int aecl_resident_blocks(const aec_library *lib, aecl_kernel fn, unsigned int threads, unsigned int smem)
+{
+    int n = 0;
+    if (lib->backend != AEC_BACKEND_CUDA || fn == NULL)
+        return 0;
+    if (lib->cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, (int)threads, (size_t)smem) != AECL_CUDA_SUCCESS)
+        return 0;
+    return n;
 }
 
 /* Launches `fn` with blockDim (threads, 1, 1). */

@@ -503,6 +503,24 @@ static void mamba2_backward_checks(aec_library *lib)
 }
 #endif
 
+/* The loader's KV-split rule: the cases of KvSplitPlan::splits' test
+   (compiler/src/launch_plan.rs) and the Python module's. */
+static void kv_split_rule_checks(void)
+{
+    const int h100 = 228 * 1024;
+    check_true(aecl_kv_splits(264, 100, 128, 0, 132, 0, 0) == 1, "kv splits: 264 blocks, none");
+    check_true(aecl_kv_splits(8, 256, 128, 0, 132, 0, 0) == 32, "kv splits: 8 blocks of 256 key blocks, 32");
+    check_true(aecl_kv_splits(8, 8, 128, 0, 132, 0, 0) == 2, "kv splits: 8 key blocks, 2");
+    check_true(aecl_kv_splits(1, 100000, 128, 0, 132, 0, 0) == 128, "kv splits: at most max_splits");
+    check_true(aecl_kv_splits(128, 128, 128, 93440, 132, h100, 0) == 2, "kv splits: 93 KB blocks, one wave");
+    check_true(aecl_kv_splits(128, 128, 128, 93440, 132, 0, 0) == 2, "kv splits: 93 KB blocks, no cap");
+    check_true(aecl_kv_splits(32, 128, 128, 0, 132, 0, 0) == 8, "kv splits: 32 blocks, two on every SM");
+    check_true(aecl_kv_splits(32, 128, 128, 0, 132, h100, 2) == 8, "kv splits: 32 blocks, two resident");
+    check_true(aecl_kv_splits(32, 128, 128, 0, 132, h100, 1) == 4, "kv splits: 32 blocks, one resident");
+    check_true(aecl_kv_splits(140, 128, 128, 0, 132, 0, 2) == 1, "kv splits: 140 blocks, two resident");
+    check_true(aecl_kv_splits(140, 128, 128, 0, 132, 0, 3) == 2, "kv splits: 140 blocks, three resident");
+}
+
 static void all_sections(aec_library *lib)
 {
 #ifdef AEC_HAVE_SOFTMAX_FORWARD
@@ -541,6 +559,7 @@ int main(int argc, char **argv)
     check_true(p == NULL, "aec_device_alloc leaves the pointer NULL on failure");
     aec_library_close(&lib);
     aec_library_close(&lib); /* twice: harmless */
+    kv_split_rule_checks();
     /* The checks before the driver, on the closed library. */
     all_sections(&lib);
 

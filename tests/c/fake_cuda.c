@@ -15,6 +15,8 @@
  *   $AEC_FAKE_CUDA_FAIL_ENCODE=1 makes it fail with
  *   CUDA_ERROR_INVALID_VALUE. Built with -DFAKE_CUDA_NO_TENSOR_MAP it lacks
  *   the symbol, as drivers before CUDA 12 do;
+ * - cuOccupancyMaxActiveBlocksPerMultiprocessor answers
+ *   $AEC_FAKE_CUDA_RESIDENT, or fails without it;
  * - cuLaunchKernel runs nothing: it appends one line per launch to the file
  *   named by $AEC_FAKE_CUDA_LOG: entry, grid, block, shared memory and the
  *   arguments, decoded as $AEC_FAKE_CUDA_ARGS says: one letter per
@@ -337,5 +339,18 @@ int cuMemsetD16Async(uint64_t dst, unsigned short value, size_t count, void *str
 int cuStreamSynchronize(void *stream)
 {
     (void)stream;
+    return FAKE_SUCCESS;
+}
+
+/* The occupancy count $AEC_FAKE_CUDA_RESIDENT (blocks per multiprocessor);
+   without it CUDA_ERROR_INVALID_VALUE, so the loader caps KV splits by
+   shared memory alone. */
+int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *function, int threads, size_t smem)
+{
+    const char *n = getenv("AEC_FAKE_CUDA_RESIDENT");
+    (void)smem;
+    if (blocks == NULL || function == NULL || threads <= 0 || n == NULL)
+        return FAKE_INVALID_VALUE;
+    *blocks = atoi(n);
     return FAKE_SUCCESS;
 }

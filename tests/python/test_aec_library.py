@@ -82,9 +82,9 @@ class KvSplits(unittest.TestCase):
         return al.kv_splits_for(self.PLAN, {"blocks": blocks, "kb": kb}, sms)
 
     def test_matches_the_rust_rule(self):
-        # KvSplitPlan::splits, compiler/src/launch_plan.rs
+        # KvSplitPlan::splits, compiler/src/launch_plan.rs (the same cases)
         self.assertEqual(self.splits(264, 100), 1)
-        self.assertEqual(self.splits(8, 256), 33)
+        self.assertEqual(self.splits(8, 256), 32)  # two blocks of 8 on each busy SM
         self.assertEqual(self.splits(8, 8), 2)
         self.assertEqual(self.splits(1, 100000), 128)
 
@@ -92,7 +92,8 @@ class KvSplits(unittest.TestCase):
         self.assertEqual(al.kv_splits_for(None, {}, 132), 1)
         self.assertEqual(self.splits(0, 100), 1)
         self.assertEqual(self.splits(1, 3), 1)  # fewer than 4 key blocks: no split
-        self.assertEqual(self.splits(263, 1000), 2)
+        # 263 blocks: two on most SMs already; halves would be four halves.
+        self.assertEqual(self.splits(263, 1000), 1)
         self.assertEqual(self.splits(1, 100000, sms=0), 2)  # SMs counted as at least 1
         plan = dict(self.PLAN, max_splits=5)
         self.assertEqual(al.kv_splits_for(plan, {"blocks": 1, "kb": 1000}, 132), 5)
@@ -102,8 +103,42 @@ class KvSplits(unittest.TestCase):
         plan = dict(self.PLAN, block_smem_bytes=93440)
         at = {"blocks": 128, "kb": 128}
         self.assertEqual(al.kv_splits_for(plan, at, 132, 228 * 1024), 2)
-        self.assertEqual(al.kv_splits_for(plan, at, 132), 3)  # shared memory unknown: no cap
+        self.assertEqual(al.kv_splits_for(plan, at, 132), 2)  # shared memory unknown: no cap, 3 no better
         self.assertEqual(al.kv_splits_for(plan, {"blocks": 200, "kb": 128}, 132, 228 * 1024), 1)
+
+    def test_the_drivers_count_caps_the_splits(self):
+        # 32 blocks: 8 splits (two blocks on every SM), not the 9 of
+        # ceil(2 * 132 / 32) (three on some), whatever the residency; one
+        # block per SM caps them at 4. 140 blocks: a second split is a second
+        # wave where two fit, the better balance where three do.
+        at = {"blocks": 32, "kb": 128}
+        self.assertEqual(al.kv_splits_for(self.PLAN, at, 132), 8)
+        self.assertEqual(al.kv_splits_for(self.PLAN, at, 132, 228 * 1024, resident=2), 8)
+        self.assertEqual(al.kv_splits_for(self.PLAN, at, 132, 228 * 1024, resident=1), 4)
+        plan = dict(self.PLAN, block_smem_bytes=93440)
+        self.assertEqual(al.kv_splits_for(plan, at, 132, 228 * 1024, resident=3), 8)
+        self.assertEqual(al.kv_splits_for(plan, {"blocks": 200, "kb": 128}, 132, 0, resident=1), 1)
+        wide = {"blocks": 140, "kb": 128}
+        self.assertEqual(al.kv_splits_for(self.PLAN, wide, 132, 0, resident=2), 1)
+        self.assertEqual(al.kv_splits_for(self.PLAN, wide, 132, 0, resident=3), 2)
+
+    def test_split_cost(self):
+        # split_cost in compiler/src/cuda/forward.rs
+        self.assertEqual(al.split_cost(32, 64, 8, 132, 3), 2 * 9 * 100)
+        self.assertEqual(al.split_cost(32, 64, 9, 132, 3), 3 * 9 * 100)
+        self.assertEqual(al.split_cost(32, 64, 4, 132, 3), 1 * 17 * 115)
+        self.assertEqual(al.split_cost(8, 256, 33, 132, 1), 2 * 9 * 115)
+
+    def test_the_split_launch(self):
+        plan = al.Plan("decode", {
+            "sizes": [], "buffers": [], "kv_splits": self.PLAN,
+            "launches": [
+                {"entry": "main", "grid": [{"mul": [2, "kv_splits"]}, 1, "B"], "threads": 128,
+                 "dynamic_smem_bytes": 1024, "args": []},
+                {"entry": "combine", "grid": ["B", 1, 1], "threads": 128, "dynamic_smem_bytes": 0, "args": []},
+            ],
+        })
+        self.assertEqual(plan.split_launch()["entry"], "main")
 
 
 class Architectures(unittest.TestCase):

@@ -861,17 +861,22 @@ impl KernelSource {
     }
 
     /// How many KV splits to launch with for sizes `B, H, Hkv, Sq, Skv` on a
-    /// GPU with `sms` multiprocessors of `smem_per_sm` bytes of shared
-    /// memory: 1 without split-KV or when the grid already has two blocks
-    /// per multiprocessor; otherwise enough splits for about two blocks per
-    /// multiprocessor, each split at least four key blocks long, at most
-    /// 128 splits — and no more than one wave of the blocks that fit the
-    /// multiprocessors' shared memory at once ([`KernelSource::resident_blocks`];
-    /// `smem_per_sm` 0: no such cap). (H100, one sequence of 32768 keys, 8
-    /// KV heads: 1 split 1264 µs, 16 splits 111 µs, 33 splits 86 µs, 66
-    /// splits 96 µs, 128 splits 175 µs; MLA decoding, 128 blocks of 93 KB,
-    /// two per SM: 3 splits 0.239 ms, 2 splits 0.179 ms; bench/NOTES.md.)
-    pub fn kv_splits(&self, [b, h, hkv, sq, skv]: [usize; 5], sms: u32, smem_per_sm: u32) -> u32 {
+    /// GPU with `sms` multiprocessors: 1 without split-KV or when the grid
+    /// already has two blocks per multiprocessor; otherwise the splits, each
+    /// at least four key blocks long, at most 128 and no more than one wave
+    /// of the blocks that `residency` says a multiprocessor holds at once
+    /// ([`Residency`]), for which the busiest multiprocessor finishes first
+    /// ([`kv_split_rule`]). (H100, one sequence of 32768 keys, 8 KV heads:
+    /// 1 split 1264 µs, 16 splits 111 µs, 33 splits 86 µs, 66 splits 96 µs,
+    /// 128 splits 175 µs; MLA decoding, 128 blocks of 93 KB, two per SM: 3
+    /// splits 0.239 ms, 2 splits 0.179 ms; MQA d128, 32 blocks: 9 splits
+    /// 0.0346 ms, 8 splits 0.0302; bench/NOTES.md.)
+    pub fn kv_splits(
+        &self,
+        [b, h, hkv, sq, skv]: [usize; 5],
+        sms: u32,
+        residency: Residency,
+    ) -> u32 {
         let Some((x, y, z)) = self.grid_for([b, h, hkv, sq]) else {
             return 1;
         };
@@ -884,7 +889,7 @@ impl KernelSource {
             max_splits: MAX_KV_SPLITS,
             block_smem: u64::from(self.smem_bytes),
             sms: u64::from(sms),
-            smem_per_sm: u64::from(smem_per_sm),
+            residency,
         }) as u32
     }
 
@@ -978,6 +983,22 @@ pub const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
 /// The most KV splits a split-KV forward launches with.
 pub const MAX_KV_SPLITS: u64 = 128;
 
+/// How many blocks of one kernel a multiprocessor holds at once, as far as
+/// the caller knows: the KV-split rule's wave cap ([`kv_split_rule`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// Not known: no wave cap.
+    Unknown,
+    /// Only the multiprocessor's shared memory, in bytes, is known: the cap
+    /// counts the blocks it fits (each with 1 KiB the driver reserves). An
+    /// upper bound of [`Blocks`](Self::Blocks): registers are not counted.
+    SharedMemory(u64),
+    /// The driver's count for this kernel, its threads and its dynamic
+    /// shared memory (`cuOccupancyMaxActiveBlocksPerMultiprocessor`), which
+    /// also counts registers.
+    Blocks(u64),
+}
+
 /// What the KV-split rule ([`kv_split_rule`]) reads.
 #[derive(Clone, Copy, Debug)]
 pub struct KvSplitInputs {
@@ -986,31 +1007,57 @@ pub struct KvSplitInputs {
     /// Key blocks of the longest sequence.
     pub key_blocks: u64,
     pub max_splits: u64,
-    /// Dynamic shared memory of one block (0: no wave cap).
+    /// Dynamic shared memory of one block (with [`Residency::SharedMemory`]
+    /// 0 means no wave cap).
     pub block_smem: u64,
     pub sms: u64,
-    /// Shared memory of one multiprocessor (0: no wave cap).
-    pub smem_per_sm: u64,
+    pub residency: Residency,
 }
 
 /// The KV-split rule that [`KernelSource::kv_splits`] and the launch plans'
-/// `KvSplitPlan::splits` share: 1 when the grid already has two blocks per
-/// multiprocessor; otherwise `clamp(ceil(2 · SMs / blocks), 1,
-/// clamp(key_blocks / 4, 1, max_splits))`, and where both shared-memory
-/// figures are known at most one wave of the blocks that fit at once,
-/// `max(1, floor(smem_per_sm / (block_smem + 1 KiB)) · SMs / blocks)`.
+/// `KvSplitPlan::splits` share. 1 when the grid already has two blocks per
+/// multiprocessor. Otherwise the splits `s` from 1 to `min(clamp(key_blocks
+/// / 4, 1, max_splits), max(1, resident · SMs / blocks))` (each split at
+/// least four key blocks; at most one wave of the blocks a multiprocessor
+/// holds, where `resident` is known: [`Residency`]) for which the busiest
+/// multiprocessor finishes first ([`split_cost`]); ties go to fewer splits.
 pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
     let sms = i.sms.max(1);
     if i.blocks >= 2 * sms || i.blocks == 0 {
         return 1;
     }
     let most = (i.key_blocks / 4).clamp(1, i.max_splits.max(1));
-    let splits = (2 * sms).div_ceil(i.blocks).clamp(1, most);
-    if i.block_smem == 0 || i.smem_per_sm == 0 {
-        return splits;
-    }
-    let per_sm = i.smem_per_sm / (i.block_smem + u64::from(SMEM_RESERVED_PER_BLOCK));
-    splits.min((per_sm * sms / i.blocks).max(1))
+    let resident = match i.residency {
+        Residency::Unknown => None,
+        Residency::SharedMemory(bytes) => (i.block_smem > 0 && bytes > 0)
+            .then(|| bytes / (i.block_smem + u64::from(SMEM_RESERVED_PER_BLOCK))),
+        Residency::Blocks(n) => Some(n),
+    };
+    let top = resident.map_or(most, |r| most.min((r * sms / i.blocks).max(1)));
+    (1..=top)
+        .min_by_key(|&s| (split_cost(i.blocks, i.key_blocks, s, sms, resident), s))
+        .unwrap_or(1)
+}
+
+/// The busiest multiprocessor's time with `splits` KV splits, in key blocks
+/// × 100: it runs `n = ceil(blocks · splits / SMs)` blocks of
+/// `ceil(key_blocks / splits)` key blocks each, plus about one key block's
+/// worth of fixed work per block (Q, the partial output and row state), and
+/// streams them 15% faster when two or more are resident at once
+/// (`resident`: how many fit; `None`: all). (H100, MQA d128, 32 blocks: 8 splits, two blocks on each SM, took
+/// 0.0302 ms; 4 splits, one block with twice the keys, 0.0348; 9 splits,
+/// three blocks on some SMs, 0.0346; bench/NOTES.md session 39.)
+pub fn split_cost(
+    blocks: u64,
+    key_blocks: u64,
+    splits: u64,
+    sms: u64,
+    resident: Option<u64>,
+) -> u64 {
+    let n = (blocks * splits).div_ceil(sms.max(1));
+    let per_block = key_blocks.div_ceil(splits.max(1)) + 1;
+    let together = resident.map_or(n, |r| n.min(r));
+    n * per_block * if together >= 2 { 100 } else { 115 }
 }
 
 /// Static shared memory of the warp-specialised kernel (its mbarriers),
