@@ -97,6 +97,13 @@ fn plans_match_the_runtime_launch_logic() {
             };
             let plan = forward_plan(&v, &k);
             check_arguments(&name, &plan);
+            // The split launch, whose occupancy caps the splits, is the
+            // main kernel where the plan splits at all.
+            assert_eq!(
+                plan.split_launch(),
+                plan.kv_splits.as_ref().map(|_| 0),
+                "{name} {isa:?}: the split launch"
+            );
             for shape in SHAPES {
                 let shape = match v.fixed_sizes.iter().find(|(a, _)| a.name() == "Sq") {
                     Some((_, n)) => [shape[0], shape[1], shape[2], *n, shape[4]],

@@ -365,6 +365,14 @@ impl EntryPlan {
     pub fn buffer(&self, name: &str) -> Option<&BufferPlan> {
         self.buffers.iter().find(|b| b.name == name)
     }
+
+    /// The index of the launch whose grid reads `kv_splits` (the split
+    /// launch, whose occupancy caps the splits), if any.
+    pub fn split_launch(&self) -> Option<usize> {
+        self.launches
+            .iter()
+            .position(|l| l.grid.iter().any(|g| g.vars().contains(&"kv_splits")))
+    }
 }
 
 fn axis_expr(a: Axis, dims: &BTreeMap<Axis, u32>) -> SizeExpr {

@@ -157,13 +157,6 @@ fn c_str(s: &str, format: bool) -> String {
 }
 
 /// Text for a C comment: no `*/`, one line.
-/// The launch whose grid reads the KV splits (the split launch), if any.
-fn split_launch(plan: &EntryPlan) -> Option<usize> {
-    plan.launches
-        .iter()
-        .position(|l| l.grid.iter().any(|g| g.vars().contains(&"kv_splits")))
-}
-
 fn comment(s: &str) -> String {
     s.replace("*/", "* /").replace(['\n', '\r'], " ")
 }
@@ -1831,7 +1824,7 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     }
     // The plan after the functions: the KV-split rule reads the split
     // launch's occupancy (`aecl_resident_blocks`).
-    let resident = match (&plan.kv_splits, split_launch(plan)) {
+    let resident = match (&plan.kv_splits, plan.split_launch()) {
         (Some(_), Some(l)) => format!(
             "aecl_resident_blocks(lib, fn[{l}], {}u, {}u)",
             plan.launches[l].threads, plan.launches[l].dynamic_smem_bytes

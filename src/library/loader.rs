@@ -1519,9 +1519,9 @@ pub struct Entry {
 }
 
 /// The wave cap of `plan`'s KV-split rule on `device`: the driver's count of
-/// the split launch's blocks (the first whose grid reads `kv_splits`) that
-/// one multiprocessor holds, registers included; where the driver cannot
-/// say, the shared-memory bound; without split-KV none.
+/// the split launch's blocks ([`EntryPlan::split_launch`]) that one
+/// multiprocessor holds, registers included; where the driver cannot say,
+/// the shared-memory bound; without split-KV none.
 fn split_launch_residency(
     plan: &EntryPlan,
     launches: &[LaunchKernels],
@@ -1531,14 +1531,10 @@ fn split_launch_residency(
     if plan.kv_splits.is_none() {
         return Residency::Unknown;
     }
-    let Some((l, slot)) = plan
-        .launches
-        .iter()
-        .zip(launches)
-        .find(|(l, _)| l.grid.iter().any(|g| g.vars().contains(&KV_SPLITS)))
-    else {
+    let Some(index) = plan.split_launch() else {
         return by_smem;
     };
+    let (l, slot) = (&plan.launches[index], &launches[index]);
     let kernels = slot.kernels.lock().unwrap_or_else(PoisonError::into_inner);
     kernels.first().map_or(by_smem, |(_, k)| {
         k.resident_blocks(l.threads, l.dynamic_smem_bytes)
