@@ -214,6 +214,35 @@ fn deeper_rings_compile_without_spills() {
     }
 }
 
+/// Decoding with 64 or more query rows per KV head at d128 (MQA, 128 heads
+/// on one KV head) takes the sm_90a wgmma tile — one warpgroup on 128-key
+/// blocks in three stages — which compiles dense and paged within the
+/// spill budget.
+#[test]
+fn many_rows_per_kv_head_decode_on_wgmma() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let v = common::example("decode");
+    let (dqk, dv) = common::head_dims(&v);
+    let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a).for_packed_rows(
+        128,
+        dqk,
+        dv,
+        Isa::Sm90a,
+    );
+    assert_eq!(
+        (cfg.wgmma, cfg.block_m, cfg.block_n, cfg.stages, cfg.warps),
+        (true, 64, 128, 3, 4),
+        "{cfg:?}"
+    );
+    for rows in [Rows::Dense, Rows::Paged] {
+        let line = check_config("decode", &v, "sm_90a", &cfg, rows);
+        assert!(line.contains("_gqa_wgmma"), "{line}");
+        eprintln!("{line}");
+    }
+}
+
 /// Multi-head latent attention's decoding with V stored in K (Dqk 576, Dv
 /// 512, `v_in_k`): dense and paged, the default tiles (two Dv slices) and
 /// four slices, compile without loading V (the V tile is the K tile) and

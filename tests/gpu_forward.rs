@@ -2230,6 +2230,14 @@ fn gpu_forward_packed_wgmma() {
             ),
         ),
         (
+            "decode d128, the default tile for 64 or more rows per KV head",
+            decode(
+                Shape::new(2, 256, 2, 1, 1001),
+                ForwardConfig::default_for(&example("decode"), 128, 128, Elem::Bf16, Isa::Sm90a)
+                    .for_packed_rows(128, 128, 128, Isa::Sm90a),
+            ),
+        ),
+        (
             "decode d128, Dv warpgroups",
             decode(
                 Shape::new(2, 256, 2, 1, 1001),

@@ -219,6 +219,23 @@ const DECODE_TILES: &[DecodeTile] = &[
     ("m64w4", 64, 4, 1, 1, 32, 2, 1, TileKernel::Sm80),
 ];
 
+/// More tiles for MQA at d128 (128 packed rows per KV head): 64 and 128
+/// rows, 64- to 128-key blocks, two or three stages, `mma.sync` and
+/// `wgmma` (the default there is `wgmma` on 64 rows and 128-key blocks in
+/// three stages, `wg64n128s3`).
+const MQA_TILES: &[DecodeTile] = &[
+    ("m64w4s3", 64, 4, 1, 1, 32, 3, 1, TileKernel::Sm80),
+    ("m64w4n64s3", 64, 4, 1, 1, 64, 3, 1, TileKernel::Sm80),
+    ("m128w8", 128, 8, 1, 1, 32, 2, 1, TileKernel::Sm80),
+    ("wg64n64", 64, 4, 1, 1, 64, 2, 1, TileKernel::Wgmma),
+    ("wg64n64s3", 64, 4, 1, 1, 64, 3, 1, TileKernel::Wgmma),
+    ("wg64n128", 64, 4, 1, 1, 128, 2, 1, TileKernel::Wgmma),
+    ("wg128n64", 128, 8, 1, 1, 64, 2, 1, TileKernel::Wgmma),
+    ("wg64n128s3", 64, 4, 1, 1, 128, 3, 1, TileKernel::Wgmma),
+    ("wg64n96s3", 64, 4, 1, 1, 96, 3, 1, TileKernel::Wgmma),
+    ("wg128n128", 128, 8, 1, 1, 128, 2, 1, TileKernel::Wgmma),
+];
+
 /// Decoding workloads' (B, H, Hkv, Sq): their default tiles follow the
 /// shape as `ParallelKernels::compile_for_shape` picks them untuned
 /// (`ForwardConfig::for_decode_shape`), for the 132 multiprocessors of an
@@ -349,13 +366,13 @@ fn main() {
             // (V stored in K) has no backward: it is refused with shared
             // storage; decoding's is not timed.
             let mut tiles = Vec::new();
-            let list = if *example == "decode" {
-                DECODE_TILES
-            } else {
-                MLA_TILES
+            let list: Vec<DecodeTile> = match (*example, *workload) {
+                ("decode", DECODE_MQA_H128) => [DECODE_TILES, MQA_TILES].concat(),
+                ("decode", _) => DECODE_TILES.to_vec(),
+                _ => MLA_TILES.to_vec(),
             };
             for &(tag, block_m, warps, key_warps, dv_split, block_n, stages, dv_warps, kernel) in
-                list
+                &list
             {
                 let wgmma = kernel != TileKernel::Sm80;
                 let cfg = ForwardConfig {
@@ -383,9 +400,10 @@ fn main() {
                     Err(e) => json!({ "tiles": tag, "error": e.to_string() }),
                 });
             }
-            if cfg.split_kv {
+            if cfg.split_kv && !cfg.wgmma {
                 // The default with the other form of the split-KV combine:
-                // in the main kernel (`fc`) or as a second kernel (`ck`).
+                // in the main kernel (`fc`) or as a second kernel (`ck`;
+                // the wgmma tiles have only the second).
                 let other = ForwardConfig {
                     fused_combine: !cfg.fused_combine,
                     ..cfg

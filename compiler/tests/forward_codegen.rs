@@ -661,14 +661,15 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100), 4);
 
     // MQA at d128, 128 query heads on one KV head, 16 sequences: 32 blocks
-    // of the 64-row tile, three of which fit an SM. 8 splits put two on
-    // every SM; the old rule's ceil(2 · 132 / 32) = 9 put three on some
-    // (0.0346 ms against 0.0302 on an H100), 4 one with twice the keys
-    // (0.0348).
+    // of a 64-row tile. The sm_80 one (four warps), three of which fit an
+    // SM, takes 8 splits, two blocks on every SM; the old rule's ceil(2 ·
+    // 132 / 32) = 9 put three on some (0.0346 ms against 0.0302 on an
+    // H100), 4 one with twice the keys (0.0348).
     let decode = example("decode");
-    let mqa = ForwardConfig::default_for(&decode, 128, 128, Elem::Bf16, Isa::Sm90a)
-        .for_packed_rows(128, 128, 128, Isa::Sm90a);
-    let k = parallel_forward(&decode, 128, 128, &mqa).expect("MQA decoding forward");
+    let base = ForwardConfig::default_for(&decode, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let sm80 = base.for_packed_rows(128, 128, 128, Isa::Sm80);
+    assert_eq!((sm80.block_m, sm80.warps, sm80.wgmma), (64, 4, false));
+    let k = parallel_forward(&decode, 128, 128, &sm80).expect("MQA decoding forward");
     assert_eq!(k.grid_for([16, 128, 1, 1]), Some((2, 1, 16)));
     for r in [H100, Residency::Blocks(2), Residency::Blocks(3)] {
         assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, r), 8, "{r:?}");
@@ -677,6 +678,41 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
         k.kv_splits([16, 128, 1, 1, 4096], 132, Residency::Blocks(1)),
         4
     );
+    // On sm_90a: one warpgroup on 128-key blocks in three stages (208 KB,
+    // one block per SM: 4 splits), 0.023 ms on an H100.
+    let hopper = base.for_packed_rows(128, 128, 128, Isa::Sm90a);
+    assert_eq!(
+        (
+            hopper.block_m,
+            hopper.block_n,
+            hopper.warps,
+            hopper.stages,
+            hopper.wgmma,
+            hopper.warp_specialized,
+            hopper.dv_warps,
+            hopper.dv_split
+        ),
+        (64, 128, 4, 3, true, false, 1, 1),
+        "{hopper:?}"
+    );
+    let k = parallel_forward(&decode, 128, 128, &hopper).expect("wgmma MQA decoding forward");
+    assert!(
+        k.name.contains("_gqa_wgmma") && k.source.contains("wgmma_ss_n128("),
+        "{}",
+        k.name
+    );
+    assert_eq!(k.resident_blocks(H100_SMEM_PER_SM), Some(1));
+    assert_eq!(k.kv_splits([16, 128, 1, 1, 4096], 132, H100), 4);
+    // Where 128-key blocks do not fit (Dqk, Dv 256: 288 KB in two stages),
+    // 64-key blocks in three (225 KB).
+    let wide_dims = base.for_packed_rows(128, 256, 256, Isa::Sm90a);
+    assert_eq!(
+        (wide_dims.wgmma, wide_dims.block_n, wide_dims.stages),
+        (true, 64, 3),
+        "{wide_dims:?}"
+    );
+    // Fewer than 64 rows per KV head keep the 16-row tile.
+    assert_eq!(base.for_packed_rows(32, 128, 128, Isa::Sm90a), base);
 
     // The persistent warp-specialised kernel takes neither packed rows, V in
     // K nor Dqk above 256: each is refused, naming what is missing.
@@ -751,10 +787,6 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     let e = parallel_forward(&scaled_q, 128, 128, &dv_warpgroups).expect_err("refused");
     assert!(e.to_string().contains("modifies q"), "{e}");
     parallel_forward(&softmax, 128, 128, &dv_warpgroups).expect("Dv warpgroups, softmax");
-    // d128 decoding with as many rows keeps the sm_80 tile (measured level).
-    let gqa_rows = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a)
-        .for_packed_rows(128, 128, 128, Isa::Sm90a);
-    assert!(!gqa_rows.wgmma && gqa_rows.block_m == 64, "{gqa_rows:?}");
     assert_eq!(cfg.for_packed_rows(16, 576, 512, Isa::Sm90a), cfg);
     let deep = ForwardConfig { stages: 4, ..cfg };
     assert_eq!(

@@ -342,11 +342,12 @@ impl ForwardConfig {
     }
 
     /// This decoding tile for `rows` packed rows per KV head (`H / Hkv ·
-    /// Sq`): with 64 or more, 64-row blocks on four warps, which share each
-    /// K/V tile instead of four 16-row blocks reading it apiece, where
-    /// shared memory holds them (`isa`); otherwise unchanged. (MLA decoding,
-    /// 128 heads on one latent KV head, H100: 0.29 → 0.167 ms;
-    /// bench/NOTES.md.)
+    /// Sq`): with 64 or more, 64-row blocks, which share each K/V tile
+    /// instead of four 16-row blocks reading it apiece — on sm_90a `wgmma`
+    /// ([`wgmma_packed_tile`](Self::wgmma_packed_tile)), elsewhere four
+    /// warps where shared memory holds them (`isa`); otherwise unchanged.
+    /// (MLA decoding, 128 heads on one latent KV head, H100: 0.29 → 0.167
+    /// ms with the sm_80 tile; bench/NOTES.md.)
     pub fn for_packed_rows(self, rows: usize, dqk: u32, dv: u32, isa: Isa) -> ForwardConfig {
         if !self.pack_gqa || self.wgmma || rows < 64 || self.block_m >= 64 {
             return self;
@@ -367,50 +368,64 @@ impl ForwardConfig {
         )
     }
 
-    /// The sm_90a decoding tile for 64 or more packed rows per KV head with
-    /// Dqk above 256 (MLA's latent cache, 576): `wgmma` on 64 rows and
-    /// 64-key blocks in two stages, Dv split between two warpgroups (in
-    /// 256-column slices between blocks where Dv is wider): the first
-    /// computes S and the online step and hands P and the row rescale to the
-    /// second through shared memory, so S is computed once per block and a K
-    /// tile feeds both (226 KB at Dqk 576, one block per SM). There the
-    /// scores are most of the work and `mma.sync` on four warps per SM
-    /// cannot keep up (H100, 16 sequences × 128 heads on one latent KV head:
-    /// 0.089 → 0.053 ms; both warpgroups computing S 0.062, Dv split between
-    /// blocks 0.069, 128-row blocks on 32-key blocks, whose S GEMM is bound by
-    /// shared memory, 0.075; bench/NOTES.md session 38). At d128 (128 heads
-    /// on one KV head) the sm_80 tile was level with a wgmma one (0.034
-    /// against 0.036 ms) and stays. `None` elsewhere, or where the dims or
-    /// shared memory do not allow it. ([`for_packed_rows`](Self::for_packed_rows)
-    /// has checked the rows.)
+    /// The sm_90a decoding tile for 64 or more packed rows per KV head:
+    /// `wgmma` on 64 rows, where the scores are most of the work and
+    /// `mma.sync` on four warps per SM cannot keep up.
+    ///
+    /// - Dqk above 256 (MLA's latent cache, 576): 64-key blocks in two
+    ///   stages, Dv split between two warpgroups (in 256-column slices
+    ///   between blocks where Dv is wider): the first computes S and the
+    ///   online step and hands P and the row rescale to the second through
+    ///   shared memory, so S is computed once per block and a K tile feeds
+    ///   both (226 KB at Dqk 576, one block per SM). (H100, 16 sequences ×
+    ///   128 heads on one latent KV head: 0.089 → 0.053 ms; both warpgroups
+    ///   computing S 0.062, Dv split between blocks 0.069, 128-row blocks on
+    ///   32-key blocks, whose S GEMM is bound by shared memory, 0.075;
+    ///   bench/NOTES.md session 38.)
+    /// - Dqk up to 256: one warpgroup on 128-key blocks in three stages
+    ///   where they fit, else two, else 64-key blocks. (H100, MQA d128, 16
+    ///   sequences × 128 heads on one KV head: 0.031 → 0.023 ms; 64-key
+    ///   blocks 0.026, 128-row blocks 0.026, the sm_80 64-row tile with
+    ///   64-key blocks 0.028; bench/NOTES.md session 39.)
+    ///
+    /// `None` elsewhere, or where the dims or shared memory do not allow it.
+    /// ([`for_packed_rows`](Self::for_packed_rows) has checked the rows.)
     fn wgmma_packed_tile(self, dqk: u32, dv: u32, isa: Isa) -> Option<ForwardConfig> {
         let dv_split = [1, 2, 4]
             .into_iter()
             .find(|&n| dv.is_multiple_of(n) && dv / n <= 2 * MAX_N)?;
         let slice = dv / dv_split;
-        let dv_warps = if slice.is_multiple_of(2 * PANEL_COLS) {
+        let latent = dqk > 256;
+        let dv_warps = if latent && slice.is_multiple_of(2 * PANEL_COLS) {
             2
         } else {
             1
         };
-        if isa != Isa::Sm90a || dqk <= 256 || !wgmma_decoding_dims_ok(dqk, slice / dv_warps) {
+        if isa != Isa::Sm90a || !wgmma_decoding_dims_ok(dqk, slice / dv_warps) {
             return None;
         }
-        let tile = ForwardConfig {
-            block_m: 64,
-            block_n: 64,
-            warps: 4 * dv_warps,
-            wgmma: true,
-            stages: 2,
-            dv_split,
-            key_warps: 1,
-            dv_warps,
-            fused_combine: false,
-            ..self
+        let rings: &[(u32, u32)] = if latent {
+            &[(64, 2)]
+        } else {
+            &[(128, 3), (128, 2), (64, 3), (64, 2)]
         };
-        (check_config(&tile, dqk, dv).is_ok()
-            && smem_bytes(&tile, dqk, tile.dv_slice(dv)) <= isa.max_dynamic_smem())
-        .then_some(tile)
+        rings.iter().find_map(|&(block_n, stages)| {
+            let tile = ForwardConfig {
+                block_m: 64,
+                block_n,
+                warps: 4 * dv_warps,
+                wgmma: true,
+                stages,
+                dv_split,
+                key_warps: 1,
+                dv_warps,
+                fused_combine: false,
+                ..self
+            };
+            (check_config(&tile, dqk, dv).is_ok()
+                && smem_bytes(&tile, dqk, tile.dv_slice(dv)) <= isa.max_dynamic_smem())
+            .then_some(tile)
+        })
     }
 
     /// This decoding tile for a grid of `blocks` blocks (before KV splits)
