@@ -19,7 +19,7 @@ use aec::reference;
 use aec::runtime::RuntimeError;
 use aec::{Error, check_shapes, forward_source};
 use common::example;
-use common::gpu::{GpuCall, compiled, device, download_f64, prepare_with, rel_err};
+use common::gpu::{GpuCall, compiled, device, download_f64, prepare_def, prepare_with, rel_err};
 
 // ---------------------------------------------------------------- helpers
 
@@ -465,7 +465,28 @@ fn check_example_with(
     custom_range: (f64, f64),
     options: &KernelOptions,
 ) {
-    let Some(gpu) = prepare_with(test, name, shape, dims, custom_range, options) else {
+    check_def_with(
+        test,
+        example(name),
+        name,
+        shape,
+        dims,
+        custom_range,
+        options,
+    );
+}
+
+/// [`check_example_with`] for the variant `def` (`name` seeds its inputs).
+fn check_def_with(
+    test: &str,
+    def: aec::frontend::Variant,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+    options: &KernelOptions,
+) {
+    let Some(gpu) = prepare_def(test, def, name, shape, dims, custom_range, options) else {
         return;
     };
     let GpuCall {
@@ -2823,4 +2844,39 @@ fn cpu_block_mask_errors() {
         }),
         "`kv_num_blocks` has 1 mask rows per batch and head; Sq = 200 needs 2 rows of 128"
     );
+}
+
+/// Decoding forms of the examples (`Sq = 1` on q, k and v on `Hkv` heads)
+/// whose one query sees every key — softcap, sigmoid, ReLU, a relative
+/// bias, GQA softmax (the causal ones would see key 0 alone) — with 128
+/// query heads on one KV head take the sm_90a `wgmma` tile for 64 or more
+/// packed rows (`ForwardConfig::for_packed_rows`) and match the reference
+/// at 777 keys.
+#[test]
+fn gpu_forward_decoding_forms_on_wgmma() {
+    let test = "gpu_forward_decoding_forms_on_wgmma";
+    let Some(device) = device(test) else { return };
+    if Isa::for_arch(device.arch()) != Isa::Sm90a {
+        eprintln!("{test}: skipped, wgmma needs sm_90a");
+        return;
+    }
+    for name in ["softcap", "sigmoid", "relu", "relative_bias", "softmax_gqa"] {
+        let def = common::decoding_form(name);
+        let (dqk, dv) = common::head_dims(&def);
+        let cfg = ForwardConfig::default_for(&def, dqk, dv, Elem::Bf16, Isa::Sm90a)
+            .for_packed_rows(128, dqk, dv, Isa::Sm90a);
+        assert!(cfg.wgmma, "{name}: {cfg:?}");
+        check_def_with(
+            &format!("{test} ({name})"),
+            def,
+            name,
+            Shape::new(2, 128, 1, 1, 777),
+            HeadDims::new(dqk, dv),
+            (0.0, 1.0),
+            &KernelOptions {
+                config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
 }

@@ -1260,3 +1260,53 @@ fn causal_backward_starts_the_longest_key_blocks_first() {
         );
     }
 }
+
+/// Every parallel example made a decoding variant (`Sq = 1` on its q, its k
+/// and v on `Hkv` heads) generates on the sm_90a tile for 64 or more packed
+/// rows per KV head (`ForwardConfig::for_packed_rows`), dense and paged:
+/// what a variant's closures need, the `wgmma` decoding kernel has, as the
+/// sm_80 one does.
+#[test]
+fn decoding_forms_of_the_examples_generate_on_the_packed_wgmma_tile() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = Vec::new();
+    for (name, _) in examples() {
+        let src = std::fs::read_to_string(dir.join(format!("{name}.rs"))).expect("read example");
+        let Some(q_line) = src
+            .lines()
+            .find(|l| l.trim_start().starts_with("q: [B, H, Sq"))
+        else {
+            continue; // recurrent examples (q over S) and the decoding ones
+        };
+        if q_line.contains("Sq =") {
+            continue;
+        }
+        let decoding = src
+            .replace(q_line, &q_line.replacen("Sq", "Sq = 1", 1))
+            .replace("k: [B, H, Skv", "k: [B, Hkv, Skv")
+            .replace("v: [B, H, Skv", "v: [B, Hkv, Skv");
+        let v = parse_file(&decoding)
+            .expect("rust file")
+            .into_iter()
+            .next()
+            .and_then(|inv| inv.variant.ok())
+            .unwrap_or_else(|| panic!("{name} as a decoding variant"));
+        let (dqk, dv) = dims(&v);
+        let base = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(base.pack_gqa, "{name}: Sq = 1 packs the query heads");
+        let tile = base.for_packed_rows(128, dqk, dv, Isa::Sm90a);
+        if !tile.wgmma {
+            // Head dims the wgmma tile does not take keep the sm_80 tile.
+            assert!(
+                !dqk.is_multiple_of(64) || !dv.is_multiple_of(64),
+                "{name}: {tile:?}"
+            );
+            continue;
+        }
+        parallel_forward(&v, dqk, dv, &tile).unwrap_or_else(|e| panic!("{name}: {e}"));
+        aec_compiler::parallel_forward_paged(&v, dqk, dv, &tile)
+            .unwrap_or_else(|e| panic!("{name}, paged: {e}"));
+        checked.push(name);
+    }
+    assert!(checked.len() >= 10, "{checked:?}");
+}

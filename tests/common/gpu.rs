@@ -230,8 +230,21 @@ pub fn prepare_with(
     custom_range: (f64, f64),
     options: &KernelOptions,
 ) -> Option<GpuCall> {
-    let device = device(test)?;
     let def = crate::common::example(name);
+    prepare_def(test, def, name, shape, dims, custom_range, options)
+}
+
+/// [`prepare_with`] for the variant `def` (`name` seeds its inputs).
+pub fn prepare_def(
+    test: &str,
+    def: Definition,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+    options: &KernelOptions,
+) -> Option<GpuCall> {
+    let device = device(test)?;
     let kernels = compiled(test, ParallelKernels::compile(&def, &device, dims, options))?;
     let stream = device.stream();
     let call = random_call(&def, shape, dims, custom_range, name);

@@ -114,6 +114,27 @@ pub fn example(name: &str) -> Variant {
     })
 }
 
+/// `examples/<name>.rs` made a decoding variant: one query position (`Sq =
+/// 1` on q) over k and v on their own `Hkv` heads, so the query heads of a
+/// KV head pack into one tile's rows.
+pub fn decoding_form(name: &str) -> Variant {
+    let path = examples_dir().join(format!("{name}.rs"));
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let q_line = src
+        .lines()
+        .find(|l| l.trim_start().starts_with("q: [B, H, Sq,"))
+        .unwrap_or_else(|| panic!("{}: no `q: [B, H, Sq, ..]`", path.display()));
+    let decoding = src
+        .replace(q_line, &q_line.replacen("Sq", "Sq = 1", 1))
+        .replace("k: [B, H, Skv", "k: [B, Hkv, Skv")
+        .replace("v: [B, H, Skv", "v: [B, Hkv, Skv");
+    let mut found = parse_file(&decoding).unwrap_or_else(|e| panic!("{name}: {e}"));
+    found
+        .remove(0)
+        .variant
+        .unwrap_or_else(|e| panic!("{name} as a decoding variant: {e}"))
+}
+
 /// Every parallel example, by file stem, sorted.
 pub fn parallel_examples() -> Vec<(String, Variant)> {
     examples_where(|v| v.parallel().is_some())

@@ -391,11 +391,14 @@ impl ForwardConfig {
     /// `None` elsewhere, or where the dims or shared memory do not allow it.
     /// ([`for_packed_rows`](Self::for_packed_rows) has checked the rows.)
     fn wgmma_packed_tile(self, dqk: u32, dv: u32, isa: Isa) -> Option<ForwardConfig> {
+        // Dv in slices of at most two warpgroups' N (the latent tile splits
+        // them between its two warpgroups), else one's.
+        let latent = dqk > 256;
+        let widest = if latent { 2 * MAX_N } else { MAX_N };
         let dv_split = [1, 2, 4]
             .into_iter()
-            .find(|&n| dv.is_multiple_of(n) && dv / n <= 2 * MAX_N)?;
+            .find(|&n| dv.is_multiple_of(n) && dv / n <= widest)?;
         let slice = dv / dv_split;
-        let latent = dqk > 256;
         let dv_warps = if latent && slice.is_multiple_of(2 * PANEL_COLS) {
             2
         } else {
