@@ -2851,7 +2851,7 @@ fn cpu_block_mask_errors() {
 /// bias, GQA softmax (the causal ones would see key 0 alone) — with 128
 /// query heads on one KV head take the sm_90a `wgmma` tile for 64 or more
 /// packed rows (`ForwardConfig::for_packed_rows`) and match the reference
-/// at 777 keys.
+/// at 777 keys; with Dv 512 its two 256-column slices too.
 #[test]
 fn gpu_forward_decoding_forms_on_wgmma() {
     let test = "gpu_forward_decoding_forms_on_wgmma";
@@ -2860,12 +2860,24 @@ fn gpu_forward_decoding_forms_on_wgmma() {
         eprintln!("{test}: skipped, wgmma needs sm_90a");
         return;
     }
-    for name in ["softcap", "sigmoid", "relu", "relative_bias", "softmax_gqa"] {
+    for (name, dv_wide) in [
+        ("softcap", None),
+        ("sigmoid", None),
+        ("relu", None),
+        ("relative_bias", None),
+        ("softmax_gqa", None),
+        // Dv 512: two 256-column slices on blocks of their own.
+        ("softmax_gqa", Some(512)),
+    ] {
         let def = common::decoding_form(name);
         let (dqk, dv) = common::head_dims(&def);
+        let dv = dv_wide.unwrap_or(dv);
         let cfg = ForwardConfig::default_for(&def, dqk, dv, Elem::Bf16, Isa::Sm90a)
             .for_packed_rows(128, dqk, dv, Isa::Sm90a);
-        assert!(cfg.wgmma, "{name}: {cfg:?}");
+        assert!(
+            cfg.wgmma && cfg.dv_split == dv.div_ceil(256),
+            "{name}: {cfg:?}"
+        );
         check_def_with(
             &format!("{test} ({name})"),
             def,
