@@ -65,7 +65,7 @@ use crate::compiler::launch_plan::{ArgPlan, Condition, Role, SMS, SizeExpr};
 pub use crate::compiler::launch_plan::{Dtype, EntryPlan};
 use crate::frontend::diag::suggest;
 use crate::library::tuning_table::in_bucket;
-use crate::run::Error;
+use crate::run::{Error, residency_of};
 use crate::runtime::{
     Arg, DType, Device, DeviceBuffer, Kernel, Module, Param, Stream, TensorMap, bf16, f16,
 };
@@ -1518,10 +1518,9 @@ pub struct Entry {
     tuned: Vec<Entry>,
 }
 
-/// The wave cap of `plan`'s KV-split rule on `device`: the driver's count of
-/// the split launch's blocks ([`EntryPlan::split_launch`]) that one
-/// multiprocessor holds, registers included; where the driver cannot say,
-/// the shared-memory bound; without split-KV none.
+/// The wave cap of `plan`'s KV-split rule on `device`: how many of the split
+/// launch's blocks ([`EntryPlan::split_launch`]) one multiprocessor holds
+/// ([`residency_of`]); without split-KV none.
 fn split_launch_residency(
     plan: &EntryPlan,
     launches: &[LaunchKernels],
@@ -1537,8 +1536,7 @@ fn split_launch_residency(
     let (l, slot) = (&plan.launches[index], &launches[index]);
     let kernels = slot.kernels.lock().unwrap_or_else(PoisonError::into_inner);
     kernels.first().map_or(by_smem, |(_, k)| {
-        k.resident_blocks(l.threads, l.dynamic_smem_bytes)
-            .map_or(by_smem, |n| Residency::Blocks(u64::from(n)))
+        residency_of(device, k, l.threads, l.dynamic_smem_bytes)
     })
 }
 

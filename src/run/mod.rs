@@ -589,22 +589,27 @@ struct LayoutKernel {
 }
 
 /// The KV splits `source`, loaded as `main`, launches with for `shape` on
-/// `device`: the split rule capped at one wave of the blocks the driver's
-/// occupancy calculator says a multiprocessor holds (registers count too:
-/// a 64-row decoding tile that shared memory would fit three times runs two
-/// per SM). Where the driver cannot say, the shared-memory bound caps them.
+/// `device`: the split rule capped at one wave of the blocks a
+/// multiprocessor holds ([`residency_of`]).
 fn kv_splits_on(device: &Device, source: &KernelSource, main: &Kernel, shape: Shape) -> u32 {
     let sizes = [shape.b, shape.h, shape.hkv, shape.sq, shape.skv];
     let residency = if source.split_kv {
-        main.resident_blocks(source.threads, source.smem_bytes)
-            .map_or_else(
-                |_| Residency::SharedMemory(u64::from(device.shared_memory_per_sm())),
-                |n| Residency::Blocks(u64::from(n)),
-            )
+        residency_of(device, main, source.threads, source.smem_bytes)
     } else {
         Residency::Unknown
     };
     source.kv_splits(sizes, device.sm_count(), residency)
+}
+
+/// How many blocks of `kernel` (`threads` threads, `smem` bytes of dynamic
+/// shared memory) one multiprocessor of `device` holds: the driver's
+/// occupancy count, which counts registers too; where the driver cannot
+/// say, the shared-memory bound.
+pub(crate) fn residency_of(device: &Device, kernel: &Kernel, threads: u32, smem: u32) -> Residency {
+    kernel.resident_blocks(threads, smem).map_or_else(
+        |_| Residency::SharedMemory(u64::from(device.shared_memory_per_sm())),
+        |n| Residency::Blocks(u64::from(n)),
+    )
 }
 
 /// Compiles the forward `source` of `variant` for `device` (through the

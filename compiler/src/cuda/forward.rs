@@ -915,8 +915,9 @@ impl KernelSource {
     /// memory at once (each also reserves 1 KiB); `None` when that does not
     /// bound them (no dynamic shared memory, or `smem_per_sm` 0).
     pub fn resident_blocks(&self, smem_per_sm: u32) -> Option<u32> {
-        (self.smem_bytes > 0 && smem_per_sm > 0)
-            .then(|| smem_per_sm / (self.smem_bytes + SMEM_RESERVED_PER_BLOCK))
+        Residency::SharedMemory(u64::from(smem_per_sm))
+            .per_sm(u64::from(self.smem_bytes))
+            .map(|n| n as u32)
     }
 
     /// Query rows per block of the combine kernel ([`combine_rows_for`]).
@@ -1017,6 +1018,20 @@ pub enum Residency {
     Blocks(u64),
 }
 
+impl Residency {
+    /// Blocks of `block_smem` bytes of dynamic shared memory that one
+    /// multiprocessor holds, where known (the shared-memory bound needs both
+    /// figures).
+    pub fn per_sm(self, block_smem: u64) -> Option<u64> {
+        match self {
+            Residency::Unknown => None,
+            Residency::SharedMemory(bytes) => (block_smem > 0 && bytes > 0)
+                .then(|| bytes / (block_smem + u64::from(SMEM_RESERVED_PER_BLOCK))),
+            Residency::Blocks(n) => Some(n),
+        }
+    }
+}
+
 /// What the KV-split rule ([`kv_split_rule`]) reads.
 #[derive(Clone, Copy, Debug)]
 pub struct KvSplitInputs {
@@ -1045,12 +1060,7 @@ pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
         return 1;
     }
     let most = (i.key_blocks / 4).clamp(1, i.max_splits.max(1));
-    let resident = match i.residency {
-        Residency::Unknown => None,
-        Residency::SharedMemory(bytes) => (i.block_smem > 0 && bytes > 0)
-            .then(|| bytes / (i.block_smem + u64::from(SMEM_RESERVED_PER_BLOCK))),
-        Residency::Blocks(n) => Some(n),
-    };
+    let resident = i.residency.per_sm(i.block_smem);
     let top = resident.map_or(most, |r| most.min((r * sms / i.blocks).max(1)));
     (1..=top)
         .min_by_key(|&s| (split_cost(i.blocks, i.key_blocks, s, sms, resident), s))
@@ -1062,9 +1072,10 @@ pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
 /// `ceil(key_blocks / splits)` key blocks each, plus about one key block's
 /// worth of fixed work per block (Q, the partial output and row state), and
 /// streams them 15% faster when two or more are resident at once
-/// (`resident`: how many fit; `None`: all). (H100, MQA d128, 32 blocks: 8 splits, two blocks on each SM, took
-/// 0.0302 ms; 4 splits, one block with twice the keys, 0.0348; 9 splits,
-/// three blocks on some SMs, 0.0346; bench/NOTES.md session 39.)
+/// (`resident`: how many fit; `None`: all). (H100, MQA d128, 32 blocks: 8
+/// splits, two blocks on each SM, took 0.0302 ms; 4 splits, one block with
+/// twice the keys, 0.0348; 9 splits, three blocks on some SMs, 0.0346;
+/// bench/NOTES.md session 39.)
 pub fn split_cost(
     blocks: u64,
     key_blocks: u64,
