@@ -271,7 +271,7 @@ class BackwardKernel:
             if g["kind"] == "rows":
                 grid = ((rows + g["per_block"] - 1) // g["per_block"], 1, 1)
             elif g["kind"] == "key_blocks":
-                grid = ((skv + g["block_n"] - 1) // g["block_n"], hkv, b)
+                grid = ((skv + g["block_n"] - 1) // g["block_n"] * g.get("groups", 1), hkv, b)
             else:
                 grid = ((rows * dqk + g["per_block"] - 1) // g["per_block"], 1, 1)
             check(libcuda.cuLaunchKernel(fn, *grid, l["threads"], 1, 1, l["smem_bytes"], ctypes.c_void_p(stream),

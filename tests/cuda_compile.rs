@@ -713,6 +713,45 @@ fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
     )
 }
 
+/// The sm_90a backward on 32-query steps for head dims whose dK/dV panels
+/// fill the warpgroups' registers (RetNet's 256/512, six panels per
+/// warpgroup; softmax's 128/512, five, with the producer warpgroup): HGMMA
+/// in the SASS, spills within the backward's budget, no serialised wgmma,
+/// within the shared memory.
+#[test]
+fn wide_key_panels_compile_within_the_spill_budget() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    for (name, dqk, dv) in [("retnet_parallel", 256, 512), ("softmax", 128, 512)] {
+        let v = common::example(name);
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(cfg.wgmma && cfg.block_m == 32, "{name}: {cfg:?}");
+        let b = parallel_backward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let c = compile(&b.source, &CompileOptions::new("sm_90a"))
+            .unwrap_or_else(|e| panic!("{name} {dqk}x{dv}: {e}"));
+        let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
+        let main = usage
+            .iter()
+            .find(|u| u.function == b.main.name)
+            .expect("main entry");
+        assert!(
+            main.spill_store_bytes <= BACKWARD_SPILL_BUDGET,
+            "{name}: {main:?}"
+        );
+        assert!(main.performance_warnings.is_empty(), "{name}: {main:?}");
+        assert!(b.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
+        assert!(
+            sass(&c.cubin).expect("cuobjdump").contains("HGMMA"),
+            "{name}"
+        );
+        eprintln!(
+            "{name} {dqk}x{dv}: {} regs, {} B spilled, {} B smem ({})",
+            main.registers, main.spill_store_bytes, b.main.smem_bytes, b.main.name
+        );
+    }
+}
+
 /// The block-mask builder of every example with a mask compiles for sm_80
 /// and sm_90a without spills.
 #[test]

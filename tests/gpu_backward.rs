@@ -435,6 +435,79 @@ fn gpu_backward_wgmma_without_producer() {
     }
 }
 
+/// The sm_90a backward with the dK/dV panels split between several blocks
+/// of one key block (`kv_groups`, 32 queries per step; the default takes
+/// one block, `gpu_backward_retnet_parallel_dv512` and `…_d256`): RetNet at
+/// 256/512 in two and three blocks under its causal mask; GQA softmax at
+/// 128/512 (ten panels on four slots, the last with one) and DeepSeek's
+/// dims (three dQ panels on four slots) in two, with the producer
+/// warpgroup, which adds only its block's dQ panels. Skipped on GPUs other
+/// than sm_90.
+#[test]
+fn gpu_backward_key_panels_in_several_blocks() {
+    let test = "gpu_backward_key_panels_in_several_blocks";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    if dev.compute_capability().0 != 9 {
+        println!("{test}: SKIP (the wgmma backward needs sm_90a)");
+        return;
+    }
+    let retnet = HeadDims { dqk: 256, dv: 512 };
+    let default =
+        |dims: HeadDims| BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a);
+    let cases = [
+        (
+            "retnet_parallel",
+            Shape::mha(1, 2, 120, 120),
+            retnet,
+            2,
+            (0.8, 0.99),
+        ),
+        (
+            "retnet_parallel",
+            Shape::mha(1, 2, 120, 120),
+            retnet,
+            3,
+            (0.8, 0.99),
+        ),
+        (
+            "softmax_gqa",
+            Shape::new(2, 4, 2, 97, 133),
+            HeadDims { dqk: 128, dv: 512 },
+            2,
+            (0.0, 1.0),
+        ),
+        (
+            "deepseek",
+            Shape::mha(1, 2, 97, 133),
+            HeadDims { dqk: 192, dv: 128 },
+            2,
+            (0.0, 1.0),
+        ),
+    ];
+    for (name, shape, dims, kv_groups, range) in cases {
+        let cfg = BackwardConfig {
+            block_m: 32,
+            kv_groups,
+            ..default(dims)
+        };
+        assert!(cfg.wgmma && cfg.split_d == 2, "{name}: {cfg:?}");
+        check_backward_with(
+            &format!("{test}_{name}_{}x{}_g{kv_groups}", dims.dqk, dims.dv),
+            name,
+            shape,
+            dims,
+            range,
+            6e-2,
+            &KernelOptions {
+                backward_config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
+}
+
 #[test]
 fn gpu_backward_alibi() {
     check_backward(

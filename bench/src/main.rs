@@ -481,6 +481,7 @@ fn main() {
                 split_d: 1,
                 elem: Elem::Bf16,
                 wgmma,
+                kv_groups: 1,
                 warp_specialized,
                 tma_loads,
             };
@@ -1106,7 +1107,9 @@ fn backward_meta(
     let launch = |l: &aec_compiler::Launch| {
         let grid = match l.grid {
             Grid::Rows { per_block } => json!({ "kind": "rows", "per_block": per_block }),
-            Grid::KeyBlocks { block_n } => json!({ "kind": "key_blocks", "block_n": block_n }),
+            Grid::KeyBlocks { block_n, groups } => {
+                json!({ "kind": "key_blocks", "block_n": block_n, "groups": groups })
+            }
             Grid::Elements { per_block } => json!({ "kind": "elements", "per_block": per_block }),
         };
         json!({ "name": l.name, "threads": l.threads, "smem_bytes": l.smem_bytes, "grid": grid })

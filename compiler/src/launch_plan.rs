@@ -784,8 +784,14 @@ pub fn backward_plan(
                     c(1),
                     c(1),
                 ],
-                Grid::KeyBlocks { block_n } => {
-                    [SizeExpr::ceil_div(v("Skv"), c(block_n)), v("Hkv"), v("B")]
+                Grid::KeyBlocks { block_n, groups } => {
+                    let blocks = SizeExpr::ceil_div(v("Skv"), c(block_n));
+                    let x = if groups == 1 {
+                        blocks
+                    } else {
+                        SizeExpr::mul([blocks, c(groups)])
+                    };
+                    [x, v("Hkv"), v("B")]
                 }
                 Grid::Elements { per_block } => [
                     SizeExpr::ceil_div(

@@ -387,7 +387,10 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     }
     // The backward: wgmma for 64 and 128 on sm_90a, a warpgroup per 64 keys;
     // above 128 both warpgroups on the same 64 keys while the dK/dV panels
-    // fit three per warpgroup; sm_80 beyond, and on other GPUs.
+    // fit three per warpgroup; beyond (up to Dqk 256, Dv 512) on 32 queries
+    // per step (the panels may be split between blocks of one key block,
+    // `backward_key_panels_in_several_blocks`); sm_80 at head dims that are
+    // not multiples of 64, and on other GPUs.
     let b128 = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(b128.wgmma && b128.split_d == 1 && b128.block_n() == 128);
     for (dqk, dv) in [(192, 128), (128, 256), (192, 192), (64, 256), (256, 128)] {
@@ -397,9 +400,20 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             "{dqk}x{dv}: {cfg:?}"
         );
     }
-    for (dqk, dv) in [(256, 256), (256, 512), (96, 96), (192, 160)] {
+    for (dqk, dv, groups) in [(256, 256, 1), (256, 512, 1), (128, 512, 1), (64, 512, 1)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
-        assert!(!cfg.wgmma, "{dqk}x{dv}: {cfg:?}");
+        assert!(
+            cfg.wgmma
+                && cfg.split_d == 2
+                && cfg.block_m == 32
+                && cfg.kv_groups == groups
+                && cfg.block_n() == 64,
+            "{dqk}x{dv}: {cfg:?}"
+        );
+    }
+    for (dqk, dv) in [(96, 96), (192, 160), (256, 576)] {
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(!cfg.wgmma && cfg.kv_groups == 1, "{dqk}x{dv}: {cfg:?}");
     }
     assert!(!BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80).wgmma);
     // The split kernel: each warpgroup's dK/dV panels on m64n64 with the
@@ -415,7 +429,13 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     assert!(split.source.contains("wgmma_rs_n64(kv_acc[2], da[kk]"));
     assert!(split.source.contains("wgmma_rs_n64(kv_acc[1], pa[kk]"));
     assert!(!split.source.contains("kv_acc[2], pa[kk]"));
-    assert_eq!(split.main.grid, Grid::KeyBlocks { block_n: 64 });
+    assert_eq!(
+        split.main.grid,
+        Grid::KeyBlocks {
+            block_n: 64,
+            groups: 1
+        }
+    );
     // A wgmma config at dims it does not take is refused, not miscompiled.
     let bad = BackwardConfig {
         split_d: 1,
@@ -484,6 +504,128 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     .expect_err("warp-specialised sm_80 backward");
     assert!(err.to_string().contains("needs the wgmma kernel"), "{err}");
     assert!(!BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80).warp_specialized);
+}
+
+/// RetNet's 256/512 (twelve 64-column dK/dV panels) on the wgmma backward:
+/// by default six panels per warpgroup on 32-query steps; split between
+/// blocks of one key block on request (`kv_groups`): each block's slots, its
+/// share of dQ's panels (and of the producer's atomics), the grid, and the
+/// refusals.
+#[test]
+fn backward_key_panels_in_several_blocks() {
+    let retnet = example("retnet_parallel");
+    let default = BackwardConfig::default_for(256, 512, Elem::Bf16, Isa::Sm90a);
+    let k1 = parallel_backward(&retnet, 256, 512, &default).expect("default");
+    assert!(
+        k1.main.name.ends_with("_m32w8s2_wgmma_main"),
+        "{}",
+        k1.main.name
+    );
+    assert!(k1.source.contains("#define NKV 6") && !k1.source.contains("slot_ == 2"));
+    // K, V and two stages of 32 query rows fill the shared memory: no
+    // producer warpgroup (its staged dQ tile would not fit).
+    assert!(
+        !default.warp_specialized && k1.main.threads == 256,
+        "{default:?}"
+    );
+    assert!(k1.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
+    let cfg = BackwardConfig {
+        kv_groups: 2,
+        ..default
+    };
+    let k = parallel_backward(&retnet, 256, 512, &cfg).expect("grouped backward");
+    assert!(
+        k.main.name.ends_with("_m32w8s2g2_wgmma_main"),
+        "{}",
+        k.main.name
+    );
+    assert_eq!(
+        k.main.grid,
+        Grid::KeyBlocks {
+            block_n: 64,
+            groups: 2
+        }
+    );
+    assert_eq!(
+        k.main.grid_for([2, 32, 32, 100, 100], 256),
+        Some((4, 32, 2))
+    );
+    for text in [
+        "#define KV_GROUPS 2",
+        "#define NKV 3",
+        "const int slot_ = grp * 2 + slice;",
+        "} else if (slot_ == 2) {",
+        // Slot 3 holds [dK | dV]'s last three panels: dV's 5, 6 and 7.
+        "wgmma_rs_n64(kv_acc[2], pa[kk], sw128_desc(smem_u32(sdOc) + 7 * (BM * 128)",
+        "const bool key_owner = slice == 0 && grp == 0;",
+        "pnl = 2 * KV_GROUPS - 1 - (grp * 2 + slice); pnl < DQK / 64; pnl += 2 * KV_GROUPS",
+        "const int gp = (grp * 2 + slice) * NKV + s;",
+        // dS·K runs on 64 query rows: the rows past BM are neither added
+        // nor read from the dSᵀ tile's unwritten columns (zeroed).
+        "if (r < BM && m0 + r < Sq) atomicAdd(",
+        "reinterpret_cast<unsigned*>(sdS)[x] = 0u;",
+    ] {
+        assert!(k.source.contains(text), "no `{text}`");
+    }
+    assert_eq!(k.source.matches("wgmma_rs_n64(kv_acc[").count(), 12);
+    // Ten panels on four slots, the last holding one; with the producer
+    // warpgroup (which fits at 128/512) each block adds only the dQ panels
+    // it staged.
+    let uneven = parallel_backward(
+        &retnet,
+        128,
+        512,
+        &BackwardConfig {
+            kv_groups: 2,
+            ..BackwardConfig::default_for(128, 512, Elem::Bf16, Isa::Sm90a)
+        },
+    )
+    .expect("uneven slots");
+    assert!(uneven.config.warp_specialized);
+    assert_eq!(uneven.source.matches("wgmma_rs_n64(kv_acc[").count(), 10);
+    assert!(
+        uneven
+            .source
+            .contains("wgmma_rs_n64(kv_acc[0], pa[kk], sw128_desc(smem_u32(sdOc) + 7 * (BM * 128)")
+    );
+    assert!(uneven.source.contains("if (slot_of / 2 != grp) continue;"));
+    assert!(!k1.source.contains("slot_of"));
+    // More slots than panels, more than six panels per warpgroup, or
+    // groups on the mma.sync kernel are refused.
+    for (bad, what) in [
+        (
+            BackwardConfig {
+                kv_groups: 7,
+                ..cfg
+            },
+            "kv_groups 7",
+        ),
+        (
+            BackwardConfig {
+                block_m: 128,
+                ..cfg
+            },
+            "block_m 128",
+        ),
+        (BackwardConfig { split_d: 1, ..cfg }, "split_d 1"),
+    ] {
+        let err = parallel_backward(&retnet, 256, 512, &bad).expect_err(what);
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    }
+    let err = parallel_backward(
+        &retnet,
+        128,
+        128,
+        &BackwardConfig {
+            kv_groups: 2,
+            ..BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80)
+        },
+    )
+    .expect_err("groups on mma.sync");
+    assert!(
+        err.to_string().contains("needs the wgmma backward"),
+        "{err}"
+    );
 }
 
 /// The backward's element step: a block inside both lengths whose mask
@@ -559,7 +701,9 @@ fn dv_above_256_is_split_into_slices() {
         err.contains("Dv = 528") && err.contains("up to 512"),
         "{err}"
     );
-    let b = BackwardConfig::default_for(256, 512, Elem::Bf16, Isa::Sm90a);
+    // (sm_90a splits the panels between blocks instead:
+    // `backward_key_panels_in_several_blocks`.)
+    let b = BackwardConfig::default_for(256, 512, Elem::Bf16, Isa::Sm80);
     assert_eq!((b.split_d, b.wgmma), (4, false));
     let src = parallel_backward(&v, 256, 512, &b).expect("split backward");
     assert!(src.source.contains("#define KSPLIT 4"));
@@ -1254,7 +1398,7 @@ fn causal_backward_starts_the_longest_key_blocks_first() {
         assert!(
             !b.source.contains("in_win / wh")
                 && b.source
-                    .contains("const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;"),
+                    .contains("const int bx = blockIdx.x / KV_GROUPS, grp = blockIdx.x % KV_GROUPS, by = blockIdx.y, bz = blockIdx.z;"),
             "{}",
             b.main.name
         );

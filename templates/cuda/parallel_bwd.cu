@@ -62,7 +62,7 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
 #define SQS (DQK + PAD)
 #define SVS (DV + PAD)
-#define SDS (BM + PAD)
+#define SDS {% if wgmma %}64  // dSᵀ rows: one 128-byte swizzle row (queries past BM stay zero){% else %}(BM + PAD){% endif %}
 #define NSTATE {{ nstate }}
 #define NSCALES {{ nscales }}
 #define NSTAT {{ nstat }}          // per query row: the saved state, then dO·O
@@ -77,8 +77,9 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 #define DSPLIT (NWARPS / RT)      // dQ: warps sharing one row tile split DQK
 #define DQW (DQK / DSPLIT)        // dQ columns per warp
 {% if kv_split %}#define KV_PANELS {{ kv_panels }}      // 64-column panels of dK, then of dV
-#define NKV {{ nkv }}            // panels per warpgroup (the first NKV on warpgroup 0)
-{% endif %}
+#define NKV {{ nkv }}            // panels per warpgroup (slot s = group·2 + warpgroup holds panels s·NKV..)
+{% endif %}#define KV_GROUPS {{ kv_groups }}  // blocks per key block, each with its share of the dK/dV panels
+
 {% include "cuda/parallel_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
@@ -248,7 +249,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         by = yz % gridDim.y;
         bz = yz / gridDim.y;
     }
-{% else %}    const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+    // The groups of one key block are adjacent (they read the same K and V).
+    const int grp = bx % KV_GROUPS;
+    bx /= KV_GROUPS;
+{% else %}    const int bx = blockIdx.x / KV_GROUPS, grp = blockIdx.x % KV_GROUPS, by = blockIdx.y, bz = blockIdx.z;
 {% endif %}    const int n0 = bx * BN, hk = by;
 {% if varlen %}    // Sequence bz: its own lengths shadow the grid's (the longest).
     const int Tq = cu_q[B], Tk = cu_k[B];
@@ -290,7 +294,12 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}    LOAD_TILE<BN, DQK>(sK, kg, n0, Skv, tid);
     LOAD_TILE<BN, DV>(sV, vg, n0, Skv, tid);
 {% endif %}    cp_async_commit();
-    // The query blocks to visit (per query head): all, from the diagonal on
+{% if wgmma %}    if (BM < 64 && tid < NT) {
+        // dQ = dS·K runs on 64 query rows: the dSᵀ columns past BM stay zero
+        // (made visible to wgmma by the barrier before the loop).
+        for (int x = tid; x < {% if ws %}2 * {% endif %}BN * SDS / 2; x += NT) reinterpret_cast<unsigned*>(sdS)[x] = 0u;
+    }
+{% endif %}    // The query blocks to visit (per query head): all, from the diagonal on
     // for masks that imply causality, then trimmed of leading and trailing
     // blocks the mask hides from every key of this block (tile
     // classification; only for masks that do not depend on the head).
@@ -372,7 +381,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             const int valid = min(BM, Sq - m0) * (DQK / 4);
             for (int x = ptid; x < valid; x += NPT) {
                 const int r = x / (DQK / 4), c = (x % (DQK / 4)) * 4;
-                atomicAdd(reinterpret_cast<float4*>(dqg + r * DQK + c), *reinterpret_cast<const float4*>(sdQ + r * DQS + c));
+{% if kv_groups > 1 %}                // Only this block's dQ panels were staged (those of slots grp·2
+                // and grp·2 + 1, see the dQ loop).
+                const int slot_of = 2 * KV_GROUPS - 1 - (c / 64) % (2 * KV_GROUPS);
+                if (slot_of / 2 != grp) continue;
+{% endif %}                atomicAdd(reinterpret_cast<float4*>(dqg + r * DQK + c), *reinterpret_cast<const float4*>(sdQ + r * DQS + c));
             }
             mbar_arrive(&bar_dq_empty);
             ++drained;
@@ -437,9 +450,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     for (int t = 0; t < DVW / 8; ++t) dv_acc[t][0] = dv_acc[t][1] = dv_acc[t][2] = dv_acc[t][3] = 0.0f;
 {% endif %}    // This warp's 16 keys and its slice of the dK/dV columns. With KSPLIT > 1
     // the warps of a slice group compute the same Sᵀ and dPᵀ; the first one
-    // (`key_owner`) publishes dSᵀ and the custom-input gradients.
+    // stores dSᵀ, and in the first of the key block's groups (`key_owner`)
+    // adds the custom-input gradients.
     const int jr = (warp % KEY_WARPS) * 16, slice = warp / KEY_WARPS;
-    const bool key_owner = slice == 0;
+    const bool key_owner = slice == 0 && grp == 0;
     const int ck0 = slice * DQKW, cv0 = slice * DVW;
 
     for (int it = 0; it < iters; ++it) {
@@ -506,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}        const int gr_ = g;
 {% endif %}#pragma unroll
         for (int t = 0; t < BM / 8; ++t) {
-            if (!key_owner) break;
+            if (slice != 0) break;
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
         }
@@ -540,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // M-major from the dSᵀ tile and K N-major (keys are the K dimension).
 {% if ws %}        // The producer must have added the previous dQ tile from sdQ.
         if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
-{% endif %}{% if kv_split %}        for (int pnl = 1 - warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
+{% endif %}{% if kv_split %}        for (int pnl = 2 * KV_GROUPS - 1 - (grp * 2 + slice); pnl < DQK / 64; pnl += 2 * KV_GROUPS) {
 {% else %}        for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
 {% endif %}
             float dq_part[8][4];
@@ -557,7 +571,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 #pragma unroll
                 for (int c = 0; c < 4; c += 2) {
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
-                    *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                    if (r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
                 }
             }
 {% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
@@ -567,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 for (int c = 0; c < 4; c += 2) {
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
                     float* dst = dqg + r * DQK + pnl * 64 + t * 8 + 2 * t4;
-                    if (m0 + r < Sq) atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_part[t][c], dq_part[t][c + 1]));
+                    if (r < BM && m0 + r < Sq) atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_part[t][c], dq_part[t][c + 1]));
                 }
             }
 {% endif %}        }
@@ -659,10 +673,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     }
 {% endif %}
     // dK and dV of this warp's keys, through the k and v modifications' backward.
-{% if kv_split %}    // Slot s of warpgroup `slice` is panel slice·NKV + s of [dK | dV].
+{% if kv_split %}    // Slot s of warpgroup `slice` in group `grp` is panel (grp·2 + slice)·NKV + s of [dK | dV].
 #pragma unroll
     for (int s = 0; s < NKV; ++s) {
-        const int gp = slice * NKV + s;
+        const int gp = (grp * 2 + slice) * NKV + s;
         if (gp >= KV_PANELS) break;
         const bool is_dk = gp < DQK / 64;
         const int c0 = (is_dk ? gp : gp - DQK / 64) * 64;

@@ -35,6 +35,12 @@ pub struct BackwardConfig {
     /// and dPᵀ and accumulating its share of the 64-column panels of dK and
     /// dV ([`wgmma_split_dims_ok`]: head dims above 128).
     pub wgmma: bool,
+    /// With `wgmma` and `split_d` 2: blocks per key block (1 or more), each
+    /// recomputing Sᵀ and dPᵀ and holding its `1 / kv_groups` share of the
+    /// dK and dV panels and of dQ's — what keeps Dqk + Dv above
+    /// [`MAX_SPLIT_DQK_PLUS_DV`] (RetNet's 256 + 512) in registers. 1
+    /// everywhere else.
+    pub kv_groups: u32,
     /// With `wgmma`: a third warpgroup copies each step's Q, dO and row
     /// constants into a two-stage ring (mbarriers) ahead of the computing
     /// warpgroups and adds their dQ tiles, staged in shared memory, into
@@ -66,23 +72,27 @@ impl BackwardConfig {
     /// On sm_90a, head dims of 64 or 128 use `wgmma` (64 queries per step,
     /// 128 keys per block on two warpgroups); larger multiples of 64 whose
     /// dK and dV panels fit two warpgroups' registers (DeepSeek 192/128,
-    /// DiffTransformer 128/256) use it with both warpgroups on 64 keys.
+    /// DiffTransformer 128/256) use it with both warpgroups on 64 keys;
+    /// larger ones (RetNet's 256/512) on 32 queries per step (the K, V, Q and
+    /// dO tiles then fit the shared memory) in several blocks per key block
+    /// ([`BackwardConfig::kv_groups`]).
     pub fn default_for(dqk: u32, dv: u32, elem: Elem, isa: Isa) -> BackwardConfig {
         if isa == Isa::Sm90a {
-            let split_d = if wgmma_backward_dims_ok(dqk, dv) {
-                Some(1)
+            let shape = if wgmma_backward_dims_ok(dqk, dv) {
+                Some((64, 1, 1))
             } else if wgmma_split_dims_ok(dqk, dv) {
-                Some(2)
+                Some((64, 2, 1))
             } else {
-                None
+                wgmma_grouped_groups(dqk, dv).map(|groups| (32, 2, groups))
             };
-            if let Some(split_d) = split_d {
+            if let Some((block_m, split_d, kv_groups)) = shape {
                 let cfg = BackwardConfig {
-                    block_m: 64,
+                    block_m,
                     warps: 8,
                     split_d,
                     elem,
                     wgmma: true,
+                    kv_groups,
                     warp_specialized: true,
                     tma_loads: true,
                 };
@@ -121,6 +131,7 @@ impl BackwardConfig {
             split_d,
             elem,
             wgmma: false,
+            kv_groups: 1,
             warp_specialized: false,
             tma_loads: false,
         }
@@ -145,11 +156,13 @@ impl BackwardConfig {
         let (bm, bn) = (self.block_m, self.block_n());
         let pad = if self.wgmma { 0 } else { 8 };
         let ds_buffers = if self.warp_specialized { 2 } else { 1 };
+        // wgmma's dSᵀ rows are one 128-byte swizzle row (64 queries).
+        let ds_cols = if self.wgmma { 64 } else { bm + pad };
         let elems = bn * (dqk + pad)
             + bn * (dv + pad)
             + 2 * bm * (dqk + pad)
             + 2 * bm * (dv + pad)
-            + ds_buffers * bn * (bm + pad);
+            + ds_buffers * bn * ds_cols;
         let staged_dq = if self.warp_specialized {
             4 * bm * (dqk + 8)
         } else {
@@ -166,8 +179,9 @@ impl BackwardConfig {
 pub enum Grid {
     /// `x`: query rows (`B·H·Sq`) over `per_block`.
     Rows { per_block: u32 },
-    /// `x`: key blocks of `block_n`; `y`: KV heads; `z`: batch.
-    KeyBlocks { block_n: u32 },
+    /// `x`: key blocks of `block_n`, `groups` blocks each (adjacent); `y`:
+    /// KV heads; `z`: batch.
+    KeyBlocks { block_n: u32, groups: u32 },
     /// `x`: dQ elements (`B·H·Sq·Dqk`) over `per_block`.
     Elements { per_block: u32 },
 }
@@ -187,7 +201,9 @@ impl Launch {
     pub fn grid_for(&self, [b, h, hkv, sq, skv]: [usize; 5], dqk: u32) -> Option<(u32, u32, u32)> {
         let (x, y, z) = match self.grid {
             Grid::Rows { per_block } => ((b * h * sq).div_ceil(per_block as usize), 1, 1),
-            Grid::KeyBlocks { block_n } => (skv.div_ceil(block_n as usize), hkv, b),
+            Grid::KeyBlocks { block_n, groups } => {
+                (skv.div_ceil(block_n as usize) * groups as usize, hkv, b)
+            }
             Grid::Elements { per_block } => (
                 (b * h * sq * dqk as usize).div_ceil(per_block as usize),
                 1,
@@ -338,6 +354,8 @@ struct BackwardTemplate<'a> {
     /// 64-column panels of dK then dV, and the slots each warpgroup holds.
     kv_panels: u32,
     nkv: u32,
+    /// Blocks per key block ([`BackwardConfig::kv_groups`]).
+    kv_groups: u32,
     kv_issue: String,
     post_elems: u32,
 }
@@ -384,27 +402,39 @@ fn generate_backward(
     let folded = crate::q_scale::backward_variant(variant, dqk, dv, cfg.wgmma);
     let variant = folded.as_ref().unwrap_or(variant);
     let par = parallel_inputs(variant, dqk, dv, "backward", MAX_DQK)?;
-    let dims_ok = match cfg.split_d {
-        1 => wgmma_backward_dims_ok(dqk, dv),
-        2 => wgmma_split_dims_ok(dqk, dv),
+    let kv_panels = (dqk + dv) / 64;
+    let dims_ok = match (cfg.split_d, cfg.block_m, cfg.kv_groups) {
+        (1, 64, 1) => wgmma_backward_dims_ok(dqk, dv),
+        // (Covers the one-block split kernel: wgmma_split_dims_ok's dims are
+        // at most three panels per warpgroup.)
+        (2, 32 | 64, groups @ 1..) => {
+            grouped_dims_ok(dqk, dv)
+                && 2 * groups <= kv_panels
+                && kv_panels.div_ceil(2 * groups) <= MAX_PANELS_PER_WARPGROUP
+        }
         _ => false,
     };
+    if !cfg.wgmma && cfg.kv_groups != 1 {
+        return Err(CompileError(format!(
+            "kv_groups {} needs the wgmma backward (wgmma: true, split_d 2); the mma.sync kernel takes 1",
+            cfg.kv_groups
+        )));
+    }
     if cfg.warp_specialized && !cfg.wgmma {
         return Err(CompileError(
             "the warp-specialised backward needs the wgmma kernel (wgmma: true, sm_90a)".into(),
         ));
     }
-    if cfg.wgmma && !(dims_ok && cfg.block_m == 64 && cfg.warps == 8) {
+    if cfg.wgmma && !(dims_ok && cfg.warps == 8) {
         return Err(CompileError(format!(
-            "the wgmma backward takes block_m 64 on 8 warps with split_d 1 (Dqk, Dv of 64 or 128) or split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}); got block_m {}, {} warps, split_d {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
-            cfg.block_m, cfg.warps, cfg.split_d
+            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
+            cfg.block_m, cfg.warps, cfg.split_d, cfg.kv_groups
         )));
     }
     let kv_split = cfg.wgmma && cfg.split_d == 2;
     // The split kernel's 64-column panels of [dK | dV] and the slots each
-    // warpgroup holds (warpgroup 0 the first ⌈panels / 2⌉).
-    let kv_panels = (dqk + dv) / 64;
-    let nkv = kv_panels.div_ceil(2);
+    // warpgroup holds (slot group·2 + warpgroup holds the slot·NKV-th on).
+    let nkv = kv_panels.div_ceil(2 * cfg.kv_groups);
     if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
         return Err(CompileError(format!(
             "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1, 2 or 4) must divide the warps, Dqk/16 and Dv/16",
@@ -444,6 +474,10 @@ fn generate_backward(
         cfg.warps,
         if cfg.split_d > 1 {
             format!("s{}", cfg.split_d)
+        } else {
+            String::new()
+        } + &if cfg.kv_groups > 1 {
+            format!("g{}", cfg.kv_groups)
         } else {
             String::new()
         },
@@ -522,8 +556,9 @@ fn generate_backward(
         tma,
         kv_panels,
         nkv,
+        kv_groups: if kv_split { cfg.kv_groups } else { 1 },
         kv_issue: if kv_split {
-            kv_split_issue(dqk / 64, kv_panels, nkv)
+            kv_split_issue(dqk / 64, kv_panels, nkv, cfg.kv_groups)
         } else {
             String::new()
         },
@@ -578,7 +613,10 @@ fn generate_backward(
             name: format!("{kernel_name}_main"),
             threads: cfg.main_threads(),
             smem_bytes,
-            grid: Grid::KeyBlocks { block_n: bn },
+            grid: Grid::KeyBlocks {
+                block_n: bn,
+                groups: cfg.kv_groups,
+            },
         },
         post: Launch {
             name: format!("{kernel_name}_post"),
@@ -613,6 +651,32 @@ pub fn wgmma_backward_dims_ok(dqk: u32, dv: u32) -> bool {
 /// to Sᵀ and dPᵀ (64 registers); three panels is what fits without spills.
 pub const MAX_SPLIT_DQK_PLUS_DV: u32 = 6 * 64;
 
+/// 64-column dK/dV accumulator panels a warpgroup of the split kernel may
+/// hold: six fill the 255 registers of a thread without the producer
+/// warpgroup; the defaults take three.
+pub const MAX_PANELS_PER_WARPGROUP: u32 = 6;
+
+/// Head dims of the split kernel with several blocks per key block:
+/// multiples of 64, Dqk up to the backward's largest, Dv up to 512.
+fn grouped_dims_ok(dqk: u32, dv: u32) -> bool {
+    dqk.is_multiple_of(64)
+        && dv.is_multiple_of(64)
+        && (64..=MAX_DQK).contains(&dqk)
+        && (64..=512).contains(&dv)
+}
+
+/// The default blocks per key block for head dims beyond
+/// [`wgmma_split_dims_ok`] (`None` outside [`grouped_dims_ok`]): as few as
+/// hold the panels, at most [`MAX_PANELS_PER_WARPGROUP`] per warpgroup —
+/// one up to Dqk 256 with Dv 512. Each further block recomputes Sᵀ and dPᵀ:
+/// RetNet's 256/512 backward took 3.21 ms in one block (six panels per
+/// warpgroup), 4.70 in two and 6.35 in three on an H100 (bench/NOTES.md,
+/// session 40).
+pub fn wgmma_grouped_groups(dqk: u32, dv: u32) -> Option<u32> {
+    (grouped_dims_ok(dqk, dv) && !wgmma_split_dims_ok(dqk, dv))
+        .then(|| ((dqk + dv) / 64).div_ceil(2 * MAX_PANELS_PER_WARPGROUP))
+}
+
 /// Whether the `wgmma` backward with both warpgroups on the same 64 keys
 /// (`split_d` 2) takes these head dims: multiples of 64 up to 256 whose dK
 /// and dV panels split into at most three per warpgroup.
@@ -626,21 +690,24 @@ pub fn wgmma_split_dims_ok(dqk: u32, dv: u32) -> bool {
 /// warpgroup 1 the rest, each panel one `m64n64k16` per 16 queries with dSᵀ
 /// (dK, B = Q) or Pᵀ (dV, B = dO) from registers. Unrolled per warpgroup so
 /// every operand is static.
-fn kv_split_issue(qp: u32, panels: u32, nkv: u32) -> String {
+fn kv_split_issue(qp: u32, panels: u32, nkv: u32, groups: u32) -> String {
     use std::fmt::Write as _;
-    let mut out = String::new();
-    for slice in 0..2 {
+    let mut out = String::from("        {\n        const int slot_ = grp * 2 + slice;\n");
+    let slots = 2 * groups;
+    for slot in 0..slots {
         let _ = writeln!(
             out,
             "        {}\n#pragma unroll\n        for (int kk = 0; kk < BM / 16; ++kk) {{",
-            if slice == 0 {
-                "if (slice == 0) {"
+            if slot == 0 {
+                "if (slot_ == 0) {".to_string()
+            } else if slot + 1 < slots {
+                format!("}} else if (slot_ == {slot}) {{")
             } else {
-                "} else {"
+                "} else {".to_string()
             }
         );
         for s in 0..nkv {
-            let gp = slice * nkv + s;
+            let gp = slot * nkv + s;
             if gp >= panels {
                 continue;
             }
@@ -656,7 +723,7 @@ fn kv_split_issue(qp: u32, panels: u32, nkv: u32) -> String {
         }
         out.push_str("        }\n");
     }
-    out.push_str("        }\n");
+    out.push_str("        }\n        }\n");
     out
 }
 

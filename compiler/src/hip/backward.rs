@@ -235,6 +235,7 @@ pub fn hip_parallel_backward(
             smem_bytes: 0,
             grid: Grid::KeyBlocks {
                 block_n: cfg.block_n(),
+                groups: 1,
             },
         },
         post: Launch {
