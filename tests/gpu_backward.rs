@@ -315,9 +315,11 @@ fn gpu_backward_diff_transformer() {
 }
 
 /// The sm_90a backward with both warpgroups on 64 keys, in the panel
-/// layouts DeepSeek and DiffTransformer do not cover: 192/192 (three dK/dV
-/// panels per warpgroup, three dQ panels) and, with GQA, 64/256 (five
-/// panels: warpgroup 1 holds two). On sm_80 devices the default backward.
+/// layouts DiffTransformer does not cover: 192/192 (three dK/dV panels per
+/// warpgroup, three dQ panels; the default there) and, with GQA, 64/256
+/// (five panels: warpgroup 1 holds two; chosen here, the default takes a
+/// warpgroup per 64 keys on 32-query steps). On sm_80 devices the default
+/// backward.
 #[test]
 fn gpu_backward_split_key_panels() {
     check_backward(
@@ -327,12 +329,26 @@ fn gpu_backward_split_key_panels() {
         HeadDims::square(192),
         (0.0, 1.0),
     );
-    check_backward(
+    let dims = HeadDims::new(64, 256);
+    let default = BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a);
+    check_backward_with(
         "gpu_backward_split_key_panels_gqa_d64x256",
         "softmax_gqa",
         Shape::new(2, 4, 2, 97, 133),
-        HeadDims::new(64, 256),
+        dims,
         (0.0, 1.0),
+        2e-2,
+        &KernelOptions {
+            backward_config: device("gpu_backward_split_key_panels")
+                .filter(|d| d.compute_capability().0 == 9)
+                .map(|_| BackwardConfig {
+                    block_m: 64,
+                    split_d: 2,
+                    shared_scores: true,
+                    ..default
+                }),
+            ..KernelOptions::default()
+        },
     );
 }
 
@@ -370,7 +386,8 @@ fn gpu_backward_retnet_parallel() {
 }
 
 /// Dv = 512 (RetNet's workload dims): the forward splits Dv between two
-/// blocks, the backward between four warps that share keys. dγ's error grows
+/// blocks; the backward on sm_90a takes 32-query steps with six dK/dV panels
+/// per warpgroup (on sm_80, four warps share keys). dγ's error grows
 /// with the head dims while dq, dk, dv stay at 2.5e-3 (H100: 1.1e-3 at
 /// 64×64, 4e-3 at 256×128, 1.7e-2 at 256×256 with two warps per key tile,
 /// 9.6e-3 at 64×512 and 3.0e-2 at 256×512 with four): rounding in a sum
@@ -391,7 +408,7 @@ fn gpu_backward_retnet_parallel_dv512() {
 /// The sm_90a wgmma backward without its producer warpgroup
 /// (`warp_specialized: false`: the computing warpgroups copy Q/dO and add
 /// dQ themselves), still a configuration a caller may choose: a warpgroup
-/// per 64 keys (causal) and both on the same keys (DeepSeek). Skipped on
+/// per 64 keys (causal) and on 32-query steps (DeepSeek). Skipped on
 /// GPUs other than sm_90.
 #[test]
 fn gpu_backward_wgmma_without_producer() {
@@ -489,10 +506,12 @@ fn gpu_backward_key_panels_in_several_blocks() {
     for (name, shape, dims, kv_groups, range) in cases {
         let cfg = BackwardConfig {
             block_m: 32,
+            split_d: 2,
             kv_groups,
+            shared_scores: true,
             ..default(dims)
         };
-        assert!(cfg.wgmma && cfg.split_d == 2, "{name}: {cfg:?}");
+        assert!(cfg.wgmma, "{name}: {cfg:?}");
         check_backward_with(
             &format!("{test}_{name}_{}x{}_g{kv_groups}", dims.dqk, dims.dv),
             name,
@@ -500,6 +519,56 @@ fn gpu_backward_key_panels_in_several_blocks() {
             dims,
             range,
             6e-2,
+            &KernelOptions {
+                backward_config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
+}
+
+/// The sm_90a backward with a warpgroup per 64 keys on 32-query steps
+/// (`block_m` 32, `split_d` 1: dK and dV of Dqk + Dv up to 320 in each
+/// warpgroup's registers, 128 keys per block): DeepSeek's dims with and
+/// without the producer warpgroup, and GQA softmax at 64/256. Skipped on
+/// GPUs other than sm_90.
+#[test]
+fn gpu_backward_own_keys_on_32_query_steps() {
+    let test = "gpu_backward_own_keys_on_32_query_steps";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    if dev.compute_capability().0 != 9 {
+        println!("{test}: SKIP (the wgmma backward needs sm_90a)");
+        return;
+    }
+    let deepseek = HeadDims { dqk: 192, dv: 128 };
+    let cases = [
+        ("deepseek", Shape::mha(1, 2, 97, 133), deepseek, true),
+        ("deepseek", Shape::mha(1, 2, 97, 133), deepseek, false),
+        (
+            "softmax_gqa",
+            Shape::new(2, 4, 2, 97, 133),
+            HeadDims { dqk: 64, dv: 256 },
+            true,
+        ),
+    ];
+    for (name, shape, dims, ws) in cases {
+        let cfg = BackwardConfig {
+            block_m: 32,
+            split_d: 1,
+            shared_scores: false,
+            warp_specialized: ws,
+            tma_loads: ws,
+            ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
+        };
+        check_backward_with(
+            &format!("{test}_{name}_{}x{}_ws{ws}", dims.dqk, dims.dv),
+            name,
+            shape,
+            dims,
+            (0.0, 1.0),
+            2e-2,
             &KernelOptions {
                 backward_config: Some(cfg),
                 ..KernelOptions::default()

@@ -455,11 +455,12 @@ fn main() {
         let v = load(&root, "softmax");
         let tag_of = |cfg: &BackwardConfig| {
             format!(
-                "m{}w{}s{}{}{}{}",
+                "m{}w{}s{}{}{}{}{}",
                 cfg.block_m,
                 cfg.warps,
                 cfg.split_d,
                 if cfg.wgmma { "_wgmma" } else { "" },
+                if cfg.shared_scores { "_xs" } else { "" },
                 if cfg.warp_specialized { "_ws" } else { "" },
                 if cfg.warp_specialized && cfg.tma_loads {
                     "_tma"
@@ -482,6 +483,7 @@ fn main() {
                 elem: Elem::Bf16,
                 wgmma,
                 kv_groups: 1,
+                shared_scores: false,
                 warp_specialized,
                 tma_loads,
             };
@@ -497,6 +499,23 @@ fn main() {
         {
             let v = bench_variant(&root, example);
             let sm90 = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+            // (Both warpgroups on the same keys: also with each computing
+            // both Sᵀ and dPᵀ, or the other way round.)
+            let shared_toggle = (sm90.split_d == 2).then_some(BackwardConfig {
+                shared_scores: !sm90.shared_scores,
+                ..sm90
+            });
+            // (And where the dims allow it, a warpgroup per 64 keys on
+            // 32-query steps: half the dQ additions per query of the split
+            // kernel's 64-key blocks.)
+            let own_keys = (sm90.split_d == 2
+                && aec_compiler::cuda::backward::wgmma_own_keys_dims_ok(dqk, dv))
+            .then_some(BackwardConfig {
+                block_m: 32,
+                split_d: 1,
+                shared_scores: false,
+                ..sm90
+            });
             for cfg in [
                 BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm80),
                 BackwardConfig {
@@ -507,8 +526,17 @@ fn main() {
                     tma_loads: !sm90.tma_loads,
                     ..sm90
                 },
-                sm90,
-            ] {
+            ]
+            .into_iter()
+            .chain(shared_toggle)
+            .chain(own_keys)
+            .chain(own_keys.map(|c| BackwardConfig {
+                warp_specialized: false,
+                tma_loads: false,
+                ..c
+            }))
+            .chain([sm90])
+            {
                 let tag = tag_of(&cfg);
                 let file = format!("sweep_bwd_{example}_{tag}");
                 sweep.push(sweep_row(&v, workload, &file, tag, (dqk, dv), cfg));

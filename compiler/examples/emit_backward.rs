@@ -1,7 +1,8 @@
 //! Prints the generated parallel backward kernels of a variant file.
 //! `cargo run -p aec-compiler --example emit_backward -- examples/softmax.rs 128 128 [block_m warps [split_d [kv_groups]]]`
 //! (`AEC_BWD_WS=0`: the wgmma kernel without its producer warpgroup;
-//! `AEC_BWD_ISA=sm80`: the sm_80 defaults)
+//! `AEC_BWD_ISA=sm80`: the sm_80 defaults; `AEC_BWD_XS=0`: both warpgroups
+//! computing both Sᵀ and dPᵀ)
 use aec_compiler::{BackwardConfig, Elem, Isa, parallel_backward};
 
 fn main() {
@@ -30,6 +31,9 @@ fn main() {
         cfg.warps = warps.parse().expect("warps");
         cfg.split_d = more.first().map_or(1, |s| s.parse().expect("split_d"));
         cfg.kv_groups = more.get(1).map_or(1, |s| s.parse().expect("kv_groups"));
+    }
+    if std::env::var("AEC_BWD_XS").is_ok_and(|v| v == "0") {
+        cfg.shared_scores = false;
     }
     // AEC_BWD_WS=0: without the producer warpgroup (for comparisons).
     if std::env::var("AEC_BWD_WS").is_ok_and(|v| v == "0") {

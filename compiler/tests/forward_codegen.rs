@@ -385,21 +385,46 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         let k = parallel_forward(&v, dqk, dv, &cfg).expect("sm_80 forward");
         assert!(!k.source.contains("wgmma") && k.source.contains("mma.sync"));
     }
-    // The backward: wgmma for 64 and 128 on sm_90a, a warpgroup per 64 keys;
-    // above 128 both warpgroups on the same 64 keys while the dK/dV panels
-    // fit three per warpgroup; beyond (up to Dqk 256, Dv 512) on 32 queries
+    // The backward: wgmma for 64 and 128 on sm_90a, a warpgroup per 64 keys,
+    // up to Dqk + Dv = 320 on 32-query steps; above, both warpgroups on the
+    // same 64 keys while the dK/dV panels fit three per warpgroup; beyond
+    // (up to Dqk 256, Dv 512) on 32 queries
     // per step (the panels may be split between blocks of one key block,
     // `backward_key_panels_in_several_blocks`); sm_80 at head dims that are
     // not multiples of 64, and on other GPUs.
     let b128 = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(b128.wgmma && b128.split_d == 1 && b128.block_n() == 128);
-    for (dqk, dv) in [(192, 128), (128, 256), (192, 192), (64, 256), (256, 128)] {
+    for (dqk, dv) in [(192, 128), (64, 256), (192, 64), (256, 64)] {
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(
+            cfg.wgmma && cfg.split_d == 1 && cfg.block_m == 32 && cfg.block_n() == 128,
+            "{dqk}x{dv}: {cfg:?}"
+        );
+        let k = parallel_backward(&v, dqk, dv, &cfg).expect("own keys on 32-query steps");
+        assert!(k.main.name.contains("_m32w8_wgmma"), "{}", k.main.name);
+    }
+    for (dqk, dv) in [(128, 256), (192, 192), (256, 128)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
         assert!(
             cfg.wgmma && cfg.split_d == 2 && cfg.block_n() == 64,
             "{dqk}x{dv}: {cfg:?}"
         );
     }
+    // 32-query steps with a warpgroup per 64 keys only where its dK and dV
+    // fit beside the scores.
+    let err = parallel_backward(
+        &v,
+        128,
+        256,
+        &BackwardConfig {
+            block_m: 32,
+            split_d: 1,
+            shared_scores: false,
+            ..BackwardConfig::default_for(128, 256, Elem::Bf16, Isa::Sm90a)
+        },
+    )
+    .expect_err("dK and dV of 384 columns per warpgroup");
+    assert!(err.to_string().contains("block_m 32, split_d 1"), "{err}");
     for (dqk, dv, groups) in [(256, 256, 1), (256, 512, 1), (128, 512, 1), (64, 512, 1)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
         assert!(
@@ -417,13 +442,18 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     }
     assert!(!BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm80).wgmma);
     // The split kernel: each warpgroup's dK/dV panels on m64n64 with the
-    // operand fixed per warpgroup (DeepSeek: dK's three panels on warpgroup
-    // 0, dV's two on warpgroup 1).
+    // operand fixed per warpgroup (DeepSeek's dims on 64-query steps: dK's
+    // three panels on warpgroup 0, dV's two on warpgroup 1).
     let split = parallel_backward(
         &v,
         192,
         128,
-        &BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a),
+        &BackwardConfig {
+            block_m: 64,
+            split_d: 2,
+            shared_scores: true,
+            ..BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a)
+        },
     )
     .expect("split wgmma backward");
     assert!(split.source.contains("wgmma_rs_n64(kv_acc[2], da[kk]"));
@@ -438,10 +468,10 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     );
     // A wgmma config at dims it does not take is refused, not miscompiled.
     let bad = BackwardConfig {
-        split_d: 1,
+        block_m: 64,
         ..BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a)
     };
-    let err = parallel_backward(&v, 192, 128, &bad).expect_err("split_d 1 at 192");
+    let err = parallel_backward(&v, 192, 128, &bad).expect_err("split_d 1 at 192 on 64 queries");
     assert!(err.to_string().contains("split_d 2"), "{err}");
     let b = parallel_backward(
         &v,
@@ -477,7 +507,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         // Two dSᵀ buffers and the staged f32 dQ tile (rows of Dqk + 8).
         assert_eq!(
             k.main.smem_bytes - plain.main.smem_bytes,
-            cfg.block_n() * 64 * 2 + 64 * (dqk + 8) * 4,
+            cfg.block_n() * 64 * 2 + cfg.block_m * (dqk + 8) * 4,
             "{dqk}x{dv}"
         );
         assert_eq!(plain.main.threads, 256);
@@ -517,7 +547,7 @@ fn backward_key_panels_in_several_blocks() {
     let default = BackwardConfig::default_for(256, 512, Elem::Bf16, Isa::Sm90a);
     let k1 = parallel_backward(&retnet, 256, 512, &default).expect("default");
     assert!(
-        k1.main.name.ends_with("_m32w8s2_wgmma_main"),
+        k1.main.name.ends_with("_m32w8s2_wgmma_xs_main"),
         "{}",
         k1.main.name
     );
@@ -535,7 +565,7 @@ fn backward_key_panels_in_several_blocks() {
     };
     let k = parallel_backward(&retnet, 256, 512, &cfg).expect("grouped backward");
     assert!(
-        k.main.name.ends_with("_m32w8s2g2_wgmma_main"),
+        k.main.name.ends_with("_m32w8s2g2_wgmma_xs_main"),
         "{}",
         k.main.name
     );
@@ -557,12 +587,12 @@ fn backward_key_panels_in_several_blocks() {
         "} else if (slot_ == 2) {",
         // Slot 3 holds [dK | dV]'s last three panels: dV's 5, 6 and 7.
         "wgmma_rs_n64(kv_acc[2], pa[kk], sw128_desc(smem_u32(sdOc) + 7 * (BM * 128)",
-        "const bool key_owner = slice == 0 && grp == 0;",
+        "const bool key_owner = slice == SCORE_SLICE && grp == 0;",
         "pnl = 2 * KV_GROUPS - 1 - (grp * 2 + slice); pnl < DQK / 64; pnl += 2 * KV_GROUPS",
         "const int gp = (grp * 2 + slice) * NKV + s;",
         // dS·K runs on 64 query rows: the rows past BM are neither added
         // nor read from the dSᵀ tile's unwritten columns (zeroed).
-        "if (r < BM && m0 + r < Sq) atomicAdd(",
+        "if ((BM >= 64 || r < BM) && m0 + r < Sq) atomicAdd(",
         "reinterpret_cast<unsigned*>(sdS)[x] = 0u;",
     ] {
         assert!(k.source.contains(text), "no `{text}`");
@@ -607,7 +637,14 @@ fn backward_key_panels_in_several_blocks() {
             },
             "block_m 128",
         ),
-        (BackwardConfig { split_d: 1, ..cfg }, "split_d 1"),
+        (
+            BackwardConfig {
+                split_d: 1,
+                shared_scores: false,
+                ..cfg
+            },
+            "split_d 1",
+        ),
     ] {
         let err = parallel_backward(&retnet, 256, 512, &bad).expect_err(what);
         assert!(err.to_string().contains(what), "{what}: {err}");
@@ -626,6 +663,68 @@ fn backward_key_panels_in_several_blocks() {
         err.to_string().contains("needs the wgmma backward"),
         "{err}"
     );
+}
+
+/// Both warpgroups on the same keys share the scores by default: warpgroup
+/// 0 computes Sᵀ, warpgroup 1 dPᵀ, Pᵀ and dSᵀ (and stores the dSᵀ tile and
+/// adds the custom-input gradients), exchanged through `256 · block_m`
+/// bytes of shared memory; a config may turn it off, and only the split
+/// kernel takes it.
+#[test]
+fn split_backward_shares_the_scores_between_its_warpgroups() {
+    let v = example("diff_transformer");
+    let cfg = BackwardConfig::default_for(128, 256, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.shared_scores && cfg.warp_specialized, "{cfg:?}");
+    let shared = parallel_backward(&v, 128, 256, &cfg).expect("shared scores");
+    let both = parallel_backward(
+        &v,
+        128,
+        256,
+        &BackwardConfig {
+            shared_scores: false,
+            ..cfg
+        },
+    )
+    .expect("both scores on both warpgroups");
+    assert!(
+        shared.main.name.ends_with("_wgmma_xs_ws_tma_main"),
+        "{}",
+        shared.main.name
+    );
+    assert_eq!(shared.main.smem_bytes - both.main.smem_bytes, 256 * 64);
+    for text in [
+        "#define SCORE_SLICE 1",
+        "EXCHANGE_SYNC();",
+        "if (slice != SCORE_SLICE) break;",
+        "const bool key_owner = slice == SCORE_SLICE && grp == 0;",
+        "xs[(t * 4 + c) * 128] = sacc[t][c];",
+        "pa[kk][c] = xu[(kk * 8 + c) * 128];",
+    ] {
+        assert!(shared.source.contains(text), "no `{text}`");
+    }
+    assert!(
+        both.source.contains("#define SCORE_SLICE 0") && !both.source.contains("EXCHANGE_SYNC")
+    );
+    // The shared-memory fallback keeps it where the producer does not fit
+    // (RetNet's 256/512); a warpgroup per 64 keys has nothing to share.
+    let retnet = BackwardConfig::default_for(256, 512, Elem::Bf16, Isa::Sm90a);
+    assert!(
+        retnet.shared_scores && !retnet.warp_specialized,
+        "{retnet:?}"
+    );
+    let one_wg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(!one_wg.shared_scores);
+    let err = parallel_backward(
+        &example("softmax"),
+        128,
+        128,
+        &BackwardConfig {
+            shared_scores: true,
+            ..one_wg
+        },
+    )
+    .expect_err("shared scores without split_d 2");
+    assert!(err.to_string().contains("shared_scores needs"), "{err}");
 }
 
 /// The backward's element step: a block inside both lengths whose mask

@@ -79,7 +79,11 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 {% if kv_split %}#define KV_PANELS {{ kv_panels }}      // 64-column panels of dK, then of dV
 #define NKV {{ nkv }}            // panels per warpgroup (slot s = group·2 + warpgroup holds panels s·NKV..)
 {% endif %}#define KV_GROUPS {{ kv_groups }}  // blocks per key block, each with its share of the dK/dV panels
-
+#define SCORE_SLICE {% if share %}1{% else %}0{% endif %}  // the warp slice that stores dSᵀ and adds the custom-input gradients
+{% if share %}// Warpgroup 0's Sᵀ to warpgroup 1, and the packed Pᵀ and dSᵀ back.
+// (A named barrier: the two warpgroups reach it on their own paths.)
+#define EXCHANGE_SYNC() named_bar_sync(1, NT)
+{% endif %}
 {% include "cuda/parallel_types.cu" %}
 
 {% include "cuda/prelude.cu" %}
@@ -229,6 +233,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     elem_t* sdS = sdO + 2 * BM * SVS;  // {% if ws %}two buffers (consecutive steps overlap){% else %}one buffer{% endif %}
     float* sRC = reinterpret_cast<float*>(sdS + {% if ws %}2 * {% endif %}BN * SDS);  // two buffers of [NRC_ARR][BM]
 {% if ws %}    float* sdQ = sRC + 2 * NRC_ARR * BM;  // the step's dQ tile, [BM][DQS], for the producer's atomics
+{% endif %}{% if share %}    // The exchange of the shared scores: [BM / 2][128], a thread's column.
+    float* sX = {% if ws %}sdQ + BM * DQS{% else %}sRC + 2 * NRC_ARR * BM{% endif %};
 {% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
@@ -453,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     // stores dSᵀ, and in the first of the key block's groups (`key_owner`)
     // adds the custom-input gradients.
     const int jr = (warp % KEY_WARPS) * 16, slice = warp / KEY_WARPS;
-    const bool key_owner = slice == 0 && grp == 0;
+    const bool key_owner = slice == SCORE_SLICE && grp == 0;
     const int ck0 = slice * DQKW, cv0 = slice * DVW;
 
     for (int it = 0; it < iters; ++it) {
@@ -485,15 +491,24 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                            vb = smem_u32(sV) + (warp % KEY_WARPS / 4) * 64 * 128;
             const unsigned qb = smem_u32(sQc), ob = smem_u32(sdOc);
             wgmma_fence();
-#pragma unroll
+{% if share %}            // Shared scores: warpgroup 0 computes Sᵀ, warpgroup 1 dPᵀ.
+            if (slice == 0) {
+{% endif %}#pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_ss_n{{ bm }}(sacc, sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
                               sw128_desc(qb + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+{% if share %}                // (Defined on this path too, so that it is not live across steps.)
 #pragma unroll
+                for (int t = 0; t < BM / 8; ++t) pacc[t][0] = pacc[t][1] = pacc[t][2] = pacc[t][3] = 0.0f;
+            } else {
+#pragma unroll
+                for (int t = 0; t < BM / 8; ++t) sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
+{% endif %}#pragma unroll
             for (int kk = 0; kk < DV / 16; ++kk)
                 wgmma_ss_n{{ bm }}(pacc, sw128_desc(vb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
                               sw128_desc(ob + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
-            wgmma_commit();
+{% if share %}            }
+{% endif %}            wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bm }}(sacc);
             wgmma_fence_operands_n{{ bm }}(pacc);
@@ -502,7 +517,36 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         rows_times_rows<DQK, SQS>(sacc, sK + jr * SQS, sQc, lane);
         rows_times_rows<DV, SVS>(pacc, sV + jr * SVS, sdOc, lane);
 {% endif %}
-        // Pᵀ (into sacc) and the raw-score gradient dSᵀ (into pacc), element by
+{% if share %}        // Thread t of one warpgroup holds the same elements of Sᵀ and dPᵀ as
+        // thread t of the other: warpgroup 0 hands its Sᵀ over through sX,
+        // warpgroup 1 forms Pᵀ and dSᵀ (the custom-input gradients and the
+        // dSᵀ tile too) and hands their packed A fragments back.
+        // (One branch per warpgroup, each with its own barriers, so that the
+        // compiler sees the two paths apart.)
+        unsigned pa[BM / 16][4], da[BM / 16][4];
+        float* xs = sX + tid % 128;
+        if (slice == 0) {
+#pragma unroll
+            for (int t = 0; t < BM / 8; ++t)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) xs[(t * 4 + c) * 128] = sacc[t][c];
+            EXCHANGE_SYNC();
+            EXCHANGE_SYNC();
+            const unsigned* xu = reinterpret_cast<const unsigned*>(xs);
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    pa[kk][c] = xu[(kk * 8 + c) * 128];
+                    da[kk][c] = xu[(kk * 8 + 4 + c) * 128];
+                }
+        } else {
+            EXCHANGE_SYNC();
+#pragma unroll
+            for (int t = 0; t < BM / 8; ++t)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) sacc[t][c] = xs[(t * 4 + c) * 128];
+{% endif %}        // Pᵀ (into sacc) and the raw-score gradient dSᵀ (into pacc), element by
         // element. A block inside both lengths that the mask keeps whole needs
         // no per-score test: its own copy of the loop, without them (about 3%
         // on DeepSeek and DiffTransformer, bench/NOTES.md session 33 item 6),
@@ -520,15 +564,15 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}        const int gr_ = g;
 {% endif %}#pragma unroll
         for (int t = 0; t < BM / 8; ++t) {
-            if (slice != 0) break;
+            if (slice != SCORE_SLICE) break;
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
         }
 
 {% if wgmma %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A
         // operands; dO and Q are read N-major (queries are the K dimension).
-        unsigned pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
+{% if !share %}        unsigned pa[BM / 16][4], da[BM / 16][4];
+{% endif %}#pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             pa[kk][0] = pack2(sacc[2 * kk][0], sacc[2 * kk][1]);
             pa[kk][1] = pack2(sacc[2 * kk][2], sacc[2 * kk][3]);
@@ -539,7 +583,17 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             da[kk][2] = pack2(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
             da[kk][3] = pack2(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
         }
-        wgmma_fence();
+{% if share %}        unsigned* xu = reinterpret_cast<unsigned*>(xs);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                xu[(kk * 8 + c) * 128] = pa[kk][c];
+                xu[(kk * 8 + 4 + c) * 128] = da[kk][c];
+            }
+            EXCHANGE_SYNC();
+        }  // slice 1
+{% endif %}        wgmma_fence();
 {% if kv_split %}{{ kv_issue }}{% else %}#pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             wgmma_rs_n{{ dv }}(dv_acc, pa[kk], sw128_desc(smem_u32(sdOc) + kk * 16 * 128, BM * 128));
@@ -571,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 #pragma unroll
                 for (int c = 0; c < 4; c += 2) {
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
-                    if (r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                    if (BM >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
                 }
             }
 {% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
@@ -581,7 +635,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 for (int c = 0; c < 4; c += 2) {
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
                     float* dst = dqg + r * DQK + pnl * 64 + t * 8 + 2 * t4;
-                    if (r < BM && m0 + r < Sq) atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_part[t][c], dq_part[t][c + 1]));
+                    if ((BM >= 64 || r < BM) && m0 + r < Sq) atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq_part[t][c], dq_part[t][c + 1]));
                 }
             }
 {% endif %}        }

@@ -31,9 +31,11 @@ pub struct BackwardConfig {
     /// All five GEMMs on Hopper's `wgmma` (sm_90a only): K, V, Q, dO and dSᵀ
     /// in 128-byte-swizzled shared memory, `block_m` 64 on 8 warps. With
     /// `split_d` 1 each warpgroup owns 64 keys (Dqk, Dv of 64 or 128); with
-    /// `split_d` 2 both warpgroups take the same 64 keys, each recomputing Sᵀ
-    /// and dPᵀ and accumulating its share of the 64-column panels of dK and
-    /// dV ([`wgmma_split_dims_ok`]: head dims above 128).
+    /// `split_d` 2 both warpgroups take the same 64 keys, each accumulating
+    /// its share of the 64-column panels of dK and dV (Sᵀ and dPᵀ computed by
+    /// both, or shared: [`BackwardConfig::shared_scores`]); head dims above
+    /// 128 ([`wgmma_split_dims_ok`]), and with `block_m` 32 up to Dqk 256,
+    /// Dv 512 ([`BackwardConfig::kv_groups`]).
     pub wgmma: bool,
     /// With `wgmma` and `split_d` 2: blocks per key block (1 or more), each
     /// recomputing Sᵀ and dPᵀ and holding its `1 / kv_groups` share of the
@@ -41,6 +43,12 @@ pub struct BackwardConfig {
     /// [`MAX_SPLIT_DQK_PLUS_DV`] (RetNet's 256 + 512) in registers. 1
     /// everywhere else.
     pub kv_groups: u32,
+    /// With `wgmma` and `split_d` 2: warpgroup 0 computes Sᵀ and warpgroup 1
+    /// dPᵀ (instead of both computing both); Sᵀ goes to warpgroup 1 through
+    /// shared memory, which forms Pᵀ and dSᵀ and hands their packed
+    /// fragments back for the dK/dV GEMMs. Needs `256 · block_m` bytes of
+    /// shared memory more.
+    pub shared_scores: bool,
     /// With `wgmma`: a third warpgroup copies each step's Q, dO and row
     /// constants into a two-stage ring (mbarriers) ahead of the computing
     /// warpgroups and adds their dQ tiles, staged in shared memory, into
@@ -70,9 +78,13 @@ impl BackwardConfig {
     /// that fits.
     ///
     /// On sm_90a, head dims of 64 or 128 use `wgmma` (64 queries per step,
-    /// 128 keys per block on two warpgroups); larger multiples of 64 whose
-    /// dK and dV panels fit two warpgroups' registers (DeepSeek 192/128,
-    /// DiffTransformer 128/256) use it with both warpgroups on 64 keys;
+    /// 128 keys per block on two warpgroups); up to Dqk + Dv = 320 (DeepSeek
+    /// 192/128) the same on 32-query steps, where a warpgroup's dK and dV
+    /// fit its registers beside the smaller Sᵀ and dPᵀ (13% faster than both
+    /// warpgroups on 64 keys: half the dQ additions per query, bench/NOTES.md
+    /// session 40); larger multiples of 64 whose dK and dV panels fit two
+    /// warpgroups' registers (DiffTransformer 128/256) use it with both
+    /// warpgroups on 64 keys;
     /// larger ones (RetNet's 256/512) on 32 queries per step (the K, V, Q and
     /// dO tiles then fit the shared memory) in several blocks per key block
     /// ([`BackwardConfig::kv_groups`]).
@@ -80,6 +92,8 @@ impl BackwardConfig {
         if isa == Isa::Sm90a {
             let shape = if wgmma_backward_dims_ok(dqk, dv) {
                 Some((64, 1, 1))
+            } else if wgmma_own_keys_dims_ok(dqk, dv) {
+                Some((32, 1, 1))
             } else if wgmma_split_dims_ok(dqk, dv) {
                 Some((64, 2, 1))
             } else {
@@ -93,20 +107,26 @@ impl BackwardConfig {
                     elem,
                     wgmma: true,
                     kv_groups,
+                    shared_scores: split_d == 2,
                     warp_specialized: true,
                     tma_loads: true,
                 };
-                // (Room for four row constants: what a variant needs is known
-                // only when it is generated.)
-                return if cfg.smem_bytes(dqk, dv, 4) <= isa.max_dynamic_smem() {
-                    cfg
-                } else {
-                    BackwardConfig {
-                        warp_specialized: false,
-                        tma_loads: false,
-                        ..cfg
-                    }
+                // The first that fits, with room for four row constants (what a
+                // variant needs is known only when it is generated): the
+                // producer warpgroup before the shared scores.
+                let plain = BackwardConfig {
+                    warp_specialized: false,
+                    tma_loads: false,
+                    ..cfg
                 };
+                let unshared = |c: BackwardConfig| BackwardConfig {
+                    shared_scores: false,
+                    ..c
+                };
+                return [cfg, unshared(cfg), plain]
+                    .into_iter()
+                    .find(|c| c.smem_bytes(dqk, dv, 4) <= isa.max_dynamic_smem())
+                    .unwrap_or(unshared(plain));
             }
         }
         let preferred: &[(u32, u32, u32)] = if dqk <= 64 && dv <= 64 {
@@ -132,6 +152,7 @@ impl BackwardConfig {
             elem,
             wgmma: false,
             kv_groups: 1,
+            shared_scores: false,
             warp_specialized: false,
             tma_loads: false,
         }
@@ -168,9 +189,15 @@ impl BackwardConfig {
         } else {
             0
         };
+        // Sᵀ one way, the packed Pᵀ and dSᵀ back: BM / 2 words per thread.
+        let exchange = if self.shared_scores {
+            4 * (bm / 2) * 128
+        } else {
+            0
+        };
         // Swizzled tiles are aligned to 1024 bytes inside the allocation.
         let align_slack = if self.wgmma { 1024 } else { 0 };
-        elems * 2 + 4 * 2 * nrc.max(1) * bm + staged_dq + align_slack
+        elems * 2 + 4 * 2 * nrc.max(1) * bm + staged_dq + exchange + align_slack
     }
 }
 
@@ -356,6 +383,8 @@ struct BackwardTemplate<'a> {
     nkv: u32,
     /// Blocks per key block ([`BackwardConfig::kv_groups`]).
     kv_groups: u32,
+    /// One warpgroup computes Sᵀ, the other dPᵀ ([`BackwardConfig::shared_scores`]).
+    share: bool,
     kv_issue: String,
     post_elems: u32,
 }
@@ -405,6 +434,7 @@ fn generate_backward(
     let kv_panels = (dqk + dv) / 64;
     let dims_ok = match (cfg.split_d, cfg.block_m, cfg.kv_groups) {
         (1, 64, 1) => wgmma_backward_dims_ok(dqk, dv),
+        (1, 32, 1) => wgmma_own_keys_dims_ok(dqk, dv),
         // (Covers the one-block split kernel: wgmma_split_dims_ok's dims are
         // at most three panels per warpgroup.)
         (2, 32 | 64, groups @ 1..) => {
@@ -414,6 +444,11 @@ fn generate_backward(
         }
         _ => false,
     };
+    if cfg.shared_scores && !(cfg.wgmma && cfg.split_d == 2) {
+        return Err(CompileError(
+            "shared_scores needs the wgmma backward with both warpgroups on the same keys (wgmma: true, split_d 2)".into(),
+        ));
+    }
     if !cfg.wgmma && cfg.kv_groups != 1 {
         return Err(CompileError(format!(
             "kv_groups {} needs the wgmma backward (wgmma: true, split_d 2); the mma.sync kernel takes 1",
@@ -427,7 +462,7 @@ fn generate_backward(
     }
     if cfg.wgmma && !(dims_ok && cfg.warps == 8) {
         return Err(CompileError(format!(
-            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
+            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 32, split_d 1 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_OWN_KEYS_DQK_PLUS_DV}), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
             cfg.block_m, cfg.warps, cfg.split_d, cfg.kv_groups
         )));
     }
@@ -482,7 +517,8 @@ fn generate_backward(
             String::new()
         },
         if cfg.wgmma { "_wgmma" } else { "" }
-    ) + if cfg.warp_specialized { "_ws" } else { "" }
+    ) + if cfg.shared_scores { "_xs" } else { "" }
+        + if cfg.warp_specialized { "_ws" } else { "" }
         + if tma { "_tma" } else { "" }
         + if varlen { "_varlen" } else { "" };
     // (Custom-input gradients per score come only from the score closure.)
@@ -557,6 +593,7 @@ fn generate_backward(
         kv_panels,
         nkv,
         kv_groups: if kv_split { cfg.kv_groups } else { 1 },
+        share: cfg.shared_scores,
         kv_issue: if kv_split {
             kv_split_issue(dqk / 64, kv_panels, nkv, cfg.kv_groups)
         } else {
@@ -644,6 +681,21 @@ const POST_ELEMS: u32 = 8;
 /// dK and dV of 64 keys per warpgroup, which fits up to 128 columns each.
 pub fn wgmma_backward_dims_ok(dqk: u32, dv: u32) -> bool {
     matches!(dqk, 64 | 128) && matches!(dv, 64 | 128)
+}
+
+/// Dqk + Dv of the wgmma backward with a warpgroup per 64 keys on 32-query
+/// steps: dK and dV of its 64 keys, `(Dqk + Dv) / 2` registers, beside
+/// Sᵀ and dPᵀ of 32 queries (32). At 384 (DiffTransformer's 128/256) ptxas
+/// serialises the wgmma for want of registers.
+pub const MAX_OWN_KEYS_DQK_PLUS_DV: u32 = 5 * 64;
+
+/// Whether the `wgmma` backward with a warpgroup per 64 keys (`split_d` 1)
+/// takes these head dims on 32-query steps (`block_m` 32): multiples of 64
+/// up to 256 whose dK and dV fit a warpgroup's registers beside the step's
+/// scores ([`MAX_OWN_KEYS_DQK_PLUS_DV`]).
+pub fn wgmma_own_keys_dims_ok(dqk: u32, dv: u32) -> bool {
+    let dim_ok = |d: u32| d.is_multiple_of(64) && (64..=256).contains(&d);
+    dim_ok(dqk) && dim_ok(dv) && dqk + dv <= MAX_OWN_KEYS_DQK_PLUS_DV
 }
 
 /// Dqk + Dv of the split wgmma backward: each warpgroup holds
