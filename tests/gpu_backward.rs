@@ -222,6 +222,43 @@ fn check_backward_with(
     assert!(pass, "{test}: {}", report.join(", "));
 }
 
+/// Whether device 0 is an sm_90 GPU, which the wgmma backward needs; a skip
+/// line otherwise (and a panic without a GPU under `AEC_REQUIRE_GPU=1`).
+fn hopper(test: &str) -> bool {
+    let Some(dev) = device(test) else {
+        return false;
+    };
+    if dev.compute_capability().0 != 9 {
+        println!("{test}: SKIP (the wgmma backward needs sm_90a)");
+        return false;
+    }
+    true
+}
+
+/// [`check_backward_with`] with the backward's configuration chosen.
+fn check_backward_config(
+    test: &str,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+    custom_tol: f64,
+    cfg: BackwardConfig,
+) {
+    check_backward_with(
+        test,
+        name,
+        shape,
+        dims,
+        custom_range,
+        custom_tol,
+        &KernelOptions {
+            backward_config: Some(cfg),
+            ..KernelOptions::default()
+        },
+    );
+}
+
 #[test]
 fn gpu_backward_softmax() {
     check_backward(
@@ -413,11 +450,7 @@ fn gpu_backward_retnet_parallel_dv512() {
 #[test]
 fn gpu_backward_wgmma_without_producer() {
     let test = "gpu_backward_wgmma_without_producer";
-    let Some(dev) = device(test) else {
-        return;
-    };
-    if dev.compute_capability().0 != 9 {
-        println!("{test}: SKIP (the wgmma backward needs sm_90a)");
+    if !hopper(test) {
         return;
     }
     for (name, shape, dims) in [
@@ -437,17 +470,14 @@ fn gpu_backward_wgmma_without_producer() {
             ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
         };
         assert!(cfg.wgmma, "{name}: {cfg:?}");
-        check_backward_with(
+        check_backward_config(
             &format!("{test}_{name}"),
             name,
             shape,
             dims,
             (0.0, 1.0),
             2e-2,
-            &KernelOptions {
-                backward_config: Some(cfg),
-                ..KernelOptions::default()
-            },
+            cfg,
         );
     }
 }
@@ -463,11 +493,7 @@ fn gpu_backward_wgmma_without_producer() {
 #[test]
 fn gpu_backward_key_panels_in_several_blocks() {
     let test = "gpu_backward_key_panels_in_several_blocks";
-    let Some(dev) = device(test) else {
-        return;
-    };
-    if dev.compute_capability().0 != 9 {
-        println!("{test}: SKIP (the wgmma backward needs sm_90a)");
+    if !hopper(test) {
         return;
     }
     let retnet = HeadDims { dqk: 256, dv: 512 };
@@ -512,17 +538,14 @@ fn gpu_backward_key_panels_in_several_blocks() {
             ..default(dims)
         };
         assert!(cfg.wgmma, "{name}: {cfg:?}");
-        check_backward_with(
+        check_backward_config(
             &format!("{test}_{name}_{}x{}_g{kv_groups}", dims.dqk, dims.dv),
             name,
             shape,
             dims,
             range,
             6e-2,
-            &KernelOptions {
-                backward_config: Some(cfg),
-                ..KernelOptions::default()
-            },
+            cfg,
         );
     }
 }
@@ -535,11 +558,7 @@ fn gpu_backward_key_panels_in_several_blocks() {
 #[test]
 fn gpu_backward_own_keys_on_32_query_steps() {
     let test = "gpu_backward_own_keys_on_32_query_steps";
-    let Some(dev) = device(test) else {
-        return;
-    };
-    if dev.compute_capability().0 != 9 {
-        println!("{test}: SKIP (the wgmma backward needs sm_90a)");
+    if !hopper(test) {
         return;
     }
     let deepseek = HeadDims { dqk: 192, dv: 128 };
@@ -562,17 +581,14 @@ fn gpu_backward_own_keys_on_32_query_steps() {
             tma_loads: ws,
             ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
         };
-        check_backward_with(
+        check_backward_config(
             &format!("{test}_{name}_{}x{}_ws{ws}", dims.dqk, dims.dv),
             name,
             shape,
             dims,
             (0.0, 1.0),
             2e-2,
-            &KernelOptions {
-                backward_config: Some(cfg),
-                ..KernelOptions::default()
-            },
+            cfg,
         );
     }
 }

@@ -39,9 +39,10 @@ pub struct BackwardConfig {
     pub wgmma: bool,
     /// With `wgmma` and `split_d` 2: blocks per key block (1 or more), each
     /// recomputing Sᵀ and dPᵀ and holding its `1 / kv_groups` share of the
-    /// dK and dV panels and of dQ's — what keeps Dqk + Dv above
-    /// [`MAX_SPLIT_DQK_PLUS_DV`] (RetNet's 256 + 512) in registers. 1
-    /// everywhere else.
+    /// dK and dV panels and of dQ's — fewer panels per warpgroup at the
+    /// price of the recomputation ([`wgmma_grouped_groups`]: the defaults
+    /// take one; RetNet's 256/512 was slower in two or three). 1 everywhere
+    /// else.
     pub kv_groups: u32,
     /// With `wgmma` and `split_d` 2: warpgroup 0 computes Sᵀ and warpgroup 1
     /// dPᵀ (instead of both computing both); Sᵀ goes to warpgroup 1 through
@@ -84,10 +85,10 @@ impl BackwardConfig {
     /// warpgroups on 64 keys: half the dQ additions per query, bench/NOTES.md
     /// session 40); larger multiples of 64 whose dK and dV panels fit two
     /// warpgroups' registers (DiffTransformer 128/256) use it with both
-    /// warpgroups on 64 keys;
-    /// larger ones (RetNet's 256/512) on 32 queries per step (the K, V, Q and
-    /// dO tiles then fit the shared memory) in several blocks per key block
-    /// ([`BackwardConfig::kv_groups`]).
+    /// warpgroups on 64 keys; larger ones (RetNet's 256/512) the same on 32
+    /// queries per step (the K, V, Q and dO tiles then fit the shared
+    /// memory), up to six panels per warpgroup
+    /// ([`wgmma_grouped_groups`]).
     pub fn default_for(dqk: u32, dv: u32, elem: Elem, isa: Isa) -> BackwardConfig {
         if isa == Isa::Sm90a {
             let shape = if wgmma_backward_dims_ok(dqk, dv) {
@@ -438,7 +439,7 @@ fn generate_backward(
         // (Covers the one-block split kernel: wgmma_split_dims_ok's dims are
         // at most three panels per warpgroup.)
         (2, 32 | 64, groups @ 1..) => {
-            grouped_dims_ok(dqk, dv)
+            wgmma_grouped_dims_ok(dqk, dv)
                 && 2 * groups <= kv_panels
                 && kv_panels.div_ceil(2 * groups) <= MAX_PANELS_PER_WARPGROUP
         }
@@ -710,7 +711,7 @@ pub const MAX_PANELS_PER_WARPGROUP: u32 = 6;
 
 /// Head dims of the split kernel with several blocks per key block:
 /// multiples of 64, Dqk up to the backward's largest, Dv up to 512.
-fn grouped_dims_ok(dqk: u32, dv: u32) -> bool {
+pub fn wgmma_grouped_dims_ok(dqk: u32, dv: u32) -> bool {
     dqk.is_multiple_of(64)
         && dv.is_multiple_of(64)
         && (64..=MAX_DQK).contains(&dqk)
@@ -718,14 +719,14 @@ fn grouped_dims_ok(dqk: u32, dv: u32) -> bool {
 }
 
 /// The default blocks per key block for head dims beyond
-/// [`wgmma_split_dims_ok`] (`None` outside [`grouped_dims_ok`]): as few as
+/// [`wgmma_split_dims_ok`] (`None` outside [`wgmma_grouped_dims_ok`]): as few as
 /// hold the panels, at most [`MAX_PANELS_PER_WARPGROUP`] per warpgroup —
 /// one up to Dqk 256 with Dv 512. Each further block recomputes Sᵀ and dPᵀ:
 /// RetNet's 256/512 backward took 3.21 ms in one block (six panels per
 /// warpgroup), 4.70 in two and 6.35 in three on an H100 (bench/NOTES.md,
 /// session 40).
 pub fn wgmma_grouped_groups(dqk: u32, dv: u32) -> Option<u32> {
-    (grouped_dims_ok(dqk, dv) && !wgmma_split_dims_ok(dqk, dv))
+    (wgmma_grouped_dims_ok(dqk, dv) && !wgmma_split_dims_ok(dqk, dv))
         .then(|| ((dqk + dv) / 64).div_ceil(2 * MAX_PANELS_PER_WARPGROUP))
 }
 
