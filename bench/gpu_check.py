@@ -34,17 +34,26 @@ CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 def template_of(*metas):
     """Which template our kernels came from (their entry names say it):
-    `sm80` (mma.sync) or `sm90a-wgmma` (plus `-ws` for the warp-specialised
-    forward, `-dv/N` where Dv is split between N blocks); forward and
+    `sm80` (mma.sync) or `sm90a-wgmma` (plus `-ws` where warp-specialised,
+    `-dv/N` where Dv is split between N blocks; backward: `-m32` on 32-query
+    steps, `-shared-keys` with both warpgroups on 64 keys, `-gN` in N blocks
+    per key block, `-xs` with the scores shared between them); forward and
     backward joined with `+` where they differ."""
     names = []
     for m in metas:
         if not isinstance(m, dict):
             continue
         n = m.get("name") or next((l["name"] for l in m.get("launches", []) if l["name"].endswith("_main")), "")
-        t = "sm90a-wgmma-ws" if "_wgmma_ws" in n else "sm90a-wgmma" if "_wgmma" in n else "sm80"
-        if re.search(r"w\d+s2_wgmma", n):
+        t = "sm90a-wgmma-ws" if re.search(r"_wgmma(_xs)?_ws", n) else "sm90a-wgmma" if "_wgmma" in n else "sm80"
+        if re.search(r"_m32w\d+(s\d+)?(g\d+)?_wgmma", n):
+            t += "-m32"  # backward on 32-query steps
+        split_keys = re.search(r"w\d+s2(g\d+)?_wgmma", n)
+        if split_keys:
             t += "-shared-keys"  # backward: both warpgroups on 64 keys
+            if split_keys.group(1):
+                t += "-" + split_keys.group(1)
+        if "_wgmma_xs" in n:
+            t += "-xs"
         split = re.search(r"_v(\d+)$", n)
         if split:
             t += f"-dv/{split.group(1)}"  # Dv split between blocks
