@@ -40,7 +40,7 @@ pub struct BackwardConfig {
     /// With `wgmma` and `split_d` 2: blocks per key block (1 or more), each
     /// recomputing Sᵀ and dPᵀ and holding its `1 / kv_groups` share of the
     /// dK and dV panels and of dQ's — fewer panels per warpgroup at the
-    /// price of the recomputation ([`wgmma_grouped_groups`]: the defaults
+    /// price of the recomputation ([`wgmma_grouped_dims_ok`]: the defaults
     /// take one; RetNet's 256/512 was slower in two or three). 1 everywhere
     /// else.
     pub kv_groups: u32,
@@ -88,7 +88,7 @@ impl BackwardConfig {
     /// warpgroups on 64 keys; larger ones (RetNet's 256/512) the same on 32
     /// queries per step (the K, V, Q and dO tiles then fit the shared
     /// memory), up to six panels per warpgroup
-    /// ([`wgmma_grouped_groups`]).
+    /// ([`wgmma_grouped_dims_ok`]).
     pub fn default_for(dqk: u32, dv: u32, elem: Elem, isa: Isa) -> BackwardConfig {
         if isa == Isa::Sm90a {
             let shape = if wgmma_backward_dims_ok(dqk, dv) {
@@ -97,8 +97,10 @@ impl BackwardConfig {
                 Some((32, 1, 1))
             } else if wgmma_split_dims_ok(dqk, dv) {
                 Some((64, 2, 1))
+            } else if wgmma_grouped_dims_ok(dqk, dv) {
+                Some((32, 2, 1))
             } else {
-                wgmma_grouped_groups(dqk, dv).map(|groups| (32, 2, groups))
+                None
             };
             if let Some((block_m, split_d, kv_groups)) = shape {
                 let cfg = BackwardConfig {
@@ -593,7 +595,8 @@ fn generate_backward(
         tma,
         kv_panels,
         nkv,
-        kv_groups: if kv_split { cfg.kv_groups } else { 1 },
+        // (1 unless split: refused above otherwise.)
+        kv_groups: cfg.kv_groups,
         share: cfg.shared_scores,
         kv_issue: if kv_split {
             kv_split_issue(dqk / 64, kv_panels, nkv, cfg.kv_groups)
@@ -706,28 +709,21 @@ pub const MAX_SPLIT_DQK_PLUS_DV: u32 = 6 * 64;
 
 /// 64-column dK/dV accumulator panels a warpgroup of the split kernel may
 /// hold: six fill the 255 registers of a thread without the producer
-/// warpgroup; the defaults take three.
+/// warpgroup (RetNet's 256/512 on 32-query steps); on 64-query steps three
+/// ([`MAX_SPLIT_DQK_PLUS_DV`]).
 pub const MAX_PANELS_PER_WARPGROUP: u32 = 6;
 
-/// Head dims of the split kernel with several blocks per key block:
-/// multiples of 64, Dqk up to the backward's largest, Dv up to 512.
+/// Head dims of the split kernel on 32-query steps: multiples of 64, Dqk up
+/// to the backward's largest, Dv up to 512 — at most twelve panels, so one
+/// block per key block holds them (six per warpgroup). The default takes
+/// one: each further block ([`BackwardConfig::kv_groups`]) recomputes Sᵀ
+/// and dPᵀ, and RetNet's 256/512 backward took 3.21 ms in one block, 4.70
+/// in two and 6.35 in three on an H100 (bench/NOTES.md, session 40).
 pub fn wgmma_grouped_dims_ok(dqk: u32, dv: u32) -> bool {
     dqk.is_multiple_of(64)
         && dv.is_multiple_of(64)
         && (64..=MAX_DQK).contains(&dqk)
         && (64..=512).contains(&dv)
-}
-
-/// The default blocks per key block for head dims beyond
-/// [`wgmma_split_dims_ok`] (`None` outside [`wgmma_grouped_dims_ok`]): as few as
-/// hold the panels, at most [`MAX_PANELS_PER_WARPGROUP`] per warpgroup —
-/// one up to Dqk 256 with Dv 512. Each further block recomputes Sᵀ and dPᵀ:
-/// RetNet's 256/512 backward took 3.21 ms in one block (six panels per
-/// warpgroup), 4.70 in two and 6.35 in three on an H100 (bench/NOTES.md,
-/// session 40).
-pub fn wgmma_grouped_groups(dqk: u32, dv: u32) -> Option<u32> {
-    (wgmma_grouped_dims_ok(dqk, dv) && !wgmma_split_dims_ok(dqk, dv))
-        .then(|| ((dqk + dv) / 64).div_ceil(2 * MAX_PANELS_PER_WARPGROUP))
 }
 
 /// Whether the `wgmma` backward with both warpgroups on the same 64 keys
