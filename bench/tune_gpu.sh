@@ -7,6 +7,9 @@
 #   cargo build --release && mkdir -p target/gpu-bin && cp target/release/aec target/gpu-bin/
 # and carried: target/gpu-bin. TOP (default 8) plans are profiled besides
 # the default; ONLY (a substring of the workload id) narrows the run.
+# BACKWARD=1 tunes the backward instead (`aec tune --backward`: its tile
+# space in order, no cost model) of the workloads that have one (not the
+# decoding ones), into tune-backward-all.json.
 set -u
 OUT=${OUT:-/tmp/aec-out}
 mkdir -p "$OUT"
@@ -16,12 +19,15 @@ AEC=target/gpu-bin/aec
 sed 's/modify_q = |q| q \* rsqrt(Dqk);/modify_q = |q| q * rsqrt(Dqk);\n        mask = |b, h, i, j| i >= j;/' \
   examples/softmax_gqa.rs >/tmp/softmax_gqa_causal.rs
 status=0
+KIND=() ALL=tune-all.json
+if [ "${BACKWARD:-0}" = 1 ]; then KIND=(--backward); ALL=tune-backward-all.json; fi
 while read -r id file dims shape; do
   case "$id" in "#"*|"") continue ;; esac
   if [ -n "${ONLY:-}" ] && [[ "$id" != *"$ONLY"* ]]; then continue; fi
+  if [ "${BACKWARD:-0}" = 1 ] && [[ "$id" == decode-* ]]; then continue; fi
   echo "== $id"
   start=$(date +%s%N)
-  timeout 300 "$AEC" tune "$file" --head-dims "$dims" --shape "$shape" --top "${TOP:-8}" \
+  timeout 300 "$AEC" tune "$file" "${KIND[@]}" --head-dims "$dims" --shape "$shape" --top "${TOP:-8}" \
     --json "$OUT/tune-$id.json" 2>"$OUT/tune-$id.err" || { status=1; tail -5 "$OUT/tune-$id.err"; }
   echo "wall $(( ($(date +%s%N) - start) / 1000000 )) ms"
 done <<'LIST'
@@ -39,15 +45,17 @@ decode-deepseek-b64-h16-kv4096-d192-v128 examples/decode.rs 192x128 64,16,16,1,4
 decode-gqa-b64-h32-kv8-kv4096-d128 examples/decode.rs 128 64,32,8,1,4096
 LIST
 # One file for all workloads (the device returns few files).
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$ALL" <<'PY'
 import glob, json, os, sys
-out = sys.argv[1]
+out, name = sys.argv[1], sys.argv[2]
 rows = []
 for f in sorted(glob.glob(os.path.join(out, "tune-*.json"))):
+    if os.path.basename(f).startswith(("tune-all", "tune-backward")):
+        continue  # merged files of earlier runs
     wid = os.path.basename(f)[len("tune-"):-len(".json")]
     rows.append({"workload": wid, **json.load(open(f))})
     os.remove(f)
-json.dump({"tuned": rows}, open(os.path.join(out, "tune-all.json"), "w"), indent=1)
+json.dump({"tuned": rows}, open(os.path.join(out, name), "w"), indent=1)
 for f in glob.glob(os.path.join(out, "tune-*.err")):
     if os.path.getsize(f) == 0:
         os.remove(f)

@@ -2,12 +2,12 @@
 //! configuration (bucketing, key, hash lookup, decoding the configuration)
 //! in a cache of 2,000 entries. `cargo bench --bench dispatch_lookup`.
 
-use aec::compiler::Elem;
+use aec::compiler::{Elem, ForwardConfig};
 use aec::frontend::parse_file;
 use aec::run::{HeadDims, Shape};
 use aec::runtime::{ShapeBucket, TunedEntry, TuningCache};
 use aec::tune::KeyParts;
-use aec::tune::dispatch::ForwardDispatch;
+use aec::tune::dispatch::KernelDispatch;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -22,7 +22,7 @@ fn main() {
         toolkit: "nvrtc 13.0",
     };
     let dims = HeadDims::square(128);
-    let d = ForwardDispatch::new(&v, dims, Elem::Bf16, &parts);
+    let d = KernelDispatch::forward(&v, dims, Elem::Bf16, &parts);
     let config = aec::compiler::ForwardConfig::default_for(
         &v,
         128,
@@ -64,7 +64,7 @@ fn main() {
     let mut hits = 0;
     let start = Instant::now();
     for i in 0..n {
-        if black_box(d.lookup(&cache, shapes[i % shapes.len()])).is_some() {
+        if black_box(d.lookup::<ForwardConfig>(&cache, shapes[i % shapes.len()])).is_some() {
             hits += 1;
         }
     }

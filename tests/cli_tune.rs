@@ -1,6 +1,6 @@
 //! `aec tune` without a GPU: the model's ranking for a named device (AMD
-//! included), clear errors for bad shapes, recurrent variants and a missing
-//! GPU.
+//! included), clear errors for bad shapes, recurrent variants, a backward
+//! asked of the cost model and a missing GPU.
 
 use std::process::Command;
 
@@ -75,6 +75,21 @@ fn bad_input_is_refused_with_the_problem_named() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("recurrent variant"), "{err}");
+    // The backward has no cost model to rank with.
+    let (code, _, err) = aec(&[
+        "tune",
+        "examples/softmax.rs",
+        "--backward",
+        "--shape",
+        "4,8,8,1000,1000",
+        "--target",
+        "h100",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--backward") && err.contains("no cost model"),
+        "{err}"
+    );
     let (code, _, err) = aec(&["tune", "examples/nope.rs", "--shape", "1,8,8,256,256"]);
     assert_eq!(code, 2);
     assert!(err.contains("examples/nope.rs"), "{err}");
@@ -89,6 +104,18 @@ fn without_a_gpu_tuning_says_so() {
     assert_eq!(code, 2);
     assert!(
         err.contains("no CUDA GPU found") && err.contains("--target"),
+        "{err}"
+    );
+    let (code, _, err) = aec(&[
+        "tune",
+        "examples/softmax.rs",
+        "--backward",
+        "--shape",
+        "4,8,8,1000,1000",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no CUDA GPU found") && err.contains("backward"),
         "{err}"
     );
 }

@@ -659,3 +659,61 @@ fn gpu_backward_decode() {
         (0.0, 1.0),
     );
 }
+
+/// `aec tune --backward`'s path: the tuner profiles the default and the
+/// first plans of the backward's space on the GPU (each checked against the
+/// default's gradients), keeps the fastest, and the plan it keeps matches
+/// the reference interpreter.
+#[test]
+fn gpu_backward_tuning_keeps_a_plan_that_matches_the_reference() {
+    use aec::compiler::schedule::DeviceConfig;
+    use aec::tune::dispatch::DeviceKeyParts;
+    use aec::tune::gpu::BackwardGpuProfiler;
+    use aec::tune::{TuneOptions, backward_key, entry_config, tune_backward, variant_hash};
+    let test = "gpu_backward_tuning_keeps_a_plan_that_matches_the_reference";
+    if !hopper(test) {
+        return;
+    }
+    let dev = device(test).expect("hopper() opened it");
+    let v = example("softmax_causal");
+    let (dims, shape) = (HeadDims::square(128), Shape::mha(2, 3, 333, 333));
+    let model = DeviceConfig::detect(dev.name(), dev.compute_capability(), dev.sm_count());
+    let parts = DeviceKeyParts::of(&dev);
+    let key = backward_key(
+        &v,
+        &variant_hash(&v),
+        dims,
+        shape,
+        Elem::Bf16,
+        &parts.parts(),
+    );
+    let options = TuneOptions {
+        top: 4,
+        warmup: 1,
+        reps: 3,
+    };
+    let mut profiler =
+        BackwardGpuProfiler::<bf16>::new(&v, &dev, dims, shape, options.clone(), Vec::new())
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let r = tune_backward(
+        &v,
+        &model,
+        dims,
+        shape,
+        Elem::Bf16,
+        key,
+        &options,
+        &mut profiler,
+        &mut |_| {},
+    )
+    .unwrap_or_else(|e| panic!("{test}: {e}"));
+    for p in &r.profiled {
+        println!("{test}: {} {:?}", p.label, p.measured);
+    }
+    assert_eq!(r.profiled.len(), 5, "the default and four more");
+    let measured = r.profiled.iter().filter(|p| p.measured.is_ok()).count();
+    assert!(measured >= 4, "{measured} of 5 plans measured");
+    assert!(r.entry.best_us <= r.entry.default_us);
+    let best: BackwardConfig = entry_config(&r.entry).expect("a backward configuration");
+    check_backward_config(test, "softmax_causal", shape, dims, (0.0, 1.0), 2e-2, best);
+}

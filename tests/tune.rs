@@ -2,17 +2,18 @@
 //! the default is always measured first and wins ties, the fastest plan is
 //! chosen, failures are recorded with their reason, a failing default is an
 //! error, and the stored result is found again for every shape of its
-//! bucket and only there.
+//! bucket and only there; the same for the backward, whose entries the
+//! forward's dispatch never reads.
 
 use aec::compiler::schedule::DeviceConfig;
-use aec::compiler::{Elem, ForwardConfig, Isa};
+use aec::compiler::{BackwardConfig, Elem, ForwardConfig, Isa};
 use aec::frontend::{Variant, parse_file};
 use aec::run::{HeadDims, Shape};
 use aec::runtime::TuningCache;
-use aec::tune::dispatch::ForwardDispatch;
+use aec::tune::dispatch::KernelDispatch;
 use aec::tune::{
-    KeyParts, Profiler, TuneOptions, TuneProgress, entry_config, forward_key, tune_forward,
-    variant_hash,
+    KeyParts, PARALLEL_BACKWARD, Profiler, TuneOptions, TuneProgress, backward_key, entry_config,
+    forward_key, tune_backward, tune_forward, variant_hash,
 };
 
 fn example(name: &str) -> Variant {
@@ -165,29 +166,182 @@ fn dispatch_finds_the_tuned_plan_for_its_bucket_only() {
     let tuned = entry_config(&r.entry).unwrap();
     cache.record(vec![r.entry]).unwrap();
     let (cache, _) = TuningCache::open(dir.path().join("tuning.json"));
-    let d = ForwardDispatch::new(&v, HeadDims::square(128), Elem::Bf16, &PARTS);
+    let d = KernelDispatch::forward(&v, HeadDims::square(128), Elem::Bf16, &PARTS);
     // 450 and 500 share the bucket 512.
     for s in [450, 500, 512] {
-        let (_, c) = d.lookup(&cache, Shape::mha(4, 16, s, s)).expect("tuned");
+        let (_, c) = d
+            .lookup::<ForwardConfig>(&cache, Shape::mha(4, 16, s, s))
+            .expect("tuned");
         assert_eq!(c, tuned);
     }
     // Another bucket, batch, dtype or GPU: nothing.
-    assert!(d.lookup(&cache, Shape::mha(4, 16, 513, 513)).is_none());
-    assert!(d.lookup(&cache, Shape::mha(8, 16, 450, 450)).is_none());
-    let f16 = ForwardDispatch::new(&v, HeadDims::square(128), Elem::F16, &PARTS);
-    assert!(f16.lookup(&cache, Shape::mha(4, 16, 450, 450)).is_none());
+    assert!(
+        d.lookup::<ForwardConfig>(&cache, Shape::mha(4, 16, 513, 513))
+            .is_none()
+    );
+    assert!(
+        d.lookup::<ForwardConfig>(&cache, Shape::mha(8, 16, 450, 450))
+            .is_none()
+    );
+    let f16 = KernelDispatch::forward(&v, HeadDims::square(128), Elem::F16, &PARTS);
+    assert!(
+        f16.lookup::<ForwardConfig>(&cache, Shape::mha(4, 16, 450, 450))
+            .is_none()
+    );
     let h200 = KeyParts {
         gpu: "NVIDIA H200",
         ..PARTS
     };
-    let other = ForwardDispatch::new(&v, HeadDims::square(128), Elem::Bf16, &h200);
-    assert!(other.lookup(&cache, Shape::mha(4, 16, 450, 450)).is_none());
+    let other = KernelDispatch::forward(&v, HeadDims::square(128), Elem::Bf16, &h200);
+    assert!(
+        other
+            .lookup::<ForwardConfig>(&cache, Shape::mha(4, 16, 450, 450))
+            .is_none()
+    );
     // Another variant (a different definition) does not share results.
-    let causal = ForwardDispatch::new(
+    let causal = KernelDispatch::forward(
         &example("softmax_causal"),
         HeadDims::square(128),
         Elem::Bf16,
         &PARTS,
     );
-    assert!(causal.lookup(&cache, Shape::mha(4, 16, 450, 450)).is_none());
+    assert!(
+        causal
+            .lookup::<ForwardConfig>(&cache, Shape::mha(4, 16, 450, 450))
+            .is_none()
+    );
+}
+
+/// Times backward plans from a rule; records what it was asked.
+struct FakeBackwardProfiler<F: Fn(&BackwardConfig) -> Result<f64, String>> {
+    time: F,
+    measured: Vec<BackwardConfig>,
+}
+
+impl<F: Fn(&BackwardConfig) -> Result<f64, String>> Profiler<BackwardConfig>
+    for FakeBackwardProfiler<F>
+{
+    fn prepare(&mut self, plans: &[BackwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
+        progress(TuneProgress::Compiled {
+            done: plans.len(),
+            total: plans.len(),
+        });
+    }
+    fn measure(&mut self, plan: &BackwardConfig) -> Result<f64, String> {
+        self.measured.push(*plan);
+        (self.time)(plan)
+    }
+}
+
+#[test]
+fn the_backward_space_holds_the_default_and_says_why_it_refuses_a_tile() {
+    let v = example("deepseek");
+    let (dqk, dv) = (192, 128);
+    let space = BackwardConfig::space(dqk, dv, Elem::Bf16, Isa::Sm90a);
+    let default = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+    assert!(space.contains(&default), "{default:?} not in the space");
+    let mut taken = 0;
+    for c in &space {
+        match aec::compiler::parallel_backward(&v, dqk, dv, c) {
+            Ok(src) => {
+                taken += 1;
+                assert!(
+                    src.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem(),
+                    "{}: {} bytes",
+                    c.label(),
+                    src.main.smem_bytes
+                );
+            }
+            Err(e) => assert!(!e.to_string().is_empty(), "{}", c.label()),
+        }
+    }
+    // DeepSeek's dims: the own-keys and split forms (with and without the
+    // producer and shared scores) and mma.sync tiles, but not 64 queries per
+    // step on a warpgroup's own keys (dK and dV of 64 keys exceed 128 columns).
+    assert!(taken >= 6, "only {taken} of {} generate", space.len());
+    let own64 = space
+        .iter()
+        .find(|c| c.wgmma && c.block_m == 64 && c.split_d == 1)
+        .unwrap();
+    let e = aec::compiler::parallel_backward(&v, dqk, dv, own64).unwrap_err();
+    assert!(e.to_string().contains("the wgmma backward takes"), "{e}");
+    // Without sm_90a the space is the mma.sync tiles only.
+    assert!(
+        BackwardConfig::space(dqk, dv, Elem::Bf16, Isa::Sm80)
+            .iter()
+            .all(|c| !c.wgmma)
+    );
+}
+
+#[test]
+fn backward_tuning_takes_the_fastest_plan_and_dispatch_finds_it_apart_from_the_forward() {
+    let v = example("softmax");
+    let h100 = DeviceConfig::named("h100").unwrap();
+    let dims = HeadDims::square(128);
+    let shape = Shape::mha(4, 16, 450, 450);
+    let key = backward_key(&v, &variant_hash(&v), dims, shape, Elem::Bf16, &PARTS);
+    assert_eq!(key.kernel, PARALLEL_BACKWARD);
+    let default = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    // The mma.sync tiles fail; the split wgmma form with shared scores is
+    // fastest; the rest 100 µs (the default ties and keeps its place).
+    let mut p = FakeBackwardProfiler {
+        time: |c: &BackwardConfig| {
+            if !c.wgmma {
+                Err("launch failed".to_string())
+            } else if c.split_d == 2 && c.shared_scores && c.warp_specialized && c.kv_groups == 1 {
+                Ok(if c.block_m == 64 { 70.0 } else { 90.0 })
+            } else {
+                Ok(100.0)
+            }
+        },
+        measured: vec![],
+    };
+    let options = TuneOptions {
+        top: 64,
+        ..TuneOptions::default()
+    };
+    let r = tune_backward(
+        &v,
+        &h100,
+        dims,
+        shape,
+        Elem::Bf16,
+        key,
+        &options,
+        &mut p,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(p.measured[0], default, "the default is measured first");
+    assert_eq!(p.measured.iter().filter(|c| **c == default).count(), 1);
+    let best: BackwardConfig = entry_config(&r.entry).expect("a backward config");
+    assert_eq!(
+        (best.block_m, best.split_d, best.shared_scores),
+        (64, 2, true)
+    );
+    assert_eq!(r.entry.config_label, best.label());
+    assert_eq!((r.entry.best_us, r.entry.default_us), (70.0, 100.0));
+    // Every mma.sync tile that generated was measured and is a rejection.
+    let failed = r.profiled.iter().filter(|p| p.measured.is_err()).count();
+    assert!(failed > 0);
+    assert_eq!(r.entry.rejected.len(), r.space_rejected.len() + failed);
+    // With `top` above the space, every plan that generates is measured
+    // once (the default among them).
+    assert_eq!(r.space_size, p.measured.len());
+
+    // Stored, the backward's entry is found by the backward's dispatch for
+    // its bucket only, and never by the forward's.
+    let mut cache = TuningCache::in_memory();
+    cache.record(vec![r.entry.clone()]).unwrap();
+    let bwd = KernelDispatch::backward(&v, dims, Elem::Bf16, &PARTS);
+    let (_, c) = bwd
+        .lookup::<BackwardConfig>(&cache, Shape::mha(4, 16, 300, 300))
+        .expect("tuned");
+    assert_eq!(c, best);
+    assert!(
+        bwd.lookup::<BackwardConfig>(&cache, Shape::mha(4, 16, 600, 600))
+            .is_none()
+    );
+    let fwd = KernelDispatch::forward(&v, dims, Elem::Bf16, &PARTS);
+    assert!(fwd.lookup::<ForwardConfig>(&cache, shape).is_none());
 }

@@ -2,19 +2,22 @@
 //! parallel forward for each shape on the GPU present (model ranking,
 //! parallel compilation, profiling of the top plans and the default) and
 //! stores the winners in the tuning cache, which `ParallelKernels::
-//! compile_for_shape` reads. With `--target <device>` it only ranks the
-//! plans with the cost model, which needs no GPU (AMD targets included).
+//! compile_for_shape` reads. With `--backward` it tunes the backward's tile
+//! the same way over its space (no cost model: the space's order). With
+//! `--target <device>` it only ranks the forward's plans with the cost
+//! model, which needs no GPU (AMD targets included).
 
 use super::EXIT_INPUT;
 use super::compile::Target;
+use aec::compiler::BackwardConfig;
 use aec::compiler::schedule::{DeviceConfig, rank_forward};
 use aec::frontend::{Invocation, Variant};
 use aec::run::{HeadDims, KernelElement, Shape};
 use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
-use aec::tune::gpu::GpuProfiler;
+use aec::tune::gpu::{BackwardGpuProfiler, GpuProfiler};
 use aec::tune::{
-    TuneOptions, TuneProgress, TuneReport, dispatch, forward_key, problem_of, tune_forward,
-    variant_hash,
+    TuneOptions, TuneProgress, TuneReport, backward_key, dispatch, forward_key, problem_of,
+    tune_backward, tune_forward, variant_hash,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -47,8 +50,11 @@ pub struct TuneArgs {
     /// The CUDA device to tune on.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Tune the backward (its main kernel's tile) instead of the forward.
+    #[arg(long)]
+    pub backward: bool,
     /// Plans from the top of the model's ranking to profile, besides the
-    /// default.
+    /// default (for the backward: the first in its space's order).
     #[arg(long, default_value_t = 8)]
     pub top: usize,
     /// Timed runs per plan (the median is kept).
@@ -146,13 +152,21 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
             .map_err(|e| format!("--shape {shape}: {e}"))?;
     }
     if let Some(target) = args.target {
+        if args.backward {
+            return Err(
+                "--backward with --target: the backward has no cost model, so its plans are only measured; tune it on a GPU (without --target)"
+                    .into(),
+            );
+        }
         return rank_only(args, &variant, dims, elem, target);
     }
     if !aec::runtime::driver_present() || Device::count().unwrap_or(0) == 0 {
-        return Err(
+        return Err(if args.backward {
+            "no CUDA GPU found: the backward is tuned by measuring its plans on a GPU".into()
+        } else {
             "no CUDA GPU found: tuning measures plans on a GPU; pass --target <device> to rank them with the cost model only"
-                .into(),
-        );
+                .into()
+        });
     }
     let device = Device::open(args.device).map_err(|e| e.to_string())?;
     let config = DeviceConfig::detect(
@@ -165,7 +179,8 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
     let hash = variant_hash(&variant);
     let mut cache = open_cache(args)?;
     eprintln!(
-        "tuning the forward of `{}` ({}x{}, {}) on {} ({}, model entry `{}`)",
+        "tuning the {} of `{}` ({}x{}, {}) on {} ({}, model entry `{}`)",
+        if args.backward { "backward" } else { "forward" },
         variant.name,
         dims.dqk,
         dims.dv,
@@ -179,9 +194,56 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         reps: args.reps,
         ..TuneOptions::default()
     };
+    let doc = if args.backward {
+        let tune_with = match elem {
+            aec::compiler::Elem::Bf16 => tune_backward_on::<bf16>,
+            aec::compiler::Elem::F16 => tune_backward_on::<f16>,
+        };
+        tune_shapes(args, &mut cache, |shape, progress| {
+            let key = backward_key(&variant, &hash, dims, shape, elem, &parts);
+            tune_with(
+                &variant, &device, &config, dims, shape, key, &options, progress,
+            )
+        })?
+    } else {
+        let tune_with = match elem {
+            aec::compiler::Elem::Bf16 => tune_on::<bf16>,
+            aec::compiler::Elem::F16 => tune_on::<f16>,
+        };
+        tune_shapes(args, &mut cache, |shape, progress| {
+            let key = forward_key(&variant, &hash, dims, shape, elem, &parts);
+            tune_with(
+                &variant, &device, &config, dims, shape, key, &options, progress,
+            )
+        })?
+    };
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "variant": variant.name, "kernel": if args.backward { "backward" } else { "forward" },
+            "dqk": dims.dqk, "dv": dims.dv, "dtype": elem.name(),
+            "gpu": key_parts.gpu, "target": key_parts.target,
+            "driver": key_parts.driver, "toolkit": key_parts.toolkit,
+            "shapes": doc,
+        });
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&doc).expect("json") + "\n",
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Tunes each of `args.shapes` with `tune_one` behind a progress bar,
+/// prints and (unless `--no-save`) stores each result; returns the
+/// reports as JSON rows.
+fn tune_shapes<C>(
+    args: &TuneArgs,
+    cache: &mut TuningCache,
+    mut tune_one: impl FnMut(Shape, &mut dyn FnMut(TuneProgress)) -> Result<TuneReport<C>, String>,
+) -> Result<Vec<serde_json::Value>, String> {
     let mut reports = Vec::new();
     for &shape in &args.shapes {
-        let key = forward_key(&variant, &hash, dims, shape, elem, &parts);
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} (ETA {eta})")
@@ -212,20 +274,7 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
                 });
             }
         };
-        let tune_with = match elem {
-            aec::compiler::Elem::Bf16 => tune_on::<bf16>,
-            aec::compiler::Elem::F16 => tune_on::<f16>,
-        };
-        let report = tune_with(
-            &variant,
-            &device,
-            &config,
-            dims,
-            shape,
-            key,
-            &options,
-            &mut progress,
-        )?;
+        let report = tune_one(shape, &mut progress)?;
         bar.finish_and_clear();
         print_report(shape, &report);
         if !args.no_save {
@@ -242,23 +291,9 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
                 "no tuning cache location (set AEC_TUNING_CACHE or HOME): results not stored"
             ),
         }
-        print_portability(&cache, &reports);
+        print_portability(cache, &reports);
     }
-    if let Some(path) = &args.json {
-        let rows: Vec<_> = reports.iter().map(|(s, r)| report_json(*s, r)).collect();
-        let doc = json!({
-            "variant": variant.name, "dqk": dims.dqk, "dv": dims.dv, "dtype": elem.name(),
-            "gpu": key_parts.gpu, "target": key_parts.target,
-            "driver": key_parts.driver, "toolkit": key_parts.toolkit,
-            "shapes": rows,
-        });
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&doc).expect("json") + "\n",
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    Ok(())
+    Ok(reports.iter().map(|(s, r)| report_json(*s, r)).collect())
 }
 
 /// Tunes one shape with operands of type `T` on `device`.
@@ -288,6 +323,33 @@ fn tune_on<T: KernelElement>(
     )
 }
 
+/// Tunes the backward of one shape with operands of type `T` on `device`.
+#[allow(clippy::too_many_arguments)]
+fn tune_backward_on<T: KernelElement>(
+    variant: &Variant,
+    device: &Device,
+    config: &DeviceConfig,
+    dims: HeadDims,
+    shape: Shape,
+    key: aec::runtime::TuningKey,
+    options: &TuneOptions,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport<BackwardConfig>, String> {
+    let mut profiler =
+        BackwardGpuProfiler::<T>::new(variant, device, dims, shape, options.clone(), Vec::new())?;
+    tune_backward(
+        variant,
+        config,
+        dims,
+        shape,
+        T::ELEM,
+        key,
+        options,
+        &mut profiler,
+        progress,
+    )
+}
+
 fn open_cache(args: &TuneArgs) -> Result<TuningCache, String> {
     let path = args.file_cache.clone().or_else(TuningCache::default_path);
     Ok(match path {
@@ -302,7 +364,7 @@ fn open_cache(args: &TuneArgs) -> Result<TuningCache, String> {
     })
 }
 
-fn print_report(shape: Shape, r: &TuneReport) {
+fn print_report<C>(shape: Shape, r: &TuneReport<C>) {
     let e = &r.entry;
     println!(
         "{shape}: best {} at {:.1} µs ({:.0} TFLOP/s), default {:.1} µs: {:.3}x; tuning impact (median / best) {:.3}; {} plans fit, {} profiled, {} rejected; {:.1} s",
@@ -344,7 +406,7 @@ fn print_report(shape: Shape, r: &TuneReport) {
     }
 }
 
-fn report_json(shape: Shape, r: &TuneReport) -> serde_json::Value {
+fn report_json<C>(shape: Shape, r: &TuneReport<C>) -> serde_json::Value {
     let e = &r.entry;
     json!({
         "shape": [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
@@ -363,7 +425,7 @@ fn report_json(shape: Shape, r: &TuneReport) -> serde_json::Value {
 
 /// Φ over the GPUs in the cache for each tuned problem (same variant,
 /// kernel, dtype, dims, shape) that more than one GPU has results for.
-fn print_portability(cache: &TuningCache, reports: &[(Shape, TuneReport)]) {
+fn print_portability<C>(cache: &TuningCache, reports: &[(Shape, TuneReport<C>)]) {
     for (_, r) in reports {
         let k = &r.entry.key;
         let mut by_gpu: BTreeMap<&str, f64> = BTreeMap::new();

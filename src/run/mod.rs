@@ -687,9 +687,11 @@ impl ParallelKernels {
         })
     }
 
-    /// [`compile`](Self::compile) for calls of `shape`'s bucket: when
-    /// `options` names no configuration, the one `aec tune` stored in the
-    /// tuning cache for this variant, GPU, toolchain and shape bucket, else
+    /// [`compile`](Self::compile) for calls of `shape`'s bucket: where
+    /// `options` names no configuration of the forward (`config`) or of the
+    /// backward (`backward_config`), the one `aec tune` (`--backward` for
+    /// the backward's) stored in the tuning cache for this variant, GPU,
+    /// toolchain and shape bucket, else
     /// the default for the shape (decoding with 64 or more query rows per
     /// KV head gets 64-row blocks, [`ForwardConfig::for_packed_rows`]; a
     /// long context over few blocks fatter ones,
@@ -703,15 +705,20 @@ impl ParallelKernels {
         options: &KernelOptions,
     ) -> Result<ParallelKernels, Error> {
         let mut options = options.clone();
-        if options.config.is_none() {
-            use crate::tune::dispatch;
+        if options.config.is_none() || options.backward_config.is_none() {
+            use crate::tune::dispatch::{self, KernelDispatch};
             let parts = dispatch::DeviceKeyParts::of(device);
-            let plan = dispatch::ForwardDispatch::new(variant, dims, options.elem, &parts.parts());
+            let parts = parts.parts();
             let cache = dispatch::process_cache()
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some((_, config)) = plan.lookup(&cache, shape) {
-                options.config = Some(config);
+            if options.config.is_none() {
+                let plan = KernelDispatch::forward(variant, dims, options.elem, &parts);
+                options.config = plan.lookup(&cache, shape).map(|(_, c)| c);
+            }
+            if options.backward_config.is_none() {
+                let plan = KernelDispatch::backward(variant, dims, options.elem, &parts);
+                options.backward_config = plan.lookup(&cache, shape).map(|(_, c)| c);
             }
         }
         if options.config.is_none() {

@@ -1,35 +1,39 @@
 //! Dispatch: the configuration a call runs with. The tuned configuration of
 //! the call's shape bucket when the tuning cache has one for this variant,
-//! kernel, toolchain and GPU; otherwise the default. Nothing here tunes.
+//! kernel (forward or backward), toolchain and GPU; otherwise the default.
+//! Nothing here tunes.
 
-use super::{KeyParts, entry_config, forward_key, variant_hash};
+use super::{KeyParts, backward_key, entry_config, forward_key, variant_hash};
 use crate::run::{HeadDims, Shape};
-use aec_compiler::{Elem, ForwardConfig};
+use aec_compiler::Elem;
 use aec_frontend::Variant;
 use aec_runtime::{Device, ShapeBucket, TunedEntry, TuningCache, TuningKey};
 use std::sync::{Mutex, OnceLock};
 
-/// The tuning key of one kernel with everything but the shape filled in:
-/// built once per compiled kernel (hashing the variant costs far more than
-/// a lookup), then [`ForwardDispatch::lookup`] per call.
+/// The tuning key of one kernel (the forward or the backward) with
+/// everything but the shape filled in: built once per compiled kernel
+/// (hashing the variant costs far more than a lookup), then
+/// [`KernelDispatch::lookup`] per call.
 #[derive(Clone, Debug)]
-pub struct ForwardDispatch {
+pub struct KernelDispatch {
     base: TuningKey,
 }
 
-impl ForwardDispatch {
+impl KernelDispatch {
     /// The dispatch of the forward of `variant` for `dims` and `elem` on a
     /// GPU described by `parts`.
-    pub fn new(variant: &Variant, dims: HeadDims, elem: Elem, parts: &KeyParts<'_>) -> Self {
-        ForwardDispatch {
-            base: forward_key(
-                variant,
-                &variant_hash(variant),
-                dims,
-                Shape::mha(1, 1, 1, 1),
-                elem,
-                parts,
-            ),
+    pub fn forward(variant: &Variant, dims: HeadDims, elem: Elem, parts: &KeyParts<'_>) -> Self {
+        let shape = Shape::mha(1, 1, 1, 1);
+        KernelDispatch {
+            base: forward_key(variant, &variant_hash(variant), dims, shape, elem, parts),
+        }
+    }
+
+    /// The dispatch of the backward of `variant`, as [`Self::forward`].
+    pub fn backward(variant: &Variant, dims: HeadDims, elem: Elem, parts: &KeyParts<'_>) -> Self {
+        let shape = Shape::mha(1, 1, 1, 1);
+        KernelDispatch {
+            base: backward_key(variant, &variant_hash(variant), dims, shape, elem, parts),
         }
     }
 
@@ -41,13 +45,15 @@ impl ForwardDispatch {
         }
     }
 
-    /// The tuned entry and its configuration for `shape`, if the cache has
-    /// one this aec can read. One hash lookup, no I/O.
-    pub fn lookup<'c>(
+    /// The tuned entry and its configuration (`ForwardConfig` for the
+    /// forward's dispatch, `BackwardConfig` for the backward's) for
+    /// `shape`, if the cache has one this aec can read. One hash lookup, no
+    /// I/O.
+    pub fn lookup<'c, C: serde::de::DeserializeOwned>(
         &self,
         cache: &'c TuningCache,
         shape: Shape,
-    ) -> Option<(&'c TunedEntry, ForwardConfig)> {
+    ) -> Option<(&'c TunedEntry, C)> {
         let entry = cache.lookup(&self.key(shape))?;
         entry_config(entry).map(|c| (entry, c))
     }

@@ -1,12 +1,14 @@
-//! The profiler that measures on a CUDA device: every plan compiled in
-//! parallel (NVRTC, through the kernel cache), its output checked against
-//! the default plan's, then timed with events — warm-up runs, the median of
-//! the timed ones, inputs rotated among copies so that together they exceed
-//! the L2 cache and small shapes are not flattered by it.
+//! The profilers that measure on a CUDA device, of the forward
+//! ([`GpuProfiler`]) and of the backward ([`BackwardGpuProfiler`]): every
+//! plan compiled in parallel (NVRTC, through the kernel cache), its outputs
+//! checked against the default plan's, then timed with events — warm-up
+//! runs, the median of the timed ones, inputs rotated among copies so that
+//! together they exceed the L2 cache and small shapes are not flattered by
+//! it.
 
 use super::{Profiler, TuneOptions, TuneProgress};
 use crate::run::{ForwardOutput, HeadDims, KernelElement, KernelOptions, ParallelKernels, Shape};
-use aec_compiler::ForwardConfig;
+use aec_compiler::{BackwardConfig, ForwardConfig, Isa};
 use aec_frontend::Variant;
 use aec_runtime::{Device, DeviceBuffer, Stream, time_ms};
 use std::collections::HashMap;
@@ -22,6 +24,8 @@ struct InputSet<T: KernelElement> {
     k: DeviceBuffer<T>,
     v: DeviceBuffer<T>,
     customs: Vec<(String, DeviceBuffer<f32>)>,
+    /// The backward's dO (`None` for the forward's profiler).
+    d_o: Option<DeviceBuffer<T>>,
 }
 
 /// Measures plans of one variant and shape on one device.
@@ -79,30 +83,7 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
         nvrtc_flags: Vec<String>,
     ) -> Result<GpuProfiler<'a, T>, String> {
         let stream = device.stream();
-        let lens = super::declared_lens(variant, dims, shape)?;
-        let (nq, nk, nv) = (lens[0].1, lens[1].1, lens[2].1);
-        // Copies of the inputs until they exceed twice a 50 MiB L2 (at most 4).
-        let set_bytes = (nq + nk + nv) * std::mem::size_of::<T>();
-        let copies = (100usize << 20).div_ceil(set_bytes.max(1)).clamp(1, 4);
-        let mut rng = Uniform(0x9e37_79b9_7f4a_7c15);
-        let mut inputs = Vec::with_capacity(copies);
-        let gpu = |e: aec_runtime::RuntimeError| format!("allocating inputs: {e}");
-        for _ in 0..copies {
-            let mut host =
-                |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.next(-1.0, 1.0))).collect() };
-            let (hq, hk, hv) = (host(nq), host(nk), host(nv));
-            let mut customs = Vec::new();
-            for (name, n) in &lens[3..] {
-                let values: Vec<f32> = (0..*n).map(|_| rng.next(0.5, 1.0)).collect();
-                customs.push((name.clone(), stream.upload(&values).map_err(gpu)?));
-            }
-            inputs.push(InputSet {
-                q: stream.upload(&hq).map_err(gpu)?,
-                k: stream.upload(&hk).map_err(gpu)?,
-                v: stream.upload(&hv).map_err(gpu)?,
-                customs,
-            });
-        }
+        let inputs = input_sets(variant, dims, shape, &stream, 0)?;
         Ok(GpuProfiler {
             variant,
             device,
@@ -143,45 +124,11 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
 
 impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
     fn prepare(&mut self, plans: &[ForwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
-        // NVRTC runs in parallel; the kernel cache keeps the cubins, so the
-        // loads below find them.
-        let threads = std::thread::available_parallelism()
-            .map_or(4, |n| n.get())
-            .min(plans.len().max(1));
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let variant = self.variant;
-        let (device, dims) = (self.device, self.dims);
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
         let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                let tx = tx.clone();
-                let (next, opts) = (&next, &opts);
-                scope.spawn(move || {
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(o) = opts.get(i) else { break };
-                        let source = crate::run::forward_source(
-                            variant,
-                            dims,
-                            o,
-                            aec_compiler::Isa::for_arch(device.arch()),
-                        );
-                        if let Ok(src) = source {
-                            // Errors surface again (with context) when loading.
-                            let _ = crate::run::warm_kernel_cache(device, &src.source, o);
-                        }
-                        let _ = tx.send(i);
-                    }
-                });
-            }
-            drop(tx);
-            for (done, _) in rx.iter().enumerate() {
-                progress(TuneProgress::Compiled {
-                    done: done + 1,
-                    total: plans.len(),
-                });
-            }
+        warm_in_parallel(device, &opts, progress, |o| {
+            crate::run::forward_source(variant, dims, o, Isa::for_arch(device.arch()))
+                .map(|s| s.source)
         });
         for (config, o) in plans.iter().zip(opts) {
             let compiled = ParallelKernels::compile(self.variant, self.device, self.dims, &o)
@@ -229,12 +176,7 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
         match &self.reference {
             None => self.reference = Some(o),
             Some(r) => {
-                let (mut num, mut den) = (0.0f64, 0.0f64);
-                for (a, b) in o.iter().zip(r) {
-                    num += ((a - b) as f64).powi(2);
-                    den += (*b as f64).powi(2);
-                }
-                let rel = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+                let rel = rel_diff(&o, r);
                 if rel > MAX_REL_DIFF {
                     return Err(format!(
                         "output differs from the default plan's: relative difference {rel:.2e}"
@@ -247,6 +189,290 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
         let timing = time_ms(&stream, self.options.warmup, self.options.reps, || {
             set += 1;
             self.run_once(&kernels, set)
+                .map_err(aec_runtime::RuntimeError::Invalid)
+        })
+        .map_err(|e| format!("timing: {e}"))?;
+        Ok(timing.median_ms * 1e3)
+    }
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += f64::from(x - y).powi(2);
+        den += f64::from(*y).powi(2);
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// Copies of the inputs of `shape` until they exceed twice a 50 MiB L2 (at
+/// most 4): q, k, v uniform in [-1, 1) (and, with `extra` > 0, a tensor of
+/// `extra` elements alike per copy, e.g. the backward's dO); custom inputs
+/// in [0.5, 1), a range every example's custom input means something in:
+/// slopes, decays, gates.
+fn input_sets<T: KernelElement>(
+    variant: &Variant,
+    dims: HeadDims,
+    shape: Shape,
+    stream: &Stream,
+    extra: usize,
+) -> Result<Vec<InputSet<T>>, String> {
+    let lens = super::declared_lens(variant, dims, shape)?;
+    let (nq, nk, nv) = (lens[0].1, lens[1].1, lens[2].1);
+    let set_bytes = (nq + nk + nv + extra) * std::mem::size_of::<T>();
+    let copies = (100usize << 20).div_ceil(set_bytes.max(1)).clamp(1, 4);
+    let mut rng = Uniform(0x9e37_79b9_7f4a_7c15);
+    let mut sets = Vec::with_capacity(copies);
+    let gpu = |e: aec_runtime::RuntimeError| format!("allocating inputs: {e}");
+    for _ in 0..copies {
+        let mut host =
+            |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f32(rng.next(-1.0, 1.0))).collect() };
+        let (hq, hk, hv) = (host(nq), host(nk), host(nv));
+        let hx = (extra > 0).then(|| host(extra));
+        let mut customs = Vec::new();
+        for (name, n) in &lens[3..] {
+            let values: Vec<f32> = (0..*n).map(|_| rng.next(0.5, 1.0)).collect();
+            customs.push((name.clone(), stream.upload(&values).map_err(gpu)?));
+        }
+        sets.push(InputSet {
+            q: stream.upload(&hq).map_err(gpu)?,
+            k: stream.upload(&hk).map_err(gpu)?,
+            v: stream.upload(&hv).map_err(gpu)?,
+            customs,
+            d_o: match hx {
+                Some(h) => Some(stream.upload(&h).map_err(gpu)?),
+                None => None,
+            },
+        });
+    }
+    Ok(sets)
+}
+
+/// Generates (`source`) and compiles each of `opts` into the kernel cache,
+/// NVRTC in parallel, reporting each one done; errors are left to the loads
+/// that follow, which report them with context.
+fn warm_in_parallel(
+    device: &Device,
+    opts: &[KernelOptions],
+    progress: &mut dyn FnMut(TuneProgress),
+    source: impl Fn(&KernelOptions) -> Result<String, crate::run::Error> + Sync,
+) {
+    let threads = std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .min(opts.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (next, source) = (&next, &source);
+            scope.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(o) = opts.get(i) else { break };
+                    if let Ok(src) = source(o) {
+                        let _ = crate::run::warm_kernel_cache(device, &src, o);
+                    }
+                    let _ = tx.send(i);
+                }
+            });
+        }
+        drop(tx);
+        for (done, _) in rx.iter().enumerate() {
+            progress(TuneProgress::Compiled {
+                done: done + 1,
+                total: opts.len(),
+            });
+        }
+    });
+}
+
+/// One copy of the backward's inputs: the forward's inputs, its output by
+/// the default forward kernels, and dO.
+struct BackwardSet<T: KernelElement> {
+    inputs: InputSet<T>,
+    forward: ForwardOutput<T>,
+    d_o: DeviceBuffer<T>,
+}
+
+/// Measures backward plans of one variant and shape on one device, each
+/// through [`ParallelKernels::backward`] (which also allocates the
+/// gradients and zeroes dQ's accumulator: the same for every plan), its
+/// dQ, dK and dV checked against the default plan's.
+pub struct BackwardGpuProfiler<'a, T: KernelElement> {
+    variant: &'a Variant,
+    device: &'a Device,
+    dims: HeadDims,
+    options: TuneOptions,
+    nvrtc_flags: Vec<String>,
+    stream: Stream,
+    sets: Vec<BackwardSet<T>>,
+    kernels: HashMap<BackwardConfig, Result<ParallelKernels, String>>,
+    /// The default plan's dQ, dK and dV on the first copy.
+    reference: Option<[Vec<f32>; 3]>,
+}
+
+impl<T: KernelElement> std::fmt::Debug for BackwardGpuProfiler<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackwardGpuProfiler")
+            .field("variant", &self.variant.name)
+            .field("input_copies", &self.sets.len())
+            .finish()
+    }
+}
+
+impl<'a, T: KernelElement> BackwardGpuProfiler<'a, T> {
+    /// Allocates the inputs (as [`GpuProfiler::new`], with dO like q, k,
+    /// v) and runs the default forward on each copy for the outputs the
+    /// backward reads.
+    pub fn new(
+        variant: &'a Variant,
+        device: &'a Device,
+        dims: HeadDims,
+        shape: Shape,
+        options: TuneOptions,
+        nvrtc_flags: Vec<String>,
+    ) -> Result<BackwardGpuProfiler<'a, T>, String> {
+        let stream = device.stream();
+        let forward_opts = KernelOptions {
+            elem: T::ELEM,
+            nvrtc_flags: nvrtc_flags.clone(),
+            ..KernelOptions::default()
+        };
+        let forward = ParallelKernels::compile(variant, device, dims, &forward_opts)
+            .map_err(|e| format!("the default forward: {e}"))?;
+        let d_o_len = shape.rows() * dims.dv as usize;
+        let mut sets = Vec::new();
+        for mut inputs in input_sets::<T>(variant, dims, shape, &stream, d_o_len)? {
+            let d_o = inputs.d_o.take().expect("input_sets makes dO when asked");
+            let customs: Vec<(&str, &DeviceBuffer<f32>)> = inputs
+                .customs
+                .iter()
+                .map(|(n, b)| (n.as_str(), b))
+                .collect();
+            let out = forward
+                .forward(&stream, &inputs.q, &inputs.k, &inputs.v, &customs, shape)
+                .map_err(|e| format!("the default forward: {e}"))?;
+            sets.push(BackwardSet {
+                inputs,
+                forward: out,
+                d_o,
+            });
+        }
+        Ok(BackwardGpuProfiler {
+            variant,
+            device,
+            dims,
+            options,
+            nvrtc_flags,
+            stream,
+            sets,
+            kernels: HashMap::new(),
+            reference: None,
+        })
+    }
+
+    fn kernel_options(&self, config: BackwardConfig) -> KernelOptions {
+        KernelOptions {
+            elem: T::ELEM,
+            backward_config: Some(config),
+            nvrtc_flags: self.nvrtc_flags.clone(),
+            ..KernelOptions::default()
+        }
+    }
+
+    fn run_once(
+        &self,
+        kernels: &ParallelKernels,
+        set: usize,
+    ) -> Result<crate::run::Gradients<T>, String> {
+        let s = &self.sets[set % self.sets.len()];
+        let customs: Vec<(&str, &DeviceBuffer<f32>)> = s
+            .inputs
+            .customs
+            .iter()
+            .map(|(n, b)| (n.as_str(), b))
+            .collect();
+        kernels
+            .backward(
+                &self.stream,
+                &s.inputs.q,
+                &s.inputs.k,
+                &s.inputs.v,
+                &customs,
+                &s.forward,
+                &s.d_o,
+            )
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl<T: KernelElement> Profiler<BackwardConfig> for BackwardGpuProfiler<'_, T> {
+    fn prepare(&mut self, plans: &[BackwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
+        let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
+        warm_in_parallel(device, &opts, progress, |o| {
+            crate::run::backward_source(variant, dims, o, Isa::for_arch(device.arch()))
+                .map(|s| s.source)
+        });
+        for (config, o) in plans.iter().zip(opts) {
+            let compiled = ParallelKernels::compile(self.variant, self.device, self.dims, &o)
+                .map_err(|e| format!("compile: {e}"));
+            self.kernels.insert(*config, compiled);
+        }
+    }
+
+    fn measure(&mut self, plan: &BackwardConfig) -> Result<f64, String> {
+        let kernels = match self.kernels.remove(plan) {
+            Some(k) => k?,
+            None => ParallelKernels::compile(
+                self.variant,
+                self.device,
+                self.dims,
+                &self.kernel_options(*plan),
+            )
+            .map_err(|e| format!("compile: {e}"))?,
+        };
+        // Correctness first: against the default's gradients.
+        let grads = self.run_once(&kernels, 0)?;
+        let download = |b: &DeviceBuffer<T>| -> Result<Vec<f32>, String> {
+            Ok(self
+                .stream
+                .download(b)
+                .map_err(|e| format!("download: {e}"))?
+                .into_iter()
+                .map(T::to_f32)
+                .collect())
+        };
+        let got = [
+            download(&grads.dq)?,
+            download(&grads.dk)?,
+            download(&grads.dv)?,
+        ];
+        drop(grads);
+        if got.iter().flatten().any(|x| !x.is_finite()) {
+            return Err("gradients have NaN or infinite values".into());
+        }
+        match &self.reference {
+            None => self.reference = Some(got),
+            Some(r) => {
+                for (name, (a, b)) in ["dq", "dk", "dv"].into_iter().zip(got.iter().zip(r)) {
+                    let rel = rel_diff(a, b);
+                    if rel > MAX_REL_DIFF {
+                        return Err(format!(
+                            "{name} differs from the default plan's: relative difference {rel:.2e}"
+                        ));
+                    }
+                }
+            }
+        }
+        let mut set = 0;
+        let stream = self.stream.clone();
+        let timing = time_ms(&stream, self.options.warmup, self.options.reps, || {
+            set += 1;
+            self.run_once(&kernels, set)
+                .map(drop)
                 .map_err(aec_runtime::RuntimeError::Invalid)
         })
         .map_err(|e| format!("timing: {e}"))?;

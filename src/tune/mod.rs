@@ -1,28 +1,35 @@
-//! Autotuning and dispatch of the parallel forward.
+//! Autotuning and dispatch of the parallel forward and backward.
 //!
 //! [`tune_forward`] takes the scheduler's ranking
 //! ([`aec_compiler::schedule::rank_forward`]), profiles the top plans and
 //! the hand-set default with a [`Profiler`], and returns the winner as a
-//! [`TunedEntry`] for the persistent tuning cache. The selection logic is
-//! independent of the GPU: [`gpu::GpuProfiler`] measures on a device, the
-//! tests use a fake one. [`dispatch`] answers, per call shape, which
-//! configuration to run: the tuned one of the shape's bucket, else the
-//! default; it never tunes by itself.
+//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`] does
+//! the same for the backward over its tile space
+//! ([`BackwardConfig::space`], which has no cost model: the candidates the
+//! generator takes are profiled in the space's order). The selection logic
+//! is independent of the GPU: [`gpu::GpuProfiler`] and
+//! [`gpu::BackwardGpuProfiler`] measure on a device, the tests use fake
+//! ones. [`dispatch`] answers, per call shape, which configuration to run:
+//! the tuned one of the shape's bucket, else the default; it never tunes by
+//! itself.
 
 pub mod dispatch;
 pub mod gpu;
 
 use crate::run::{HeadDims, Shape};
 use aec_compiler::schedule::{
-    DeviceConfig, KernelConfig, Problem, Ranked, Rejected, VariantFacts, rank_forward, useful_flops,
+    DeviceConfig, KernelConfig, Problem, Ranked, VariantFacts, rank_forward, useful_flops,
 };
-use aec_compiler::{Elem, ForwardConfig, Isa};
+use aec_compiler::{BackwardConfig, Elem, ForwardConfig, Isa};
 use aec_frontend::Variant;
 use aec_runtime::{Rejection, ShapeBucket, TunedEntry, TuningKey};
 use std::time::Instant;
 
 /// The kernel name tuning keys use for the parallel forward.
 pub const PARALLEL_FORWARD: &str = "parallel_forward";
+
+/// The kernel name tuning keys use for the parallel backward.
+pub const PARALLEL_BACKWARD: &str = "parallel_backward";
 
 /// How much to profile.
 #[derive(Clone, Debug)]
@@ -46,13 +53,14 @@ impl Default for TuneOptions {
     }
 }
 
-/// Measures plans. `prepare` sees every plan first (a GPU profiler compiles
-/// them in parallel there); `measure` returns a plan's median time in
-/// microseconds, or why it cannot be used (it failed to compile, launch, or
-/// its output differs from the default's).
-pub trait Profiler {
-    fn prepare(&mut self, plans: &[ForwardConfig], progress: &mut dyn FnMut(TuneProgress));
-    fn measure(&mut self, plan: &ForwardConfig) -> Result<f64, String>;
+/// Measures plans of configuration type `C` (the forward's by default).
+/// `prepare` sees every plan first (a GPU profiler compiles them in
+/// parallel there); `measure` returns a plan's median time in microseconds,
+/// or why it cannot be used (it failed to compile, launch, or its output
+/// differs from the default's).
+pub trait Profiler<C = ForwardConfig> {
+    fn prepare(&mut self, plans: &[C], progress: &mut dyn FnMut(TuneProgress));
+    fn measure(&mut self, plan: &C) -> Result<f64, String>;
 }
 
 /// Progress of a tuning run, for a progress bar.
@@ -71,11 +79,11 @@ pub enum TuneProgress {
 
 /// One profiled plan.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ProfiledPlan {
-    pub config: ForwardConfig,
+pub struct ProfiledPlan<C = ForwardConfig> {
+    pub config: C,
     pub label: String,
     /// The model's estimate, µs (`None` for a default the space does not
-    /// hold).
+    /// hold, and for the backward, which has no model).
     pub model_micros: Option<f64>,
     /// The measured median, µs, or why there is none.
     pub measured: Result<f64, String>,
@@ -83,13 +91,13 @@ pub struct ProfiledPlan {
 
 /// The outcome of tuning one kernel for one shape bucket.
 #[derive(Clone, Debug)]
-pub struct TuneReport {
+pub struct TuneReport<C = ForwardConfig> {
     /// What goes into the tuning cache.
     pub entry: TunedEntry,
     /// Every profiled plan, in the order measured (the default first).
-    pub profiled: Vec<ProfiledPlan>,
+    pub profiled: Vec<ProfiledPlan<C>>,
     /// Plans the space rejected before profiling, with why.
-    pub space_rejected: Vec<Rejected>,
+    pub space_rejected: Vec<Rejection>,
     /// Plans in the space that fit (profiled or not).
     pub space_size: usize,
 }
@@ -125,6 +133,22 @@ pub fn template_version() -> String {
         .clone()
 }
 
+/// The template version part of the backward's tuning keys: aec's version
+/// and a digest of the backward template.
+pub fn backward_template_version() -> String {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            format!(
+                "{}+{}",
+                env!("CARGO_PKG_VERSION"),
+                &aec_runtime::hex_digest(aec_compiler::cuda::backward::TEMPLATE_TEXT.as_bytes())
+                    [..12]
+            )
+        })
+        .clone()
+}
+
 /// The key of the parallel forward of a variant (by its hash) for a call.
 pub fn forward_key(
     variant: &Variant,
@@ -135,10 +159,26 @@ pub fn forward_key(
     parts: &KeyParts<'_>,
 ) -> TuningKey {
     TuningKey {
-        variant: variant.name.clone(),
-        variant_hash: variant_hash.to_string(),
         kernel: PARALLEL_FORWARD.to_string(),
         template_version: template_version(),
+        ..backward_key(variant, variant_hash, dims, shape, elem, parts)
+    }
+}
+
+/// The key of the parallel backward of a variant (by its hash) for a call.
+pub fn backward_key(
+    variant: &Variant,
+    variant_hash: &str,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    parts: &KeyParts<'_>,
+) -> TuningKey {
+    TuningKey {
+        variant: variant.name.clone(),
+        variant_hash: variant_hash.to_string(),
+        kernel: PARALLEL_BACKWARD.to_string(),
+        template_version: backward_template_version(),
         target: parts.target.to_string(),
         gpu: parts.gpu.to_string(),
         driver: parts.driver.to_string(),
@@ -249,12 +289,112 @@ pub fn tune_forward(
     };
     let default = ForwardConfig::default_for(variant, dims.dqk, dims.dv, elem, isa);
     let plans = plans_to_profile(&ranked, default, options.top);
-    let configs: Vec<ForwardConfig> = plans.iter().map(|(c, _)| *c).collect();
+    let space_rejected = space_rejected
+        .iter()
+        .map(|r| Rejection {
+            config: r.config.label(),
+            reason: r.reason.clone(),
+        })
+        .collect();
+    let flops = useful_flops(&problem, &VariantFacts::of(variant));
+    let profiled = profile(plans, profiler, progress, |c| {
+        KernelConfig::Cuda(*c).label()
+    });
+    select(
+        key,
+        profiled,
+        space_rejected,
+        ranked.len(),
+        flops,
+        device,
+        started,
+    )
+}
+
+/// Tunes the parallel backward of `variant` for `shape` on `device`: every
+/// candidate of [`BackwardConfig::space`] is generated (those the generator
+/// refuses are reported with its reason), the default and the first `top`
+/// others are profiled with `profiler` in the space's order (the backward
+/// has no cost model), and the fastest measured plan is returned (the
+/// default when nothing beats it). Fails only when the default itself
+/// cannot be measured.
+#[allow(clippy::too_many_arguments)]
+pub fn tune_backward(
+    variant: &Variant,
+    device: &DeviceConfig,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    key: TuningKey,
+    options: &TuneOptions,
+    profiler: &mut dyn Profiler<BackwardConfig>,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport<BackwardConfig>, String> {
+    let started = Instant::now();
+    let Some(isa) = cuda_isa(device) else {
+        return Err(format!(
+            "{} is an AMD device: the backward is tuned on CUDA GPUs only (the HIP backward has one tile per head dims)",
+            device.name
+        ));
+    };
+    if variant.parallel().is_none() {
+        return Err(format!(
+            "`{}` is a recurrent variant: `tune_backward` tunes the parallel backward",
+            variant.name
+        ));
+    }
+    let default = BackwardConfig::default_for(dims.dqk, dims.dv, elem, isa);
+    let mut fit = Vec::new();
+    let mut space_rejected = Vec::new();
+    for config in BackwardConfig::space(dims.dqk, dims.dv, elem, isa) {
+        match aec_compiler::parallel_backward(variant, dims.dqk, dims.dv, &config) {
+            Ok(_) => fit.push(config),
+            Err(e) => space_rejected.push(Rejection {
+                config: config.label(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    let space_size = fit.len();
+    let plans: Vec<(BackwardConfig, Option<f64>)> = std::iter::once(default)
+        .chain(fit.into_iter().filter(|c| *c != default).take(options.top))
+        .map(|c| (c, None))
+        .collect();
+    let problem = problem_of(dims, shape, elem);
+    let flops = backward_flops(&problem, &VariantFacts::of(variant));
+    let profiled = profile(plans, profiler, progress, BackwardConfig::label);
+    select(
+        key,
+        profiled,
+        space_rejected,
+        space_size,
+        flops,
+        device,
+        started,
+    )
+}
+
+/// The backward's useful FLOPs: its five GEMMs (Sᵀ and dQ, dK over Dqk;
+/// dPᵀ, dV over Dv) against the forward's two, `(3·Dqk + 2·Dv) / (Dqk + Dv)`
+/// times the forward's.
+pub fn backward_flops(problem: &Problem, facts: &VariantFacts) -> f64 {
+    let (dqk, dv) = (f64::from(problem.dqk), f64::from(problem.dv));
+    useful_flops(problem, facts) * (3.0 * dqk + 2.0 * dv) / (dqk + dv)
+}
+
+/// Prepares and measures `plans` in order, reporting progress.
+fn profile<C: Clone>(
+    plans: Vec<(C, Option<f64>)>,
+    profiler: &mut dyn Profiler<C>,
+    progress: &mut dyn FnMut(TuneProgress),
+    label: impl Fn(&C) -> String,
+) -> Vec<ProfiledPlan<C>> {
+    let configs: Vec<C> = plans.iter().map(|(c, _)| c.clone()).collect();
     profiler.prepare(&configs, progress);
     let mut profiled = Vec::with_capacity(plans.len());
     for (i, (config, model_micros)) in plans.into_iter().enumerate() {
         let measured = profiler.measure(&config);
-        let label = KernelConfig::Cuda(config).label();
+        let label = label(&config);
         progress(TuneProgress::Measured {
             done: i + 1,
             total: configs.len(),
@@ -268,6 +408,21 @@ pub fn tune_forward(
             measured,
         });
     }
+    profiled
+}
+
+/// The report of profiled plans (the default first): the first of the
+/// fastest wins (the default wins ties); an unmeasurable default is an
+/// error.
+fn select<C: serde::Serialize>(
+    key: TuningKey,
+    profiled: Vec<ProfiledPlan<C>>,
+    space_rejected: Vec<Rejection>,
+    space_size: usize,
+    flops: f64,
+    device: &DeviceConfig,
+    started: Instant,
+) -> Result<TuneReport<C>, String> {
     let default_us = match &profiled[0].measured {
         Ok(t) => *t,
         Err(e) => {
@@ -281,11 +436,10 @@ pub fn tune_forward(
         .iter()
         .filter_map(|p| p.measured.as_ref().ok().copied())
         .collect();
-    // The first of the fastest (the default wins ties).
     let best = profiled
         .iter()
         .filter_map(|p| p.measured.as_ref().ok().map(|t| (p, *t)))
-        .fold(None::<(&ProfiledPlan, f64)>, |acc, (p, t)| match acc {
+        .fold(None::<(&ProfiledPlan<C>, f64)>, |acc, (p, t)| match acc {
             Some((_, bt)) if bt <= t => acc,
             _ => Some((p, t)),
         })
@@ -293,14 +447,10 @@ pub fn tune_forward(
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let median_us = sorted[sorted.len() / 2];
-    let flops = useful_flops(&problem, &VariantFacts::of(variant));
     let tflops = flops / (best.1 * 1e-6) / 1e12;
     let rejected = space_rejected
         .iter()
-        .map(|r| Rejection {
-            config: r.config.label(),
-            reason: r.reason.clone(),
-        })
+        .cloned()
         .chain(profiled.iter().filter_map(|p| {
             p.measured.as_ref().err().map(|e| Rejection {
                 config: p.label.clone(),
@@ -310,7 +460,7 @@ pub fn tune_forward(
         .collect();
     let entry = TunedEntry {
         key,
-        config: serde_json::to_value(best.0.config).expect("configs serialise"),
+        config: serde_json::to_value(&best.0.config).expect("configs serialise"),
         config_label: best.0.label.clone(),
         best_us: best.1,
         default_us,
@@ -325,12 +475,13 @@ pub fn tune_forward(
         entry,
         profiled,
         space_rejected,
-        space_size: ranked.len(),
+        space_size,
     })
 }
 
-/// The configuration a tuning entry holds, if it is one this aec reads.
-pub fn entry_config(entry: &TunedEntry) -> Option<ForwardConfig> {
+/// The configuration a tuning entry holds, if it is one this aec reads
+/// (a forward configuration, or with `C = BackwardConfig` the backward's).
+pub fn entry_config<C: serde::de::DeserializeOwned>(entry: &TunedEntry) -> Option<C> {
     serde_json::from_value(entry.config.clone()).ok()
 }
 

@@ -15,8 +15,19 @@ use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op};
 use askama::Template;
 
+/// The backward template and the preludes it includes, as text: their
+/// digest is part of the backward's tuning keys, so a changed template
+/// never reuses old results.
+pub const TEMPLATE_TEXT: &str = concat!(
+    include_str!("../../../templates/cuda/parallel_bwd.cu"),
+    include_str!("../../../templates/cuda/parallel_types.cu"),
+    include_str!("../../../templates/cuda/prelude.cu"),
+    include_str!("../../../templates/cuda/prelude_sm90.cu"),
+    include_str!("../../../templates/cuda/tile_layout.cu"),
+);
+
 /// Tile configuration of the backward's main kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct BackwardConfig {
     /// Query rows per step of the loop over query blocks.
     pub block_m: u32,
@@ -163,6 +174,92 @@ impl BackwardConfig {
 
     pub fn block_n(&self) -> u32 {
         16 * self.warps / self.split_d.max(1)
+    }
+
+    /// A short name for reports: rows per step and warps (`m64w8`), the
+    /// warps sharing keys (`s2`) and blocks per key block (`g2`) where
+    /// above 1, the instruction set, and the wgmma kernel's options.
+    pub fn label(&self) -> String {
+        let mut s = format!("m{}w{}", self.block_m, self.warps);
+        if self.split_d > 1 {
+            s += &format!("s{}", self.split_d);
+        }
+        if self.kv_groups > 1 {
+            s += &format!("g{}", self.kv_groups);
+        }
+        s += if self.wgmma { " wgmma" } else { " mma.sync" };
+        if self.shared_scores {
+            s += " shared-scores";
+        }
+        if self.warp_specialized {
+            s += if self.tma_loads { " ws tma" } else { " ws" };
+        }
+        s
+    }
+
+    /// The backward's tile space on `isa` for head dims `dqk`, `dv`: what
+    /// the tuner profiles. On sm_90a every form of the wgmma kernel (64 or
+    /// 32 query rows per step; each warpgroup on its own 64 keys or both on
+    /// the same keys, in one or two blocks per key block, with or without
+    /// shared scores; with or without the producer warpgroup, which loads by
+    /// TMA), then on every target the `mma.sync` tiles whose warps divide
+    /// the head dims ([`tile_fits`]). Candidates the head dims or the
+    /// shared memory do not take are in the list too: the generator refuses
+    /// them with the reason ([`parallel_backward`]), which the tuner
+    /// reports.
+    pub fn space(dqk: u32, dv: u32, elem: Elem, isa: Isa) -> Vec<BackwardConfig> {
+        let mut out = Vec::new();
+        if isa == Isa::Sm90a {
+            for (block_m, split_d, kv_groups) in [
+                (64, 1, 1),
+                (32, 1, 1),
+                (64, 2, 1),
+                (32, 2, 1),
+                (64, 2, 2),
+                (32, 2, 2),
+            ] {
+                for warp_specialized in [true, false] {
+                    let shared: &[bool] = if split_d == 2 {
+                        &[true, false]
+                    } else {
+                        &[false]
+                    };
+                    for &shared_scores in shared {
+                        out.push(BackwardConfig {
+                            block_m,
+                            warps: 8,
+                            split_d,
+                            elem,
+                            wgmma: true,
+                            kv_groups,
+                            shared_scores,
+                            warp_specialized,
+                            tma_loads: warp_specialized,
+                        });
+                    }
+                }
+            }
+        }
+        for block_m in [32, 64] {
+            for warps in [4, 8] {
+                for split_d in [1, 2, 4] {
+                    if tile_fits(dqk, dv, block_m, warps, split_d) {
+                        out.push(BackwardConfig {
+                            block_m,
+                            warps,
+                            split_d,
+                            elem,
+                            wgmma: false,
+                            kv_groups: 1,
+                            shared_scores: false,
+                            warp_specialized: false,
+                            tma_loads: false,
+                        });
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Threads of the main kernel: the computing warps, and the producer
