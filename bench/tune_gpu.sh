@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tunes the parallel forward of every parallel workload of
+# Tunes the forward of every parallel and recurrent workload of
 # shared/reference/workloads.json on the GPU present with `aec tune`
 # (model ranking, parallel NVRTC compilation, the default and the model's
 # top plans profiled with rotated inputs), writing one JSON report per
@@ -8,8 +8,9 @@
 # and carried: target/gpu-bin. TOP (default 8) plans are profiled besides
 # the default; ONLY (a substring of the workload id) narrows the run.
 # BACKWARD=1 tunes the backward instead (`aec tune --backward`: its tile
-# space in order, no cost model) of the workloads that have one (not the
-# decoding ones), into tune-backward-all.json.
+# space in order, no cost model) of the parallel workloads that have one
+# (not the decoding ones), into tune-backward-all.json. The recurrent
+# workloads' forward is tuned over its tile space (no cost model either).
 set -u
 OUT=${OUT:-/tmp/aec-out}
 mkdir -p "$OUT"
@@ -24,10 +25,15 @@ if [ "${BACKWARD:-0}" = 1 ]; then KIND=(--backward); ALL=tune-backward-all.json;
 while read -r id file dims shape; do
   case "$id" in "#"*|"") continue ;; esac
   if [ -n "${ONLY:-}" ] && [[ "$id" != *"$ONLY"* ]]; then continue; fi
-  if [ "${BACKWARD:-0}" = 1 ] && [[ "$id" == decode-* ]]; then continue; fi
+  case "$id" in
+    decode-*|retention-recurrent-*|gated-retention-*|mamba2-*) [ "${BACKWARD:-0}" = 1 ] && continue ;;
+  esac
+  # Mamba2's decay exp(dt · a) needs a < 0 (the profiler's default range is [0.5, 1)).
+  RANGES=()
+  case "$id" in mamba2-*) RANGES=(--custom-range a=-4,-0.5 --custom-range dt=0.01,0.2) ;; esac
   echo "== $id"
   start=$(date +%s%N)
-  timeout 300 "$AEC" tune "$file" "${KIND[@]}" --head-dims "$dims" --shape "$shape" --top "${TOP:-8}" \
+  timeout 300 "$AEC" tune "$file" "${KIND[@]}" "${RANGES[@]}" --head-dims "$dims" --shape "$shape" --top "${TOP:-8}" \
     --json "$OUT/tune-$id.json" 2>"$OUT/tune-$id.err" || { status=1; tail -5 "$OUT/tune-$id.err"; }
   echo "wall $(( ($(date +%s%N) - start) / 1000000 )) ms"
 done <<'LIST'
@@ -43,6 +49,9 @@ relu-b64-h6-s1024-d64 examples/relu.rs 64 64,6,6,1024,1024
 retnet-parallel-b2-h32-s2048-d256-v512 examples/retnet_parallel.rs 256x512 2,32,32,2048,2048
 decode-deepseek-b64-h16-kv4096-d192-v128 examples/decode.rs 192x128 64,16,16,1,4096
 decode-gqa-b64-h32-kv8-kv4096-d128 examples/decode.rs 128 64,32,8,1,4096
+retention-recurrent-b2-h32-s4096-d256-v512 examples/retnet_recurrent.rs 256x512 2,32,4096
+gated-retention-b2-h40-s4096-d256-v256 examples/gated_retention.rs 256x256 2,40,4096
+mamba2-b2-h80-s4096-d128-v64 examples/mamba2.rs 128x64 2,80,4096
 LIST
 # One file for all workloads (the device returns few files).
 python3 - "$OUT" "$ALL" <<'PY'

@@ -1,6 +1,7 @@
 //! `aec tune` without a GPU: the model's ranking for a named device (AMD
-//! included), clear errors for bad shapes, recurrent variants, a backward
-//! asked of the cost model and a missing GPU.
+//! included), clear errors for bad shapes (of the other kind of variant),
+//! bad custom-input ranges, a backward or a recurrent forward asked of the
+//! cost model and a missing GPU.
 
 use std::process::Command;
 
@@ -75,6 +76,40 @@ fn bad_input_is_refused_with_the_problem_named() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("recurrent variant"), "{err}");
+    // Shapes of the other kind of variant, and what a recurrent variant
+    // cannot be asked.
+    let (code, _, err) = aec(&["tune", "examples/softmax.rs", "--shape", "4,8,1000"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("parallel variant") && err.contains("B,H,Hkv,Sq,Skv"),
+        "{err}"
+    );
+    for extra in [&["--backward"][..], &["--target", "h100"][..]] {
+        let mut args = vec![
+            "tune",
+            "examples/mamba2.rs",
+            "--head-dims",
+            "128x64",
+            "--shape",
+            "1,8,256",
+        ];
+        args.extend_from_slice(extra);
+        let (code, _, err) = aec(&args);
+        assert_eq!(code, 2, "{extra:?}");
+        assert!(err.contains(extra[0]) && err.contains("recurrent"), "{err}");
+    }
+    for bad in ["a", "a=1", "a=2,1", "=1,2", "a=x,1"] {
+        let (code, _, err) = aec(&[
+            "tune",
+            "examples/mamba2.rs",
+            "--shape",
+            "1,8,256",
+            "--custom-range",
+            bad,
+        ]);
+        assert_eq!(code, 2, "{bad}");
+        assert!(err.contains("NAME=LO,HI"), "{bad}: {err}");
+    }
     // The backward has no cost model to rank with.
     let (code, _, err) = aec(&[
         "tune",

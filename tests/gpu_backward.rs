@@ -690,7 +690,9 @@ fn gpu_backward_tuning_keeps_a_plan_that_matches_the_reference() {
     let options = TuneOptions {
         top: 4,
         warmup: 1,
+        warmup_ms: 0.0,
         reps: 3,
+        ..TuneOptions::default()
     };
     let mut profiler =
         BackwardGpuProfiler::<bf16>::new(&v, &dev, dims, shape, options.clone(), Vec::new())

@@ -1956,3 +1956,77 @@ fn gpu_recurrent_varlen_backward() {
     check_varlen_backward(test, "rfa", 2, &lengths);
     check_varlen_backward(test, "gla", 2, &lengths);
 }
+
+/// `aec tune` on a recurrent variant: the tuner profiles the default and
+/// the first tiles of the recurrent space on the GPU (each checked against
+/// the default's output and final state), keeps the fastest, and the tile
+/// it keeps matches the reference interpreter.
+#[test]
+fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
+    use aec::compiler::schedule::DeviceConfig;
+    use aec::tune::dispatch::DeviceKeyParts;
+    use aec::tune::gpu::RecurrentGpuProfiler;
+    use aec::tune::{TuneOptions, entry_config, recurrent_key, tune_recurrent, variant_hash};
+    let test = "gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    let v = example("mamba2");
+    let sizes = [2, 3, 333, 128, 64];
+    let (dims, shape) = (RecurrentDims::new(128, 64), RecurrentShape::new(2, 3, 333));
+    let model = DeviceConfig::detect(dev.name(), dev.compute_capability(), dev.sm_count());
+    let parts = DeviceKeyParts::of(&dev);
+    let key = recurrent_key(
+        &v,
+        &variant_hash(&v),
+        dims,
+        shape,
+        Elem::Bf16,
+        &parts.parts(),
+    );
+    let ranges = v
+        .customs
+        .iter()
+        .map(|c| {
+            let (lo, hi) = common::recurrent_custom_range(&c.name);
+            (c.name.clone(), lo as f32, hi as f32)
+        })
+        .collect();
+    let options = TuneOptions {
+        top: 4,
+        warmup: 1,
+        warmup_ms: 0.0,
+        reps: 3,
+        custom_ranges: ranges,
+    };
+    let mut profiler =
+        RecurrentGpuProfiler::<bf16>::new(&v, &dev, dims, shape, options.clone(), Vec::new())
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let r = tune_recurrent(
+        &v,
+        &model,
+        dims,
+        shape,
+        Elem::Bf16,
+        key,
+        &options,
+        &mut profiler,
+        &mut |_| {},
+    )
+    .unwrap_or_else(|e| panic!("{test}: {e}"));
+    for p in &r.profiled {
+        println!("{test}: {} {:?}", p.label, p.measured);
+    }
+    assert_eq!(r.profiled.len(), 5, "the default and four more");
+    assert!(
+        r.profiled.iter().all(|p| p.measured.is_ok()),
+        "every tile of the space runs"
+    );
+    assert!(r.entry.best_us <= r.entry.default_us);
+    let best: RecurrentConfig = entry_config(&r.entry).expect("a recurrent configuration");
+    let options = KernelOptions {
+        recurrent_config: Some(best),
+        ..KernelOptions::default()
+    };
+    check_example_with(test, "mamba2", sizes, false, &options, 1.0);
+}

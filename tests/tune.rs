@@ -2,18 +2,19 @@
 //! the default is always measured first and wins ties, the fastest plan is
 //! chosen, failures are recorded with their reason, a failing default is an
 //! error, and the stored result is found again for every shape of its
-//! bucket and only there; the same for the backward, whose entries the
-//! forward's dispatch never reads.
+//! bucket and only there; the same for the backward and the recurrent
+//! forward, whose entries the parallel forward's dispatch never reads.
 
 use aec::compiler::schedule::DeviceConfig;
-use aec::compiler::{BackwardConfig, Elem, ForwardConfig, Isa};
+use aec::compiler::{BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig};
 use aec::frontend::{Variant, parse_file};
-use aec::run::{HeadDims, Shape};
+use aec::run::{HeadDims, RecurrentDims, RecurrentShape, Shape};
 use aec::runtime::TuningCache;
 use aec::tune::dispatch::KernelDispatch;
 use aec::tune::{
-    KeyParts, PARALLEL_BACKWARD, Profiler, TuneOptions, TuneProgress, backward_key, entry_config,
-    forward_key, tune_backward, tune_forward, variant_hash,
+    KeyParts, PARALLEL_BACKWARD, Profiler, RECURRENT_FORWARD, TuneOptions, TuneProgress,
+    backward_key, entry_config, forward_key, recurrent_key, tune_backward, tune_forward,
+    tune_recurrent, variant_hash,
 };
 
 fn example(name: &str) -> Variant {
@@ -344,4 +345,107 @@ fn backward_tuning_takes_the_fastest_plan_and_dispatch_finds_it_apart_from_the_f
     );
     let fwd = KernelDispatch::forward(&v, dims, Elem::Bf16, &PARTS);
     assert!(fwd.lookup::<ForwardConfig>(&cache, shape).is_none());
+}
+
+/// Times recurrent plans from a rule; records what it was asked.
+struct FakeRecurrentProfiler<F: Fn(&RecurrentConfig) -> Result<f64, String>> {
+    time: F,
+    measured: Vec<RecurrentConfig>,
+}
+
+impl<F: Fn(&RecurrentConfig) -> Result<f64, String>> Profiler<RecurrentConfig>
+    for FakeRecurrentProfiler<F>
+{
+    fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
+        progress(TuneProgress::Compiled {
+            done: plans.len(),
+            total: plans.len(),
+        });
+    }
+    fn measure(&mut self, plan: &RecurrentConfig) -> Result<f64, String> {
+        self.measured.push(*plan);
+        (self.time)(plan)
+    }
+}
+
+#[test]
+fn recurrent_tuning_takes_the_fastest_tile_and_dispatch_finds_it_by_its_bucket() {
+    let v = example("mamba2");
+    let h100 = DeviceConfig::named("h100").unwrap();
+    let dims = RecurrentDims::new(128, 64);
+    let shape = RecurrentShape::new(2, 8, 3000);
+    let space = RecurrentConfig::space(&v, 128, 64, Elem::Bf16, Isa::Sm90a);
+    let default = RecurrentConfig::for_variant(&v, 128, 64, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(space[0], default, "the default leads the space");
+    assert_eq!(space.iter().filter(|c| **c == default).count(), 1);
+    assert!(space.len() > 4, "{} tiles", space.len());
+    // Every tile of the space generates within the shared memory.
+    for c in &space {
+        let src = aec::compiler::recurrent_forward(&v, 128, 64, c)
+            .unwrap_or_else(|e| panic!("{}: {e}", c.label()));
+        assert!(
+            src.smem_bytes <= Isa::Sm90a.max_dynamic_smem(),
+            "{}",
+            c.label()
+        );
+    }
+    let key = recurrent_key(&v, &variant_hash(&v), dims, shape, Elem::Bf16, &PARTS);
+    assert_eq!(key.kernel, RECURRENT_FORWARD);
+    // 32-step chunks in one stage are fastest; two blocks per SM fail.
+    let fails = |c: &RecurrentConfig| c.blocks_per_sm == 2;
+    let mut p = FakeRecurrentProfiler {
+        time: |c: &RecurrentConfig| match (c.blocks_per_sm, c.chunk, c.stages) {
+            (2, _, _) => Err("launch failed".to_string()),
+            (_, 32, 1) => Ok(50.0 + f64::from(c.dv_tile)),
+            _ => Ok(200.0),
+        },
+        measured: vec![],
+    };
+    let options = TuneOptions {
+        top: 100,
+        ..TuneOptions::default()
+    };
+    let r = tune_recurrent(
+        &v,
+        &h100,
+        dims,
+        shape,
+        Elem::Bf16,
+        key,
+        &options,
+        &mut p,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(p.measured, space, "the whole space, the default first");
+    let best: RecurrentConfig = entry_config(&r.entry).expect("a recurrent config");
+    assert_eq!((best.chunk, best.stages, best.dv_tile), (32, 1, 32));
+    assert_eq!(r.entry.config_label, best.label());
+    assert_eq!(r.entry.default_us, 200.0);
+    let failing = space.iter().filter(|c| fails(c)).count();
+    assert!(failing > 0);
+    assert_eq!(r.entry.rejected.len(), failing, "each failure recorded");
+
+    // The stored entry serves shapes of its bucket (S up to 4096) through
+    // the recurrent dispatch only.
+    let mut cache = TuningCache::in_memory();
+    cache.record(vec![r.entry.clone()]).unwrap();
+    let d = KernelDispatch::recurrent(&v, dims, Elem::Bf16, &PARTS);
+    let (_, c) = d
+        .lookup_recurrent::<RecurrentConfig>(&cache, RecurrentShape::new(2, 8, 2049))
+        .expect("tuned");
+    assert_eq!(c, best);
+    assert!(
+        d.lookup_recurrent::<RecurrentConfig>(&cache, RecurrentShape::new(2, 8, 4097))
+            .is_none()
+    );
+    assert!(
+        d.lookup_recurrent::<RecurrentConfig>(&cache, RecurrentShape::new(2, 4, 3000))
+            .is_none()
+    );
+    let fwd = KernelDispatch::forward(&v, HeadDims::new(128, 64), Elem::Bf16, &PARTS);
+    assert!(
+        fwd.lookup::<ForwardConfig>(&cache, Shape::mha(2, 8, 3000, 3000))
+            .is_none()
+    );
 }

@@ -3,21 +3,22 @@
 //! parallel compilation, profiling of the top plans and the default) and
 //! stores the winners in the tuning cache, which `ParallelKernels::
 //! compile_for_shape` reads. With `--backward` it tunes the backward's tile
-//! the same way over its space (no cost model: the space's order). With
-//! `--target <device>` it only ranks the forward's plans with the cost
-//! model, which needs no GPU (AMD targets included).
+//! the same way over its space (no cost model: the space's order), and for
+//! a recurrent variant (`--shape B,H,S`) its chunked forward's tile. With
+//! `--target <device>` it only ranks the parallel forward's plans with the
+//! cost model, which needs no GPU (AMD targets included).
 
 use super::EXIT_INPUT;
 use super::compile::Target;
-use aec::compiler::BackwardConfig;
 use aec::compiler::schedule::{DeviceConfig, rank_forward};
+use aec::compiler::{BackwardConfig, RecurrentConfig};
 use aec::frontend::{Invocation, Variant};
-use aec::run::{HeadDims, KernelElement, Shape};
+use aec::run::{HeadDims, KernelElement, RecurrentDims, RecurrentShape, Shape};
 use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
-use aec::tune::gpu::{BackwardGpuProfiler, GpuProfiler};
+use aec::tune::gpu::{BackwardGpuProfiler, GpuProfiler, RecurrentGpuProfiler};
 use aec::tune::{
     TuneOptions, TuneProgress, TuneReport, backward_key, dispatch, forward_key, problem_of,
-    tune_backward, tune_forward, variant_hash,
+    recurrent_key, tune_backward, tune_forward, tune_recurrent, variant_hash,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -33,13 +34,20 @@ pub struct TuneArgs {
     /// The variant to tune when the file holds several (by name).
     #[arg(long)]
     pub variant: Option<String>,
-    /// A call shape `B,H,Hkv,Sq,Skv` (repeatable). Tuning results are kept
-    /// per shape bucket: sequence lengths rounded up to powers of two.
+    /// A call shape (repeatable): `B,H,Hkv,Sq,Skv` for a parallel variant,
+    /// `B,H,S` for a recurrent one. Tuning results are kept per shape
+    /// bucket: sequence lengths rounded up to powers of two.
     #[arg(long = "shape", required = true, value_parser = parse_shape)]
-    pub shapes: Vec<Shape>,
-    /// Head dims: `D` or `DQKxDV` (e.g. 128 or 192x128).
+    pub shapes: Vec<CallShape>,
+    /// Head dims: `D` or `DQKxDV` (e.g. 128 or 192x128; for a recurrent
+    /// variant `DKxDV`).
     #[arg(long, default_value = "128")]
     pub head_dims: String,
+    /// The range of values drawn for a custom input while profiling,
+    /// `NAME=LO,HI` (repeatable; others are drawn from [0.5, 1)): e.g.
+    /// Mamba2's `a=-4,-0.5`, whose decay `exp(dt · a)` needs it negative.
+    #[arg(long = "custom-range", value_parser = parse_custom_range)]
+    pub custom_ranges: Vec<(String, f32, f32)>,
     /// fp16 operands instead of bf16.
     #[arg(long)]
     pub f16: bool,
@@ -60,6 +68,10 @@ pub struct TuneArgs {
     /// Timed runs per plan (the median is kept).
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
+    /// Milliseconds of untimed runs before each plan is timed, so the GPU
+    /// settles at its sustained clocks (0: three runs only).
+    #[arg(long, default_value_t = 200.0)]
+    pub warmup_ms: f64,
     /// The tuning cache file (default: $AEC_TUNING_CACHE, else
     /// $XDG_CACHE_HOME/aec/tuning-v1.json, else ~/.cache/aec/tuning-v1.json).
     #[arg(long)]
@@ -72,18 +84,54 @@ pub struct TuneArgs {
     pub json: Option<PathBuf>,
 }
 
-fn parse_shape(s: &str) -> Result<Shape, String> {
+/// A `--shape`: five sizes for a parallel variant, three for a recurrent one.
+#[derive(Clone, Copy, Debug)]
+pub enum CallShape {
+    Parallel(Shape),
+    Recurrent(RecurrentShape),
+}
+
+impl std::fmt::Display for CallShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallShape::Parallel(s) => s.fmt(f),
+            CallShape::Recurrent(s) => s.fmt(f),
+        }
+    }
+}
+
+fn parse_shape(s: &str) -> Result<CallShape, String> {
     let n: Vec<usize> = s
         .split(',')
         .map(|x| x.trim().parse::<usize>())
         .collect::<Result<_, _>>()
-        .map_err(|_| format!("`{s}`: expected B,H,Hkv,Sq,Skv, e.g. 8,32,32,2048,2048"))?;
+        .map_err(|_| {
+            format!("`{s}`: expected B,H,Hkv,Sq,Skv (or B,H,S for a recurrent variant), e.g. 8,32,32,2048,2048")
+        })?;
+    if n.contains(&0) {
+        return Err(format!("`{s}`: every size must be at least 1"));
+    }
     match n[..] {
-        [b, h, hkv, sq, skv] if n.iter().all(|&x| x > 0) => Ok(Shape::new(b, h, hkv, sq, skv)),
+        [b, h, hkv, sq, skv] => Ok(CallShape::Parallel(Shape::new(b, h, hkv, sq, skv))),
+        [b, h, steps] => Ok(CallShape::Recurrent(RecurrentShape::new(b, h, steps))),
         _ => Err(format!(
-            "`{s}`: expected five sizes B,H,Hkv,Sq,Skv, each at least 1"
+            "`{s}`: expected five sizes B,H,Hkv,Sq,Skv (a parallel variant) or three B,H,S (a recurrent one)"
         )),
     }
+}
+
+fn parse_custom_range(s: &str) -> Result<(String, f32, f32), String> {
+    let bad = || format!("`{s}`: expected NAME=LO,HI with LO < HI, e.g. a=-4,-0.5");
+    let (name, range) = s.split_once('=').ok_or_else(bad)?;
+    let (lo, hi) = range.split_once(',').ok_or_else(bad)?;
+    let (lo, hi): (f32, f32) = (
+        lo.trim().parse().map_err(|_| bad())?,
+        hi.trim().parse().map_err(|_| bad())?,
+    );
+    if name.trim().is_empty() || lo >= hi || !lo.is_finite() || !hi.is_finite() {
+        return Err(bad());
+    }
+    Ok((name.trim().to_string(), lo, hi))
 }
 
 pub fn run(args: &TuneArgs) -> ExitCode {
@@ -126,12 +174,6 @@ fn load_variant(args: &TuneArgs) -> Result<Variant, String> {
             ));
         }
     };
-    if v.parallel().is_none() {
-        return Err(format!(
-            "{shown}: `{}` is a recurrent variant; `aec tune` tunes the parallel forward only so far",
-            v.name
-        ));
-    }
     Ok(v)
 }
 
@@ -144,25 +186,71 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
     } else {
         aec::compiler::Elem::Bf16
     };
+    let recurrent = variant.recurrent().is_some();
+    let rdims = RecurrentDims::new(dqk, dv);
     for shape in &args.shapes {
-        let lens = aec::tune::declared_lens(&variant, dims, *shape)
-            .map_err(|e| format!("--shape {shape}: {e}"))?;
-        let lens: Vec<(&str, usize)> = lens.iter().map(|(n, l)| (n.as_str(), *l)).collect();
-        aec::run::check_shapes(&variant, dims, *shape, &lens)
-            .map_err(|e| format!("--shape {shape}: {e}"))?;
+        let at = |e: String| format!("--shape {shape}: {e}");
+        match *shape {
+            CallShape::Parallel(s) if !recurrent => {
+                let lens = aec::tune::declared_lens(&variant, dims, s).map_err(at)?;
+                let lens: Vec<(&str, usize)> = lens.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+                aec::run::check_shapes(&variant, dims, s, &lens).map_err(|e| at(e.to_string()))?;
+            }
+            CallShape::Recurrent(s) if recurrent => {
+                let lens = aec::tune::recurrent_declared_lens(&variant, rdims, s).map_err(at)?;
+                let lens: Vec<(&str, usize)> = lens.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+                aec::run::check_recurrent_shapes(&variant, rdims, s, &lens, None, None)
+                    .map_err(|e| at(e.to_string()))?;
+            }
+            CallShape::Parallel(_) => {
+                return Err(at(format!(
+                    "`{}` is a recurrent variant: give its shapes as B,H,S",
+                    variant.name
+                )));
+            }
+            CallShape::Recurrent(_) => {
+                return Err(at(format!(
+                    "`{}` is a parallel variant: give its shapes as B,H,Hkv,Sq,Skv",
+                    variant.name
+                )));
+            }
+        }
+    }
+    if recurrent && args.backward {
+        return Err(format!(
+            "--backward: `{}` is a recurrent variant, whose backward is not tuned (it takes the forward's tile where that has the backward's 64-step chunk); tune its forward without --backward",
+            variant.name
+        ));
     }
     if let Some(target) = args.target {
-        if args.backward {
-            return Err(
-                "--backward with --target: the backward has no cost model, so its plans are only measured; tune it on a GPU (without --target)"
-                    .into(),
-            );
+        if args.backward || recurrent {
+            return Err(format!(
+                "--target with {}: {} has no cost model, so its plans are only measured; tune it on a GPU (without --target)",
+                if recurrent {
+                    "a recurrent variant"
+                } else {
+                    "--backward"
+                },
+                if recurrent {
+                    "the recurrent forward"
+                } else {
+                    "the backward"
+                }
+            ));
         }
-        return rank_only(args, &variant, dims, elem, target);
+        let shapes: Vec<Shape> = args
+            .shapes
+            .iter()
+            .filter_map(|s| match s {
+                CallShape::Parallel(p) => Some(*p),
+                CallShape::Recurrent(_) => None,
+            })
+            .collect();
+        return rank_only(args, &shapes, &variant, dims, elem, target);
     }
     if !aec::runtime::driver_present() || Device::count().unwrap_or(0) == 0 {
-        return Err(if args.backward {
-            "no CUDA GPU found: the backward is tuned by measuring its plans on a GPU".into()
+        return Err(if args.backward || recurrent {
+            "no CUDA GPU found: the backward and recurrent kernels are tuned by measuring their plans on a GPU".into()
         } else {
             "no CUDA GPU found: tuning measures plans on a GPU; pass --target <device> to rank them with the cost model only"
                 .into()
@@ -180,7 +268,7 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
     let mut cache = open_cache(args)?;
     eprintln!(
         "tuning the {} of `{}` ({}x{}, {}) on {} ({}, model entry `{}`)",
-        if args.backward { "backward" } else { "forward" },
+        kernel_name(args.backward, recurrent),
         variant.name,
         dims.dqk,
         dims.dv,
@@ -192,14 +280,33 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
     let options = TuneOptions {
         top: args.top,
         reps: args.reps,
+        warmup_ms: args.warmup_ms.max(0.0),
+        custom_ranges: args.custom_ranges.clone(),
         ..TuneOptions::default()
     };
-    let doc = if args.backward {
+    let doc = if recurrent {
+        let tune_with = match elem {
+            aec::compiler::Elem::Bf16 => tune_recurrent_on::<bf16>,
+            aec::compiler::Elem::F16 => tune_recurrent_on::<f16>,
+        };
+        tune_shapes(args, &mut cache, |shape, progress| {
+            let CallShape::Recurrent(shape) = shape else {
+                return Err(format!("--shape {shape}: B,H,S expected"));
+            };
+            let key = recurrent_key(&variant, &hash, rdims, shape, elem, &parts);
+            tune_with(
+                &variant, &device, &config, rdims, shape, key, &options, progress,
+            )
+        })?
+    } else if args.backward {
         let tune_with = match elem {
             aec::compiler::Elem::Bf16 => tune_backward_on::<bf16>,
             aec::compiler::Elem::F16 => tune_backward_on::<f16>,
         };
         tune_shapes(args, &mut cache, |shape, progress| {
+            let CallShape::Parallel(shape) = shape else {
+                return Err(format!("--shape {shape}: B,H,Hkv,Sq,Skv expected"));
+            };
             let key = backward_key(&variant, &hash, dims, shape, elem, &parts);
             tune_with(
                 &variant, &device, &config, dims, shape, key, &options, progress,
@@ -211,6 +318,9 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
             aec::compiler::Elem::F16 => tune_on::<f16>,
         };
         tune_shapes(args, &mut cache, |shape, progress| {
+            let CallShape::Parallel(shape) = shape else {
+                return Err(format!("--shape {shape}: B,H,Hkv,Sq,Skv expected"));
+            };
             let key = forward_key(&variant, &hash, dims, shape, elem, &parts);
             tune_with(
                 &variant, &device, &config, dims, shape, key, &options, progress,
@@ -219,7 +329,7 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
     };
     if let Some(path) = &args.json {
         let doc = json!({
-            "variant": variant.name, "kernel": if args.backward { "backward" } else { "forward" },
+            "variant": variant.name, "kernel": kernel_name(args.backward, recurrent),
             "dqk": dims.dqk, "dv": dims.dv, "dtype": elem.name(),
             "gpu": key_parts.gpu, "target": key_parts.target,
             "driver": key_parts.driver, "toolkit": key_parts.toolkit,
@@ -234,13 +344,22 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// What `aec tune` tunes, for messages and the JSON report.
+fn kernel_name(backward: bool, recurrent: bool) -> &'static str {
+    match (backward, recurrent) {
+        (_, true) => "recurrent forward",
+        (true, false) => "backward",
+        (false, false) => "forward",
+    }
+}
+
 /// Tunes each of `args.shapes` with `tune_one` behind a progress bar,
 /// prints and (unless `--no-save`) stores each result; returns the
 /// reports as JSON rows.
 fn tune_shapes<C>(
     args: &TuneArgs,
     cache: &mut TuningCache,
-    mut tune_one: impl FnMut(Shape, &mut dyn FnMut(TuneProgress)) -> Result<TuneReport<C>, String>,
+    mut tune_one: impl FnMut(CallShape, &mut dyn FnMut(TuneProgress)) -> Result<TuneReport<C>, String>,
 ) -> Result<Vec<serde_json::Value>, String> {
     let mut reports = Vec::new();
     for &shape in &args.shapes {
@@ -350,6 +469,34 @@ fn tune_backward_on<T: KernelElement>(
     )
 }
 
+/// Tunes the recurrent forward of one shape with operands of type `T` on
+/// `device`.
+#[allow(clippy::too_many_arguments)]
+fn tune_recurrent_on<T: KernelElement>(
+    variant: &Variant,
+    device: &Device,
+    config: &DeviceConfig,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    key: aec::runtime::TuningKey,
+    options: &TuneOptions,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport<RecurrentConfig>, String> {
+    let mut profiler =
+        RecurrentGpuProfiler::<T>::new(variant, device, dims, shape, options.clone(), Vec::new())?;
+    tune_recurrent(
+        variant,
+        config,
+        dims,
+        shape,
+        T::ELEM,
+        key,
+        options,
+        &mut profiler,
+        progress,
+    )
+}
+
 fn open_cache(args: &TuneArgs) -> Result<TuningCache, String> {
     let path = args.file_cache.clone().or_else(TuningCache::default_path);
     Ok(match path {
@@ -364,7 +511,7 @@ fn open_cache(args: &TuneArgs) -> Result<TuningCache, String> {
     })
 }
 
-fn print_report<C>(shape: Shape, r: &TuneReport<C>) {
+fn print_report<C>(shape: CallShape, r: &TuneReport<C>) {
     let e = &r.entry;
     println!(
         "{shape}: best {} at {:.1} µs ({:.0} TFLOP/s), default {:.1} µs: {:.3}x; tuning impact (median / best) {:.3}; {} plans fit, {} profiled, {} rejected; {:.1} s",
@@ -406,10 +553,14 @@ fn print_report<C>(shape: Shape, r: &TuneReport<C>) {
     }
 }
 
-fn report_json<C>(shape: Shape, r: &TuneReport<C>) -> serde_json::Value {
+fn report_json<C>(shape: CallShape, r: &TuneReport<C>) -> serde_json::Value {
     let e = &r.entry;
+    let sizes: Vec<usize> = match shape {
+        CallShape::Parallel(s) => vec![s.b, s.h, s.hkv, s.sq, s.skv],
+        CallShape::Recurrent(s) => vec![s.b, s.h, s.s],
+    };
     json!({
-        "shape": [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
+        "shape": sizes,
         "best": e.config_label, "best_us": e.best_us, "default_us": e.default_us,
         "speedup": e.speedup(), "impact": e.impact(), "tflops": e.tflops,
         "efficiency": e.efficiency, "tuning_seconds": e.tuning_seconds,
@@ -425,7 +576,7 @@ fn report_json<C>(shape: Shape, r: &TuneReport<C>) -> serde_json::Value {
 
 /// Φ over the GPUs in the cache for each tuned problem (same variant,
 /// kernel, dtype, dims, shape) that more than one GPU has results for.
-fn print_portability<C>(cache: &TuningCache, reports: &[(Shape, TuneReport<C>)]) {
+fn print_portability<C>(cache: &TuningCache, reports: &[(CallShape, TuneReport<C>)]) {
     for (_, r) in reports {
         let k = &r.entry.key;
         let mut by_gpu: BTreeMap<&str, f64> = BTreeMap::new();
@@ -449,9 +600,11 @@ fn print_portability<C>(cache: &TuningCache, reports: &[(Shape, TuneReport<C>)])
     }
 }
 
-/// `--target`: the model's ranking, no GPU.
+/// `--target`: the model's ranking of the parallel forward for `shapes`,
+/// no GPU.
 fn rank_only(
     args: &TuneArgs,
+    shapes: &[Shape],
     variant: &Variant,
     dims: HeadDims,
     elem: aec::compiler::Elem,
@@ -459,7 +612,7 @@ fn rank_only(
 ) -> Result<(), String> {
     let device = DeviceConfig::named(target.name()).expect("every target has a device entry");
     let mut doc = Vec::new();
-    for &shape in &args.shapes {
+    for &shape in shapes {
         let problem = problem_of(dims, shape, elem);
         let (ranked, rejected) = rank_forward(variant, &problem, &device);
         println!(

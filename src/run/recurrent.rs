@@ -471,6 +471,31 @@ impl RecurrentKernels {
         })
     }
 
+    /// [`compile`](Self::compile) for calls of `shape`'s bucket: where
+    /// `options` names no `recurrent_config`, the one `aec tune` stored in
+    /// the tuning cache for this variant, GPU, toolchain and shape bucket
+    /// (`B`, `H` exact, `S` rounded up to a power of two), else the default.
+    /// It never tunes; a missing or unreadable cache means the default.
+    pub fn compile_for_shape(
+        variant: &frontend::Variant,
+        device: &Device,
+        dims: RecurrentDims,
+        shape: RecurrentShape,
+        options: &KernelOptions,
+    ) -> Result<RecurrentKernels, Error> {
+        let mut options = options.clone();
+        if options.recurrent_config.is_none() {
+            use crate::tune::dispatch::{self, KernelDispatch};
+            let parts = dispatch::DeviceKeyParts::of(device);
+            let plan = KernelDispatch::recurrent(variant, dims, options.elem, &parts.parts());
+            let cache = dispatch::process_cache()
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            options.recurrent_config = plan.lookup_recurrent(&cache, shape).map(|(_, c)| c);
+        }
+        RecurrentKernels::compile(variant, device, dims, &options)
+    }
+
     /// The variant the kernel was generated from.
     pub fn variant(&self) -> &frontend::Variant {
         &self.variant

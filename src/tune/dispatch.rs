@@ -3,8 +3,8 @@
 //! kernel (forward or backward), toolchain and GPU; otherwise the default.
 //! Nothing here tunes.
 
-use super::{KeyParts, backward_key, entry_config, forward_key, variant_hash};
-use crate::run::{HeadDims, Shape};
+use super::{KeyParts, backward_key, entry_config, forward_key, recurrent_key, variant_hash};
+use crate::run::{HeadDims, RecurrentDims, RecurrentShape, Shape};
 use aec_compiler::Elem;
 use aec_frontend::Variant;
 use aec_runtime::{Device, ShapeBucket, TunedEntry, TuningCache, TuningKey};
@@ -37,12 +37,36 @@ impl KernelDispatch {
         }
     }
 
+    /// The dispatch of the recurrent forward of `variant` (its calls'
+    /// shapes bucketed as `B, H, H, S, S`), as [`Self::forward`].
+    pub fn recurrent(
+        variant: &Variant,
+        dims: RecurrentDims,
+        elem: Elem,
+        parts: &KeyParts<'_>,
+    ) -> Self {
+        let shape = RecurrentShape::new(1, 1, 1);
+        KernelDispatch {
+            base: recurrent_key(variant, &variant_hash(variant), dims, shape, elem, parts),
+        }
+    }
+
     /// The key for a call of `shape`.
     pub fn key(&self, shape: Shape) -> TuningKey {
         TuningKey {
             shape: ShapeBucket::of(shape.b, shape.h, shape.hkv, shape.sq, shape.skv),
             ..self.base.clone()
         }
+    }
+
+    /// The tuned entry and configuration of the recurrent forward for a
+    /// call of `shape` (as [`Self::lookup`]).
+    pub fn lookup_recurrent<'c, C: serde::de::DeserializeOwned>(
+        &self,
+        cache: &'c TuningCache,
+        shape: RecurrentShape,
+    ) -> Option<(&'c TunedEntry, C)> {
+        self.lookup(cache, Shape::mha(shape.b, shape.h, shape.s, shape.s))
     }
 
     /// The tuned entry and its configuration (`ForwardConfig` for the

@@ -7,8 +7,11 @@
 //! it.
 
 use super::{Profiler, TuneOptions, TuneProgress};
-use crate::run::{ForwardOutput, HeadDims, KernelElement, KernelOptions, ParallelKernels, Shape};
-use aec_compiler::{BackwardConfig, ForwardConfig, Isa};
+use crate::run::{
+    ForwardOutput, HeadDims, KernelElement, KernelOptions, ParallelKernels, RecurrentDims,
+    RecurrentKernels, RecurrentShape, Shape,
+};
+use aec_compiler::{BackwardConfig, ForwardConfig, Isa, RecurrentConfig};
 use aec_frontend::Variant;
 use aec_runtime::{Device, DeviceBuffer, Stream, time_ms};
 use std::collections::HashMap;
@@ -83,7 +86,8 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
         nvrtc_flags: Vec<String>,
     ) -> Result<GpuProfiler<'a, T>, String> {
         let stream = device.stream();
-        let inputs = input_sets(variant, dims, shape, &stream, 0)?;
+        let lens = super::declared_lens(variant, dims, shape)?;
+        let inputs = input_sets(&lens, &options.custom_ranges, &stream, 0)?;
         Ok(GpuProfiler {
             variant,
             device,
@@ -185,15 +189,37 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
             }
         }
         let mut set = 0;
-        let stream = self.stream.clone();
-        let timing = time_ms(&stream, self.options.warmup, self.options.reps, || {
+        let (stream, options) = (self.stream.clone(), self.options.clone());
+        median_micros(&stream, &options, || {
             set += 1;
             self.run_once(&kernels, set)
-                .map_err(aec_runtime::RuntimeError::Invalid)
         })
-        .map_err(|e| format!("timing: {e}"))?;
-        Ok(timing.median_ms * 1e3)
     }
+}
+
+/// The median time of `run` in microseconds: warm-up runs (at least
+/// `options.warmup`, and as many as fill `options.warmup_ms`, so the GPU
+/// reaches the clocks it holds under sustained load before anything is
+/// timed; short bursts run at boost clocks and can rank plans otherwise
+/// than training does), then `options.reps` runs each timed with events.
+fn median_micros(
+    stream: &Stream,
+    options: &TuneOptions,
+    mut run: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let invalid = aec_runtime::RuntimeError::Invalid;
+    let timing_error = |e: aec_runtime::RuntimeError| format!("timing: {e}");
+    let first = time_ms(stream, 0, 3, || run().map_err(invalid)).map_err(timing_error)?;
+    let warmup = if options.warmup_ms > 0.0 {
+        // At most 10,000 runs (kernels of a few microseconds).
+        ((options.warmup_ms / first.median_ms.max(1e-3)).ceil() as usize).min(10_000)
+    } else {
+        0
+    }
+    .max(options.warmup);
+    let timing =
+        time_ms(stream, warmup, options.reps, || run().map_err(invalid)).map_err(timing_error)?;
+    Ok(timing.median_ms * 1e3)
 }
 
 /// ‖a − b‖ / ‖b‖.
@@ -206,19 +232,18 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// Copies of the inputs of `shape` until they exceed twice a 50 MiB L2 (at
-/// most 4): q, k, v uniform in [-1, 1) (and, with `extra` > 0, a tensor of
-/// `extra` elements alike per copy, e.g. the backward's dO); custom inputs
-/// in [0.5, 1), a range every example's custom input means something in:
-/// slopes, decays, gates.
+/// Copies of the inputs (`lens`: q, k, v and the custom inputs by name and
+/// element count) until they exceed twice a 50 MiB L2 (at most 4): q, k, v
+/// uniform in [-1, 1) (and, with `extra` > 0, a tensor of `extra`
+/// elements alike per copy, the backward's dO); custom inputs in their
+/// `ranges` entry, else [0.5, 1), a range the parallel examples' custom
+/// inputs mean something in: slopes, decays, gates.
 fn input_sets<T: KernelElement>(
-    variant: &Variant,
-    dims: HeadDims,
-    shape: Shape,
+    lens: &[(String, usize)],
+    ranges: &[(String, f32, f32)],
     stream: &Stream,
     extra: usize,
 ) -> Result<Vec<InputSet<T>>, String> {
-    let lens = super::declared_lens(variant, dims, shape)?;
     let (nq, nk, nv) = (lens[0].1, lens[1].1, lens[2].1);
     let set_bytes = (nq + nk + nv + extra) * std::mem::size_of::<T>();
     let copies = (100usize << 20).div_ceil(set_bytes.max(1)).clamp(1, 4);
@@ -232,7 +257,11 @@ fn input_sets<T: KernelElement>(
         let hx = (extra > 0).then(|| host(extra));
         let mut customs = Vec::new();
         for (name, n) in &lens[3..] {
-            let values: Vec<f32> = (0..*n).map(|_| rng.next(0.5, 1.0)).collect();
+            let (lo, hi) = ranges
+                .iter()
+                .find(|(r, _, _)| r == name)
+                .map_or((0.5, 1.0), |&(_, lo, hi)| (lo, hi));
+            let values: Vec<f32> = (0..*n).map(|_| rng.next(lo, hi)).collect();
             customs.push((name.clone(), stream.upload(&values).map_err(gpu)?));
         }
         sets.push(InputSet {
@@ -343,8 +372,9 @@ impl<'a, T: KernelElement> BackwardGpuProfiler<'a, T> {
         let forward = ParallelKernels::compile(variant, device, dims, &forward_opts)
             .map_err(|e| format!("the default forward: {e}"))?;
         let d_o_len = shape.rows() * dims.dv as usize;
+        let lens = super::declared_lens(variant, dims, shape)?;
         let mut sets = Vec::new();
-        for mut inputs in input_sets::<T>(variant, dims, shape, &stream, d_o_len)? {
+        for mut inputs in input_sets::<T>(&lens, &options.custom_ranges, &stream, d_o_len)? {
             let d_o = inputs.d_o.take().expect("input_sets makes dO when asked");
             let customs: Vec<(&str, &DeviceBuffer<f32>)> = inputs
                 .customs
@@ -468,14 +498,169 @@ impl<T: KernelElement> Profiler<BackwardConfig> for BackwardGpuProfiler<'_, T> {
             }
         }
         let mut set = 0;
-        let stream = self.stream.clone();
-        let timing = time_ms(&stream, self.options.warmup, self.options.reps, || {
+        let (stream, options) = (self.stream.clone(), self.options.clone());
+        median_micros(&stream, &options, || {
             set += 1;
-            self.run_once(&kernels, set)
-                .map(drop)
-                .map_err(aec_runtime::RuntimeError::Invalid)
+            self.run_once(&kernels, set).map(drop)
         })
-        .map_err(|e| format!("timing: {e}"))?;
-        Ok(timing.median_ms * 1e3)
+    }
+}
+
+/// Measures recurrent forward plans of one variant and shape on one device,
+/// each through [`RecurrentKernels::forward`] from a zero state, its output
+/// and final state checked against the default plan's.
+pub struct RecurrentGpuProfiler<'a, T: KernelElement> {
+    variant: &'a Variant,
+    device: &'a Device,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    options: TuneOptions,
+    nvrtc_flags: Vec<String>,
+    stream: Stream,
+    inputs: Vec<InputSet<T>>,
+    kernels: HashMap<RecurrentConfig, Result<RecurrentKernels, String>>,
+    /// The default plan's output and final state on the first copy.
+    reference: Option<[Vec<f32>; 2]>,
+}
+
+impl<T: KernelElement> std::fmt::Debug for RecurrentGpuProfiler<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecurrentGpuProfiler")
+            .field("variant", &self.variant.name)
+            .field("shape", &self.shape)
+            .field("input_copies", &self.inputs.len())
+            .finish()
+    }
+}
+
+impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
+    /// Allocates the inputs as [`GpuProfiler::new`] does (custom inputs in
+    /// `options.custom_ranges`, else [0.5, 1)).
+    pub fn new(
+        variant: &'a Variant,
+        device: &'a Device,
+        dims: RecurrentDims,
+        shape: RecurrentShape,
+        options: TuneOptions,
+        nvrtc_flags: Vec<String>,
+    ) -> Result<RecurrentGpuProfiler<'a, T>, String> {
+        let stream = device.stream();
+        let lens = super::recurrent_declared_lens(variant, dims, shape)?;
+        let inputs = input_sets(&lens, &options.custom_ranges, &stream, 0)?;
+        Ok(RecurrentGpuProfiler {
+            variant,
+            device,
+            dims,
+            shape,
+            options,
+            nvrtc_flags,
+            stream,
+            inputs,
+            kernels: HashMap::new(),
+            reference: None,
+        })
+    }
+
+    fn kernel_options(&self, config: RecurrentConfig) -> KernelOptions {
+        KernelOptions {
+            elem: T::ELEM,
+            recurrent_config: Some(config),
+            nvrtc_flags: self.nvrtc_flags.clone(),
+            ..KernelOptions::default()
+        }
+    }
+
+    fn run_once(
+        &self,
+        kernels: &RecurrentKernels,
+        set: usize,
+    ) -> Result<crate::run::RecurrentOutput<T>, String> {
+        let inputs = &self.inputs[set % self.inputs.len()];
+        let customs: Vec<(&str, &DeviceBuffer<f32>)> = inputs
+            .customs
+            .iter()
+            .map(|(n, b)| (n.as_str(), b))
+            .collect();
+        kernels
+            .forward(
+                &self.stream,
+                &inputs.q,
+                &inputs.k,
+                &inputs.v,
+                &customs,
+                self.shape,
+                None,
+                None,
+            )
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentGpuProfiler<'_, T> {
+    fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
+        let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
+        warm_in_parallel(device, &opts, progress, |o| {
+            crate::run::recurrent_source(variant, dims, o, Isa::for_arch(device.arch()))
+                .map(|s| s.source)
+        });
+        for (config, o) in plans.iter().zip(opts) {
+            let compiled = RecurrentKernels::compile(self.variant, self.device, self.dims, &o)
+                .map_err(|e| format!("compile: {e}"));
+            self.kernels.insert(*config, compiled);
+        }
+    }
+
+    fn measure(&mut self, plan: &RecurrentConfig) -> Result<f64, String> {
+        let kernels = match self.kernels.remove(plan) {
+            Some(k) => k?,
+            None => RecurrentKernels::compile(
+                self.variant,
+                self.device,
+                self.dims,
+                &self.kernel_options(*plan),
+            )
+            .map_err(|e| format!("compile: {e}"))?,
+        };
+        let out = self.run_once(&kernels, 0)?;
+        let o: Vec<f32> = self
+            .stream
+            .download(&out.o)
+            .map_err(|e| format!("download: {e}"))?
+            .into_iter()
+            .map(T::to_f32)
+            .collect();
+        let state = self
+            .stream
+            .download(&out.final_state)
+            .map_err(|e| format!("download: {e}"))?;
+        drop(out);
+        if o.iter().chain(&state).any(|x| !x.is_finite()) {
+            return Err(
+                "output or final state has NaN or infinite values: give the custom inputs ranges \
+                 the variant means (`--custom-range NAME=LO,HI`)"
+                    .into(),
+            );
+        }
+        let got = [o, state];
+        match &self.reference {
+            None => self.reference = Some(got),
+            Some(r) => {
+                for (name, (a, b)) in ["output", "final state"].into_iter().zip(got.iter().zip(r)) {
+                    let rel = rel_diff(a, b);
+                    if rel > MAX_REL_DIFF {
+                        return Err(format!(
+                            "{name} differs from the default plan's: relative difference {rel:.2e}"
+                        ));
+                    }
+                }
+            }
+        }
+        let mut set = 0;
+        let (stream, options) = (self.stream.clone(), self.options.clone());
+        median_micros(&stream, &options, || {
+            set += 1;
+            self.run_once(&kernels, set).map(drop)
+        })
     }
 }

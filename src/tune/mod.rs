@@ -16,11 +16,11 @@
 pub mod dispatch;
 pub mod gpu;
 
-use crate::run::{HeadDims, Shape};
+use crate::run::{HeadDims, RecurrentDims, RecurrentShape, Shape};
 use aec_compiler::schedule::{
     DeviceConfig, KernelConfig, Problem, Ranked, VariantFacts, rank_forward, useful_flops,
 };
-use aec_compiler::{BackwardConfig, Elem, ForwardConfig, Isa};
+use aec_compiler::{BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig};
 use aec_frontend::Variant;
 use aec_runtime::{Rejection, ShapeBucket, TunedEntry, TuningKey};
 use std::time::Instant;
@@ -31,16 +31,29 @@ pub const PARALLEL_FORWARD: &str = "parallel_forward";
 /// The kernel name tuning keys use for the parallel backward.
 pub const PARALLEL_BACKWARD: &str = "parallel_backward";
 
+/// The kernel name tuning keys use for the recurrent forward.
+pub const RECURRENT_FORWARD: &str = "recurrent_forward";
+
 /// How much to profile.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
     /// Plans from the top of the model's ranking to profile (the default
     /// configuration is profiled in addition).
     pub top: usize,
-    /// Untimed runs before timing each plan.
+    /// Untimed runs before timing each plan (at least; see `warmup_ms`).
     pub warmup: usize,
+    /// Milliseconds of untimed runs before timing each plan (0: only
+    /// `warmup` runs): long enough for the GPU to settle at its sustained
+    /// clocks. Short bursts run at boost clocks, where plans that use more
+    /// power look faster than they are in training.
+    pub warmup_ms: f64,
     /// Timed runs per plan (the median is kept).
     pub reps: usize,
+    /// The range of values drawn for named custom inputs, `(name, lo, hi)`;
+    /// the others are drawn from [0.5, 1) (a range slopes, decays and gates
+    /// take, but not for example Mamba2's `a`, whose decay `exp(dt · a)`
+    /// needs it negative).
+    pub custom_ranges: Vec<(String, f32, f32)>,
 }
 
 impl Default for TuneOptions {
@@ -48,7 +61,9 @@ impl Default for TuneOptions {
         TuneOptions {
             top: 8,
             warmup: 3,
+            warmup_ms: 200.0,
             reps: 20,
+            custom_ranges: Vec::new(),
         }
     }
 }
@@ -117,35 +132,38 @@ pub fn variant_hash(variant: &Variant) -> String {
     aec_runtime::hex_digest(aec_frontend::print::render(variant).as_bytes())
 }
 
-/// The template version part of tuning keys: aec's version and a digest of
-/// the forward template, so results of other kernels are never reused.
+/// aec's version and a digest of `text` (a kernel's template and the
+/// preludes it includes): the template version part of tuning keys, so
+/// results of other kernels are never reused.
+fn version_of(text: &str) -> String {
+    format!(
+        "{}+{}",
+        env!("CARGO_PKG_VERSION"),
+        &aec_runtime::hex_digest(text.as_bytes())[..12]
+    )
+}
+
+/// The template version part of the forward's tuning keys.
 pub fn template_version() -> String {
     static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VERSION
-        .get_or_init(|| {
-            format!(
-                "{}+{}",
-                env!("CARGO_PKG_VERSION"),
-                &aec_runtime::hex_digest(aec_compiler::cuda::forward::TEMPLATE_TEXT.as_bytes())
-                    [..12]
-            )
-        })
+        .get_or_init(|| version_of(aec_compiler::cuda::forward::TEMPLATE_TEXT))
         .clone()
 }
 
-/// The template version part of the backward's tuning keys: aec's version
-/// and a digest of the backward template.
+/// The template version part of the backward's tuning keys.
 pub fn backward_template_version() -> String {
     static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VERSION
-        .get_or_init(|| {
-            format!(
-                "{}+{}",
-                env!("CARGO_PKG_VERSION"),
-                &aec_runtime::hex_digest(aec_compiler::cuda::backward::TEMPLATE_TEXT.as_bytes())
-                    [..12]
-            )
-        })
+        .get_or_init(|| version_of(aec_compiler::cuda::backward::TEMPLATE_TEXT))
+        .clone()
+}
+
+/// The template version part of the recurrent forward's tuning keys.
+pub fn recurrent_template_version() -> String {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| version_of(aec_compiler::cuda::recurrent::TEMPLATE_TEXT))
         .clone()
 }
 
@@ -190,6 +208,31 @@ pub fn backward_key(
     }
 }
 
+/// The key of the recurrent forward of a variant (by its hash) for a call:
+/// head dims Dk × Dv, the shape's bucket with `Hkv = H` and `Sq = Skv = S`.
+pub fn recurrent_key(
+    variant: &Variant,
+    variant_hash: &str,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    elem: Elem,
+    parts: &KeyParts<'_>,
+) -> TuningKey {
+    let as_parallel = Shape::mha(shape.b, shape.h, shape.s, shape.s);
+    TuningKey {
+        kernel: RECURRENT_FORWARD.to_string(),
+        template_version: recurrent_template_version(),
+        ..backward_key(
+            variant,
+            variant_hash,
+            HeadDims::new(dims.dk, dims.dv),
+            as_parallel,
+            elem,
+            parts,
+        )
+    }
+}
+
 /// The element counts of q, k, v and the custom inputs of `variant` for a
 /// call (by their declared axes), as [`crate::run::check_shapes`] takes them.
 pub fn declared_lens(
@@ -198,11 +241,33 @@ pub fn declared_lens(
     shape: Shape,
 ) -> Result<Vec<(String, usize)>, String> {
     use aec_frontend::ir::Axis;
-    let size = |a: Axis| match a {
+    lens_by(variant, |a: Axis| match a {
         Axis::Dqk => Some(dims.dqk as usize),
         Axis::Dv => Some(dims.dv as usize),
         other => shape.size(other),
-    };
+    })
+}
+
+/// The element counts of q, k, v and the custom inputs of a recurrent
+/// `variant` for a call of `shape` (as [`declared_lens`]).
+pub fn recurrent_declared_lens(
+    variant: &Variant,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+) -> Result<Vec<(String, usize)>, String> {
+    use aec_frontend::ir::Axis;
+    lens_by(variant, |a: Axis| match a {
+        Axis::Dk => Some(dims.dk as usize),
+        Axis::Dv => Some(dims.dv as usize),
+        other => shape.size(other),
+    })
+}
+
+/// The element counts of `variant`'s inputs with axes sized by `size`.
+fn lens_by(
+    variant: &Variant,
+    size: impl Fn(aec_frontend::ir::Axis) -> Option<usize>,
+) -> Result<Vec<(String, usize)>, String> {
     [&variant.q, &variant.k, &variant.v]
         .into_iter()
         .chain(&variant.customs)
@@ -380,6 +445,66 @@ pub fn tune_backward(
 pub fn backward_flops(problem: &Problem, facts: &VariantFacts) -> f64 {
     let (dqk, dv) = (f64::from(problem.dqk), f64::from(problem.dv));
     useful_flops(problem, facts) * (3.0 * dqk + 2.0 * dv) / (dqk + dv)
+}
+
+/// Tunes the recurrent forward of `variant` for `shape` on `device`: the
+/// default and the first `top` others of [`RecurrentConfig::space`]
+/// (already the tiles the generator and the shared memory take) are
+/// profiled with `profiler` in that order (no cost model), and the fastest
+/// measured plan is returned (the default when nothing beats it). Fails
+/// only when the default itself cannot be measured.
+#[allow(clippy::too_many_arguments)]
+pub fn tune_recurrent(
+    variant: &Variant,
+    device: &DeviceConfig,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    elem: Elem,
+    key: TuningKey,
+    options: &TuneOptions,
+    profiler: &mut dyn Profiler<RecurrentConfig>,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport<RecurrentConfig>, String> {
+    let started = Instant::now();
+    let Some(isa) = cuda_isa(device) else {
+        return Err(format!(
+            "{} is an AMD device: the recurrent forward is tuned on CUDA GPUs only",
+            device.name
+        ));
+    };
+    if variant.recurrent().is_none() {
+        return Err(format!(
+            "`{}` is a parallel variant: `tune_recurrent` tunes the recurrent forward",
+            variant.name
+        ));
+    }
+    let space = RecurrentConfig::space(variant, dims.dk, dims.dv, elem, isa);
+    let space_size = space.len();
+    let plans: Vec<(RecurrentConfig, Option<f64>)> = space
+        .into_iter()
+        .take(options.top + 1)
+        .map(|c| (c, None))
+        .collect();
+    let flops = recurrent_flops(dims, shape);
+    let profiled = profile(plans, profiler, progress, RecurrentConfig::label);
+    select(
+        key,
+        profiled,
+        Vec::new(),
+        space_size,
+        flops,
+        device,
+        started,
+    )
+}
+
+/// The recurrent forward's useful FLOPs, as the benchmark's anchors count
+/// them: within 64-step chunks `2·B·H·S·64·(Dk + Dv)`, across chunks
+/// `4·B·H·S·Dk·Dv`.
+pub fn recurrent_flops(dims: RecurrentDims, shape: RecurrentShape) -> f64 {
+    let (b, h, s) = (shape.b as f64, shape.h as f64, shape.s as f64);
+    let (dk, dv) = (f64::from(dims.dk), f64::from(dims.dv));
+    2.0 * b * h * s * 64.0 * (dk + dv) + 4.0 * b * h * s * dk * dv
 }
 
 /// Prepares and measures `plans` in order, reporting progress.

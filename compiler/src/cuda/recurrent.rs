@@ -16,8 +16,24 @@ use aec_frontend::ir::Axis;
 use aec_frontend::variant::Recurrent;
 use askama::Template;
 
+/// The recurrent forward's templates (both instruction sets) and the
+/// preludes they include, as text: their digest is part of the recurrent
+/// forward's tuning keys, so a changed template never reuses old results.
+pub const TEMPLATE_TEXT: &str = concat!(
+    include_str!("../../../templates/cuda/recurrent_fwd.cu"),
+    include_str!("../../../templates/cuda/recurrent_fwd_sm90.cu"),
+    include_str!("../../../templates/cuda/recurrent_types.cu"),
+    include_str!("../../../templates/cuda/recurrent_state.cu"),
+    include_str!("../../../templates/cuda/recurrent_segments.cu"),
+    include_str!("../../../templates/cuda/recurrent_decay.cu"),
+    include_str!("../../../templates/cuda/recurrent_modify.cu"),
+    include_str!("../../../templates/cuda/recurrent_per_key.cu"),
+    include_str!("../../../templates/cuda/prelude.cu"),
+    include_str!("../../../templates/cuda/prelude_sm90.cu"),
+);
+
 /// Tile configuration of the recurrent forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RecurrentConfig {
     /// Steps per chunk: the intra-chunk score matrix is `chunk × chunk`.
     /// The `mma.sync` forward takes 32 or 64 ([`RECURRENT_CHUNKS`]); the
@@ -125,6 +141,44 @@ impl RecurrentConfig {
         } else {
             RecurrentConfig::for_variant(variant, dk, dv, self.elem, isa)
         }
+    }
+
+    /// A short name for reports: chunk, Dv slice, warps, ring depth, blocks
+    /// per multiprocessor and the instruction set (`c64 dv64 w8 s2 b1
+    /// wgmma`; the wgmma forward's fixed warps, stages and blocks are
+    /// printed as configured).
+    pub fn label(&self) -> String {
+        format!(
+            "c{} dv{} w{} s{} b{} {}",
+            self.chunk,
+            self.dv_tile,
+            self.warps,
+            self.stages,
+            self.blocks_per_sm,
+            if self.wgmma { "wgmma" } else { "mma.sync" }
+        )
+    }
+
+    /// The recurrent forward's tile space on `isa` for `variant` at head
+    /// dims `dk` × `dv`: what the tuner profiles. The variant's default
+    /// ([`for_variant`](Self::for_variant)) first — on sm_90a the wgmma
+    /// forward where it takes the variant — then the `mma.sync` space
+    /// ([`mma_sync_space`](Self::mma_sync_space)).
+    pub fn space(
+        variant: &Variant,
+        dk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> Vec<RecurrentConfig> {
+        let default = RecurrentConfig::for_variant(variant, dk, dv, elem, isa);
+        std::iter::once(default)
+            .chain(
+                RecurrentConfig::mma_sync_space(variant, dk, dv, elem, isa)
+                    .into_iter()
+                    .filter(|c| *c != default),
+            )
+            .collect()
     }
 
     /// The `mma.sync` forward's tile space on `isa` for `variant` at head
