@@ -30,22 +30,33 @@ const PARTS: KeyParts<'static> = KeyParts {
     toolkit: "nvrtc 13.0",
 };
 
-/// Times from a rule; records what it was asked.
-struct FakeProfiler<F: Fn(&ForwardConfig) -> Result<f64, String>> {
+/// Times plans of configuration type `C` from a rule; records what it was
+/// asked.
+struct FakeProfiler<C, F: Fn(&C) -> Result<f64, String>> {
     time: F,
-    prepared: Vec<ForwardConfig>,
-    measured: Vec<ForwardConfig>,
+    prepared: Vec<C>,
+    measured: Vec<C>,
 }
 
-impl<F: Fn(&ForwardConfig) -> Result<f64, String>> Profiler for FakeProfiler<F> {
-    fn prepare(&mut self, plans: &[ForwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
+impl<C: Copy, F: Fn(&C) -> Result<f64, String>> FakeProfiler<C, F> {
+    fn new(time: F) -> Self {
+        FakeProfiler {
+            time,
+            prepared: vec![],
+            measured: vec![],
+        }
+    }
+}
+
+impl<C: Copy, F: Fn(&C) -> Result<f64, String>> Profiler<C> for FakeProfiler<C, F> {
+    fn prepare(&mut self, plans: &[C], progress: &mut dyn FnMut(TuneProgress)) {
         self.prepared = plans.to_vec();
         progress(TuneProgress::Compiled {
             done: plans.len(),
             total: plans.len(),
         });
     }
-    fn measure(&mut self, plan: &ForwardConfig) -> Result<f64, String> {
+    fn measure(&mut self, plan: &C) -> Result<f64, String> {
         self.measured.push(*plan);
         (self.time)(plan)
     }
@@ -59,11 +70,7 @@ fn tune_with(
     let h100 = DeviceConfig::named("h100").unwrap();
     let dims = HeadDims::square(128);
     let key = forward_key(v, &variant_hash(v), dims, shape, Elem::Bf16, &PARTS);
-    let mut p = FakeProfiler {
-        time,
-        prepared: vec![],
-        measured: vec![],
-    };
+    let mut p = FakeProfiler::new(time);
     let mut events = 0;
     let options = TuneOptions {
         top: 5,
@@ -213,27 +220,6 @@ fn dispatch_finds_the_tuned_plan_for_its_bucket_only() {
     );
 }
 
-/// Times backward plans from a rule; records what it was asked.
-struct FakeBackwardProfiler<F: Fn(&BackwardConfig) -> Result<f64, String>> {
-    time: F,
-    measured: Vec<BackwardConfig>,
-}
-
-impl<F: Fn(&BackwardConfig) -> Result<f64, String>> Profiler<BackwardConfig>
-    for FakeBackwardProfiler<F>
-{
-    fn prepare(&mut self, plans: &[BackwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
-        progress(TuneProgress::Compiled {
-            done: plans.len(),
-            total: plans.len(),
-        });
-    }
-    fn measure(&mut self, plan: &BackwardConfig) -> Result<f64, String> {
-        self.measured.push(*plan);
-        (self.time)(plan)
-    }
-}
-
 #[test]
 fn the_backward_space_holds_the_default_and_says_why_it_refuses_a_tile() {
     let v = example("deepseek");
@@ -285,18 +271,15 @@ fn backward_tuning_takes_the_fastest_plan_and_dispatch_finds_it_apart_from_the_f
     let default = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
     // The mma.sync tiles fail; the split wgmma form with shared scores is
     // fastest; the rest 100 µs (the default ties and keeps its place).
-    let mut p = FakeBackwardProfiler {
-        time: |c: &BackwardConfig| {
-            if !c.wgmma {
-                Err("launch failed".to_string())
-            } else if c.split_d == 2 && c.shared_scores && c.warp_specialized && c.kv_groups == 1 {
-                Ok(if c.block_m == 64 { 70.0 } else { 90.0 })
-            } else {
-                Ok(100.0)
-            }
-        },
-        measured: vec![],
-    };
+    let mut p = FakeProfiler::new(|c: &BackwardConfig| {
+        if !c.wgmma {
+            Err("launch failed".to_string())
+        } else if c.split_d == 2 && c.shared_scores && c.warp_specialized && c.kv_groups == 1 {
+            Ok(if c.block_m == 64 { 70.0 } else { 90.0 })
+        } else {
+            Ok(100.0)
+        }
+    });
     let options = TuneOptions {
         top: 64,
         ..TuneOptions::default()
@@ -347,27 +330,6 @@ fn backward_tuning_takes_the_fastest_plan_and_dispatch_finds_it_apart_from_the_f
     assert!(fwd.lookup::<ForwardConfig>(&cache, shape).is_none());
 }
 
-/// Times recurrent plans from a rule; records what it was asked.
-struct FakeRecurrentProfiler<F: Fn(&RecurrentConfig) -> Result<f64, String>> {
-    time: F,
-    measured: Vec<RecurrentConfig>,
-}
-
-impl<F: Fn(&RecurrentConfig) -> Result<f64, String>> Profiler<RecurrentConfig>
-    for FakeRecurrentProfiler<F>
-{
-    fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
-        progress(TuneProgress::Compiled {
-            done: plans.len(),
-            total: plans.len(),
-        });
-    }
-    fn measure(&mut self, plan: &RecurrentConfig) -> Result<f64, String> {
-        self.measured.push(*plan);
-        (self.time)(plan)
-    }
-}
-
 #[test]
 fn recurrent_tuning_takes_the_fastest_tile_and_dispatch_finds_it_by_its_bucket() {
     let v = example("mamba2");
@@ -393,14 +355,14 @@ fn recurrent_tuning_takes_the_fastest_tile_and_dispatch_finds_it_by_its_bucket()
     assert_eq!(key.kernel, RECURRENT_FORWARD);
     // 32-step chunks in one stage are fastest; two blocks per SM fail.
     let fails = |c: &RecurrentConfig| c.blocks_per_sm == 2;
-    let mut p = FakeRecurrentProfiler {
-        time: |c: &RecurrentConfig| match (c.blocks_per_sm, c.chunk, c.stages) {
-            (2, _, _) => Err("launch failed".to_string()),
-            (_, 32, 1) => Ok(50.0 + f64::from(c.dv_tile)),
-            _ => Ok(200.0),
-        },
-        measured: vec![],
-    };
+    let mut p =
+        FakeProfiler::new(
+            |c: &RecurrentConfig| match (c.blocks_per_sm, c.chunk, c.stages) {
+                (2, _, _) => Err("launch failed".to_string()),
+                (_, 32, 1) => Ok(50.0 + f64::from(c.dv_tile)),
+                _ => Ok(200.0),
+            },
+        );
     let options = TuneOptions {
         top: 100,
         ..TuneOptions::default()

@@ -44,7 +44,7 @@ pub struct GpuProfiler<'a, T: KernelElement> {
     /// The output, allocated by the first kernels measured (again when a
     /// plan's row outputs differ).
     out: Option<ForwardOutput<T>>,
-    kernels: HashMap<ForwardConfig, Result<ParallelKernels, String>>,
+    kernels: PlanKernels<ForwardConfig, ParallelKernels>,
     /// The default plan's output (the first plan measured).
     reference: Option<Vec<f32>>,
 }
@@ -98,7 +98,7 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
             stream,
             inputs,
             out: None,
-            kernels: HashMap::new(),
+            kernels: PlanKernels::default(),
             reference: None,
         })
     }
@@ -130,28 +130,21 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
     fn prepare(&mut self, plans: &[ForwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
         let (variant, device, dims) = (self.variant, self.device, self.dims);
         let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
-        warm_in_parallel(device, &opts, progress, |o| {
+        let source = |o: &KernelOptions| {
             crate::run::forward_source(variant, dims, o, Isa::for_arch(device.arch()))
                 .map(|s| s.source)
-        });
-        for (config, o) in plans.iter().zip(opts) {
-            let compiled = ParallelKernels::compile(self.variant, self.device, self.dims, &o)
-                .map_err(|e| format!("compile: {e}"));
-            self.kernels.insert(*config, compiled);
-        }
+        };
+        let compile = |o: &KernelOptions| ParallelKernels::compile(variant, device, dims, o);
+        self.kernels
+            .prepare(device, plans, opts, progress, source, compile);
     }
 
     fn measure(&mut self, plan: &ForwardConfig) -> Result<f64, String> {
-        let kernels = match self.kernels.remove(plan) {
-            Some(k) => k?,
-            None => ParallelKernels::compile(
-                self.variant,
-                self.device,
-                self.dims,
-                &self.kernel_options(*plan),
-            )
-            .map_err(|e| format!("compile: {e}"))?,
-        };
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
+        let opts = self.kernel_options(*plan);
+        let kernels = self.kernels.take(plan, &opts, |o| {
+            ParallelKernels::compile(variant, device, dims, o)
+        })?;
         // Plans of one variant share the row outputs; allocate once.
         let rows = self.shape.rows() * kernels.row_output_names().len().max(1);
         if self
@@ -220,6 +213,54 @@ fn median_micros(
     let timing =
         time_ms(stream, warmup, options.reps, || run().map_err(invalid)).map_err(timing_error)?;
     Ok(timing.median_ms * 1e3)
+}
+
+/// Each plan's loaded kernels: compiled in `prepare` (NVRTC in parallel into
+/// the kernel cache first, then loaded one by one) and taken by `measure`.
+struct PlanKernels<C, K> {
+    compiled: HashMap<C, Result<K, String>>,
+}
+
+impl<C, K> Default for PlanKernels<C, K> {
+    fn default() -> Self {
+        PlanKernels {
+            compiled: HashMap::new(),
+        }
+    }
+}
+
+impl<C: Copy + Eq + std::hash::Hash, K> PlanKernels<C, K> {
+    /// Generates (`source`) and compiles every plan with its options
+    /// (`opts`, in the order of `plans`), then loads each (`compile`, which
+    /// finds the cubins in the kernel cache).
+    fn prepare(
+        &mut self,
+        device: &Device,
+        plans: &[C],
+        opts: Vec<KernelOptions>,
+        progress: &mut dyn FnMut(TuneProgress),
+        source: impl Fn(&KernelOptions) -> Result<String, crate::run::Error> + Sync,
+        compile: impl Fn(&KernelOptions) -> Result<K, crate::run::Error>,
+    ) {
+        warm_in_parallel(device, &opts, progress, source);
+        for (plan, o) in plans.iter().zip(&opts) {
+            let loaded = compile(o).map_err(|e| format!("compile: {e}"));
+            self.compiled.insert(*plan, loaded);
+        }
+    }
+
+    /// `plan`'s kernels: those `prepare` made, else compiled now.
+    fn take(
+        &mut self,
+        plan: &C,
+        opts: &KernelOptions,
+        compile: impl Fn(&KernelOptions) -> Result<K, crate::run::Error>,
+    ) -> Result<K, String> {
+        match self.compiled.remove(plan) {
+            Some(k) => k,
+            None => compile(opts).map_err(|e| format!("compile: {e}")),
+        }
+    }
 }
 
 /// ‖a − b‖ / ‖b‖.
@@ -337,7 +378,7 @@ pub struct BackwardGpuProfiler<'a, T: KernelElement> {
     nvrtc_flags: Vec<String>,
     stream: Stream,
     sets: Vec<BackwardSet<T>>,
-    kernels: HashMap<BackwardConfig, Result<ParallelKernels, String>>,
+    kernels: PlanKernels<BackwardConfig, ParallelKernels>,
     /// The default plan's dQ, dK and dV on the first copy.
     reference: Option<[Vec<f32>; 3]>,
 }
@@ -398,7 +439,7 @@ impl<'a, T: KernelElement> BackwardGpuProfiler<'a, T> {
             nvrtc_flags,
             stream,
             sets,
-            kernels: HashMap::new(),
+            kernels: PlanKernels::default(),
             reference: None,
         })
     }
@@ -442,28 +483,21 @@ impl<T: KernelElement> Profiler<BackwardConfig> for BackwardGpuProfiler<'_, T> {
     fn prepare(&mut self, plans: &[BackwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
         let (variant, device, dims) = (self.variant, self.device, self.dims);
         let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
-        warm_in_parallel(device, &opts, progress, |o| {
+        let source = |o: &KernelOptions| {
             crate::run::backward_source(variant, dims, o, Isa::for_arch(device.arch()))
                 .map(|s| s.source)
-        });
-        for (config, o) in plans.iter().zip(opts) {
-            let compiled = ParallelKernels::compile(self.variant, self.device, self.dims, &o)
-                .map_err(|e| format!("compile: {e}"));
-            self.kernels.insert(*config, compiled);
-        }
+        };
+        let compile = |o: &KernelOptions| ParallelKernels::compile(variant, device, dims, o);
+        self.kernels
+            .prepare(device, plans, opts, progress, source, compile);
     }
 
     fn measure(&mut self, plan: &BackwardConfig) -> Result<f64, String> {
-        let kernels = match self.kernels.remove(plan) {
-            Some(k) => k?,
-            None => ParallelKernels::compile(
-                self.variant,
-                self.device,
-                self.dims,
-                &self.kernel_options(*plan),
-            )
-            .map_err(|e| format!("compile: {e}"))?,
-        };
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
+        let opts = self.kernel_options(*plan);
+        let kernels = self.kernels.take(plan, &opts, |o| {
+            ParallelKernels::compile(variant, device, dims, o)
+        })?;
         // Correctness first: against the default's gradients.
         let grads = self.run_once(&kernels, 0)?;
         let download = |b: &DeviceBuffer<T>| -> Result<Vec<f32>, String> {
@@ -518,7 +552,7 @@ pub struct RecurrentGpuProfiler<'a, T: KernelElement> {
     nvrtc_flags: Vec<String>,
     stream: Stream,
     inputs: Vec<InputSet<T>>,
-    kernels: HashMap<RecurrentConfig, Result<RecurrentKernels, String>>,
+    kernels: PlanKernels<RecurrentConfig, RecurrentKernels>,
     /// The default plan's output and final state on the first copy.
     reference: Option<[Vec<f32>; 2]>,
 }
@@ -556,7 +590,7 @@ impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
             nvrtc_flags,
             stream,
             inputs,
-            kernels: HashMap::new(),
+            kernels: PlanKernels::default(),
             reference: None,
         })
     }
@@ -600,28 +634,21 @@ impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentGpuProfiler<'_, T>
     fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
         let (variant, device, dims) = (self.variant, self.device, self.dims);
         let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
-        warm_in_parallel(device, &opts, progress, |o| {
+        let source = |o: &KernelOptions| {
             crate::run::recurrent_source(variant, dims, o, Isa::for_arch(device.arch()))
                 .map(|s| s.source)
-        });
-        for (config, o) in plans.iter().zip(opts) {
-            let compiled = RecurrentKernels::compile(self.variant, self.device, self.dims, &o)
-                .map_err(|e| format!("compile: {e}"));
-            self.kernels.insert(*config, compiled);
-        }
+        };
+        let compile = |o: &KernelOptions| RecurrentKernels::compile(variant, device, dims, o);
+        self.kernels
+            .prepare(device, plans, opts, progress, source, compile);
     }
 
     fn measure(&mut self, plan: &RecurrentConfig) -> Result<f64, String> {
-        let kernels = match self.kernels.remove(plan) {
-            Some(k) => k?,
-            None => RecurrentKernels::compile(
-                self.variant,
-                self.device,
-                self.dims,
-                &self.kernel_options(*plan),
-            )
-            .map_err(|e| format!("compile: {e}"))?,
-        };
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
+        let opts = self.kernel_options(*plan);
+        let kernels = self.kernels.take(plan, &opts, |o| {
+            RecurrentKernels::compile(variant, device, dims, o)
+        })?;
         let out = self.run_once(&kernels, 0)?;
         let o: Vec<f32> = self
             .stream

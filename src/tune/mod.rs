@@ -396,12 +396,7 @@ pub fn tune_backward(
     progress: &mut dyn FnMut(TuneProgress),
 ) -> Result<TuneReport<BackwardConfig>, String> {
     let started = Instant::now();
-    let Some(isa) = cuda_isa(device) else {
-        return Err(format!(
-            "{} is an AMD device: the backward is tuned on CUDA GPUs only (the HIP backward has one tile per head dims)",
-            device.name
-        ));
-    };
+    let isa = profiled_isa(device, "the backward")?;
     if variant.parallel().is_none() {
         return Err(format!(
             "`{}` is a recurrent variant: `tune_backward` tunes the parallel backward",
@@ -420,23 +415,53 @@ pub fn tune_backward(
             }),
         }
     }
-    let space_size = fit.len();
-    let plans: Vec<(BackwardConfig, Option<f64>)> = std::iter::once(default)
-        .chain(fit.into_iter().filter(|c| *c != default).take(options.top))
-        .map(|c| (c, None))
-        .collect();
     let problem = problem_of(dims, shape, elem);
     let flops = backward_flops(&problem, &VariantFacts::of(variant));
-    let profiled = profile(plans, profiler, progress, BackwardConfig::label);
+    let label = BackwardConfig::label;
+    let profiled = profile_in_order(default, &fit, options.top, profiler, progress, label);
     select(
         key,
         profiled,
         space_rejected,
-        space_size,
+        fit.len(),
         flops,
         device,
         started,
     )
+}
+
+/// The instruction set of a CUDA `device`, or why `what` cannot be tuned
+/// there (an AMD device: nothing launches HIP kernels for profiling here).
+fn profiled_isa(device: &DeviceConfig, what: &str) -> Result<Isa, String> {
+    cuda_isa(device).ok_or_else(|| {
+        format!(
+            "{} is an AMD device: {what} is tuned on CUDA GPUs only (AMD targets are ranked by the cost model, `--target`, for the parallel forward)",
+            device.name
+        )
+    })
+}
+
+/// Profiles `default`, then the first `top` others of `candidates` in
+/// their order (the tiles without a cost model).
+fn profile_in_order<C: Clone + PartialEq>(
+    default: C,
+    candidates: &[C],
+    top: usize,
+    profiler: &mut dyn Profiler<C>,
+    progress: &mut dyn FnMut(TuneProgress),
+    label: impl Fn(&C) -> String,
+) -> Vec<ProfiledPlan<C>> {
+    let plans: Vec<(C, Option<f64>)> = std::iter::once(default.clone())
+        .chain(
+            candidates
+                .iter()
+                .filter(|c| **c != default)
+                .take(top)
+                .cloned(),
+        )
+        .map(|c| (c, None))
+        .collect();
+    profile(plans, profiler, progress, label)
 }
 
 /// The backward's useful FLOPs: its five GEMMs (Sᵀ and dQ, dK over Dqk;
@@ -466,32 +491,23 @@ pub fn tune_recurrent(
     progress: &mut dyn FnMut(TuneProgress),
 ) -> Result<TuneReport<RecurrentConfig>, String> {
     let started = Instant::now();
-    let Some(isa) = cuda_isa(device) else {
-        return Err(format!(
-            "{} is an AMD device: the recurrent forward is tuned on CUDA GPUs only",
-            device.name
-        ));
-    };
+    let isa = profiled_isa(device, "the recurrent forward")?;
     if variant.recurrent().is_none() {
         return Err(format!(
             "`{}` is a parallel variant: `tune_recurrent` tunes the recurrent forward",
             variant.name
         ));
     }
+    let default = RecurrentConfig::for_variant(variant, dims.dk, dims.dv, elem, isa);
     let space = RecurrentConfig::space(variant, dims.dk, dims.dv, elem, isa);
-    let space_size = space.len();
-    let plans: Vec<(RecurrentConfig, Option<f64>)> = space
-        .into_iter()
-        .take(options.top + 1)
-        .map(|c| (c, None))
-        .collect();
     let flops = recurrent_flops(dims, shape);
-    let profiled = profile(plans, profiler, progress, RecurrentConfig::label);
+    let label = RecurrentConfig::label;
+    let profiled = profile_in_order(default, &space, options.top, profiler, progress, label);
     select(
         key,
         profiled,
         Vec::new(),
-        space_size,
+        space.len(),
         flops,
         device,
         started,
