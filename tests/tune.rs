@@ -411,3 +411,41 @@ fn recurrent_tuning_takes_the_fastest_tile_and_dispatch_finds_it_by_its_bucket()
             .is_none()
     );
 }
+
+#[test]
+fn the_default_measured_is_what_the_shape_runs_untuned() {
+    // One long decoding sequence: few blocks, so the untuned call takes the
+    // few-block tile (ForwardConfig::for_decode_shape), not the variant's
+    // plain default; the tuner's speedup is over the former.
+    let v = example("decode");
+    let shape = Shape::new(1, 32, 8, 1, 32768);
+    let dims = HeadDims::square(128);
+    let h100 = DeviceConfig::named("h100").unwrap();
+    let untuned = aec::run::untuned_config_for_shape(
+        &v,
+        dims,
+        shape,
+        Elem::Bf16,
+        Isa::Sm90a,
+        h100.sms,
+        false,
+    );
+    let plain = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert_ne!(untuned, plain, "the shape changes the tile");
+    let key = forward_key(&v, &variant_hash(&v), dims, shape, Elem::Bf16, &PARTS);
+    let mut p = FakeProfiler::new(|_: &ForwardConfig| Ok(10.0));
+    let r = tune_forward(
+        &v,
+        &h100,
+        dims,
+        shape,
+        Elem::Bf16,
+        key,
+        &TuneOptions::default(),
+        &mut p,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(p.measured[0], untuned);
+    assert_eq!(entry_config::<ForwardConfig>(&r.entry), Some(untuned));
+}

@@ -540,6 +540,39 @@ fn generate_backward(
     })
 }
 
+/// The forward configuration a call of `shape` runs untuned on a GPU of
+/// `isa` with `sms` multiprocessors (what `compile_for_shape` takes when the
+/// tuning cache has nothing, and what the tuner measures as the default):
+/// the variant's default tile ([`crate::compiler::untuned_forward_config`])
+/// adapted to the shape's packed rows and grid
+/// ([`ForwardConfig::for_decode_shape`]: decoding tiles, few-block rules).
+pub fn untuned_config_for_shape(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    isa: Isa,
+    sms: u32,
+    v_in_k: bool,
+) -> ForwardConfig {
+    crate::compiler::untuned_forward_config(
+        ForwardConfig::default_for,
+        variant,
+        dims.dqk,
+        dims.dv,
+        elem,
+        isa,
+        v_in_k,
+    )
+    .for_decode_shape(
+        [shape.b, shape.h, shape.hkv, shape.sq],
+        sms,
+        dims.dqk,
+        dims.dv,
+        isa,
+    )
+}
+
 /// The three loaded backward kernels (see [`BackwardSource`]).
 #[derive(Debug)]
 struct BackwardKernels {
@@ -723,26 +756,22 @@ impl ParallelKernels {
         }
         if options.config.is_none() {
             // Untuned decoding: the default tile for the shape's packed rows
-            // and grid (ForwardConfig::for_decode_shape).
+            // and grid (ForwardConfig::for_decode_shape); elsewhere the
+            // generator's own default, as without a shape.
             let isa = Isa::for_arch(device.arch());
-            let cfg = crate::compiler::untuned_forward_config(
+            let (elem, v_in_k, sms) = (options.elem, options.v_in_k, device.sm_count());
+            let shaped = untuned_config_for_shape(variant, dims, shape, elem, isa, sms, v_in_k);
+            let plain = crate::compiler::untuned_forward_config(
                 ForwardConfig::default_for,
                 variant,
                 dims.dqk,
                 dims.dv,
-                options.elem,
+                elem,
                 isa,
-                options.v_in_k,
+                v_in_k,
             );
-            let packed = cfg.for_decode_shape(
-                [shape.b, shape.h, shape.hkv, shape.sq],
-                device.sm_count(),
-                dims.dqk,
-                dims.dv,
-                isa,
-            );
-            if packed != cfg {
-                options.config = Some(packed);
+            if shaped != plain {
+                options.config = Some(shaped);
             }
         }
         ParallelKernels::compile(variant, device, dims, &options)

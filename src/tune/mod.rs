@@ -352,7 +352,10 @@ pub fn tune_forward(
             device.name
         ));
     };
-    let default = ForwardConfig::default_for(variant, dims.dqk, dims.dv, elem, isa);
+    // What the call runs untuned (the shape's decoding or few-block tile
+    // where it has one), so the speedup is over what tuning replaces.
+    let default =
+        crate::run::untuned_config_for_shape(variant, dims, shape, elem, isa, device.sms, false);
     let plans = plans_to_profile(&ranked, default, options.top);
     let space_rejected = space_rejected
         .iter()
