@@ -449,3 +449,28 @@ fn the_default_measured_is_what_the_shape_runs_untuned() {
     assert_eq!(p.measured[0], untuned);
     assert_eq!(entry_config::<ForwardConfig>(&r.entry), Some(untuned));
 }
+
+/// A tuned recurrent forward tile also sets the backward's
+/// (`RecurrentConfig::backward_for`): every tile the tuner may keep must
+/// leave a backward that generates.
+#[test]
+fn every_tunable_recurrent_tile_leaves_a_backward_that_generates() {
+    let mut checked = 0;
+    for (name, dk, dv) in [
+        ("mamba2", 128, 64),
+        ("gated_retention", 256, 256),
+        ("retnet_recurrent", 256, 512),
+    ] {
+        let v = example(name);
+        for isa in [Isa::Sm90a, Isa::Sm80] {
+            for c in RecurrentConfig::space(&v, dk, dv, Elem::Bf16, isa) {
+                let b = c.backward_for(&v, dk, dv, isa);
+                aec::compiler::recurrent_backward(&v, dk, dv, &b, isa).unwrap_or_else(|e| {
+                    panic!("{name} {isa:?} {} (backward {}): {e}", c.label(), b.label())
+                });
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 40, "{checked} tiles");
+}
