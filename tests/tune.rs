@@ -474,3 +474,25 @@ fn every_tunable_recurrent_tile_leaves_a_backward_that_generates() {
     }
     assert!(checked >= 40, "{checked} tiles");
 }
+
+/// Reports name plans by label: two plans of one space never read alike.
+#[test]
+fn forward_plans_of_one_space_have_distinct_labels() {
+    use aec::compiler::schedule::rank_forward;
+    for name in ["softmax_causal", "sigmoid", "decode"] {
+        let v = example(name);
+        let shape = if name == "decode" {
+            Shape::new(4, 32, 8, 1, 4096)
+        } else {
+            Shape::mha(4, 16, 1000, 1000)
+        };
+        let problem = aec::tune::problem_of(HeadDims::square(128), shape, Elem::Bf16);
+        let (ranked, _) = rank_forward(&v, &problem, &DeviceConfig::named("h100").unwrap());
+        let mut labels: Vec<String> = ranked.iter().map(|r| r.candidate.config.label()).collect();
+        let n = labels.len();
+        assert!(n > 10, "{name}: {n} plans");
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), n, "{name}: labels repeat");
+    }
+}

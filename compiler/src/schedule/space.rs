@@ -104,29 +104,50 @@ pub enum KernelConfig {
 }
 
 impl KernelConfig {
-    /// A short label for reports: `m128 n128 w8 s2 wgmma-ws`.
+    /// A short label for reports: `m128 n128 w8 s2 wgmma-ws persistent tma`.
     pub fn label(&self) -> String {
         match self {
-            KernelConfig::Cuda(c) => format!(
-                "m{} n{} w{} s{} {}{}{}{}{}",
-                c.block_m,
-                c.block_n,
-                c.warps,
-                c.stages,
-                match (c.wgmma, c.warp_specialized) {
-                    (true, true) => "wgmma-ws",
-                    (true, false) => "wgmma",
-                    _ => "mma.sync",
-                },
-                if c.persistent { " persistent" } else { "" },
-                if c.q_in_registers { " q-regs" } else { "" },
+            KernelConfig::Cuda(c) => {
+                let mut s = format!(
+                    "m{} n{} w{} s{} {}",
+                    c.block_m,
+                    c.block_n,
+                    c.warps,
+                    c.stages,
+                    match (c.wgmma, c.warp_specialized) {
+                        (true, true) => "wgmma-ws",
+                        (true, false) => "wgmma",
+                        _ => "mma.sync",
+                    }
+                );
+                // Every option that changes the kernel, so two plans of a
+                // report never read alike.
+                let flags = [
+                    (c.persistent, " persistent"),
+                    (c.tma_loads && c.warp_specialized, " tma"),
+                    (c.q_in_registers, " q-regs"),
+                    (c.late_epilogue, " late-epilogue"),
+                    (c.pack_gqa, " gqa-packed"),
+                    (c.split_kv, " split-kv"),
+                    (c.fused_combine, " fused-combine"),
+                    (c.v_in_k, " v-in-k"),
+                ];
+                for (on, name) in flags {
+                    if on {
+                        s += name;
+                    }
+                }
                 if c.dv_split > 1 {
-                    format!(" dv/{}", c.dv_split)
-                } else {
-                    String::new()
-                },
-                if c.pack_gqa { " gqa-packed" } else { "" },
-            ),
+                    s += &format!(" dv/{}", c.dv_split);
+                }
+                if c.key_warps > 1 {
+                    s += &format!(" key-warps/{}", c.key_warps);
+                }
+                if c.dv_warps > 1 {
+                    s += &format!(" dv-warps/{}", c.dv_warps);
+                }
+                s
+            }
             KernelConfig::Hip(c) => format!(
                 "m{} n{} waves{}{}{}",
                 c.block_m,
