@@ -31,11 +31,13 @@ enum Command {
     /// List the GPUs kernels can run on here: NVIDIA (CUDA driver) and, when
     /// built with the `hip` feature, AMD (HIP runtime).
     Devices(devices::DevicesArgs),
-    /// Tune a variant's parallel forward on the GPU present: rank the tile
-    /// configurations with the cost model, compile the best in parallel,
-    /// profile them and the default, and store the fastest per shape bucket
-    /// in the tuning cache (read by `ParallelKernels::compile_for_shape`).
-    /// `--target` ranks with the model only, without a GPU.
+    /// Tune a variant's kernels on the GPU present: the parallel forward
+    /// (the cost model ranks the tile configurations, the best compile in
+    /// parallel and are profiled with the default), with `--backward` the
+    /// parallel backward's tile, or a recurrent variant's forward (the latter
+    /// two over their tile spaces in order); the fastest per shape bucket
+    /// goes into the tuning cache (read by `compile_for_shape`). `--target`
+    /// ranks the parallel forward with the model only, without a GPU.
     Tune(tune::TuneArgs),
     /// Inspect and manage the autotuner's tuning cache: list, show, clear,
     /// export, import.

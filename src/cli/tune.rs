@@ -29,7 +29,7 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct TuneArgs {
-    /// A Rust file with `attention! { … }` (a parallel variant).
+    /// A Rust file with `attention! { … }` (a parallel or recurrent variant).
     pub file: PathBuf,
     /// The variant to tune when the file holds several (by name).
     #[arg(long)]
@@ -62,7 +62,8 @@ pub struct TuneArgs {
     #[arg(long)]
     pub backward: bool,
     /// Plans from the top of the model's ranking to profile, besides the
-    /// default (for the backward: the first in its space's order).
+    /// default (for the backward and a recurrent forward: the first in their
+    /// space's order).
     #[arg(long, default_value_t = 8)]
     pub top: usize,
     /// Timed runs per plan (the median is kept).
