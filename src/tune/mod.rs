@@ -1,15 +1,16 @@
-//! Autotuning and dispatch of the parallel forward and backward.
+//! Autotuning and dispatch of the parallel forward and backward and of the
+//! recurrent forward.
 //!
 //! [`tune_forward`] takes the scheduler's ranking
 //! ([`aec_compiler::schedule::rank_forward`]), profiles the top plans and
-//! the hand-set default with a [`Profiler`], and returns the winner as a
-//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`] does
-//! the same for the backward over its tile space
-//! ([`BackwardConfig::space`], which has no cost model: the candidates the
-//! generator takes are profiled in the space's order). The selection logic
-//! is independent of the GPU: [`gpu::GpuProfiler`] and
-//! [`gpu::BackwardGpuProfiler`] measure on a device, the tests use fake
-//! ones. [`dispatch`] answers, per call shape, which configuration to run:
+//! the default with a [`Profiler`], and returns the winner as a
+//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`] and
+//! [`tune_recurrent`] do the same over their tile spaces
+//! ([`BackwardConfig::space`], [`RecurrentConfig::space`]), which have no
+//! cost model: the candidates are profiled in the space's order. The
+//! selection logic is independent of the GPU: [`gpu::GpuProfiler`],
+//! [`gpu::BackwardGpuProfiler`] and [`gpu::RecurrentGpuProfiler`] measure
+//! on a device, the tests use fake ones. [`dispatch`] answers, per call shape, which configuration to run:
 //! the tuned one of the shape's bucket, else the default; it never tunes by
 //! itself.
 
@@ -98,7 +99,8 @@ pub struct ProfiledPlan<C = ForwardConfig> {
     pub config: C,
     pub label: String,
     /// The model's estimate, µs (`None` for a default the space does not
-    /// hold, and for the backward, which has no model).
+    /// hold, and for the backward and recurrent forward, which have no
+    /// model).
     pub model_micros: Option<f64>,
     /// The measured median, µs, or why there is none.
     pub measured: Result<f64, String>,
@@ -176,11 +178,8 @@ pub fn forward_key(
     elem: Elem,
     parts: &KeyParts<'_>,
 ) -> TuningKey {
-    TuningKey {
-        kernel: PARALLEL_FORWARD.to_string(),
-        template_version: template_version(),
-        ..backward_key(variant, variant_hash, dims, shape, elem, parts)
-    }
+    let kernel = (PARALLEL_FORWARD, template_version());
+    key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
 }
 
 /// The key of the parallel backward of a variant (by its hash) for a call.
@@ -192,20 +191,8 @@ pub fn backward_key(
     elem: Elem,
     parts: &KeyParts<'_>,
 ) -> TuningKey {
-    TuningKey {
-        variant: variant.name.clone(),
-        variant_hash: variant_hash.to_string(),
-        kernel: PARALLEL_BACKWARD.to_string(),
-        template_version: backward_template_version(),
-        target: parts.target.to_string(),
-        gpu: parts.gpu.to_string(),
-        driver: parts.driver.to_string(),
-        toolkit: parts.toolkit.to_string(),
-        dtype: elem.name().to_string(),
-        dqk: dims.dqk,
-        dv: dims.dv,
-        shape: ShapeBucket::of(shape.b, shape.h, shape.hkv, shape.sq, shape.skv),
-    }
+    let kernel = (PARALLEL_BACKWARD, backward_template_version());
+    key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
 }
 
 /// The key of the recurrent forward of a variant (by its hash) for a call:
@@ -218,18 +205,35 @@ pub fn recurrent_key(
     elem: Elem,
     parts: &KeyParts<'_>,
 ) -> TuningKey {
-    let as_parallel = Shape::mha(shape.b, shape.h, shape.s, shape.s);
+    let kernel = (RECURRENT_FORWARD, recurrent_template_version());
+    let dims = HeadDims::new(dims.dk, dims.dv);
+    let shape = Shape::mha(shape.b, shape.h, shape.s, shape.s);
+    key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
+}
+
+/// The key of `kernel` (its name and template version) for a call.
+fn key_of(
+    (kernel, template_version): (&str, String),
+    variant: &Variant,
+    variant_hash: &str,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    parts: &KeyParts<'_>,
+) -> TuningKey {
     TuningKey {
-        kernel: RECURRENT_FORWARD.to_string(),
-        template_version: recurrent_template_version(),
-        ..backward_key(
-            variant,
-            variant_hash,
-            HeadDims::new(dims.dk, dims.dv),
-            as_parallel,
-            elem,
-            parts,
-        )
+        variant: variant.name.clone(),
+        variant_hash: variant_hash.to_string(),
+        kernel: kernel.to_string(),
+        template_version,
+        target: parts.target.to_string(),
+        gpu: parts.gpu.to_string(),
+        driver: parts.driver.to_string(),
+        toolkit: parts.toolkit.to_string(),
+        dtype: elem.name().to_string(),
+        dqk: dims.dqk,
+        dv: dims.dv,
+        shape: ShapeBucket::of(shape.b, shape.h, shape.hkv, shape.sq, shape.skv),
     }
 }
 
