@@ -555,7 +555,22 @@ pub fn untuned_config_for_shape(
     sms: u32,
     v_in_k: bool,
 ) -> ForwardConfig {
-    crate::compiler::untuned_forward_config(
+    untuned_configs(variant, dims, shape, elem, isa, sms, v_in_k).1
+}
+
+/// The variant's untuned forward configuration without a shape (what the
+/// generator takes when the options name none) and
+/// [`untuned_config_for_shape`]'s adaptation of it to `shape`.
+fn untuned_configs(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    isa: Isa,
+    sms: u32,
+    v_in_k: bool,
+) -> (ForwardConfig, ForwardConfig) {
+    let plain = crate::compiler::untuned_forward_config(
         ForwardConfig::default_for,
         variant,
         dims.dqk,
@@ -563,13 +578,11 @@ pub fn untuned_config_for_shape(
         elem,
         isa,
         v_in_k,
-    )
-    .for_decode_shape(
-        [shape.b, shape.h, shape.hkv, shape.sq],
-        sms,
-        dims.dqk,
-        dims.dv,
-        isa,
+    );
+    let rows = [shape.b, shape.h, shape.hkv, shape.sq];
+    (
+        plain,
+        plain.for_decode_shape(rows, sms, dims.dqk, dims.dv, isa),
     )
 }
 
@@ -760,16 +773,7 @@ impl ParallelKernels {
             // generator's own default, as without a shape.
             let isa = Isa::for_arch(device.arch());
             let (elem, v_in_k, sms) = (options.elem, options.v_in_k, device.sm_count());
-            let shaped = untuned_config_for_shape(variant, dims, shape, elem, isa, sms, v_in_k);
-            let plain = crate::compiler::untuned_forward_config(
-                ForwardConfig::default_for,
-                variant,
-                dims.dqk,
-                dims.dv,
-                elem,
-                isa,
-                v_in_k,
-            );
+            let (plain, shaped) = untuned_configs(variant, dims, shape, elem, isa, sms, v_in_k);
             if shaped != plain {
                 options.config = Some(shaped);
             }

@@ -580,10 +580,11 @@ fn select<C: serde::Serialize>(
             ));
         }
     };
-    let times: Vec<f64> = profiled
+    let mut sorted: Vec<f64> = profiled
         .iter()
         .filter_map(|p| p.measured.as_ref().ok().copied())
         .collect();
+    sorted.sort_by(f64::total_cmp);
     let best = profiled
         .iter()
         .filter_map(|p| p.measured.as_ref().ok().map(|t| (p, *t)))
@@ -592,8 +593,6 @@ fn select<C: serde::Serialize>(
             _ => Some((p, t)),
         })
         .expect("the default was measured");
-    let mut sorted = times.clone();
-    sorted.sort_by(f64::total_cmp);
     let median_us = sorted[sorted.len() / 2];
     let tflops = flops / (best.1 * 1e-6) / 1e12;
     let rejected = space_rejected

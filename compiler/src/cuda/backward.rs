@@ -159,6 +159,12 @@ impl BackwardConfig {
             .copied()
             .find(|&(m, w, k)| tile_fits(dqk, dv, m, w, k))
             .unwrap_or((64, 4, 1));
+        BackwardConfig::mma_sync(block_m, warps, split_d, elem)
+    }
+
+    /// The `mma.sync` kernel's tile: `block_m` query rows per step on
+    /// `warps` warps, `split_d` of them sharing 16 keys.
+    fn mma_sync(block_m: u32, warps: u32, split_d: u32, elem: Elem) -> BackwardConfig {
         BackwardConfig {
             block_m,
             warps,
@@ -244,17 +250,7 @@ impl BackwardConfig {
             for warps in [4, 8] {
                 for split_d in [1, 2, 4] {
                     if tile_fits(dqk, dv, block_m, warps, split_d) {
-                        out.push(BackwardConfig {
-                            block_m,
-                            warps,
-                            split_d,
-                            elem,
-                            wgmma: false,
-                            kv_groups: 1,
-                            shared_scores: false,
-                            warp_specialized: false,
-                            tma_loads: false,
-                        });
+                        out.push(BackwardConfig::mma_sync(block_m, warps, split_d, elem));
                     }
                 }
             }
