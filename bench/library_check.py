@@ -21,9 +21,9 @@ where the library has none), loads the library on the current GPU and checks:
   float64 PyTorch references written here from examples/*.rs. Tolerance: a
   relative error max|ours - ref| / max|ref| of at most 2e-2 (bf16 inputs);
 - the tuning table: for each tuning-table kernel of the library for this
-  GPU, a call in each of its buckets runs it (checked as above, forward and
-  backward) and a call outside runs the default kernel
-  (`variant.last_entry`); without any, a note (a failure where
+  GPU (forward or backward), a call in each of its buckets runs it (checked
+  as above, forward and backward) and a call outside runs the pass's default
+  kernel (`variant.last_entry`); without any, a note (a failure where
   AEC_REQUIRE_TUNED=1);
 - tensor maps: where the Softmax forward loads q, k and v with TMA copies
   (the sm_90a kernels take tensor maps of them, which the module encodes
@@ -186,6 +186,7 @@ def check_parallel(lib, name, ref, sizes, customs, backward=True, kv_splits=(Non
         finite = all(bool(torch.isfinite(g).all()) for g in ours)
         row = {f"rel_err_{n}": e for n, e in errs.items()}
         record(f"{name} backward", variant=name, shape=shape, finite=finite,
+               kernel=variant.last_entry, tuned_for=variant.last_tuned_for,
                passed=finite and all(e <= TOL for e in errs.values()), **row)
     guarded(f"{name} backward", grads, variant=name, shape=shape)
 
@@ -195,35 +196,43 @@ def inside(bucket):
     return bucket if bucket <= 2 else bucket - bucket // 4 + 1
 
 
+def first_entry(record):
+    """The kernel a record's plan launches first (the forward's kernel, the
+    backward's row kernel): what `last_entry` names after a call."""
+    return record["plan"]["launches"][0]["entry"]
+
+
 def check_tuning_table(lib, refs):
-    """Every tuning-table kernel of the library for this GPU: a call in each
-    of its buckets runs it (forward and backward against float64), a call
-    outside every bucket runs the default."""
+    """Every tuning-table kernel of the library for this GPU, forward and
+    backward: a call in each of its buckets runs it (checked against
+    float64), a call outside every bucket runs the pass's default."""
     found = 0
     for name in lib.variants:
         variant = lib[name]
         for k in variant.record["kernels"]:
             items = [t for t in k.get("tuned_for") or () if t["gpu"] == lib.device_name]
-            if k.get("pass") != "forward" or not items or name not in refs:
+            pass_name = k.get("pass")
+            if pass_name not in ("forward", "backward") or not items or name not in refs:
                 continue
+            default = next(r for r in variant.record["kernels"]
+                           if r.get("pass") == pass_name and "plan" in r and not r.get("tuned_for")
+                           and any(b.get("arch") == lib.arch for b in r.get("builds") or []))
             d = k["head_dims"]["Dqk"]
             for t in items:
                 found += 1
                 z = t["sizes"]
                 sizes = (z["B"], z["H"], z["Hkv"], inside(z["Sq"]), inside(z["Skv"]), d)
                 check_parallel(lib, name, refs[name], sizes, {})
-                row = next(c for c in reversed(checks) if c["check"] == f"{name} forward")
+                row = next(c for c in reversed(checks) if c["check"] == f"{name} {pass_name}")
                 ran = row.get("kernel")
-                record(f"{name} tuning table", variant=name, bucket=z, gpu=t["gpu"], kernel=ran, expected=k["entry"],
-                       shape=row["shape"], passed=ran == k["entry"] and row["passed"])
+                record(f"{name} {pass_name} tuning table", variant=name, bucket=z, gpu=t["gpu"], kernel=ran,
+                       expected=first_entry(k), shape=row["shape"], passed=ran == first_entry(k) and row["passed"])
                 outside = (z["B"], z["H"], z["Hkv"], 2 * z["Sq"] + 1, z["Skv"], d)
-                check_parallel(lib, name, refs[name], outside, {}, backward=False)
-                row = next(c for c in reversed(checks) if c["check"] == f"{name} forward")
-                default = next(r for r in variant.record["kernels"]
-                               if r.get("pass") == "forward" and not r.get("tuned_for")
-                               and any(b.get("arch") == lib.arch for b in r.get("builds") or []))
-                record(f"{name} outside the tuning table", variant=name, shape=row["shape"], kernel=row.get("kernel"),
-                       expected=default["entry"], passed=row.get("kernel") == default["entry"] and row.get("tuned_for") is None)
+                check_parallel(lib, name, refs[name], outside, {}, backward=pass_name == "backward")
+                row = next(c for c in reversed(checks) if c["check"] == f"{name} {pass_name}")
+                record(f"{name} {pass_name} outside the tuning table", variant=name, shape=row["shape"],
+                       kernel=row.get("kernel"), expected=first_entry(default),
+                       passed=row.get("kernel") == first_entry(default) and row.get("tuned_for") is None and row["passed"])
     if not found:
         required = os.environ.get("AEC_REQUIRE_TUNED") == "1"
         record("tuning table", gpu=lib.device_name, note=f"the library has no tuning-table kernels for {lib.device_name}",

@@ -12,6 +12,7 @@
 #   aec compile examples/softmax.rs --target h100 --head-dims 128 $T -o target/libs/c_softmax
 #   aec compile examples/alibi.rs examples/decode.rs examples/mamba2.rs examples/softmax.rs \
 #       --target h100,a100 --head-dims 128x64 $T -o target/libs/more
+#   aec compile examples/mla_decode.rs --target h100 --v-in-k -o target/libs/latent
 #   cargo test --release --test gpu_library --no-run   # copied to target/gpu-bin/gpu_library
 #
 #   OUT=$OUT bash bench/library_gpu.sh
@@ -35,7 +36,8 @@ echo "== C header"
 timeout 200 bash bench/library_c_check.sh target/libs/c_softmax target/libs/more || status=1
 tail -5 "$OUT/library_c_check.log"
 echo "== Rust loader"
-AEC_REQUIRE_GPU=1 AEC_TEST_LIBRARY=target/libs/more timeout 200 target/gpu-bin/gpu_library \
+AEC_REQUIRE_GPU=1 AEC_TEST_LIBRARY=target/libs/more AEC_TEST_LATENT_LIBRARY=target/libs/latent \
+    timeout 200 target/gpu-bin/gpu_library \
     --test-threads=1 > "$OUT/library_rust.log" 2>&1 || status=1
 tail -12 "$OUT/library_rust.log"
 exit $status

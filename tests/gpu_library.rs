@@ -573,18 +573,18 @@ fn gpu_library_errors_before_launch() {
     eprintln!("{test}: PASS (errors before launch, then a correct launch)");
 }
 
-/// The tuning table: each tuning-table kernel of the Softmax forward for
-/// this GPU (a library compiled with a tuning cache, e.g. the fixture of
-/// `bench/src/bin/tuning_fixture.rs`) runs for a call in its bucket and
-/// matches the reference there, forward and backward; a call outside runs
-/// the default. A library without any for this GPU is a skip line (a
-/// failure where `AEC_REQUIRE_TUNED=1`).
+/// The tuning table: each tuning-table kernel of the Softmax forward and
+/// backward for this GPU (a library compiled with a tuning cache, e.g. the
+/// fixture of `bench/src/bin/tuning_fixture.rs`) runs for a call in its
+/// bucket and matches the reference there, forward and backward; a call
+/// outside runs the pass's default. A library without any for this GPU is
+/// a skip line (a failure where `AEC_REQUIRE_TUNED=1`).
 #[test]
 fn gpu_library_tuning_table() {
     let test = "gpu_library_tuning_table";
     let Some(lib) = library(test) else { return };
-    let fwd = lib.entry("Softmax", "forward").unwrap();
-    if fwd.tuned().is_empty() {
+    let defaults = ["forward", "backward"].map(|pass| lib.entry("Softmax", pass).unwrap());
+    if defaults.iter().all(|e| e.tuned().is_empty()) {
         let msg = format!(
             "the library has no tuning-table kernels for {}: compile it with --tuning-cache",
             lib.device().name()
@@ -598,37 +598,39 @@ fn gpu_library_tuning_table() {
     }
     // A length of a power-of-two bucket that is not a power of two.
     let inside = |b: usize| if b <= 2 { b } else { b - b / 4 + 1 };
-    for tuned in fwd.tuned() {
-        assert_ne!(tuned.kernel_name(), fwd.kernel_name());
-        for bucket in tuned.tuned_for() {
-            let size = |n: &str| {
-                bucket
-                    .sizes
-                    .iter()
-                    .find(|(m, _)| m == n)
-                    .map(|&(_, v)| v as usize)
-                    .unwrap_or_else(|| panic!("{test}: the bucket has no {n}"))
-            };
-            let (b, h, hkv) = (size("B"), size("H"), size("Hkv"));
-            let shape = Shape::new(b, h, hkv, inside(size("Sq")), inside(size("Skv")));
-            assert_eq!(
-                fwd.for_sizes(&shape_sizes(shape)).kernel_name(),
-                tuned.kernel_name(),
-                "{test}: {shape} is in the bucket"
-            );
-            check_parallel(test, &lib, "softmax", "Softmax", shape, (0.0, 1.0), true);
-            let outside = Shape::new(b, h, hkv, 2 * size("Sq") + 1, size("Skv"));
-            assert_eq!(
-                fwd.for_sizes(&shape_sizes(outside)).kernel_name(),
-                fwd.kernel_name(),
-                "{test}: {outside} is outside every bucket"
-            );
-            check_parallel(test, &lib, "softmax", "Softmax", outside, (0.0, 1.0), false);
-            eprintln!(
-                "{test}: {} ran for {shape}, the default {} for {outside}",
-                tuned.kernel_name(),
-                fwd.kernel_name()
-            );
+    for default in defaults {
+        for tuned in default.tuned() {
+            assert_ne!(tuned.kernel_name(), default.kernel_name());
+            for bucket in tuned.tuned_for() {
+                let size = |n: &str| {
+                    bucket
+                        .sizes
+                        .iter()
+                        .find(|(m, _)| m == n)
+                        .map(|&(_, v)| v as usize)
+                        .unwrap_or_else(|| panic!("{test}: the bucket has no {n}"))
+                };
+                let (b, h, hkv) = (size("B"), size("H"), size("Hkv"));
+                let shape = Shape::new(b, h, hkv, inside(size("Sq")), inside(size("Skv")));
+                assert_eq!(
+                    default.for_sizes(&shape_sizes(shape)).kernel_name(),
+                    tuned.kernel_name(),
+                    "{test}: {shape} is in the bucket"
+                );
+                check_parallel(test, &lib, "softmax", "Softmax", shape, (0.0, 1.0), true);
+                let outside = Shape::new(b, h, hkv, 2 * size("Sq") + 1, size("Skv"));
+                assert_eq!(
+                    default.for_sizes(&shape_sizes(outside)).kernel_name(),
+                    default.kernel_name(),
+                    "{test}: {outside} is outside every bucket"
+                );
+                check_parallel(test, &lib, "softmax", "Softmax", outside, (0.0, 1.0), true);
+                eprintln!(
+                    "{test}: {} ran for {shape}, the default {} for {outside}",
+                    tuned.kernel_name(),
+                    default.kernel_name()
+                );
+            }
         }
     }
 }

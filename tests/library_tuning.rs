@@ -1,18 +1,21 @@
 //! The tuning table of kernel libraries, without a GPU: `aec compile` reads
 //! a tuning cache (written here through the runtime's API, as `aec tune`
-//! writes it) and adds one forward kernel per tuned configuration with the
-//! GPUs and shape buckets it serves; the Rust loader's and the C header's
-//! choice of kernel follows the GPU name and the call's bucket, and falls
-//! back to the default elsewhere. (The Python module's choice is tested in
+//! and `aec tune --backward` write it) and adds one forward kernel, or one
+//! backward, per tuned configuration with the GPUs and shape buckets it
+//! serves; the Rust loader's and the C header's choice of kernel follows the
+//! pass, the GPU name and the call's bucket, and falls back to the default
+//! elsewhere. (The Python module's choice is tested in
 //! `tests/python/test_aec_library.py`; on a GPU, `bench/library_gpu.sh`.)
 
 mod common;
 
-use aec::compiler::{Elem, ForwardConfig, Isa};
+use aec::compiler::{BackwardConfig, Elem, ForwardConfig, Isa, parallel_backward};
 use aec::library::Manifest;
 use aec::library::c_header::{LOADER_H, generate};
 use aec::runtime::{ShapeBucket, TunedEntry, TuningCache, TuningKey};
-use aec::tune::{PARALLEL_FORWARD, template_version, variant_hash};
+use aec::tune::{
+    PARALLEL_BACKWARD, PARALLEL_FORWARD, backward_template_version, template_version, variant_hash,
+};
 use common::{repo, show};
 use serde_json::Value;
 use std::path::Path;
@@ -58,6 +61,26 @@ fn tuned(gpu: &str, shape: ShapeBucket, config: ForwardConfig, variant_hash: &st
     }
 }
 
+/// A result of `aec tune --backward` for the softmax backward on `gpu`.
+fn tuned_backward(gpu: &str, shape: ShapeBucket, config: BackwardConfig, hash: &str) -> TunedEntry {
+    let forward = tuned(
+        gpu,
+        shape,
+        ForwardConfig::default_for(&softmax(), 128, 128, Elem::Bf16, Isa::Sm90a),
+        hash,
+    );
+    TunedEntry {
+        key: TuningKey {
+            kernel: PARALLEL_BACKWARD.into(),
+            template_version: backward_template_version(),
+            ..forward.key
+        },
+        config: serde_json::to_value(config).unwrap(),
+        config_label: config.label(),
+        ..forward
+    }
+}
+
 /// `aec compile examples/softmax.rs -t h100` with `extra` arguments, the
 /// environment's cache locations removed and NVRTC off the loader path
 /// (sources only: fast).
@@ -80,17 +103,30 @@ fn manifest(dir: &Path) -> Value {
 }
 
 /// The manifest with a cubin path in every sm_90a build, as a compile with
-/// NVRTC would have written.
+/// NVRTC would have written (named as the record's source).
 fn with_cubins(mut m: Value) -> Value {
     for v in m["variants"].as_array_mut().unwrap() {
         for k in v["kernels"].as_array_mut().unwrap() {
-            let entry = k["entry"].as_str().unwrap_or("backward").to_string();
+            let Some(source) = k["source"].as_str() else {
+                continue;
+            };
+            let cubin = source.replace(".cu", ".sm_90a.cubin");
             for b in k["builds"].as_array_mut().into_iter().flatten() {
-                b["cubin"] = Value::String(format!("kernels/{entry}.sm_90a.cubin"));
+                b["cubin"] = Value::String(cubin.clone());
             }
         }
     }
     m
+}
+
+/// The first tile of the backward's space, other than the default, that
+/// generates for softmax at 128/128 on sm_90a.
+fn other_backward_tile(default: &BackwardConfig) -> BackwardConfig {
+    let v = softmax();
+    BackwardConfig::space(128, 128, Elem::Bf16, Isa::Sm90a)
+        .into_iter()
+        .find(|c| c != default && parallel_backward(&v, 128, 128, c).is_ok())
+        .expect("the space holds another tile")
 }
 
 #[test]
@@ -109,6 +145,8 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
         ..default
     };
     assert!(x != default && y != default && x != y);
+    let bwd_default = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    let z = other_backward_tile(&bwd_default);
     let cache_file = tmp.path().join("tuning.json");
     let (mut cache, warning) = TuningCache::open(&cache_file);
     assert_eq!(warning, None);
@@ -119,6 +157,14 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
             tuned(H100, ShapeBucket::of(2, 3, 3, 4000, 4000), y, &hash),
             // The default won here: no kernel of its own.
             tuned(H100, ShapeBucket::of(8, 16, 16, 2048, 2048), default, &hash),
+            // The backward: a tile for one bucket, the default for another.
+            tuned_backward(H100, ShapeBucket::of(2, 3, 3, 450, 450), z, &hash),
+            tuned_backward(
+                H100,
+                ShapeBucket::of(8, 16, 16, 2048, 2048),
+                bwd_default,
+                &hash,
+            ),
             // Another variant's result (an edited softmax): ignored.
             tuned(
                 H100,
@@ -134,12 +180,15 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     assert!(out.status.success(), "{}", show(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("tuning table: 2 tuned forward kernels for 3 GPU and shape buckets from"),
+        stderr.contains(
+            "tuning table: 3 tuned kernels (2 forward, 1 backward) for 4 GPU and shape buckets from"
+        ),
         "{stderr}"
     );
     let m = manifest(&lib);
     assert_eq!(m["tuning"]["method"], "tuning cache");
-    assert_eq!(m["tuning"]["tuned_kernels"], 2);
+    assert_eq!(m["tuning"]["tuned_kernels"], 3);
+    assert_eq!(m["tuning"]["tuned_backward_kernels"], 1);
     let forwards: Vec<&Value> = m["variants"][0]["kernels"]
         .as_array()
         .unwrap()
@@ -166,6 +215,27 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     assert_eq!(x_for[0]["sizes"]["B"], 2);
     assert_eq!(x_for[1]["gpu"], H200);
     assert_eq!(forwards[2]["tuned_for"][0]["sizes"]["Skv"], 4096);
+    let backwards: Vec<&Value> = m["variants"][0]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["pass"] == "backward" && k.get("plan").is_some())
+        .collect();
+    assert_eq!(backwards.len(), 2, "the default and one tuned backward");
+    assert!(backwards[0].get("tuned_for").is_none());
+    assert_ne!(backwards[0]["source"], backwards[1]["source"]);
+    assert!(lib.join(backwards[1]["source"].as_str().unwrap()).is_file());
+    for (k, cfg) in backwards.iter().zip([bwd_default, z]) {
+        assert_eq!(k["config"]["block_m"], cfg.block_m);
+        assert_eq!(k["config"]["split_d"], cfg.split_d);
+        assert_eq!(k["config"]["warp_specialized"], cfg.warp_specialized);
+        assert_eq!(k["config"]["shared_scores"], cfg.shared_scores);
+    }
+    let z_for = backwards[1]["tuned_for"].as_array().unwrap();
+    assert_eq!(z_for.len(), 1);
+    assert_eq!(z_for[0]["gpu"], H100);
+    assert_eq!(z_for[0]["sizes"]["Sq"], 512);
+    assert_eq!(z_for[0]["config_label"], z.label());
 
     // Without the flag, the default cache location ($AEC_TUNING_CACHE here)
     // gives the same table.
@@ -180,7 +250,7 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
         .unwrap();
     assert!(out.status.success(), "{}", show(&out));
     let again = manifest(&by_env);
-    assert_eq!(again["tuning"]["tuned_kernels"], 2);
+    assert_eq!(again["tuning"]["tuned_kernels"], 3);
     assert_eq!(again["variants"][0]["kernels"], m["variants"][0]["kernels"]);
 
     // The Rust loader: the default stays the default; the table's records
@@ -212,9 +282,20 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
             .select_tuned("Softmax", "forward", "sm_90a", "NVIDIA A100")
             .is_empty()
     );
+    let (_, bwd, _) = parsed.select("Softmax", "backward", "sm_90a").unwrap();
+    assert!(bwd.tuned_for.is_empty(), "the default backward");
+    let bwd_on_h100 = parsed.select_tuned("Softmax", "backward", "sm_90a", H100);
+    assert_eq!(bwd_on_h100.len(), 1);
+    assert!(bwd_on_h100[0].2[0].contains(&sizes(2, 3, 300, 511)));
+    assert!(!bwd_on_h100[0].2[0].contains(&sizes(2, 3, 2048, 2048)));
+    assert_ne!(
+        bwd_on_h100[0].0.plan.as_ref().unwrap().launches[1].entry,
+        bwd.plan.as_ref().unwrap().launches[1].entry,
+        "the tuned backward's main kernel is its own"
+    );
     assert!(
         parsed
-            .select_tuned("Softmax", "backward", "sm_90a", H100)
+            .select_tuned("Softmax", "backward", "sm_90a", H200)
             .is_empty()
     );
     assert!(
@@ -241,8 +322,9 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
         .output()
         .unwrap();
     assert!(built.status.success(), "{}", show(&built));
-    let pick = |gpu: &str, b: u32, h: u32, sq: u32, skv: u32| -> String {
+    let pick_pass = |pass: &str, gpu: &str, b: u32, h: u32, sq: u32, skv: u32| -> String {
         let o = Command::new(&exe)
+            .arg(pass)
             .arg(gpu)
             .args([b, h, sq, skv].map(|n| n.to_string()))
             .output()
@@ -250,6 +332,7 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
         assert!(o.status.success(), "{}", show(&o));
         String::from_utf8_lossy(&o.stdout).trim().to_string()
     };
+    let pick = |gpu: &str, b, h, sq, skv| pick_pass("forward", gpu, b, h, sq, skv);
     let cubin = |i: usize| format!("kernels/{}.sm_90a.cubin", names[i]);
     assert_eq!(pick(H100, 2, 3, 450, 300), cubin(1));
     assert_eq!(pick(H100, 2, 3, 512, 257), cubin(1));
@@ -263,6 +346,19 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     assert_eq!(pick(H200, 1, 8, 33, 64), cubin(1));
     assert_eq!(pick(H200, 2, 3, 450, 300), cubin(0), "the H100's bucket");
     assert_eq!(pick("NVIDIA A100", 2, 3, 450, 300), cubin(0));
+    let bwd_cubin = |i: usize| {
+        backwards[i]["source"]
+            .as_str()
+            .unwrap()
+            .replace(".cu", ".sm_90a.cubin")
+    };
+    assert_eq!(pick_pass("backward", H100, 2, 3, 450, 300), bwd_cubin(1));
+    assert_eq!(
+        pick_pass("backward", H100, 8, 16, 2048, 2048),
+        bwd_cubin(0),
+        "the default won that bucket"
+    );
+    assert_eq!(pick_pass("backward", H200, 2, 3, 450, 300), bwd_cubin(0));
 }
 
 #[test]
@@ -299,7 +395,7 @@ fn compile_without_a_tuning_table_and_with_bad_caches() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("tuning table: 0 tuned forward kernels"),
+        stderr.contains("tuning table: 0 tuned kernels (0 forward, 0 backward)"),
         "{stderr}"
     );
     let m = manifest(&lib);

@@ -29,9 +29,9 @@ use aec::compiler::launch_plan::{
     recurrent_forward_plan,
 };
 use aec::compiler::{
-    BackwardConfig, CompileError, Elem, ForwardConfig, ForwardKind, Isa, KernelSource,
-    RecurrentBackwardSource, RecurrentConfig, RecurrentSource, parallel_backward, parallel_forward,
-    recurrent_backward, recurrent_forward, untuned_forward_config,
+    BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, ForwardKind, Isa,
+    KernelSource, RecurrentBackwardSource, RecurrentConfig, RecurrentSource, parallel_backward,
+    parallel_forward, recurrent_backward, recurrent_forward, untuned_forward_config,
 };
 use aec::frontend::ir::Axis;
 use aec::frontend::{Invocation, Variant};
@@ -42,7 +42,7 @@ use aec::runtime::{
     CompileOptions, HIP_TOOLCHAIN_HINT, TuningCache, compile, find_hip_compiler, hip_compile,
     hip_resources, nvrtc_present, nvrtc_version,
 };
-use aec::tune::{KeyParts, forward_key, variant_hash};
+use aec::tune::{KeyParts, backward_key, forward_key, variant_hash};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -113,9 +113,10 @@ pub struct CompileArgs {
     pub workloads: Vec<String>,
     /// The tuning cache whose results become the library's tuning table
     /// (default: $AEC_TUNING_CACHE, else $XDG_CACHE_HOME/aec/tuning-v1.json,
-    /// else ~/.cache/aec/tuning-v1.json; `aec tune` fills it). Each tuned
-    /// forward configuration that differs from the default is built as one
-    /// more kernel, launched for its GPU and shape buckets.
+    /// else ~/.cache/aec/tuning-v1.json; `aec tune` and `aec tune
+    /// --backward` fill it). Each tuned forward configuration or backward
+    /// tile that differs from the default is built as one more kernel (the
+    /// backward's three), launched for its GPU and shape buckets.
     #[arg(long, value_name = "FILE")]
     pub tuning_cache: Option<PathBuf>,
     /// Build the default configurations only, without reading a tuning cache.
@@ -187,8 +188,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     std::fs::create_dir_all(&kernels_dir).map_err(|e| format!("{}: {e}", kernels_dir.display()))?;
     let cache = tuning_cache(args)?;
     let toolkit = nvrtc_version().ok().map(|(a, b)| format!("nvrtc {a}.{b}"));
-    let mut tuned_kernels = 0usize;
-    let mut tuned_buckets = 0usize;
+    let mut tuned = TunedCounts::default();
     let mut manifest_variants = Vec::new();
     for (file, v) in &variants {
         if v.recurrent().is_some() {
@@ -238,14 +238,14 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             );
             let k = parallel_forward(v, vq, vv, &cfg)
                 .map_err(|e| format!("`{}` ({file}): {e}", v.name))?;
-            let forward = ForwardRecord {
+            let forward = CudaRecords {
                 dir: &kernels_dir,
                 variant: v,
                 dims: (vq, vv),
                 targets: &targets_of(isa),
                 with_nvrtc,
             };
-            kernels.push(forward.write(&k, &cfg)?);
+            kernels.push(forward.forward(&k, &cfg)?);
             // The tuning table: one more forward per tuned configuration,
             // launched for the GPUs and shape buckets it won.
             let Some(cache) = &cache else { continue };
@@ -287,10 +287,10 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         continue;
                     }
                 };
-                let mut record = forward.write(&tk, &tcfg)?;
+                let mut record = forward.forward(&tk, &tcfg)?;
                 record["tuned_for"] = tuned_for.iter().map(TunedFor::to_json).collect();
-                tuned_kernels += 1;
-                tuned_buckets += tuned_for.len();
+                tuned.forward += 1;
+                tuned.buckets += tuned_for.len();
                 kernels.push(record);
             }
         }
@@ -298,35 +298,24 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         // launched in order with the same arguments.
         for &isa in &isas {
             let bcfg = BackwardConfig::default_for(vq, vv, Elem::Bf16, isa);
-            let backward = if args.v_in_k {
+            let backward = CudaRecords {
+                dir: &kernels_dir,
+                variant: v,
+                dims: (vq, vv),
+                targets: &targets_of(isa),
+                with_nvrtc,
+            };
+            let generated = if args.v_in_k {
                 Err(CompileError(
                     "built with --v-in-k (K and V share storage): the backward writes dK and dV to separate tensors; build without --v-in-k for training".into(),
                 ))
             } else {
                 parallel_backward(v, vq, vv, &bcfg)
             };
-            match backward {
+            let default_name = match generated {
                 Ok(b) => {
-                    let base = b.main.name.trim_end_matches("_main").to_string();
-                    let builds = write_and_compile(
-                        &kernels_dir,
-                        &base,
-                        &b.source,
-                        &targets_of(isa),
-                        with_nvrtc,
-                        &v.name,
-                    )?;
-                    kernels.push(backward_json(
-                        json!({
-                            "block_m": bcfg.block_m, "warps": bcfg.warps,
-                            "split_d": bcfg.split_d, "wgmma": bcfg.wgmma,
-                            "elem": bcfg.elem.name(),
-                        }),
-                        format!("kernels/{base}.cu"),
-                        json!(builds),
-                        (vq, vv),
-                        backward_plan(v, (vq, vv), Elem::Bf16, b.kernels()),
-                    ));
+                    kernels.push(backward.backward(&b, &bcfg)?);
+                    b.main.name
                 }
                 Err(e) => {
                     eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
@@ -336,7 +325,50 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                         "targets": targets_of(isa).iter().map(|t| t.name()).collect::<Vec<_>>(),
                         "skipped": e.to_string(),
                     }));
+                    continue;
                 }
+            };
+            // The tuning table's backward tiles (`aec tune --backward`).
+            let Some(cache) = &cache else { continue };
+            let parts = KeyParts {
+                gpu: "",
+                target: isa.arch(),
+                driver: "",
+                toolkit: "",
+            };
+            let key = backward_key(
+                v,
+                &hash,
+                HeadDims::new(vq, vv),
+                Shape::mha(1, 1, 1, 1),
+                Elem::Bf16,
+                &parts,
+            );
+            for (tcfg, tuned_for) in tuned_configs(cache.entries(), &key, &bcfg, toolkit.as_deref())
+            {
+                let label = &tuned_for[0].config_label;
+                let tb = match parallel_backward(v, vq, vv, &tcfg) {
+                    Ok(tb) if tb.main.name != default_name => tb,
+                    Ok(_) => {
+                        eprintln!(
+                            "warning: `{}`: the tuned backward tile {label} has the default kernels' names; left out of the tuning table",
+                            v.name
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "warning: `{}`: the tuned backward tile {label} from the tuning cache cannot be generated ({e}); left out of the tuning table",
+                            v.name
+                        );
+                        continue;
+                    }
+                };
+                let mut record = backward.backward(&tb, &tcfg)?;
+                record["tuned_for"] = tuned_for.iter().map(TunedFor::to_json).collect();
+                tuned.backward += 1;
+                tuned.buckets += tuned_for.len();
+                kernels.push(record);
             }
         }
         for t in targets.iter().filter(|t| t.gfx().is_some()) {
@@ -372,19 +404,24 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 Value::Null
             },
         },
-        "tuning": tuning_json(cache.as_ref(), tuned_kernels, tuned_buckets),
+        "tuning": tuning_json(cache.as_ref(), &tuned),
         "definitions": definitions,
         "workloads": workloads,
         "variants": manifest_variants,
     });
     if let Some(cache) = &cache {
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        let kernels = tuned.forward + tuned.backward;
         eprintln!(
-            "tuning table: {tuned_kernels} tuned forward kernel{} for {tuned_buckets} GPU and shape bucket{} from {}{}",
-            if tuned_kernels == 1 { "" } else { "s" },
-            if tuned_buckets == 1 { "" } else { "s" },
+            "tuning table: {kernels} tuned kernel{} ({} forward, {} backward) for {} GPU and shape bucket{} from {}{}",
+            plural(kernels),
+            tuned.forward,
+            tuned.backward,
+            tuned.buckets,
+            plural(tuned.buckets),
             cache_name(cache),
-            if tuned_kernels == 0 {
-                " (every kernel uses its default; `aec tune` fills the cache)"
+            if kernels == 0 {
+                " (every kernel uses its default; `aec tune` and `aec tune --backward` fill the cache)"
             } else {
                 ""
             }
@@ -431,9 +468,18 @@ fn tuning_cache(args: &CompileArgs) -> Result<Option<TuningCache>, String> {
     Ok(Some(cache))
 }
 
+/// How many tuned kernels (forwards, backwards) and GPU and shape buckets
+/// the tuning table adds.
+#[derive(Default)]
+struct TunedCounts {
+    forward: usize,
+    backward: usize,
+    buckets: usize,
+}
+
 /// The manifest's `tuning` section: where the table came from and what it
 /// holds (the tuned records themselves carry `tuned_for`).
-fn tuning_json(cache: Option<&TuningCache>, kernels: usize, buckets: usize) -> Value {
+fn tuning_json(cache: Option<&TuningCache>, tuned: &TunedCounts) -> Value {
     let Some(cache) = cache else {
         return json!({
             "method": "defaults",
@@ -444,16 +490,19 @@ fn tuning_json(cache: Option<&TuningCache>, kernels: usize, buckets: usize) -> V
     json!({
         "method": "tuning cache",
         "cache": from,
-        "tuned_kernels": kernels,
-        "tuned_buckets": buckets,
+        "tuned_kernels": tuned.forward + tuned.backward,
+        "tuned_forward_kernels": tuned.forward,
+        "tuned_backward_kernels": tuned.backward,
+        "tuned_buckets": tuned.buckets,
         "bucket_sizes": BUCKET_SIZES,
         "bucketed": BUCKETED,
-        "note": "a forward record with `tuned_for` runs on the GPU named there (the driver's device name) for calls whose B, H and Hkv equal its sizes and whose Sq and Skv round up to its powers of two; every other call runs the record without `tuned_for`, the default configuration",
+        "note": "a forward or backward record with `tuned_for` runs on the GPU named there (the driver's device name) for calls of its pass whose B, H and Hkv equal its sizes and whose Sq and Skv round up to its powers of two; every other call runs the pass's record without `tuned_for`, the default configuration",
     })
 }
 
-/// Where and for what a parallel variant's forward kernels are written.
-struct ForwardRecord<'a> {
+/// Where and for what a parallel variant's CUDA kernels (forward and
+/// backward) of one instruction set are written.
+struct CudaRecords<'a> {
     dir: &'a Path,
     variant: &'a Variant,
     dims: (u32, u32),
@@ -461,10 +510,10 @@ struct ForwardRecord<'a> {
     with_nvrtc: bool,
 }
 
-impl ForwardRecord<'_> {
+impl CudaRecords<'_> {
     /// Writes the forward kernel `k` of configuration `cfg` (and its cubins)
     /// and returns its manifest record.
-    fn write(&self, k: &KernelSource, cfg: &ForwardConfig) -> Result<Value, String> {
+    fn forward(&self, k: &KernelSource, cfg: &ForwardConfig) -> Result<Value, String> {
         let builds = write_and_compile(
             self.dir,
             &k.name,
@@ -483,6 +532,34 @@ impl ForwardRecord<'_> {
             "config": forward_config_json(cfg),
             "plan": forward_plan(self.variant, k),
         }))
+    }
+
+    /// Writes the backward `b` of configuration `cfg` (three kernels in one
+    /// source, launched in order with the same arguments; and its cubins)
+    /// and returns its manifest record.
+    fn backward(&self, b: &BackwardSource, cfg: &BackwardConfig) -> Result<Value, String> {
+        let base = b.main.name.trim_end_matches("_main").to_string();
+        let builds = write_and_compile(
+            self.dir,
+            &base,
+            &b.source,
+            self.targets,
+            self.with_nvrtc,
+            &self.variant.name,
+        )?;
+        Ok(backward_json(
+            json!({
+                "block_m": cfg.block_m, "warps": cfg.warps,
+                "split_d": cfg.split_d, "wgmma": cfg.wgmma,
+                "kv_groups": cfg.kv_groups, "shared_scores": cfg.shared_scores,
+                "warp_specialized": cfg.warp_specialized, "tma_loads": cfg.tma_loads,
+                "elem": cfg.elem.name(),
+            }),
+            format!("kernels/{base}.cu"),
+            json!(builds),
+            self.dims,
+            backward_plan(self.variant, self.dims, Elem::Bf16, b.kernels()),
+        ))
     }
 }
 

@@ -7,7 +7,7 @@
 //!   and pass, over the header-only loader `aec_loader.h`;
 //! - [`python`]: the Python module (ctypes + `torch.autograd.Function`);
 //! - [`loader`]: [`Library::open`] for Rust programs;
-//! - [`tuning_table`]: the tuned forward kernels `aec compile` adds from
+//! - [`tuning_table`]: the tuned forward and backward kernels `aec compile` adds from
 //!   the tuning cache, and the bucket rule the loaders pick them by.
 
 pub mod c_header;

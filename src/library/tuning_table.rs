@@ -1,12 +1,13 @@
-//! A library's tuning table: the forward configurations the tuning cache
-//! holds for a variant, grouped by configuration, each with the GPUs and
-//! shape buckets where `aec tune` measured it fastest. `aec compile` builds
-//! one extra forward kernel per configuration; the loaders launch it for
-//! calls on a GPU of that name whose sizes fall in one of its buckets, and
-//! the default kernel otherwise.
+//! A library's tuning table: the forward and backward configurations the
+//! tuning cache holds for a variant, grouped by configuration, each with the
+//! GPUs and shape buckets where `aec tune` measured it fastest. `aec compile`
+//! builds one extra kernel (a forward, or the backward's three) per
+//! configuration; the loaders launch it for calls of that pass on a GPU of
+//! that name whose sizes fall in one of its buckets, and the default kernel
+//! otherwise.
 
-use crate::compiler::ForwardConfig;
 use crate::runtime::{TunedEntry, TuningKey, bucket_len};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 /// The sizes a bucket is matched on: B, H and Hkv exactly, the sequence
@@ -56,20 +57,21 @@ fn round3(x: f64) -> f64 {
 }
 
 /// The tuned configurations among `entries` for the kernel of `key` (a key
-/// as the tuner builds it; its GPU, driver, toolkit and shape are ignored)
-/// that differ from `default`, each with where it applies, in a
-/// deterministic order (by first GPU and bucket). Where the cache has
-/// several results for one GPU and bucket (other drivers or toolkits), the
-/// one measured with `toolkit` wins, else the last in the cache's key
-/// order. Entries whose configuration this aec cannot read are left out.
-pub fn tuned_configs<'e>(
+/// as the tuner builds it — the forward's or the backward's; its GPU,
+/// driver, toolkit and shape are ignored) that differ from `default`, each
+/// with where it applies, in a deterministic order (by first GPU and
+/// bucket). Where the cache has several results for one GPU and bucket
+/// (other drivers or toolkits), the one measured with `toolkit` wins, else
+/// the last in the cache's key order. Entries whose configuration this aec
+/// cannot read as a `C` are left out.
+pub fn tuned_configs<'e, C: DeserializeOwned + PartialEq>(
     entries: impl IntoIterator<Item = &'e TunedEntry>,
     key: &TuningKey,
-    default: &ForwardConfig,
+    default: &C,
     toolkit: Option<&str>,
-) -> Vec<(ForwardConfig, Vec<TunedFor>)> {
+) -> Vec<(C, Vec<TunedFor>)> {
     // (gpu, sizes) -> the chosen entry and its config.
-    let mut chosen: std::collections::BTreeMap<(String, [u64; 5]), (ForwardConfig, TunedFor)> =
+    let mut chosen: std::collections::BTreeMap<(String, [u64; 5]), (C, TunedFor)> =
         Default::default();
     for e in entries {
         let k = &e.key;
@@ -83,7 +85,7 @@ pub fn tuned_configs<'e>(
         {
             continue;
         }
-        let Ok(config) = serde_json::from_value::<ForwardConfig>(e.config.clone()) else {
+        let Ok(config) = serde_json::from_value::<C>(e.config.clone()) else {
             continue;
         };
         let s = &k.shape;
@@ -105,7 +107,7 @@ pub fn tuned_configs<'e>(
             chosen.insert(slot, (config, item));
         }
     }
-    let mut out: Vec<(ForwardConfig, Vec<TunedFor>)> = Vec::new();
+    let mut out: Vec<(C, Vec<TunedFor>)> = Vec::new();
     for (config, item) in chosen.into_values() {
         if config == *default {
             continue;
@@ -141,7 +143,7 @@ pub fn in_bucket(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compiler::Elem;
+    use crate::compiler::{Elem, ForwardConfig};
     use crate::runtime::ShapeBucket;
 
     fn config(block_n: u32, persistent: bool) -> ForwardConfig {

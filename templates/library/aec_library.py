@@ -1330,7 +1330,7 @@ class Variant:
         self.input_names = [i["name"] for i in record["inputs"]]
         self.custom_names = self.input_names[3:]
         self._plans = {}
-        self._tuned_plans = {}  # entry -> (Plan, cubin) of the tuning table's records
+        self._tuned_plans = {}  # source -> (Plan, cubin) of the tuning table's records
         self._calls = {}  # checked calls by shapes (see run)
         self._backward_note = backward_unavailable(record, library.arch)
         #: The number of KV splits of the last call (1 without split-KV).
@@ -1408,9 +1408,11 @@ class Variant:
             tuned = select_tuned(self.record, pass_name, lib.arch, lib.device_name, call.sizes)
             if tuned is not None:
                 record, build, call_tuned_for = tuned
-                if record["entry"] not in self._tuned_plans:
-                    self._tuned_plans[record["entry"]] = (Plan(self.name, record["plan"]), binary_of(build))
-                tuned_plan, cubin = self._tuned_plans[record["entry"]]
+                # A backward record has three entries: its source names it.
+                tuned_id = record["source"]
+                if tuned_id not in self._tuned_plans:
+                    self._tuned_plans[tuned_id] = (Plan(self.name, record["plan"]), binary_of(build))
+                tuned_plan, cubin = self._tuned_plans[tuned_id]
                 modules = build_modules(self.record, record, build)
                 call = tuned_plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip,
                                 smem_per_sm=lib.smem_per_sm, resident=self._resident(tuned_plan, cubin, modules))

@@ -1,6 +1,7 @@
-/* Prints which cubin the generated header picks for the softmax forward on
-   a GPU name and sizes given on the command line:
-     tuning_pick "<gpu>" B H Sq Skv  ->  "<cubin>" or "error: <message>"
+/* Prints which cubin the generated header picks for the softmax forward or
+   backward on a GPU name and sizes given on the command line:
+     tuning_pick forward|backward "<gpu>" B H Sq Skv
+       ->  "<cubin>" or "error: <message>"
    The library struct is filled by hand (no driver): only `arch` and
    `device_name` matter to the pick. */
 #include "aec_library.h"
@@ -13,23 +14,27 @@ int main(int argc, char **argv)
     aec_library lib;
     aec_softmax_sizes s;
     char err[AEC_ERROR_CAPACITY];
-    int record = -1;
+    int record = -1, status;
     const char *cubin = NULL;
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s GPU B H Sq Skv\n", argv[0]);
+    if (argc != 7 || (strcmp(argv[1], "forward") != 0 && strcmp(argv[1], "backward") != 0)) {
+        fprintf(stderr, "usage: %s forward|backward GPU B H Sq Skv\n", argv[0]);
         return 2;
     }
     memset(&lib, 0, sizeof lib);
     snprintf(lib.arch, sizeof lib.arch, "sm_90a");
-    snprintf(lib.device_name, sizeof lib.device_name, "%s", argv[1]);
-    s.B = atoi(argv[2]);
-    s.H = atoi(argv[3]);
+    snprintf(lib.device_name, sizeof lib.device_name, "%s", argv[2]);
+    s.B = atoi(argv[3]);
+    s.H = atoi(argv[4]);
     s.Hkv = s.H;
-    s.Sq = atoi(argv[4]);
-    s.Skv = atoi(argv[5]);
+    s.Sq = atoi(argv[5]);
+    s.Skv = atoi(argv[6]);
     s.Dqk = 128;
     s.Dv = 128;
-    if (aecg_softmax_forward_pick(&lib, &s, &record, &cubin, err, sizeof err) != AEC_OK) {
+    if (strcmp(argv[1], "forward") == 0)
+        status = aecg_softmax_forward_pick(&lib, &s, &record, &cubin, err, sizeof err);
+    else
+        status = aecg_softmax_backward_pick(&lib, &s, &record, &cubin, err, sizeof err);
+    if (status != AEC_OK) {
         printf("error: %s\n", err);
         return 0;
     }

@@ -318,6 +318,19 @@ class WithManifest(unittest.TestCase):
         ]:
             self.assertIsNone(al.select_tuned(alibi, "forward", *args), why)
         self.assertIsNone(al.select_tuned(alibi, "backward", "sm_90a", gpu, call))
+        # A tuned backward: chosen for its pass only, never as the default.
+        default_bwd = next(k for k in alibi["kernels"] if k["pass"] == "backward" and "plan" in k
+                           and any(b["arch"] == "sm_90a" for b in k["builds"]))
+        tuned_bwd = dict(copy.deepcopy(default_bwd), source="kernels/aec_bwd_tuned.cu", tuned_for=tuned["tuned_for"])
+        tuned_bwd["builds"] = [dict(b, cubin="kernels/aec_bwd_tuned.sm_90a.cubin") for b in tuned_bwd["builds"]]
+        alibi["kernels"].insert(0, tuned_bwd)
+        self.assertIs(al.select_kernel(alibi, "backward", "sm_90a")[0], default_bwd)
+        found = al.select_tuned(alibi, "backward", "sm_90a", gpu, call)
+        self.assertIsNotNone(found)
+        self.assertIs(found[0], tuned_bwd)
+        self.assertEqual(found[1]["cubin"], "kernels/aec_bwd_tuned.sm_90a.cubin")
+        self.assertIs(al.select_tuned(alibi, "forward", "sm_90a", gpu, call)[0], tuned)
+        self.assertIsNone(al.select_tuned(alibi, "backward", "sm_90a", gpu, dict(call, B=3)))
         self.assertEqual([al.bucket_len(n) for n in (0, 1, 2, 3, 450, 512, 513, 1 << 40)], [1, 1, 2, 4, 512, 512, 1024, 1 << 31])
         broken = copy.deepcopy(self.m)
         next(v for v in broken["variants"] if v["name"] == "Alibi")["kernels"].append(dict(tuned, tuned_for=[{"gpu": gpu, "sizes": {"Sq": "512"}}]))
