@@ -19,7 +19,9 @@ use aec::reference;
 use aec::runtime::RuntimeError;
 use aec::{Error, check_shapes, forward_source};
 use common::example;
-use common::gpu::{GpuCall, compiled, device, download_f64, prepare_def, prepare_with, rel_err};
+use common::gpu::{
+    GpuCall, compiled, device, download_f64, prepare_def, prepare_with, rel_err, skip,
+};
 
 // ---------------------------------------------------------------- helpers
 
@@ -784,6 +786,88 @@ fn gpu_forward_key_warps() {
         ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80)
     };
     check_latent_tile(test, shape, config, "_k2");
+}
+
+/// Untuned prefill on a small grid (sm_90a): `compile_for_shape` takes the
+/// cost model's first plan where it ranks the persistent default 1.3 times
+/// slower (`untuned_config_for_shape`), and that tile matches the reference
+/// — causal and not, Dqk 192 with Dv 128, a score closure without a
+/// normalising state, at lengths that are not tile multiples.
+#[test]
+fn gpu_forward_small_grids_take_the_models_tile() {
+    let test = "gpu_forward_small_grids_take_the_models_tile";
+    let Some(device) = device(test) else { return };
+    if Isa::for_arch(device.arch()) != Isa::Sm90a {
+        skip(test, "the model's choice applies on sm_90a only");
+        return;
+    }
+    for (name, dims, shape) in [
+        (
+            "softmax_causal",
+            HeadDims::square(128),
+            Shape::mha(1, 12, 300, 300),
+        ),
+        (
+            "deepseek",
+            HeadDims::new(192, 128),
+            Shape::mha(1, 12, 300, 300),
+        ),
+        (
+            "sigmoid",
+            HeadDims::square(128),
+            Shape::mha(2, 32, 250, 250),
+        ),
+        (
+            "softmax",
+            HeadDims::square(128),
+            Shape::mha(2, 16, 500, 333),
+        ),
+    ] {
+        let def = example(name);
+        let Some(kernels) = compiled(
+            test,
+            ParallelKernels::compile_for_shape(
+                &def,
+                &device,
+                dims,
+                shape,
+                &KernelOptions::default(),
+            ),
+        ) else {
+            return;
+        };
+        let chosen = &kernels.forward_source().name;
+        let plain = ForwardConfig::default_for(&def, dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a);
+        let plain_name = aec::compiler::parallel_forward(&def, dims.dqk, dims.dv, &plain)
+            .unwrap()
+            .name;
+        assert_ne!(
+            chosen, &plain_name,
+            "{test}: {name} {shape} runs the model's tile"
+        );
+        let call = common::gpu::random_call(&def, shape, dims, (0.0, 1.0), test);
+        let stream = device.stream();
+        let (q, k, v) = (
+            stream.upload(&call.q_host).unwrap(),
+            stream.upload(&call.k_host).unwrap(),
+            stream.upload(&call.v_host).unwrap(),
+        );
+        let out = kernels
+            .forward(&stream, &q, &k, &v, &[], shape)
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
+        let err = rel_err(&download_f64(&stream, &out.o), &want.o.data);
+        let (rows_ok, rows) =
+            check_row_outputs(test, kernels.row_output_names(), &out, &stream, &want);
+        eprintln!(
+            "{test}: {name} {shape} `{chosen}` (default `{plain_name}`): rel_err(o)={err:.2e} rows[{}]",
+            rows.join(", ")
+        );
+        assert!(
+            err < 1e-2 && rows_ok,
+            "{test}: {name} o {err:.3e}, rows {rows:?}"
+        );
+    }
 }
 
 /// Split-KV with the combine in the main kernel (`fused_combine`): the last

@@ -82,6 +82,7 @@ pub use varlen::{VarlenBatch, check_varlen_shapes, varlen_forward_source};
 
 use std::sync::OnceLock;
 
+use crate::compiler::schedule::{DeviceConfig, model_choice, rank_forward};
 use crate::compiler::{
     ArgKind, BackwardConfig, BackwardSource, CompileError, Elem, ForwardConfig, Isa, KernelSource,
     RecurrentConfig, Residency, parallel_backward, parallel_backward_varlen, parallel_forward,
@@ -540,22 +541,27 @@ fn generate_backward(
     })
 }
 
-/// The forward configuration a call of `shape` runs untuned on a GPU of
-/// `isa` with `sms` multiprocessors (what `compile_for_shape` takes when the
+/// The forward configuration a call of `shape` runs untuned on `device` (a
+/// GPU of instruction set `isa`; what `compile_for_shape` takes when the
 /// tuning cache has nothing, and what the tuner measures as the default):
 /// the variant's default tile ([`crate::compiler::untuned_forward_config`])
 /// adapted to the shape's packed rows and grid
-/// ([`ForwardConfig::for_decode_shape`]: decoding tiles, few-block rules).
+/// ([`ForwardConfig::for_decode_shape`]: decoding tiles, few-block rules),
+/// and on sm_90a, for other shapes, the cost model's first plan where it
+/// ranks the default [`MODEL_CHOICE_MARGIN`](crate::compiler::schedule::MODEL_CHOICE_MARGIN)
+/// times slower — small grids,
+/// which the persistent default's pairs of 128-row blocks leave short of a
+/// wave ([`model_choice`]).
 pub fn untuned_config_for_shape(
     variant: &frontend::Variant,
     dims: HeadDims,
     shape: Shape,
     elem: Elem,
     isa: Isa,
-    sms: u32,
+    device: &DeviceConfig,
     v_in_k: bool,
 ) -> ForwardConfig {
-    untuned_configs(variant, dims, shape, elem, isa, sms, v_in_k).1
+    untuned_configs(variant, dims, shape, elem, isa, device, v_in_k).1
 }
 
 /// The variant's untuned forward configuration without a shape (what the
@@ -567,7 +573,7 @@ fn untuned_configs(
     shape: Shape,
     elem: Elem,
     isa: Isa,
-    sms: u32,
+    device: &DeviceConfig,
     v_in_k: bool,
 ) -> (ForwardConfig, ForwardConfig) {
     let plain = crate::compiler::untuned_forward_config(
@@ -580,10 +586,16 @@ fn untuned_configs(
         v_in_k,
     );
     let rows = [shape.b, shape.h, shape.hkv, shape.sq];
-    (
-        plain,
-        plain.for_decode_shape(rows, sms, dims.dqk, dims.dv, isa),
-    )
+    let shaped = plain.for_decode_shape(rows, device.sms, dims.dqk, dims.dv, isa);
+    // The model's choice only where it was measured (the sm_90a prefill
+    // tiles) and where the space describes the call (K and V apart).
+    if shaped != plain || isa != Isa::Sm90a || v_in_k || plain.pack_gqa {
+        return (plain, shaped);
+    }
+    let problem = crate::tune::problem_of(dims, shape, elem);
+    let (ranked, _) = rank_forward(variant, &problem, device);
+    let chosen = model_choice(&ranked, &plain).map_or(plain, |(c, _)| c);
+    (plain, chosen)
 }
 
 /// The three loaded backward kernels (see [`BackwardSource`]).
@@ -738,10 +750,11 @@ impl ParallelKernels {
     /// backward (`backward_config`), the one `aec tune` (`--backward` for
     /// the backward's) stored in the tuning cache for this variant, GPU,
     /// toolchain and shape bucket, else
-    /// the default for the shape (decoding with 64 or more query rows per
-    /// KV head gets 64-row blocks, [`ForwardConfig::for_packed_rows`]; a
-    /// long context over few blocks fatter ones,
-    /// [`ForwardConfig::for_few_blocks`]). It
+    /// the default for the shape ([`untuned_config_for_shape`]: decoding
+    /// with 64 or more query rows per KV head gets 64-row blocks,
+    /// [`ForwardConfig::for_packed_rows`]; a long context over few blocks
+    /// fatter ones, [`ForwardConfig::for_few_blocks`]; on sm_90a a grid the
+    /// default leaves short of a wave the cost model's first plan). It
     /// never tunes; a missing or unreadable cache means the default.
     pub fn compile_for_shape(
         variant: &frontend::Variant,
@@ -772,8 +785,13 @@ impl ParallelKernels {
             // and grid (ForwardConfig::for_decode_shape); elsewhere the
             // generator's own default, as without a shape.
             let isa = Isa::for_arch(device.arch());
-            let (elem, v_in_k, sms) = (options.elem, options.v_in_k, device.sm_count());
-            let (plain, shaped) = untuned_configs(variant, dims, shape, elem, isa, sms, v_in_k);
+            let (elem, v_in_k) = (options.elem, options.v_in_k);
+            let model = DeviceConfig::detect(
+                device.name(),
+                device.compute_capability(),
+                device.sm_count(),
+            );
+            let (plain, shaped) = untuned_configs(variant, dims, shape, elem, isa, &model, v_in_k);
             if shaped != plain {
                 options.config = Some(shaped);
             }

@@ -359,7 +359,7 @@ pub fn tune_forward(
     // What the call runs untuned (the shape's decoding or few-block tile
     // where it has one), so the speedup is over what tuning replaces.
     let default =
-        crate::run::untuned_config_for_shape(variant, dims, shape, elem, isa, device.sms, false);
+        crate::run::untuned_config_for_shape(variant, dims, shape, elem, isa, device, false);
     let plans = plans_to_profile(&ranked, default, options.top);
     let space_rejected = space_rejected
         .iter()
