@@ -1,6 +1,6 @@
 //! `aec tune` without a GPU: the model's ranking for a named device (AMD
 //! included), clear errors for bad shapes (of the other kind of variant),
-//! bad custom-input ranges, a backward or a recurrent forward asked of the
+//! bad custom-input ranges, a backward or a recurrent kernel asked of the
 //! cost model and a missing GPU.
 
 use std::process::Command;
@@ -84,7 +84,10 @@ fn bad_input_is_refused_with_the_problem_named() {
         err.contains("parallel variant") && err.contains("B,H,Hkv,Sq,Skv"),
         "{err}"
     );
-    for extra in [&["--backward"][..], &["--target", "h100"][..]] {
+    for extra in [
+        &["--target", "h100"][..],
+        &["--backward", "--target", "h100"][..],
+    ] {
         let mut args = vec![
             "tune",
             "examples/mamba2.rs",
@@ -96,7 +99,16 @@ fn bad_input_is_refused_with_the_problem_named() {
         args.extend_from_slice(extra);
         let (code, _, err) = aec(&args);
         assert_eq!(code, 2, "{extra:?}");
-        assert!(err.contains(extra[0]) && err.contains("recurrent"), "{err}");
+        assert!(
+            err.contains("--target") && err.contains("recurrent") && err.contains("no cost model"),
+            "{err}"
+        );
+        let kernel = if extra[0] == "--backward" {
+            "the recurrent backward"
+        } else {
+            "the recurrent forward"
+        };
+        assert!(err.contains(kernel), "{err}");
     }
     for bad in ["a", "a=1", "a=2,1", "=1,2", "a=x,1"] {
         let (code, _, err) = aec(&[
@@ -151,6 +163,20 @@ fn without_a_gpu_tuning_says_so() {
     assert_eq!(code, 2);
     assert!(
         err.contains("no CUDA GPU found") && err.contains("backward"),
+        "{err}"
+    );
+    let (code, _, err) = aec(&[
+        "tune",
+        "examples/mamba2.rs",
+        "--head-dims",
+        "128x64",
+        "--backward",
+        "--shape",
+        "1,8,256",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no CUDA GPU found") && err.contains("recurrent"),
         "{err}"
     );
 }

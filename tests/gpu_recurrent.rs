@@ -2030,3 +2030,94 @@ fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
     };
     check_example_with(test, "mamba2", sizes, false, &options, 1.0);
 }
+
+/// `aec tune --backward` on a recurrent variant: the tuner profiles the
+/// backward of the default forward and the first tiles of the backward's
+/// space on the GPU (each checked against the default's gradients, custom
+/// inputs' included), keeps the fastest, and the backward on the tile it
+/// keeps matches the reference interpreter's gradients.
+#[test]
+fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
+    use aec::compiler::schedule::DeviceConfig;
+    use aec::tune::dispatch::DeviceKeyParts;
+    use aec::tune::gpu::RecurrentBackwardGpuProfiler;
+    use aec::tune::{
+        TuneOptions, entry_config, recurrent_backward_key, tune_recurrent_backward, variant_hash,
+    };
+    let test = "gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    for (name, sizes) in [
+        ("mamba2", [2, 3, 333, 128, 64]),
+        ("gated_retention", [1, 2, 200, 64, 128]),
+    ] {
+        let v = example(name);
+        let [b, h, s, dk, dv] = sizes;
+        let (dims, shape) = (
+            RecurrentDims::new(dk as u32, dv as u32),
+            RecurrentShape::new(b, h, s),
+        );
+        let model = DeviceConfig::detect(dev.name(), dev.compute_capability(), dev.sm_count());
+        let parts = DeviceKeyParts::of(&dev);
+        let key = recurrent_backward_key(
+            &v,
+            &variant_hash(&v),
+            dims,
+            shape,
+            Elem::Bf16,
+            &parts.parts(),
+        );
+        let ranges = v
+            .customs
+            .iter()
+            .map(|c| {
+                let (lo, hi) = common::recurrent_custom_range(&c.name);
+                (c.name.clone(), lo as f32, hi as f32)
+            })
+            .collect();
+        let options = TuneOptions {
+            top: 5,
+            warmup: 1,
+            warmup_ms: 0.0,
+            reps: 3,
+            custom_ranges: ranges,
+        };
+        let mut profiler = RecurrentBackwardGpuProfiler::<bf16>::new(
+            &v,
+            &dev,
+            dims,
+            shape,
+            options.clone(),
+            Vec::new(),
+        )
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+        let r = tune_recurrent_backward(
+            &v,
+            &model,
+            dims,
+            shape,
+            Elem::Bf16,
+            key,
+            &options,
+            &mut profiler,
+            &mut |_| {},
+        )
+        .unwrap_or_else(|e| panic!("{test}: {name}: {e}"));
+        for p in &r.profiled {
+            println!("{test}: {name} {} {:?}", p.label, p.measured);
+        }
+        assert_eq!(r.profiled.len(), 6, "{name}: the default and five more");
+        assert!(
+            r.profiled.iter().all(|p| p.measured.is_ok()),
+            "{name}: every tile that generates runs and matches the default's gradients"
+        );
+        assert!(r.entry.best_us <= r.entry.default_us);
+        let best: RecurrentConfig = entry_config(&r.entry).expect("a recurrent configuration");
+        let options = KernelOptions {
+            recurrent_backward_config: Some(best),
+            ..KernelOptions::default()
+        };
+        check_backward_with(test, name, sizes, true, true, &options);
+    }
+}

@@ -413,6 +413,126 @@ fn recurrent_tuning_takes_the_fastest_tile_and_dispatch_finds_it_by_its_bucket()
 }
 
 #[test]
+fn recurrent_backward_tuning_takes_the_fastest_tile_apart_from_the_forward() {
+    let h100 = DeviceConfig::named("h100").unwrap();
+    // The space: the backward of the default forward first, then 64-step
+    // chunks only, never two tiles that generate the same kernels.
+    for (name, dk, dv) in [
+        ("mamba2", 128, 64),
+        ("gated_retention", 256, 256),
+        ("retnet_recurrent", 256, 512),
+    ] {
+        let v = example(name);
+        let space = RecurrentConfig::backward_space(&v, dk, dv, Elem::Bf16, Isa::Sm90a);
+        let default = RecurrentConfig::for_variant(&v, dk, dv, Elem::Bf16, Isa::Sm90a)
+            .backward_for(&v, dk, dv, Isa::Sm90a);
+        assert_eq!(space[0], default, "{name}: the default leads");
+        assert!(space.iter().all(|c| c.chunk == 64), "{name}");
+        let mut sources = std::collections::HashSet::new();
+        let mut generated = 0;
+        for c in &space {
+            if let Ok(b) = aec::compiler::recurrent_backward(&v, dk, dv, c, Isa::Sm90a) {
+                generated += 1;
+                assert!(
+                    sources.insert((b.source.clone(), b.states.source.clone())),
+                    "{name}: {} repeats a tile",
+                    c.backward_label()
+                );
+            }
+        }
+        assert!(generated >= 4, "{name}: {generated} tiles generate");
+    }
+    let v = example("mamba2");
+    let dims = RecurrentDims::new(128, 64);
+    let shape = RecurrentShape::new(2, 8, 3000);
+    let key =
+        aec::tune::recurrent_backward_key(&v, &variant_hash(&v), dims, shape, Elem::Bf16, &PARTS);
+    assert_eq!(key.kernel, aec::tune::RECURRENT_BACKWARD);
+    let forward_key = recurrent_key(&v, &variant_hash(&v), dims, shape, Elem::Bf16, &PARTS);
+    assert_ne!(key.template_version, forward_key.template_version);
+    // Dv slices of 32 are fastest; one stage fails.
+    let mut p = FakeProfiler::new(|c: &RecurrentConfig| match (c.stages, c.dv_tile) {
+        (1, _) => Err("launch failed".to_string()),
+        (_, 32) => Ok(80.0 + f64::from(c.blocks_per_sm)),
+        _ => Ok(100.0),
+    });
+    let options = TuneOptions {
+        top: 100,
+        ..TuneOptions::default()
+    };
+    let r = aec::tune::tune_recurrent_backward(
+        &v,
+        &h100,
+        dims,
+        shape,
+        Elem::Bf16,
+        key,
+        &options,
+        &mut p,
+        &mut |_| {},
+    )
+    .unwrap();
+    let space = RecurrentConfig::backward_space(&v, 128, 64, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(p.measured[0], space[0], "the default first");
+    assert_eq!(
+        p.measured.len() + r.entry.rejected.len()
+            - p.measured.iter().filter(|c| c.stages == 1).count(),
+        space.len(),
+        "every tile measured or refused by the generator"
+    );
+    let best: RecurrentConfig = entry_config(&r.entry).expect("a recurrent config");
+    assert_eq!((best.dv_tile, best.stages, best.blocks_per_sm), (32, 2, 1));
+    assert_eq!(r.entry.config_label, best.backward_label());
+    assert_eq!(r.entry.default_us, 100.0);
+    let failing = p.measured.iter().filter(|c| c.stages == 1).count();
+    assert!(failing > 0);
+    assert!(
+        r.entry
+            .rejected
+            .iter()
+            .filter(|x| x.reason.contains("launch failed"))
+            .count()
+            == failing,
+        "each failure recorded: {:?}",
+        r.entry.rejected
+    );
+    // Stored, it serves its bucket through the recurrent backward's
+    // dispatch only.
+    let mut cache = TuningCache::in_memory();
+    cache.record(vec![r.entry.clone()]).unwrap();
+    let d = KernelDispatch::recurrent_backward(&v, dims, Elem::Bf16, &PARTS);
+    let (_, c) = d
+        .lookup_recurrent::<RecurrentConfig>(&cache, RecurrentShape::new(2, 8, 2049))
+        .expect("tuned");
+    assert_eq!(c, best);
+    assert!(
+        d.lookup_recurrent::<RecurrentConfig>(&cache, RecurrentShape::new(2, 8, 4097))
+            .is_none()
+    );
+    let fwd = KernelDispatch::recurrent(&v, dims, Elem::Bf16, &PARTS);
+    assert!(
+        fwd.lookup_recurrent::<RecurrentConfig>(&cache, shape)
+            .is_none(),
+        "the forward's dispatch does not see the backward's tile"
+    );
+    // A parallel variant is refused.
+    let softmax = example("softmax");
+    let err = aec::tune::tune_recurrent_backward(
+        &softmax,
+        &h100,
+        dims,
+        shape,
+        Elem::Bf16,
+        r.entry.key.clone(),
+        &options,
+        &mut p,
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(err.contains("parallel variant"), "{err}");
+}
+
+#[test]
 fn the_default_measured_is_what_the_shape_runs_untuned() {
     // One long decoding sequence: few blocks, so the untuned call takes the
     // few-block tile (ForwardConfig::for_decode_shape), not the variant's

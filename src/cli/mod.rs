@@ -34,8 +34,9 @@ enum Command {
     /// Tune a variant's kernels on the GPU present: the parallel forward
     /// (the cost model ranks the tile configurations, the best compile in
     /// parallel and are profiled with the default), with `--backward` the
-    /// parallel backward's tile, or a recurrent variant's forward (the latter
-    /// two over their tile spaces in order); the fastest per shape bucket
+    /// parallel backward's tile, or a recurrent variant's forward (with
+    /// `--backward` its backward; these over their tile spaces in order);
+    /// the fastest per shape bucket
     /// goes into the tuning cache (read by `compile_for_shape`). `--target`
     /// ranks the parallel forward with the model only, without a GPU.
     Tune(tune::TuneArgs),

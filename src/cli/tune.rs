@@ -4,7 +4,8 @@
 //! stores the winners in the tuning cache, which `ParallelKernels::
 //! compile_for_shape` reads. With `--backward` it tunes the backward's tile
 //! the same way over its space (no cost model: the space's order), and for
-//! a recurrent variant (`--shape B,H,S`) its chunked forward's tile. With
+//! a recurrent variant (`--shape B,H,S`) its chunked forward's tile (with
+//! `--backward`, its backward's). With
 //! `--target <device>` it only ranks the parallel forward's plans with the
 //! cost model, which needs no GPU (AMD targets included).
 
@@ -15,10 +16,13 @@ use aec::compiler::{BackwardConfig, RecurrentConfig};
 use aec::frontend::{Invocation, Variant};
 use aec::run::{HeadDims, KernelElement, RecurrentDims, RecurrentShape, Shape};
 use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
-use aec::tune::gpu::{BackwardGpuProfiler, GpuProfiler, RecurrentGpuProfiler};
+use aec::tune::gpu::{
+    BackwardGpuProfiler, GpuProfiler, RecurrentBackwardGpuProfiler, RecurrentGpuProfiler,
+};
 use aec::tune::{
     TuneOptions, TuneProgress, TuneReport, backward_key, dispatch, forward_key, problem_of,
-    recurrent_key, tune_backward, tune_forward, tune_recurrent, variant_hash,
+    recurrent_backward_key, recurrent_key, tune_backward, tune_forward, tune_recurrent,
+    tune_recurrent_backward, variant_hash,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -58,12 +62,13 @@ pub struct TuneArgs {
     /// The CUDA device to tune on.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
-    /// Tune the backward (its main kernel's tile) instead of the forward.
+    /// Tune the backward instead of the forward (a parallel variant's main
+    /// kernel tile; a recurrent variant's backward tile).
     #[arg(long)]
     pub backward: bool,
     /// Plans from the top of the model's ranking to profile, besides the
-    /// default (for the backward and a recurrent forward: the first in their
-    /// space's order).
+    /// default (for the backwards and a recurrent forward: the first in
+    /// their space's order).
     #[arg(long, default_value_t = 8)]
     pub top: usize,
     /// Timed runs per plan (the median is kept).
@@ -217,26 +222,16 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
             }
         }
     }
-    if recurrent && args.backward {
-        return Err(format!(
-            "--backward: `{}` is a recurrent variant, whose backward is not tuned (it takes the forward's tile where that has the backward's 64-step chunk); tune its forward without --backward",
-            variant.name
-        ));
-    }
     if let Some(target) = args.target {
         if args.backward || recurrent {
             return Err(format!(
-                "--target with {}: {} has no cost model, so its plans are only measured; tune it on a GPU (without --target)",
+                "--target with {}: the {} has no cost model, so its plans are only measured; tune it on a GPU (without --target)",
                 if recurrent {
                     "a recurrent variant"
                 } else {
                     "--backward"
                 },
-                if recurrent {
-                    "the recurrent forward"
-                } else {
-                    "the backward"
-                }
+                kernel_name(args.backward, recurrent)
             ));
         }
         let shapes: Vec<Shape> = args
@@ -285,7 +280,21 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         custom_ranges: args.custom_ranges.clone(),
         ..TuneOptions::default()
     };
-    let doc = if recurrent {
+    let doc = if recurrent && args.backward {
+        let tune_with = match elem {
+            aec::compiler::Elem::Bf16 => tune_recurrent_backward_on::<bf16>,
+            aec::compiler::Elem::F16 => tune_recurrent_backward_on::<f16>,
+        };
+        tune_shapes(args, &mut cache, |shape, progress| {
+            let CallShape::Recurrent(shape) = shape else {
+                return Err(format!("--shape {shape}: B,H,S expected"));
+            };
+            let key = recurrent_backward_key(&variant, &hash, rdims, shape, elem, &parts);
+            tune_with(
+                &variant, &device, &config, rdims, shape, key, &options, progress,
+            )
+        })?
+    } else if recurrent {
         let tune_with = match elem {
             aec::compiler::Elem::Bf16 => tune_recurrent_on::<bf16>,
             aec::compiler::Elem::F16 => tune_recurrent_on::<f16>,
@@ -348,7 +357,8 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
 /// What `aec tune` tunes, for messages and the JSON report.
 fn kernel_name(backward: bool, recurrent: bool) -> &'static str {
     match (backward, recurrent) {
-        (_, true) => "recurrent forward",
+        (true, true) => "recurrent backward",
+        (false, true) => "recurrent forward",
         (true, false) => "backward",
         (false, false) => "forward",
     }
@@ -486,6 +496,40 @@ fn tune_recurrent_on<T: KernelElement>(
     let mut profiler =
         RecurrentGpuProfiler::<T>::new(variant, device, dims, shape, options.clone(), Vec::new())?;
     tune_recurrent(
+        variant,
+        config,
+        dims,
+        shape,
+        T::ELEM,
+        key,
+        options,
+        &mut profiler,
+        progress,
+    )
+}
+
+/// Tunes the recurrent backward of one shape with operands of type `T` on
+/// `device`.
+#[allow(clippy::too_many_arguments)]
+fn tune_recurrent_backward_on<T: KernelElement>(
+    variant: &Variant,
+    device: &Device,
+    config: &DeviceConfig,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    key: aec::runtime::TuningKey,
+    options: &TuneOptions,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport<RecurrentConfig>, String> {
+    let mut profiler = RecurrentBackwardGpuProfiler::<T>::new(
+        variant,
+        device,
+        dims,
+        shape,
+        options.clone(),
+        Vec::new(),
+    )?;
+    tune_recurrent_backward(
         variant,
         config,
         dims,

@@ -321,6 +321,12 @@ pub struct KernelOptions {
     /// `None` uses [`RecurrentConfig::for_variant`]. Its `elem` must equal
     /// `elem`.
     pub recurrent_config: Option<RecurrentConfig>,
+    /// The recurrent backward's tile configuration
+    /// ([`RecurrentKernels::backward`]; its chunk must be
+    /// [`BACKWARD_CHUNK`](crate::compiler::cuda::recurrent::BACKWARD_CHUNK));
+    /// `None` uses the forward's ([`RecurrentConfig::backward_for`]). Its
+    /// `elem` must equal `elem`.
+    pub recurrent_backward_config: Option<RecurrentConfig>,
     /// Walk every chain of the sm_90a recurrent forward whole. By default
     /// (`false`) the chains of a last, partly filled wave are cut into
     /// sequence segments that run side by side ([`SegmentSplit`]).

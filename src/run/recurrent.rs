@@ -472,10 +472,12 @@ impl RecurrentKernels {
     }
 
     /// [`compile`](Self::compile) for calls of `shape`'s bucket: where
-    /// `options` names no `recurrent_config`, the one `aec tune` stored in
-    /// the tuning cache for this variant, GPU, toolchain and shape bucket
-    /// (`B`, `H` exact, `S` rounded up to a power of two), else the default.
-    /// It never tunes; a missing or unreadable cache means the default.
+    /// `options` names no `recurrent_config` (or no
+    /// `recurrent_backward_config`), the one `aec tune` (`aec tune
+    /// --backward`) stored in the tuning cache for this variant, GPU,
+    /// toolchain and shape bucket (`B`, `H` exact, `S` rounded up to a power
+    /// of two), else the default. It never tunes; a missing or unreadable
+    /// cache means the default.
     pub fn compile_for_shape(
         variant: &frontend::Variant,
         device: &Device,
@@ -484,14 +486,22 @@ impl RecurrentKernels {
         options: &KernelOptions,
     ) -> Result<RecurrentKernels, Error> {
         let mut options = options.clone();
-        if options.recurrent_config.is_none() {
+        if options.recurrent_config.is_none() || options.recurrent_backward_config.is_none() {
             use crate::tune::dispatch::{self, KernelDispatch};
             let parts = dispatch::DeviceKeyParts::of(device);
-            let plan = KernelDispatch::recurrent(variant, dims, options.elem, &parts.parts());
+            let parts = parts.parts();
             let cache = dispatch::process_cache()
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            options.recurrent_config = plan.lookup_recurrent(&cache, shape).map(|(_, c)| c);
+            if options.recurrent_config.is_none() {
+                let plan = KernelDispatch::recurrent(variant, dims, options.elem, &parts);
+                options.recurrent_config = plan.lookup_recurrent(&cache, shape).map(|(_, c)| c);
+            }
+            if options.recurrent_backward_config.is_none() {
+                let plan = KernelDispatch::recurrent_backward(variant, dims, options.elem, &parts);
+                options.recurrent_backward_config =
+                    plan.lookup_recurrent(&cache, shape).map(|(_, c)| c);
+            }
         }
         RecurrentKernels::compile(variant, device, dims, &options)
     }

@@ -170,10 +170,22 @@ impl RecurrentKernels {
         let variant = self.variant();
         let dims = self.dims();
         let isa = Isa::for_arch(device.arch());
-        let cfg = self
-            .forward_source()
-            .config
-            .backward_for(variant, dims.dk, dims.dv, isa);
+        let cfg = self.options().recurrent_backward_config.unwrap_or_else(|| {
+            self.forward_source()
+                .config
+                .backward_for(variant, dims.dk, dims.dv, isa)
+        });
+        if cfg.elem != self.options().elem {
+            return Err(Error::Compile {
+                variant: variant.name.clone(),
+                kernel: "recurrent backward",
+                source: CompileError(format!(
+                    "KernelOptions::recurrent_backward_config is for {} but the options' elem is {}: set both to the same element type",
+                    cfg.elem.name(),
+                    self.options().elem.name()
+                )),
+            });
+        }
         let source =
             recurrent_backward(variant, dims.dk, dims.dv, &cfg, isa).map_err(|source| {
                 Error::Compile {

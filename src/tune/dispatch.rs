@@ -3,7 +3,10 @@
 //! kernel (forward or backward), toolchain and GPU; otherwise the default.
 //! Nothing here tunes.
 
-use super::{KeyParts, backward_key, entry_config, forward_key, recurrent_key, variant_hash};
+use super::{
+    KeyParts, backward_key, entry_config, forward_key, recurrent_backward_key, recurrent_key,
+    variant_hash,
+};
 use crate::run::{HeadDims, RecurrentDims, RecurrentShape, Shape};
 use aec_compiler::Elem;
 use aec_frontend::Variant;
@@ -51,6 +54,21 @@ impl KernelDispatch {
         }
     }
 
+    /// The dispatch of the recurrent backward of `variant`, as
+    /// [`Self::recurrent`].
+    pub fn recurrent_backward(
+        variant: &Variant,
+        dims: RecurrentDims,
+        elem: Elem,
+        parts: &KeyParts<'_>,
+    ) -> Self {
+        let shape = RecurrentShape::new(1, 1, 1);
+        let hash = variant_hash(variant);
+        KernelDispatch {
+            base: recurrent_backward_key(variant, &hash, dims, shape, elem, parts),
+        }
+    }
+
     /// The key for a call of `shape`.
     pub fn key(&self, shape: Shape) -> TuningKey {
         TuningKey {
@@ -59,8 +77,8 @@ impl KernelDispatch {
         }
     }
 
-    /// The tuned entry and configuration of the recurrent forward for a
-    /// call of `shape` (as [`Self::lookup`]).
+    /// The tuned entry and configuration of the recurrent forward (or
+    /// backward) for a call of `shape` (as [`Self::lookup`]).
     pub fn lookup_recurrent<'c, C: serde::de::DeserializeOwned>(
         &self,
         cache: &'c TuningCache,

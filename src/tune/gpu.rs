@@ -1,5 +1,7 @@
-//! The profilers that measure on a CUDA device, of the forward
-//! ([`GpuProfiler`]) and of the backward ([`BackwardGpuProfiler`]): every
+//! The profilers that measure on a CUDA device, of the parallel forward
+//! ([`GpuProfiler`]) and backward ([`BackwardGpuProfiler`]) and of the
+//! recurrent forward ([`RecurrentGpuProfiler`]) and backward
+//! ([`RecurrentBackwardGpuProfiler`]): every
 //! plan compiled in parallel (NVRTC, through the kernel cache), its outputs
 //! checked against the default plan's, then timed with events — warm-up
 //! runs, the median of the timed ones, inputs rotated among copies so that
@@ -674,6 +676,195 @@ impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentGpuProfiler<'_, T>
             None => self.reference = Some(got),
             Some(r) => {
                 for (name, (a, b)) in ["output", "final state"].into_iter().zip(got.iter().zip(r)) {
+                    let rel = rel_diff(a, b);
+                    if rel > MAX_REL_DIFF {
+                        return Err(format!(
+                            "{name} differs from the default plan's: relative difference {rel:.2e}"
+                        ));
+                    }
+                }
+            }
+        }
+        let mut set = 0;
+        let (stream, options) = (self.stream.clone(), self.options.clone());
+        median_micros(&stream, &options, || {
+            set += 1;
+            self.run_once(&kernels, set).map(drop)
+        })
+    }
+}
+
+/// Measures recurrent backward plans of one variant and shape on one
+/// device, each through [`RecurrentKernels::backward`] from a zero state
+/// (the default forward's kernels, the plan's backward: the states pass and
+/// the gradient kernels), its dQ, dK, dV and custom-input gradients checked
+/// against the default plan's.
+pub struct RecurrentBackwardGpuProfiler<'a, T: KernelElement> {
+    variant: &'a Variant,
+    device: &'a Device,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    options: TuneOptions,
+    nvrtc_flags: Vec<String>,
+    stream: Stream,
+    inputs: Vec<InputSet<T>>,
+    kernels: PlanKernels<RecurrentConfig, RecurrentKernels>,
+    /// The default plan's gradients on the first copy, by name.
+    reference: Option<Vec<(String, Vec<f32>)>>,
+}
+
+impl<T: KernelElement> std::fmt::Debug for RecurrentBackwardGpuProfiler<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecurrentBackwardGpuProfiler")
+            .field("variant", &self.variant.name)
+            .field("shape", &self.shape)
+            .field("input_copies", &self.inputs.len())
+            .finish()
+    }
+}
+
+impl<'a, T: KernelElement> RecurrentBackwardGpuProfiler<'a, T> {
+    /// Allocates the inputs as [`RecurrentGpuProfiler::new`] does, with dO
+    /// like v.
+    pub fn new(
+        variant: &'a Variant,
+        device: &'a Device,
+        dims: RecurrentDims,
+        shape: RecurrentShape,
+        options: TuneOptions,
+        nvrtc_flags: Vec<String>,
+    ) -> Result<RecurrentBackwardGpuProfiler<'a, T>, String> {
+        let stream = device.stream();
+        let lens = super::recurrent_declared_lens(variant, dims, shape)?;
+        let d_o_len = lens[2].1;
+        let inputs = input_sets(&lens, &options.custom_ranges, &stream, d_o_len)?;
+        Ok(RecurrentBackwardGpuProfiler {
+            variant,
+            device,
+            dims,
+            shape,
+            options,
+            nvrtc_flags,
+            stream,
+            inputs,
+            kernels: PlanKernels::default(),
+            reference: None,
+        })
+    }
+
+    fn kernel_options(&self, config: RecurrentConfig) -> KernelOptions {
+        KernelOptions {
+            elem: T::ELEM,
+            recurrent_backward_config: Some(config),
+            nvrtc_flags: self.nvrtc_flags.clone(),
+            ..KernelOptions::default()
+        }
+    }
+
+    /// The default forward's kernels with the plan's backward loaded.
+    fn compile(
+        variant: &Variant,
+        device: &Device,
+        dims: RecurrentDims,
+        options: &KernelOptions,
+    ) -> Result<RecurrentKernels, crate::run::Error> {
+        let kernels = RecurrentKernels::compile(variant, device, dims, options)?;
+        kernels.backward_source()?;
+        Ok(kernels)
+    }
+
+    fn run_once(
+        &self,
+        kernels: &RecurrentKernels,
+        set: usize,
+    ) -> Result<crate::run::RecurrentGradients<T>, String> {
+        let inputs = &self.inputs[set % self.inputs.len()];
+        let customs: Vec<(&str, &DeviceBuffer<f32>)> = inputs
+            .customs
+            .iter()
+            .map(|(n, b)| (n.as_str(), b))
+            .collect();
+        let d_o = inputs.d_o.as_ref().expect("input_sets makes dO when asked");
+        kernels
+            .backward(
+                &self.stream,
+                &inputs.q,
+                &inputs.k,
+                &inputs.v,
+                &customs,
+                self.shape,
+                None,
+                None,
+                d_o,
+                None,
+                None,
+            )
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentBackwardGpuProfiler<'_, T> {
+    fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
+        let isa = Isa::for_arch(device.arch());
+        let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
+        // The gradient kernels compile in parallel (the states pass, the
+        // smaller module, as each plan loads).
+        let source = |o: &KernelOptions| {
+            let cfg = o.recurrent_backward_config.expect("set for every plan");
+            aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, &cfg, isa)
+                .map(|s| s.source)
+                .map_err(|source| crate::run::Error::Compile {
+                    variant: variant.name.clone(),
+                    kernel: "recurrent backward",
+                    source,
+                })
+        };
+        let compile = |o: &KernelOptions| Self::compile(variant, device, dims, o);
+        self.kernels
+            .prepare(device, plans, opts, progress, source, compile);
+    }
+
+    fn measure(&mut self, plan: &RecurrentConfig) -> Result<f64, String> {
+        let (variant, device, dims) = (self.variant, self.device, self.dims);
+        let opts = self.kernel_options(*plan);
+        let kernels = self
+            .kernels
+            .take(plan, &opts, |o| Self::compile(variant, device, dims, o))?;
+        let grads = self.run_once(&kernels, 0)?;
+        let download = |b: &DeviceBuffer<T>| -> Result<Vec<f32>, String> {
+            Ok(self
+                .stream
+                .download(b)
+                .map_err(|e| format!("download: {e}"))?
+                .into_iter()
+                .map(T::to_f32)
+                .collect())
+        };
+        let mut got = vec![
+            ("dq".to_string(), download(&grads.dq)?),
+            ("dk".to_string(), download(&grads.dk)?),
+            ("dv".to_string(), download(&grads.dv)?),
+        ];
+        for (name, b) in &grads.customs {
+            let g = self
+                .stream
+                .download(b)
+                .map_err(|e| format!("download: {e}"))?;
+            got.push((format!("d{name}"), g));
+        }
+        drop(grads);
+        if got.iter().any(|(_, g)| g.iter().any(|x| !x.is_finite())) {
+            return Err(
+                "gradients have NaN or infinite values: give the custom inputs ranges the \
+                 variant means (`--custom-range NAME=LO,HI`)"
+                    .into(),
+            );
+        }
+        match &self.reference {
+            None => self.reference = Some(got),
+            Some(r) => {
+                for ((name, a), (_, b)) in got.iter().zip(r) {
                     let rel = rel_diff(a, b);
                     if rel > MAX_REL_DIFF {
                         return Err(format!(

@@ -35,6 +35,9 @@ pub const PARALLEL_BACKWARD: &str = "parallel_backward";
 /// The kernel name tuning keys use for the recurrent forward.
 pub const RECURRENT_FORWARD: &str = "recurrent_forward";
 
+/// The kernel name tuning keys use for the recurrent backward.
+pub const RECURRENT_BACKWARD: &str = "recurrent_backward";
+
 /// How much to profile.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
@@ -169,6 +172,14 @@ pub fn recurrent_template_version() -> String {
         .clone()
 }
 
+/// The template version part of the recurrent backward's tuning keys.
+pub fn recurrent_backward_template_version() -> String {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| version_of(aec_compiler::cuda::recurrent::BACKWARD_TEMPLATE_TEXT))
+        .clone()
+}
+
 /// The key of the parallel forward of a variant (by its hash) for a call.
 pub fn forward_key(
     variant: &Variant,
@@ -206,6 +217,22 @@ pub fn recurrent_key(
     parts: &KeyParts<'_>,
 ) -> TuningKey {
     let kernel = (RECURRENT_FORWARD, recurrent_template_version());
+    let dims = HeadDims::new(dims.dk, dims.dv);
+    let shape = Shape::mha(shape.b, shape.h, shape.s, shape.s);
+    key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
+}
+
+/// The key of the recurrent backward of a variant (by its hash) for a
+/// call, bucketed as [`recurrent_key`].
+pub fn recurrent_backward_key(
+    variant: &Variant,
+    variant_hash: &str,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    elem: Elem,
+    parts: &KeyParts<'_>,
+) -> TuningKey {
+    let kernel = (RECURRENT_BACKWARD, recurrent_backward_template_version());
     let dims = HeadDims::new(dims.dk, dims.dv);
     let shape = Shape::mha(shape.b, shape.h, shape.s, shape.s);
     key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
@@ -515,6 +542,70 @@ pub fn tune_recurrent(
         profiled,
         Vec::new(),
         space.len(),
+        flops,
+        device,
+        started,
+    )
+}
+
+/// Tunes the recurrent backward of `variant` for `shape` on `device`: every
+/// candidate of [`RecurrentConfig::backward_space`] is generated (those the
+/// generator refuses are reported with its reason), the default — the
+/// backward of the variant's default forward — and the first `top` others
+/// are profiled with `profiler` in that order (no cost model), and the
+/// fastest measured plan is returned (the default when nothing beats it).
+/// Fails only when the default itself cannot be measured.
+#[allow(clippy::too_many_arguments)]
+pub fn tune_recurrent_backward(
+    variant: &Variant,
+    device: &DeviceConfig,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    elem: Elem,
+    key: TuningKey,
+    options: &TuneOptions,
+    profiler: &mut dyn Profiler<RecurrentConfig>,
+    progress: &mut dyn FnMut(TuneProgress),
+) -> Result<TuneReport<RecurrentConfig>, String> {
+    let started = Instant::now();
+    let isa = profiled_isa(device, "the recurrent backward")?;
+    if variant.recurrent().is_none() {
+        return Err(format!(
+            "`{}` is a parallel variant: `tune_recurrent_backward` tunes the recurrent backward",
+            variant.name
+        ));
+    }
+    let space = RecurrentConfig::backward_space(variant, dims.dk, dims.dv, elem, isa);
+    let default = space[0];
+    let mut fit = Vec::new();
+    let mut space_rejected = Vec::new();
+    for config in space {
+        match aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, &config, isa) {
+            Ok(_) => fit.push(config),
+            Err(e) => space_rejected.push(Rejection {
+                config: config.backward_label(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    if fit.first() != Some(&default) {
+        let why = space_rejected
+            .first()
+            .map_or_else(String::new, |r| r.reason.clone());
+        return Err(format!(
+            "`{}` has no recurrent backward at {}x{}: {why}",
+            variant.name, dims.dk, dims.dv
+        ));
+    }
+    // The backward's useful work, counted as twice the forward's.
+    let flops = 2.0 * recurrent_flops(dims, shape);
+    let label = RecurrentConfig::backward_label;
+    let profiled = profile_in_order(default, &fit, options.top, profiler, progress, label);
+    select(
+        key,
+        profiled,
+        space_rejected,
+        fit.len(),
         flops,
         device,
         started,

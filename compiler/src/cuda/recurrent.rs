@@ -32,6 +32,19 @@ pub const TEMPLATE_TEXT: &str = concat!(
     include_str!("../../../templates/cuda/prelude_sm90.cu"),
 );
 
+/// The recurrent backward's template and, for its states pass, the
+/// forward's: their digest is part of the recurrent backward's tuning keys.
+pub const BACKWARD_TEMPLATE_TEXT: &str = concat!(
+    include_str!("../../../templates/cuda/recurrent_bwd.cu"),
+    include_str!("../../../templates/cuda/recurrent_fwd.cu"),
+    include_str!("../../../templates/cuda/recurrent_types.cu"),
+    include_str!("../../../templates/cuda/recurrent_state.cu"),
+    include_str!("../../../templates/cuda/recurrent_decay.cu"),
+    include_str!("../../../templates/cuda/recurrent_modify.cu"),
+    include_str!("../../../templates/cuda/recurrent_per_key.cu"),
+    include_str!("../../../templates/cuda/prelude.cu"),
+);
+
 /// Tile configuration of the recurrent forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RecurrentConfig {
@@ -141,6 +154,58 @@ impl RecurrentConfig {
         } else {
             RecurrentConfig::for_variant(variant, dk, dv, self.elem, isa)
         }
+    }
+
+    /// The recurrent backward's tile space on `isa` for `variant` at head
+    /// dims `dk` × `dv`: what `aec tune --backward` profiles. The backward
+    /// of the variant's default forward first ([`backward_for`](Self::backward_for)),
+    /// then every other `mma.sync` tile of its chunk ([`BACKWARD_CHUNK`]):
+    /// Dv slices of 32, 64 and 128 that divide Dv, one or two stages of the
+    /// state gradient's ring, one or two states-pass blocks per
+    /// multiprocessor. (Its kernels run on `mma.sync` whatever the forward's
+    /// instruction set, so the default's `wgmma` flag marks no other tile.)
+    /// Candidates the shared memory does not take are in the list: the
+    /// generator refuses them with the reason ([`recurrent_backward`]).
+    pub fn backward_space(
+        variant: &Variant,
+        dk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> Vec<RecurrentConfig> {
+        let default = RecurrentConfig::for_variant(variant, dk, dv, elem, isa)
+            .backward_for(variant, dk, dv, isa);
+        let same_kernels = |a: &RecurrentConfig, b: &RecurrentConfig| {
+            RecurrentConfig { wgmma: false, ..*a } == RecurrentConfig { wgmma: false, ..*b }
+        };
+        let mut space = vec![default];
+        for dv_tile in [32, 64, 128] {
+            for (stages, blocks_per_sm) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+                let cfg = RecurrentConfig {
+                    chunk: BACKWARD_CHUNK,
+                    dv_tile,
+                    warps: 8,
+                    stages,
+                    blocks_per_sm,
+                    wgmma: false,
+                    elem,
+                };
+                if dv.is_multiple_of(dv_tile) && !space.iter().any(|c| same_kernels(c, &cfg)) {
+                    space.push(cfg);
+                }
+            }
+        }
+        space
+    }
+
+    /// The backward's name for reports: chunk, Dv slice, the state
+    /// gradient's ring depth, states-pass blocks per multiprocessor (`c64
+    /// dv64 s2 b1`).
+    pub fn backward_label(&self) -> String {
+        format!(
+            "c{} dv{} s{} b{}",
+            self.chunk, self.dv_tile, self.stages, self.blocks_per_sm
+        )
     }
 
     /// A short name for reports: chunk, Dv slice, warps, ring depth, blocks
