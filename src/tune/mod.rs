@@ -647,7 +647,31 @@ fn profile<C: Clone>(
             measured,
         });
     }
+    confirm_the_lead(&mut profiled, profiler);
     profiled
+}
+
+/// Measures the default (the first plan) and the fastest other plan once
+/// more where the latter leads, each keeping the lower of its two times: a
+/// transient slowdown during one plan's timing must not crown another plan
+/// (on an H100 one forward kernel timed 47.8 µs and 88.9 µs in two runs of
+/// one session; bench/NOTES.md, session 42).
+fn confirm_the_lead<C>(profiled: &mut [ProfiledPlan<C>], profiler: &mut dyn Profiler<C>) {
+    let time = |p: &ProfiledPlan<C>| p.measured.as_ref().ok().copied();
+    let Some(default_us) = profiled.first().and_then(time) else {
+        return;
+    };
+    let lead = (1..profiled.len())
+        .filter_map(|i| time(&profiled[i]).map(|t| (i, t)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    let Some((lead, lead_us)) = lead.filter(|&(_, t)| t < default_us) else {
+        return;
+    };
+    for (i, before) in [(0, default_us), (lead, lead_us)] {
+        if let Ok(again) = profiler.measure(&profiled[i].config) {
+            profiled[i].measured = Ok(before.min(again));
+        }
+    }
 }
 
 /// The report of profiled plans (the default first): the first of the
