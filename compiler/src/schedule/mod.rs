@@ -58,12 +58,12 @@ pub fn rank_forward(
 /// model's absolute times are off (about half of what the kernels take),
 /// but its ratios follow the grid: on an H100 at small training shapes
 /// (B·H·Sq of 3600–16384 rows, ten examples), 33 of 50 shape and variant
-/// pairs ranked 1.38–2.95× ahead of the persistent default and that plan
-/// measured 1.26–2.42× faster (geometric mean 1.55×), except two of
-/// DiffTransformer's (0.92× and 0.98×: a persistent tile with Dv split in
-/// two); where the two ranked within 1.11× (four or more waves of row
-/// blocks, every benchmark workload) the default had been as fast or faster
-/// (bench/NOTES.md, session 42).
+/// pairs ranked 1.39–2.95× ahead of the persistent default and that plan
+/// measured 1.09–2.42× faster (geometric mean 1.55× over the 33), except
+/// two of DiffTransformer's (0.92× and 0.98×: a persistent tile with Dv
+/// split in two); where the two ranked within 1.11× (four or more waves of
+/// row blocks, every benchmark workload) the default had been as fast or
+/// faster (bench/NOTES.md, session 42).
 pub const MODEL_CHOICE_MARGIN: f64 = 1.3;
 
 /// The model's first plan in `ranked` where it estimates the `default`
