@@ -1965,7 +1965,7 @@ fn gpu_recurrent_varlen_backward() {
 fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
     use aec::compiler::schedule::DeviceConfig;
     use aec::tune::dispatch::DeviceKeyParts;
-    use aec::tune::gpu::RecurrentGpuProfiler;
+    use aec::tune::gpu::{RecurrentGpuProfiler, RecurrentPass};
     use aec::tune::{TuneOptions, entry_config, recurrent_key, tune_recurrent, variant_hash};
     let test = "gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference";
     let Some(dev) = device(test) else {
@@ -1999,9 +1999,16 @@ fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
         reps: 3,
         custom_ranges: ranges,
     };
-    let mut profiler =
-        RecurrentGpuProfiler::<bf16>::new(&v, &dev, dims, shape, options.clone(), Vec::new())
-            .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let mut profiler = RecurrentGpuProfiler::<bf16>::new(
+        &v,
+        &dev,
+        dims,
+        shape,
+        RecurrentPass::Forward,
+        options.clone(),
+        Vec::new(),
+    )
+    .unwrap_or_else(|e| panic!("{test}: {e}"));
     let r = tune_recurrent(
         &v,
         &model,
@@ -2040,7 +2047,7 @@ fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
 fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
     use aec::compiler::schedule::DeviceConfig;
     use aec::tune::dispatch::DeviceKeyParts;
-    use aec::tune::gpu::RecurrentBackwardGpuProfiler;
+    use aec::tune::gpu::{RecurrentGpuProfiler, RecurrentPass};
     use aec::tune::{
         TuneOptions, entry_config, recurrent_backward_key, tune_recurrent_backward, variant_hash,
     };
@@ -2083,11 +2090,12 @@ fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
             reps: 3,
             custom_ranges: ranges,
         };
-        let mut profiler = RecurrentBackwardGpuProfiler::<bf16>::new(
+        let mut profiler = RecurrentGpuProfiler::<bf16>::new(
             &v,
             &dev,
             dims,
             shape,
+            RecurrentPass::Backward,
             options.clone(),
             Vec::new(),
         )

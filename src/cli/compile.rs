@@ -249,50 +249,36 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             // The tuning table: one more forward per tuned configuration,
             // launched for the GPUs and shape buckets it won.
             let Some(cache) = &cache else { continue };
-            // The tuner's key for this kernel; any GPU, toolchain and shape.
-            let parts = KeyParts {
-                gpu: "",
-                target: isa.arch(),
-                driver: "",
-                toolkit: "",
-            };
             let key = forward_key(
                 v,
                 &hash,
                 HeadDims::new(vq, vv),
                 Shape::mha(1, 1, 1, 1),
                 Elem::Bf16,
-                &parts,
+                &any_gpu(isa),
             );
-            for (tcfg, tuned_for) in tuned_configs(cache.entries(), &key, &cfg, toolkit.as_deref())
-            {
-                let tcfg = ForwardConfig {
-                    v_in_k: args.v_in_k,
-                    ..tcfg
-                };
-                let tk = match parallel_forward(v, vq, vv, &tcfg) {
-                    Ok(tk) if tk.name != k.name => tk,
-                    Ok(_) => {
-                        eprintln!(
-                            "warning: `{}`: the tuned configuration {} has the default kernel's name; left out of the tuning table",
-                            v.name, tuned_for[0].config_label
-                        );
-                        continue;
-                    }
-                    Err(e) => {
-                        eprintln!(
-                            "warning: `{}`: the tuned configuration {} from the tuning cache cannot be generated ({e}); left out of the tuning table",
-                            v.name, tuned_for[0].config_label
-                        );
-                        continue;
-                    }
-                };
-                let mut record = forward.forward(&tk, &tcfg)?;
-                record["tuned_for"] = tuned_for.iter().map(TunedFor::to_json).collect();
-                tuned.forward += 1;
-                tuned.buckets += tuned_for.len();
-                kernels.push(record);
-            }
+            let table = TunedTable {
+                cache,
+                toolkit: toolkit.as_deref(),
+                variant: &v.name,
+                what: "forward configuration",
+            };
+            let records = table.records(
+                &key,
+                &cfg,
+                &k.name,
+                |c| {
+                    let c = ForwardConfig {
+                        v_in_k: args.v_in_k,
+                        ..*c
+                    };
+                    parallel_forward(v, vq, vv, &c).map(|k| (k.name.clone(), (k, c)))
+                },
+                |(k, c)| forward.forward(k, c),
+                &mut tuned.buckets,
+            )?;
+            tuned.forward += records.len();
+            kernels.extend(records);
         }
         // The backward, per instruction set: three kernels in one source,
         // launched in order with the same arguments.
@@ -330,46 +316,30 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             };
             // The tuning table's backward tiles (`aec tune --backward`).
             let Some(cache) = &cache else { continue };
-            let parts = KeyParts {
-                gpu: "",
-                target: isa.arch(),
-                driver: "",
-                toolkit: "",
-            };
             let key = backward_key(
                 v,
                 &hash,
                 HeadDims::new(vq, vv),
                 Shape::mha(1, 1, 1, 1),
                 Elem::Bf16,
-                &parts,
+                &any_gpu(isa),
             );
-            for (tcfg, tuned_for) in tuned_configs(cache.entries(), &key, &bcfg, toolkit.as_deref())
-            {
-                let label = &tuned_for[0].config_label;
-                let tb = match parallel_backward(v, vq, vv, &tcfg) {
-                    Ok(tb) if tb.main.name != default_name => tb,
-                    Ok(_) => {
-                        eprintln!(
-                            "warning: `{}`: the tuned backward tile {label} has the default kernels' names; left out of the tuning table",
-                            v.name
-                        );
-                        continue;
-                    }
-                    Err(e) => {
-                        eprintln!(
-                            "warning: `{}`: the tuned backward tile {label} from the tuning cache cannot be generated ({e}); left out of the tuning table",
-                            v.name
-                        );
-                        continue;
-                    }
-                };
-                let mut record = backward.backward(&tb, &tcfg)?;
-                record["tuned_for"] = tuned_for.iter().map(TunedFor::to_json).collect();
-                tuned.backward += 1;
-                tuned.buckets += tuned_for.len();
-                kernels.push(record);
-            }
+            let table = TunedTable {
+                cache,
+                toolkit: toolkit.as_deref(),
+                variant: &v.name,
+                what: "backward tile",
+            };
+            let records = table.records(
+                &key,
+                &bcfg,
+                &default_name,
+                |c| parallel_backward(v, vq, vv, c).map(|b| (b.main.name.clone(), (b, *c))),
+                |(b, c)| backward.backward(b, c),
+                &mut tuned.buckets,
+            )?;
+            tuned.backward += records.len();
+            kernels.extend(records);
         }
         for t in targets.iter().filter(|t| t.gfx().is_some()) {
             kernels.extend(hip_kernels(
@@ -466,6 +436,72 @@ fn tuning_cache(args: &CompileArgs) -> Result<Option<TuningCache>, String> {
         eprintln!("warning: {w}");
     }
     Ok(Some(cache))
+}
+
+/// The tuner's key parts for a kernel on any GPU and toolchain of `isa`
+/// (tuning-table lookups match the rest of the key).
+fn any_gpu(isa: Isa) -> KeyParts<'static> {
+    KeyParts {
+        gpu: "",
+        target: isa.arch(),
+        driver: "",
+        toolkit: "",
+    }
+}
+
+/// Where a kernel library's tuning table comes from, for one variant.
+struct TunedTable<'a> {
+    cache: &'a TuningCache,
+    /// The NVRTC the cubins are built with (its results win a bucket).
+    toolkit: Option<&'a str>,
+    variant: &'a str,
+    /// What a configuration is, for warnings ("backward tile").
+    what: &'a str,
+}
+
+impl TunedTable<'_> {
+    /// The records of the tuned configurations of the kernel of `key` that
+    /// differ from `default`: each generated (`generate`: its kernel's name
+    /// and what `write` takes), written with its `tuned_for`; one that
+    /// cannot be generated, or that names the default's kernel
+    /// (`default_name`), is left out with a warning. Adds the GPU and shape
+    /// buckets to `buckets`.
+    fn records<C: serde::de::DeserializeOwned + PartialEq, K>(
+        &self,
+        key: &aec::runtime::TuningKey,
+        default: &C,
+        default_name: &str,
+        generate: impl Fn(&C) -> Result<(String, K), CompileError>,
+        write: impl Fn(&K) -> Result<Value, String>,
+        buckets: &mut usize,
+    ) -> Result<Vec<Value>, String> {
+        let mut out = Vec::new();
+        for (config, tuned_for) in tuned_configs(self.cache.entries(), key, default, self.toolkit) {
+            let label = &tuned_for[0].config_label;
+            let kernel = match generate(&config) {
+                Ok((name, kernel)) if name != default_name => kernel,
+                Ok(_) => {
+                    eprintln!(
+                        "warning: `{}`: the tuned {} {label} has the default's kernel names; left out of the tuning table",
+                        self.variant, self.what
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "warning: `{}`: the tuned {} {label} from the tuning cache cannot be generated ({e}); left out of the tuning table",
+                        self.variant, self.what
+                    );
+                    continue;
+                }
+            };
+            let mut record = write(&kernel)?;
+            record["tuned_for"] = tuned_for.iter().map(TunedFor::to_json).collect();
+            *buckets += tuned_for.len();
+            out.push(record);
+        }
+        Ok(out)
+    }
 }
 
 /// How many tuned kernels (forwards, backwards) and GPU and shape buckets

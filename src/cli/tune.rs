@@ -16,9 +16,7 @@ use aec::compiler::{BackwardConfig, RecurrentConfig};
 use aec::frontend::{Invocation, Variant};
 use aec::run::{HeadDims, KernelElement, RecurrentDims, RecurrentShape, Shape};
 use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
-use aec::tune::gpu::{
-    BackwardGpuProfiler, GpuProfiler, RecurrentBackwardGpuProfiler, RecurrentGpuProfiler,
-};
+use aec::tune::gpu::{BackwardGpuProfiler, GpuProfiler, RecurrentGpuProfiler, RecurrentPass};
 use aec::tune::{
     TuneOptions, TuneProgress, TuneReport, backward_key, dispatch, forward_key, problem_of,
     recurrent_backward_key, recurrent_key, tune_backward, tune_forward, tune_recurrent,
@@ -493,8 +491,15 @@ fn tune_recurrent_on<T: KernelElement>(
     options: &TuneOptions,
     progress: &mut dyn FnMut(TuneProgress),
 ) -> Result<TuneReport<RecurrentConfig>, String> {
-    let mut profiler =
-        RecurrentGpuProfiler::<T>::new(variant, device, dims, shape, options.clone(), Vec::new())?;
+    let mut profiler = RecurrentGpuProfiler::<T>::new(
+        variant,
+        device,
+        dims,
+        shape,
+        RecurrentPass::Forward,
+        options.clone(),
+        Vec::new(),
+    )?;
     tune_recurrent(
         variant,
         config,
@@ -521,11 +526,12 @@ fn tune_recurrent_backward_on<T: KernelElement>(
     options: &TuneOptions,
     progress: &mut dyn FnMut(TuneProgress),
 ) -> Result<TuneReport<RecurrentConfig>, String> {
-    let mut profiler = RecurrentBackwardGpuProfiler::<T>::new(
+    let mut profiler = RecurrentGpuProfiler::<T>::new(
         variant,
         device,
         dims,
         shape,
+        RecurrentPass::Backward,
         options.clone(),
         Vec::new(),
     )?;

@@ -1,7 +1,6 @@
 //! The profilers that measure on a CUDA device, of the parallel forward
 //! ([`GpuProfiler`]) and backward ([`BackwardGpuProfiler`]) and of the
-//! recurrent forward ([`RecurrentGpuProfiler`]) and backward
-//! ([`RecurrentBackwardGpuProfiler`]): every
+//! recurrent forward and backward ([`RecurrentGpuProfiler`]): every
 //! plan compiled in parallel (NVRTC, through the kernel cache), its outputs
 //! checked against the default plan's, then timed with events — warm-up
 //! runs, the median of the timed ones, inputs rotated among copies so that
@@ -542,21 +541,35 @@ impl<T: KernelElement> Profiler<BackwardConfig> for BackwardGpuProfiler<'_, T> {
     }
 }
 
-/// Measures recurrent forward plans of one variant and shape on one device,
-/// each through [`RecurrentKernels::forward`] from a zero state, its output
-/// and final state checked against the default plan's.
+/// Which recurrent kernels a [`RecurrentGpuProfiler`] measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecurrentPass {
+    /// The forward from a zero state: its output and final state are
+    /// checked against the default plan's.
+    Forward,
+    /// The backward (the default forward's kernels, the plan's states pass
+    /// and gradient kernels) from a zero state: dq, dk, dv and the custom
+    /// inputs' gradients are checked against the default plan's.
+    Backward,
+}
+
+/// Measures recurrent forward or backward plans ([`RecurrentPass`]) of one
+/// variant and shape on one device, through [`RecurrentKernels::forward`]
+/// or [`RecurrentKernels::backward`], each plan's results checked against
+/// the default plan's.
 pub struct RecurrentGpuProfiler<'a, T: KernelElement> {
     variant: &'a Variant,
     device: &'a Device,
     dims: RecurrentDims,
     shape: RecurrentShape,
+    pass: RecurrentPass,
     options: TuneOptions,
     nvrtc_flags: Vec<String>,
     stream: Stream,
     inputs: Vec<InputSet<T>>,
     kernels: PlanKernels<RecurrentConfig, RecurrentKernels>,
-    /// The default plan's output and final state on the first copy.
-    reference: Option<[Vec<f32>; 2]>,
+    /// The default plan's results on the first copy, by name.
+    reference: Option<Vec<(String, Vec<f32>)>>,
 }
 
 impl<T: KernelElement> std::fmt::Debug for RecurrentGpuProfiler<'_, T> {
@@ -564,6 +577,7 @@ impl<T: KernelElement> std::fmt::Debug for RecurrentGpuProfiler<'_, T> {
         f.debug_struct("RecurrentGpuProfiler")
             .field("variant", &self.variant.name)
             .field("shape", &self.shape)
+            .field("pass", &self.pass)
             .field("input_copies", &self.inputs.len())
             .finish()
     }
@@ -571,23 +585,30 @@ impl<T: KernelElement> std::fmt::Debug for RecurrentGpuProfiler<'_, T> {
 
 impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
     /// Allocates the inputs as [`GpuProfiler::new`] does (custom inputs in
-    /// `options.custom_ranges`, else [0.5, 1)).
+    /// `options.custom_ranges`, else [0.5, 1); for the backward a dO like
+    /// v).
     pub fn new(
         variant: &'a Variant,
         device: &'a Device,
         dims: RecurrentDims,
         shape: RecurrentShape,
+        pass: RecurrentPass,
         options: TuneOptions,
         nvrtc_flags: Vec<String>,
     ) -> Result<RecurrentGpuProfiler<'a, T>, String> {
         let stream = device.stream();
         let lens = super::recurrent_declared_lens(variant, dims, shape)?;
-        let inputs = input_sets(&lens, &options.custom_ranges, &stream, 0)?;
+        let d_o_len = match pass {
+            RecurrentPass::Forward => 0,
+            RecurrentPass::Backward => lens[2].1,
+        };
+        let inputs = input_sets(&lens, &options.custom_ranges, &stream, d_o_len)?;
         Ok(RecurrentGpuProfiler {
             variant,
             device,
             dims,
             shape,
+            pass,
             options,
             nvrtc_flags,
             stream,
@@ -598,170 +619,20 @@ impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
     }
 
     fn kernel_options(&self, config: RecurrentConfig) -> KernelOptions {
-        KernelOptions {
-            elem: T::ELEM,
-            recurrent_config: Some(config),
-            nvrtc_flags: self.nvrtc_flags.clone(),
-            ..KernelOptions::default()
-        }
-    }
-
-    fn run_once(
-        &self,
-        kernels: &RecurrentKernels,
-        set: usize,
-    ) -> Result<crate::run::RecurrentOutput<T>, String> {
-        let inputs = &self.inputs[set % self.inputs.len()];
-        let customs: Vec<(&str, &DeviceBuffer<f32>)> = inputs
-            .customs
-            .iter()
-            .map(|(n, b)| (n.as_str(), b))
-            .collect();
-        kernels
-            .forward(
-                &self.stream,
-                &inputs.q,
-                &inputs.k,
-                &inputs.v,
-                &customs,
-                self.shape,
-                None,
-                None,
-            )
-            .map_err(|e| e.to_string())
-    }
-}
-
-impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentGpuProfiler<'_, T> {
-    fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
-        let (variant, device, dims) = (self.variant, self.device, self.dims);
-        let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
-        let source = |o: &KernelOptions| {
-            crate::run::recurrent_source(variant, dims, o, Isa::for_arch(device.arch()))
-                .map(|s| s.source)
+        let (recurrent_config, recurrent_backward_config) = match self.pass {
+            RecurrentPass::Forward => (Some(config), None),
+            RecurrentPass::Backward => (None, Some(config)),
         };
-        let compile = |o: &KernelOptions| RecurrentKernels::compile(variant, device, dims, o);
-        self.kernels
-            .prepare(device, plans, opts, progress, source, compile);
-    }
-
-    fn measure(&mut self, plan: &RecurrentConfig) -> Result<f64, String> {
-        let (variant, device, dims) = (self.variant, self.device, self.dims);
-        let opts = self.kernel_options(*plan);
-        let kernels = self.kernels.take(plan, &opts, |o| {
-            RecurrentKernels::compile(variant, device, dims, o)
-        })?;
-        let out = self.run_once(&kernels, 0)?;
-        let o: Vec<f32> = self
-            .stream
-            .download(&out.o)
-            .map_err(|e| format!("download: {e}"))?
-            .into_iter()
-            .map(T::to_f32)
-            .collect();
-        let state = self
-            .stream
-            .download(&out.final_state)
-            .map_err(|e| format!("download: {e}"))?;
-        drop(out);
-        if o.iter().chain(&state).any(|x| !x.is_finite()) {
-            return Err(
-                "output or final state has NaN or infinite values: give the custom inputs ranges \
-                 the variant means (`--custom-range NAME=LO,HI`)"
-                    .into(),
-            );
-        }
-        let got = [o, state];
-        match &self.reference {
-            None => self.reference = Some(got),
-            Some(r) => {
-                for (name, (a, b)) in ["output", "final state"].into_iter().zip(got.iter().zip(r)) {
-                    let rel = rel_diff(a, b);
-                    if rel > MAX_REL_DIFF {
-                        return Err(format!(
-                            "{name} differs from the default plan's: relative difference {rel:.2e}"
-                        ));
-                    }
-                }
-            }
-        }
-        let mut set = 0;
-        let (stream, options) = (self.stream.clone(), self.options.clone());
-        median_micros(&stream, &options, || {
-            set += 1;
-            self.run_once(&kernels, set).map(drop)
-        })
-    }
-}
-
-/// Measures recurrent backward plans of one variant and shape on one
-/// device, each through [`RecurrentKernels::backward`] from a zero state
-/// (the default forward's kernels, the plan's backward: the states pass and
-/// the gradient kernels), its dQ, dK, dV and custom-input gradients checked
-/// against the default plan's.
-pub struct RecurrentBackwardGpuProfiler<'a, T: KernelElement> {
-    variant: &'a Variant,
-    device: &'a Device,
-    dims: RecurrentDims,
-    shape: RecurrentShape,
-    options: TuneOptions,
-    nvrtc_flags: Vec<String>,
-    stream: Stream,
-    inputs: Vec<InputSet<T>>,
-    kernels: PlanKernels<RecurrentConfig, RecurrentKernels>,
-    /// The default plan's gradients on the first copy, by name.
-    reference: Option<Vec<(String, Vec<f32>)>>,
-}
-
-impl<T: KernelElement> std::fmt::Debug for RecurrentBackwardGpuProfiler<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecurrentBackwardGpuProfiler")
-            .field("variant", &self.variant.name)
-            .field("shape", &self.shape)
-            .field("input_copies", &self.inputs.len())
-            .finish()
-    }
-}
-
-impl<'a, T: KernelElement> RecurrentBackwardGpuProfiler<'a, T> {
-    /// Allocates the inputs as [`RecurrentGpuProfiler::new`] does, with dO
-    /// like v.
-    pub fn new(
-        variant: &'a Variant,
-        device: &'a Device,
-        dims: RecurrentDims,
-        shape: RecurrentShape,
-        options: TuneOptions,
-        nvrtc_flags: Vec<String>,
-    ) -> Result<RecurrentBackwardGpuProfiler<'a, T>, String> {
-        let stream = device.stream();
-        let lens = super::recurrent_declared_lens(variant, dims, shape)?;
-        let d_o_len = lens[2].1;
-        let inputs = input_sets(&lens, &options.custom_ranges, &stream, d_o_len)?;
-        Ok(RecurrentBackwardGpuProfiler {
-            variant,
-            device,
-            dims,
-            shape,
-            options,
-            nvrtc_flags,
-            stream,
-            inputs,
-            kernels: PlanKernels::default(),
-            reference: None,
-        })
-    }
-
-    fn kernel_options(&self, config: RecurrentConfig) -> KernelOptions {
         KernelOptions {
             elem: T::ELEM,
-            recurrent_backward_config: Some(config),
+            recurrent_config,
+            recurrent_backward_config,
             nvrtc_flags: self.nvrtc_flags.clone(),
             ..KernelOptions::default()
         }
     }
 
-    /// The default forward's kernels with the plan's backward loaded.
+    /// The plan's kernels (for the backward, with its modules loaded).
     fn compile(
         variant: &Variant,
         device: &Device,
@@ -769,56 +640,92 @@ impl<'a, T: KernelElement> RecurrentBackwardGpuProfiler<'a, T> {
         options: &KernelOptions,
     ) -> Result<RecurrentKernels, crate::run::Error> {
         let kernels = RecurrentKernels::compile(variant, device, dims, options)?;
-        kernels.backward_source()?;
+        if options.recurrent_backward_config.is_some() {
+            kernels.backward_source()?;
+        }
         Ok(kernels)
     }
 
+    /// One run of the pass on input copy `set`; with `keep`, its results by
+    /// name (downloaded, as f32).
     fn run_once(
         &self,
         kernels: &RecurrentKernels,
         set: usize,
-    ) -> Result<crate::run::RecurrentGradients<T>, String> {
+        keep: bool,
+    ) -> Result<Vec<(String, Vec<f32>)>, String> {
         let inputs = &self.inputs[set % self.inputs.len()];
         let customs: Vec<(&str, &DeviceBuffer<f32>)> = inputs
             .customs
             .iter()
             .map(|(n, b)| (n.as_str(), b))
             .collect();
-        let d_o = inputs.d_o.as_ref().expect("input_sets makes dO when asked");
-        kernels
-            .backward(
-                &self.stream,
-                &inputs.q,
-                &inputs.k,
-                &inputs.v,
-                &customs,
-                self.shape,
-                None,
-                None,
-                d_o,
-                None,
-                None,
-            )
-            .map_err(|e| e.to_string())
+        let (stream, shape) = (&self.stream, self.shape);
+        let elems = |name: &str, b: &DeviceBuffer<T>| -> Result<(String, Vec<f32>), String> {
+            let host = stream.download(b).map_err(|e| format!("download: {e}"))?;
+            Ok((name.to_string(), host.into_iter().map(T::to_f32).collect()))
+        };
+        let f32s = |name: String, b: &DeviceBuffer<f32>| -> Result<(String, Vec<f32>), String> {
+            Ok((
+                name,
+                stream.download(b).map_err(|e| format!("download: {e}"))?,
+            ))
+        };
+        let (q, k, v) = (&inputs.q, &inputs.k, &inputs.v);
+        let fail = |e: crate::run::Error| e.to_string();
+        match self.pass {
+            RecurrentPass::Forward => {
+                let out = kernels
+                    .forward(stream, q, k, v, &customs, shape, None, None)
+                    .map_err(fail)?;
+                if !keep {
+                    return Ok(Vec::new());
+                }
+                Ok(vec![
+                    elems("output", &out.o)?,
+                    f32s("final state".into(), &out.final_state)?,
+                ])
+            }
+            RecurrentPass::Backward => {
+                let d_o = inputs.d_o.as_ref().expect("input_sets makes dO when asked");
+                let g = kernels
+                    .backward(
+                        stream, q, k, v, &customs, shape, None, None, d_o, None, None,
+                    )
+                    .map_err(fail)?;
+                if !keep {
+                    return Ok(Vec::new());
+                }
+                let mut out = vec![
+                    elems("dq", &g.dq)?,
+                    elems("dk", &g.dk)?,
+                    elems("dv", &g.dv)?,
+                ];
+                for (name, b) in &g.customs {
+                    out.push(f32s(format!("d{name}"), b)?);
+                }
+                Ok(out)
+            }
+        }
     }
 }
 
-impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentBackwardGpuProfiler<'_, T> {
+impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentGpuProfiler<'_, T> {
     fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
         let (variant, device, dims) = (self.variant, self.device, self.dims);
         let isa = Isa::for_arch(device.arch());
         let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
-        // The gradient kernels compile in parallel (the states pass, the
-        // smaller module, as each plan loads).
-        let source = |o: &KernelOptions| {
-            let cfg = o.recurrent_backward_config.expect("set for every plan");
-            aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, &cfg, isa)
+        // The forward's source, or the backward's gradient kernels (its
+        // states pass, the smaller module, compiles as each plan loads).
+        let source = |o: &KernelOptions| match o.recurrent_backward_config {
+            None => crate::run::recurrent_source(variant, dims, o, isa).map(|s| s.source),
+            Some(cfg) => aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, &cfg, isa)
                 .map(|s| s.source)
                 .map_err(|source| crate::run::Error::Compile {
                     variant: variant.name.clone(),
                     kernel: "recurrent backward",
                     source,
-                })
+                }),
         };
         let compile = |o: &KernelOptions| Self::compile(variant, device, dims, o);
         self.kernels
@@ -831,35 +738,16 @@ impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentBackwardGpuProfile
         let kernels = self
             .kernels
             .take(plan, &opts, |o| Self::compile(variant, device, dims, o))?;
-        let grads = self.run_once(&kernels, 0)?;
-        let download = |b: &DeviceBuffer<T>| -> Result<Vec<f32>, String> {
-            Ok(self
-                .stream
-                .download(b)
-                .map_err(|e| format!("download: {e}"))?
-                .into_iter()
-                .map(T::to_f32)
-                .collect())
-        };
-        let mut got = vec![
-            ("dq".to_string(), download(&grads.dq)?),
-            ("dk".to_string(), download(&grads.dk)?),
-            ("dv".to_string(), download(&grads.dv)?),
-        ];
-        for (name, b) in &grads.customs {
-            let g = self
-                .stream
-                .download(b)
-                .map_err(|e| format!("download: {e}"))?;
-            got.push((format!("d{name}"), g));
-        }
-        drop(grads);
-        if got.iter().any(|(_, g)| g.iter().any(|x| !x.is_finite())) {
-            return Err(
-                "gradients have NaN or infinite values: give the custom inputs ranges the \
-                 variant means (`--custom-range NAME=LO,HI`)"
-                    .into(),
-            );
+        let got = self.run_once(&kernels, 0, true)?;
+        if got.iter().any(|(_, x)| x.iter().any(|x| !x.is_finite())) {
+            return Err(format!(
+                "{} NaN or infinite values: give the custom inputs ranges the variant means \
+                 (`--custom-range NAME=LO,HI`)",
+                match self.pass {
+                    RecurrentPass::Forward => "output or final state has",
+                    RecurrentPass::Backward => "gradients have",
+                }
+            ));
         }
         match &self.reference {
             None => self.reference = Some(got),
@@ -878,7 +766,7 @@ impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentBackwardGpuProfile
         let (stream, options) = (self.stream.clone(), self.options.clone());
         median_micros(&stream, &options, || {
             set += 1;
-            self.run_once(&kernels, set).map(drop)
+            self.run_once(&kernels, set, false).map(drop)
         })
     }
 }

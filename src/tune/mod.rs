@@ -1,18 +1,19 @@
 //! Autotuning and dispatch of the parallel forward and backward and of the
-//! recurrent forward.
+//! recurrent forward and backward.
 //!
 //! [`tune_forward`] takes the scheduler's ranking
 //! ([`aec_compiler::schedule::rank_forward`]), profiles the top plans and
 //! the default with a [`Profiler`], and returns the winner as a
-//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`] and
-//! [`tune_recurrent`] do the same over their tile spaces
-//! ([`BackwardConfig::space`], [`RecurrentConfig::space`]), which have no
-//! cost model: the candidates are profiled in the space's order. The
-//! selection logic is independent of the GPU: [`gpu::GpuProfiler`],
+//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`],
+//! [`tune_recurrent`] and [`tune_recurrent_backward`] do the same over
+//! their tile spaces ([`BackwardConfig::space`], [`RecurrentConfig::space`],
+//! [`RecurrentConfig::backward_space`]), which have no cost model: the
+//! candidates are profiled in the space's order. The selection logic is
+//! independent of the GPU: [`gpu::GpuProfiler`],
 //! [`gpu::BackwardGpuProfiler`] and [`gpu::RecurrentGpuProfiler`] measure
-//! on a device, the tests use fake ones. [`dispatch`] answers, per call shape, which configuration to run:
-//! the tuned one of the shape's bucket, else the default; it never tunes by
-//! itself.
+//! on a device, the tests use fake ones. [`dispatch`] answers, per call
+//! shape, which configuration to run: the tuned one of the shape's bucket,
+//! else the default; it never tunes by itself.
 
 pub mod dispatch;
 pub mod gpu;
@@ -438,17 +439,11 @@ pub fn tune_backward(
         ));
     }
     let default = BackwardConfig::default_for(dims.dqk, dims.dv, elem, isa);
-    let mut fit = Vec::new();
-    let mut space_rejected = Vec::new();
-    for config in BackwardConfig::space(dims.dqk, dims.dv, elem, isa) {
-        match aec_compiler::parallel_backward(variant, dims.dqk, dims.dv, &config) {
-            Ok(_) => fit.push(config),
-            Err(e) => space_rejected.push(Rejection {
-                config: config.label(),
-                reason: e.to_string(),
-            }),
-        }
-    }
+    let (fit, space_rejected) = generated(
+        BackwardConfig::space(dims.dqk, dims.dv, elem, isa),
+        |c| aec_compiler::parallel_backward(variant, dims.dqk, dims.dv, c).map(drop),
+        BackwardConfig::label,
+    );
     let problem = problem_of(dims, shape, elem);
     let flops = backward_flops(&problem, &VariantFacts::of(variant));
     let label = BackwardConfig::label;
@@ -462,6 +457,27 @@ pub fn tune_backward(
         device,
         started,
     )
+}
+
+/// The candidates of `space` the generator takes (`generate`), in order,
+/// and those it refuses, each with its reason.
+fn generated<C>(
+    space: Vec<C>,
+    generate: impl Fn(&C) -> Result<(), aec_compiler::CompileError>,
+    label: impl Fn(&C) -> String,
+) -> (Vec<C>, Vec<Rejection>) {
+    let mut fit = Vec::new();
+    let mut refused = Vec::new();
+    for config in space {
+        match generate(&config) {
+            Ok(()) => fit.push(config),
+            Err(e) => refused.push(Rejection {
+                config: label(&config),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    (fit, refused)
 }
 
 /// The instruction set of a CUDA `device`, or why `what` cannot be tuned
@@ -577,17 +593,11 @@ pub fn tune_recurrent_backward(
     }
     let space = RecurrentConfig::backward_space(variant, dims.dk, dims.dv, elem, isa);
     let default = space[0];
-    let mut fit = Vec::new();
-    let mut space_rejected = Vec::new();
-    for config in space {
-        match aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, &config, isa) {
-            Ok(_) => fit.push(config),
-            Err(e) => space_rejected.push(Rejection {
-                config: config.backward_label(),
-                reason: e.to_string(),
-            }),
-        }
-    }
+    let (fit, space_rejected) = generated(
+        space,
+        |c| aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, c, isa).map(drop),
+        RecurrentConfig::backward_label,
+    );
     if fit.first() != Some(&default) {
         let why = space_rejected
             .first()
