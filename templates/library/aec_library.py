@@ -1425,6 +1425,7 @@ class Variant:
             ]
             call.params = [_params(args) for _, _, _, _, args in call.launches]  # (params, slots, maps)
             call.lock = threading.Lock()
+            call.map_addresses = {}  # host address of a map's bytes -> the tensor address encoded there
             if len(self._calls) >= 256:
                 self._calls.clear()
             self._calls[key] = call
@@ -1434,13 +1435,25 @@ class Variant:
         drv = lib._driver
         stream = ctypes.c_void_p(torch.cuda.current_stream(lib.device).cuda_stream)
         with call.lock, drv.current(lib._ctx):
+            encoded = {}  # (TensorMapArg, tensor address) -> a map of them encoded by this call
             for fn, (entry, grid, threads, smem, _), (params, slots, maps) in zip(call.functions, call.launches, call.params):
                 for slot, name in slots:
                     slot.value = bufs[name].data_ptr()
                 # Tensor maps hold their tensor's address: encoded for this
-                # call's tensors (the launch copies the bytes).
+                # call's tensors (the launch copies the bytes) — unless this
+                # slot already holds the map of the same tensor address (the
+                # shapes are the call's key), or another launch of this call
+                # encoded it (copied).
                 for address, arg in maps:
-                    encode_tensor_map(drv, address, arg, bufs[arg.buffer].data_ptr(), f"{plan.where}: launch {entry}")
+                    ptr = bufs[arg.buffer].data_ptr()
+                    if call.map_addresses.get(address) != ptr:
+                        same = encoded.get((arg, ptr))
+                        if same is None:
+                            encode_tensor_map(drv, address, arg, ptr, f"{plan.where}: launch {entry}")
+                        else:
+                            ctypes.memmove(address, same, TENSOR_MAP_BYTES)
+                        call.map_addresses[address] = ptr
+                    encoded.setdefault((arg, ptr), address)
                 res = drv.launch(fn, grid, threads, smem, stream, params)
                 if res:
                     drv.check(res, f"{plan.where}: {drv.LAUNCH} {entry} grid {_dims(grid)} block {threads} smem {smem}")
