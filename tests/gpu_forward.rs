@@ -754,20 +754,15 @@ fn gpu_forward_key_warps() {
             name.contains("n128w4_gqa") && name.contains("_k4") && name.contains("_fc"),
             "{name}"
         );
-        let call = common::gpu::random_call(&def, shape, dims, (0.0, 1.0), "decode_few_blocks");
-        let stream = device.stream();
-        let (q, k, v) = (
-            stream.upload(&call.q_host).unwrap(),
-            stream.upload(&call.k_host).unwrap(),
-            stream.upload(&call.v_host).unwrap(),
+        let (err, rows_ok, rows) = against_reference(
+            test,
+            &device,
+            &def,
+            &kernels,
+            shape,
+            dims,
+            "decode_few_blocks",
         );
-        let out = kernels
-            .forward(&stream, &q, &k, &v, &[], shape)
-            .unwrap_or_else(|e| panic!("{test}: {e}"));
-        let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
-        let err = rel_err(&download_f64(&stream, &out.o), &want.o.data);
-        let (rows_ok, rows) =
-            check_row_outputs(test, kernels.row_output_names(), &out, &stream, &want);
         eprintln!(
             "{test}: `{name}` {shape} splits={}: rel_err(o)={err:.2e} rows[{}]",
             kernels.kv_splits(shape),
@@ -786,6 +781,34 @@ fn gpu_forward_key_warps() {
         ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm80)
     };
     check_latent_tile(test, shape, config, "_k2");
+}
+
+/// One forward of `kernels` (no custom inputs) on random inputs (`seed`)
+/// against the reference interpreter: the output's relative error and the
+/// row outputs' check ([`check_row_outputs`]).
+fn against_reference(
+    test: &str,
+    device: &Device,
+    def: &aec::frontend::Variant,
+    kernels: &ParallelKernels,
+    shape: Shape,
+    dims: HeadDims,
+    seed: &str,
+) -> (f64, bool, Vec<String>) {
+    let call = common::gpu::random_call(def, shape, dims, (0.0, 1.0), seed);
+    let stream = device.stream();
+    let (q, k, v) = (
+        stream.upload(&call.q_host).unwrap(),
+        stream.upload(&call.k_host).unwrap(),
+        stream.upload(&call.v_host).unwrap(),
+    );
+    let out = kernels
+        .forward(&stream, &q, &k, &v, &[], shape)
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let want = reference::forward(def, &call.inputs, Options::default()).expect("reference");
+    let err = rel_err(&download_f64(&stream, &out.o), &want.o.data);
+    let (rows_ok, rows) = check_row_outputs(test, kernels.row_output_names(), &out, &stream, &want);
+    (err, rows_ok, rows)
 }
 
 /// Untuned prefill on a small grid (sm_90a): `compile_for_shape` takes the
@@ -845,20 +868,8 @@ fn gpu_forward_small_grids_take_the_models_tile() {
             chosen, &plain_name,
             "{test}: {name} {shape} runs the model's tile"
         );
-        let call = common::gpu::random_call(&def, shape, dims, (0.0, 1.0), test);
-        let stream = device.stream();
-        let (q, k, v) = (
-            stream.upload(&call.q_host).unwrap(),
-            stream.upload(&call.k_host).unwrap(),
-            stream.upload(&call.v_host).unwrap(),
-        );
-        let out = kernels
-            .forward(&stream, &q, &k, &v, &[], shape)
-            .unwrap_or_else(|e| panic!("{test}: {e}"));
-        let want = reference::forward(&def, &call.inputs, Options::default()).expect("reference");
-        let err = rel_err(&download_f64(&stream, &out.o), &want.o.data);
-        let (rows_ok, rows) =
-            check_row_outputs(test, kernels.row_output_names(), &out, &stream, &want);
+        let (err, rows_ok, rows) =
+            against_reference(test, &device, &def, &kernels, shape, dims, test);
         eprintln!(
             "{test}: {name} {shape} `{chosen}` (default `{plain_name}`): rel_err(o)={err:.2e} rows[{}]",
             rows.join(", ")

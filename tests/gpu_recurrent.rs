@@ -2015,6 +2015,7 @@ fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
         dims,
         shape,
         Elem::Bf16,
+        aec::tune::RecurrentPass::Forward,
         key,
         &options,
         &mut profiler,
@@ -2049,7 +2050,7 @@ fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
     use aec::tune::dispatch::DeviceKeyParts;
     use aec::tune::gpu::{RecurrentGpuProfiler, RecurrentPass};
     use aec::tune::{
-        TuneOptions, entry_config, recurrent_backward_key, tune_recurrent_backward, variant_hash,
+        TuneOptions, entry_config, recurrent_backward_key, tune_recurrent, variant_hash,
     };
     let test = "gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference";
     let Some(dev) = device(test) else {
@@ -2100,12 +2101,13 @@ fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
             Vec::new(),
         )
         .unwrap_or_else(|e| panic!("{test}: {e}"));
-        let r = tune_recurrent_backward(
+        let r = tune_recurrent(
             &v,
             &model,
             dims,
             shape,
             Elem::Bf16,
+            aec::tune::RecurrentPass::Backward,
             key,
             &options,
             &mut profiler,

@@ -184,6 +184,7 @@ fn a_slow_first_timing_of_the_default_is_measured_again() {
         dims,
         shape,
         Elem::Bf16,
+        aec::tune::RecurrentPass::Forward,
         key,
         &options,
         &mut p,
@@ -437,6 +438,7 @@ fn recurrent_tuning_takes_the_fastest_tile_and_dispatch_finds_it_by_its_bucket()
         dims,
         shape,
         Elem::Bf16,
+        aec::tune::RecurrentPass::Forward,
         key,
         &options,
         &mut p,
@@ -533,12 +535,13 @@ fn recurrent_backward_tuning_takes_the_fastest_tile_apart_from_the_forward() {
         top: 100,
         ..TuneOptions::default()
     };
-    let r = aec::tune::tune_recurrent_backward(
+    let r = aec::tune::tune_recurrent(
         &v,
         &h100,
         dims,
         shape,
         Elem::Bf16,
+        aec::tune::RecurrentPass::Backward,
         key,
         &options,
         &mut p,
@@ -590,12 +593,13 @@ fn recurrent_backward_tuning_takes_the_fastest_tile_apart_from_the_forward() {
     );
     // A parallel variant is refused.
     let softmax = example("softmax");
-    let err = aec::tune::tune_recurrent_backward(
+    let err = aec::tune::tune_recurrent(
         &softmax,
         &h100,
         dims,
         shape,
         Elem::Bf16,
+        aec::tune::RecurrentPass::Backward,
         r.entry.key.clone(),
         &options,
         &mut p,

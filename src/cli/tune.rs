@@ -20,7 +20,7 @@ use aec::tune::gpu::{BackwardGpuProfiler, GpuProfiler, RecurrentGpuProfiler, Rec
 use aec::tune::{
     TuneOptions, TuneProgress, TuneReport, backward_key, dispatch, forward_key, problem_of,
     recurrent_backward_key, recurrent_key, tune_backward, tune_forward, tune_recurrent,
-    tune_recurrent_backward, variant_hash,
+    variant_hash,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -278,32 +278,30 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         custom_ranges: args.custom_ranges.clone(),
         ..TuneOptions::default()
     };
-    let doc = if recurrent && args.backward {
-        let tune_with = match elem {
-            aec::compiler::Elem::Bf16 => tune_recurrent_backward_on::<bf16>,
-            aec::compiler::Elem::F16 => tune_recurrent_backward_on::<f16>,
-        };
-        tune_shapes(args, &mut cache, |shape, progress| {
-            let CallShape::Recurrent(shape) = shape else {
-                return Err(format!("--shape {shape}: B,H,S expected"));
-            };
-            let key = recurrent_backward_key(&variant, &hash, rdims, shape, elem, &parts);
-            tune_with(
-                &variant, &device, &config, rdims, shape, key, &options, progress,
-            )
-        })?
-    } else if recurrent {
+    let doc = if recurrent {
         let tune_with = match elem {
             aec::compiler::Elem::Bf16 => tune_recurrent_on::<bf16>,
             aec::compiler::Elem::F16 => tune_recurrent_on::<f16>,
         };
+        let pass = if args.backward {
+            RecurrentPass::Backward
+        } else {
+            RecurrentPass::Forward
+        };
         tune_shapes(args, &mut cache, |shape, progress| {
             let CallShape::Recurrent(shape) = shape else {
                 return Err(format!("--shape {shape}: B,H,S expected"));
             };
-            let key = recurrent_key(&variant, &hash, rdims, shape, elem, &parts);
+            let key = match pass {
+                RecurrentPass::Forward => {
+                    recurrent_key(&variant, &hash, rdims, shape, elem, &parts)
+                }
+                RecurrentPass::Backward => {
+                    recurrent_backward_key(&variant, &hash, rdims, shape, elem, &parts)
+                }
+            };
             tune_with(
-                &variant, &device, &config, rdims, shape, key, &options, progress,
+                &variant, &device, &config, rdims, shape, pass, key, &options, progress,
             )
         })?
     } else if args.backward {
@@ -478,8 +476,8 @@ fn tune_backward_on<T: KernelElement>(
     )
 }
 
-/// Tunes the recurrent forward of one shape with operands of type `T` on
-/// `device`.
+/// Tunes the recurrent forward or backward (`pass`) of one shape with
+/// operands of type `T` on `device`.
 #[allow(clippy::too_many_arguments)]
 fn tune_recurrent_on<T: KernelElement>(
     variant: &Variant,
@@ -487,6 +485,7 @@ fn tune_recurrent_on<T: KernelElement>(
     config: &DeviceConfig,
     dims: RecurrentDims,
     shape: RecurrentShape,
+    pass: RecurrentPass,
     key: aec::runtime::TuningKey,
     options: &TuneOptions,
     progress: &mut dyn FnMut(TuneProgress),
@@ -496,7 +495,7 @@ fn tune_recurrent_on<T: KernelElement>(
         device,
         dims,
         shape,
-        RecurrentPass::Forward,
+        pass,
         options.clone(),
         Vec::new(),
     )?;
@@ -506,41 +505,7 @@ fn tune_recurrent_on<T: KernelElement>(
         dims,
         shape,
         T::ELEM,
-        key,
-        options,
-        &mut profiler,
-        progress,
-    )
-}
-
-/// Tunes the recurrent backward of one shape with operands of type `T` on
-/// `device`.
-#[allow(clippy::too_many_arguments)]
-fn tune_recurrent_backward_on<T: KernelElement>(
-    variant: &Variant,
-    device: &Device,
-    config: &DeviceConfig,
-    dims: RecurrentDims,
-    shape: RecurrentShape,
-    key: aec::runtime::TuningKey,
-    options: &TuneOptions,
-    progress: &mut dyn FnMut(TuneProgress),
-) -> Result<TuneReport<RecurrentConfig>, String> {
-    let mut profiler = RecurrentGpuProfiler::<T>::new(
-        variant,
-        device,
-        dims,
-        shape,
-        RecurrentPass::Backward,
-        options.clone(),
-        Vec::new(),
-    )?;
-    tune_recurrent_backward(
-        variant,
-        config,
-        dims,
-        shape,
-        T::ELEM,
+        pass,
         key,
         options,
         &mut profiler,

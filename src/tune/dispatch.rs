@@ -48,10 +48,7 @@ impl KernelDispatch {
         elem: Elem,
         parts: &KeyParts<'_>,
     ) -> Self {
-        let shape = RecurrentShape::new(1, 1, 1);
-        KernelDispatch {
-            base: recurrent_key(variant, &variant_hash(variant), dims, shape, elem, parts),
-        }
+        Self::recurrent_with(recurrent_key, variant, dims, elem, parts)
     }
 
     /// The dispatch of the recurrent backward of `variant`, as
@@ -62,10 +59,20 @@ impl KernelDispatch {
         elem: Elem,
         parts: &KeyParts<'_>,
     ) -> Self {
+        Self::recurrent_with(recurrent_backward_key, variant, dims, elem, parts)
+    }
+
+    /// A recurrent kernel's dispatch with its key function (`key`).
+    fn recurrent_with(
+        key: fn(&Variant, &str, RecurrentDims, RecurrentShape, Elem, &KeyParts<'_>) -> TuningKey,
+        variant: &Variant,
+        dims: RecurrentDims,
+        elem: Elem,
+        parts: &KeyParts<'_>,
+    ) -> Self {
         let shape = RecurrentShape::new(1, 1, 1);
-        let hash = variant_hash(variant);
         KernelDispatch {
-            base: recurrent_backward_key(variant, &hash, dims, shape, elem, parts),
+            base: key(variant, &variant_hash(variant), dims, shape, elem, parts),
         }
     }
 

@@ -7,6 +7,7 @@
 //! together they exceed the L2 cache and small shapes are not flattered by
 //! it.
 
+pub use super::RecurrentPass;
 use super::{Profiler, TuneOptions, TuneProgress};
 use crate::run::{
     ForwardOutput, HeadDims, KernelElement, KernelOptions, ParallelKernels, RecurrentDims,
@@ -47,7 +48,7 @@ pub struct GpuProfiler<'a, T: KernelElement> {
     out: Option<ForwardOutput<T>>,
     kernels: PlanKernels<ForwardConfig, ParallelKernels>,
     /// The default plan's output (the first plan measured).
-    reference: Option<Vec<f32>>,
+    reference: DefaultResults,
 }
 
 impl<T: KernelElement> std::fmt::Debug for GpuProfiler<'_, T> {
@@ -100,7 +101,7 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
             inputs,
             out: None,
             kernels: PlanKernels::default(),
-            reference: None,
+            reference: DefaultResults::default(),
         })
     }
 
@@ -168,20 +169,10 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
             .into_iter()
             .map(T::to_f32)
             .collect();
-        if o.iter().any(|x| !x.is_finite()) {
-            return Err("output has NaN or infinite values".into());
-        }
-        match &self.reference {
-            None => self.reference = Some(o),
-            Some(r) => {
-                let rel = rel_diff(&o, r);
-                if rel > MAX_REL_DIFF {
-                    return Err(format!(
-                        "output differs from the default plan's: relative difference {rel:.2e}"
-                    ));
-                }
-            }
-        }
+        self.reference.check(
+            vec![("output".to_string(), o)],
+            "output has NaN or infinite values",
+        )?;
         let mut set = 0;
         let (stream, options) = (self.stream.clone(), self.options.clone());
         median_micros(&stream, &options, || {
@@ -261,6 +252,35 @@ impl<C: Copy + Eq + std::hash::Hash, K> PlanKernels<C, K> {
             Some(k) => k,
             None => compile(opts).map_err(|e| format!("compile: {e}")),
         }
+    }
+}
+
+/// The default plan's results (the first plan measured), by name, which
+/// every later plan's must match.
+#[derive(Default)]
+struct DefaultResults(Option<Vec<(String, Vec<f32>)>>);
+
+impl DefaultResults {
+    /// Checks `got` (a plan's results by name): finite (else `non_finite`),
+    /// and within [`MAX_REL_DIFF`] of the default's; the first call's are
+    /// the default's.
+    fn check(&mut self, got: Vec<(String, Vec<f32>)>, non_finite: &str) -> Result<(), String> {
+        if got.iter().any(|(_, x)| x.iter().any(|x| !x.is_finite())) {
+            return Err(non_finite.to_string());
+        }
+        let Some(reference) = &self.0 else {
+            self.0 = Some(got);
+            return Ok(());
+        };
+        for ((name, a), (_, b)) in got.iter().zip(reference) {
+            let rel = rel_diff(a, b);
+            if rel > MAX_REL_DIFF {
+                return Err(format!(
+                    "{name} differs from the default plan's: relative difference {rel:.2e}"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -381,7 +401,7 @@ pub struct BackwardGpuProfiler<'a, T: KernelElement> {
     sets: Vec<BackwardSet<T>>,
     kernels: PlanKernels<BackwardConfig, ParallelKernels>,
     /// The default plan's dQ, dK and dV on the first copy.
-    reference: Option<[Vec<f32>; 3]>,
+    reference: DefaultResults,
 }
 
 impl<T: KernelElement> std::fmt::Debug for BackwardGpuProfiler<'_, T> {
@@ -441,7 +461,7 @@ impl<'a, T: KernelElement> BackwardGpuProfiler<'a, T> {
             stream,
             sets,
             kernels: PlanKernels::default(),
-            reference: None,
+            reference: DefaultResults::default(),
         })
     }
 
@@ -510,28 +530,14 @@ impl<T: KernelElement> Profiler<BackwardConfig> for BackwardGpuProfiler<'_, T> {
                 .map(T::to_f32)
                 .collect())
         };
-        let got = [
-            download(&grads.dq)?,
-            download(&grads.dk)?,
-            download(&grads.dv)?,
+        let got = vec![
+            ("dq".to_string(), download(&grads.dq)?),
+            ("dk".to_string(), download(&grads.dk)?),
+            ("dv".to_string(), download(&grads.dv)?),
         ];
         drop(grads);
-        if got.iter().flatten().any(|x| !x.is_finite()) {
-            return Err("gradients have NaN or infinite values".into());
-        }
-        match &self.reference {
-            None => self.reference = Some(got),
-            Some(r) => {
-                for (name, (a, b)) in ["dq", "dk", "dv"].into_iter().zip(got.iter().zip(r)) {
-                    let rel = rel_diff(a, b);
-                    if rel > MAX_REL_DIFF {
-                        return Err(format!(
-                            "{name} differs from the default plan's: relative difference {rel:.2e}"
-                        ));
-                    }
-                }
-            }
-        }
+        self.reference
+            .check(got, "gradients have NaN or infinite values")?;
         let mut set = 0;
         let (stream, options) = (self.stream.clone(), self.options.clone());
         median_micros(&stream, &options, || {
@@ -539,18 +545,6 @@ impl<T: KernelElement> Profiler<BackwardConfig> for BackwardGpuProfiler<'_, T> {
             self.run_once(&kernels, set).map(drop)
         })
     }
-}
-
-/// Which recurrent kernels a [`RecurrentGpuProfiler`] measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecurrentPass {
-    /// The forward from a zero state: its output and final state are
-    /// checked against the default plan's.
-    Forward,
-    /// The backward (the default forward's kernels, the plan's states pass
-    /// and gradient kernels) from a zero state: dq, dk, dv and the custom
-    /// inputs' gradients are checked against the default plan's.
-    Backward,
 }
 
 /// Measures recurrent forward or backward plans ([`RecurrentPass`]) of one
@@ -569,7 +563,7 @@ pub struct RecurrentGpuProfiler<'a, T: KernelElement> {
     inputs: Vec<InputSet<T>>,
     kernels: PlanKernels<RecurrentConfig, RecurrentKernels>,
     /// The default plan's results on the first copy, by name.
-    reference: Option<Vec<(String, Vec<f32>)>>,
+    reference: DefaultResults,
 }
 
 impl<T: KernelElement> std::fmt::Debug for RecurrentGpuProfiler<'_, T> {
@@ -614,7 +608,7 @@ impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
             stream,
             inputs,
             kernels: PlanKernels::default(),
-            reference: None,
+            reference: DefaultResults::default(),
         })
     }
 
@@ -739,29 +733,15 @@ impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentGpuProfiler<'_, T>
             .kernels
             .take(plan, &opts, |o| Self::compile(variant, device, dims, o))?;
         let got = self.run_once(&kernels, 0, true)?;
-        if got.iter().any(|(_, x)| x.iter().any(|x| !x.is_finite())) {
-            return Err(format!(
-                "{} NaN or infinite values: give the custom inputs ranges the variant means \
-                 (`--custom-range NAME=LO,HI`)",
-                match self.pass {
-                    RecurrentPass::Forward => "output or final state has",
-                    RecurrentPass::Backward => "gradients have",
-                }
-            ));
-        }
-        match &self.reference {
-            None => self.reference = Some(got),
-            Some(r) => {
-                for ((name, a), (_, b)) in got.iter().zip(r) {
-                    let rel = rel_diff(a, b);
-                    if rel > MAX_REL_DIFF {
-                        return Err(format!(
-                            "{name} differs from the default plan's: relative difference {rel:.2e}"
-                        ));
-                    }
-                }
+        let non_finite = format!(
+            "{} NaN or infinite values: give the custom inputs ranges the variant means \
+             (`--custom-range NAME=LO,HI`)",
+            match self.pass {
+                RecurrentPass::Forward => "output or final state has",
+                RecurrentPass::Backward => "gradients have",
             }
-        }
+        );
+        self.reference.check(got, &non_finite)?;
         let mut set = 0;
         let (stream, options) = (self.stream.clone(), self.options.clone());
         median_micros(&stream, &options, || {

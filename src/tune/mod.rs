@@ -4,8 +4,8 @@
 //! [`tune_forward`] takes the scheduler's ranking
 //! ([`aec_compiler::schedule::rank_forward`]), profiles the top plans and
 //! the default with a [`Profiler`], and returns the winner as a
-//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`],
-//! [`tune_recurrent`] and [`tune_recurrent_backward`] do the same over
+//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`] and
+//! [`tune_recurrent`] (forward or backward) do the same over
 //! their tile spaces ([`BackwardConfig::space`], [`RecurrentConfig::space`],
 //! [`RecurrentConfig::backward_space`]), which have no cost model: the
 //! candidates are profiled in the space's order. The selection logic is
@@ -218,9 +218,7 @@ pub fn recurrent_key(
     parts: &KeyParts<'_>,
 ) -> TuningKey {
     let kernel = (RECURRENT_FORWARD, recurrent_template_version());
-    let dims = HeadDims::new(dims.dk, dims.dv);
-    let shape = Shape::mha(shape.b, shape.h, shape.s, shape.s);
-    key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
+    recurrent_key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
 }
 
 /// The key of the recurrent backward of a variant (by its hash) for a
@@ -234,6 +232,20 @@ pub fn recurrent_backward_key(
     parts: &KeyParts<'_>,
 ) -> TuningKey {
     let kernel = (RECURRENT_BACKWARD, recurrent_backward_template_version());
+    recurrent_key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
+}
+
+/// [`key_of`] for a recurrent kernel: Dk × Dv as the head dims, the shape
+/// bucketed as `B, H, H, S, S`.
+fn recurrent_key_of(
+    kernel: (&str, String),
+    variant: &Variant,
+    variant_hash: &str,
+    dims: RecurrentDims,
+    shape: RecurrentShape,
+    elem: Elem,
+    parts: &KeyParts<'_>,
+) -> TuningKey {
     let dims = HeadDims::new(dims.dk, dims.dv);
     let shape = Shape::mha(shape.b, shape.h, shape.s, shape.s);
     key_of(kernel, variant, variant_hash, dims, shape, elem, parts)
@@ -522,12 +534,29 @@ pub fn backward_flops(problem: &Problem, facts: &VariantFacts) -> f64 {
     useful_flops(problem, facts) * (3.0 * dqk + 2.0 * dv) / (dqk + dv)
 }
 
-/// Tunes the recurrent forward of `variant` for `shape` on `device`: the
-/// default and the first `top` others of [`RecurrentConfig::space`]
-/// (already the tiles the generator and the shared memory take) are
-/// profiled with `profiler` in that order (no cost model), and the fastest
-/// measured plan is returned (the default when nothing beats it). Fails
-/// only when the default itself cannot be measured.
+/// Which recurrent kernels [`tune_recurrent`] (and
+/// [`gpu::RecurrentGpuProfiler`]) tune.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecurrentPass {
+    /// The forward from a zero state: its output and final state are
+    /// checked against the default plan's.
+    Forward,
+    /// The backward (the default forward's kernels, the plan's states pass
+    /// and gradient kernels) from a zero state: dq, dk, dv and the custom
+    /// inputs' gradients are checked against the default plan's.
+    Backward,
+}
+
+/// Tunes the recurrent forward or backward (`pass`) of `variant` for
+/// `shape` on `device`. The forward's space ([`RecurrentConfig::space`]) is
+/// already the tiles the generator and the shared memory take; every
+/// candidate of the backward's ([`RecurrentConfig::backward_space`]) is
+/// generated, and those the generator refuses are reported with its
+/// reason. The default (for the backward, that of the default forward) and
+/// the first `top` others are profiled with `profiler` in that order (no
+/// cost model), and the fastest measured plan is returned (the default
+/// when nothing beats it). Fails only when the default itself cannot be
+/// generated or measured.
 #[allow(clippy::too_many_arguments)]
 pub fn tune_recurrent(
     variant: &Variant,
@@ -535,81 +564,64 @@ pub fn tune_recurrent(
     dims: RecurrentDims,
     shape: RecurrentShape,
     elem: Elem,
+    pass: RecurrentPass,
     key: TuningKey,
     options: &TuneOptions,
     profiler: &mut dyn Profiler<RecurrentConfig>,
     progress: &mut dyn FnMut(TuneProgress),
 ) -> Result<TuneReport<RecurrentConfig>, String> {
     let started = Instant::now();
-    let isa = profiled_isa(device, "the recurrent forward")?;
+    let what = match pass {
+        RecurrentPass::Forward => "the recurrent forward",
+        RecurrentPass::Backward => "the recurrent backward",
+    };
+    let isa = profiled_isa(device, what)?;
     if variant.recurrent().is_none() {
         return Err(format!(
-            "`{}` is a parallel variant: `tune_recurrent` tunes the recurrent forward",
+            "`{}` is a parallel variant: `tune_recurrent` tunes {what}",
             variant.name
         ));
     }
-    let default = RecurrentConfig::for_variant(variant, dims.dk, dims.dv, elem, isa);
-    let space = RecurrentConfig::space(variant, dims.dk, dims.dv, elem, isa);
-    let flops = recurrent_flops(dims, shape);
-    let label = RecurrentConfig::label;
-    let profiled = profile_in_order(default, &space, options.top, profiler, progress, label);
-    select(
-        key,
-        profiled,
-        Vec::new(),
-        space.len(),
-        flops,
-        device,
-        started,
-    )
-}
-
-/// Tunes the recurrent backward of `variant` for `shape` on `device`: every
-/// candidate of [`RecurrentConfig::backward_space`] is generated (those the
-/// generator refuses are reported with its reason), the default — the
-/// backward of the variant's default forward — and the first `top` others
-/// are profiled with `profiler` in that order (no cost model), and the
-/// fastest measured plan is returned (the default when nothing beats it).
-/// Fails only when the default itself cannot be measured.
-#[allow(clippy::too_many_arguments)]
-pub fn tune_recurrent_backward(
-    variant: &Variant,
-    device: &DeviceConfig,
-    dims: RecurrentDims,
-    shape: RecurrentShape,
-    elem: Elem,
-    key: TuningKey,
-    options: &TuneOptions,
-    profiler: &mut dyn Profiler<RecurrentConfig>,
-    progress: &mut dyn FnMut(TuneProgress),
-) -> Result<TuneReport<RecurrentConfig>, String> {
-    let started = Instant::now();
-    let isa = profiled_isa(device, "the recurrent backward")?;
-    if variant.recurrent().is_none() {
-        return Err(format!(
-            "`{}` is a parallel variant: `tune_recurrent_backward` tunes the recurrent backward",
-            variant.name
-        ));
-    }
-    let space = RecurrentConfig::backward_space(variant, dims.dk, dims.dv, elem, isa);
-    let default = space[0];
-    let (fit, space_rejected) = generated(
-        space,
-        |c| aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, c, isa).map(drop),
-        RecurrentConfig::backward_label,
-    );
-    if fit.first() != Some(&default) {
-        let why = space_rejected
-            .first()
-            .map_or_else(String::new, |r| r.reason.clone());
-        return Err(format!(
-            "`{}` has no recurrent backward at {}x{}: {why}",
-            variant.name, dims.dk, dims.dv
-        ));
-    }
-    // The backward's useful work, counted as twice the forward's.
-    let flops = 2.0 * recurrent_flops(dims, shape);
-    let label = RecurrentConfig::backward_label;
+    let (default, fit, space_rejected, label, flops): (_, _, _, fn(&RecurrentConfig) -> String, _) =
+        match pass {
+            RecurrentPass::Forward => (
+                RecurrentConfig::for_variant(variant, dims.dk, dims.dv, elem, isa),
+                RecurrentConfig::space(variant, dims.dk, dims.dv, elem, isa),
+                Vec::new(),
+                RecurrentConfig::label,
+                recurrent_flops(dims, shape),
+            ),
+            RecurrentPass::Backward => {
+                let space = RecurrentConfig::backward_space(variant, dims.dk, dims.dv, elem, isa);
+                let default = space[0];
+                let (fit, refused) = generated(
+                    space,
+                    |c| {
+                        aec_compiler::recurrent_backward(variant, dims.dk, dims.dv, c, isa)
+                            .map(drop)
+                    },
+                    RecurrentConfig::backward_label,
+                );
+                if fit.first() != Some(&default) {
+                    let why = refused
+                        .first()
+                        .map_or_else(String::new, |r| r.reason.clone());
+                    return Err(format!(
+                        "`{}` has no recurrent backward at {}x{}: {why}",
+                        variant.name, dims.dk, dims.dv
+                    ));
+                }
+                // The backward's useful work, counted as twice the forward's.
+                let flops = 2.0 * recurrent_flops(dims, shape);
+                (
+                    default,
+                    fit,
+                    refused,
+                    RecurrentConfig::backward_label,
+                    flops,
+                )
+            }
+        };
     let profiled = profile_in_order(default, &fit, options.top, profiler, progress, label);
     select(
         key,

@@ -45,6 +45,12 @@ pub const BACKWARD_TEMPLATE_TEXT: &str = concat!(
     include_str!("../../../templates/cuda/prelude.cu"),
 );
 
+/// The `mma.sync` tiles' Dv slices, and their (stages, blocks per
+/// multiprocessor): what the forward's and the backward's tile spaces
+/// enumerate.
+const MMA_SYNC_DV_TILES: [u32; 3] = [32, 64, 128];
+const MMA_SYNC_RINGS: [(u32, u32); 4] = [(1, 1), (2, 1), (1, 2), (2, 2)];
+
 /// Tile configuration of the recurrent forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RecurrentConfig {
@@ -179,8 +185,8 @@ impl RecurrentConfig {
             RecurrentConfig { wgmma: false, ..*a } == RecurrentConfig { wgmma: false, ..*b }
         };
         let mut space = vec![default];
-        for dv_tile in [32, 64, 128] {
-            for (stages, blocks_per_sm) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+        for dv_tile in MMA_SYNC_DV_TILES {
+            for (stages, blocks_per_sm) in MMA_SYNC_RINGS {
                 let cfg = RecurrentConfig {
                     chunk: BACKWARD_CHUNK,
                     dv_tile,
@@ -263,8 +269,8 @@ impl RecurrentConfig {
         let kind = ForwardKind::of(variant);
         let mut space = Vec::new();
         for &chunk in RECURRENT_CHUNKS {
-            for dv_tile in [32, 64, 128] {
-                for (stages, blocks_per_sm) in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+            for dv_tile in MMA_SYNC_DV_TILES {
+                for (stages, blocks_per_sm) in MMA_SYNC_RINGS {
                     let cfg = RecurrentConfig {
                         chunk,
                         dv_tile,
