@@ -104,7 +104,8 @@ def expected_kernel(lib, name, sizes):
     manifest = aec_library.read_manifest(lib)
     arch = aec_library.arch_for_capability(torch.cuda.get_device_capability(0))
     v = next(v for v in manifest["variants"] if v["name"] == name)
-    tuned = aec_library.select_tuned(v, "forward", arch, device, sizes)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tuned = aec_library.select_tuned(v, "forward", arch, device, sizes, sms)
     record = tuned[0] if tuned else aec_library.select_kernel(v, "forward", arch)[0]
     return record["entry"]
 

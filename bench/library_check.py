@@ -21,7 +21,8 @@ where the library has none), loads the library on the current GPU and checks:
   float64 PyTorch references written here from examples/*.rs. Tolerance: a
   relative error max|ours - ref| / max|ref| of at most 2e-2 (bf16 inputs);
 - the tuning table: for each tuning-table kernel of the library for this
-  GPU (forward or backward), a call in each of its buckets runs it (checked
+  GPU (forward or backward; measured by `aec tune` or a declared workload's
+  untuned tile), a call in each of its buckets runs it (checked
   as above, forward and backward) and a call outside runs the pass's default
   kernel (`variant.last_entry`); without any, a note (a failure where
   AEC_REQUIRE_TUNED=1);
@@ -210,7 +211,7 @@ def check_tuning_table(lib, refs):
     for name in lib.variants:
         variant = lib[name]
         for k in variant.record["kernels"]:
-            items = [t for t in k.get("tuned_for") or () if t["gpu"] == lib.device_name]
+            items = [t for t in k.get("tuned_for") or () if aec_library.is_for_gpu(t, lib.device_name, lib.sms)]
             pass_name = k.get("pass")
             if pass_name not in ("forward", "backward") or not items or name not in refs:
                 continue
@@ -225,7 +226,8 @@ def check_tuning_table(lib, refs):
                 check_parallel(lib, name, refs[name], sizes, {})
                 row = next(c for c in reversed(checks) if c["check"] == f"{name} {pass_name}")
                 ran = row.get("kernel")
-                record(f"{name} {pass_name} tuning table", variant=name, bucket=z, gpu=t["gpu"], kernel=ran,
+                record(f"{name} {pass_name} tuning table", variant=name, bucket=z, gpu=t.get("gpu") or t["device"],
+                       chosen_by=t.get("chosen_by", "aec tune"), kernel=ran,
                        expected=first_entry(k), shape=row["shape"], passed=ran == first_entry(k) and row["passed"])
                 outside = (z["B"], z["H"], z["Hkv"], 2 * z["Sq"] + 1, z["Skv"], d)
                 check_parallel(lib, name, refs[name], outside, {}, backward=pass_name == "backward")

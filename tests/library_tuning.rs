@@ -265,7 +265,7 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
         names[0],
         "the default record"
     );
-    let on_h100 = parsed.select_tuned("Softmax", "forward", "sm_90a", H100);
+    let on_h100 = parsed.select_tuned("Softmax", "forward", "sm_90a", H100, 132);
     assert_eq!(on_h100.len(), 2);
     let sizes = |b, h, sq, skv| [("B", b), ("H", h), ("Hkv", h), ("Sq", sq), ("Skv", skv)];
     assert!(on_h100[0].2[0].contains(&sizes(2, 3, 300, 511)));
@@ -273,18 +273,18 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     assert!(on_h100[1].2[0].contains(&sizes(2, 3, 2049, 4096)));
     assert_eq!(
         parsed
-            .select_tuned("Softmax", "forward", "sm_90a", H200)
+            .select_tuned("Softmax", "forward", "sm_90a", H200, 132)
             .len(),
         1
     );
     assert!(
         parsed
-            .select_tuned("Softmax", "forward", "sm_90a", "NVIDIA A100")
+            .select_tuned("Softmax", "forward", "sm_90a", "NVIDIA A100", 132)
             .is_empty()
     );
     let (_, bwd, _) = parsed.select("Softmax", "backward", "sm_90a").unwrap();
     assert!(bwd.tuned_for.is_empty(), "the default backward");
-    let bwd_on_h100 = parsed.select_tuned("Softmax", "backward", "sm_90a", H100);
+    let bwd_on_h100 = parsed.select_tuned("Softmax", "backward", "sm_90a", H100, 132);
     assert_eq!(bwd_on_h100.len(), 1);
     assert!(bwd_on_h100[0].2[0].contains(&sizes(2, 3, 300, 511)));
     assert!(!bwd_on_h100[0].2[0].contains(&sizes(2, 3, 2048, 2048)));
@@ -295,12 +295,12 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     );
     assert!(
         parsed
-            .select_tuned("Softmax", "backward", "sm_90a", H200)
+            .select_tuned("Softmax", "backward", "sm_90a", H200, 132)
             .is_empty()
     );
     assert!(
         parsed
-            .select_tuned("Softmax", "forward", "sm_80", H100)
+            .select_tuned("Softmax", "forward", "sm_80", H100, 132)
             .is_empty()
     );
 
@@ -413,4 +413,232 @@ fn compile_without_a_tuning_table_and_with_bad_caches() {
         &["--no-tuning", "--tuning-cache", corrupt.to_str().unwrap()],
     );
     assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+}
+
+/// `aec compile --workload`: each declared workload whose untuned tile on a
+/// product target (what `compile_for_shape` runs there: on sm_90a the cost
+/// model's choice for a grid the default leaves short of a wave) differs
+/// from the default gets that tile as one more forward, listed for the
+/// product (its name and multiprocessors) and the workload's bucket, after
+/// the measured records, which win a bucket they share. The Rust loader and
+/// the C header pick by the GPU's name and multiprocessor count.
+#[test]
+fn declared_workloads_take_their_untuned_tile_per_product() {
+    use aec::compiler::schedule::DeviceConfig;
+    use aec::run::{HeadDims, Shape, UntunedReason, untuned_choice};
+    let tmp = tempfile::tempdir().unwrap();
+    let v = softmax();
+    let hash = variant_hash(&v);
+    let default = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let untuned = |product: &str, shape: Shape| {
+        let device = DeviceConfig::named(product).unwrap();
+        let dims = HeadDims::new(128, 128);
+        untuned_choice(&v, dims, shape, Elem::Bf16, Isa::Sm90a, &device, false)
+    };
+    // Two small grids the model moves off the default on both products;
+    // the benchmark shape keeps it.
+    let small = untuned("h100", Shape::mha(1, 12, 300, 300));
+    let medium = untuned("h100", Shape::mha(2, 16, 512, 512));
+    for c in [&small, &medium] {
+        assert!(matches!(c.reason, UntunedReason::Model { .. }), "{c:?}");
+        assert_eq!(c.plain, default);
+        assert_ne!(c.config, default);
+    }
+    assert_ne!(small.config, medium.config);
+    assert_eq!(
+        untuned("h200", Shape::mha(1, 12, 300, 300)).config,
+        small.config
+    );
+    assert_eq!(
+        untuned("h100", Shape::mha(8, 32, 2048, 2048)).reason,
+        UntunedReason::Default
+    );
+    // A measured result for the first bucket on the H100.
+    let x = ForwardConfig {
+        block_n: 64,
+        stages: 2,
+        ..default
+    };
+    assert!(x != small.config && x != medium.config && x != default);
+    let cache_file = tmp.path().join("tuning.json");
+    let (mut cache, _) = TuningCache::open(&cache_file);
+    cache
+        .record(vec![tuned(
+            H100,
+            ShapeBucket::of(1, 12, 12, 300, 300),
+            x,
+            &hash,
+        )])
+        .unwrap();
+    let lib = tmp.path().join("lib");
+    let out = compile(
+        &lib,
+        &[
+            "-t",
+            "h200",
+            "--tuning-cache",
+            cache_file.to_str().unwrap(),
+            "--workload",
+            "B=1,H=12,Sq=300,Skv=300",
+            "--workload",
+            "B=2,H=16,Sq=512,Skv=512",
+            "--workload",
+            "B=8,H=32,Sq=2048,Skv=2048",
+            // The first one's bucket again: its tile holds it.
+            "--workload",
+            "B=1,H=12,Sq=257,Skv=400",
+        ],
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "workload tiles: 2 forward kernels for 4 product and shape buckets of 4 declared workloads"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("workload tile: `Softmax` on h100 at B=1,H=12,Sq=300,Skv=300: m"),
+        "{stderr}"
+    );
+    let m = manifest(&lib);
+    assert_eq!(m["tuning"]["workload_tiles"]["kernels"], 2);
+    assert_eq!(m["tuning"]["workload_tiles"]["buckets"], 4);
+    let forwards: Vec<&Value> = m["variants"][0]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["pass"] == "forward")
+        .collect();
+    assert_eq!(
+        forwards.len(),
+        4,
+        "the default, the measured one, two tiles"
+    );
+    assert_eq!(forwards[1]["tuned_for"][0]["gpu"], H100);
+    for (k, c) in forwards[2..].iter().zip([&small, &medium]) {
+        assert_eq!(k["config"]["block_m"], c.config.block_m);
+        assert_eq!(k["config"]["block_n"], c.config.block_n);
+        assert_eq!(k["config"]["persistent"], c.config.persistent);
+        assert_eq!(k["config"]["dv_split"], c.config.dv_split);
+        let items = k["tuned_for"].as_array().unwrap();
+        assert_eq!(items.len(), 2, "one per product");
+        for (item, product) in items.iter().zip(["h100", "h200"]) {
+            assert_eq!(item["device"], product);
+            assert_eq!(item["sms"], 132);
+            assert!(item.get("gpu").is_none());
+            assert_eq!(item["chosen_by"], "cost model");
+            assert!(item["model_speedup"].as_f64().unwrap() >= 1.3);
+        }
+    }
+    let first = &forwards[2]["tuned_for"][0];
+    assert_eq!(first["workload"], "B=1,H=12,Sq=300,Skv=300");
+    assert_eq!(
+        (
+            &first["sizes"]["B"],
+            &first["sizes"]["H"],
+            &first["sizes"]["Hkv"]
+        ),
+        (&Value::from(1), &Value::from(12), &Value::from(12))
+    );
+    assert_eq!(
+        (&first["sizes"]["Sq"], &first["sizes"]["Skv"]),
+        (&Value::from(512), &Value::from(512))
+    );
+
+    // The Rust loader: by name for the measured record, by product and
+    // multiprocessors for the tiles, in manifest order.
+    let patched = with_cubins(m.clone());
+    let text = serde_json::to_string(&patched).unwrap();
+    let parsed = Manifest::parse(&lib, &text).expect("the manifest reads");
+    let entry = |k: &aec::library::KernelRecord| k.plan.as_ref().unwrap().launches[0].entry.clone();
+    let call = [("B", 1), ("H", 12), ("Hkv", 12), ("Sq", 300), ("Skv", 300)];
+    let first_for = |gpu: &str, sms: u32| {
+        parsed
+            .select_tuned("Softmax", "forward", "sm_90a", gpu, sms)
+            .into_iter()
+            .find(|(_, _, buckets)| buckets.iter().any(|b| b.contains(&call)))
+            .map(|(k, _, _)| entry(k))
+    };
+    let name = |i: usize| forwards[i]["entry"].as_str().unwrap().to_string();
+    assert_eq!(
+        first_for(H100, 132),
+        Some(name(1)),
+        "the measured record wins"
+    );
+    assert_eq!(first_for(H200, 132), Some(name(2)));
+    assert_eq!(first_for("NVIDIA H100 NVL", 132), Some(name(2)));
+    assert_eq!(
+        first_for("NVIDIA H100 PCIe", 114),
+        None,
+        "fewer multiprocessors"
+    );
+    assert_eq!(first_for("NVIDIA A100-SXM4-80GB", 108), None);
+
+    // The C header picks the same.
+    if !common::tool_ready("cc", "the C header's pick is not compiled") {
+        return;
+    }
+    let include = lib.join("include");
+    std::fs::write(include.join("aec_library.h"), generate(&patched).unwrap()).unwrap();
+    std::fs::write(include.join("aec_loader.h"), LOADER_H).unwrap();
+    let exe = tmp.path().join("tuning_pick");
+    let built = Command::new("cc")
+        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(&include)
+        .arg(repo().join("tests/c/tuning_pick.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", show(&built));
+    let pick = |gpu: &str, sizes: [u32; 4], sms: u32| -> String {
+        let o = Command::new(&exe)
+            .args(["forward", gpu])
+            .args(sizes.map(|n| n.to_string()))
+            .arg(sms.to_string())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let cubin = |i: usize| format!("kernels/{}.sm_90a.cubin", name(i));
+    assert_eq!(pick(H100, [1, 12, 300, 300], 132), cubin(1));
+    assert_eq!(pick(H200, [1, 12, 300, 300], 132), cubin(2));
+    assert_eq!(pick(H200, [1, 12, 257, 400], 132), cubin(2));
+    assert_eq!(pick("nvidia h100 nvl", [1, 12, 300, 300], 132), cubin(2));
+    assert_eq!(pick("NVIDIA H100 PCIe", [1, 12, 300, 300], 114), cubin(0));
+    assert_eq!(pick(H100, [2, 16, 512, 512], 132), cubin(3));
+    assert_eq!(
+        pick(H100, [2, 16, 600, 512], 132),
+        cubin(0),
+        "Sq 600 is bucket 1024"
+    );
+    assert_eq!(pick(H100, [8, 32, 2048, 2048], 132), cubin(0));
+}
+
+/// A declared workload whose query heads are not a multiple of its key/value
+/// heads is refused with both named, and nothing is written.
+#[test]
+fn a_declared_workload_with_an_uneven_head_group_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = tmp.path().join("lib");
+    let out = Command::new(env!("CARGO_BIN_EXE_aec"))
+        .args(["compile", "examples/softmax_gqa.rs", "-t", "h100", "--no-tuning"])
+        .args(["--workload", "B=1,H=12,Hkv=5,Sq=300,Skv=300", "-o"])
+        .arg(&lib)
+        .env_remove("LD_LIBRARY_PATH")
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "--workload `B=1,H=12,Hkv=5,Sq=300,Skv=300`: H = 12 is not a multiple of Hkv = 5"
+        ),
+        "{stderr}"
+    );
+    assert!(!lib.exists(), "nothing written");
 }

@@ -19,6 +19,7 @@
 //! directory with `aec::Library::open`.
 
 use super::EXIT_INPUT;
+use super::workload_tiles::{self, Declared, ForwardOfLibrary, untuned_tiles};
 use aec::compiler::hip::backward::{HipBackwardConfig, hip_parallel_backward};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
@@ -153,6 +154,7 @@ pub(crate) fn parse_dims(s: &str) -> Result<(u32, u32), String> {
 
 fn build(args: &CompileArgs) -> Result<(), String> {
     let (dqk, dv) = parse_dims(&args.head_dims)?;
+    let declared = workload_tiles::parse(&args.workloads)?;
     let mut targets = args.targets.clone();
     targets.sort();
     targets.dedup();
@@ -189,6 +191,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
     let cache = tuning_cache(args)?;
     let toolkit = nvrtc_version().ok().map(|(a, b)| format!("nvrtc {a}.{b}"));
     let mut tuned = TunedCounts::default();
+    let mut workload_tiles = WorkloadTileCounts::default();
     let mut manifest_variants = Vec::new();
     for (file, v) in &variants {
         if v.recurrent().is_some() {
@@ -248,37 +251,81 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             kernels.push(forward.forward(&k, &cfg)?);
             // The tuning table: one more forward per tuned configuration,
             // launched for the GPUs and shape buckets it won.
-            let Some(cache) = &cache else { continue };
-            let key = forward_key(
-                v,
-                &hash,
-                HeadDims::new(vq, vv),
-                Shape::mha(1, 1, 1, 1),
-                Elem::Bf16,
-                &any_gpu(isa),
-            );
-            let table = TunedTable {
-                cache,
-                toolkit: toolkit.as_deref(),
-                variant: &v.name,
-                what: "forward configuration",
+            if let Some(cache) = &cache {
+                let key = forward_key(
+                    v,
+                    &hash,
+                    HeadDims::new(vq, vv),
+                    Shape::mha(1, 1, 1, 1),
+                    Elem::Bf16,
+                    &any_gpu(isa),
+                );
+                let table = TunedTable {
+                    cache,
+                    toolkit: toolkit.as_deref(),
+                    variant: &v.name,
+                    what: "forward configuration",
+                };
+                let records = table.records(
+                    &key,
+                    &cfg,
+                    &k.name,
+                    |c| {
+                        let c = ForwardConfig {
+                            v_in_k: args.v_in_k,
+                            ..*c
+                        };
+                        parallel_forward(v, vq, vv, &c).map(|k| (k.name.clone(), (k, c)))
+                    },
+                    |(k, c)| forward.forward(k, c),
+                    &mut tuned.buckets,
+                )?;
+                tuned.forward += records.len();
+                kernels.extend(records);
+            }
+            // The declared workloads' untuned tiles, after the measured
+            // records (which win a bucket they share).
+            let library_forward = ForwardOfLibrary {
+                variant: v,
+                dims: HeadDims::new(vq, vv),
+                plan: &forward_plan(v, &k),
+                default: &cfg,
+                isa,
+                targets: &targets_of(isa),
+                v_in_k: args.v_in_k,
             };
-            let records = table.records(
-                &key,
-                &cfg,
-                &k.name,
-                |c| {
-                    let c = ForwardConfig {
-                        v_in_k: args.v_in_k,
-                        ..*c
-                    };
-                    parallel_forward(v, vq, vv, &c).map(|k| (k.name.clone(), (k, c)))
-                },
-                |(k, c)| forward.forward(k, c),
-                &mut tuned.buckets,
-            )?;
-            tuned.forward += records.len();
-            kernels.extend(records);
+            for tile in untuned_tiles(&library_forward, &declared)? {
+                let label = tile.items[0]["config_label"].as_str().unwrap_or_default();
+                let generated = match parallel_forward(v, vq, vv, &tile.config) {
+                    Ok(g) if g.name != k.name => g,
+                    Ok(_) => continue, // the default's kernel after all
+                    Err(e) => {
+                        eprintln!(
+                            "warning: `{}`: the untuned tile {label} of a declared workload cannot be generated ({e}); those calls run the default",
+                            v.name
+                        );
+                        continue;
+                    }
+                };
+                for item in &tile.items {
+                    eprintln!(
+                        "workload tile: `{}` on {} at {}: {label} ({}{})",
+                        v.name,
+                        item["device"].as_str().unwrap_or_default(),
+                        item["workload"].as_str().unwrap_or_default(),
+                        item["chosen_by"].as_str().unwrap_or_default(),
+                        item["model_speedup"]
+                            .as_f64()
+                            .map(|r| format!(", {r:.2}x the default by its estimate"))
+                            .unwrap_or_default()
+                    );
+                }
+                let mut record = forward.forward(&generated, &tile.config)?;
+                workload_tiles.buckets += tile.items.len();
+                record["tuned_for"] = Value::Array(tile.items);
+                workload_tiles.kernels += 1;
+                kernels.push(record);
+            }
         }
         // The backward, per instruction set: three kernels in one source,
         // launched in order with the same arguments.
@@ -360,7 +407,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         }));
     }
     let definitions: Vec<Value> = manifest_variants.iter().flat_map(definitions_of).collect();
-    let workloads = workload_records(&args.workloads, &definitions)?;
+    let workloads = workload_records(&declared, &definitions)?;
     let manifest = json!({
         "aec_version": env!("CARGO_PKG_VERSION"),
         "format": aec::library::MANIFEST_FORMAT,
@@ -374,7 +421,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                 Value::Null
             },
         },
-        "tuning": tuning_json(cache.as_ref(), &tuned),
+        "tuning": tuning_json(cache.as_ref(), &tuned, &workload_tiles),
         "definitions": definitions,
         "workloads": workloads,
         "variants": manifest_variants,
@@ -392,6 +439,23 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             cache_name(cache),
             if kernels == 0 {
                 " (every kernel uses its default; `aec tune` and `aec tune --backward` fill the cache)"
+            } else {
+                ""
+            }
+        );
+    }
+    if !declared.is_empty() {
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        eprintln!(
+            "workload tiles: {} forward kernel{} for {} product and shape bucket{} of {} declared workload{}{}",
+            workload_tiles.kernels,
+            plural(workload_tiles.kernels),
+            workload_tiles.buckets,
+            plural(workload_tiles.buckets),
+            declared.len(),
+            plural(declared.len()),
+            if workload_tiles.kernels == 0 {
+                " (each runs the default tile there untuned)"
             } else {
                 ""
             }
@@ -513,13 +577,36 @@ struct TunedCounts {
     buckets: usize,
 }
 
+/// How many forwards the declared workloads' untuned tiles add, for how
+/// many product and shape buckets.
+#[derive(Default)]
+struct WorkloadTileCounts {
+    kernels: usize,
+    buckets: usize,
+}
+
 /// The manifest's `tuning` section: where the table came from and what it
 /// holds (the tuned records themselves carry `tuned_for`).
-fn tuning_json(cache: Option<&TuningCache>, tuned: &TunedCounts) -> Value {
+fn tuning_json(
+    cache: Option<&TuningCache>,
+    tuned: &TunedCounts,
+    workload_tiles: &WorkloadTileCounts,
+) -> Value {
+    let mut section = tuned_section(cache, tuned);
+    section["workload_tiles"] = json!({
+        "kernels": workload_tiles.kernels,
+        "buckets": workload_tiles.buckets,
+        "note": "a forward record whose `tuned_for` item names a `device` and its `sms` (not a `gpu`) runs on any GPU whose driver name contains that product's name, ignoring case, and that has that many multiprocessors, for calls in the item's bucket: the tile aec's runtime runs untuned for the declared `workload` there (`chosen_by`: the cost model, for grids the default leaves short of a wave, or the decoding rule), which differs from the default; records measured by `aec tune` come first and win a bucket they share",
+    });
+    section
+}
+
+/// [`tuning_json`] without the declared workloads' tiles.
+fn tuned_section(cache: Option<&TuningCache>, tuned: &TunedCounts) -> Value {
     let Some(cache) = cache else {
         return json!({
             "method": "defaults",
-            "note": "built without a tuning cache: every kernel uses its tile configuration's default for its head dims and architecture (the `config` of each kernel record), one configuration for all shapes",
+            "note": "built without a tuning cache: every kernel uses its tile configuration's default for its head dims and architecture (the `config` of each kernel record) for every shape, except the declared workloads' tiles (`workload_tiles`)",
         });
     };
     let from = cache_name(cache);
@@ -1188,24 +1275,13 @@ fn definition_name(variant: &str, pass: &str, dims: &Value) -> String {
 /// The manifest's workload records: each `--workload` for every definition
 /// whose free sizes it names exactly; one that fits no definition is an
 /// error naming the free sizes the definitions have.
-fn workload_records(given: &[String], definitions: &[Value]) -> Result<Vec<Value>, String> {
+fn workload_records(given: &[Declared], definitions: &[Value]) -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
-    for w in given {
-        let mut axes = serde_json::Map::new();
-        for part in w.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, n) = part.split_once('=').ok_or_else(|| {
-                format!("--workload `{w}`: expected SIZE=N pairs separated by commas, e.g. `B=4,H=16,Sq=4096,Skv=4096`")
-            })?;
-            let n: u64 = n.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
-                format!(
-                    "--workload `{w}`: `{}` must be a positive integer",
-                    n.trim()
-                )
-            })?;
-            if axes.insert(k.trim().to_string(), json!(n)).is_some() {
-                return Err(format!("--workload `{w}`: `{}` is given twice", k.trim()));
-            }
-        }
+    for Declared {
+        text: w,
+        sizes: axes,
+    } in given
+    {
         let mut matched = false;
         for d in definitions {
             let free: Vec<&String> = d["axes"]

@@ -5,6 +5,7 @@ mod check;
 mod compile;
 mod devices;
 mod tune;
+mod workload_tiles;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -26,7 +26,7 @@
 //! kernels in order. The text depends on the manifest only, so the same
 //! manifest gives the same header.
 
-use crate::library::loader::{TunedBucket, parse_tuned_bucket};
+use crate::library::loader::{TunedBucket, TunedGpu, parse_tuned_bucket};
 use aec_compiler::launch_plan::{
     ArgPlan, Condition, Dtype, EntryPlan, Role, SMS, SizeExpr, SizeOp, TensorMapPlan,
 };
@@ -1441,11 +1441,15 @@ fn emit_pick(out: &mut String, v: &VariantC, p: &Pass, base: &str) {
                         }
                     })
                     .collect();
-                format!(
-                    "(strcmp(lib->device_name, \"{}\") == 0{})",
-                    c_str(&t.gpu, false),
-                    sizes.concat()
-                )
+                let gpu = match &t.gpu {
+                    TunedGpu::Named(name) => {
+                        format!("strcmp(lib->device_name, \"{}\") == 0", c_str(name, false))
+                    }
+                    TunedGpu::Product { device, sms } => {
+                        format!("aecl_is_product(lib, \"{}\", {sms})", c_str(device, false))
+                    }
+                };
+                format!("({gpu}{})", sizes.concat())
             })
             .collect();
         let tuned = if buckets.is_empty() {

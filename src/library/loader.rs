@@ -133,14 +133,42 @@ pub struct KernelRecord {
     pub tuned_for: Vec<TunedBucket>,
 }
 
-/// Where a tuning-table record runs: on GPUs of the driver name `gpu`, for
-/// calls whose sizes equal `sizes` after rounding those in `bucketed` up to
-/// powers of two.
+/// Where a tuning-table record runs: on the GPUs `gpu` names, for calls
+/// whose sizes equal `sizes` after rounding those in `bucketed` up to powers
+/// of two.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TunedBucket {
-    pub gpu: String,
+    pub gpu: TunedGpu,
     pub sizes: Vec<(String, u64)>,
     pub bucketed: Vec<String>,
+}
+
+/// The GPUs a `tuned_for` item is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TunedGpu {
+    /// The driver's device name, exactly (`"gpu"`: what `aec tune`
+    /// measured on).
+    Named(String),
+    /// Any GPU whose driver name contains `device` (ignoring case) and that
+    /// has `sms` multiprocessors (`"device"` and `"sms"`: the untuned choice
+    /// `aec compile` made for a declared workload on that product).
+    Product { device: String, sms: u32 },
+}
+
+impl TunedGpu {
+    /// Whether the GPU of driver name `name` with `sms` multiprocessors is
+    /// one of these.
+    pub fn matches(&self, name: &str, sms: u32) -> bool {
+        match self {
+            TunedGpu::Named(n) => n == name,
+            TunedGpu::Product { device, sms: want } => {
+                *want == sms
+                    && name
+                        .to_ascii_lowercase()
+                        .contains(&device.to_ascii_lowercase())
+            }
+        }
+    }
 }
 
 impl TunedBucket {
@@ -382,14 +410,16 @@ impl Manifest {
 
 impl Manifest {
     /// The tuning table's records of `variant`'s `pass` with a cubin for
-    /// `arch` and a bucket on the GPU named `gpu`, with those buckets, in
-    /// manifest order (a call takes the first whose bucket holds it).
+    /// `arch` and a bucket on the GPU of driver name `gpu` with `sms`
+    /// multiprocessors, with those buckets, in manifest order (a call takes
+    /// the first whose bucket holds it).
     pub fn select_tuned(
         &self,
         variant: &str,
         pass: &str,
         arch: &str,
         gpu: &str,
+        sms: u32,
     ) -> Vec<(&KernelRecord, &Build, Vec<TunedBucket>)> {
         let Some(v) = self.variants.iter().find(|v| v.name == variant) else {
             return Vec::new();
@@ -401,7 +431,7 @@ impl Manifest {
                 let buckets: Vec<TunedBucket> = k
                     .tuned_for
                     .iter()
-                    .filter(|t| t.gpu == gpu)
+                    .filter(|t| t.gpu.matches(gpu, sms))
                     .cloned()
                     .collect();
                 let build = k
@@ -633,8 +663,39 @@ pub(crate) fn parse_tuned_bucket(item: &Value, at: &str) -> Result<TunedBucket, 
         None | Some(Value::Null) => Vec::new(),
         Some(b) => strings(b, &format!("{at}.bucketed"))?,
     };
+    let gpu = match (o.get("gpu"), o.get("device")) {
+        (Some(_), None) => TunedGpu::Named(string(o, "gpu", at)?),
+        (None, Some(_)) => {
+            let sms = o.get("sms").ok_or_else(|| {
+                format!("{at}: an item with `device` needs `sms` (the GPU's multiprocessors)")
+            })?;
+            let sms = sms
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|&n| (1..=65535).contains(&n))
+                .ok_or_else(|| {
+                    format!(
+                        "{at}.sms: expected a count of multiprocessors (1 to 65535), found {sms}"
+                    )
+                })?;
+            TunedGpu::Product {
+                device: string(o, "device", at)?,
+                sms,
+            }
+        }
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{at}: has both `gpu` (a driver name) and `device` (a product); an item names its GPUs one way"
+            ));
+        }
+        (None, None) => {
+            return Err(format!(
+                "{at}: missing field `gpu` (the driver's device name) or `device` and `sms` (a product and its multiprocessors)"
+            ));
+        }
+    };
     Ok(TunedBucket {
-        gpu: string(o, "gpu", at)?,
+        gpu,
         sizes,
         bucketed,
     })
@@ -2078,7 +2139,7 @@ impl Library {
                 if let Ok((v, record, build)) = manifest.select(&v.name, pass, arch) {
                     let mut entry = Entry::load(device, manifest.dir(), v, record, build)?;
                     for (record, build, buckets) in
-                        manifest.select_tuned(&v.name, pass, arch, device.name())
+                        manifest.select_tuned(&v.name, pass, arch, device.name(), device.sm_count())
                     {
                         let mut tuned = Entry::load(device, manifest.dir(), v, record, build)?;
                         tuned.tuned_for = buckets;

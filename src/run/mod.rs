@@ -567,13 +567,45 @@ pub fn untuned_config_for_shape(
     device: &DeviceConfig,
     v_in_k: bool,
 ) -> ForwardConfig {
-    untuned_configs(variant, dims, shape, elem, isa, device, v_in_k).1
+    untuned_choice(variant, dims, shape, elem, isa, device, v_in_k).config
 }
 
-/// The variant's untuned forward configuration without a shape (what the
-/// generator takes when the options name none) and
-/// [`untuned_config_for_shape`]'s adaptation of it to `shape`.
-fn untuned_configs(
+/// What [`untuned_choice`] based a shape's untuned forward on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UntunedReason {
+    /// The variant's default tile: nothing about the shape changes it.
+    Default,
+    /// The decoding rules' tile for the shape's packed rows and grid
+    /// ([`ForwardConfig::for_decode_shape`]).
+    DecodeRule,
+    /// The cost model's first plan, which it ranks `ratio` times faster
+    /// than the default ([`model_choice`]).
+    Model { ratio: f64 },
+}
+
+impl UntunedReason {
+    /// How a kernel library's manifest names it (`chosen_by`).
+    pub fn name(self) -> &'static str {
+        match self {
+            UntunedReason::Default => "default",
+            UntunedReason::DecodeRule => "decoding rule",
+            UntunedReason::Model { .. } => "cost model",
+        }
+    }
+}
+
+/// A shape's untuned forward configuration ([`untuned_config_for_shape`])
+/// with the variant's default tile without a shape (what the generator takes
+/// when the options name none) and what the choice was based on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UntunedChoice {
+    pub plain: ForwardConfig,
+    pub config: ForwardConfig,
+    pub reason: UntunedReason,
+}
+
+/// [`untuned_config_for_shape`] with the default it adapts and the reason.
+pub fn untuned_choice(
     variant: &frontend::Variant,
     dims: HeadDims,
     shape: Shape,
@@ -581,7 +613,7 @@ fn untuned_configs(
     isa: Isa,
     device: &DeviceConfig,
     v_in_k: bool,
-) -> (ForwardConfig, ForwardConfig) {
+) -> UntunedChoice {
     let plain = crate::compiler::untuned_forward_config(
         ForwardConfig::default_for,
         variant,
@@ -593,15 +625,25 @@ fn untuned_configs(
     );
     let rows = [shape.b, shape.h, shape.hkv, shape.sq];
     let shaped = plain.for_decode_shape(rows, device.sms, dims.dqk, dims.dv, isa);
+    let chosen = |config, reason| UntunedChoice {
+        plain,
+        config,
+        reason,
+    };
     // The model's choice only where it was measured (the sm_90a prefill
     // tiles) and where the space describes the call (K and V apart).
-    if shaped != plain || isa != Isa::Sm90a || v_in_k || plain.pack_gqa {
-        return (plain, shaped);
+    if shaped != plain {
+        return chosen(shaped, UntunedReason::DecodeRule);
+    }
+    if isa != Isa::Sm90a || v_in_k || plain.pack_gqa {
+        return chosen(plain, UntunedReason::Default);
     }
     let problem = crate::tune::problem_of(dims, shape, elem);
     let (ranked, _) = rank_forward(variant, &problem, device);
-    let chosen = model_choice(&ranked, &plain).map_or(plain, |(c, _)| c);
-    (plain, chosen)
+    match model_choice(&ranked, &plain) {
+        Some((config, ratio)) => chosen(config, UntunedReason::Model { ratio }),
+        None => chosen(plain, UntunedReason::Default),
+    }
 }
 
 /// The three loaded backward kernels (see [`BackwardSource`]).
@@ -797,9 +839,9 @@ impl ParallelKernels {
                 device.compute_capability(),
                 device.sm_count(),
             );
-            let (plain, shaped) = untuned_configs(variant, dims, shape, elem, isa, &model, v_in_k);
-            if shaped != plain {
-                options.config = Some(shaped);
+            let untuned = untuned_choice(variant, dims, shape, elem, isa, &model, v_in_k);
+            if untuned.config != untuned.plain {
+                options.config = Some(untuned.config);
             }
         }
         ParallelKernels::compile(variant, device, dims, &options)

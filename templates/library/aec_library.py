@@ -249,9 +249,17 @@ def check_manifest(manifest, where="manifest.json"):
         for i, k in enumerate(v["kernels"]):
             for j, t in enumerate(k.get("tuned_for") or ()):
                 at = f"{where}: variant {v['name']}: kernels[{i}].tuned_for[{j}]"
-                sizes = t.get("sizes") if isinstance(t, dict) else None
-                if not isinstance(t.get("gpu") if isinstance(t, dict) else None, str):
-                    raise Error(f"{at}: no `gpu` name")
+                if not isinstance(t, dict):
+                    raise Error(f"{at}: not an object")
+                sizes = t.get("sizes")
+                if "gpu" in t and "device" in t:
+                    raise Error(f"{at}: has both `gpu` (a driver name) and `device` (a product)")
+                if "device" in t:
+                    sms = t.get("sms")
+                    if not isinstance(t["device"], str) or not isinstance(sms, int) or not 1 <= sms <= 65535:
+                        raise Error(f"{at}: `device` needs a product name and `sms` its multiprocessors (1 to 65535)")
+                elif not isinstance(t.get("gpu"), str):
+                    raise Error(f"{at}: no `gpu` name (or `device` and `sms`)")
                 if not isinstance(sizes, dict) or not all(isinstance(x, int) for x in sizes.values()):
                     raise Error(f"{at}: `sizes` is not an object of integers")
     return manifest
@@ -380,11 +388,22 @@ def in_bucket(tuned, sizes):
     return True
 
 
-def select_tuned(variant, pass_name, arch, gpu, sizes):
+def is_for_gpu(tuned, gpu, sms):
+    """Whether a `tuned_for` item is for the GPU of driver name `gpu` with
+    `sms` multiprocessors: `gpu` names it exactly (what `aec tune` measured
+    on), or its name contains the item's `device` ignoring case and it has
+    the item's `sms` (the untuned choice `aec compile` made for a declared
+    workload on that product)."""
+    if "device" in tuned:
+        return tuned.get("sms") == sms and tuned["device"].lower() in gpu.lower()
+    return tuned.get("gpu") == gpu
+
+
+def select_tuned(variant, pass_name, arch, gpu, sizes, sms):
     """The tuning table's kernel record of `variant` for `pass_name` on
-    `arch` that `aec tune` chose for the GPU named `gpu` and the bucket of
-    `sizes`, with its build and the matching `tuned_for` item; None when the
-    table has none (the default record then runs)."""
+    `arch` chosen for the GPU named `gpu` (with `sms` multiprocessors) and
+    the bucket of `sizes`, with its build and the matching `tuned_for` item;
+    None when the table has none (the default record then runs)."""
     for k in variant["kernels"]:
         if k.get("pass") != pass_name or "plan" not in k or not k.get("tuned_for"):
             continue
@@ -392,7 +411,7 @@ def select_tuned(variant, pass_name, arch, gpu, sizes):
         if build is None:
             continue
         for t in k["tuned_for"]:
-            if t.get("gpu") == gpu and in_bucket(t, sizes):
+            if is_for_gpu(t, gpu, sms) and in_bucket(t, sizes):
                 return k, build, t
     return None
 
@@ -1405,7 +1424,7 @@ class Variant:
             call = plan.prepare(infos, want=want, sms=lib.sms, kv_splits=kv_splits, device=str(lib.device), hip=hip,
                                 smem_per_sm=lib.smem_per_sm, resident=self._resident(plan, cubin, modules))
             call.tuned_for = None
-            tuned = select_tuned(self.record, pass_name, lib.arch, lib.device_name, call.sizes)
+            tuned = select_tuned(self.record, pass_name, lib.arch, lib.device_name, call.sizes, lib.sms)
             if tuned is not None:
                 record, build, call_tuned_for = tuned
                 # A backward record has three entries: its source names it.

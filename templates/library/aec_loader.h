@@ -370,6 +370,32 @@ static inline uint64_t aecl_bucket(int n)
     return p;
 }
 
+/* Whether the library's GPU is of `product` with `sms` multiprocessors: its
+   driver name contains the product's name, ignoring ASCII case ("h100" in
+   "NVIDIA H100 80GB HBM3"). The untuned choices `aec compile` made for
+   declared workloads are picked by it. */
+static inline int aecl_is_product(const aec_library *lib, const char *product, int sms)
+{
+    const char *h;
+    size_t i;
+    if (lib->sm_count != sms)
+        return 0;
+    for (h = lib->device_name; *h; h++) {
+        for (i = 0; product[i]; i++) {
+            char a = h[i], b = product[i];
+            if (a >= 'A' && a <= 'Z')
+                a = (char)(a - 'A' + 'a');
+            if (b >= 'A' && b <= 'Z')
+                b = (char)(b - 'A' + 'a');
+            if (a != b)
+                break;
+        }
+        if (!product[i])
+            return 1;
+    }
+    return 0;
+}
+
 static inline uint64_t aecl_align(uint64_t bytes, int *overflow)
 {
     return aecl_mul(aecl_ceil_div(bytes, AEC_WORKSPACE_ALIGN, overflow), AEC_WORKSPACE_ALIGN, overflow);

@@ -1,9 +1,9 @@
 /* Prints which cubin the generated header picks for the softmax forward or
    backward on a GPU name and sizes given on the command line:
-     tuning_pick forward|backward "<gpu>" B H Sq Skv
+     tuning_pick forward|backward "<gpu>" B H Sq Skv [SMs]
        ->  "<cubin>" or "error: <message>"
-   The library struct is filled by hand (no driver): only `arch` and
-   `device_name` matter to the pick. */
+   The library struct is filled by hand (no driver): only `arch`,
+   `device_name` and `sm_count` (132 unless given) matter to the pick. */
 #include "aec_library.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,13 +16,14 @@ int main(int argc, char **argv)
     char err[AEC_ERROR_CAPACITY];
     int record = -1, status;
     const char *cubin = NULL;
-    if (argc != 7 || (strcmp(argv[1], "forward") != 0 && strcmp(argv[1], "backward") != 0)) {
-        fprintf(stderr, "usage: %s forward|backward GPU B H Sq Skv\n", argv[0]);
+    if ((argc != 7 && argc != 8) || (strcmp(argv[1], "forward") != 0 && strcmp(argv[1], "backward") != 0)) {
+        fprintf(stderr, "usage: %s forward|backward GPU B H Sq Skv [SMs]\n", argv[0]);
         return 2;
     }
     memset(&lib, 0, sizeof lib);
     snprintf(lib.arch, sizeof lib.arch, "sm_90a");
     snprintf(lib.device_name, sizeof lib.device_name, "%s", argv[2]);
+    lib.sm_count = argc == 8 ? atoi(argv[7]) : 132;
     s.B = atoi(argv[3]);
     s.H = atoi(argv[4]);
     s.Hkv = s.H;

@@ -303,21 +303,21 @@ class WithManifest(unittest.TestCase):
         self.assertIsNot(record, tuned)
         self.assertNotEqual(cubin, "kernels/aec_fwd_tuned.sm_90a.cubin")
         call = dict(B=2, H=8, Hkv=8, Sq=450, Skv=1000, kv_splits=1)
-        found = al.select_tuned(alibi, "forward", "sm_90a", gpu, call)
+        found = al.select_tuned(alibi, "forward", "sm_90a", gpu, call, 132)
         self.assertIsNotNone(found)
         self.assertIs(found[0], tuned)
         self.assertEqual(found[1]["cubin"], "kernels/aec_fwd_tuned.sm_90a.cubin")
         self.assertIs(found[2], tuned["tuned_for"][0])
         for why, args in [
-            ("another GPU", ("sm_90a", "NVIDIA H200", call)),
-            ("another architecture", ("sm_80", gpu, call)),
-            ("Sq 513 is bucket 1024", ("sm_90a", gpu, dict(call, Sq=513))),
-            ("Skv 1025 is bucket 2048", ("sm_90a", gpu, dict(call, Skv=1025))),
-            ("B is matched exactly", ("sm_90a", gpu, dict(call, B=3))),
-            ("a size the call lacks", ("sm_90a", gpu, {n: x for n, x in call.items() if n != "Hkv"})),
+            ("another GPU", ("sm_90a", "NVIDIA H200", call, 132)),
+            ("another architecture", ("sm_80", gpu, call, 132)),
+            ("Sq 513 is bucket 1024", ("sm_90a", gpu, dict(call, Sq=513), 132)),
+            ("Skv 1025 is bucket 2048", ("sm_90a", gpu, dict(call, Skv=1025), 132)),
+            ("B is matched exactly", ("sm_90a", gpu, dict(call, B=3), 132)),
+            ("a size the call lacks", ("sm_90a", gpu, {n: x for n, x in call.items() if n != "Hkv"}, 132)),
         ]:
             self.assertIsNone(al.select_tuned(alibi, "forward", *args), why)
-        self.assertIsNone(al.select_tuned(alibi, "backward", "sm_90a", gpu, call))
+        self.assertIsNone(al.select_tuned(alibi, "backward", "sm_90a", gpu, call, 132))
         # A tuned backward: chosen for its pass only, never as the default.
         default_bwd = next(k for k in alibi["kernels"] if k["pass"] == "backward" and "plan" in k
                            and any(b["arch"] == "sm_90a" for b in k["builds"]))
@@ -325,17 +325,47 @@ class WithManifest(unittest.TestCase):
         tuned_bwd["builds"] = [dict(b, cubin="kernels/aec_bwd_tuned.sm_90a.cubin") for b in tuned_bwd["builds"]]
         alibi["kernels"].insert(0, tuned_bwd)
         self.assertIs(al.select_kernel(alibi, "backward", "sm_90a")[0], default_bwd)
-        found = al.select_tuned(alibi, "backward", "sm_90a", gpu, call)
+        found = al.select_tuned(alibi, "backward", "sm_90a", gpu, call, 132)
         self.assertIsNotNone(found)
         self.assertIs(found[0], tuned_bwd)
         self.assertEqual(found[1]["cubin"], "kernels/aec_bwd_tuned.sm_90a.cubin")
-        self.assertIs(al.select_tuned(alibi, "forward", "sm_90a", gpu, call)[0], tuned)
-        self.assertIsNone(al.select_tuned(alibi, "backward", "sm_90a", gpu, dict(call, B=3)))
+        self.assertIs(al.select_tuned(alibi, "forward", "sm_90a", gpu, call, 132)[0], tuned)
+        self.assertIsNone(al.select_tuned(alibi, "backward", "sm_90a", gpu, dict(call, B=3), 132))
+        # An untuned choice for a declared workload names a product and its
+        # multiprocessors; a measured record listed before it wins its bucket.
+        chosen = dict(copy.deepcopy(tuned), entry="aec_fwd_chosen")
+        chosen["builds"] = [dict(b, cubin="kernels/aec_fwd_chosen.sm_90a.cubin") for b in chosen["builds"]]
+        chosen["tuned_for"] = [{"device": "h100", "sms": 132, "chosen_by": "cost model",
+                                "sizes": {"B": 1, "H": 12, "Hkv": 12, "Sq": 512, "Skv": 512}, "bucketed": ["Sq", "Skv"]}]
+        alibi["kernels"].append(chosen)
+        small = dict(B=1, H=12, Hkv=12, Sq=300, Skv=300)
+        self.assertIs(al.select_tuned(alibi, "forward", "sm_90a", gpu, small, 132)[0], chosen)
+        self.assertIs(al.select_tuned(alibi, "forward", "sm_90a", "NVIDIA H100 NVL", small, 132)[0], chosen)
+        for why, args in [
+            ("another product", ("NVIDIA H200", small, 132)),
+            ("fewer multiprocessors (H100 PCIe)", ("NVIDIA H100 PCIe", small, 114)),
+            ("another bucket", (gpu, dict(small, Sq=513), 132)),
+        ]:
+            self.assertIsNone(al.select_tuned(alibi, "forward", "sm_90a", *args), why)
+        measured = copy.deepcopy(tuned)
+        measured["tuned_for"] = [dict(tuned["tuned_for"][0], sizes=chosen["tuned_for"][0]["sizes"])]
+        alibi["kernels"].insert(0, measured)
+        self.assertIs(al.select_tuned(alibi, "forward", "sm_90a", gpu, small, 132)[0], measured)
         self.assertEqual([al.bucket_len(n) for n in (0, 1, 2, 3, 450, 512, 513, 1 << 40)], [1, 1, 2, 4, 512, 512, 1024, 1 << 31])
         broken = copy.deepcopy(self.m)
         next(v for v in broken["variants"] if v["name"] == "Alibi")["kernels"].append(dict(tuned, tuned_for=[{"gpu": gpu, "sizes": {"Sq": "512"}}]))
         with self.assertRaisesRegex(Error, r"variant Alibi: kernels\[\d+\]\.tuned_for\[0\]: `sizes` is not an object of integers"):
             al.check_manifest(broken)
+        for item, message in [
+            ({"device": "h100", "sizes": {}}, "`device` needs a product name and `sms`"),
+            ({"device": "h100", "sms": 0, "sizes": {}}, r"`sms` its multiprocessors \(1 to 65535\)"),
+            ({"gpu": gpu, "device": "h100", "sms": 132, "sizes": {}}, "has both `gpu`"),
+            ({"sizes": {}}, "no `gpu` name"),
+        ]:
+            broken = copy.deepcopy(self.m)
+            next(v for v in broken["variants"] if v["name"] == "Alibi")["kernels"].append(dict(tuned, tuned_for=[item]))
+            with self.assertRaisesRegex(Error, message):
+                al.check_manifest(broken)
 
     def test_without_cubins(self):
         bare = _with_cubins(self.m, None)

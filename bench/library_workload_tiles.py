@@ -1,0 +1,131 @@
+"""The declared workloads' untuned tiles of a kernel library, on a GPU.
+
+    # here, with NVRTC: the same variants twice, with and without workloads
+    aec compile examples/softmax.rs examples/softmax_causal.rs examples/softmax_gqa.rs \
+        --target h100,h200 --no-tuning --workload B=1,H=12,Sq=300,Skv=300 … -o WITH
+    aec compile examples/softmax.rs examples/softmax_causal.rs examples/softmax_gqa.rs \
+        --target h100,h200 --no-tuning -o WITHOUT
+    # there:
+    python bench/library_workload_tiles.py WITH WITHOUT
+
+For every forward record of WITH whose `tuned_for` names this GPU's product
+(a declared workload's untuned tile, `aec compile --workload`), at each of
+its workloads' sizes: the call through WITH's PyTorch module runs that tile
+(`last_entry`), the same call through WITHOUT runs the default, both match a
+float64 reference (relative error at most 2e-2), and both are timed in this
+process (triton's do_bench median, three alternating rounds, the lower
+median of each kept). Softmax, SoftmaxCausal (Sq = Skv) and SoftmaxGqa.
+
+Results go to $OUT/library_workload_tiles.json; exit status 1 if a check fails.
+"""
+import datetime
+import json
+import math
+import os
+import sys
+
+import torch
+
+OUT = os.environ.get("OUT", "/tmp/aec-out")
+TOL = 2e-2
+
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+if len(args) != 2:
+    sys.exit(__doc__)
+WITH, WITHOUT = args
+sys.path.insert(0, os.path.join(WITH, "python"))
+import aec_library  # noqa: E402
+
+dev = torch.device("cuda")
+
+
+def ref(q, k, v, causal):
+    """softmax(q · kᵀ / √D) · v in float64, K/V heads shared by groups of
+    query heads, causal over Sq = Skv."""
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def rel_err(ours, want):
+    ours, want = ours.double(), want.double()
+    return ((ours - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def sizes_of(workload):
+    return {k.strip(): int(n) for k, n in (p.split("=") for p in workload.split(",") if p.strip())}
+
+
+def main():
+    import triton
+
+    os.makedirs(OUT, exist_ok=True)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with_lib, without_lib = aec_library.load(WITH), aec_library.load(WITHOUT)
+    print(f"{with_lib!r}; {without_lib!r}", flush=True)
+    rows = []
+    for name in ("Softmax", "SoftmaxCausal", "SoftmaxGqa"):
+        if name not in with_lib.variants or name not in without_lib.variants:
+            continue
+        for k in with_lib[name].record["kernels"]:
+            if k.get("pass") != "forward":
+                continue
+            for item in k.get("tuned_for") or ():
+                if "device" not in item or not aec_library.is_for_gpu(item, with_lib.device_name, with_lib.sms):
+                    continue
+                z = sizes_of(item["workload"])
+                b, h, sq, skv = z["B"], z["H"], z["Sq"], z["Skv"]
+                hkv = z.get("Hkv", h)
+                d = k["head_dims"]["Dqk"]
+                torch.manual_seed(0)
+                q = torch.randn(b, h, sq, d, device=dev, dtype=torch.bfloat16)
+                kk = torch.randn(b, hkv, skv, d, device=dev, dtype=torch.bfloat16)
+                vv = torch.randn(b, hkv, skv, k["head_dims"]["Dv"], device=dev, dtype=torch.bfloat16)
+                want = ref(q, kk, vv, causal=name == "SoftmaxCausal")
+                row = dict(variant=name, workload=item["workload"], tile=item["config_label"],
+                           chosen_by=item["chosen_by"], model_speedup=item.get("model_speedup"))
+                fw, fo = with_lib[name], without_lib[name]
+                with torch.no_grad():
+                    row["rel_err_tile"] = rel_err(fw(q, kk, vv), want)
+                    row["ran_tile"] = fw.last_entry
+                    row["rel_err_default"] = rel_err(fo(q, kk, vv), want)
+                    row["ran_default"] = fo.last_entry
+                    times = {"tile": [], "default": []}
+                    for _ in range(3):
+                        for label, f in (("tile", fw), ("default", fo)):
+                            times[label].append(triton.testing.do_bench(lambda f=f: f(q, kk, vv), warmup=50, rep=200,
+                                                                        return_mode="median"))
+                row["tile_us"] = 1e3 * min(times["tile"])
+                row["default_us"] = 1e3 * min(times["default"])
+                row["speedup"] = row["default_us"] / row["tile_us"]
+                row["passed"] = (row["ran_tile"] == k["entry"] and row["ran_default"] != k["entry"]
+                                 and row["rel_err_tile"] <= TOL and row["rel_err_default"] <= TOL)
+                rows.append(row)
+                print(("PASS " if row["passed"] else "FAIL ") + " ".join(
+                    f"{key}={val:.3f}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()
+                    if key != "passed"), flush=True)
+    ok = bool(rows) and all(r["passed"] for r in rows)
+    if not rows:
+        print(f"FAIL no workload tiles in {WITH} for {with_lib.device_name} ({with_lib.sms} SMs)", flush=True)
+    speedups = [r["speedup"] for r in rows]
+    summary = dict(
+        workloads=len(rows),
+        geomean_speedup=math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
+        min_speedup=min(speedups, default=None), max_speedup=max(speedups, default=None),
+    )
+    print(f"summary {summary}", flush=True)
+    result = dict(device=torch.cuda.get_device_name(), date=started, torch=torch.__version__,
+                  command=os.environ.get("AEC_COMMAND", "python bench/library_workload_tiles.py " + " ".join(sys.argv[1:])),
+                  commit=os.environ.get("AEC_COMMIT", "unknown"), tolerance=TOL, passed=ok, summary=summary, rows=rows)
+    with open(os.path.join(OUT, "library_workload_tiles.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
