@@ -625,7 +625,13 @@ fn a_declared_workload_with_an_uneven_head_group_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let lib = tmp.path().join("lib");
     let out = Command::new(env!("CARGO_BIN_EXE_aec"))
-        .args(["compile", "examples/softmax_gqa.rs", "-t", "h100", "--no-tuning"])
+        .args([
+            "compile",
+            "examples/softmax_gqa.rs",
+            "-t",
+            "h100",
+            "--no-tuning",
+        ])
         .args(["--workload", "B=1,H=12,Hkv=5,Sq=300,Skv=300", "-o"])
         .arg(&lib)
         .env_remove("LD_LIBRARY_PATH")

@@ -97,8 +97,6 @@ const ALU_PER_SCORE: f64 = 8.0;
 /// waits, MMA issue and drain, the loop's bookkeeping. Small key blocks
 /// pay it more often.
 const STEP_OVERHEAD: f64 = 300.0;
-/// L2 bandwidth over DRAM bandwidth.
-const L2_OVER_DRAM: f64 = 2.5;
 
 /// The model's estimate for `plan` on `device` for `problem`.
 pub fn estimate(
@@ -137,7 +135,7 @@ pub fn estimate(
     let scores = bm * bn;
     let sfu = scores * facts.sfu_per_score as f64 / device.sfu_per_clk as f64;
     let alu = scores * (ALU_PER_SCORE + if facts.masked { 2.0 } else { 0.0 }) / ALU_PER_CLK;
-    let l2_per_sm_clk = device.dram_gbs * 1e9 * L2_OVER_DRAM / (device.sms as f64 * clock);
+    let l2_per_sm_clk = device.l2_gbs * 1e9 / (device.sms as f64 * clock);
     // Every resident block streams its own K/V tiles through L2.
     let l2 = bn * (dqk + dvs) * eb * bps / l2_per_sm_clk;
     let (mut step, mut bound) = (tensor, "tensor");

@@ -78,6 +78,12 @@ pub struct DeviceConfig {
     pub dram_gbs: f64,
     /// L2 (NVIDIA) or last-level cache (AMD: Infinity Cache) bytes.
     pub l2_bytes: u64,
+    /// The bandwidth K/V tiles stream at from L2 (or the last-level cache)
+    /// into the multiprocessors, all of them together, GB/s. H100 and H200
+    /// (one die): fitted to the forward's measured times at small grids on
+    /// an H100 (bench/NOTES.md, session 43); the others 2.5× their DRAM
+    /// bandwidth, unmeasured.
+    pub l2_gbs: f64,
     /// Shared memory (LDS) bandwidth of one multiprocessor, bytes per clock.
     pub smem_bytes_per_clk: u32,
     /// Transcendental (`ex2`, `tanh`) results per clock per multiprocessor.
@@ -118,6 +124,7 @@ impl DeviceConfig {
             // Cut-down parts (PCIe, NVL) have fewer multiprocessors.
             if sms > 0 && sms != d.sms {
                 d.peak_tflops *= sms as f64 / d.sms as f64;
+                d.l2_gbs *= sms as f64 / d.sms as f64;
                 d.sms = sms;
             }
             return d;
@@ -136,6 +143,7 @@ impl DeviceConfig {
         }
         if sms > 0 {
             d.peak_tflops *= sms as f64 / d.sms as f64;
+            d.l2_gbs *= sms as f64 / d.sms as f64;
             d.sms = sms;
         }
         d
@@ -169,6 +177,7 @@ fn a100() -> DeviceConfig {
         peak_tflops: 312.0,
         dram_gbs: 2039.0,
         l2_bytes: 40 << 20,
+        l2_gbs: 5100.0,
         smem_bytes_per_clk: 128,
         sfu_per_clk: 64,
     }
@@ -196,6 +205,7 @@ fn h100() -> DeviceConfig {
         peak_tflops: 989.0,
         dram_gbs: 3350.0,
         l2_bytes: 50 << 20,
+        l2_gbs: 11700.0,
         smem_bytes_per_clk: 128,
         sfu_per_clk: 64,
     }
@@ -233,6 +243,7 @@ fn mi250() -> DeviceConfig {
         peak_tflops: 181.0,
         dram_gbs: 1600.0,
         l2_bytes: 8 << 20,
+        l2_gbs: 4000.0,
         smem_bytes_per_clk: 128,
         sfu_per_clk: 16,
     }
@@ -247,6 +258,7 @@ fn mi300x() -> DeviceConfig {
         peak_tflops: 1307.0,
         dram_gbs: 5300.0,
         l2_bytes: 256 << 20,
+        l2_gbs: 13250.0,
         ..mi250()
     }
 }
