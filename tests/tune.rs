@@ -758,6 +758,8 @@ fn small_grids_run_the_models_choice_untuned() {
         Shape::mha(1, 12, 300, 300),
         Shape::mha(2, 16, 512, 512),
         Shape::mha(2, 32, 256, 256),
+        // What the GPU test runs under a causal mask (not tile multiples).
+        Shape::mha(1, 16, 1000, 1000),
     ];
     for (name, shapes) in [
         ("softmax", &small[..]),
@@ -798,7 +800,12 @@ fn small_grids_run_the_models_choice_untuned() {
     // the 64-row tile with Dv whole 1.32x and 1.33x (session 43, with the
     // H100's L2 bandwidth fitted to such measurements).
     let diff = example("diff_transformer");
-    for shape in [Shape::mha(2, 16, 512, 512), Shape::mha(1, 16, 1024, 1024)] {
+    for shape in [
+        Shape::mha(2, 16, 512, 512),
+        Shape::mha(1, 16, 1024, 1024),
+        // What the GPU test runs (not tile multiples).
+        Shape::mha(2, 16, 500, 500),
+    ] {
         let chosen = untuned(&diff, (128, 256), shape);
         assert_ne!(chosen, plain(&diff, (128, 256)), "{shape}");
         assert_eq!(
