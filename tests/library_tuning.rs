@@ -119,6 +119,26 @@ fn with_cubins(mut m: Value) -> Value {
     m
 }
 
+/// `tests/c/tuning_pick.c` built against the C header generated from
+/// `manifest` (written into `lib`'s include/), in `dir`.
+fn tuning_pick(lib: &Path, manifest: &Value, dir: &Path) -> std::path::PathBuf {
+    let include = lib.join("include");
+    std::fs::write(include.join("aec_library.h"), generate(manifest).unwrap()).unwrap();
+    std::fs::write(include.join("aec_loader.h"), LOADER_H).unwrap();
+    let exe = dir.join("tuning_pick");
+    let built = Command::new("cc")
+        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(&include)
+        .arg(repo().join("tests/c/tuning_pick.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", show(&built));
+    exe
+}
+
 /// The first tile of the backward's space, other than the default, that
 /// generates for softmax at 128/128 on sm_90a.
 fn other_backward_tile(default: &BackwardConfig) -> BackwardConfig {
@@ -308,20 +328,7 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
     if !common::tool_ready("cc", "the C header's pick is not compiled") {
         return;
     }
-    let include = lib.join("include");
-    std::fs::write(include.join("aec_library.h"), generate(&patched).unwrap()).unwrap();
-    std::fs::write(include.join("aec_loader.h"), LOADER_H).unwrap();
-    let exe = tmp.path().join("tuning_pick");
-    let built = Command::new("cc")
-        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(&include)
-        .arg(repo().join("tests/c/tuning_pick.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "{}", show(&built));
+    let exe = tuning_pick(&lib, &patched, tmp.path());
     let pick_pass = |pass: &str, gpu: &str, b: u32, h: u32, sq: u32, skv: u32| -> String {
         let o = Command::new(&exe)
             .arg(pass)
@@ -579,20 +586,7 @@ fn declared_workloads_take_their_untuned_tile_per_product() {
     if !common::tool_ready("cc", "the C header's pick is not compiled") {
         return;
     }
-    let include = lib.join("include");
-    std::fs::write(include.join("aec_library.h"), generate(&patched).unwrap()).unwrap();
-    std::fs::write(include.join("aec_loader.h"), LOADER_H).unwrap();
-    let exe = tmp.path().join("tuning_pick");
-    let built = Command::new("cc")
-        .args(["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(&include)
-        .arg(repo().join("tests/c/tuning_pick.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "{}", show(&built));
+    let exe = tuning_pick(&lib, &patched, tmp.path());
     let pick = |gpu: &str, sizes: [u32; 4], sms: u32| -> String {
         let o = Command::new(&exe)
             .args(["forward", gpu])

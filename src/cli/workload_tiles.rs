@@ -17,7 +17,7 @@ use aec::compiler::{Elem, ForwardConfig, Isa};
 use aec::frontend::Variant;
 use aec::library::tuning_table::{BUCKET_SIZES, BUCKETED};
 use aec::run::{HeadDims, Shape, UntunedReason, untuned_choice};
-use aec::runtime::bucket_len;
+use aec::runtime::ShapeBucket;
 use serde_json::{Map, Value, json};
 
 /// One `--workload` as given and its sizes by name.
@@ -170,13 +170,9 @@ pub(super) fn untuned_tiles(
                 &device,
                 forward.v_in_k,
             );
-            let sizes = [shape.b, shape.h, shape.hkv, shape.sq, shape.skv].map(|n| n as u64);
-            let bucket = {
-                let mut s = sizes;
-                s[3] = u64::from(bucket_len(sizes[3] as usize));
-                s[4] = u64::from(bucket_len(sizes[4] as usize));
-                s
-            };
+            // The bucket as the tuning cache keys it (BUCKET_SIZES' order).
+            let b = ShapeBucket::of(shape.b, shape.h, shape.hkv, shape.sq, shape.skv);
+            let bucket = [b.b, b.h, b.hkv, b.sq, b.skv].map(u64::from);
             let product = target.name();
             if let Some(h) = held
                 .iter()
