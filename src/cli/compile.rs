@@ -110,6 +110,11 @@ pub struct CompileArgs {
     /// values for the free sizes of a kernel, e.g. `B=4,H=16,Sq=4096,Skv=4096`
     /// (parallel) or `B=8,H=16,S=2048` (recurrent). Repeatable; each is
     /// recorded for every definition whose free sizes it names exactly.
+    /// Where the tile aec's runtime would run untuned for a parallel
+    /// forward's workload on a CUDA target differs from the default (small
+    /// grids: the cost model's choice; few rows: the decoding rule's), that
+    /// tile is built too and the loaders run it for calls in the workload's
+    /// shape bucket on that product.
     #[arg(long = "workload", value_name = "SIZES")]
     pub workloads: Vec<String>,
     /// The tuning cache whose results become the library's tuning table
