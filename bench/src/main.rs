@@ -650,7 +650,11 @@ fn main() {
             ("softmax-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
             (
                 "softmax-causal-b8-h32-s2048-d128",
-                vec![rqp(128, 128, 8, 3), late(rqp(128, 128, 8, 3))],
+                vec![
+                    wp(128, 128, 8, 3),
+                    rqp(128, 128, 8, 3),
+                    late(rqp(128, 128, 8, 3)),
+                ],
             ),
             (
                 "softmax-causal-b1-h32-s8192-d128",
@@ -658,7 +662,11 @@ fn main() {
             ),
             (
                 "softmax-gqa-causal-b8-h32-kv8-s2048-d128",
-                vec![rqp(128, 128, 8, 3), late(rqp(128, 128, 8, 3))],
+                vec![
+                    wp(128, 128, 8, 3),
+                    rqp(128, 128, 8, 3),
+                    late(rqp(128, 128, 8, 3)),
+                ],
             ),
             (
                 "diff-causal-b8-h12-s2048-d128-v256",
