@@ -16,7 +16,9 @@ float64 reference (relative error at most 2e-2), and both are timed in this
 process in three alternating rounds: the kernels' device time by the
 profiler (median; `speedup` is its ratio) and the time per call through
 the module (triton's do_bench median, the lower of the rounds; host-bound at
-these sizes). Softmax, SoftmaxCausal (Sq = Skv) and SoftmaxGqa.
+these sizes), and the time per call of CUDA-graph replays of 20 calls
+captured through the module (whose replayed output is checked too).
+Softmax, SoftmaxCausal (Sq = Skv) and SoftmaxGqa.
 
 Results go to $OUT/library_workload_tiles.json; exit status 1 if a check fails.
 """
@@ -77,6 +79,36 @@ def kernel_times(call, n=40):
             if e.name.startswith("aec_") and "CUDA" in str(e.device_type)]
 
 
+def graphed(f, ins, n=20):
+    """n calls of f(*ins) captured in one CUDA graph (after a warm-up on a
+    side stream, as PyTorch asks): the graph and the last call's output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            f(*ins)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [f(*ins) for _ in range(n)]
+    return graph, outs[-1], n
+
+
+def replay_us(graph, calls, reps=20):
+    """The median time of one replay over `calls` calls, µs per call."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
 def sizes_of(workload):
     return {k.strip(): int(n) for k, n in (p.split("=") for p in workload.split(",") if p.strip())}
 
@@ -118,11 +150,11 @@ def main():
                 row["passed"] = (row["ran_tile"] == k["entry"] and row["ran_default"] != k["entry"]
                                  and row["rel_err_tile"] <= TOL and row["rel_err_default"] <= TOL)
                 rows.append(row)
-                cases.append((row, fw, fo, (q, kk, vv)))
+                cases.append((row, fw, fo, (q, kk, vv), want))
     # Every call timing before any profiling: the profiler's hooks slow
     # later calls. Three alternating rounds each.
     with torch.no_grad():
-        for row, fw, fo, ins in cases:
+        for row, fw, fo, ins, _ in cases:
             calls = {"tile": [], "default": []}
             for _ in range(3):
                 for label, f in (("tile", fw), ("default", fo)):
@@ -132,7 +164,24 @@ def main():
             # Python and ctypes work outlasts the kernel).
             row["tile_call_us"] = 1e3 * min(calls["tile"])
             row["default_call_us"] = 1e3 * min(calls["default"])
-        for row, fw, fo, ins in cases:
+        # The same calls captured in CUDA graphs (as a serving or training
+        # step would be): the module's host work is paid once at capture.
+        for row, fw, fo, ins, want in cases:
+            graphs = {label: graphed(f, ins) for label, f in (("tile", fw), ("default", fo))}
+            replays = {"tile": [], "default": []}
+            for label, (graph, out, calls) in graphs.items():
+                graph.replay()
+                torch.cuda.synchronize()
+                row[f"graph_rel_err_{label}"] = rel_err(out, want)
+            for _ in range(3):
+                for label, (graph, _, calls) in graphs.items():
+                    replays[label].append(replay_us(graph, calls))
+            row["tile_graph_us"] = min(replays["tile"])
+            row["default_graph_us"] = min(replays["default"])
+            row["graph_speedup"] = row["default_graph_us"] / row["tile_graph_us"]
+            row["passed"] = (row["passed"] and row["graph_rel_err_tile"] <= TOL
+                             and row["graph_rel_err_default"] <= TOL)
+        for row, fw, fo, ins, _ in cases:
             kernels = {"tile": [], "default": []}
             for _ in range(3):
                 for label, f in (("tile", fw), ("default", fo)):
@@ -147,7 +196,9 @@ def main():
     if not rows:
         print(f"FAIL no workload tiles in {WITH} for {with_lib.device_name} ({with_lib.sms} SMs)", flush=True)
     speedups = [r["speedup"] for r in rows]
+    graph_speedups = [r["graph_speedup"] for r in rows]
     summary = dict(
+        geomean_graph_speedup=math.exp(sum(map(math.log, graph_speedups)) / len(graph_speedups)) if rows else None,
         workloads=len(rows),
         geomean_speedup=math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
         min_speedup=min(speedups, default=None), max_speedup=max(speedups, default=None),
