@@ -2,9 +2,10 @@
 
     # here, with NVRTC: the same variants twice, with and without workloads
     aec compile examples/softmax.rs examples/softmax_causal.rs examples/softmax_gqa.rs \
-        --target h100,h200 --no-tuning --workload B=1,H=12,Sq=300,Skv=300 … -o WITH
+        examples/decode.rs --target h100,h200 --no-tuning \
+        --workload B=1,H=12,Sq=300,Skv=300 --workload B=1,H=32,Hkv=8,Skv=32768 … -o WITH
     aec compile examples/softmax.rs examples/softmax_causal.rs examples/softmax_gqa.rs \
-        --target h100,h200 --no-tuning -o WITHOUT
+        examples/decode.rs --target h100,h200 --no-tuning -o WITHOUT
     # there:
     python bench/library_workload_tiles.py WITH WITHOUT
 
@@ -13,12 +14,14 @@ For every forward record of WITH whose `tuned_for` names this GPU's product
 its workloads' sizes: the call through WITH's PyTorch module runs that tile
 (`last_entry`), the same call through WITHOUT runs the default, both match a
 float64 reference (relative error at most 2e-2), and both are timed in this
-process in three alternating rounds: the kernels' device time by the
-profiler (median; `speedup` is its ratio) and the time per call through
+process in three alternating rounds: the kernels' device time per call by
+the profiler (main kernel and combine; median of the rounds; `speedup` is
+its ratio) and the time per call through
 the module (triton's do_bench median, the lower of the rounds; host-bound at
 these sizes), and the time per call of CUDA-graph replays of 20 calls
 captured through the module (whose replayed output is checked too).
-Softmax, SoftmaxCausal (Sq = Skv) and SoftmaxGqa.
+Softmax, SoftmaxCausal (Sq = Skv), SoftmaxGqa and Decode (Sq = 1, the
+decoding rule's tiles: split-KV with the combine, packed query heads).
 
 Results go to $OUT/library_workload_tiles.json; exit status 1 if a check fails.
 """
@@ -46,15 +49,15 @@ dev = torch.device("cuda")
 
 def ref(q, k, v, causal):
     """softmax(q · kᵀ / √D) · v in float64, K/V heads shared by groups of
-    query heads, causal over Sq = Skv."""
-    q, k, v = q.double(), k.double(), v.double()
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    query heads (query head h reads K/V head h // G), causal over Sq = Skv."""
+    b, h, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
+    # A group's query rows together, so K and V are not repeated.
+    qg = q.double().reshape(b, hkv, (h // hkv) * sq, d)
+    s = qg @ k.double().transpose(-1, -2) / math.sqrt(d)
     if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
+        s = s.masked_fill(torch.ones(sq, skv, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v.double()).reshape(b, h, sq, dv)
 
 
 def rel_err(ours, want):
@@ -62,10 +65,11 @@ def rel_err(ours, want):
     return ((ours - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
-def kernel_times(call, n=40):
-    """The device time of each aec kernel `call` launches over n calls (the
-    profiler's kernel records, so host time between launches is left out),
-    µs, after a warm-up."""
+def kernel_time(call, n=40):
+    """The device time of the aec kernels one `call` launches (all of them:
+    a split-KV call's combine too), µs per call over n calls, by the
+    profiler's kernel records, so host time between launches is left out;
+    after a warm-up."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(10):
@@ -75,8 +79,8 @@ def kernel_times(call, n=40):
         for _ in range(n):
             call()
         torch.cuda.synchronize()
-    return [e.time_range.elapsed_us() for e in prof.events()
-            if e.name.startswith("aec_") and "CUDA" in str(e.device_type)]
+    return sum(e.time_range.elapsed_us() for e in prof.events()
+               if e.name.startswith("aec_") and "CUDA" in str(e.device_type)) / n
 
 
 def graphed(f, ins, n=20):
@@ -121,7 +125,7 @@ def main():
     with_lib, without_lib = aec_library.load(WITH), aec_library.load(WITHOUT)
     print(f"{with_lib!r}; {without_lib!r}", flush=True)
     rows, cases = [], []
-    for name in ("Softmax", "SoftmaxCausal", "SoftmaxGqa"):
+    for name in ("Softmax", "SoftmaxCausal", "SoftmaxGqa", "Decode"):
         if name not in with_lib.variants or name not in without_lib.variants:
             continue
         for k in with_lib[name].record["kernels"]:
@@ -131,7 +135,8 @@ def main():
                 if "device" not in item or not aec_library.is_for_gpu(item, with_lib.device_name, with_lib.sms):
                     continue
                 z = sizes_of(item["workload"])
-                b, h, sq, skv = z["B"], z["H"], z["Sq"], z["Skv"]
+                # (Decode fixes Sq at 1: its workloads do not name it.)
+                b, h, sq, skv = z["B"], z["H"], z.get("Sq", 1), z["Skv"]
                 hkv = z.get("Hkv", h)
                 d = k["head_dims"]["Dqk"]
                 torch.manual_seed(0)
@@ -185,7 +190,7 @@ def main():
             kernels = {"tile": [], "default": []}
             for _ in range(3):
                 for label, f in (("tile", fw), ("default", fo)):
-                    kernels[label].extend(kernel_times(lambda f=f: f(*ins)))
+                    kernels[label].append(kernel_time(lambda f=f: f(*ins)))
             row["tile_us"] = statistics.median(kernels["tile"])
             row["default_us"] = statistics.median(kernels["default"])
             row["speedup"] = row["default_us"] / row["tile_us"]
