@@ -831,4 +831,42 @@ fn small_grids_run_the_models_choice_untuned() {
         ForwardConfig::default_for(&example("softmax"), 128, 128, Elem::Bf16, Isa::Sm80)
     );
     assert!(untuned(&decode, (128, 128), shape).pack_gqa);
+    // What each choice was based on (a kernel library's manifest names it).
+    let reason = |v: &Variant, dims: (u32, u32), shape: Shape, isa: Isa, device: &str| {
+        aec::run::untuned_choice(
+            v,
+            HeadDims::new(dims.0, dims.1),
+            shape,
+            Elem::Bf16,
+            isa,
+            &DeviceConfig::named(device).unwrap(),
+            false,
+        )
+        .reason
+    };
+    use aec::run::UntunedReason;
+    let softmax = example("softmax");
+    assert!(matches!(
+        reason(&softmax, (128, 128), small[0], Isa::Sm90a, "h100"),
+        UntunedReason::Model { ratio } if ratio >= aec::compiler::schedule::MODEL_CHOICE_MARGIN
+    ));
+    assert_eq!(
+        reason(&softmax, (128, 128), small[0], Isa::Sm80, "a100"),
+        UntunedReason::Default
+    );
+    assert_eq!(
+        reason(&softmax, (128, 128), benchmark[0].2, Isa::Sm90a, "h100"),
+        UntunedReason::Default
+    );
+    // One long sequence: few blocks, so the decoding rule's fatter tile.
+    assert_eq!(
+        reason(
+            &decode,
+            (128, 128),
+            Shape::new(1, 32, 8, 1, 32768),
+            Isa::Sm90a,
+            "h100"
+        ),
+        UntunedReason::DecodeRule
+    );
 }
