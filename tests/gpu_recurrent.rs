@@ -1957,26 +1957,30 @@ fn gpu_recurrent_varlen_backward() {
     check_varlen_backward(test, "gla", 2, &lengths);
 }
 
-/// `aec tune` on a recurrent variant: the tuner profiles the default and
-/// the first tiles of the recurrent space on the GPU (each checked against
-/// the default's output and final state), keeps the fastest, and the tile
-/// it keeps matches the reference interpreter.
-#[test]
-fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
+/// `aec tune` (`pass`) of `name` at `[B, H, S, Dk, Dv]` on the GPU: the
+/// default and the first `top` other tiles of the pass's space, each run
+/// three times, with the test's custom-input ranges; every profiled plan
+/// printed.
+fn tune_on_gpu(
+    test: &str,
+    dev: &Device,
+    name: &str,
+    [b, h, s, dk, dv]: [usize; 5],
+    pass: aec::tune::RecurrentPass,
+    top: usize,
+) -> aec::tune::TuneReport<RecurrentConfig> {
     use aec::compiler::schedule::DeviceConfig;
     use aec::tune::dispatch::DeviceKeyParts;
-    use aec::tune::gpu::{RecurrentGpuProfiler, RecurrentPass};
-    use aec::tune::{TuneOptions, entry_config, recurrent_key, tune_recurrent, variant_hash};
-    let test = "gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference";
-    let Some(dev) = device(test) else {
-        return;
-    };
-    let v = example("mamba2");
-    let sizes = [2, 3, 333, 128, 64];
-    let (dims, shape) = (RecurrentDims::new(128, 64), RecurrentShape::new(2, 3, 333));
+    use aec::tune::gpu::RecurrentGpuProfiler;
+    use aec::tune::{TuneOptions, tune_recurrent, variant_hash};
+    let v = example(name);
+    let (dims, shape) = (
+        RecurrentDims::new(dk as u32, dv as u32),
+        RecurrentShape::new(b, h, s),
+    );
     let model = DeviceConfig::detect(dev.name(), dev.compute_capability(), dev.sm_count());
-    let parts = DeviceKeyParts::of(&dev);
-    let key = recurrent_key(
+    let parts = DeviceKeyParts::of(dev);
+    let key = pass.key(
         &v,
         &variant_hash(&v),
         dims,
@@ -1993,38 +1997,47 @@ fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
         })
         .collect();
     let options = TuneOptions {
-        top: 4,
+        top,
         warmup: 1,
         warmup_ms: 0.0,
         reps: 3,
         custom_ranges: ranges,
     };
-    let mut profiler = RecurrentGpuProfiler::<bf16>::new(
-        &v,
-        &dev,
-        dims,
-        shape,
-        RecurrentPass::Forward,
-        options.clone(),
-        Vec::new(),
-    )
-    .unwrap_or_else(|e| panic!("{test}: {e}"));
+    let mut profiler =
+        RecurrentGpuProfiler::<bf16>::new(&v, dev, dims, shape, pass, options.clone(), Vec::new())
+            .unwrap_or_else(|e| panic!("{test}: {name}: {e}"));
     let r = tune_recurrent(
         &v,
         &model,
         dims,
         shape,
         Elem::Bf16,
-        aec::tune::RecurrentPass::Forward,
+        pass,
         key,
         &options,
         &mut profiler,
         &mut |_| {},
     )
-    .unwrap_or_else(|e| panic!("{test}: {e}"));
+    .unwrap_or_else(|e| panic!("{test}: {name}: {e}"));
     for p in &r.profiled {
-        println!("{test}: {} {:?}", p.label, p.measured);
+        println!("{test}: {name} {} {:?}", p.label, p.measured);
     }
+    r
+}
+
+/// `aec tune` on a recurrent variant: the tuner profiles the default and
+/// the first tiles of the recurrent space on the GPU (each checked against
+/// the default's output and final state), keeps the fastest, and the tile
+/// it keeps matches the reference interpreter.
+#[test]
+fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
+    use aec::tune::{RecurrentPass, entry_config};
+    let test = "gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    let sizes = [2, 3, 333, 128, 64];
+    let r = tune_on_gpu(test, &dev, "mamba2", sizes, RecurrentPass::Forward, 4);
     assert_eq!(r.profiled.len(), 5, "the default and four more");
     assert!(
         r.profiled.iter().all(|p| p.measured.is_ok()),
@@ -2046,12 +2059,7 @@ fn gpu_recurrent_tuning_keeps_a_tile_that_matches_the_reference() {
 /// keeps matches the reference interpreter's gradients.
 #[test]
 fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
-    use aec::compiler::schedule::DeviceConfig;
-    use aec::tune::dispatch::DeviceKeyParts;
-    use aec::tune::gpu::{RecurrentGpuProfiler, RecurrentPass};
-    use aec::tune::{
-        TuneOptions, entry_config, recurrent_backward_key, tune_recurrent, variant_hash,
-    };
+    use aec::tune::{RecurrentPass, entry_config};
     let test = "gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference";
     let Some(dev) = device(test) else {
         return;
@@ -2060,63 +2068,7 @@ fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
         ("mamba2", [2, 3, 333, 128, 64]),
         ("gated_retention", [1, 2, 200, 64, 128]),
     ] {
-        let v = example(name);
-        let [b, h, s, dk, dv] = sizes;
-        let (dims, shape) = (
-            RecurrentDims::new(dk as u32, dv as u32),
-            RecurrentShape::new(b, h, s),
-        );
-        let model = DeviceConfig::detect(dev.name(), dev.compute_capability(), dev.sm_count());
-        let parts = DeviceKeyParts::of(&dev);
-        let key = recurrent_backward_key(
-            &v,
-            &variant_hash(&v),
-            dims,
-            shape,
-            Elem::Bf16,
-            &parts.parts(),
-        );
-        let ranges = v
-            .customs
-            .iter()
-            .map(|c| {
-                let (lo, hi) = common::recurrent_custom_range(&c.name);
-                (c.name.clone(), lo as f32, hi as f32)
-            })
-            .collect();
-        let options = TuneOptions {
-            top: 5,
-            warmup: 1,
-            warmup_ms: 0.0,
-            reps: 3,
-            custom_ranges: ranges,
-        };
-        let mut profiler = RecurrentGpuProfiler::<bf16>::new(
-            &v,
-            &dev,
-            dims,
-            shape,
-            RecurrentPass::Backward,
-            options.clone(),
-            Vec::new(),
-        )
-        .unwrap_or_else(|e| panic!("{test}: {e}"));
-        let r = tune_recurrent(
-            &v,
-            &model,
-            dims,
-            shape,
-            Elem::Bf16,
-            aec::tune::RecurrentPass::Backward,
-            key,
-            &options,
-            &mut profiler,
-            &mut |_| {},
-        )
-        .unwrap_or_else(|e| panic!("{test}: {name}: {e}"));
-        for p in &r.profiled {
-            println!("{test}: {name} {} {:?}", p.label, p.measured);
-        }
+        let r = tune_on_gpu(test, &dev, name, sizes, RecurrentPass::Backward, 5);
         assert_eq!(r.profiled.len(), 6, "{name}: the default and five more");
         assert!(
             r.profiled.iter().all(|p| p.measured.is_ok()),

@@ -257,14 +257,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             // The tuning table: one more forward per tuned configuration,
             // launched for the GPUs and shape buckets it won.
             if let Some(cache) = &cache {
-                let key = forward_key(
-                    v,
-                    &hash,
-                    HeadDims::new(vq, vv),
-                    Shape::mha(1, 1, 1, 1),
-                    Elem::Bf16,
-                    &any_gpu(isa),
-                );
+                let key = library_key(forward_key, v, &hash, (vq, vv), isa);
                 let table = TunedTable {
                     cache,
                     toolkit: toolkit.as_deref(),
@@ -368,14 +361,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
             };
             // The tuning table's backward tiles (`aec tune --backward`).
             let Some(cache) = &cache else { continue };
-            let key = backward_key(
-                v,
-                &hash,
-                HeadDims::new(vq, vv),
-                Shape::mha(1, 1, 1, 1),
-                Elem::Bf16,
-                &any_gpu(isa),
-            );
+            let key = library_key(backward_key, v, &hash, (vq, vv), isa);
             let table = TunedTable {
                 cache,
                 toolkit: toolkit.as_deref(),
@@ -505,6 +491,27 @@ fn tuning_cache(args: &CompileArgs) -> Result<Option<TuningCache>, String> {
         eprintln!("warning: {w}");
     }
     Ok(Some(cache))
+}
+
+/// The tuner's key (`key_of`: [`forward_key`] or [`backward_key`]) of a
+/// bf16 kernel of `v` at head dims `dims` on any GPU, toolchain and shape of
+/// `isa`: what the tuning table matches cache entries on.
+fn library_key(
+    key_of: fn(&Variant, &str, HeadDims, Shape, Elem, &KeyParts<'_>) -> aec::runtime::TuningKey,
+    v: &Variant,
+    hash: &str,
+    (dqk, dv): (u32, u32),
+    isa: Isa,
+) -> aec::runtime::TuningKey {
+    let shape = Shape::mha(1, 1, 1, 1);
+    key_of(
+        v,
+        hash,
+        HeadDims::new(dqk, dv),
+        shape,
+        Elem::Bf16,
+        &any_gpu(isa),
+    )
 }
 
 /// The tuner's key parts for a kernel on any GPU and toolchain of `isa`

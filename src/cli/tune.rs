@@ -19,8 +19,7 @@ use aec::runtime::{Device, TuningCache, bf16, f16, performance_portability};
 use aec::tune::gpu::{BackwardGpuProfiler, GpuProfiler, RecurrentGpuProfiler, RecurrentPass};
 use aec::tune::{
     TuneOptions, TuneProgress, TuneReport, backward_key, dispatch, forward_key, problem_of,
-    recurrent_backward_key, recurrent_key, tune_backward, tune_forward, tune_recurrent,
-    variant_hash,
+    tune_backward, tune_forward, tune_recurrent, variant_hash,
 };
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -292,14 +291,7 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
             let CallShape::Recurrent(shape) = shape else {
                 return Err(format!("--shape {shape}: B,H,S expected"));
             };
-            let key = match pass {
-                RecurrentPass::Forward => {
-                    recurrent_key(&variant, &hash, rdims, shape, elem, &parts)
-                }
-                RecurrentPass::Backward => {
-                    recurrent_backward_key(&variant, &hash, rdims, shape, elem, &parts)
-                }
-            };
+            let key = pass.key(&variant, &hash, rdims, shape, elem, &parts);
             tune_with(
                 &variant, &device, &config, rdims, shape, pass, key, &options, progress,
             )

@@ -614,6 +614,26 @@ pub fn untuned_choice(
     device: &DeviceConfig,
     v_in_k: bool,
 ) -> UntunedChoice {
+    untuned_by_rule(variant, dims, shape, elem, isa, device, v_in_k).unwrap_or_else(|plain| {
+        let (ranked, _) =
+            rank_forward(variant, &crate::tune::problem_of(dims, shape, elem), device);
+        untuned_by_model(plain, &ranked)
+    })
+}
+
+/// [`untuned_choice`] where a rule decides (the decoding rule, the default
+/// off sm_90a, with V in K or packed heads); else `Err` with the default
+/// tile, for [`untuned_by_model`] to weigh against the model's ranking of
+/// the shape's problem.
+pub(crate) fn untuned_by_rule(
+    variant: &frontend::Variant,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+    isa: Isa,
+    device: &DeviceConfig,
+    v_in_k: bool,
+) -> Result<UntunedChoice, ForwardConfig> {
     let plain = crate::compiler::untuned_forward_config(
         ForwardConfig::default_for,
         variant,
@@ -633,16 +653,29 @@ pub fn untuned_choice(
     // The model's choice only where it was measured (the sm_90a prefill
     // tiles) and where the space describes the call (K and V apart).
     if shaped != plain {
-        return chosen(shaped, UntunedReason::DecodeRule);
+        return Ok(chosen(shaped, UntunedReason::DecodeRule));
     }
     if isa != Isa::Sm90a || v_in_k || plain.pack_gqa {
-        return chosen(plain, UntunedReason::Default);
+        return Ok(chosen(plain, UntunedReason::Default));
     }
-    let problem = crate::tune::problem_of(dims, shape, elem);
-    let (ranked, _) = rank_forward(variant, &problem, device);
-    match model_choice(&ranked, &plain) {
-        Some((config, ratio)) => chosen(config, UntunedReason::Model { ratio }),
-        None => chosen(plain, UntunedReason::Default),
+    Err(plain)
+}
+
+/// The model's first plan of `ranked` where it ranks the default `plain`
+/// [`MODEL_CHOICE_MARGIN`](crate::compiler::schedule::MODEL_CHOICE_MARGIN)
+/// times slower, else `plain` ([`model_choice`]).
+pub(crate) fn untuned_by_model(
+    plain: ForwardConfig,
+    ranked: &[crate::compiler::schedule::Ranked],
+) -> UntunedChoice {
+    let (config, reason) = match model_choice(ranked, &plain) {
+        Some((config, ratio)) => (config, UntunedReason::Model { ratio }),
+        None => (plain, UntunedReason::Default),
+    };
+    UntunedChoice {
+        plain,
+        config,
+        reason,
     }
 }
 

@@ -398,8 +398,10 @@ pub fn tune_forward(
     };
     // What the call runs untuned (the shape's decoding or few-block tile
     // where it has one), so the speedup is over what tuning replaces.
-    let default =
-        crate::run::untuned_config_for_shape(variant, dims, shape, elem, isa, device, false);
+    // (The ranking above is the model's, as untuned_choice would rank.)
+    let default = crate::run::untuned_by_rule(variant, dims, shape, elem, isa, device, false)
+        .unwrap_or_else(|plain| crate::run::untuned_by_model(plain, &ranked))
+        .config;
     let plans = plans_to_profile(&ranked, default, options.top);
     let space_rejected = space_rejected
         .iter()
@@ -545,6 +547,26 @@ pub enum RecurrentPass {
     /// and gradient kernels) from a zero state: dq, dk, dv and the custom
     /// inputs' gradients are checked against the default plan's.
     Backward,
+}
+
+impl RecurrentPass {
+    /// The tuning key of this pass's kernel ([`recurrent_key`] or
+    /// [`recurrent_backward_key`]).
+    pub fn key(
+        self,
+        variant: &Variant,
+        variant_hash: &str,
+        dims: RecurrentDims,
+        shape: RecurrentShape,
+        elem: Elem,
+        parts: &KeyParts<'_>,
+    ) -> TuningKey {
+        let key = match self {
+            RecurrentPass::Forward => recurrent_key,
+            RecurrentPass::Backward => recurrent_backward_key,
+        };
+        key(variant, variant_hash, dims, shape, elem, parts)
+    }
 }
 
 /// Tunes the recurrent forward or backward (`pass`) of `variant` for

@@ -51,6 +51,27 @@ pub const BACKWARD_TEMPLATE_TEXT: &str = concat!(
 const MMA_SYNC_DV_TILES: [u32; 3] = [32, 64, 128];
 const MMA_SYNC_RINGS: [(u32, u32); 4] = [(1, 1), (2, 1), (1, 2), (2, 2)];
 
+/// The `mma.sync` tiles of one chunk: every Dv slice that divides `dv`, with
+/// every ring ([`MMA_SYNC_DV_TILES`] × [`MMA_SYNC_RINGS`]), eight warps.
+fn mma_sync_tiles(chunk: u32, dv: u32, elem: Elem) -> impl Iterator<Item = RecurrentConfig> {
+    MMA_SYNC_DV_TILES
+        .into_iter()
+        .filter(move |t| dv.is_multiple_of(*t))
+        .flat_map(move |dv_tile| {
+            MMA_SYNC_RINGS
+                .into_iter()
+                .map(move |(stages, blocks_per_sm)| RecurrentConfig {
+                    chunk,
+                    dv_tile,
+                    warps: 8,
+                    stages,
+                    blocks_per_sm,
+                    wgmma: false,
+                    elem,
+                })
+        })
+}
+
 /// Tile configuration of the recurrent forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RecurrentConfig {
@@ -185,20 +206,9 @@ impl RecurrentConfig {
             RecurrentConfig { wgmma: false, ..*a } == RecurrentConfig { wgmma: false, ..*b }
         };
         let mut space = vec![default];
-        for dv_tile in MMA_SYNC_DV_TILES {
-            for (stages, blocks_per_sm) in MMA_SYNC_RINGS {
-                let cfg = RecurrentConfig {
-                    chunk: BACKWARD_CHUNK,
-                    dv_tile,
-                    warps: 8,
-                    stages,
-                    blocks_per_sm,
-                    wgmma: false,
-                    elem,
-                };
-                if dv.is_multiple_of(dv_tile) && !space.iter().any(|c| same_kernels(c, &cfg)) {
-                    space.push(cfg);
-                }
+        for cfg in mma_sync_tiles(BACKWARD_CHUNK, dv, elem) {
+            if !space.iter().any(|c| same_kernels(c, &cfg)) {
+                space.push(cfg);
             }
         }
         space
@@ -269,25 +279,13 @@ impl RecurrentConfig {
         let kind = ForwardKind::of(variant);
         let mut space = Vec::new();
         for &chunk in RECURRENT_CHUNKS {
-            for dv_tile in MMA_SYNC_DV_TILES {
-                for (stages, blocks_per_sm) in MMA_SYNC_RINGS {
-                    let cfg = RecurrentConfig {
-                        chunk,
-                        dv_tile,
-                        warps: 8,
-                        stages,
-                        blocks_per_sm,
-                        wgmma: false,
-                        elem,
-                    };
-                    let smem = recurrent_smem_bytes(&cfg, dk, kind);
-                    if dv.is_multiple_of(dv_tile)
-                        && check_recurrent_inputs(variant, dk, dv, &cfg).is_ok()
-                        && smem <= isa.max_dynamic_smem()
-                        && smem * blocks_per_sm <= isa.smem_per_sm(blocks_per_sm)
-                    {
-                        space.push(cfg);
-                    }
+            for cfg in mma_sync_tiles(chunk, dv, elem) {
+                let smem = recurrent_smem_bytes(&cfg, dk, kind);
+                if check_recurrent_inputs(variant, dk, dv, &cfg).is_ok()
+                    && smem <= isa.max_dynamic_smem()
+                    && smem * cfg.blocks_per_sm <= isa.smem_per_sm(cfg.blocks_per_sm)
+                {
+                    space.push(cfg);
                 }
             }
         }
