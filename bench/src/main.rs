@@ -646,7 +646,10 @@ fn main() {
         };
         // (Earlier sessions' rows: `results/*-forward-sweep.json` and notes.)
         for (workload, configs) in [
-            ("softmax-b8-h32-s2048-d128", vec![wp(128, 128, 8, 3)]),
+            (
+                "softmax-b8-h32-s2048-d128",
+                vec![wp(128, 128, 8, 3), wp(128, 128, 8, 2)],
+            ),
             ("softmax-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
             (
                 "softmax-causal-b8-h32-s2048-d128",
@@ -670,11 +673,18 @@ fn main() {
             ),
             (
                 "diff-causal-b8-h12-s2048-d128-v256",
-                vec![wp(128, 64, 8, 4)],
+                vec![wp(128, 64, 8, 4), wp(128, 64, 8, 3), wp(128, 80, 8, 3)],
             ),
             (
                 "deepseek-causal-b8-h16-s2048-d192-v128",
-                vec![rqp(128, 80, 8, 3), late(rqp(128, 80, 8, 3))],
+                vec![
+                    late(rqp(128, 80, 8, 3)),
+                    wp(128, 128, 8, 2),
+                    late(rqp(128, 128, 8, 2)),
+                    late(rqp(128, 112, 8, 2)),
+                    wp(128, 112, 8, 2),
+                    late(rqp(128, 96, 8, 2)),
+                ],
             ),
         ] {
             let &(_, example, dqk, dv) = BENCH
