@@ -1,7 +1,8 @@
 //! `aec tune` without a GPU: the model's ranking for a named device (AMD
-//! included), clear errors for bad shapes (of the other kind of variant),
-//! bad custom-input ranges, a backward or a recurrent kernel asked of the
-//! cost model and a missing GPU.
+//! included; the backward's tiles for CUDA devices), clear errors for bad
+//! shapes (of the other kind of variant), bad custom-input ranges, a
+//! recurrent kernel or an AMD backward asked of the cost model and a
+//! missing GPU.
 
 use std::process::Command;
 
@@ -41,6 +42,34 @@ fn target_ranks_with_the_model_without_a_gpu() {
         // Three ranked plans, each with an estimate.
         assert_eq!(out.matches(" µs ").count(), 3, "{out}");
     }
+    // The backward's tiles: at DeepSeek's benchmark shape its default (32
+    // queries per step on each warpgroup's own keys, the producer) first,
+    // and the tiles the generator refuses counted.
+    let (code, out, err) = aec(&[
+        "tune",
+        "examples/deepseek.rs",
+        "--head-dims",
+        "192x128",
+        "--backward",
+        "--shape",
+        "8,16,16,2048,2048",
+        "--target",
+        "h100",
+        "--top",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("the backward on h100 (cost model only, nothing measured)"),
+        "{out}"
+    );
+    assert!(out.contains("plans fit, 2 rejected"), "{out}");
+    let ranked: Vec<&str> = out.lines().filter(|l| l.contains(" µs ")).collect();
+    assert_eq!(ranked.len(), 2, "{out}");
+    assert!(
+        ranked[0].trim_start().starts_with("m32w8 wgmma ws tma "),
+        "{out}"
+    );
 }
 
 #[test]
@@ -122,7 +151,7 @@ fn bad_input_is_refused_with_the_problem_named() {
         assert_eq!(code, 2, "{bad}");
         assert!(err.contains("NAME=LO,HI"), "{bad}: {err}");
     }
-    // The backward has no cost model to rank with.
+    // The backward's tiles are CUDA's.
     let (code, _, err) = aec(&[
         "tune",
         "examples/softmax.rs",
@@ -130,11 +159,11 @@ fn bad_input_is_refused_with_the_problem_named() {
         "--shape",
         "4,8,8,1000,1000",
         "--target",
-        "h100",
+        "mi300x",
     ]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("--backward") && err.contains("no cost model"),
+        err.contains("--backward --target mi300x") && err.contains("AMD device"),
         "{err}"
     );
     let (code, _, err) = aec(&["tune", "examples/nope.rs", "--shape", "1,8,8,256,256"]);

@@ -3,11 +3,12 @@
 //! parallel compilation, profiling of the top plans and the default) and
 //! stores the winners in the tuning cache, which `ParallelKernels::
 //! compile_for_shape` reads. With `--backward` it tunes the backward's tile
-//! the same way over its space (no cost model: the space's order), and for
-//! a recurrent variant (`--shape B,H,S`) its chunked forward's tile (with
-//! `--backward`, its backward's). With
-//! `--target <device>` it only ranks the parallel forward's plans with the
-//! cost model, which needs no GPU (AMD targets included).
+//! the same way over its space (ranked by the backward's cost model), and
+//! for a recurrent variant (`--shape B,H,S`) its chunked forward's tile
+//! (with `--backward`, its backward's; no cost model: the space's order).
+//! With `--target <device>` it only ranks the parallel forward's plans (with
+//! `--backward`, the backward's tiles, CUDA targets) with the cost model,
+//! which needs no GPU (AMD targets included for the forward).
 
 use super::EXIT_INPUT;
 use super::compile::Target;
@@ -220,14 +221,9 @@ fn tune(args: &TuneArgs) -> Result<(), String> {
         }
     }
     if let Some(target) = args.target {
-        if args.backward || recurrent {
+        if recurrent {
             return Err(format!(
-                "--target with {}: the {} has no cost model, so its plans are only measured; tune it on a GPU (without --target)",
-                if recurrent {
-                    "a recurrent variant"
-                } else {
-                    "--backward"
-                },
+                "--target with a recurrent variant: the {} has no cost model, so its plans are only measured; tune it on a GPU (without --target)",
                 kernel_name(args.backward, recurrent)
             ));
         }
@@ -608,8 +604,8 @@ fn print_portability<C>(cache: &TuningCache, reports: &[(CallShape, TuneReport<C
     }
 }
 
-/// `--target`: the model's ranking of the parallel forward for `shapes`,
-/// no GPU.
+/// `--target`: the model's ranking of the parallel forward (with
+/// `--backward`, of the backward's tiles) for `shapes`, no GPU.
 fn rank_only(
     args: &TuneArgs,
     shapes: &[Shape],
@@ -621,36 +617,59 @@ fn rank_only(
     let device = DeviceConfig::named(target.name()).expect("every target has a device entry");
     let mut doc = Vec::new();
     for &shape in shapes {
-        let problem = problem_of(dims, shape, elem);
-        let (ranked, rejected) = rank_forward(variant, &problem, &device);
+        // (label, model µs, TFLOP/s, bound) per plan, and the rejections.
+        let (ranked, rejected): (Vec<_>, Vec<(String, String)>) = if args.backward {
+            let (ranked, refused) =
+                aec::tune::rank_backward_plans(variant, &device, dims, shape, elem)
+                    .map_err(|e| format!("--backward --target {}: {e}", target.name()))?;
+            (
+                ranked
+                    .iter()
+                    .map(|r| (r.config.label(), r.estimate))
+                    .collect(),
+                refused.into_iter().map(|r| (r.config, r.reason)).collect(),
+            )
+        } else {
+            let (ranked, rejected) = rank_forward(variant, &problem_of(dims, shape, elem), &device);
+            (
+                ranked
+                    .iter()
+                    .map(|r| (r.candidate.config.label(), r.estimate))
+                    .collect(),
+                rejected
+                    .into_iter()
+                    .map(|r| (r.config.label(), r.reason))
+                    .collect(),
+            )
+        };
         println!(
-            "{shape} on {} (cost model only, nothing measured): {} plans fit, {} rejected",
+            "{shape}, the {} on {} (cost model only, nothing measured): {} plans fit, {} rejected",
+            kernel_name(args.backward, false),
             device.name,
             ranked.len(),
             rejected.len()
         );
-        for r in ranked.iter().take(args.top.max(1)) {
+        for (label, estimate) in ranked.iter().take(args.top.max(1)) {
             println!(
                 "  {:<40} model {:8.1} µs  {:5.0} TFLOP/s  bound: {}",
-                r.candidate.config.label(),
-                r.estimate.micros,
-                r.estimate.tflops,
-                r.estimate.bound
+                label, estimate.micros, estimate.tflops, estimate.bound
             );
         }
         doc.push(json!({
             "shape": [shape.b, shape.h, shape.hkv, shape.sq, shape.skv],
-            "ranked": ranked.iter().map(|r| json!({
-                "config": r.candidate.config.label(), "model_us": r.estimate.micros,
-                "bound": r.estimate.bound,
+            "ranked": ranked.iter().map(|(label, e)| json!({
+                "config": label, "model_us": e.micros, "bound": e.bound,
             })).collect::<Vec<_>>(),
-            "rejected": rejected.iter().map(|r| json!({
-                "config": r.config.label(), "reason": r.reason,
+            "rejected": rejected.iter().map(|(config, reason)| json!({
+                "config": config, "reason": reason,
             })).collect::<Vec<_>>(),
         }));
     }
     if let Some(path) = &args.json {
-        let doc = json!({ "variant": variant.name, "device": device.name, "shapes": doc });
+        let doc = json!({
+            "variant": variant.name, "kernel": kernel_name(args.backward, false),
+            "device": device.name, "shapes": doc,
+        });
         std::fs::write(
             path,
             serde_json::to_string_pretty(&doc).expect("json") + "\n",

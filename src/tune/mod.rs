@@ -4,9 +4,10 @@
 //! [`tune_forward`] takes the scheduler's ranking
 //! ([`aec_compiler::schedule::rank_forward`]), profiles the top plans and
 //! the default with a [`Profiler`], and returns the winner as a
-//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`] and
-//! [`tune_recurrent`] (forward or backward) do the same over
-//! their tile spaces ([`BackwardConfig::space`], [`RecurrentConfig::space`],
+//! [`TunedEntry`] for the persistent tuning cache. [`tune_backward`] does
+//! the same over [`BackwardConfig::space`] ranked by the backward's model
+//! ([`aec_compiler::schedule::rank_backward`]); [`tune_recurrent`] (forward
+//! or backward) over its tile spaces ([`RecurrentConfig::space`],
 //! [`RecurrentConfig::backward_space`]), which have no cost model: the
 //! candidates are profiled in the space's order. The selection logic is
 //! independent of the GPU: [`gpu::GpuProfiler`],
@@ -20,7 +21,8 @@ pub mod gpu;
 
 use crate::run::{HeadDims, RecurrentDims, RecurrentShape, Shape};
 use aec_compiler::schedule::{
-    DeviceConfig, KernelConfig, Problem, Ranked, VariantFacts, rank_forward, useful_flops,
+    DeviceConfig, KernelConfig, Problem, Ranked, RankedBackward, VariantFacts, rank_backward,
+    rank_forward, useful_backward_flops, useful_flops,
 };
 use aec_compiler::{BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig};
 use aec_frontend::Variant;
@@ -103,8 +105,7 @@ pub struct ProfiledPlan<C = ForwardConfig> {
     pub config: C,
     pub label: String,
     /// The model's estimate, µs (`None` for a default the space does not
-    /// hold, and for the backward and recurrent forward, which have no
-    /// model).
+    /// hold, and for the recurrent kernels, which have no model).
     pub model_micros: Option<f64>,
     /// The measured median, µs, or why there is none.
     pub measured: Result<f64, String>,
@@ -427,11 +428,11 @@ pub fn tune_forward(
 
 /// Tunes the parallel backward of `variant` for `shape` on `device`: every
 /// candidate of [`BackwardConfig::space`] is generated (those the generator
-/// refuses are reported with its reason), the default and the first `top`
-/// others are profiled with `profiler` in the space's order (the backward
-/// has no cost model), and the fastest measured plan is returned (the
-/// default when nothing beats it). Fails only when the default itself
-/// cannot be measured.
+/// refuses are reported with its reason), the rest ranked by the backward's
+/// cost model ([`rank_backward`]), the default and the model's first `top`
+/// others profiled with `profiler`, and the fastest measured plan is
+/// returned (the default when nothing beats it). Fails only when the
+/// default itself cannot be measured.
 #[allow(clippy::too_many_arguments)]
 pub fn tune_backward(
     variant: &Variant,
@@ -446,31 +447,65 @@ pub fn tune_backward(
 ) -> Result<TuneReport<BackwardConfig>, String> {
     let started = Instant::now();
     let isa = profiled_isa(device, "the backward")?;
-    if variant.parallel().is_none() {
-        return Err(format!(
-            "`{}` is a recurrent variant: `tune_backward` tunes the parallel backward",
-            variant.name
-        ));
-    }
     let default = BackwardConfig::default_for(dims.dqk, dims.dv, elem, isa);
-    let (fit, space_rejected) = generated(
-        BackwardConfig::space(dims.dqk, dims.dv, elem, isa),
-        |c| aec_compiler::parallel_backward(variant, dims.dqk, dims.dv, c).map(drop),
-        BackwardConfig::label,
-    );
-    let problem = problem_of(dims, shape, elem);
-    let flops = backward_flops(&problem, &VariantFacts::of(variant));
-    let label = BackwardConfig::label;
-    let profiled = profile_in_order(default, &fit, options.top, profiler, progress, label);
+    let (ranked, space_rejected) = rank_backward_plans(variant, device, dims, shape, elem)?;
+    let flops = useful_backward_flops(&problem_of(dims, shape, elem), &VariantFacts::of(variant));
+    let plans = backward_plans_to_profile(&ranked, default, options.top);
+    let profiled = profile(plans, profiler, progress, BackwardConfig::label);
     select(
         key,
         profiled,
         space_rejected,
-        fit.len(),
+        ranked.len(),
         flops,
         device,
         started,
     )
+}
+
+/// The backward's tile space on CUDA `device` for `shape` ([`BackwardConfig::space`]):
+/// the tiles the generator takes, ordered by the backward's cost model
+/// ([`rank_backward`]), and those it refuses with its reason. Needs no GPU
+/// (what `aec tune --backward --target` prints).
+pub fn rank_backward_plans(
+    variant: &Variant,
+    device: &DeviceConfig,
+    dims: HeadDims,
+    shape: Shape,
+    elem: Elem,
+) -> Result<(Vec<RankedBackward>, Vec<Rejection>), String> {
+    let Some(isa) = cuda_isa(device) else {
+        return Err(format!(
+            "{} is an AMD device: the backward's tiles are CUDA's (the HIP backward has one configuration per head dims)",
+            device.name
+        ));
+    };
+    if variant.parallel().is_none() {
+        return Err(format!(
+            "`{}` is a recurrent variant: the backward's tile space is the parallel backward's",
+            variant.name
+        ));
+    }
+    // (The generator bounds the wgmma kernels' shared memory; an mma.sync
+    // tile past the device's would fail at launch.)
+    let (fit, refused) = generated(
+        BackwardConfig::space(dims.dqk, dims.dv, elem, isa),
+        |c| {
+            let source = aec_compiler::parallel_backward(variant, dims.dqk, dims.dv, c)?;
+            let smem = source.main.smem_bytes;
+            if smem > device.smem_per_block {
+                return Err(aec_compiler::CompileError(format!(
+                    "the main kernel needs {smem} bytes of shared memory, more than the {} a block of {} may have",
+                    device.smem_per_block, device.name
+                )));
+            }
+            Ok(())
+        },
+        BackwardConfig::label,
+    );
+    let problem = problem_of(dims, shape, elem);
+    let ranked = rank_backward(&problem, &VariantFacts::of(variant), fit, device);
+    Ok((ranked, refused))
 }
 
 /// The candidates of `space` the generator takes (`generate`), in order,
@@ -506,7 +541,7 @@ fn profiled_isa(device: &DeviceConfig, what: &str) -> Result<Isa, String> {
 }
 
 /// Profiles `default`, then the first `top` others of `candidates` in
-/// their order (the tiles without a cost model).
+/// their order (the recurrent tiles, which have no cost model).
 fn profile_in_order<C: Clone + PartialEq>(
     default: C,
     candidates: &[C],
@@ -528,12 +563,29 @@ fn profile_in_order<C: Clone + PartialEq>(
     profile(plans, profiler, progress, label)
 }
 
-/// The backward's useful FLOPs: its five GEMMs (Sᵀ and dQ, dK over Dqk;
-/// dPᵀ, dV over Dv) against the forward's two, `(3·Dqk + 2·Dv) / (Dqk + Dv)`
-/// times the forward's.
-pub fn backward_flops(problem: &Problem, facts: &VariantFacts) -> f64 {
-    let (dqk, dv) = (f64::from(problem.dqk), f64::from(problem.dv));
-    useful_flops(problem, facts) * (3.0 * dqk + 2.0 * dv) / (dqk + dv)
+/// The backward plans to profile: the default first (with the model's time
+/// where the ranking holds it: the generator may have refused it), then the
+/// model's top `top` others.
+pub fn backward_plans_to_profile(
+    ranked: &[RankedBackward],
+    default: BackwardConfig,
+    top: usize,
+) -> Vec<(BackwardConfig, Option<f64>)> {
+    let model_of = |c: &BackwardConfig| {
+        ranked
+            .iter()
+            .find(|r| r.config == *c)
+            .map(|r| r.estimate.micros)
+    };
+    std::iter::once((default, model_of(&default)))
+        .chain(
+            ranked
+                .iter()
+                .filter(|r| r.config != default)
+                .take(top)
+                .map(|r| (r.config, Some(r.estimate.micros))),
+        )
+        .collect()
 }
 
 /// Which recurrent kernels [`tune_recurrent`] (and

@@ -27,7 +27,7 @@ pub enum Engine {
 impl Engine {
     /// The fraction of the device's dense peak the engine sustains in a
     /// well-fed GEMM loop.
-    fn efficiency(self) -> f64 {
+    pub(crate) fn efficiency(self) -> f64 {
         match self {
             Engine::Wgmma => 0.85,
             Engine::MmaSync => 0.8,

@@ -5,18 +5,21 @@
 //!   checked by its template's own rules;
 //! - [`intermediate`]: level 2, where each intermediate tile lives
 //!   (registers, shared, global), demoting the largest until the plan fits;
-//! - [`cost`]: the analytic model that ranks what fits.
+//! - [`cost`]: the analytic model that ranks what fits;
+//! - [`backward_cost`]: its counterpart for the backward's tiles.
 //!
 //! Profiling the top of the ranking and remembering the winner (the tuning
 //! cache) need a GPU and files: they live in the runtime and the `aec`
 //! crate, which call [`rank_forward`].
 
+pub mod backward_cost;
 pub mod cost;
 pub mod device;
 pub mod intermediate;
 pub mod space;
 
 use crate::ForwardConfig;
+pub use backward_cost::{RankedBackward, estimate_backward, rank_backward, useful_backward_flops};
 pub use cost::{Engine, Estimate, TilePlan, estimate, useful_flops};
 pub use device::{DeviceConfig, Features, Target};
 pub use intermediate::{Budget, IntermediateTensor, Placement, Tier, place};
