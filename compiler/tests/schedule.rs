@@ -1,12 +1,14 @@
 //! The scheduler without a GPU: level 1 enumerates only configurations the
 //! templates render, level 2 rejects what cannot fit (with the reason) and
 //! places Q where it fits, the cost model ranks hand-checkable cases the
-//! right way round, and AMD targets are ranked without hardware.
+//! right way round, and AMD targets are ranked without hardware; the
+//! backward's model follows the work.
 
 use aec_compiler::schedule::{
-    DeviceConfig, Engine, KernelConfig, Problem, Target, Tier, device, forward_space, rank_forward,
+    DeviceConfig, Engine, KernelConfig, Problem, Target, Tier, VariantFacts, device,
+    estimate_backward, forward_space, rank_forward, useful_backward_flops,
 };
-use aec_compiler::{Elem, ForwardConfig, Isa};
+use aec_compiler::{BackwardConfig, Elem, ForwardConfig, Isa};
 use aec_frontend::{Variant, parse_file};
 use std::path::PathBuf;
 
@@ -256,4 +258,50 @@ fn the_default_is_in_the_space() {
             "{dqk}x{dv}: {default:?} not among the candidates"
         );
     }
+}
+
+#[test]
+fn the_backward_estimate_follows_the_work() {
+    let h100 = DeviceConfig::named("h100").unwrap();
+    let cfg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    let (full, causal) = (
+        VariantFacts::of(&example("softmax")),
+        VariantFacts::of(&example("softmax_causal")),
+    );
+    let t = |p: &Problem, f: &VariantFacts| estimate_backward(p, f, &cfg, &h100).micros;
+    let short = problem(8, 32, 2048, 128, 128);
+    // A causal mask visits a little over half the query steps.
+    let ratio = t(&short, &causal) / t(&short, &full);
+    assert!((0.5..0.7).contains(&ratio), "{ratio}");
+    // Four times the sequence: about sixteen times the work.
+    let ratio = t(&problem(8, 32, 8192, 128, 128), &full) / t(&short, &full);
+    assert!((12.0..20.0).contains(&ratio), "{ratio}");
+    // The useful FLOPs are counted once, whatever the tile.
+    let e = estimate_backward(&short, &full, &cfg, &h100);
+    let flops = useful_backward_flops(&short, &full);
+    assert!((e.tflops * 1e12 * e.micros * 1e-6 / flops - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn an_mma_sync_backward_tile_past_its_registers_pays_for_the_spills() {
+    // RetNet's 256/512 on four warps of 16 keys: 384 accumulators a thread
+    // with Dqk + Dv whole, 192 split between two warps. Measured on an H100
+    // (bench/NOTES.md, session 41): 9.26 ms whole, 5.81 ms split in two.
+    let h100 = DeviceConfig::named("h100").unwrap();
+    let retnet = VariantFacts::of(&example("retnet_parallel"));
+    let t = |split_d| {
+        let cfg = BackwardConfig {
+            block_m: 32,
+            warps: 4,
+            split_d,
+            elem: Elem::Bf16,
+            wgmma: false,
+            kv_groups: 1,
+            shared_scores: false,
+            warp_specialized: false,
+            tma_loads: false,
+        };
+        estimate_backward(&problem(2, 32, 2048, 256, 512), &retnet, &cfg, &h100).micros
+    };
+    assert!(t(1) > 1.1 * t(2), "{} against {}", t(1), t(2));
 }

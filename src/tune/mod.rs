@@ -352,24 +352,34 @@ pub fn plans_to_profile(
     default: ForwardConfig,
     top: usize,
 ) -> Vec<(ForwardConfig, Option<f64>)> {
-    let model_of = |c: &ForwardConfig| {
-        ranked
-            .iter()
-            .find(|r| r.candidate.config == KernelConfig::Cuda(*c))
-            .map(|r| r.estimate.micros)
-    };
-    let mut plans = vec![(default, model_of(&default))];
-    for r in ranked {
-        if plans.len() > top {
-            break;
-        }
-        if let KernelConfig::Cuda(c) = r.candidate.config
-            && c != default
-        {
-            plans.push((c, Some(r.estimate.micros)));
-        }
-    }
-    plans
+    default_then_model_order(
+        ranked.iter().filter_map(|r| match r.candidate.config {
+            KernelConfig::Cuda(c) => Some((c, r.estimate.micros)),
+            KernelConfig::Hip(_) => None,
+        }),
+        default,
+        top,
+    )
+}
+
+/// `default` with the model's time where `ranked` (plans with their
+/// estimates, fastest first) holds it, then the first `top` other plans.
+fn default_then_model_order<C: Copy + PartialEq>(
+    ranked: impl Iterator<Item = (C, f64)>,
+    default: C,
+    top: usize,
+) -> Vec<(C, Option<f64>)> {
+    let ranked: Vec<(C, f64)> = ranked.collect();
+    let model_of_default = ranked.iter().find(|(c, _)| *c == default).map(|r| r.1);
+    std::iter::once((default, model_of_default))
+        .chain(
+            ranked
+                .into_iter()
+                .filter(|(c, _)| *c != default)
+                .take(top)
+                .map(|(c, micros)| (c, Some(micros))),
+        )
+        .collect()
 }
 
 /// Tunes the parallel forward of `variant` for `shape` on `device`: ranks
@@ -571,21 +581,11 @@ pub fn backward_plans_to_profile(
     default: BackwardConfig,
     top: usize,
 ) -> Vec<(BackwardConfig, Option<f64>)> {
-    let model_of = |c: &BackwardConfig| {
-        ranked
-            .iter()
-            .find(|r| r.config == *c)
-            .map(|r| r.estimate.micros)
-    };
-    std::iter::once((default, model_of(&default)))
-        .chain(
-            ranked
-                .iter()
-                .filter(|r| r.config != default)
-                .take(top)
-                .map(|r| (r.config, Some(r.estimate.micros))),
-        )
-        .collect()
+    default_then_model_order(
+        ranked.iter().map(|r| (r.config, r.estimate.micros)),
+        default,
+        top,
+    )
 }
 
 /// Which recurrent kernels [`tune_recurrent`] (and

@@ -164,7 +164,7 @@ impl BackwardConfig {
 
     /// The `mma.sync` kernel's tile: `block_m` query rows per step on
     /// `warps` warps, `split_d` of them sharing 16 keys.
-    pub(crate) fn mma_sync(block_m: u32, warps: u32, split_d: u32, elem: Elem) -> BackwardConfig {
+    fn mma_sync(block_m: u32, warps: u32, split_d: u32, elem: Elem) -> BackwardConfig {
         BackwardConfig {
             block_m,
             warps,

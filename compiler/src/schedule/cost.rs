@@ -232,19 +232,14 @@ pub fn estimate(
         // A list schedule of the blocks over the device's slots; a block
         // sharing its SM with others takes `bps` times as long per step,
         // while its prologue and epilogue overlap theirs.
-        let mut free: BinaryHeap<Reverse<u64>> = (0..slots).map(|_| Reverse(0)).collect();
-        let mut makespan = 0u64;
-        for &n in &steps {
+        let cycles = steps.iter().flat_map(|&n| {
             let n = n.div_ceil(splits);
-            let cycles = (prologue + epilogue + n as f64 * step * bps) as u64;
-            for _ in 0..per_head {
-                let Reverse(start) = free.pop().unwrap();
-                let end = start + cycles;
-                makespan = makespan.max(end);
-                free.push(Reverse(end));
-            }
-        }
-        makespan as f64
+            std::iter::repeat_n(
+                (prologue + epilogue + n as f64 * step * bps) as u64,
+                per_head,
+            )
+        });
+        list_schedule(cycles, slots) as f64
     };
     let mut micros = makespan / clock * 1e6;
     if splits > 1 {
@@ -257,6 +252,20 @@ pub fn estimate(
         tflops: useful_flops(problem, facts) / (micros * 1e-6) / 1e12,
         bound,
     }
+}
+
+/// The makespan of blocks of `cycles` each, in launch order, over `slots`
+/// block slots: each block starts on the first slot to come free.
+pub(crate) fn list_schedule(cycles: impl IntoIterator<Item = u64>, slots: usize) -> u64 {
+    let mut free: BinaryHeap<Reverse<u64>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
+    let mut makespan = 0u64;
+    for c in cycles {
+        let Reverse(start) = free.pop().unwrap_or(Reverse(0));
+        let end = start + c;
+        makespan = makespan.max(end);
+        free.push(Reverse(end));
+    }
+    makespan
 }
 
 /// FLOPs of the two GEMMs over the visible pairs (scores computed once).
