@@ -14,7 +14,7 @@
 //! model it orders what the tuner profiles first and is not a prediction to
 //! report as a speed.
 
-use super::cost::{Engine, Estimate, list_schedule, useful_flops};
+use super::cost::{ALU_PER_CLK, Engine, Estimate, list_schedule, useful_flops};
 use super::device::DeviceConfig;
 use super::space::{Problem, VariantFacts};
 use crate::BackwardConfig;
@@ -39,9 +39,8 @@ const ATOMIC_SHARE_OF_L2: f64 = 0.18;
 /// the atomics themselves: the share of their time that stays exposed.
 const EXPOSED_WITHOUT_PRODUCER: f64 = 0.32;
 /// FP32 operations per score of the element step besides transcendentals
-/// (P from the saved state, dS, packing), and the lanes that run them.
+/// (P from the saved state, dS, packing).
 const ALU_PER_SCORE: f64 = 8.0;
-const ALU_PER_CLK: f64 = 128.0;
 /// Registers a thread of the mma.sync kernel holds for its dK and dV
 /// accumulators and its scores before ptxas spills (RetNet's 256/512 on
 /// four warps, 416 of them: 2.9× the time of split dims on an H100).

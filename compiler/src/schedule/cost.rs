@@ -89,7 +89,7 @@ const BLOCK_OVERHEAD: f64 = 1500.0;
 /// in flight).
 const TILE_SWITCH: f64 = 600.0;
 /// FP32 lanes per multiprocessor per clock for the elementwise score work.
-const ALU_PER_CLK: f64 = 128.0;
+pub(crate) const ALU_PER_CLK: f64 = 128.0;
 /// Elementwise operations per score besides transcendentals (scale, max,
 /// subtract, convert, pack; a mask adds its compare).
 const ALU_PER_SCORE: f64 = 8.0;
