@@ -1362,11 +1362,30 @@ fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
     // Nor with a per-score closure (not measured).
     let alibi = ForwardConfig::default_for(&example("alibi"), 128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(alibi.q_in_registers && !alibi.late_epilogue, "{alibi:?}");
-    // DeepSeek's dims keep Q in registers too.
+    // DeepSeek's dims: with TMA loads 128 keys with Q in shared memory on a
+    // two-stage ring whose K and V have barriers of their own; with cp.async
+    // (paged, variable-length, block-sparse rows) 80 keys with Q in
+    // registers.
     let deepseek = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm90a);
-    assert!(
-        deepseek.late_epilogue && deepseek.q_in_registers,
+    assert_eq!(
+        (deepseek.block_n, deepseek.stages, deepseek.q_in_registers),
+        (128, 2, false),
         "{deepseek:?}"
+    );
+    let two_stage = parallel_forward(&v, 192, 128, &deepseek)
+        .expect("forward")
+        .source;
+    assert!(two_stage.contains("bar_full_v[STAGES], bar_empty_v[STAGES]"));
+    assert!(two_stage.contains("ISSUE_V(gi, n0);"));
+    let three_stage = parallel_forward(&v, 128, 128, &cfg)
+        .expect("forward")
+        .source;
+    assert_eq!(cfg.stages, 3);
+    assert!(!three_stage.contains("bar_full_v"));
+    let paged = ForwardConfig::cp_async_default_for(&v, 192, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(
+        paged.late_epilogue && paged.q_in_registers && paged.block_n == 80,
+        "{paged:?}"
     );
     let k = parallel_forward(&v, 128, 128, &cfg).expect("forward");
     assert!(k.name.ends_with("_tma_le"), "{}", k.name);

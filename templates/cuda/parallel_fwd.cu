@@ -65,7 +65,11 @@
 {% else %}        const int cur = (ring + it) % STAGES, prev = (ring + it + STAGES - 1) % STAGES;
 {% endif %}        const int n0 = KV_N0(it), nw0 = n0;
         mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
-        fence_proxy_async();
+{% if first && late_epilogue %}        // The V this block's first group reads (see below).
+        if (prev_pv) WAIT_V(prev_last, prev_gi);
+        else WAIT_V(cur, ring);
+{% else %}{% if !first %}        WAIT_V(prev, ring + it - 1);
+{% endif %}{% endif %}        fence_proxy_async();
 {% if path == 0 %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
         // the pipeline keeps one shape; leading and trailing ones are trimmed.
         const int cls = STEP_CLASS(it, n0);
@@ -94,7 +98,7 @@
         wgmma_wait1();
         wgmma_fence_operands_n{{ dvw }}(acc[0]);
         fence_regs(pa);
-        if (prev_pv) mbar_arrive(&bar_empty[prev_last]);
+        if (prev_pv) RELEASE_V(prev_last);
 {% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}{% endif %}        wgmma_wait0();
 {% else %}        {
             pv_gemm(acc[0], pa, V_SMEM(prev));
@@ -102,11 +106,12 @@
         wgmma_commit();
         wgmma_wait1();
 {% endif %}        wgmma_fence_operands_n{{ bn }}(s[0]);
+        RELEASE_K(cur);
 {% call block_scores(path) %}{% endcall %}
 {% if !first %}        wgmma_wait0();
         wgmma_fence_operands_n{{ dvw }}(acc[0]);
         fence_regs(pa);
-        mbar_arrive(&bar_empty[prev]);
+        RELEASE_V(prev);
 {% endif %}#pragma unroll
         for (int dt = 0; dt < DVW / 8; ++dt) {
             acc[0][dt][0] *= alpha[0];
@@ -494,12 +499,13 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% endmacro %}
 {% macro last_pv() %}        if (prev_pv) {
             // The previous tile's last P·V, alone.
+            WAIT_V(prev_last, prev_gi);
             wgmma_fence();
             pv_gemm(acc[0], pa, V_SMEM(prev_last));
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ dvw }}(acc[0]);
-            mbar_arrive(&bar_empty[prev_last]);
+            RELEASE_V(prev_last);
         }
 {% endmacro %}
 {% macro previous_epilogue() %}        if (has_prev) {
@@ -861,7 +867,25 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // `q_free` once their last S GEMM of the tile has. Ring positions and
     // barrier phases run on across tiles{% endif %}.
     __shared__ __align__(8) unsigned long long bar_full[STAGES], bar_empty[STAGES], bar_q{% if persistent %}, bar_q_free{% endif %};
-{% if scheduled %}    __shared__ __align__(8) unsigned long long bar_ticket;
+{% if kv_bars %}    // A two-stage TMA ring: a stage's K and V land and go back on barriers
+    // of their own (`full`/`empty` for K, `full_v`/`empty_v` for V): K is
+    // free once the block's S GEMM has read it, a step before its V, so the
+    // producer loads the next K a step earlier (FlashAttention-3's separate
+    // K and V pipelines; with three stages or more the extra waits cost more
+    // than they hide, bench/NOTES.md session 44). Otherwise both share
+    // `full` and `empty`.
+    __shared__ __align__(8) unsigned long long bar_full_v[STAGES], bar_empty_v[STAGES];
+#define RELEASE_K(st) mbar_arrive(&bar_empty[st])
+#define RELEASE_V(st) mbar_arrive(&bar_empty_v[st])
+#define WAIT_V(st, gi)                                        \
+    do {                                                      \
+        mbar_wait(&bar_full_v[st], ((gi) / STAGES) & 1);      \
+        fence_proxy_async();                                  \
+    } while (0)
+{% else %}#define RELEASE_K(st)
+#define RELEASE_V(st) mbar_arrive(&bar_empty[st])
+#define WAIT_V(st, gi)
+{% endif %}{% if scheduled %}    __shared__ __align__(8) unsigned long long bar_ticket;
     __shared__ int4 s_ticket;
 {% endif %}    if (tid == 0) {
         mbar_init(&bar_q, {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
@@ -870,7 +894,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
             mbar_init(&bar_full[st], {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
             mbar_init(&bar_empty[st], NWARPS * WARP);
-        }
+{% if kv_bars %}            mbar_init(&bar_full_v[st], 1);
+            mbar_init(&bar_empty_v[st], NWARPS * WARP);
+{% endif %}        }
     }
     __syncthreads();
     if (warp >= NWARPS) {
@@ -911,21 +937,34 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // (Each step's key block is read a step ahead: a block-sparse list
         // read would otherwise stall the copies behind it.)
         int n0_next = n_iter > 0 ? KV_N0(0) : 0;
-        for (int it = 0; it < n_iter; ++it) {
+{% if kv_bars %}#define ISSUE_V(gv, nv0)                                                                                      \
+    do {                                                                                                      \
+        const int sv = (gv) % STAGES;                                                                         \
+        if ((gv) >= STAGES) mbar_wait(&bar_empty_v[sv], ((gv) / STAGES - 1) & 1);                             \
+        if (ptid == 0) {                                                                                      \
+            mbar_arrive_expect_tx(&bar_full_v[sv], BN * DV * (int)sizeof(elem_t));                            \
+            for (int p = 0; p < DV / 64; ++p)                                                                 \
+                tma_load_3d(sV + sv * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64, (nv0), b * Hkv + hk, &bar_full_v[sv]); \
+        }                                                                                                     \
+    } while (0)
+{% endif %}        for (int it = 0; it < n_iter; ++it) {
             const int gi = ring + it, st = gi % STAGES;
             const int n0 = n0_next;
             if (it + 1 < n_iter) n0_next = KV_N0(it + 1);
             if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
 {% if tma %}            if (ptid == 0) {
-                mbar_arrive_expect_tx(&bar_full[st], BN * (DQK + DV) * (int)sizeof(elem_t));
+                mbar_arrive_expect_tx(&bar_full[st], BN * {% if kv_bars %}DQK{% else %}(DQK + DV){% endif %} * (int)sizeof(elem_t));
 #pragma unroll
                 for (int p = 0; p < DQK / 64; ++p)
                     tma_load_3d(sK + st * BN * SQS + p * BN * 64, tm_k, p * 64, n0, b * Hkv + hk, &bar_full[st]);
-#pragma unroll
+{% if !kv_bars %}#pragma unroll
                 for (int p = 0; p < DV / 64; ++p)
                     tma_load_3d(sV + st * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64, n0, b * Hkv + hk, &bar_full[st]);
-            }
+{% endif %}            }
 {% if !q_regs %}            if (it == 0) ISSUE_Q();
+{% endif %}{% if kv_bars %}            // V after its K: a step waits for the previous block's V
+            // before its S GEMM, which this order has landed with the K.
+            ISSUE_V(gi, n0);
 {% endif %}{% else %}            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
 {% if !v_in_k %}            load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
 {% endif %}
@@ -968,7 +1007,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 #pragma unroll
     for (int i = 0; i < BN / 16; ++i) pa[i][0] = pa[i][1] = pa[i][2] = pa[i][3] = 0u;
     bool prev_pv = false;
-    int prev_last = 0;
+    int prev_last = 0, prev_gi = 0;
     bool has_prev = false;
     long long prev_q_row0 = 0;
     int prev_m0 = 0, prev_dv0 = 0;
@@ -1016,16 +1055,18 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if persistent && !q_regs %}        mbar_arrive(&bar_q_free);  // the tile's S GEMMs are done with Q
 {% endif %}{% if late_epilogue %}        // The last block's P·V waits for the next tile's first S GEMM.
         prev_pv = n_iter > 0;
+        prev_gi = ring + n_iter - 1;
         prev_last = (ring + n_iter + STAGES - 1) % STAGES;
 {% else %}        if (n_iter > 0) {
             // The last block's P·V.
             const int last = (ring + n_iter - 1) % STAGES;
+            WAIT_V(last, ring + n_iter - 1);
             wgmma_fence();
             pv_gemm(acc[0], pa, V_SMEM(last));
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ dvw }}(acc[0]);
-{% if persistent %}            mbar_arrive(&bar_empty[last]);
+{% if persistent %}            RELEASE_V(last);
 {% endif %}        }
 {% endif %}{% if late_epilogue %}        has_prev = true;
         prev_q_row0 = q_row0;

@@ -238,7 +238,13 @@ impl ForwardConfig {
         // from registers (Dqk / 4 of them) halves its shared-memory reads,
         // which otherwise run at the pipe's full rate, and 80 keys fit
         // beside Q's fragments.
-        let q_regs_tile = hopper && dqk > 128 && dqk <= 192 && dv <= 128;
+        let q_regs_tile = hopper && dqk > 128 && dqk <= 192 && dv <= 128 && !tma_rows;
+        // With TMA loads the same dims take FlashAttention-3's hdim-192 tile
+        // instead: 128 keys with Q in shared memory, which leaves room for
+        // two stages only, on K and V barriers of their own (H100, DeepSeek
+        // causal: 3.7-5% faster than 80 keys with Q in registers in three
+        // rounds, bench/NOTES.md session 44).
+        let wide_qk_tile = hopper && dqk > 128 && dqk <= 192 && dv <= 128 && tma_rows;
         // A causal mask at Dqk 128: Q in registers too (128-key blocks), as
         // measured rather than derived (H100, TMA loads: causal 0.612 →
         // 0.590 ms, s8192 0.987 → 0.955, GQA causal 0.611 → 0.573; without
@@ -255,7 +261,7 @@ impl ForwardConfig {
         let (block_m, block_n, warps, pack_gqa) = if decode {
             (16, 32, key_warps, true)
         } else if hopper {
-            let block_n = if dqk + dv <= 256 {
+            let block_n = if dqk + dv <= 256 || wide_qk_tile {
                 128
             } else if q_regs_tile {
                 // Q in registers: 80 keys fit beside them (H100, DeepSeek:
@@ -1261,6 +1267,8 @@ struct ForwardTemplate<'a> {
     scheduled: bool,
     /// The producer copies Q, K and V with TMA (tensor maps as parameters).
     tma: bool,
+    /// K and V of a TMA ring's stage on barriers of their own (two stages).
+    kv_bars: bool,
     /// V read from the K tiles (shared K/V storage).
     v_in_k: bool,
     /// O is written 16 bytes per lane after a transpose across each quad
@@ -1523,6 +1531,8 @@ fn generate_forward(
         sparse: layout == RowLayout::BlockSparse,
         scheduled: tile_schedule,
         tma,
+        // (Measured faster with two stages only: bench/NOTES.md session 44.)
+        kv_bars: tma && cfg.stages == 2,
         v_in_k: cfg.v_in_k,
         xor_rows: xor_rows(cfg, dv),
         // The transpose keeps a few more values live in the epilogue: at
