@@ -568,6 +568,29 @@ fn gpu_forward_softmax_causal() {
     );
 }
 
+/// DeepSeek's dims on their default tile: 128 keys with Q in shared memory
+/// on a two-stage ring whose K and V have barriers of their own. Causal,
+/// lengths that are not tile multiples, and (at 300 units of work on the
+/// persistent grid) several tiles per block, so the ring's phases run on
+/// across tiles.
+#[test]
+fn gpu_forward_deepseek_two_stage_ring() {
+    let cfg = ForwardConfig::default_for(&example("deepseek"), 192, 128, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(
+        (cfg.block_n, cfg.stages, cfg.q_in_registers, cfg.tma_loads),
+        (128, 2, false, true)
+    );
+    for shape in [Shape::mha(2, 3, 333, 333), Shape::mha(3, 50, 300, 300)] {
+        check_example(
+            "gpu_forward_deepseek_two_stage_ring",
+            "deepseek",
+            shape,
+            HeadDims::new(192, 128),
+            (0.0, 1.0),
+        );
+    }
+}
+
 #[test]
 fn gpu_forward_decode() {
     check_example(
