@@ -238,13 +238,14 @@ impl ForwardConfig {
         // from registers (Dqk / 4 of them) halves its shared-memory reads,
         // which otherwise run at the pipe's full rate, and 80 keys fit
         // beside Q's fragments.
-        let q_regs_tile = hopper && dqk > 128 && dqk <= 192 && dv <= 128 && !tma_rows;
+        let wide_qk = hopper && dqk > 128 && dqk <= 192 && dv <= 128;
+        let q_regs_tile = wide_qk && !tma_rows;
         // With TMA loads the same dims take FlashAttention-3's hdim-192 tile
         // instead: 128 keys with Q in shared memory, which leaves room for
         // two stages only, on K and V barriers of their own (H100, DeepSeek
         // causal: 3.7-5% faster than 80 keys with Q in registers in three
         // rounds, bench/NOTES.md session 44).
-        let wide_qk_tile = hopper && dqk > 128 && dqk <= 192 && dv <= 128 && tma_rows;
+        let wide_qk_tile = wide_qk && tma_rows;
         // A causal mask at Dqk 128: Q in registers too (128-key blocks), as
         // measured rather than derived (H100, TMA loads: causal 0.612 →
         // 0.590 ms, s8192 0.987 → 0.955, GQA causal 0.611 → 0.573; without
