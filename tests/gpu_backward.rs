@@ -562,15 +562,18 @@ fn gpu_backward_own_keys_on_32_query_steps() {
         return;
     }
     let deepseek = HeadDims { dqk: 192, dv: 128 };
+    let gqa = HeadDims { dqk: 64, dv: 256 };
+    // With the producer the steps pair for dQ on 64-row boundaries: 97 rows
+    // end on a pair's second half, 80 and 300 on a first half that closes
+    // alone (300 also after three key blocks' causal starts), and with two
+    // query heads per KV head of 80 rows a head's walk ends mid-pair.
     let cases = [
         ("deepseek", Shape::mha(1, 2, 97, 133), deepseek, true),
         ("deepseek", Shape::mha(1, 2, 97, 133), deepseek, false),
-        (
-            "softmax_gqa",
-            Shape::new(2, 4, 2, 97, 133),
-            HeadDims { dqk: 64, dv: 256 },
-            true,
-        ),
+        ("deepseek", Shape::mha(2, 3, 80, 80), deepseek, true),
+        ("deepseek", Shape::mha(1, 2, 300, 300), deepseek, true),
+        ("softmax_gqa", Shape::new(2, 4, 2, 97, 133), gqa, true),
+        ("softmax_gqa", Shape::new(2, 4, 2, 80, 100), gqa, true),
     ];
     for (name, shape, dims, ws) in cases {
         let cfg = BackwardConfig {
@@ -582,7 +585,10 @@ fn gpu_backward_own_keys_on_32_query_steps() {
             ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
         };
         check_backward_config(
-            &format!("{test}_{name}_{}x{}_ws{ws}", dims.dqk, dims.dv),
+            &format!(
+                "{test}_{name}_{}x{}_ws{ws}_sq{}",
+                dims.dqk, dims.dv, shape.sq
+            ),
             name,
             shape,
             dims,

@@ -504,11 +504,20 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             },
         )
         .expect("backward without the producer");
-        // Two dSᵀ buffers and the staged f32 dQ tile (rows of Dqk + 8).
+        // Two dSᵀ buffers and the staged f32 dQ tile (rows of Dqk + 8): 64
+        // rows where 32-query steps pair for dQ (DeepSeek's dims).
+        let staged_rows = if cfg.pairs_steps() { 64 } else { cfg.block_m };
+        assert_eq!(cfg.pairs_steps(), cfg.block_m == 32, "{dqk}x{dv}");
         assert_eq!(
             k.main.smem_bytes - plain.main.smem_bytes,
-            cfg.block_n() * 64 * 2 + cfg.block_m * (dqk + 8) * 4,
+            cfg.block_n() * 64 * 2 + staged_rows * (dqk + 8) * 4,
             "{dqk}x{dv}"
+        );
+        assert_eq!(
+            k.main.name.contains("_dq64") && k.source.contains("#define DQ_ROWS 64"),
+            cfg.pairs_steps(),
+            "{dqk}x{dv}: {}",
+            k.main.name
         );
         assert_eq!(plain.main.threads, 256);
         for text in [

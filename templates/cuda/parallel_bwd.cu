@@ -56,7 +56,13 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 {% if ws %}#define NPT 128  // the main kernel's producer warpgroup: copies and dQ atomics
 #define NT_MAIN (NT + NPT)
 #define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
-{% else %}#define NT_MAIN NT
+{% if dq_pairs %}// 32-query steps pair on 64-row boundaries: the pair's first step writes
+// dSᵀ columns 0-31, its second 32-63, and the second (or a first that ends
+// its head's walk) computes dQ over the pair's 64 rows, none of them padding,
+// and hands one tile of 64 rows to the producer.
+#define DQ_ROWS 64
+{% else %}#define DQ_ROWS BM  // rows of the staged dQ tile
+{% endif %}{% else %}#define NT_MAIN NT
 {% endif %}#define DQK {{ dqk }}
 #define DV {{ dv }}
 #define PAD {% if wgmma %}0{% else %}8{% endif %}
@@ -232,9 +238,9 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     elem_t* sdO = sQ + 2 * BM * SQS;  // two buffers
     elem_t* sdS = sdO + 2 * BM * SVS;  // {% if ws %}two buffers (consecutive steps overlap){% else %}one buffer{% endif %}
     float* sRC = reinterpret_cast<float*>(sdS + {% if ws %}2 * {% endif %}BN * SDS);  // two buffers of [NRC_ARR][BM]
-{% if ws %}    float* sdQ = sRC + 2 * NRC_ARR * BM;  // the step's dQ tile, [BM][DQS], for the producer's atomics
+{% if ws %}    float* sdQ = sRC + 2 * NRC_ARR * BM;  // the step's dQ tile, [DQ_ROWS][DQS], for the producer's atomics
 {% endif %}{% if share %}    // The exchange of the shared scores: [BM / 2][128], a thread's column.
-    float* sX = {% if ws %}sdQ + BM * DQS{% else %}sRC + 2 * NRC_ARR * BM{% endif %};
+    float* sX = {% if ws %}sdQ + DQ_ROWS * DQS{% else %}sRC + 2 * NRC_ARR * BM{% endif %};
 {% endif %}
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
@@ -336,7 +342,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     // their query blocks inner.
     auto step_head = [&](int it) { return hk * group + it / per_head; };
     auto step_m0 = [&](int it) { return (mb0 + it % per_head) * BM; };
-    // Row constants of fetched stats into sRC[buf] (thread t < BM: row t).
+{% if dq_pairs %}    // Whether step it ends its pair (see DQ_ROWS): the walk starts on a
+    // 64-row boundary (mb0 is even: no trimming, and a causal start n0 / BM
+    // is a multiple of BN / BM).
+    auto step_closes = [&](int it) { return (step_m0(it) & 32) != 0 || it % per_head == per_head - 1; };
+{% endif %}    // Row constants of fetched stats into sRC[buf] (thread t < BM: row t).
     auto store_stats = [&](int buf, int t, const float (&st)[NSTAT_ARR]) {
         if (t < BM) {
             float rc[NRC_ARR];
@@ -380,11 +390,15 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 }
             }
             if (it == 0) continue;
-            const int h = step_head(it - 1), m0 = step_m0(it - 1);
+{% if dq_pairs %}            if (!step_closes(it - 1)) continue;
+            // (Every step of a pair sees a key of ours: the mask, if any, is
+            // causal, and the walk starts at the diagonal.)
+            const int h = step_head(it - 1), m0 = step_m0(it - 1) & ~63;
+{% else %}            const int h = step_head(it - 1), m0 = step_m0(it - 1);
 {% if mask %}            if (mask_block(m0, min(m0 + BM, Sq) - 1, n0, j_last, b, h, hk, P) == 0) continue;
-{% endif %}            mbar_wait(&bar_dq_full, drained & 1);
+{% endif %}{% endif %}            mbar_wait(&bar_dq_full, drained & 1);
             float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
-            const int valid = min(BM, Sq - m0) * (DQK / 4);
+            const int valid = min(DQ_ROWS, Sq - m0) * (DQK / 4);
             for (int x = ptid; x < valid; x += NPT) {
                 const int r = x / (DQK / 4), c = (x % (DQK / 4)) * 4;
 {% if kv_groups > 1 %}                // Only this block's dQ panels were staged (those of slots grp·2
@@ -467,8 +481,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         const int h = step_head(it), m0 = step_m0(it);
 {% if ws %}        mbar_wait(&bar_q_full[cur], (it >> 1) & 1);
         fence_proxy_async();
-        elem_t* sdSc = sdS + cur * (BN * SDS);
-{% else %}        const bool prefetch = it + 1 < iters;
+{% if dq_pairs %}        const int half = (m0 & 32) >> 5;  // this step's half of its pair
+        const bool closes = step_closes(it);
+        elem_t* sdSc = sdS + (staged & 1) * (BN * SDS);  // one buffer per pair
+{% else %}        elem_t* sdSc = sdS + cur * (BN * SDS);
+{% endif %}{% else %}        const bool prefetch = it + 1 < iters;
         if (prefetch) issue(it + 1, cur ^ 1, st_next);
         cp_async_commit();
         elem_t* sdSc = sdS;
@@ -565,8 +582,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}#pragma unroll
         for (int t = 0; t < BM / 8; ++t) {
             if (slice != SCORE_SLICE) break;
-            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
-            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
         }
 
 {% if wgmma %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A
@@ -600,7 +617,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             wgmma_rs_n{{ dqk }}(dk_acc, da[kk], sw128_desc(smem_u32(sQc) + kk * 16 * 128, BM * 128));
         }
 {% endif %}        wgmma_commit();
-        MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
+{% if dq_pairs %}        if (closes) {
+{% endif %}        MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
 
         // dQ += dS·K: warpgroup w takes the 64-column panels w, w + NWG, … of
         // dQ for all BM queries (with KSPLIT 2, warpgroup 1 starts: warpgroup
@@ -625,7 +643,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 #pragma unroll
                 for (int c = 0; c < 4; c += 2) {
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
-                    if (BM >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                    if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
                 }
             }
 {% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
@@ -641,6 +659,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}        }
 {% if ws %}        mbar_arrive(&bar_dq_full);  // the dQ tile is staged
         ++staged;
+{% endif %}{% if dq_pairs %}        }  // closes
 {% endif %}        wgmma_wait0();
 {% if kv_split %}#pragma unroll
         for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);

@@ -10,7 +10,7 @@ use crate::cxx::closures::{
     CustomParams, MAX_DQK, custom_params, parallel_inputs, reads, row_output_names,
     scores_read_customs_by_position,
 };
-use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal};
+use crate::cxx::regions::{BackwardRegions, backward_regions, implies_causal, is_causal};
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op};
 use askama::Template;
@@ -264,11 +264,27 @@ impl BackwardConfig {
         (self.warps + if self.warp_specialized { 4 } else { 0 }) * WARP_SIZE
     }
 
+    /// Whether the kernel's 32-query steps pair on 64-row boundaries, dQ
+    /// computed once per pair over its 64 rows (the template's `DQ_ROWS`):
+    /// the warp-specialised wgmma kernel with a warpgroup per 64 keys on
+    /// 32-query steps (each step alone would run dQ over 64 rows, 32 of them
+    /// padding). The generator keeps single steps where a mask other than
+    /// the plain causal one could hide one step of a pair; the staged tile
+    /// keeps its 64 rows there.
+    pub fn pairs_steps(&self) -> bool {
+        self.wgmma && self.warp_specialized && self.split_d == 1 && self.block_m == 32
+    }
+
+    /// Rows of the producer's staged dQ tile.
+    fn staged_dq_rows(&self) -> u32 {
+        if self.pairs_steps() { 64 } else { self.block_m }
+    }
+
     /// Dynamic shared memory of the main kernel for head dims `dqk`, `dv`
     /// and `nrc` row constants per query row: the K and V block, two stages
     /// of Q and dO, dSᵀ (two buffers when warp-specialised, whose steps
     /// overlap), the row constants and, warp-specialised, the staged f32 dQ
-    /// tile (rows of Dqk + 8).
+    /// tile (rows of Dqk + 8; 64 rows where the steps pair).
     pub fn smem_bytes(&self, dqk: u32, dv: u32, nrc: u32) -> u32 {
         let (bm, bn) = (self.block_m, self.block_n());
         let pad = if self.wgmma { 0 } else { 8 };
@@ -281,7 +297,7 @@ impl BackwardConfig {
             + 2 * bm * (dv + pad)
             + ds_buffers * bn * ds_cols;
         let staged_dq = if self.warp_specialized {
-            4 * bm * (dqk + 8)
+            4 * self.staged_dq_rows() * (dqk + 8)
         } else {
             0
         };
@@ -463,6 +479,8 @@ struct BackwardTemplate<'a> {
     wgmma: bool,
     /// The warp-specialised main kernel ([`BackwardConfig::warp_specialized`]).
     ws: bool,
+    /// 32-query steps paired for dQ ([`BackwardConfig::pairs_steps`]).
+    dq_pairs: bool,
     /// Full blocks get their own element loop without per-score tests (not
     /// where a score closure runs per score: two copies of it spill, and the
     /// tests are then a small part of the step).
@@ -597,6 +615,9 @@ fn generate_backward(
     // TMA boxes address one head's dense rows of q itself: not a packed
     // batch, nor the modified copy in `qmod`.
     let tma = cfg.tma_loads && cfg.warp_specialized && !varlen && par.modify_q.is_none();
+    // Paired steps need every step of a pair to see a key of the block: no
+    // mask, or the plain causal one (whose walk starts at the diagonal).
+    let dq_pairs = cfg.pairs_steps() && par.mask.as_ref().is_none_or(is_causal);
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}{}",
         variant.name.to_lowercase(),
@@ -616,6 +637,7 @@ fn generate_backward(
     ) + if cfg.shared_scores { "_xs" } else { "" }
         + if cfg.warp_specialized { "_ws" } else { "" }
         + if tma { "_tma" } else { "" }
+        + if dq_pairs { "_dq64" } else { "" }
         + if varlen { "_varlen" } else { "" };
     // (Custom-input gradients per score come only from the score closure.)
     let split_full_blocks = par.modify_scores.is_none();
@@ -660,6 +682,7 @@ fn generate_backward(
         clamp: scores_read_customs_by_position(variant),
         wgmma: cfg.wgmma,
         ws: cfg.warp_specialized,
+        dq_pairs,
         split_full_blocks,
         wgmma_fns: if kv_split {
             wgmma_fns(

@@ -72,7 +72,9 @@ pub fn estimate_backward(
     // One step (bm queries against the block's bn keys) of one block.
     // Sᵀ and dPᵀ are computed once per block, or by each of the warps (or
     // both warpgroups) sharing keys; dK and dV, and dQ, are split between
-    // a key block's groups. The 32-row wgmma step computes dQ over 64 rows.
+    // a key block's groups. The 32-row wgmma step computes dQ over 64 rows,
+    // half of them padding unless its steps pair (`pairs_steps`, the
+    // producer's form: one 64-row dQ per two steps).
     let recompute = match (cfg.wgmma, cfg.split_d) {
         (true, 1) => 1.0,
         (true, _) if cfg.shared_scores => 1.0,
@@ -80,7 +82,7 @@ pub fn estimate_backward(
     };
     let scores_flops = 2.0 * bn * bm * (dqk + dv) * recompute;
     let kv_flops = 2.0 * bn * bm * (dqk + dv) / groups;
-    let dq_rows = if cfg.wgmma && cfg.block_m < 64 {
+    let dq_rows = if cfg.wgmma && cfg.block_m < 64 && !cfg.pairs_steps() {
         64.0
     } else {
         bm
