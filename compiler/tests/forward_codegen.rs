@@ -402,7 +402,20 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         );
         let k = parallel_backward(&v, dqk, dv, &cfg).expect("own keys on 32-query steps");
         assert!(k.main.name.contains("_m32w8_wgmma"), "{}", k.main.name);
+        assert!(
+            cfg.smem_bytes(dqk, dv, 4) <= Isa::Sm90a.max_dynamic_smem(),
+            "{dqk}x{dv}"
+        );
     }
+    // Those steps pair for dQ under the plain causal mask (DeepSeek's), not
+    // under one that could hide one step of a pair (a sliding window).
+    let cfg = BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.pairs_steps());
+    let causal = parallel_backward(&example("deepseek"), 192, 128, &cfg).expect("DeepSeek");
+    assert!(causal.main.name.contains("_dq64") && causal.source.contains("step_closes(it - 1)"));
+    let window = parallel_backward(&example("sliding_window"), 192, 128, &cfg).expect("window");
+    assert!(!window.main.name.contains("_dq64") && window.source.contains("#define DQ_ROWS BM"));
+    assert_eq!(window.main.smem_bytes, causal.main.smem_bytes);
     for (dqk, dv) in [(128, 256), (192, 192), (256, 128)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
         assert!(
