@@ -61,6 +61,7 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 // its head's walk) computes dQ over the pair's 64 rows, none of them padding,
 // and hands one tile of 64 rows to the producer.
 #define DQ_ROWS 64
+static_assert(BM == 32, "paired steps are 32-query halves of 64 rows");
 {% else %}#define DQ_ROWS BM  // rows of the staged dQ tile
 {% endif %}{% else %}#define NT_MAIN NT
 {% endif %}#define DQK {{ dqk }}
@@ -643,6 +644,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 #pragma unroll
                 for (int c = 0; c < 4; c += 2) {
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
+                    // (A constant true at 64 rows: `r < DQ_ROWS`, the same
+                    // rows, cost NVRTC 20 more bytes of spills elsewhere.)
                     if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
                 }
             }
