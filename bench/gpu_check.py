@@ -36,7 +36,7 @@ def template_of(*metas):
     """Which template our kernels came from (their entry names say it):
     `sm80` (mma.sync) or `sm90a-wgmma` (plus `-ws` where warp-specialised,
     `-dv/N` where Dv is split between N blocks; backward: `-m32` on 32-query
-    steps, `-dq64` with those paired for dQ, `-shared-keys` with both warpgroups on 64 keys, `-gN` in N blocks
+    steps, `-dq64` with those paired for dQ, `-dqlag` with each step's dQ a step late, `-shared-keys` with both warpgroups on 64 keys, `-gN` in N blocks
     per key block, `-xs` with the scores shared between them); forward and
     backward joined with `+` where they differ."""
     names = []
@@ -49,6 +49,8 @@ def template_of(*metas):
             t += "-m32"  # backward on 32-query steps
         if "_dq64" in n:
             t += "-dq64"  # its steps paired for one 64-row dQ
+        if "_dqlag" in n:
+            t += "-dqlag"  # each step's dQ at the top of the next
         split_keys = re.search(r"w\d+s2(g\d+)?_wgmma", n)
         if split_keys:
             t += "-shared-keys"  # backward: both warpgroups on 64 keys

@@ -416,6 +416,25 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     let window = parallel_backward(&example("sliding_window"), 192, 128, &cfg).expect("window");
     assert!(!window.main.name.contains("_dq64") && window.source.contains("#define DQ_ROWS BM"));
     assert_eq!(window.main.smem_bytes, causal.main.smem_bytes);
+    // Without a mask the 64-query steps run each dQ at the top of the next
+    // step, the dSᵀ tiles handed over by mbarriers instead of a barrier in
+    // the step; under a mask (the causal one) and on paired 32-query steps,
+    // not.
+    assert!(b128.lags_dq() && !cfg.lags_dq());
+    let plain = parallel_backward(&v, 128, 128, &b128).expect("softmax d128");
+    assert!(
+        plain.main.name.ends_with("_dqlag_main"),
+        "{}",
+        plain.main.name
+    );
+    assert!(
+        plain.source.contains("mbar_wait(&bar_ds_full[dbuf]")
+            && !plain.source.contains("MMA_SYNC();  // sdS complete")
+    );
+    let masked =
+        parallel_backward(&example("softmax_causal"), 128, 128, &b128).expect("causal d128");
+    assert!(!masked.main.name.contains("_dqlag") && !masked.source.contains("bar_ds_full"));
+    assert!(!causal.main.name.contains("_dqlag"));
     for (dqk, dv) in [(128, 256), (192, 192), (256, 128)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
         assert!(
@@ -493,7 +512,9 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         &BackwardConfig::default_for(64, 64, Elem::Bf16, Isa::Sm90a),
     )
     .expect("wgmma backward");
-    assert!(b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_ws_tma_main"));
+    assert!(
+        b.source.contains("wgmma_ss_tt_n64") && b.main.name.ends_with("_wgmma_ws_tma_dqlag_main")
+    );
     // Warp-specialised by default on sm_90a: a producer warpgroup beside the
     // two computing ones (its setmaxnreg budget balances theirs), dQ staged
     // in shared memory and added by the producer, within the shared memory.

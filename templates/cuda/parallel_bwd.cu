@@ -43,6 +43,47 @@
             }
         }
 {% endmacro %}
+{% macro lag_flush() %}        if (pend) {
+            // The pending step's dQ = dS·K over both warpgroups' dSᵀ (buffer
+            // (nds - 1) & 1), then its Q/dO stage released.
+            const int dbuf = (nds - 1) & 1;
+            const unsigned sdSp = smem_u32(sdS + dbuf * (BN * SDS));
+            mbar_wait(&bar_ds_full[dbuf], ((nds - 1) >> 1) & 1);
+            if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
+            for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
+                float dq_part[8][4];
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+                    wgmma_ss_tt_n64(dq_part, sw128_desc(sdSp + kk * 16 * 128, BN * 128),
+                                    sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
+                wgmma_commit();
+                wgmma_wait0();
+                wgmma_fence_operands_n64(dq_part);
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+#pragma unroll
+                    for (int c = 0; c < 4; c += 2) {
+                        const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
+                        *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                    }
+                }
+            }
+            wgmma_wait0();
+            mbar_arrive(&bar_ds_empty[dbuf]);
+            mbar_arrive(&bar_dq_full);  // the dQ tile is staged
+            ++staged;
+            mbar_arrive(&bar_q_empty[pend_cur]);
+            pend = false;
+        }
+        // The dV/dK GEMMs retired on every path (ptxas serialises every wgmma
+        // if some path keeps them in flight into the next step's GEMMs).
+        wgmma_wait0();
+        wgmma_fence_operands_n{{ dv }}(dv_acc);
+        wgmma_fence_operands_n{{ dqk }}(dk_acc);
+        last_use_regs(pa);
+        last_use_regs(da);
+{% endmacro %}
 #include <{{ sp.header }}>
 
 #define BM {{ bm }}
@@ -291,14 +332,21 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     // computing warpgroups are done with them. The step's dQ tile goes
     // through sdQ: `dq_full` once staged, `dq_empty` once added.
     __shared__ __align__(8) unsigned long long bar_q_full[2], bar_q_empty[2], bar_dq_full, bar_dq_empty;
-    if (tid == 0) {
+{% if dq_lag %}    // A step's dQ runs at the top of the next step (`lag_flush`): `ds_full`
+    // once both warpgroups' dSᵀ is in buffer b, `ds_empty` once both have read it.
+    __shared__ __align__(8) unsigned long long bar_ds_full[2], bar_ds_empty[2];
+{% endif %}    if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
             mbar_init(&bar_q_full[st], {% if tma %}1{% else %}NPT{% endif %} + BM);
             mbar_init(&bar_q_empty[st], NT);
         }
         mbar_init(&bar_dq_full, NT);
         mbar_init(&bar_dq_empty, NPT);
-    }
+{% if dq_lag %}        for (int st = 0; st < 2; ++st) {
+            mbar_init(&bar_ds_full[st], NT);
+            mbar_init(&bar_ds_empty[st], NT);
+        }
+{% endif %}    }
     __syncthreads();
     if (tid < NT) {
         LOAD_TILE<BN, DQK>(sK, kg, n0, Skv, tid);
@@ -416,7 +464,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     int staged = 0;  // dQ tiles handed to the producer
-    cp_async_wait_all();
+{% if dq_lag %}    int nds = 0;            // dSᵀ tiles written (the next goes to buffer nds & 1)
+    bool pend = false;      // a step's dQ, dV/dK retirement and stage release are pending
+    int pend_cur = 0;       // its Q/dO stage
+    unsigned pa[BM / 16][4], da[BM / 16][4];  // A fragments of the pending dV/dK GEMMs
+{% endif %}    cp_async_wait_all();
     MMA_SYNC();
 {% else %}
     // Issues the copies of iteration `it` into buffer `buf` (stats into registers).
@@ -480,11 +532,12 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     for (int it = 0; it < iters; ++it) {
         const int cur = it & 1;
         const int h = step_head(it), m0 = step_m0(it);
-{% if ws %}        mbar_wait(&bar_q_full[cur], (it >> 1) & 1);
+{% if dq_lag %}{% call lag_flush() %}{% endcall %}{% endif %}{% if ws %}        mbar_wait(&bar_q_full[cur], (it >> 1) & 1);
         fence_proxy_async();
 {% if dq_pairs %}        const int half = (m0 & 32) >> 5;  // this step's half of its pair
         const bool closes = step_closes(it);
         elem_t* sdSc = sdS + (staged & 1) * (BN * SDS);  // one buffer per pair
+{% else if dq_lag %}        elem_t* sdSc = sdS + (nds & 1) * (BN * SDS);
 {% else %}        elem_t* sdSc = sdS + cur * (BN * SDS);
 {% endif %}{% else %}        const bool prefetch = it + 1 < iters;
         if (prefetch) issue(it + 1, cur ^ 1, st_next);
@@ -580,16 +633,21 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         int gr_ = g;
         asm volatile("" : "+r"(gr_));
 {% else %}        const int gr_ = g;
+{% endif %}{% if dq_lag %}        // Both warpgroups must have read this buffer's last tile (two steps back).
+        if (nds >= 2) mbar_wait(&bar_ds_empty[nds & 1], ((nds >> 1) - 1) & 1);
 {% endif %}#pragma unroll
         for (int t = 0; t < BM / 8; ++t) {
             if (slice != SCORE_SLICE) break;
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
         }
-
+{% if dq_lag %}        fence_proxy_async();
+        mbar_arrive(&bar_ds_full[nds & 1]);
+        ++nds;
+{% endif %}
 {% if wgmma %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A
         // operands; dO and Q are read N-major (queries are the K dimension).
-{% if !share %}        unsigned pa[BM / 16][4], da[BM / 16][4];
+{% if !share && !dq_lag %}        unsigned pa[BM / 16][4], da[BM / 16][4];
 {% endif %}#pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             pa[kk][0] = pack2(sacc[2 * kk][0], sacc[2 * kk][1]);
@@ -618,7 +676,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             wgmma_rs_n{{ dqk }}(dk_acc, da[kk], sw128_desc(smem_u32(sQc) + kk * 16 * 128, BM * 128));
         }
 {% endif %}        wgmma_commit();
-{% if dq_pairs %}        if (closes) {
+{% if dq_lag %}        // dQ, the GEMMs' retirement and the stage's release: next step's top.
+        pend = true;
+        pend_cur = cur;
+{% else %}{% if dq_pairs %}        if (closes) {
 {% endif %}        MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
 
         // dQ += dS·K: warpgroup w takes the 64-column panels w, w + NWG, … of
@@ -671,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}
         fence_regs(pa);
         fence_regs(da);
-{% else %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A operands.
+{% endif %}{% else %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A operands.
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             unsigned pa[4], da[4];
@@ -741,9 +802,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         }
 {% endif %}
         }  // cls != 0
-{% if ws %}        mbar_arrive(&bar_q_empty[cur]);  // this step's Q, dO and row constants are read
-    }
-{% else %}        if (prefetch) store_stats(cur ^ 1, tid, st_next);
+{% if ws %}{% if dq_lag %}        if (!pend) mbar_arrive(&bar_q_empty[cur]);  // (a skipped step's; others' at the flush)
+{% else %}        mbar_arrive(&bar_q_empty[cur]);  // this step's Q, dO and row constants are read
+{% endif %}    }
+{% if dq_lag %}{% call lag_flush() %}{% endcall %}{% endif %}{% else %}        if (prefetch) store_stats(cur ^ 1, tid, st_next);
         cp_async_wait_all();
         SYNC_SMEM_WRITES();
     }

@@ -89,6 +89,17 @@ __device__ __forceinline__ void fence_regs(unsigned (&a)[N][4]) {
         for (int c = 0; c < 4; ++c) asm volatile("" : "+r"(a[i][c])::"memory");
 }
 
+// The same as a last use only (the values die here): for fragments whose
+// wait is in a later loop iteration, where a "+r" fence would keep them live
+// through the iterations that do not redefine them.
+template <int N>
+__device__ __forceinline__ void last_use_regs(const unsigned (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) asm volatile("" ::"r"(a[i][c]) : "memory");
+}
+
 // Makes this thread's shared-memory writes (plain stores and cp.async)
 // visible to the async proxy that wgmma reads through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -275,6 +275,21 @@ impl BackwardConfig {
         self.wgmma && self.warp_specialized && self.split_d == 1 && self.block_m == 32
     }
 
+    /// Whether a step's dQ can run at the top of the next step, behind its
+    /// own dV/dK GEMMs, instead of behind a barrier of both warpgroups in the
+    /// middle of the step: the warp-specialised wgmma kernel with a
+    /// warpgroup per 64 keys on 64-query steps. The two warpgroups then hand
+    /// over each dSᵀ tile through mbarriers one step apart, and neither
+    /// waits for the other's current step. The generator takes it without a
+    /// mask only (slower under the causal one; bench/NOTES.md session 46).
+    pub fn lags_dq(&self) -> bool {
+        self.wgmma
+            && self.warp_specialized
+            && self.split_d == 1
+            && self.block_m == 64
+            && !self.shared_scores
+    }
+
     /// Rows of the producer's staged dQ tile.
     fn staged_dq_rows(&self) -> u32 {
         if self.pairs_steps() { 64 } else { self.block_m }
@@ -481,6 +496,8 @@ struct BackwardTemplate<'a> {
     ws: bool,
     /// 32-query steps paired for dQ ([`BackwardConfig::pairs_steps`]).
     dq_pairs: bool,
+    /// A step's dQ runs at the top of the next step ([`BackwardConfig::lags_dq`]).
+    dq_lag: bool,
     /// Full blocks get their own element loop without per-score tests (not
     /// where a score closure runs per score: two copies of it spill, and the
     /// tests are then a small part of the step).
@@ -618,6 +635,9 @@ fn generate_backward(
     // Paired steps need every step of a pair to see a key of the block: no
     // mask, or the plain causal one (whose walk starts at the diagonal).
     let dq_pairs = cfg.pairs_steps() && par.mask.as_ref().is_none_or(is_causal);
+    // Without a mask (H100: 2.5-6% faster there, 4% slower under the causal
+    // one, bench/NOTES.md session 46).
+    let dq_lag = cfg.lags_dq() && par.mask.is_none();
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}{}",
         variant.name.to_lowercase(),
@@ -638,6 +658,7 @@ fn generate_backward(
         + if cfg.warp_specialized { "_ws" } else { "" }
         + if tma { "_tma" } else { "" }
         + if dq_pairs { "_dq64" } else { "" }
+        + if dq_lag { "_dqlag" } else { "" }
         + if varlen { "_varlen" } else { "" };
     // (Custom-input gradients per score come only from the score closure.)
     let split_full_blocks = par.modify_scores.is_none();
@@ -683,6 +704,7 @@ fn generate_backward(
         wgmma: cfg.wgmma,
         ws: cfg.warp_specialized,
         dq_pairs,
+        dq_lag,
         split_full_blocks,
         wgmma_fns: if kv_split {
             wgmma_fns(
