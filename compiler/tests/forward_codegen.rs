@@ -434,6 +434,11 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     let masked =
         parallel_backward(&example("softmax_causal"), 128, 128, &b128).expect("causal d128");
     assert!(!masked.main.name.contains("_dqlag") && !masked.source.contains("bar_ds_full"));
+    // (The producer adds the lagged tile after the next step's copies.)
+    assert!(
+        plain.source.contains("#define DQ_BEHIND 2")
+            && masked.source.contains("#define DQ_BEHIND 1")
+    );
     assert!(!causal.main.name.contains("_dqlag"));
     for (dqk, dv) in [(128, 256), (192, 192), (256, 128)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);

@@ -97,12 +97,17 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 {% if ws %}#define NPT 128  // the main kernel's producer warpgroup: copies and dQ atomics
 #define NT_MAIN (NT + NPT)
 #define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
+// The producer adds step it - DQ_BEHIND's dQ tile after copying step it's Q
+// and dO: with the dQ a step late (dq_lag) its tile is staged when the stage
+// of step it - 2 is released, and step it's copies go first.
+#define DQ_BEHIND {{ dq_behind }}
 {% if dq_pairs %}// 32-query steps pair on 64-row boundaries: the pair's first step writes
 // dSᵀ columns 0-31, its second 32-63, and the second (or a first that ends
 // its head's walk) computes dQ over the pair's 64 rows, none of them padding,
 // and hands one tile of 64 rows to the producer.
 #define DQ_ROWS 64
 static_assert(BM == 32, "paired steps are 32-query halves of 64 rows");
+static_assert(DQ_BEHIND == 1, "the producer's pair test reads step it - 1");
 {% else %}#define DQ_ROWS BM  // rows of the staged dQ tile
 {% endif %}{% else %}#define NT_MAIN NT
 {% endif %}#define DQK {{ dqk }}
@@ -411,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         const int ptid = tid - NT;
         int drained = 0;  // dQ tiles added so far
-        for (int it = 0; it <= iters; ++it) {
+        for (int it = 0; it < iters + DQ_BEHIND; ++it) {
             if (it < iters) {
                 const int st = it & 1;
                 if (it >= 2) mbar_wait(&bar_q_empty[st], ((it >> 1) - 1) & 1);
@@ -438,12 +443,12 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                     mbar_arrive(&bar_q_full[st]);
                 }
             }
-            if (it == 0) continue;
+            if (it < DQ_BEHIND) continue;
 {% if dq_pairs %}            if (!step_closes(it - 1)) continue;
             // (Every step of a pair sees a key of ours: the mask, if any, is
             // causal, and the walk starts at the diagonal.)
             const int h = step_head(it - 1), m0 = step_m0(it - 1) & ~63;
-{% else %}            const int h = step_head(it - 1), m0 = step_m0(it - 1);
+{% else %}            const int h = step_head(it - DQ_BEHIND), m0 = step_m0(it - DQ_BEHIND);
 {% if mask %}            if (mask_block(m0, min(m0 + BM, Sq) - 1, n0, j_last, b, h, hk, P) == 0) continue;
 {% endif %}{% endif %}            mbar_wait(&bar_dq_full, drained & 1);
             float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
