@@ -43,6 +43,27 @@
             }
         }
 {% endmacro %}
+{% macro dq_panel(sds) %}            float dq_part[8][4];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                wgmma_ss_tt_n64(dq_part, sw128_desc({{ sds }} + kk * 16 * 128, BN * 128),
+                                sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands_n64(dq_part);
+{% endmacro %}
+{% macro dq_stage() %}#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+#pragma unroll
+                for (int c = 0; c < 4; c += 2) {
+                    const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
+                    // (A constant true at 64 rows: `r < DQ_ROWS`, the same
+                    // rows, cost NVRTC 20 more bytes of spills elsewhere.)
+                    if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                }
+            }
+{% endmacro %}
 {% macro lag_flush() %}        if (pend) {
             // The pending step's dQ = dS·K over both warpgroups' dSᵀ (buffer
             // (nds - 1) & 1), then its Q/dO stage released.
@@ -51,24 +72,7 @@
             mbar_wait(&bar_ds_full[dbuf], ((nds - 1) >> 1) & 1);
             if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
             for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
-                float dq_part[8][4];
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk)
-                    wgmma_ss_tt_n64(dq_part, sw128_desc(sdSp + kk * 16 * 128, BN * 128),
-                                    sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
-                wgmma_commit();
-                wgmma_wait0();
-                wgmma_fence_operands_n64(dq_part);
-#pragma unroll
-                for (int t = 0; t < 8; ++t) {
-#pragma unroll
-                    for (int c = 0; c < 4; c += 2) {
-                        const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
-                        *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
-                    }
-                }
-            }
+{% call dq_panel("sdSp") %}{% endcall %}{% call dq_stage() %}{% endcall %}            }
             wgmma_wait0();
             mbar_arrive(&bar_ds_empty[dbuf]);
             mbar_arrive(&bar_dq_full);  // the dQ tile is staged
@@ -99,8 +103,8 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 #define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
 // The producer adds step it - DQ_BEHIND's dQ tile after copying step it's Q
 // and dO: with the dQ a step late (dq_lag) its tile is staged when the stage
-// of step it - 2 is released, and step it's copies go first.
-#define DQ_BEHIND {{ dq_behind }}
+// of step it - 2 is released, and step it's copies go first (0.6% on an H200).
+#define DQ_BEHIND {% if dq_lag %}2{% else %}1{% endif %}
 {% if dq_pairs %}// 32-query steps pair on 64-row boundaries: the pair's first step writes
 // dSᵀ columns 0-31, its second 32-63, and the second (or a first that ends
 // its head's walk) computes dQ over the pair's 64 rows, none of them padding,
@@ -469,7 +473,9 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     int staged = 0;  // dQ tiles handed to the producer
-{% if dq_lag %}    int nds = 0;            // dSᵀ tiles written (the next goes to buffer nds & 1)
+{% if dq_lag %}    // (Counters rather than functions of `it`: derived from the step index,
+    // the same schedule compiled 4-5% slower, bench/NOTES.md session 46.)
+    int nds = 0;            // dSᵀ tiles written (the next goes to buffer nds & 1)
     bool pend = false;      // a step's dQ, dV/dK retirement and stage release are pending
     int pend_cur = 0;       // its Q/dO stage
     unsigned pa[BM / 16][4], da[BM / 16][4];  // A fragments of the pending dV/dK GEMMs
@@ -696,26 +702,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}{% if kv_split %}        for (int pnl = 2 * KV_GROUPS - 1 - (grp * 2 + slice); pnl < DQK / 64; pnl += 2 * KV_GROUPS) {
 {% else %}        for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
 {% endif %}
-            float dq_part[8][4];
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_ss_tt_n64(dq_part, sw128_desc(smem_u32(sdSc) + kk * 16 * 128, BN * 128),
-                                sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n64(dq_part);
-{% if ws %}#pragma unroll
-            for (int t = 0; t < 8; ++t) {
-#pragma unroll
-                for (int c = 0; c < 4; c += 2) {
-                    const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
-                    // (A constant true at 64 rows: `r < DQ_ROWS`, the same
-                    // rows, cost NVRTC 20 more bytes of spills elsewhere.)
-                    if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
-                }
-            }
-{% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
+{% call dq_panel("smem_u32(sdSc)") %}{% endcall %}{% if ws %}{% call dq_stage() %}{% endcall %}{% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
 #pragma unroll
             for (int t = 0; t < 8; ++t) {
 #pragma unroll

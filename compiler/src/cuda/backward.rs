@@ -498,8 +498,6 @@ struct BackwardTemplate<'a> {
     dq_pairs: bool,
     /// A step's dQ runs at the top of the next step ([`BackwardConfig::lags_dq`]).
     dq_lag: bool,
-    /// Steps between the producer's copies and the dQ tile it adds.
-    dq_behind: u32,
     /// Full blocks get their own element loop without per-score tests (not
     /// where a score closure runs per score: two copies of it spill, and the
     /// tests are then a small part of the step).
@@ -640,9 +638,6 @@ fn generate_backward(
     // Without a mask (H100: 2.5-6% faster there, 4% slower under the causal
     // one, bench/NOTES.md session 46).
     let dq_lag = cfg.lags_dq() && par.mask.is_none();
-    // The producer adds a lagged dQ tile after the next step's copies (both
-    // wait on the same flush; copies first: 0.6% on an H200).
-    let dq_behind = if dq_lag { 2 } else { 1 };
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}{}",
         variant.name.to_lowercase(),
@@ -710,7 +705,6 @@ fn generate_backward(
         ws: cfg.warp_specialized,
         dq_pairs,
         dq_lag,
-        dq_behind,
         split_full_blocks,
         wgmma_fns: if kv_split {
             wgmma_fns(
