@@ -36,7 +36,7 @@ def template_of(*metas):
     """Which template our kernels came from (their entry names say it):
     `sm80` (mma.sync) or `sm90a-wgmma` (plus `-ws` where warp-specialised,
     `-dv/N` where Dv is split between N blocks; backward: `-m32` on 32-query
-    steps, `-dq64` with those paired for dQ, `-dqlag` with each step's dQ a step late, `-shared-keys` with both warpgroups on 64 keys, `-gN` in N blocks
+    steps, `-m80` on 80-query steps with dQ transposed, `-dq64` with those paired for dQ, `-dqlag` with each step's dQ a step late, `-shared-keys` with both warpgroups on 64 keys, `-gN` in N blocks
     per key block, `-xs` with the scores shared between them); forward and
     backward joined with `+` where they differ."""
     names = []
@@ -47,6 +47,8 @@ def template_of(*metas):
         t = "sm90a-wgmma-ws" if re.search(r"_wgmma(_xs)?_ws", n) else "sm90a-wgmma" if "_wgmma" in n else "sm80"
         if re.search(r"_m32w\d+(s\d+)?(g\d+)?_wgmma", n):
             t += "-m32"  # backward on 32-query steps
+        if re.search(r"_m80w\d+_wgmma", n):
+            t += "-m80"  # backward on 80-query steps, dQ transposed
         if "_dq64" in n:
             t += "-dq64"  # its steps paired for one 64-row dQ
         if "_dqlag" in n:

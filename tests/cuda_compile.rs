@@ -631,7 +631,7 @@ const BACKWARD_SPILL_BUDGET: u32 = 96;
 
 fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
     let (dqk, dv) = common::head_dims(v);
-    let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::for_arch(arch));
+    let cfg = BackwardConfig::for_variant(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
     let generate = if varlen {
         parallel_backward_varlen
     } else {

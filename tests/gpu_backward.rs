@@ -550,6 +550,49 @@ fn gpu_backward_key_panels_in_several_blocks() {
     }
 }
 
+/// The sm_90a backward on 80-query steps with dQ computed transposed
+/// (`block_m` 80, the mask-free default), pinned so that it stays covered
+/// whatever the default: GQA softmax at 128/128 and 64/64 (one dQ panel per
+/// warpgroup, and one warpgroup without a panel), with a last step of 10,
+/// 17 and 1 rows, and sigmoid with queries fewer than one step.
+#[test]
+fn gpu_backward_80_query_steps() {
+    let test = "gpu_backward_80_query_steps";
+    if !hopper(test) {
+        return;
+    }
+    let cases = [
+        (
+            "softmax_gqa",
+            Shape::new(2, 4, 2, 170, 133),
+            HeadDims::square(128),
+        ),
+        (
+            "softmax_gqa",
+            Shape::new(1, 4, 1, 97, 300),
+            HeadDims::square(64),
+        ),
+        ("softmax", Shape::mha(1, 2, 161, 77), HeadDims::square(128)),
+        ("sigmoid", Shape::mha(2, 2, 50, 129), HeadDims::square(128)),
+    ];
+    for (name, shape, dims) in cases {
+        let cfg = BackwardConfig {
+            block_m: 80,
+            ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
+        };
+        assert!(cfg.transposes_dq(), "{cfg:?}");
+        check_backward_config(
+            &format!("{test}_{name}_{}_sq{}", dims.dqk, shape.sq),
+            name,
+            shape,
+            dims,
+            (0.0, 1.0),
+            2e-2,
+            cfg,
+        );
+    }
+}
+
 /// The sm_90a backward with a warpgroup per 64 keys on 32-query steps
 /// (`block_m` 32, `split_d` 1: dK and dV of Dqk + Dv up to 320 in each
 /// warpgroup's registers, 128 keys per block): DeepSeek's dims with and

@@ -165,7 +165,7 @@ fn a_tuning_cache_becomes_kernels_chosen_by_gpu_and_bucket() {
         ..default
     };
     assert!(x != default && y != default && x != y);
-    let bwd_default = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    let bwd_default = BackwardConfig::for_variant(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
     let z = other_backward_tile(&bwd_default);
     let cache_file = tmp.path().join("tuning.json");
     let (mut cache, warning) = TuningCache::open(&cache_file);

@@ -440,6 +440,45 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             && masked.source.contains("#define DQ_BEHIND 1")
     );
     assert!(!causal.main.name.contains("_dqlag"));
+    // Mask-free variants at 128/128 without a score modification or custom
+    // inputs take 80-query steps with dQ computed transposed: dS stored
+    // K-major by transposing stores, dQᵀ = Kᵀ·dSᵀ at N = 80, the step's dQ
+    // behind a barrier (no lag), within the shared memory. Masked variants,
+    // softcap's tanh, custom inputs and d64 keep 64-query steps.
+    let wide = BackwardConfig::for_variant(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(
+        wide.block_m == 80 && wide.transposes_dq() && !wide.lags_dq(),
+        "{wide:?}"
+    );
+    let k80 = parallel_backward(&v, 128, 128, &wide).expect("80-query steps");
+    assert!(
+        k80.main.name.ends_with("_m80w8_wgmma_ws_tma_main"),
+        "{}",
+        k80.main.name
+    );
+    assert!(
+        k80.source.contains("wgmma_ss_n80(sacc")
+            && k80.source.contains("wgmma_ssm_n80(dq_part")
+            && k80.source.contains("stmatrix_x4_trans(")
+            && k80.source.contains("MMA_SYNC();  // sdS complete")
+    );
+    assert!(k80.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
+    for (name, d) in [
+        ("softmax_causal", 128),
+        ("softcap", 128),
+        ("relative_bias", 128),
+        ("softmax", 64),
+    ] {
+        let cfg = BackwardConfig::for_variant(&example(name), d, d, Elem::Bf16, Isa::Sm90a);
+        assert!(cfg.block_m == 64 && cfg.lags_dq(), "{name} d{d}: {cfg:?}");
+    }
+    assert!(!BackwardConfig::for_variant(&v, 128, 128, Elem::Bf16, Isa::Sm80).wgmma);
+    let err = parallel_backward(&example("softmax_causal"), 128, 128, &wide)
+        .expect_err("80-query steps under a mask");
+    assert!(
+        err.to_string().contains("take variants without a mask"),
+        "{err}"
+    );
     for (dqk, dv) in [(128, 256), (192, 192), (256, 128)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
         assert!(

@@ -328,7 +328,7 @@ fn build(args: &CompileArgs) -> Result<(), String> {
         // The backward, per instruction set: three kernels in one source,
         // launched in order with the same arguments.
         for &isa in &isas {
-            let bcfg = BackwardConfig::default_for(vq, vv, Elem::Bf16, isa);
+            let bcfg = BackwardConfig::for_variant(v, vq, vv, Elem::Bf16, isa);
             let backward = CudaRecords {
                 dir: &kernels_dir,
                 variant: v,

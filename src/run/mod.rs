@@ -315,7 +315,7 @@ pub struct KernelOptions {
     /// Its `elem` must equal `elem`.
     pub config: Option<ForwardConfig>,
     /// The backward's tile configuration; `None` uses
-    /// [`BackwardConfig::default_for`]. Its `elem` must equal `elem`.
+    /// [`BackwardConfig::for_variant`]. Its `elem` must equal `elem`.
     pub backward_config: Option<BackwardConfig>,
     /// The recurrent forward's tile configuration ([`RecurrentKernels`]);
     /// `None` uses [`RecurrentConfig::for_variant`]. Its `elem` must equal
@@ -517,9 +517,9 @@ fn generate_backward(
 ) -> Result<BackwardSource, Error> {
     require_parallel_backward(variant)?;
     check_head_dims(variant, dims)?;
-    let cfg = options
-        .backward_config
-        .unwrap_or_else(|| BackwardConfig::default_for(dims.dqk, dims.dv, options.elem, isa));
+    let cfg = options.backward_config.unwrap_or_else(|| {
+        BackwardConfig::for_variant(variant, dims.dqk, dims.dv, options.elem, isa)
+    });
     if cfg.wgmma && isa != Isa::Sm90a {
         return Err(Error::Shape(
             "the backward tile configuration asks for wgmma, which only sm_90a (Hopper) has: \

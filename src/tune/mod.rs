@@ -457,7 +457,7 @@ pub fn tune_backward(
 ) -> Result<TuneReport<BackwardConfig>, String> {
     let started = Instant::now();
     let isa = profiled_isa(device, "the backward")?;
-    let default = BackwardConfig::default_for(dims.dqk, dims.dv, elem, isa);
+    let default = BackwardConfig::for_variant(variant, dims.dqk, dims.dv, elem, isa);
     let (ranked, space_rejected) = rank_backward_plans(variant, device, dims, shape, elem)?;
     let flops = useful_backward_flops(&problem_of(dims, shape, elem), &VariantFacts::of(variant));
     let plans = backward_plans_to_profile(&ranked, default, options.top);

@@ -43,7 +43,18 @@
             }
         }
 {% endmacro %}
-{% macro dq_panel(sds) %}            float dq_part[8][4];
+{% macro dq_panel(sds) %}{% if dq_t %}            // dQᵀ = Kᵀ·dSᵀ for this 64-column panel of Dqk: Kᵀ read M-major
+            // from the K tile, dS K-major from the [BM][BN] dS tile.
+            float dq_part[BM / 8][4];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                wgmma_ssm_n{{ bm }}(dq_part, sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128),
+                                 sw128_desc({{ sds }} + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands_n{{ bm }}(dq_part);
+{% else %}            float dq_part[8][4];
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
@@ -52,8 +63,21 @@
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);
-{% endmacro %}
-{% macro dq_stage() %}#pragma unroll
+{% endif %}{% endmacro %}
+{% macro dq_stage() %}{% if dq_t %}            // Rows of dQᵀ are columns of the staged tile: a float per query.
+            // (Bits 1-2 of this thread's queries are t4: DQ_AT's permutation
+            // is the same for all of them, so two bases and constant offsets.)
+            {
+                const int d0 = pnl * 64 + (warp % 4) * 16 + g;
+                float* s0 = sdQ + 2 * t4 * DQS + (d0 ^ (t4 << 3));
+                float* s1 = sdQ + 2 * t4 * DQS + ((d0 + 8) ^ (t4 << 3));
+#pragma unroll
+                for (int t = 0; t < 10; ++t)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c)
+                        ((c >> 1) ? s1 : s0)[(t * 8 + (c & 1)) * DQS] = dq_part[t][c];
+            }
+{% else %}#pragma unroll
             for (int t = 0; t < 8; ++t) {
 #pragma unroll
                 for (int c = 0; c < 4; c += 2) {
@@ -63,12 +87,12 @@
                     if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
                 }
             }
-{% endmacro %}
+{% endif %}{% endmacro %}
 {% macro lag_flush() %}        if (pend) {
             // The pending step's dQ = dS·K over both warpgroups' dSᵀ (buffer
             // (nds - 1) & 1), then its Q/dO stage released.
             const int dbuf = (nds - 1) & 1;
-            const unsigned sdSp = smem_u32(sdS + dbuf * (BN * SDS));
+            const unsigned sdSp = smem_u32(sdS + dbuf * DS_BUF);
             mbar_wait(&bar_ds_full[dbuf], ((nds - 1) >> 1) & 1);
             if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
             for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
@@ -100,7 +124,14 @@
 static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of dq per thread");
 {% if ws %}#define NPT 128  // the main kernel's producer warpgroup: copies and dQ atomics
 #define NT_MAIN (NT + NPT)
-#define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
+{% if dq_t %}// The staged dQ tile unpadded, its float columns XOR-permuted in groups of 8
+// by bits 1-2 of the row: the transposed dQ's float-per-row stores and the
+// producer's row reads both conflict-free.
+#define DQS DQK
+#define DQ_AT(r, c) ((r) * DQS + ((c) ^ ((((r) >> 1) & 3) << 3)))
+{% else %}#define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
+#define DQ_AT(r, c) ((r) * DQS + (c))
+{% endif %}
 // The producer adds step it - DQ_BEHIND's dQ tile after copying step it's Q
 // and dO: with the dQ a step late (dq_lag) its tile is staged when the stage
 // of step it - 2 is released, and step it's copies go first (0.6% on an H200).
@@ -120,6 +151,11 @@ static_assert(DQ_BEHIND == 1, "the producer's pair test reads step it - 1");
 #define SQS (DQK + PAD)
 #define SVS (DV + PAD)
 #define SDS {% if wgmma %}64  // dSᵀ rows: one 128-byte swizzle row (queries past BM stay zero){% else %}(BM + PAD){% endif %}
+{% if dq_t %}// 80-query steps: dS itself, [BM][BN] in panels of 64 keys (the transposed
+// dQ's K-major B), written transposed from the dSᵀ fragments by stmatrix.
+#define DS_BUF (BM * BN)
+{% else %}#define DS_BUF (BN * SDS)  // elements of one dSᵀ buffer
+{% endif %}
 #define NSTATE {{ nstate }}
 #define NSCALES {{ nscales }}
 #define NSTAT {{ nstat }}          // per query row: the saved state, then dO·O
@@ -279,7 +315,13 @@ __device__ __forceinline__ void fetch_stats(float (&st)[NSTAT_ARR], const float*
 extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(BWD_ARGS) {
     INIT_PARAMS
     extern __shared__ __align__(16) unsigned char smem_raw[];
-{% if wgmma %}    // Swizzled tiles start at 1024-byte boundaries (1 KiB of slack is part of
+{% if dq_t %}    // Swizzled tiles start at 1024-byte boundaries. This kernel has no static
+    // shared memory and no slack (its tiles fill all but a few hundred bytes of
+    // the 227 KiB): the dynamic allocation starts the block's shared window,
+    // which is 1024-byte aligned; a launch where it is not stops here.
+    if (smem_u32(smem_raw) & 1023u) __trap();
+    elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);
+{% else if wgmma %}    // Swizzled tiles start at 1024-byte boundaries (1 KiB of slack is part of
     // the launch's dynamic shared memory).
     elem_t* sK = reinterpret_cast<elem_t*>(smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
 {% else %}    elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);
@@ -288,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     elem_t* sQ = sV + BN * SVS;       // two buffers
     elem_t* sdO = sQ + 2 * BM * SQS;  // two buffers
     elem_t* sdS = sdO + 2 * BM * SVS;  // {% if ws %}two buffers (consecutive steps overlap){% else %}one buffer{% endif %}
-    float* sRC = reinterpret_cast<float*>(sdS + {% if ws %}2 * {% endif %}BN * SDS);  // two buffers of [NRC_ARR][BM]
+    float* sRC = reinterpret_cast<float*>(sdS + {% if ws %}2 * {% endif %}DS_BUF);  // two buffers of [NRC_ARR][BM]
 {% if ws %}    float* sdQ = sRC + 2 * NRC_ARR * BM;  // the step's dQ tile, [DQ_ROWS][DQS], for the producer's atomics
 {% endif %}{% if share %}    // The exchange of the shared scores: [BM / 2][128], a thread's column.
     float* sX = {% if ws %}sdQ + DQ_ROWS * DQS{% else %}sRC + 2 * NRC_ARR * BM{% endif %};
@@ -340,11 +382,17 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     // producer's copies and row constants have landed, `q_empty` when both
     // computing warpgroups are done with them. The step's dQ tile goes
     // through sdQ: `dq_full` once staged, `dq_empty` once added.
-    __shared__ __align__(8) unsigned long long bar_q_full[2], bar_q_empty[2], bar_dq_full, bar_dq_empty;
+{% if dq_t %}    // (The mbarriers follow the staged dQ tile in the dynamic allocation.)
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(sdQ + DQ_ROWS * DQS);
+    unsigned long long(&bar_q_full)[2] = *reinterpret_cast<unsigned long long(*)[2]>(bars);
+    unsigned long long(&bar_q_empty)[2] = *reinterpret_cast<unsigned long long(*)[2]>(bars + 2);
+    unsigned long long& bar_dq_full = bars[4];
+    unsigned long long& bar_dq_empty = bars[5];
+{% else %}    __shared__ __align__(8) unsigned long long bar_q_full[2], bar_q_empty[2], bar_dq_full, bar_dq_empty;
 {% if dq_lag %}    // A step's dQ runs at the top of the next step (`lag_flush`): `ds_full`
     // once both warpgroups' dSᵀ is in buffer b, `ds_empty` once both have read it.
     __shared__ __align__(8) unsigned long long bar_ds_full[2], bar_ds_empty[2];
-{% endif %}    if (tid == 0) {
+{% endif %}{% endif %}    if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
             mbar_init(&bar_q_full[st], {% if tma %}1{% else %}NPT{% endif %} + BM);
             mbar_init(&bar_q_empty[st], NT);
@@ -367,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% if wgmma %}    if (BM < 64 && tid < NT) {
         // dQ = dS·K runs on 64 query rows: the dSᵀ columns past BM stay zero
         // (made visible to wgmma by the barrier before the loop).
-        for (int x = tid; x < {% if ws %}2 * {% endif %}BN * SDS / 2; x += NT) reinterpret_cast<unsigned*>(sdS)[x] = 0u;
+        for (int x = tid; x < {% if ws %}2 * {% endif %}DS_BUF / 2; x += NT) reinterpret_cast<unsigned*>(sdS)[x] = 0u;
     }
 {% endif %}    // The query blocks to visit (per query head): all, from the diagonal on
     // for masks that imply causality, then trimmed of leading and trailing
@@ -463,7 +511,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 // and grp·2 + 1, see the dQ loop).
                 const int slot_of = 2 * KV_GROUPS - 1 - (c / 64) % (2 * KV_GROUPS);
                 if (slot_of / 2 != grp) continue;
-{% endif %}                atomicAdd(reinterpret_cast<float4*>(dqg + r * DQK + c), *reinterpret_cast<const float4*>(sdQ + r * DQS + c));
+{% endif %}                atomicAdd(reinterpret_cast<float4*>(dqg + r * DQK + c), *reinterpret_cast<const float4*>(sdQ + DQ_AT(r, c)));
             }
             mbar_arrive(&bar_dq_empty);
             ++drained;
@@ -547,9 +595,9 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         fence_proxy_async();
 {% if dq_pairs %}        const int half = (m0 & 32) >> 5;  // this step's half of its pair
         const bool closes = step_closes(it);
-        elem_t* sdSc = sdS + (staged & 1) * (BN * SDS);  // one buffer per pair
-{% else if dq_lag %}        elem_t* sdSc = sdS + (nds & 1) * (BN * SDS);
-{% else %}        elem_t* sdSc = sdS + cur * (BN * SDS);
+        elem_t* sdSc = sdS + (staged & 1) * DS_BUF;  // one buffer per pair
+{% else if dq_lag %}        elem_t* sdSc = sdS + (nds & 1) * DS_BUF;
+{% else %}        elem_t* sdSc = sdS + cur * DS_BUF;
 {% endif %}{% else %}        const bool prefetch = it + 1 < iters;
         if (prefetch) issue(it + 1, cur ^ 1, st_next);
         cp_async_commit();
@@ -647,11 +695,19 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}{% if dq_lag %}        // Both warpgroups must have read this buffer's last tile (two steps back).
         if (nds >= 2) mbar_wait(&bar_ds_empty[nds & 1], ((nds >> 1) - 1) & 1);
 {% endif %}#pragma unroll
-        for (int t = 0; t < BM / 8; ++t) {
+{% if dq_t %}        for (int t = 0; t < BM / 8; t += 2) {
+            // Four 8 x 8 blocks: queries of t and t + 1, by this warp's two
+            // 8-key halves; lane l addresses query row l % 8 of block l / 8.
+            const int bq = (t + (lane >> 4)) * 8 + (lane & 7), bk = jr + ((lane >> 3) & 1) * 8;
+            stmatrix_x4_trans(smem_u32(sdSc + sw128_index<BM>(bq, bk)), pack2(pacc[t][0], pacc[t][1]), pack2(pacc[t][2], pacc[t][3]),
+                              pack2(pacc[t + 1][0], pacc[t + 1][1]), pack2(pacc[t + 1][2], pacc[t + 1][3]));
+        }
+{% else %}        for (int t = 0; t < BM / 8; ++t) {
             if (slice != SCORE_SLICE) break;
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
             *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
         }
+{% endif %}
 {% if dq_lag %}        fence_proxy_async();
         mbar_arrive(&bar_ds_full[nds & 1]);
         ++nds;
@@ -691,6 +747,14 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         pend = true;
         pend_cur = cur;
 {% else %}{% if dq_pairs %}        if (closes) {
+{% endif %}{% if dq_t %}        // The dV/dK GEMMs retired and their A fragments dead before the
+        // transposed dQ: its 40 accumulators beside them serialise every
+        // wgmma for want of registers.
+        wgmma_wait0();
+        wgmma_fence_operands_n{{ dv }}(dv_acc);
+        wgmma_fence_operands_n{{ dqk }}(dk_acc);
+        fence_regs(pa);
+        fence_regs(da);
 {% endif %}        MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
 
         // dQ += dS·K: warpgroup w takes the 64-column panels w, w + NWG, … of

@@ -66,6 +66,14 @@ __device__ __forceinline__ void stmatrix_x4(unsigned addr, unsigned r0, unsigned
                  : "memory");
 }
 
+// The same, each matrix stored transposed: lane l gives the address of
+// column l % 8 of matrix l / 8 (its 8 elements contiguous).
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], { %1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // Matrix descriptor of a swizzled operand starting at shared address `addr`:
 // `lbo` is the byte distance between 64-column panels (used when the operand
 // is N-major), 1024 the distance between 8-row groups.

@@ -29,7 +29,8 @@ pub const TEMPLATE_TEXT: &str = concat!(
 /// Tile configuration of the backward's main kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct BackwardConfig {
-    /// Query rows per step of the loop over query blocks.
+    /// Query rows per step of the loop over query blocks (32, 64 or 128;
+    /// with `wgmma`, 32, 64 or 80: [`BackwardConfig::transposes_dq`]).
     pub block_m: u32,
     /// Warps per block; each owns 16 keys and a `1 / split_d` slice of the
     /// dK and dV columns, so a block holds `16 · warps / split_d` keys.
@@ -41,7 +42,8 @@ pub struct BackwardConfig {
     pub elem: Elem,
     /// All five GEMMs on Hopper's `wgmma` (sm_90a only): K, V, Q, dO and dSᵀ
     /// in 128-byte-swizzled shared memory, `block_m` 64 on 8 warps. With
-    /// `split_d` 1 each warpgroup owns 64 keys (Dqk, Dv of 64 or 128); with
+    /// `split_d` 1 each warpgroup owns 64 keys (Dqk, Dv of 64 or 128; 80
+    /// queries per step with the producer warpgroup); with
     /// `split_d` 2 both warpgroups take the same 64 keys, each accumulating
     /// its share of the 64-column panels of dK and dV (Sᵀ and dPᵀ computed by
     /// both, or shared: [`BackwardConfig::shared_scores`]); head dims above
@@ -162,6 +164,43 @@ impl BackwardConfig {
         BackwardConfig::mma_sync(block_m, warps, split_d, elem)
     }
 
+    /// The default for `variant` on `isa`: [`BackwardConfig::default_for`],
+    /// on 80-query steps with dQ computed transposed
+    /// ([`BackwardConfig::transposes_dq`]) where that default is the
+    /// warp-specialised kernel with a warpgroup per 64 keys at Dqk = Dv =
+    /// 128 and the variant has no mask, no score modification and no custom
+    /// inputs. Measured on an H100, backward alone (bench/NOTES.md session
+    /// 47): softmax b8 s2048 4.1% faster, b1 s8192 5.7%, GQA 5.5%, sigmoid
+    /// level; slower where the step does more per score or less per key:
+    /// softcap +1.4% (its tanh spills at 80), ReLU at d64 +1.0%, and custom
+    /// inputs' per-score gradients spill past the budget (relative bias: 136
+    /// bytes). Masked variants keep 64-query steps, whose walk starts at the
+    /// diagonal block.
+    pub fn for_variant(
+        variant: &Variant,
+        dqk: u32,
+        dv: u32,
+        elem: Elem,
+        isa: Isa,
+    ) -> BackwardConfig {
+        let cfg = BackwardConfig::default_for(dqk, dv, elem, isa);
+        let plain = variant
+            .parallel()
+            .is_some_and(|p| p.mask.is_none() && p.modify_scores.is_none())
+            && variant.customs.is_empty();
+        let wide = BackwardConfig { block_m: 80, ..cfg };
+        if plain
+            && (dqk, dv) == (128, 128)
+            && cfg.lags_dq()
+            && wide.transposes_dq()
+            && wide.smem_bytes(dqk, dv, 4) <= isa.max_dynamic_smem()
+        {
+            wide
+        } else {
+            cfg
+        }
+    }
+
     /// The `mma.sync` kernel's tile: `block_m` query rows per step on
     /// `warps` warps, `split_d` of them sharing 16 keys.
     fn mma_sync(block_m: u32, warps: u32, split_d: u32, elem: Elem) -> BackwardConfig {
@@ -217,6 +256,7 @@ impl BackwardConfig {
         let mut out = Vec::new();
         if isa == Isa::Sm90a {
             for (block_m, split_d, kv_groups) in [
+                (80, 1, 1),
                 (64, 1, 1),
                 (32, 1, 1),
                 (64, 2, 1),
@@ -224,7 +264,13 @@ impl BackwardConfig {
                 (64, 2, 2),
                 (32, 2, 2),
             ] {
-                for warp_specialized in [true, false] {
+                // (80-query steps stage dQ for the producer: warp-specialised only.)
+                let producer: &[bool] = if block_m == 80 {
+                    &[true]
+                } else {
+                    &[true, false]
+                };
+                for &warp_specialized in producer {
                     let shared: &[bool] = if split_d == 2 {
                         &[true, false]
                     } else {
@@ -290,6 +336,21 @@ impl BackwardConfig {
             && !self.shared_scores
     }
 
+    /// Whether the kernel takes 80 queries per step with dQ computed
+    /// transposed (dQᵀ = Kᵀ·dSᵀ, M a 64-column panel of Dqk, N the 80
+    /// queries; an 80-row dQ is no multiple of wgmma's 64): the
+    /// warp-specialised wgmma kernel with a warpgroup per 64 keys. A fifth
+    /// fewer steps than 64 queries per step, and the Sᵀ/dPᵀ GEMMs at N = 80
+    /// read less shared memory per product.
+    pub fn transposes_dq(&self) -> bool {
+        self.wgmma
+            && self.warp_specialized
+            && self.split_d == 1
+            && self.kv_groups == 1
+            && self.block_m == 80
+            && !self.shared_scores
+    }
+
     /// Rows of the producer's staged dQ tile.
     fn staged_dq_rows(&self) -> u32 {
         if self.pairs_steps() { 64 } else { self.block_m }
@@ -304,14 +365,24 @@ impl BackwardConfig {
         let (bm, bn) = (self.block_m, self.block_n());
         let pad = if self.wgmma { 0 } else { 8 };
         let ds_buffers = if self.warp_specialized { 2 } else { 1 };
-        // wgmma's dSᵀ rows are one 128-byte swizzle row (64 queries).
-        let ds_cols = if self.wgmma { 64 } else { bm + pad };
+        // wgmma's dSᵀ rows are one 128-byte swizzle row (64 queries), and
+        // 16 more queries in a 32-byte swizzle at 80 queries per step.
+        let ds_cols = if self.transposes_dq() {
+            80
+        } else if self.wgmma {
+            64
+        } else {
+            bm + pad
+        };
         let elems = bn * (dqk + pad)
             + bn * (dv + pad)
             + 2 * bm * (dqk + pad)
             + 2 * bm * (dv + pad)
             + ds_buffers * bn * ds_cols;
-        let staged_dq = if self.warp_specialized {
+        // (Unpadded and permuted where dQ is transposed.)
+        let staged_dq = if self.transposes_dq() {
+            4 * self.staged_dq_rows() * dqk
+        } else if self.warp_specialized {
             4 * self.staged_dq_rows() * (dqk + 8)
         } else {
             0
@@ -322,8 +393,16 @@ impl BackwardConfig {
         } else {
             0
         };
-        // Swizzled tiles are aligned to 1024 bytes inside the allocation.
-        let align_slack = if self.wgmma { 1024 } else { 0 };
+        // Swizzled tiles are aligned to 1024 bytes inside the allocation; the
+        // transposed-dQ kernel has no slack (its allocation starts aligned,
+        // checked at run time) and keeps its ten mbarriers at the end.
+        let align_slack = if self.transposes_dq() {
+            80
+        } else if self.wgmma {
+            1024
+        } else {
+            0
+        };
         elems * 2 + 4 * 2 * nrc.max(1) * bm + staged_dq + exchange + align_slack
     }
 }
@@ -498,6 +577,8 @@ struct BackwardTemplate<'a> {
     dq_pairs: bool,
     /// A step's dQ runs at the top of the next step ([`BackwardConfig::lags_dq`]).
     dq_lag: bool,
+    /// dQ computed transposed on 80-query steps ([`BackwardConfig::transposes_dq`]).
+    dq_t: bool,
     /// Full blocks get their own element loop without per-score tests (not
     /// where a score closure runs per score: two copies of it spill, and the
     /// tests are then a small part of the step).
@@ -565,6 +646,7 @@ fn generate_backward(
     let kv_panels = (dqk + dv) / 64;
     let dims_ok = match (cfg.split_d, cfg.block_m, cfg.kv_groups) {
         (1, 64, 1) => wgmma_backward_dims_ok(dqk, dv),
+        (1, 80, 1) => wgmma_backward_dims_ok(dqk, dv) && cfg.transposes_dq(),
         (1, 32, 1) => wgmma_own_keys_dims_ok(dqk, dv),
         // (Covers the one-block split kernel: wgmma_split_dims_ok's dims are
         // at most three panels per warpgroup.)
@@ -593,7 +675,7 @@ fn generate_backward(
     }
     if cfg.wgmma && !(dims_ok && cfg.warps == 8) {
         return Err(CompileError(format!(
-            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 32, split_d 1 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_OWN_KEYS_DQK_PLUS_DV}), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
+            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 80 and split_d 1 with the producer warpgroup (warp_specialized; Dqk, Dv of 64 or 128), block_m 32, split_d 1 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_OWN_KEYS_DQK_PLUS_DV}), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
             cfg.block_m, cfg.warps, cfg.split_d, cfg.kv_groups
         )));
     }
@@ -601,7 +683,7 @@ fn generate_backward(
     // The split kernel's 64-column panels of [dK | dV] and the slots each
     // warpgroup holds (slot group·2 + warpgroup holds the slot·NKV-th on).
     let nkv = kv_panels.div_ceil(2 * cfg.kv_groups);
-    if !tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d) {
+    if !(cfg.transposes_dq() || tile_fits(dqk, dv, cfg.block_m, cfg.warps, cfg.split_d)) {
         return Err(CompileError(format!(
             "backward tile block_m = {} with {} warps (split_d {}) does not fit Dqk = {dqk}, Dv = {dv}: block_m must be 32, 64 or 128, at most 16 × warps, the warps sharing a 16-row dQ tile must split Dqk/16 evenly, and split_d (1, 2 or 4) must divide the warps, Dqk/16 and Dv/16",
             cfg.block_m, cfg.warps, cfg.split_d
@@ -638,6 +720,12 @@ fn generate_backward(
     // Without a mask (H100: 2.5-6% faster there, 4% slower under the causal
     // one, bench/NOTES.md session 46).
     let dq_lag = cfg.lags_dq() && par.mask.is_none();
+    if cfg.transposes_dq() && par.mask.is_some() {
+        return Err(CompileError(format!(
+            "the backward's 80-query steps (block_m 80) take variants without a mask; `{}` has one (use block_m 64)",
+            variant.name
+        )));
+    }
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}{}",
         variant.name.to_lowercase(),
@@ -705,6 +793,7 @@ fn generate_backward(
         ws: cfg.warp_specialized,
         dq_pairs,
         dq_lag,
+        dq_t: cfg.transposes_dq(),
         split_full_blocks,
         wgmma_fns: if kv_split {
             wgmma_fns(
@@ -716,15 +805,16 @@ fn generate_backward(
                 ],
             )
         } else if cfg.wgmma {
-            wgmma_fns(
-                cfg.elem,
-                &[
-                    (cfg.block_m, Form::Ss),
-                    (64, Form::SsTransposed),
-                    (dqk, Form::RsNMajor),
-                    (dv, Form::RsNMajor),
-                ],
-            )
+            let mut uses = vec![
+                (cfg.block_m, Form::Ss),
+                (64, Form::SsTransposed),
+                (dqk, Form::RsNMajor),
+                (dv, Form::RsNMajor),
+            ];
+            if cfg.transposes_dq() {
+                uses.push((cfg.block_m, Form::SsMMajor));
+            }
+            wgmma_fns(cfg.elem, &uses)
         } else {
             String::new()
         },

@@ -32,6 +32,10 @@ pub enum Form {
     /// K-major, B in shared memory N-major (`D (+)= A · B` with B's rows the
     /// K dimension).
     SsNMajor,
+    /// `wgmma_ssm_n{N}(d, desc_a, desc_b, accumulate)`: A in shared memory
+    /// M-major, B in shared memory K-major (`D (+)= A · Bᵀ` with A's rows the
+    /// K dimension).
+    SsMMajor,
     /// `wgmma_rsk_n{N}(d, a, desc_b, accumulate)`: A in registers, B in
     /// shared memory K-major (`D (+)= A · Bᵀ`).
     RsKMajor,
@@ -63,6 +67,7 @@ pub fn wgmma_fns(elem: Elem, uses: &[(u32, Form)]) -> String {
             Form::Ss,
             Form::SsTransposed,
             Form::SsNMajor,
+            Form::SsMMajor,
             Form::RsKMajor,
             Form::RsNMajor,
         ] {
@@ -91,12 +96,13 @@ fn wgmma_fn(ty: &str, n: u32, form: Form) -> String {
     let rows = n / 8;
     let mut f = String::new();
     match form {
-        Form::Ss | Form::SsTransposed | Form::SsNMajor => {
+        Form::Ss | Form::SsTransposed | Form::SsNMajor | Form::SsMMajor => {
             // Operands: d…, desc_a, desc_b, accumulate (0: D = A·B).
             let (a, b, sd) = (nreg, nreg + 1, nreg + 2);
             let (name, trans) = match form {
                 Form::Ss => ("ss", "0, 0"),
                 Form::SsTransposed => ("ss_tt", "1, 1"),
+                Form::SsMMajor => ("ssm", "1, 0"),
                 _ => ("ssn", "0, 1"),
             };
             let _ = writeln!(
@@ -178,6 +184,15 @@ mod tests {
         assert!(s.contains("void wgmma_ssn_n64("), "{s}");
         assert!(s.contains("%31}, %32, %33, p, 1, 1, 0, 1;"), "{s}");
         assert!(!s.contains("wgmma_ss_n64"), "{s}");
+    }
+
+    #[test]
+    fn m_major_a_with_shared_k_major_b_transposes_a_only() {
+        let s = wgmma_fns(Elem::Bf16, &[(80, Form::SsMMajor)]);
+        // 40 accumulators, desc_a %40, desc_b %41, accumulate %42.
+        assert!(s.contains("void wgmma_ssm_n80("), "{s}");
+        assert!(s.contains("%39}, %40, %41, p, 1, 1, 1, 0;"), "{s}");
+        assert!(s.contains("m64n80k16"), "{s}");
     }
 
     #[test]
