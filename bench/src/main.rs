@@ -427,7 +427,7 @@ fn main() {
             }
             Err(e) => json!({ "workload": workload, "error": e.to_string() }),
         };
-        let bcfg = BackwardConfig::default_for(*dqk, *dv, Elem::Bf16, Isa::Sm90a);
+        let bcfg = BackwardConfig::for_variant(&v, *dqk, *dv, Elem::Bf16, Isa::Sm90a);
         entry["backward"] = match parallel_backward(&v, *dqk, *dv, &bcfg) {
             Ok(b) => backward_meta(&out, &format!("{file}_bwd"), &b, nvcc.as_deref(), &includes),
             Err(e) => json!({ "error": e.to_string() }),
