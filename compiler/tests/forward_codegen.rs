@@ -463,6 +463,21 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             && k80.source.contains("MMA_SYNC();  // sdS complete")
     );
     assert!(k80.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
+    // Kernels without the lag store dS K-major (stmatrix.trans) and read it
+    // so in dS·K; the lagged ones keep the dSᵀ tile, read M-major.
+    assert!(
+        masked.source.contains("wgmma_ssn_n64(dq_part")
+            && masked.source.contains("stmatrix_x4_trans(smem_u32(sdSc")
+            && !masked.source.contains("wgmma_ss_tt_n64(")
+    );
+    assert!(
+        plain.source.contains("wgmma_ss_tt_n64(dq_part")
+            && !plain.source.contains("stmatrix_x4_trans(smem_u32(sdSc")
+    );
+    assert!(
+        causal.source.contains("wgmma_ssn_n64(dq_part")
+            && causal.source.contains("half * 32 + (t + (lane >> 4))")
+    );
     for (name, d) in [
         ("softmax_causal", 128),
         ("softcap", 128),

@@ -54,6 +54,15 @@
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bm }}(dq_part);
+{% else if ds_k %}            float dq_part[8][4];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                wgmma_ssn_n64(dq_part, sw128_desc({{ sds }} + (kk / 4) * (DS_ROWS * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands_n64(dq_part);
 {% else %}            float dq_part[8][4];
             wgmma_fence();
 #pragma unroll
@@ -151,9 +160,10 @@ static_assert(DQ_BEHIND == 1, "the producer's pair test reads step it - 1");
 #define SQS (DQK + PAD)
 #define SVS (DV + PAD)
 #define SDS {% if wgmma %}64  // dSᵀ rows: one 128-byte swizzle row (queries past BM stay zero){% else %}(BM + PAD){% endif %}
-{% if dq_t %}// 80-query steps: dS itself, [BM][BN] in panels of 64 keys (the transposed
-// dQ's K-major B), written transposed from the dSᵀ fragments by stmatrix.
-#define DS_BUF (BM * BN)
+{% if ds_k %}// dS itself, [DS_ROWS][BN] in panels of 64 keys (the dQ GEMM's K-major
+// operand), written transposed from the dSᵀ fragments by stmatrix.
+#define DS_ROWS (BM < 64 ? 64 : BM)
+#define DS_BUF (DS_ROWS * BN)
 {% else %}#define DS_BUF (BN * SDS)  // elements of one dSᵀ buffer
 {% endif %}
 #define NSTATE {{ nstate }}
@@ -685,7 +695,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% call score_grads(false) %}{% endcall %}        } else {
 {% call score_grads(true) %}{% endcall %}        }
 {% else %}{% call score_grads(true) %}{% endcall %}{% endif %}{{ grad_flush }}
-        // dSᵀ to shared memory for dQ = dS·K.
+        // dSᵀ to shared memory for dQ = dS·K{% if ds_k %}, stored as dS (K-major for the dQ GEMM:
+        // 4-5% faster than reading the dSᵀ tile M-major, bench/NOTES.md session 47){% endif %}.
 {% if ws %}        // (The row is opaque to the compiler here so that the stores'
         // swizzled offsets are formed per step: hoisted out of the loop, the
         // eight of them spilled under the computing warps' 240 registers.)
@@ -695,11 +706,12 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}{% if dq_lag %}        // Both warpgroups must have read this buffer's last tile (two steps back).
         if (nds >= 2) mbar_wait(&bar_ds_empty[nds & 1], ((nds >> 1) - 1) & 1);
 {% endif %}#pragma unroll
-{% if dq_t %}        for (int t = 0; t < BM / 8; t += 2) {
+{% if ds_k %}        for (int t = 0; t < BM / 8; t += 2) {
+            if (slice != SCORE_SLICE) break;
             // Four 8 x 8 blocks: queries of t and t + 1, by this warp's two
             // 8-key halves; lane l addresses query row l % 8 of block l / 8.
-            const int bq = (t + (lane >> 4)) * 8 + (lane & 7), bk = jr + ((lane >> 3) & 1) * 8;
-            stmatrix_x4_trans(smem_u32(sdSc + sw128_index<BM>(bq, bk)), pack2(pacc[t][0], pacc[t][1]), pack2(pacc[t][2], pacc[t][3]),
+            const int bq = {% if dq_pairs %}half * 32 + {% endif %}(t + (lane >> 4)) * 8 + (lane & 7), bk = jr + ((lane >> 3) & 1) * 8;
+            stmatrix_x4_trans(smem_u32(sdSc + sw128_index<DS_ROWS>(bq, bk)), pack2(pacc[t][0], pacc[t][1]), pack2(pacc[t][2], pacc[t][3]),
                               pack2(pacc[t + 1][0], pacc[t + 1][1]), pack2(pacc[t + 1][2], pacc[t + 1][3]));
         }
 {% else %}        for (int t = 0; t < BM / 8; ++t) {

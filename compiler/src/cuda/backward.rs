@@ -579,6 +579,9 @@ struct BackwardTemplate<'a> {
     dq_lag: bool,
     /// dQ computed transposed on 80-query steps ([`BackwardConfig::transposes_dq`]).
     dq_t: bool,
+    /// dS stored K-major by `stmatrix.trans` for the dQ GEMM (wgmma kernels
+    /// without the lag), instead of the dSᵀ tile.
+    ds_k: bool,
     /// Full blocks get their own element loop without per-score tests (not
     /// where a score closure runs per score: two copies of it spill, and the
     /// tests are then a small part of the step).
@@ -720,6 +723,12 @@ fn generate_backward(
     // Without a mask (H100: 2.5-6% faster there, 4% slower under the causal
     // one, bench/NOTES.md session 46).
     let dq_lag = cfg.lags_dq() && par.mask.is_none();
+    // dS stored K-major (H100, backward alone: causal b8 −4.7%, DeepSeek
+    // −2.4%, DiffTransformer −2.2%), except in the lagged kernels (ReLU d64
+    // +1.7%, bench/NOTES.md session 47) and where custom inputs take
+    // registers in the element step (RetNet's decay spilled 184 bytes),
+    // which keep the dSᵀ tile.
+    let ds_k = cfg.wgmma && !dq_lag && variant.customs.is_empty();
     if cfg.transposes_dq() && par.mask.is_some() {
         return Err(CompileError(format!(
             "the backward's 80-query steps (block_m 80) take variants without a mask; `{}` has one (use block_m 64)",
@@ -794,26 +803,33 @@ fn generate_backward(
         dq_pairs,
         dq_lag,
         dq_t: cfg.transposes_dq(),
+        ds_k,
         split_full_blocks,
         wgmma_fns: if kv_split {
             wgmma_fns(
                 cfg.elem,
                 &[
                     (cfg.block_m, Form::Ss),
-                    (64, Form::SsTransposed),
+                    (64, Form::SsNMajor),
                     (64, Form::RsNMajor),
                 ],
             )
         } else if cfg.wgmma {
-            let mut uses = vec![
+            // The dQ GEMM: dQᵀ = Kᵀ·dS at 80 queries, dS·K from dS or (with
+            // the lag) from the dSᵀ tile.
+            let dq_form = if cfg.transposes_dq() {
+                (cfg.block_m, Form::SsMMajor)
+            } else if ds_k {
+                (64, Form::SsNMajor)
+            } else {
+                (64, Form::SsTransposed)
+            };
+            let uses = [
                 (cfg.block_m, Form::Ss),
-                (64, Form::SsTransposed),
+                dq_form,
                 (dqk, Form::RsNMajor),
                 (dv, Form::RsNMajor),
             ];
-            if cfg.transposes_dq() {
-                uses.push((cfg.block_m, Form::SsMMajor));
-            }
             wgmma_fns(cfg.elem, &uses)
         } else {
             String::new()
