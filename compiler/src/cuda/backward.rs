@@ -806,13 +806,15 @@ fn generate_backward(
         ds_k,
         split_full_blocks,
         wgmma_fns: if kv_split {
+            // (dS·K from dS, or from the dSᵀ tile: see `ds_k`.)
+            let dq_form = if ds_k {
+                Form::SsNMajor
+            } else {
+                Form::SsTransposed
+            };
             wgmma_fns(
                 cfg.elem,
-                &[
-                    (cfg.block_m, Form::Ss),
-                    (64, Form::SsNMajor),
-                    (64, Form::RsNMajor),
-                ],
+                &[(cfg.block_m, Form::Ss), (64, dq_form), (64, Form::RsNMajor)],
             )
         } else if cfg.wgmma {
             // The dQ GEMM: dQᵀ = Kᵀ·dS at 80 queries, dS·K from dS or (with
