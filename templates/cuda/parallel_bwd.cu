@@ -81,7 +81,7 @@
                 float* s0 = sdQ + 2 * t4 * DQS + (d0 ^ (t4 << 3));
                 float* s1 = sdQ + 2 * t4 * DQS + ((d0 + 8) ^ (t4 << 3));
 #pragma unroll
-                for (int t = 0; t < 10; ++t)
+                for (int t = 0; t < BM / 8; ++t)
 #pragma unroll
                     for (int c = 0; c < 4; ++c)
                         ((c >> 1) ? s1 : s0)[(t * 8 + (c & 1)) * DQS] = dq_part[t][c];
@@ -423,8 +423,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     LOAD_TILE<BN, DV>(sV, vg, n0, Skv, tid);
 {% endif %}    cp_async_commit();
 {% if wgmma %}    if (BM < 64 && tid < NT) {
-        // dQ = dS·K runs on 64 query rows: the dSᵀ columns past BM stay zero
-        // (made visible to wgmma by the barrier before the loop).
+        // dQ = dS·K runs on 64 query rows: the dS rows (dSᵀ columns) past BM
+        // stay zero (made visible to wgmma by the barrier before the loop).
         for (int x = tid; x < {% if ws %}2 * {% endif %}DS_BUF / 2; x += NT) reinterpret_cast<unsigned*>(sdS)[x] = 0u;
     }
 {% endif %}    // The query blocks to visit (per query head): all, from the diagonal on
@@ -696,8 +696,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% call score_grads(true) %}{% endcall %}        }
 {% else %}{% call score_grads(true) %}{% endcall %}{% endif %}{{ grad_flush }}
         // dSᵀ to shared memory for dQ = dS·K{% if ds_k %}, stored as dS (K-major for the dQ GEMM:
-        // 4-5% faster than reading the dSᵀ tile M-major, bench/NOTES.md session 47){% endif %}.
-{% if ws %}        // (The row is opaque to the compiler here so that the stores'
+        // 2-5% faster than reading the dSᵀ tile M-major, bench/NOTES.md session 47){% endif %}.
+{% if ds_k %}{% else if ws %}        // (The row is opaque to the compiler here so that the stores'
         // swizzled offsets are formed per step: hoisted out of the loop, the
         // eight of them spilled under the computing warps' 240 registers.)
         int gr_ = g;
