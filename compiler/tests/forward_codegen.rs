@@ -478,6 +478,16 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         causal.source.contains("wgmma_ssn_n64(dq_part")
             && causal.source.contains("half * 32 + (t + (lane >> 4))")
     );
+    // (80-query steps store dS K-major for their dQ GEMM whatever the
+    // variant: with custom inputs too, which otherwise keep the dSᵀ tile.)
+    let bias = example("relative_bias");
+    let bias80 = parallel_backward(&bias, 128, 128, &wide).expect("relative bias at 80");
+    assert!(
+        bias80.source.contains("stmatrix_x4_trans(smem_u32(sdSc")
+            && bias80.source.contains("wgmma_ssm_n80(dq_part")
+    );
+    let bias64 = parallel_backward(&bias, 128, 128, &b128).expect("relative bias at 64");
+    assert!(!bias64.source.contains("stmatrix_x4_trans(smem_u32(sdSc"));
     for (name, d) in [
         ("softmax_causal", 128),
         ("softcap", 128),

@@ -365,8 +365,9 @@ impl BackwardConfig {
         let (bm, bn) = (self.block_m, self.block_n());
         let pad = if self.wgmma { 0 } else { 8 };
         let ds_buffers = if self.warp_specialized { 2 } else { 1 };
-        // wgmma's dSᵀ rows are one 128-byte swizzle row (64 queries), and
-        // 16 more queries in a 32-byte swizzle at 80 queries per step.
+        // wgmma's dSᵀ rows are one 128-byte swizzle row (64 queries), the
+        // same bytes as dS stored K-major; 80 queries per step store dS as
+        // [80][BN].
         let ds_cols = if self.transposes_dq() {
             80
         } else if self.wgmma {
@@ -727,8 +728,8 @@ fn generate_backward(
     // −2.4%, DiffTransformer −2.2%), except in the lagged kernels (ReLU d64
     // +1.7%, bench/NOTES.md session 47) and where custom inputs take
     // registers in the element step (RetNet's decay spilled 184 bytes),
-    // which keep the dSᵀ tile.
-    let ds_k = cfg.wgmma && !dq_lag && variant.customs.is_empty();
+    // which keep the dSᵀ tile. (80-query steps read dS K-major always.)
+    let ds_k = cfg.transposes_dq() || (cfg.wgmma && !dq_lag && variant.customs.is_empty());
     if cfg.transposes_dq() && par.mask.is_some() {
         return Err(CompileError(format!(
             "the backward's 80-query steps (block_m 80) take variants without a mask; `{}` has one (use block_m 64)",
