@@ -63,7 +63,7 @@ fn target_ranks_with_the_model_without_a_gpu() {
         out.contains("the backward on h100 (cost model only, nothing measured)"),
         "{out}"
     );
-    assert!(out.contains("plans fit, 2 rejected"), "{out}");
+    assert!(out.contains("plans fit, 3 rejected"), "{out}");
     let ranked: Vec<&str> = out.lines().filter(|l| l.contains(" µs ")).collect();
     assert_eq!(ranked.len(), 2, "{out}");
     assert!(

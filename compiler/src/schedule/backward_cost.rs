@@ -10,7 +10,10 @@
 //! softmax workload, three small causal grids: 252 timings,
 //! bench/NOTES.md session 44). Its first plan was the measured fastest at
 //! every benchmark workload, with a rank correlation of 0.71–0.97 per
-//! workload; its absolute times run up to 1.4× long. Like the forward's
+//! workload; its absolute times run up to 1.4× long. Since the 80-query
+//! tile (session 47) it ranks that tile first at ReLU d64 too, where it
+//! measured 1.0% slower than the default: the model has no term for the
+//! lagged dQ of the 64-query default. Like the forward's
 //! model it orders what the tuner profiles first and is not a prediction to
 //! report as a speed.
 
