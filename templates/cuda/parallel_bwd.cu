@@ -54,21 +54,14 @@
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bm }}(dq_part);
-{% else if ds_k %}            float dq_part[8][4];
+{% else %}            // dS read K-major from dS (ds_k) or M-major from the dSᵀ tile.
+            float dq_part[8][4];
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_ssn_n64(dq_part, sw128_desc({{ sds }} + (kk / 4) * (DS_ROWS * 128) + (kk % 4) * 32, 16),
-                              sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n64(dq_part);
-{% else %}            float dq_part[8][4];
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_ss_tt_n64(dq_part, sw128_desc({{ sds }} + kk * 16 * 128, BN * 128),
-                                sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
+{% if ds_k %}                wgmma_ssn_n64(dq_part, sw128_desc({{ sds }} + (kk / 4) * (DS_ROWS * 128) + (kk % 4) * 32, 16),
+{% else %}                wgmma_ss_tt_n64(dq_part, sw128_desc({{ sds }} + kk * 16 * 128, BN * 128),
+{% endif %}                              sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);

@@ -396,7 +396,8 @@ impl BackwardConfig {
         };
         // Swizzled tiles are aligned to 1024 bytes inside the allocation; the
         // transposed-dQ kernel has no slack (its allocation starts aligned,
-        // checked at run time) and keeps its ten mbarriers at the end.
+        // checked at run time) and keeps its six mbarriers in the 80 bytes
+        // at the end.
         let align_slack = if self.transposes_dq() {
             80
         } else if self.wgmma {
@@ -730,6 +731,15 @@ fn generate_backward(
     // registers in the element step (RetNet's decay spilled 184 bytes),
     // which keep the dSᵀ tile. (80-query steps read dS K-major always.)
     let ds_k = cfg.transposes_dq() || (cfg.wgmma && !dq_lag && variant.customs.is_empty());
+    // The dQ GEMM: dQᵀ = Kᵀ·dS at 80 queries, dS·K from dS or from the dSᵀ
+    // tile.
+    let dq_form = if cfg.transposes_dq() {
+        (cfg.block_m, Form::SsMMajor)
+    } else if ds_k {
+        (64, Form::SsNMajor)
+    } else {
+        (64, Form::SsTransposed)
+    };
     if cfg.transposes_dq() && par.mask.is_some() {
         return Err(CompileError(format!(
             "the backward's 80-query steps (block_m 80) take variants without a mask; `{}` has one (use block_m 64)",
@@ -807,26 +817,11 @@ fn generate_backward(
         ds_k,
         split_full_blocks,
         wgmma_fns: if kv_split {
-            // (dS·K from dS, or from the dSᵀ tile: see `ds_k`.)
-            let dq_form = if ds_k {
-                Form::SsNMajor
-            } else {
-                Form::SsTransposed
-            };
             wgmma_fns(
                 cfg.elem,
-                &[(cfg.block_m, Form::Ss), (64, dq_form), (64, Form::RsNMajor)],
+                &[(cfg.block_m, Form::Ss), dq_form, (64, Form::RsNMajor)],
             )
         } else if cfg.wgmma {
-            // The dQ GEMM: dQᵀ = Kᵀ·dS at 80 queries, dS·K from dS or (with
-            // the lag) from the dSᵀ tile.
-            let dq_form = if cfg.transposes_dq() {
-                (cfg.block_m, Form::SsMMajor)
-            } else if ds_k {
-                (64, Form::SsNMajor)
-            } else {
-                (64, Form::SsTransposed)
-            };
             let uses = [
                 (cfg.block_m, Form::Ss),
                 dq_form,
