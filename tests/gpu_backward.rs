@@ -20,7 +20,7 @@ use aec::frontend::reference::{self, Tensor};
 use aec::prelude::*;
 use aec::{Error, backward_source};
 use common::example;
-use common::gpu::{GpuCall, device, download_f64, prepare_with, rel_err};
+use common::gpu::{GpuCall, device, download_f64, prepare_def, rel_err};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -143,7 +143,31 @@ fn check_backward_with(
     custom_tol: f64,
     options: &KernelOptions,
 ) {
-    let Some(gpu) = prepare_with(test, name, shape, dims, custom_range, options) else {
+    check_backward_def(
+        test,
+        example(name),
+        name,
+        shape,
+        dims,
+        custom_range,
+        custom_tol,
+        options,
+    );
+}
+
+/// [`check_backward_with`] for the variant `def` (`name` seeds its inputs).
+#[allow(clippy::too_many_arguments)]
+fn check_backward_def(
+    test: &str,
+    def: aec::frontend::Variant,
+    name: &str,
+    shape: Shape,
+    dims: HeadDims,
+    custom_range: (f64, f64),
+    custom_tol: f64,
+    options: &KernelOptions,
+) {
+    let Some(gpu) = prepare_def(test, def, name, shape, dims, custom_range, options) else {
         return;
     };
     let GpuCall {
@@ -551,10 +575,11 @@ fn gpu_backward_key_panels_in_several_blocks() {
 }
 
 /// The sm_90a backward on 80-query steps with dQ computed transposed
-/// (`block_m` 80, the mask-free default), pinned so that it stays covered
+/// (`block_m` 80, the default without a mask or under the causal one), pinned so that it stays covered
 /// whatever the default: GQA softmax at 128/128 and 64/64 (one dQ panel per
 /// warpgroup, and one warpgroup without a panel), with a last step of 10,
-/// 17 and 1 rows, and sigmoid with queries fewer than one step.
+/// 17 and 1 rows, sigmoid with queries fewer than one step, and masked
+/// walks (causal, GQA causal, a sliding window).
 #[test]
 fn gpu_backward_80_query_steps() {
     let test = "gpu_backward_80_query_steps";
@@ -574,6 +599,29 @@ fn gpu_backward_80_query_steps() {
         ),
         ("softmax", Shape::mha(1, 2, 161, 77), HeadDims::square(128)),
         ("sigmoid", Shape::mha(2, 2, 50, 129), HeadDims::square(128)),
+        // Causal walks start at each key block's diagonal row (0, 128, 256:
+        // no multiple of 80), GQA heads restarting them, fewer queries than
+        // keys, and a window that trims the walk's tail.
+        (
+            "softmax_causal",
+            Shape::mha(2, 3, 300, 300),
+            HeadDims::square(128),
+        ),
+        (
+            "softmax_gqa_causal",
+            Shape::new(1, 4, 2, 203, 203),
+            HeadDims::square(64),
+        ),
+        (
+            "softmax_causal",
+            Shape::mha(1, 2, 170, 333),
+            HeadDims::square(128),
+        ),
+        (
+            "sliding_window",
+            Shape::mha(1, 2, 650, 650),
+            HeadDims::square(128),
+        ),
     ];
     for (name, shape, dims) in cases {
         let cfg = BackwardConfig {
@@ -581,16 +629,43 @@ fn gpu_backward_80_query_steps() {
             ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
         };
         assert!(cfg.transposes_dq(), "{cfg:?}");
-        check_backward_config(
+        let def = if name == "softmax_gqa_causal" {
+            gqa_causal()
+        } else {
+            example(name)
+        };
+        check_backward_def(
             &format!("{test}_{name}_{}_sq{}", dims.dqk, shape.sq),
+            def,
             name,
             shape,
             dims,
             (0.0, 1.0),
             2e-2,
-            cfg,
+            &KernelOptions {
+                backward_config: Some(cfg),
+                ..KernelOptions::default()
+            },
         );
     }
+}
+
+/// `examples/softmax_gqa.rs` with the causal mask (the benchmark's GQA
+/// causal workload declares it the same way).
+fn gqa_causal() -> aec::frontend::Variant {
+    let path = common::examples_dir().join("softmax_gqa.rs");
+    let src = std::fs::read_to_string(&path).expect("softmax_gqa example");
+    let masked = src.replacen(
+        "modify_q = |q| q * rsqrt(Dqk);",
+        "modify_q = |q| q * rsqrt(Dqk);\n        mask = |b, h, i, j| i >= j;",
+        1,
+    );
+    assert_ne!(masked, src, "softmax_gqa.rs changed shape");
+    parse_file(&masked)
+        .expect("rust file")
+        .remove(0)
+        .variant
+        .expect("GQA causal variant")
 }
 
 /// The sm_90a backward with a warpgroup per 64 keys on 32-query steps

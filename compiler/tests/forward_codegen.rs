@@ -440,11 +440,12 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             && masked.source.contains("#define DQ_BEHIND 1")
     );
     assert!(!causal.main.name.contains("_dqlag"));
-    // Mask-free variants at 128/128 without a score modification or custom
-    // inputs take 80-query steps with dQ computed transposed: dS stored
-    // K-major by transposing stores, dQᵀ = Kᵀ·dSᵀ at N = 80, the step's dQ
-    // behind a barrier (no lag), within the shared memory. Masked variants,
-    // softcap's tanh, custom inputs and d64 keep 64-query steps.
+    // Variants at 128/128 without a mask (or with the plain causal one), a
+    // score modification or custom inputs take 80-query steps with dQ
+    // computed transposed: dS stored K-major by transposing stores, dQᵀ =
+    // Kᵀ·dSᵀ at N = 80, the step's dQ behind a barrier (no lag), within the
+    // shared memory. Other masks (a sliding window), softcap's tanh, custom
+    // inputs and d64 keep 64-query steps.
     let wide = BackwardConfig::for_variant(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(
         wide.block_m == 80 && wide.transposes_dq() && !wide.lags_dq(),
@@ -489,7 +490,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     let bias64 = parallel_backward(&bias, 128, 128, &b128).expect("relative bias at 64");
     assert!(!bias64.source.contains("stmatrix_x4_trans(smem_u32(sdSc"));
     for (name, d) in [
-        ("softmax_causal", 128),
+        ("sliding_window", 128),
         ("softcap", 128),
         ("relative_bias", 128),
         ("softmax", 64),
@@ -498,11 +499,26 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         assert!(cfg.block_m == 64 && cfg.lags_dq(), "{name} d{d}: {cfg:?}");
     }
     assert!(!BackwardConfig::for_variant(&v, 128, 128, Elem::Bf16, Isa::Sm80).wgmma);
-    let err = parallel_backward(&example("softmax_causal"), 128, 128, &wide)
-        .expect_err("80-query steps under a mask");
+    // Under the causal mask each key block's walk starts at its diagonal row
+    // n0 (no multiple of 80): rows n0 + 80·k, not the 80-row blocks holding
+    // them; the mask trim's bounds stay in the dynamic allocation (no static
+    // shared memory, which would break its 1024-byte alignment).
+    let causal_cfg =
+        BackwardConfig::for_variant(&example("softmax_causal"), 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(causal_cfg, wide);
+    let causal80 =
+        parallel_backward(&example("softmax_causal"), 128, 128, &wide).expect("causal at 80");
     assert!(
-        err.to_string().contains("take variants without a mask"),
-        "{err}"
+        causal80.source.contains("const int m_first = min(n0, Sq);")
+            && causal80
+                .source
+                .contains("m_first + (mb0 + it % per_head) * BM")
+            && causal80.source.contains("reinterpret_cast<int*>(bars + 6)")
+            && !causal80.source.contains("__shared__ int s_first")
+    );
+    assert!(
+        masked.source.contains("mb0 = min(n0 / BM, mb_end);")
+            && masked.source.contains("const int m_first = 0;")
     );
     for (dqk, dv) in [(128, 256), (192, 192), (256, 128)] {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);

@@ -420,27 +420,38 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // stay zero (made visible to wgmma by the barrier before the loop).
         for (int x = tid; x < {% if ws %}2 * {% endif %}DS_BUF / 2; x += NT) reinterpret_cast<unsigned*>(sdS)[x] = 0u;
     }
-{% endif %}    // The query blocks to visit (per query head): all, from the diagonal on
-    // for masks that imply causality, then trimmed of leading and trailing
-    // blocks the mask hides from every key of this block (tile
-    // classification; only for masks that do not depend on the head).
+{% endif %}    // The query blocks to visit (per query head): rows m_first + mb·BM, all
+    // of them, from the diagonal on for masks that imply causality (with
+    // 80-row steps n0 is no multiple of BM: the walk starts at row n0, not
+    // at the block holding it, so the first step wastes no masked rows), then
+    // trimmed of leading and trailing blocks the mask hides from every key of
+    // this block (tile classification; only for masks that do not depend on
+    // the head).
     const int j_last = min(n0 + BN, Skv) - 1;
-    int mb0 = 0, mb_end = (Sq + BM - 1) / BM;
-{% if causal %}    mb0 = min(n0 / BM, mb_end);
+{% if causal && dq_t %}    const int m_first = min(n0, Sq);
+{% else %}    const int m_first = 0;
+{% endif %}    int mb0 = 0, mb_end = (Sq - m_first + BM - 1) / BM;
+{% if causal && !dq_t %}    mb0 = min(n0 / BM, mb_end);
 {% endif %}{% if mask_trim %}    {
         // Every thread classifies other query blocks; the first and last
         // that see a key of ours bound the loop.
-        __shared__ int s_first, s_last;
-        if (tid == 0) {
+{% if dq_t %}        // (In the dynamic allocation, after the mbarriers: static shared
+        // memory would move the allocation off its 1024-byte alignment.)
+        int& s_first = reinterpret_cast<int*>(bars + 6)[0];
+        int& s_last = reinterpret_cast<int*>(bars + 6)[1];
+{% else %}        __shared__ int s_first, s_last;
+{% endif %}        if (tid == 0) {
             s_first = mb_end;
             s_last = mb0 - 1;
         }
         __syncthreads();
-        for (int mb = mb0 + tid; mb < mb_end; mb += NT)
-            if (mask_block(mb * BM, min(mb * BM + BM, Sq) - 1, n0, j_last, b, hk * group, hk, P) != 0) {
+        for (int mb = mb0 + tid; mb < mb_end; mb += NT) {
+            const int r0 = m_first + mb * BM;
+            if (mask_block(r0, min(r0 + BM, Sq) - 1, n0, j_last, b, hk * group, hk, P) != 0) {
                 atomicMin(&s_first, mb);
                 atomicMax(&s_last, mb);
             }
+        }
         __syncthreads();
         mb0 = s_first;
         mb_end = max(s_last + 1, mb0);
@@ -450,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     // Step it's query head and first query row: the group's heads outer,
     // their query blocks inner.
     auto step_head = [&](int it) { return hk * group + it / per_head; };
-    auto step_m0 = [&](int it) { return (mb0 + it % per_head) * BM; };
+    auto step_m0 = [&](int it) { return m_first + (mb0 + it % per_head) * BM; };
 {% if dq_pairs %}    // Whether step it ends its pair (see DQ_ROWS): the walk starts on a
     // 64-row boundary (mb0 is even: no trimming, and a causal start n0 / BM
     // is a multiple of BN / BM).

@@ -168,14 +168,16 @@ impl BackwardConfig {
     /// on 80-query steps with dQ computed transposed
     /// ([`BackwardConfig::transposes_dq`]) where that default is the
     /// warp-specialised kernel with a warpgroup per 64 keys at Dqk = Dv =
-    /// 128 and the variant has no mask, no score modification and no custom
-    /// inputs. Measured on an H100, backward alone (bench/NOTES.md session
-    /// 47): softmax b8 s2048 4.1% faster, b1 s8192 5.7%, GQA 5.5%, sigmoid
-    /// level; slower where the step does more per score or less per key:
-    /// softcap +1.4% (its tanh spills at 80), ReLU at d64 +1.0%, and custom
-    /// inputs' per-score gradients spill past the budget (relative bias: 136
-    /// bytes). Masked variants keep 64-query steps, whose walk starts at the
-    /// diagonal block.
+    /// 128 and the variant has no mask (or the plain causal one), no score
+    /// modification and no custom inputs. Measured backward alone
+    /// (bench/NOTES.md sessions 47 and 48): on an H100 softmax b8 s2048
+    /// 4.1% faster, b1 s8192 5.7%, GQA 5.5%, sigmoid level; on an H200
+    /// causal b8 3.4%, causal b1 s8192 7.3%, GQA causal 4.9% (each key
+    /// block's walk starting at its diagonal row); slower where the step
+    /// does more per score or less per key: softcap +1.4% (its tanh spills
+    /// at 80), ReLU at d64 +1.0%, a 256-key sliding window +5% (a walk of
+    /// 384 rows in five 80-row steps against six of 64), and custom inputs'
+    /// per-score gradients spill past the budget (relative bias: 136 bytes).
     pub fn for_variant(
         variant: &Variant,
         dqk: u32,
@@ -186,7 +188,7 @@ impl BackwardConfig {
         let cfg = BackwardConfig::default_for(dqk, dv, elem, isa);
         let plain = variant
             .parallel()
-            .is_some_and(|p| p.mask.is_none() && p.modify_scores.is_none())
+            .is_some_and(|p| p.modify_scores.is_none() && p.mask.as_ref().is_none_or(is_causal))
             && variant.customs.is_empty();
         let wide = BackwardConfig { block_m: 80, ..cfg };
         if plain
@@ -396,8 +398,8 @@ impl BackwardConfig {
         };
         // Swizzled tiles are aligned to 1024 bytes inside the allocation; the
         // transposed-dQ kernel has no slack (its allocation starts aligned,
-        // checked at run time) and keeps its six mbarriers in the 80 bytes
-        // at the end.
+        // checked at run time) and keeps its six mbarriers and the mask
+        // trim's two bounds in the 80 bytes at the end.
         let align_slack = if self.transposes_dq() {
             80
         } else if self.wgmma {
@@ -740,12 +742,6 @@ fn generate_backward(
     } else {
         (64, Form::SsTransposed)
     };
-    if cfg.transposes_dq() && par.mask.is_some() {
-        return Err(CompileError(format!(
-            "the backward's 80-query steps (block_m 80) take variants without a mask; `{}` has one (use block_m 64)",
-            variant.name
-        )));
-    }
     let kernel_name = format!(
         "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}{}",
         variant.name.to_lowercase(),

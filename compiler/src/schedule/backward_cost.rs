@@ -143,7 +143,7 @@ pub fn estimate_backward(
     // those at or after its first key. Longest blocks first (the causal
     // kernels' order).
     let key_blocks = problem.skv.div_ceil(cfg.block_n() as usize);
-    let query_steps = problem.sq.div_ceil(cfg.block_m as usize);
+    let bm = cfg.block_m as usize;
     let group = (problem.h / problem.hkv.max(1)).max(1);
     let mut steps: Vec<usize> = (0..key_blocks)
         .map(|kb| {
@@ -153,11 +153,17 @@ pub fn estimate_backward(
                 (first_key + problem.sq)
                     .saturating_sub(problem.skv)
                     .min(problem.sq)
-                    / cfg.block_m as usize
             } else {
                 0
             };
-            (query_steps - skipped) * group
+            // The walk starts at the step holding the first row it needs, or
+            // on 80-query steps at that row itself.
+            let start = if cfg.transposes_dq() {
+                skipped
+            } else {
+                skipped / bm * bm
+            };
+            (problem.sq - start).div_ceil(bm) * group
         })
         .collect();
     steps.sort_unstable_by(|a, b| b.cmp(a));
