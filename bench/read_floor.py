@@ -1,0 +1,110 @@
+"""The read floor of a decoding call's K/V bytes on this GPU.
+
+`python bench/read_floor.py [B,Hkv,Skv,D]` (default 1,8,32768,128: the
+`decode-gqa-b1-h32-kv8-kv32768-d128` workload's 134 MB of K and V) times,
+in one process and as the benchmark times decoding (CUDA-graph replays over
+rotating input sets larger than L2), plain reads of two buffers of that
+size: `torch.sum`, 16-byte loads over the grid, bulk copies of contiguous
+slices into a shared-memory ring, and bulk copies of one key range of both
+K and V per block (the decoding kernels' access pattern, 16 splits of each
+KV head); each against the 1 GiB device-to-device copy that gpu_check.py
+reports decoding against. Writes read_floor.json under $OUT. The kernels
+(bench/read_floor.cu) are compiled with NVRTC at run time."""
+import ctypes
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check import OUT, bench_graph, check, copy_bandwidth, get_function, libcuda  # noqa: E402
+
+
+def nvrtc_cubin(src, arch):
+    """`src` compiled for `arch` (e.g. sm_90a) by NVRTC."""
+    lib = next((ctypes.CDLL(n) for n in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so") if _loads(n)), None)
+    if lib is None:
+        raise RuntimeError("NVRTC (libnvrtc.so) not found")
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"read_floor.cu", 0, None, None) == 0
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+    res = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    if res != 0:
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError("read_floor.cu: " + log.value.decode())
+    size = ctypes.c_size_t()
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    return cubin.raw
+
+
+def _loads(name):
+    try:
+        ctypes.CDLL(name)
+        return True
+    except OSError:
+        return False
+
+
+def launch(fn, grid, block, smem, args):
+    holders = list(args)
+    arr = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(a) for a in holders])
+    check(libcuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, smem,
+                                 ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), arr, None), "cuLaunchKernel")
+
+
+def main():
+    b, hkv, skv, d = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "1,8,32768,128").split(","))
+    torch.zeros(1, device="cuda")  # PyTorch's context, which the module loads into
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "read_floor.cu")).read()
+    module = ctypes.c_void_p()
+    check(libcuda.cuModuleLoadData(ctypes.byref(module), nvrtc_cubin(src, arch)), "cuModuleLoadData")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    half = b * hkv * skv * d * 2  # K's bytes (V's the same)
+    total = 2 * half
+    # Rotating sets: every replay reads past the L2 cache, as in gpu_check.py.
+    n_sets = max(2, -(-(256 << 20) // total))
+    sets = [(torch.randn(half // 2, device="cuda", dtype=torch.bfloat16),
+             torch.randn(half // 2, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
+    out = torch.zeros(4, dtype=torch.int32, device="cuda")
+    rows = []
+    vec = get_function(module, "read_vec", 0)
+
+    def log(copy, what, ms):
+        row = dict(what=what, us=ms * 1e3, gbps=total / (ms * 1e-3) / 1e9)
+        row["of_copy"] = row["gbps"] / copy
+        rows.append(row)
+        print(f"{what:58s} {row['us']:8.2f} us {row['gbps']:6.0f} GB/s = {row['of_copy']:.3f} of copy", flush=True)
+
+    def ptrs(i):
+        return [ctypes.c_void_p(sets[i][0].data_ptr()), ctypes.c_void_p(sets[i][1].data_ptr())]
+
+    print(f"{torch.cuda.get_device_name()}: K and V of B {b} x Hkv {hkv} x Skv {skv} x D {d} ({total / 1e6:.0f} MB)")
+    for rnd in range(2):
+        copy = copy_bandwidth()
+        rows.append(dict(what="copy 1 GiB", round=rnd, gbps=copy))
+        print(f"round {rnd}: device-to-device copy {copy:.0f} GB/s", flush=True)
+        log(copy, "torch.sum of K and of V", bench_graph(
+            lambda i: (sets[i][0].sum(dtype=torch.float32), sets[i][1].sum(dtype=torch.float32)), n_sets))
+        for per_sm, block in [(1, 512), (2, 512), (4, 256)]:
+            grid = sms * per_sm
+            log(copy, f"16-byte loads, {grid} x {block} threads", bench_graph(
+                lambda i: launch(vec, grid, block, 0, ptrs(i) + [ctypes.c_longlong(half // 16), ctypes.c_void_p(out.data_ptr())]), n_sets))
+        for name, label in (("read_bulk", "bulk copies of slices of K‖V"), ("read_bulk2", "bulk copies of one key range of K and V")):
+            for chunk, stages, grid in [(32768, 6, sms), (65536, 3, sms), (32768, 6, 16 * hkv * b), (65536, 3, 16 * hkv * b), (32768, 4, 16 * hkv * b)]:
+                fn = get_function(module, name, chunk * stages)
+                log(copy, f"{label}, {chunk >> 10} KiB x {stages}, {grid} blocks", bench_graph(
+                    lambda i: launch(fn, grid, 128, chunk * stages, ptrs(i) + [ctypes.c_longlong(half), ctypes.c_int(chunk), ctypes.c_int(stages), ctypes.c_void_p(out.data_ptr())]), n_sets))
+    with open(os.path.join(OUT, "read_floor.json"), "w") as fh:
+        json.dump(dict(device=torch.cuda.get_device_name(), shape=[b, hkv, skv, d], rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
