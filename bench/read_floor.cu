@@ -20,70 +20,65 @@ extern "C" __global__ void __launch_bounds__(512) read_vec(const uint4* __restri
     }
     if (acc == 0x12345678u) out[0] = acc;
 }
-// Contiguous slices per block, streamed by bulk copies into a shared ring.
 __device__ __forceinline__ unsigned su32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// One thread streams `nch` chunks into a ring of `stages` buffers of `chunk`
+// bytes by bulk copies, each buffer waited for before it is refilled; chunk c
+// is `len(c)` bytes from `src(c)`. Reads a word of each landed chunk so that
+// nothing is dead.
+template <class Src, class Len>
+__device__ unsigned stream_ring(char* ring, u64_t* bar, int stages, int chunk, long long nch, Src src, Len len) {
+    for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(su32(&bar[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;");
+    unsigned acc = 0;
+    for (long long c = 0; c < nch + stages; ++c) {
+        if (c >= stages) {
+            const int s = (c - stages) % stages;
+            const unsigned ph = ((c - stages) / stages) & 1;
+            asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(su32(&bar[s])), "r"(ph));
+            acc ^= *(volatile unsigned*)(ring + s * chunk);
+        }
+        if (c < nch) {
+            const int s = c % stages, n = len(c);
+            asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(su32(&bar[s])), "r"(n));
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(su32(ring + s * chunk)),
+                         "l"(src(c)), "r"(n), "r"(su32(&bar[s]))
+                         : "memory");
+        }
+    }
+    return acc;
+}
+
+// Contiguous slices of a‖b, one per block.
 extern "C" __global__ void __launch_bounds__(128) read_bulk(const char* __restrict__ a, const char* __restrict__ b, long long nbytes, int chunk, int stages, unsigned* out) {
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) u64_t bar[16];
+    if (threadIdx.x != 0) return;
     const long long per = (((nbytes * 2) / gridDim.x) + chunk - 1) / chunk * chunk;
     const long long lo = (long long)blockIdx.x * per, hi = min(lo + per, nbytes * 2);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"(su32(&bar[s])));
-        asm volatile("fence.mbarrier_init.release.cluster;");
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    long long nch = (hi - lo + chunk - 1) / chunk;
-    if (hi <= lo) nch = 0;
-    unsigned acc = 0;
-    for (long long c = 0; c < nch + stages; ++c) {
-        if (c >= stages) {
-            const int s = (c - stages) % stages;
-            const unsigned ph = ((c - stages) / stages) & 1;
-            asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra W;\n}" :: "r"(su32(&bar[s])), "r"(ph));
-            acc ^= *(volatile unsigned*)(ring + s * chunk);
-        }
-        if (c < nch) {
-            const int s = c % stages;
+    const long long nch = hi > lo ? (hi - lo + chunk - 1) / chunk : 0;
+    const unsigned acc = stream_ring(
+        ring, bar, stages, chunk, nch,
+        [&](long long c) {
             const long long off = lo + c * chunk;
-            const int len = (int)min((long long)chunk, hi - off);
-            const char* src = off < nbytes ? a + off : b + (off - nbytes);
-            asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" :: "r"(su32(&bar[s])), "r"(len));
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" :: "r"(su32(ring + s * chunk)), "l"(src), "r"(len), "r"(su32(&bar[s])) : "memory");
-        }
-    }
+            return off < nbytes ? a + off : b + (off - nbytes);
+        },
+        [&](long long c) { return (int)min((long long)chunk, hi - (lo + c * chunk)); });
     if (acc == 0x12345678u) out[0] = acc;
 }
-// As the decoding kernel reads: block x streams the same byte range of both
-// buffers (its keys' K rows and V rows), a chunk of each per stage pair.
+
+// As the decoding kernels read: block x streams the same byte range of both
+// buffers (its keys' K rows and V rows), a chunk of each in turn.
 extern "C" __global__ void __launch_bounds__(128) read_bulk2(const char* __restrict__ a, const char* __restrict__ b, long long nbytes, int chunk, int stages, unsigned* out) {
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) u64_t bar[16];
+    if (threadIdx.x != 0) return;
     const long long per = ((nbytes / gridDim.x) + chunk - 1) / chunk * chunk;
     const long long lo = (long long)blockIdx.x * per, hi = min(lo + per, nbytes);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"(su32(&bar[s])));
-        asm volatile("fence.mbarrier_init.release.cluster;");
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    long long nch = hi > lo ? 2 * ((hi - lo + chunk - 1) / chunk) : 0;
-    unsigned acc = 0;
-    for (long long c = 0; c < nch + stages; ++c) {
-        if (c >= stages) {
-            const int s = (c - stages) % stages;
-            const unsigned ph = ((c - stages) / stages) & 1;
-            asm volatile("{\n.reg .pred p;\nW2: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra W2;\n}" :: "r"(su32(&bar[s])), "r"(ph));
-            acc ^= *(volatile unsigned*)(ring + s * chunk);
-        }
-        if (c < nch) {
-            const int s = c % stages;
-            const long long off = lo + (c / 2) * chunk;
-            const int len = (int)min((long long)chunk, hi - off);
-            const char* src = (c & 1) ? b + off : a + off;
-            asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" :: "r"(su32(&bar[s])), "r"(len));
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" :: "r"(su32(ring + s * chunk)), "l"(src), "r"(len), "r"(su32(&bar[s])) : "memory");
-        }
-    }
+    const long long nch = hi > lo ? 2 * ((hi - lo + chunk - 1) / chunk) : 0;
+    const unsigned acc = stream_ring(
+        ring, bar, stages, chunk, nch,
+        [&](long long c) { return ((c & 1) ? b : a) + lo + (c / 2) * chunk; },
+        [&](long long c) { return (int)min((long long)chunk, hi - (lo + (c / 2) * chunk)); });
     if (acc == 0x12345678u) out[0] = acc;
 }
