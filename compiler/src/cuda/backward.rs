@@ -172,7 +172,7 @@ impl BackwardConfig {
     /// modification and no custom inputs. Measured backward alone
     /// (bench/NOTES.md sessions 47 and 48): on an H100 softmax b8 s2048
     /// 4.1% faster, b1 s8192 5.7%, GQA 5.5%, sigmoid level; on an H200
-    /// causal b8 3.4%, causal b1 s8192 7.3%, GQA causal 4.9% (each key
+    /// causal b8 3.3%, causal b1 s8192 7.6%, GQA causal 4.6% (each key
     /// block's walk starting at its diagonal row); slower where the step
     /// does more per score or less per key: softcap +1.4% (its tanh spills
     /// at 80), ReLU at d64 +1.0%, a 256-key sliding window +5% (a walk of
