@@ -82,3 +82,38 @@ extern "C" __global__ void __launch_bounds__(128) read_bulk2(const char* __restr
         [&](long long c) { return (int)min((long long)chunk, hi - (lo + (c / 2) * chunk)); });
     if (acc == 0x12345678u) out[0] = acc;
 }
+
+// As the sm_80-template decoding kernel loads (`LOAD_TILE` by `cp.async`):
+// block x copies its key range of K and of V in steps of `rows` rows of 256
+// bytes each, every thread 16 bytes at a time, into a ring of `stages` steps;
+// at each step it waits for the oldest, meets the block at a barrier and
+// starts the step `stages - 1` ahead.
+extern "C" __global__ void __launch_bounds__(512) read_cp_async(const char* __restrict__ a, const char* __restrict__ b, long long nbytes, int rows, int stages, unsigned* out) {
+    extern __shared__ __align__(128) char ring[];
+    const int step = rows * 256;  // bytes of K (and of V) per step
+    const long long per = ((nbytes / gridDim.x) + step - 1) / step * step;
+    const long long lo = (long long)blockIdx.x * per, hi = min(lo + per, nbytes);
+    const int n = hi > lo ? (int)((hi - lo + step - 1) / step) : 0;
+    auto issue = [&](int it) {
+        char* dst = ring + (it % stages) * 2 * step;
+        for (int x = threadIdx.x * 16; x < 2 * step; x += blockDim.x * 16) {
+            const long long off = lo + (long long)it * step + (x % step);
+            if (off < hi)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(dst + x)), "l"((x < step ? a : b) + off) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    for (int s = 0; s < stages - 1; ++s)
+        if (s < n) issue(s);
+        else asm volatile("cp.async.commit_group;" ::: "memory");
+    unsigned acc = 0;
+    for (int it = 0; it < n; ++it) {
+        if (stages == 3) asm volatile("cp.async.wait_group 1;" ::: "memory");
+        else asm volatile("cp.async.wait_group 2;" ::: "memory");
+        __syncthreads();
+        if (it + stages - 1 < n) issue(it + stages - 1);
+        else asm volatile("cp.async.commit_group;" ::: "memory");
+        acc ^= *(volatile unsigned*)(ring + (it % stages) * 2 * step + threadIdx.x * 4);
+    }
+    if (acc == 0x12345678u) out[0] = acc;
+}

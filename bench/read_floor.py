@@ -7,7 +7,8 @@ rotating input sets larger than L2), plain reads of two buffers of that
 size: `torch.sum`, 16-byte loads over the grid, bulk copies of contiguous
 slices into a shared-memory ring, and bulk copies of one key range of both
 K and V per block (the decoding kernels' access pattern, 16 splits of each
-KV head); each against the 1 GiB device-to-device copy that gpu_check.py
+KV head), and `cp.async` steps in that pattern as the sm_80 template's
+decoding loop issues them; each against the 1 GiB device-to-device copy that gpu_check.py
 reports decoding against. Writes read_floor.json under $OUT. The kernels
 (bench/read_floor.cu) are compiled with NVRTC at run time."""
 import ctypes
@@ -102,6 +103,16 @@ def main():
                 fn = get_function(module, name, chunk * stages)
                 log(copy, f"{label}, {chunk >> 10} KiB x {stages}, {grid} blocks", bench_graph(
                     lambda i: launch(fn, grid, 128, chunk * stages, ptrs(i) + [ctypes.c_longlong(half), ctypes.c_int(chunk), ctypes.c_int(stages), ctypes.c_void_p(out.data_ptr())]), n_sets))
+        # The sm_80-template decoding kernel's loads: cp.async, 128-key steps
+        # of K and V (64 KiB at d128) in three stages, 128 threads (its four
+        # key warps), then more threads.
+        cp = get_function(module, "read_cp_async", 3 * 2 * 128 * 256)
+        for threads in (128, 256, 512):
+            log(copy, f"cp.async, 128-row steps x 3, {16 * hkv * b} blocks of {threads}", bench_graph(
+                lambda i: launch(cp, 16 * hkv * b, threads, 3 * 2 * 128 * 256, ptrs(i) + [ctypes.c_longlong(half), ctypes.c_int(128), ctypes.c_int(3), ctypes.c_void_p(out.data_ptr())]), n_sets))
+        cp4 = get_function(module, "read_cp_async", 4 * 2 * 64 * 256)
+        log(copy, f"cp.async, 64-row steps x 4, {16 * hkv * b} blocks of 128", bench_graph(
+            lambda i: launch(cp4, 16 * hkv * b, 128, 4 * 2 * 64 * 256, ptrs(i) + [ctypes.c_longlong(half), ctypes.c_int(64), ctypes.c_int(4), ctypes.c_void_p(out.data_ptr())]), n_sets))
     with open(os.path.join(OUT, "read_floor.json"), "w") as fh:
         json.dump(dict(device=torch.cuda.get_device_name(), shape=[b, hkv, skv, d], rows=rows), fh, indent=1)
 
