@@ -87,9 +87,11 @@ extern "C" __global__ void __launch_bounds__(128) read_bulk2(const char* __restr
 // block x copies its key range of K and of V in steps of `rows` rows of 256
 // bytes each, every thread 16 bytes at a time, into a ring of `stages` steps;
 // at each step it waits for the oldest, meets the block at a barrier and
-// starts the step `stages - 1` ahead.
+// starts the step `stages - 1` ahead. (`stages` 3 or 4: `cp.async.wait_group`
+// takes an immediate.)
 extern "C" __global__ void __launch_bounds__(512) read_cp_async(const char* __restrict__ a, const char* __restrict__ b, long long nbytes, int rows, int stages, unsigned* out) {
     extern __shared__ __align__(128) char ring[];
+    if (stages != 3 && stages != 4) __trap();
     const int step = rows * 256;  // bytes of K (and of V) per step
     const long long per = ((nbytes / gridDim.x) + step - 1) / step * step;
     const long long lo = (long long)blockIdx.x * per, hi = min(lo + per, nbytes);

@@ -24,9 +24,7 @@ from gpu_check import OUT, bench_graph, check, copy_bandwidth, get_function, lib
 
 def nvrtc_cubin(src, arch):
     """`src` compiled for `arch` (e.g. sm_90a) by NVRTC."""
-    lib = next((ctypes.CDLL(n) for n in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so") if _loads(n)), None)
-    if lib is None:
-        raise RuntimeError("NVRTC (libnvrtc.so) not found")
+    lib = _nvrtc()
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"read_floor.cu", 0, None, None) == 0
     opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
@@ -44,12 +42,14 @@ def nvrtc_cubin(src, arch):
     return cubin.raw
 
 
-def _loads(name):
-    try:
-        ctypes.CDLL(name)
-        return True
-    except OSError:
-        return False
+def _nvrtc():
+    """The first NVRTC library that loads."""
+    for name in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    raise RuntimeError("NVRTC (libnvrtc.so) not found")
 
 
 def launch(fn, grid, block, smem, args):

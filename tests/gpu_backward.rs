@@ -575,11 +575,12 @@ fn gpu_backward_key_panels_in_several_blocks() {
 }
 
 /// The sm_90a backward on 80-query steps with dQ computed transposed
-/// (`block_m` 80, the default without a mask or under the causal one), pinned so that it stays covered
-/// whatever the default: GQA softmax at 128/128 and 64/64 (one dQ panel per
-/// warpgroup, and one warpgroup without a panel), with a last step of 10,
-/// 17 and 1 rows, sigmoid with queries fewer than one step, and masked
-/// walks (causal, GQA causal, a sliding window).
+/// (`block_m` 80, the default without a mask or under the causal one),
+/// pinned so that it stays covered whatever the default: GQA softmax at
+/// 128/128 and 64/64 (one dQ panel per warpgroup, and one warpgroup without
+/// a panel), with a last step of 10, 17 and 1 rows, sigmoid with queries
+/// fewer than one step, and masked walks (causal, GQA causal, a sliding
+/// window).
 #[test]
 fn gpu_backward_80_query_steps() {
     let test = "gpu_backward_80_query_steps";

@@ -402,9 +402,9 @@ fn the_backward_model_ranks_the_measured_fastest_tile_first_at_the_benchmark_wor
     // 128-key wgmma tile with the producer at d128 and d64 (on 80-query
     // steps without a mask since session 47, under the causal one since
     // session 48: the model counts each walk from its diagonal row), the
-    // 32-query own-keys tile at
-    // DeepSeek's dims, the split tile with shared scores at
-    // DiffTransformer's and, without the producer, at RetNet's 256/512.
+    // 32-query own-keys tile at DeepSeek's dims, the split tile with shared
+    // scores at DiffTransformer's and, without the producer, at RetNet's
+    // 256/512.
     let h100 = DeviceConfig::named("h100").unwrap();
     let gqa = Shape {
         hkv: 8,
