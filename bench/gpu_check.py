@@ -1,6 +1,6 @@
 """GPU check and benchmark of aec's generated kernels, on a GPU machine.
 
-    python bench/gpu_check.py <cases_dir> [--only id,id] [--no-bench] [--bench-only id,id] [--rounds N]
+    python bench/gpu_check.py <cases_dir> [--only id,id] [--no-bench] [--bench-only id,id] [--rounds N] [--round-tiles tag,tag]
 
 <cases_dir> is what `aec-bench <cases_dir> --nvcc …` wrote: per correctness
 case the kernel (cubin), bf16 inputs and the f64 reference interpreter's
@@ -400,6 +400,9 @@ GRAPH_SET_BYTES = 256 << 20
 # Interleaved rounds of a decoding workload's anchors and default kernel
 # (`--rounds N`, default 3; 1: none).
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+# Decoding tiles (`--round-tiles m16k4n64s3,ck`: their tags) timed in those
+# rounds too.
+ROUND_TILES = sys.argv[sys.argv.index("--round-tiles") + 1].split(",") if "--round-tiles" in sys.argv else []
 
 
 def flops_fwd(w):
@@ -617,9 +620,11 @@ def run_bench(cases_dir, index, workloads):
                     # The anchors and our default again, one after the other,
                     # in ROUNDS rounds: a decoding comparison within a few
                     # tenths of a percent should not hinge on which ran first.
-                    timed_rounds = {nm: [] for nm in anchors} | {"aec": []}
+                    extra = {f"aec {t['tiles']}": ours(Kernel(cases_dir, t["kernel"]))
+                             for t in entry["tiles"] if t["tiles"] in ROUND_TILES and "kernel" in t}
+                    timed_rounds = {nm: [] for nm in anchors} | {"aec": []} | {nm: [] for nm in extra}
                     for _ in range(ROUNDS):
-                        for nm, f in list(anchors.items()) + [("aec", ours(kern))]:
+                        for nm, f in list(anchors.items()) + [("aec", ours(kern))] + list(extra.items()):
                             try:
                                 timed_rounds[nm].append(timed(f)[0])
                             except Exception:

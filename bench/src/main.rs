@@ -320,7 +320,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(out) = args.first() else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep]"
+            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>]"
         );
         std::process::exit(2);
     };
@@ -336,11 +336,28 @@ fn main() {
     // cases and benchmark kernels are left out.
     let varlen_only = args.iter().any(|a| a == "--varlen-only");
     let sweep_only = args.iter().any(|a| a == "--sweep-only");
+    // `--workloads a,b`: only those benchmark kernels (no cases, no
+    // recurrent kernels): a quick build for `gpu_check.py --bench-only`.
+    let workloads: Option<Vec<String>> = flag_values(&args, "--workloads")
+        .first()
+        .map(|list| list.split(',').map(str::to_string).collect());
+    if let Some(unknown) = workloads
+        .iter()
+        .flatten()
+        .find(|w| !BENCH.iter().any(|b| b.0 == w.as_str()))
+    {
+        eprintln!(
+            "--workloads: no benchmark workload `{unknown}` (known: {})",
+            BENCH.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")
+        );
+        std::process::exit(2);
+    }
+    let picked = |w: &str| workloads.as_ref().is_none_or(|l| l.iter().any(|x| x == w));
     let no_parallel = varlen_only || sweep_only || args.iter().any(|a| a == "--recurrent-only");
     // `--per-block`: the warp-specialised kernels launched with a block per
     // row block instead of persistent (to check and time that form).
     let per_block = args.iter().any(|a| a == "--per-block");
-    for case in CASES.iter().filter(|_| !no_parallel) {
+    for case in CASES.iter().filter(|_| !no_parallel && workloads.is_none()) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
         let meta = write_case(&out, case, &v, per_block, nvcc.as_deref(), &includes);
@@ -353,7 +370,10 @@ fn main() {
     let swept_backward = |&&(workload, example, _, _): &&(&str, &str, u32, u32)| {
         sweep_only && bwd_sweep && (workload == BENCH[0].0 || BWD_SWEEP_EXAMPLES.contains(&example))
     };
-    for (workload, example, dqk, dv) in BENCH.iter().filter(|w| !no_parallel || swept_backward(w)) {
+    for (workload, example, dqk, dv) in BENCH
+        .iter()
+        .filter(|w| (!no_parallel || swept_backward(w)) && picked(w.0))
+    {
         eprintln!("bench kernel {workload} …");
         let v = bench_variant(&root, example);
         let mut cfg = forward_config(&v, *dqk, *dv, per_block);
@@ -890,7 +910,7 @@ fn main() {
             }));
         }
     }
-    let (recurrent_cases, recurrent_bench) = if varlen_only || sweep_only {
+    let (recurrent_cases, recurrent_bench) = if varlen_only || sweep_only || workloads.is_some() {
         (Vec::new(), Vec::new())
     } else {
         recurrent::write_all(&out, &root, nvcc.as_deref(), &includes)
