@@ -669,16 +669,17 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 // H200, bench/NOTES.md). The chunk shrinks as Dv grows (more rows' threads
 // per multiprocessor). IN_KERNEL: other blocks of this launch wrote the
 // partials (the combine in the main kernel), so plain loads after the
-// acquiring fence, not the read-only path; a combine kernel reads them
+// acquiring arrival, not the read-only path; a combine kernel reads them
 // through the read-only path (`ld.global.cg` there, coherent "strong" loads,
 // made the combine 4 us slower at 16 splits: bench/NOTES.md).
 #define CMB_TPR (DVG / 4)
 #define CMB_ROWS {{ combine_rows }}
 #define COMBINE_CHUNK {{ combine_chunk }}
-// In the main kernel: at most 8 where Dv is split between blocks (16 spilled
-// 128 bytes there at d128); one sequence of 32768 keys took 43.63 us with 16,
-// 43.83 with 8 (H200).
-#define FUSED_CHUNK (DV_SPLIT > 1 && COMBINE_CHUNK > 8 ? 8 : COMBINE_CHUNK)
+// In the main kernel: at most 8. The first chunk's outputs and state words
+// stay in registers until the rescale, and with 16 they raised the decoding
+// kernels' registers (B 64 x 4096 at d128: 204 against 127 with 8, whatever
+// the splits); where Dv is split between blocks 16 also spilled.
+#define FUSED_CHUNK (COMBINE_CHUNK > 8 ? 8 : COMBINE_CHUNK)
 template <bool IN_KERNEL>
 __device__ __forceinline__ float4 partial_quad(const float* p) {
     return IN_KERNEL ? *reinterpret_cast<const float4*>(p) : __ldg(reinterpret_cast<const float4*>(p));
@@ -702,11 +703,16 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* o
         const int r = 0;
 {{ state_init }}    }
     // The merged state, split by split in order; a chunk's state words are
-    // all loaded before any is merged.
+    // all loaded before any is merged, and the first chunk's stay in
+    // registers for the rescale below. Splits that saw no key are skipped by
+    // selects, not branches: a branch per split serialised the loads and
+    // math behind it (16 splits re-read one at a time from L2 took 1.6 us of
+    // the in-kernel merge, H200, bench/NOTES.md).
     float m[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
     bool any = false;
+    float first[CHUNK][NSTATE + 1];
     for (int base = 0; base < n_splits; base += CHUNK) {
         float x[CHUNK][NSTATE + 1];
 #pragma unroll
@@ -715,18 +721,23 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* o
 #pragma unroll
             for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
         }
+        if (base == 0) {
+#pragma unroll
+            for (int j = 0; j < CHUNK; ++j)
+#pragma unroll
+                for (int f = 0; f <= NSTATE; ++f) first[j][f] = x[j][f];
+        }
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
-            if (x[j][NSTATE] == 0.0f) continue;  // no key, or past the last split
-            float y[NSTATE_ARR];
+            // (x[j][NSTATE] is 0 for no key, and past the last split.)
+            const bool seen = x[j][NSTATE] != 0.0f;
+            float y[NSTATE_ARR], merged[NSTATE_ARR];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
-            if (any) combine_merge(m, y);
-            else {
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = merged[f] = f < NSTATE ? x[j][f] : 0.0f;
+            combine_merge(merged, m);
 #pragma unroll
-                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
-            }
-            any = true;
+            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = seen ? (any ? merged[f] : y[f]) : m[f];
+            any = any || seen;
         }
     }
     float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -734,23 +745,39 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* o
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
     for (int base = 0; any && base < n_splits; base += CHUNK) {
-        if (base > 0) {
+        float x[CHUNK][NSTATE + 1];
+        if (base == 0) {
 #pragma unroll
             for (int j = 0; j < CHUNK; ++j)
+#pragma unroll
+                for (int f = 0; f <= NSTATE; ++f) x[j][f] = first[j][f];
+        } else {
+            // Later chunks: their outputs and (again) their state words,
+            // all loads before any use.
+#pragma unroll
+            for (int j = 0; j < CHUNK; ++j) {
                 val[j] = base + j < n_splits
                              ? partial_quad<IN_KERNEL>(opart + ((long long)(base + j) * rows + row) * DVG + c0)
                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
+#pragma unroll
+                for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
+            }
         }
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
-            if (base + j >= n_splits) break;
-            // The state words again (read above: cache hits).
-            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-            if (partial_word<IN_KERNEL>(srow + NSTATE) == 0.0f) continue;  // the split saw no key: its output is zeros
+            // A split that saw no key adds nothing (its output is zeros; its
+            // state may be the initial one, whose rescale need not be finite).
+            const bool seen = x[j][NSTATE] != 0.0f;
             float y[NSTATE_ARR];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
-            const float c = combine_rescale(y, m, P);
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
+            const float r = combine_rescale(y, m, P);
+            const float c = seen ? r : 0.0f;
+            if (!seen) {
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) y[f] = 0.0f;
+            }
             combine_scaled_add(acc_st, c, y);
             out.x += c * val[j].x;
             out.y += c * val[j].y;
@@ -786,13 +813,19 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
                                                     elem_t* __restrict__ o, float* __restrict__ rowout, int* count,
                                                     int arrivals, long long all_rows, long long row0, int nr,
                                                     int n_splits) {
-    __threadfence();  // this block's partial rows, before its arrival
+    // The block's partial rows are written before the barrier; thread 0's
+    // arrival then releases them at GPU scope (release is cumulative over
+    // what the barrier ordered before it) and, for the last block, acquires
+    // the others'; the barrier below passes that on to every thread. One
+    // acquire-release atomic instead of a fence per thread, the atomic and a
+    // second fence: 0.2 us less per arrival (H200, bench/NOTES.md).
     __syncthreads();
     bool last = false;
     if (threadIdx.x == 0) {
-        last = atomicAdd(count, 1) == arrivals - 1;
+        int before;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(count) : "memory");
+        last = before == arrivals - 1;
         if (last) *count = 0;
-        __threadfence();  // the others' partial rows, before reading them
     }
     if (!__syncthreads_or(last)) return;
     for (int x = threadIdx.x; x < nr * CMB_TPR; x += NT)
