@@ -280,7 +280,7 @@ fn key_warps_split_key_blocks_or_are_refused_with_reasons() {
     assert_eq!(k.threads, 64);
     assert!(
         k.source.contains("#define KEY_WARPS 2")
-            && k.source.contains("combine_rescale(st[r], m, P)")
+            && k.source.contains("combine_rescale(xs[w], m, P)")
             && k.source.contains("if (kw > 0) return;"),
         "the merge of the key warps' rows"
     );

@@ -553,50 +553,64 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% endif %}#pragma unroll
         for (int r = 0; r < NR; ++r) {
             const int mt = r / 2, half = r % 2;
-            // The merged state, then each partial rescaled into it.
-            float m[NSTATE_ARR];
+            // Every key warp's state and "saw a key" (this warp's first), all
+            // read before any is merged; then the merged state, each partial's
+            // factor, and the partials rescaled into the accumulators. Warps
+            // that saw no key drop out by selects, not branches, which kept
+            // each read behind the last (as in combine_row_quad).
+            float xs[KEY_WARPS][NSTATE_ARR];
+            bool sn[KEY_WARPS];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[r][f];
-            bool any = seen[r];
+            for (int f = 0; f < NSTATE_ARR; ++f) xs[0][f] = st[r][f];
+            sn[0] = seen[r];
 #pragma unroll
             for (int w = 1; w < KEY_WARPS; ++w) {
-                const float* other = scratch + ((w - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane + (NACC + r * (NSTATE_ARR + 1)) * WARP;
-                if (other[NSTATE_ARR * WARP] == 0.0f) continue;
-                float x[NSTATE_ARR];
+                const float* ost = scratch + ((w - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane + (NACC + r * (NSTATE_ARR + 1)) * WARP;
+                sn[w] = ost[NSTATE_ARR * WARP] != 0.0f;
 #pragma unroll
-                for (int f = 0; f < NSTATE_ARR; ++f) x[f] = other[f * WARP];
-                if (any) combine_merge(m, x);
-                else {
+                for (int f = 0; f < NSTATE_ARR; ++f) xs[w][f] = ost[f * WARP];
+            }
+            float m[NSTATE_ARR];
 #pragma unroll
-                    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = x[f];
-                }
-                any = true;
+            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = xs[0][f];
+            bool any = sn[0];
+#pragma unroll
+            for (int w = 1; w < KEY_WARPS; ++w) {
+                float merged[NSTATE_ARR];
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) merged[f] = xs[w][f];
+                combine_merge(merged, m);
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = sn[w] ? (any ? merged[f] : xs[w][f]) : m[f];
+                any = any || sn[w];
             }
             if (any) {
-                float acc_st[NSTATE_ARR];
+                float acc_st[NSTATE_ARR], c[KEY_WARPS];
 #pragma unroll
                 for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
-                const float c0 = seen[r] ? combine_rescale(st[r], m, P) : 0.0f;
-                if (seen[r]) combine_scaled_add(acc_st, c0, st[r]);
+#pragma unroll
+                for (int w = 0; w < KEY_WARPS; ++w) {
+                    // (An unseen warp's state may be the initial one, whose
+                    // factor need not be finite: 0, and nothing added.)
+                    const float cw = combine_rescale(xs[w], m, P);
+                    c[w] = sn[w] ? cw : 0.0f;
+                    float y[NSTATE_ARR];
+#pragma unroll
+                    for (int f = 0; f < NSTATE_ARR; ++f) y[f] = sn[w] ? xs[w][f] : 0.0f;
+                    combine_scaled_add(acc_st, c[w], y);
+                }
 #pragma unroll
                 for (int dt = 0; dt < DVW / 8; ++dt) {
-                    acc[mt][dt][2 * half] *= c0;
-                    acc[mt][dt][2 * half + 1] *= c0;
+                    acc[mt][dt][2 * half] *= c[0];
+                    acc[mt][dt][2 * half + 1] *= c[0];
                 }
 #pragma unroll
                 for (int w = 1; w < KEY_WARPS; ++w) {
                     const float* other = scratch + ((w - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane;
-                    const float* ost = other + (NACC + r * (NSTATE_ARR + 1)) * WARP;
-                    if (ost[NSTATE_ARR * WARP] == 0.0f) continue;
-                    float x[NSTATE_ARR];
-#pragma unroll
-                    for (int f = 0; f < NSTATE_ARR; ++f) x[f] = ost[f * WARP];
-                    const float c = combine_rescale(x, m, P);
-                    combine_scaled_add(acc_st, c, x);
 #pragma unroll
                     for (int dt = 0; dt < DVW / 8; ++dt) {
-                        acc[mt][dt][2 * half] += c * other[((mt * (DVW / 8) + dt) * 4 + 2 * half) * WARP];
-                        acc[mt][dt][2 * half + 1] += c * other[((mt * (DVW / 8) + dt) * 4 + 2 * half + 1) * WARP];
+                        acc[mt][dt][2 * half] += c[w] * other[((mt * (DVW / 8) + dt) * 4 + 2 * half) * WARP];
+                        acc[mt][dt][2 * half + 1] += c[w] * other[((mt * (DVW / 8) + dt) * 4 + 2 * half + 1) * WARP];
                     }
                 }
                 combine_scaled_finish(m, acc_st);
