@@ -865,3 +865,38 @@ fn every_head_dim_compiles_forward_and_backward() {
         }
     });
 }
+
+/// Per-block timeline marks (`bench/timeline.py`): the decoding tile that
+/// merges its splits in the kernel, built with `-DAEC_TIMELINE`, reads
+/// `%globaltimer` at each of its six marks (start, key loop, key-warp
+/// merge, epilogue, arrival, end) into the `aec_timeline` array; built as
+/// usual it reads no timer at all and has no such array.
+#[test]
+fn timeline_marks_compile_only_when_asked() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let v = common::example("decode");
+    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a).for_decode_shape(
+        [1, 32, 8, 1],
+        132,
+        128,
+        128,
+        Isa::Sm90a,
+    );
+    assert!(cfg.fused_combine && cfg.key_warps > 1, "{cfg:?}");
+    let kernel = parallel_forward(&v, 128, 128, &cfg).expect("decoding forward");
+    let timer_reads = |flags: &[&str]| {
+        let mut opts = CompileOptions::new("sm_90a");
+        opts.flags.extend(flags.iter().map(|f| f.to_string()));
+        let compiled = compile(&kernel.source, &opts).expect("compiles");
+        let text = sass(&compiled.cubin).expect("cuobjdump");
+        (
+            text.matches("SR_GLOBALTIMER").count(),
+            compiled.ptx.contains("aec_timeline"),
+        )
+    };
+    let (marked, array) = timer_reads(&["-DAEC_TIMELINE"]);
+    assert!(marked >= 6 && array, "{marked} timer reads, array {array}");
+    assert_eq!(timer_reads(&[]), (0, false));
+}

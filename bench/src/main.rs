@@ -320,7 +320,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(out) = args.first() else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>]"
+            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--timeline]"
         );
         std::process::exit(2);
     };
@@ -910,6 +910,20 @@ fn main() {
             }));
         }
     }
+    // `--timeline`: each benchmark forward also built with its per-block
+    // timeline marks, for `bench/timeline.py`.
+    if args.iter().any(|a| a == "--timeline") {
+        let Some(nvcc) = nvcc.as_deref() else {
+            eprintln!("--timeline compiles cubins: it needs --nvcc");
+            std::process::exit(2);
+        };
+        for entry in &mut bench {
+            if entry["kernel"].is_object() {
+                eprintln!("timeline build {} …", entry["workload"]);
+                add_timeline_cubin(&out, &mut entry["kernel"], nvcc, &includes);
+            }
+        }
+    }
     let (recurrent_cases, recurrent_bench) = if varlen_only || sweep_only || workloads.is_some() {
         (Vec::new(), Vec::new())
     } else {
@@ -1207,29 +1221,7 @@ pub(crate) fn compile_source(
     let mut cubin = Value::Null;
     if let Some(nvcc) = nvcc {
         let target = out.join(format!("{file}.sm_90a.cubin"));
-        let mut cmd = Command::new(nvcc);
-        cmd.args([
-            "-arch=sm_90a",
-            "-cubin",
-            "-O3",
-            "-Xptxas",
-            "-v",
-            "-diag-suppress",
-            "177",
-            "-o",
-        ])
-        .arg(&target)
-        .arg(&cu);
-        for i in includes {
-            cmd.arg("-I").arg(i);
-        }
-        let res = cmd.output().expect("run nvcc");
-        let log = String::from_utf8_lossy(&res.stderr).to_string();
-        assert!(
-            res.status.success(),
-            "nvcc failed on {}:\n{log}",
-            cu.display()
-        );
+        let log = nvcc_cubin(nvcc, includes, &cu, &target, &[]);
         ptxas = json!(
             log.lines()
                 .filter(|l| l.contains("registers") || l.contains("spill"))
@@ -1238,6 +1230,50 @@ pub(crate) fn compile_source(
         cubin = json!(target.file_name().and_then(|f| f.to_str()));
     }
     (json!(cu.file_name().and_then(|f| f.to_str())), cubin, ptxas)
+}
+
+/// Compiles `cu` to the sm_90a cubin `target` with `extra` flags; returns
+/// ptxas's log (panics with it where nvcc fails).
+fn nvcc_cubin(nvcc: &str, includes: &[String], cu: &Path, target: &Path, extra: &[&str]) -> String {
+    let mut cmd = Command::new(nvcc);
+    cmd.args([
+        "-arch=sm_90a",
+        "-cubin",
+        "-O3",
+        "-Xptxas",
+        "-v",
+        "-diag-suppress",
+        "177",
+    ])
+    .args(extra)
+    .arg("-o")
+    .arg(target)
+    .arg(cu);
+    for i in includes {
+        cmd.arg("-I").arg(i);
+    }
+    let res = cmd.output().expect("run nvcc");
+    let log = String::from_utf8_lossy(&res.stderr).to_string();
+    assert!(
+        res.status.success(),
+        "nvcc failed on {}:\n{log}",
+        cu.display()
+    );
+    log
+}
+
+/// `--timeline`: the forward kernel of `meta` (written by [`kernel_meta`])
+/// compiled again with `-DAEC_TIMELINE` (per-block `%globaltimer` marks,
+/// `templates/cuda/prelude.cu`) as `meta["timeline_cubin"]`, which
+/// `bench/timeline.py` loads.
+fn add_timeline_cubin(out: &Path, meta: &mut Value, nvcc: &str, includes: &[String]) {
+    let Some(source) = meta["source"].as_str() else {
+        return;
+    };
+    let cu = out.join(source);
+    let target = out.join(source.replace(".cu", ".timeline.sm_90a.cubin"));
+    nvcc_cubin(nvcc, includes, &cu, &target, &["-DAEC_TIMELINE"]);
+    meta["timeline_cubin"] = json!(target.file_name().and_then(|f| f.to_str()));
 }
 
 /// [`args_meta`], with each tensor map's extents (size expressions,

@@ -841,6 +841,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         last = before == arrivals - 1;
         if (last) *count = 0;
     }
+    AEC_MARK(4);
     if (!__syncthreads_or(last)) return;
     for (int x = threadIdx.x; x < nr * CMB_TPR; x += NT)
         combine_row_quad<FUSED_CHUNK, true>(P, opart, spart, o, rowout, all_rows, row0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
@@ -890,6 +891,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     P.B = 1;
     const int Tq = cu_q[B], Tk = cu_k[B];
 {% endif %}
+    // Timeline marks (prelude.cu, bench/timeline.py): 0 here, then on the
+    // sm_80 path 1 after the key loop, 2 after the key-warp merge, 3 after
+    // the epilogue, 4 after a split's arrival; 5 at the end.
+    AEC_MARK(0);
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
 {% if key_warps > 1 || dv_warps > 1 %}    // Row warp wr's rows are shared by KEY_WARPS × DV_WARPS warps; warp
@@ -1330,6 +1335,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
         }  // cls != 0
     }
+    AEC_MARK(1);
 {% if share_p %}    // The second warpgroup's rows' state (it computed none): the first's.
     __syncthreads();
     if (dw == 0) {
@@ -1350,17 +1356,20 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         }
     }
 {% endif %}{% if key_warps > 1 %}{% call merge_key_warps() %}{% endcall %}{% endif %}
+    AEC_MARK(2);
 {% if fused_combine && key_warps > 1 %}        if (kw == 0) {
 {% endif %}{% call epilogue() %}{% endcall %}
 {% if fused_combine && key_warps > 1 %}        }
-{% endif %}{% if fused_combine %}        // Split-KV with the combine in this kernel (merge_if_last_split).
+{% endif %}        AEC_MARK(3);
+{% if fused_combine %}        // Split-KV with the combine in this kernel (merge_if_last_split).
         if (n_splits > 1)
             merge_if_last_split(P, opart, spart, o, rowout,
                                 split_count + ((long long)bz * gridDim.y + by) * (nbx / DV_SPLIT) + bx / DV_SPLIT,
                                 n_splits * DV_SPLIT, (long long)B * H * Sq, q_row0 + m0, min(BM, n_rows - m0), n_splits);
 {% endif %}
     }
-{% endif %}}
+{% endif %}    AEC_MARK(5);
+}
 {% if split_kv && !fused_combine %}
 // The split-KV combine as its own kernel: CMB_ROWS rows per block, each
 // row's Dv/4 column quads over CMB_TPR threads (combine_row_quad). One block

@@ -1,4 +1,30 @@
 // Shared helpers of the sm_80-class templates (included; needs elem_t, NT, PAD).
+
+// Per-block timeline marks (bench/timeline.py): built with -DAEC_TIMELINE,
+// thread 0 of each of the first AEC_TIMELINE_BLOCKS blocks records
+// %globaltimer (ns) at mark k in aec_timeline[block * 8 + k] and its SM in
+// slot 7; otherwise AEC_MARK is nothing. Which marks a kernel has, and
+// where, is the template's business (parallel_fwd.cu lists its own).
+#ifdef AEC_TIMELINE
+#define AEC_TIMELINE_BLOCKS 65536
+__device__ unsigned long long aec_timeline[AEC_TIMELINE_BLOCKS * 8];
+__device__ __forceinline__ void aec_mark(int k) {
+    if (threadIdx.x != 0) return;
+    const unsigned block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (block >= AEC_TIMELINE_BLOCKS) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    aec_timeline[block * 8 + k] = t;
+    if (k == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        aec_timeline[block * 8 + 7] = sm;
+    }
+}
+#define AEC_MARK(k) aec_mark(k)
+#else
+#define AEC_MARK(k)
+#endif
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }

@@ -1,0 +1,113 @@
+"""Per-block timeline of a benchmark forward kernel, on a GPU machine.
+
+    python bench/timeline.py <cases_dir> <workload>[,<workload>...] [--launches N]
+
+<cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --timeline` (add
+`--workloads ...` for a quick build): each benchmark forward is also built
+with -DAEC_TIMELINE, where thread 0 of every block records %globaltimer at
+the template's marks (templates/cuda/prelude.cu; the forward's marks:
+0 start, 1 after the key loop, 2 after the key-warp merge, 3 after the
+epilogue, 4 after a split's arrival, 5 end; sm_80 path, the others mark 0
+and 5 only). The kernel runs N times (default 6) on three rotating input
+sets (more than L2 holds for decoding); the last launch's marks are
+printed as quantiles over the blocks (microseconds from the first block's
+start) and as the time between consecutive marks, and written with every
+block's raw marks to $OUT/timeline.json. Variants with custom inputs are
+refused. The marks cost a few registers and stores: compare timelines
+with each other, and times with gpu_check.py.
+"""
+import ctypes, json, os, sys
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+MARKS = ["start", "loop end", "key-warp merge", "epilogue", "arrival", "end"]
+BLOCKS = 65536  # AEC_TIMELINE_BLOCKS in templates/cuda/prelude.cu
+
+
+def quantiles(xs):
+    xs = sorted(xs)
+    return [xs[int(p * (len(xs) - 1))] for p in (0.0, 0.1, 0.5, 0.9, 1.0)]
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) < 2 or args[0].startswith("-"):
+        sys.exit(__doc__)
+    cases_dir, wanted = args[0], args[1].split(",")
+    launches = int(args[args.index("--launches") + 1]) if "--launches" in args else 6
+    if launches < 1:
+        sys.exit(f"timeline: --launches must be at least 1, not {launches}")
+    # gpu_check reads its own command line at import (--rounds, ...).
+    sys.argv = [sys.argv[0], cases_dir]
+    import gpu_check as g
+    torch.zeros(1, device="cuda")  # PyTorch's context, which our modules load into
+    index = json.load(open(os.path.join(cases_dir, "index.json")))
+    workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))["workloads"] + index.get("extra_workloads", [])
+    by_id = {w["id"]: w for w in workloads}
+    entries = {e["workload"]: e for e in index["bench"]}
+    g.libcuda.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
+                                               ctypes.c_void_p, ctypes.c_char_p]
+    g.libcuda.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    g.libcuda.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+    report = []
+    for wl in wanted:
+        if wl not in entries or wl not in by_id:
+            sys.exit(f"timeline: no benchmark workload `{wl}` in {cases_dir} (have: {', '.join(entries)})")
+        meta = entries[wl].get("kernel") or {}
+        if not meta.get("timeline_cubin"):
+            sys.exit(f"timeline: `{wl}` has no timeline build in {cases_dir}: run aec-bench with --timeline")
+        if any(a["kind"] == "custom" for a in meta["args"]):
+            sys.exit(f"timeline: `{wl}`'s variant takes custom inputs, which this tool does not make")
+        w = by_id[wl]
+        b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
+        kern = g.Kernel(cases_dir, dict(meta, cubin=meta["timeline_cubin"]))
+        ptr, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+        g.check(g.libcuda.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), kern.module, b"aec_timeline"),
+                "cuModuleGetGlobal aec_timeline")
+
+        def inputs():
+            q = torch.randn(b, h, sq, dqk, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, hkv, skv, dqk, device="cuda", dtype=torch.bfloat16)
+            # V stored in K (the latent cache): the kernel reads V from k's rows.
+            v = k if w.get("v_in_k") else torch.randn(b, hkv, skv, dv, device="cuda", dtype=torch.bfloat16)
+            return q, k, v
+        sets = [inputs() for _ in range(3)]
+        sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
+        buf = (ctypes.c_uint64 * (BLOCKS * 8))()
+        for n in range(launches):
+            if n == launches - 1:
+                # Marks a block does not reach stay 0 (buf is zeroed).
+                g.check(g.libcuda.cuMemcpyHtoD_v2(ptr.value, buf, ctypes.sizeof(buf)), "clear marks")
+            kern(*sets[n % 3], {}, sizes)
+            torch.cuda.synchronize()
+        g.check(g.libcuda.cuMemcpyDtoH_v2(buf, ptr.value, ctypes.sizeof(buf)), "read marks")
+        x, y, z = kern.launch_grid(sizes, kern.last_splits)
+        blocks = min(x * y * z, BLOCKS)
+        rows = [[buf[i * 8 + m] for m in range(8)] for i in range(blocks)]
+        t0 = min(r[0] for r in rows)
+        reached = [m for m in range(len(MARKS)) if all(r[m] for r in rows)]
+        print(f"{wl}: `{meta['name']}`, {blocks} blocks, {kern.last_splits} KV splits, launch {launches} of {launches};"
+              f" us, quantiles over blocks: min p10 p50 p90 max")
+        out = dict(workload=wl, kernel=meta["name"], blocks=blocks, kv_splits=kern.last_splits, marks={}, phases={})
+        for m in reached:
+            qs = quantiles([(r[m] - t0) / 1e3 for r in rows])
+            out["marks"][MARKS[m]] = qs
+            print(f"  at {MARKS[m]:15s}" + "".join(f"{v:8.2f}" for v in qs))
+        for a, c in zip(reached, reached[1:]):
+            qs = quantiles([(r[c] - r[a]) / 1e3 for r in rows])
+            out["phases"][f"{MARKS[a]} -> {MARKS[c]}"] = qs
+            print(f"  {MARKS[a] + ' -> ' + MARKS[c]:31s}" + "".join(f"{v:8.2f}" for v in qs))
+        out["raw_ns"] = [[r[m] - t0 if r[m] else None for m in reached] + [r[7]] for r in rows]
+        out["raw_columns"] = [MARKS[m] for m in reached] + ["sm"]
+        report.append(out)
+        del sets
+        torch.cuda.empty_cache()
+    dest = os.environ.get("OUT", ".")
+    with open(os.path.join(dest, "timeline.json"), "w") as f:
+        json.dump(report, f)
+    print(f"wrote {os.path.join(dest, 'timeline.json')}")
+
+
+if __name__ == "__main__":
+    main()
