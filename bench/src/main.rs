@@ -353,6 +353,11 @@ fn main() {
         std::process::exit(2);
     }
     let picked = |w: &str| workloads.as_ref().is_none_or(|l| l.iter().any(|x| x == w));
+    let timeline = args.iter().any(|a| a == "--timeline");
+    if timeline && nvcc.is_none() {
+        eprintln!("--timeline compiles cubins: it needs --nvcc");
+        std::process::exit(2);
+    }
     let no_parallel = varlen_only || sweep_only || args.iter().any(|a| a == "--recurrent-only");
     // `--per-block`: the warp-specialised kernels launched with a block per
     // row block instead of persistent (to check and time that form).
@@ -911,12 +916,8 @@ fn main() {
         }
     }
     // `--timeline`: each benchmark forward also built with its per-block
-    // timeline marks, for `bench/timeline.py`.
-    if args.iter().any(|a| a == "--timeline") {
-        let Some(nvcc) = nvcc.as_deref() else {
-            eprintln!("--timeline compiles cubins: it needs --nvcc");
-            std::process::exit(2);
-        };
+    // timeline marks, for `bench/timeline.py` (nvcc checked at the start).
+    if let (true, Some(nvcc)) = (timeline, nvcc.as_deref()) {
         for entry in &mut bench {
             if entry["kernel"].is_object() {
                 eprintln!("timeline build {} …", entry["workload"]);
