@@ -378,7 +378,12 @@ KERNEL LAUNCH_BOUNDS(CMB_ROWS * CMB_TPR) void {{ h.kernel_name }}_combine(
         const int r = 0;
 {{ state_init }}    }
     // The merged state, split by split in order; a chunk's state words are
-    // all loaded before any is merged.
+    // all loaded before any is merged (and again, all before any use, for
+    // the rescale below: keeping them in registers took the combine from
+    // 166 to 249 VGPRs on gfx942). Splits that saw no key drop out by
+    // selects, not branches: a branch on each split's loaded flag waits on
+    // that load before the next is issued (on the CUDA template 16 splits
+    // read that way took 1.6 us; bench/NOTES.md, session 49).
     float m[NSTATE_ARR];
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
@@ -393,16 +398,15 @@ KERNEL LAUNCH_BOUNDS(CMB_ROWS * CMB_TPR) void {{ h.kernel_name }}_combine(
         }
 #pragma unroll
         for (int j = 0; j < COMBINE_CHUNK; ++j) {
-            if (x[j][NSTATE] == 0.0f) continue;  // no key, or past the last split
-            float y[NSTATE_ARR];
+            // (x[j][NSTATE] is 0 for no key, and past the last split.)
+            const bool seen = x[j][NSTATE] != 0.0f;
+            float y[NSTATE_ARR], merged[NSTATE_ARR];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
-            if (any) combine_merge(m, y);
-            else {
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = merged[f] = f < NSTATE ? x[j][f] : 0.0f;
+            combine_merge(merged, m);
 #pragma unroll
-                for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
-            }
-            any = true;
+            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = seen ? (any ? merged[f] : y[f]) : m[f];
+            any = any || seen;
         }
     }
     float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -410,25 +414,34 @@ KERNEL LAUNCH_BOUNDS(CMB_ROWS * CMB_TPR) void {{ h.kernel_name }}_combine(
 #pragma unroll
     for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
     for (int base = 0; any && base < n_splits; base += COMBINE_CHUNK) {
-        if (base > 0) {
+        // The chunk's outputs (the first chunk's are loaded) and its state
+        // words again, all loads before any use.
+        float x[COMBINE_CHUNK][NSTATE + 1];
 #pragma unroll
-            for (int j = 0; j < COMBINE_CHUNK; ++j)
+        for (int j = 0; j < COMBINE_CHUNK; ++j) {
+            if (base > 0) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     val[j][e] = base + j < n_splits ? opart[((long long)(base + j) * rows + row) * DVG + c0 + e] : 0.0f;
+            }
+            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
+#pragma unroll
+            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? srow[f] : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < COMBINE_CHUNK; ++j) {
-            if (base + j >= n_splits) break;
-            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-            if (srow[NSTATE] == 0.0f) continue;  // its output is zeros, or was never written
+            // A split that saw no key adds nothing: its factor is 0 and its
+            // output is not read into the sum (its state may be the initial
+            // one, whose rescale need not be finite).
+            const bool seen = x[j][NSTATE] != 0.0f;
             float y[NSTATE_ARR];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? srow[f] : 0.0f;
-            const float c = combine_rescale(y, m, P);
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = seen && f < NSTATE ? x[j][f] : 0.0f;
+            const float r = combine_rescale(y, m, P);
+            const float c = seen ? r : 0.0f;
             combine_scaled_add(acc_st, c, y);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) out[e] += c * val[j][e];
+            for (int e = 0; e < 4; ++e) out[e] += seen ? c * val[j][e] : 0.0f;
         }
     }
     if (any) combine_scaled_finish(m, acc_st);
