@@ -1272,7 +1272,8 @@ fn add_timeline_cubin(out: &Path, meta: &mut Value, nvcc: &str, includes: &[Stri
         return;
     };
     let cu = out.join(source);
-    let target = out.join(source.replace(".cu", ".timeline.sm_90a.cubin"));
+    let stem = source.strip_suffix(".cu").unwrap_or(source);
+    let target = out.join(format!("{stem}.timeline.sm_90a.cubin"));
     nvcc_cubin(nvcc, includes, &cu, &target, &["-DAEC_TIMELINE"]);
     meta["timeline_cubin"] = json!(target.file_name().and_then(|f| f.to_str()));
 }
