@@ -263,8 +263,9 @@ fn unsupported_configurations_are_refused_with_reasons() {
 
 /// Key warps (`key_warps`): the tile's warps split each key block and the
 /// kernel merges their partial rows with the combine; counts other than 1,
-/// 2 or 4, warps they do not divide, fewer than 16 keys per warp, the wgmma
-/// template, and variants without a combine are refused with the reason.
+/// 2 or 4, warps they do not divide, fewer than 16 keys per warp, O columns
+/// they cannot share evenly, the wgmma template, and variants without a
+/// combine are refused with the reason.
 #[test]
 fn key_warps_split_key_blocks_or_are_refused_with_reasons() {
     let v = example("decode");
@@ -281,12 +282,24 @@ fn key_warps_split_key_blocks_or_are_refused_with_reasons() {
     assert!(
         k.source.contains("#define KEY_WARPS 2")
             && k.source.contains("combine_rescale(xs[w], m, P)")
-            && k.source.contains("if (kw > 0) return;"),
-        "the merge of the key warps' rows"
+            && k.source.contains("kw * EPI_DT + dq")
+            && k.source.contains("#define EPI_DT (DVW / 8 / KEY_WARPS)"),
+        "the merge of the key warps' rows, each warp its share of the columns"
     );
-    // One key warp: the kernel has no merge.
+    // One key warp: the kernel has no merge and writes all its columns.
     let one = parallel_forward(&v, 128, 128, &kw(1, 1, 32)).expect("one warp");
-    assert!(!one.source.contains("if (kw > 0) return;"));
+    assert!(
+        !one.source.contains("kw * EPI_DT + dq")
+            && one.source.contains("#define EPI_DT (DVW / 8)\n")
+    );
+    // Four key warps share 48 columns unevenly: refused with the sizes.
+    let err = parallel_forward(&v, 128, 48, &kw(4, 4, 64))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("48 O columns per warp") && err.contains("multiple of 32"),
+        "{err}"
+    );
     for (cfg, want) in [
         (kw(3, 3, 96), "key_warps must be 1, 2 or 4"),
         (kw(2, 3, 32), "divide the warps"),

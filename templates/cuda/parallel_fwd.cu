@@ -161,6 +161,14 @@
 {% endif %}#define NE (KW / 4)
 // Groups of 32 O columns written 16 bytes per lane in the epilogue.
 #define QUAD_GROUPS {% if quad_stores %}(DVW / 32){% else %}0{% endif %}
+// The O columns the epilogue writes: with key warps each its share of the
+// 8-column groups (merge_key_warps compacts them into acc[mt][0, EPI_DT)),
+// else all of the warp's.
+{% if key_warps > 1 %}#define EPI_DT (DVW / 8 / KEY_WARPS)
+#define EPI_COL (DW_COL + kw * (DVW / KEY_WARPS))
+{% else %}#define EPI_DT (DVW / 8)
+#define EPI_COL DW_COL
+{% endif %}#define EPI_QG (QUAD_GROUPS ? EPI_DT / 4 : 0)
 #define STAGES {{ stages }}  // K/V ring depth
 #define NR (2 * MT)  // rows of S held per thread
 #define NSTATE {{ nstate }}
@@ -463,11 +471,11 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 // A partial row for the combine kernel: the unnormalised output,
                 // the state and whether any key was seen.
                 if (!row_ok) continue;
-                float* prow = opart + ((long long)split * rows + row) * DVG + dv0 + DW_COL;
+                float* prow = opart + ((long long)split * rows + row) * DVG + dv0 + EPI_COL;
 #pragma unroll
-                for (int dt = 0; dt < DVW / 8; ++dt)
+                for (int dt = 0; dt < EPI_DT; ++dt)
                     *reinterpret_cast<float2*>(prow + dt * 8 + 2 * t4) = make_float2(acc[mt][dt][2 * half], acc[mt][dt][2 * half + 1]);
-                if (t4 == 0 && dv0 == 0 && DW_COL == 0) {
+                if (t4 == 0 && dv0 == 0 && EPI_COL == 0) {
                     float* srow = spart + ((long long)split * rows + row) * (NSTATE + 1);
 #pragma unroll
                     for (int f = 0; f < NSTATE; ++f) srow[f] = st[r][f];
@@ -475,7 +483,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 }
                 continue;
             }
-{% endif %}            elem_t* orow = o + row * DVG + dv0 + DW_COL;
+{% endif %}            elem_t* orow = o + row * DVG + dv0 + EPI_COL;
             // The epilogue is o times a row factor; fully masked rows are 0.
             const float of = epilogue_o_factor(st[r], P);
             // Four 8-column groups at a time (QUAD_GROUPS): each lane of a
@@ -484,16 +492,16 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             // writes 64-byte row segments, not 16-byte pieces). The rest two
             // columns per lane.
 #pragma unroll
-            for (int q = 0; q < QUAD_GROUPS; ++q) {
+            for (int q = 0; q < EPI_QG; ++q) {
 {% call quad_group() %}{% endcall %}                if (row_ok) *reinterpret_cast<uint4*>(orow + (4 * q + t4) * 8) = make_uint4(w[0], w[1], w[2], w[3]);
             }
 #pragma unroll
-            for (int dt = QUAD_GROUPS * 4; dt < DVW / 8; ++dt) {
+            for (int dt = EPI_QG * 4; dt < EPI_DT; ++dt) {
                 const float o0 = seen[r] ? acc[mt][dt][2 * half] * of : 0.0f;
                 const float o1 = seen[r] ? acc[mt][dt][2 * half + 1] * of : 0.0f;
                 if (row_ok) *reinterpret_cast<unsigned*>(orow + dt * 8 + 2 * t4) = pack2(o0, o1);
             }
-            if (row_ok && t4 == 0 && dv0 == 0 && DW_COL == 0) {  // every slice has the same row state
+            if (row_ok && t4 == 0 && dv0 == 0 && EPI_COL == 0) {  // every slice has the same row state
 {% call row_state_out() %}{% endcall %}            }
         }
 {% endmacro %}
@@ -522,17 +530,20 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% endmacro %}
 {% macro merge_key_warps() %}
     {
-        // The key warps' partial rows merge into key warp 0's with the
-        // variant's derived combine (as split-KV's combine kernel merges
-        // splits). The others leave accumulators, state and "saw a key" in
-        // the K/V ring, free once every warp is past the loop, one word per
-        // lane: [key warp - 1][row warp][value][lane].
+        // The key warps' partial rows merge with the variant's derived
+        // combine (as split-KV's combine kernel merges splits), each key warp
+        // merging and then writing its share of the columns (EPI_DT 8-column
+        // groups from EPI_COL): one warp merging them all took 0.9 us of the
+        // one long decoding sequence's tail (H200, bench/NOTES.md). Every key
+        // warp leaves accumulators, state and "saw a key" in the K/V ring,
+        // free once every warp is past the loop, one word per lane:
+        // [key warp][row warp][value][lane].
         constexpr int NACC = MT * (DVW / 8) * 4, NVAL = NACC + NR * (NSTATE_ARR + 1);
         float* scratch = reinterpret_cast<float*>(sK);
         cp_async_wait<0>();
         __syncthreads();
-        if (kw > 0) {
-            float* mine = scratch + ((kw - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane;
+        {
+            float* mine = scratch + (kw * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -547,25 +558,19 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
         __syncthreads();
-{% if fused_combine %}        // (The others stay: the combine below waits on every thread.)
-        if (kw == 0) {
-{% else %}        if (kw > 0) return;
-{% endif %}#pragma unroll
+#pragma unroll
         for (int r = 0; r < NR; ++r) {
             const int mt = r / 2, half = r % 2;
-            // Every key warp's state and "saw a key" (this warp's first), all
-            // read before any is merged; then the merged state, each partial's
-            // factor, and the partials rescaled into the accumulators. Warps
-            // that saw no key drop out by selects, not branches, which kept
-            // each read behind the last (as in combine_row_quad).
+            // Every key warp's state and "saw a key", all read before any is
+            // merged; then the merged state, each partial's factor, and this
+            // warp's columns of the partials rescaled into acc[mt][0, EPI_DT).
+            // Warps that saw no key drop out by selects, not branches, which
+            // kept each read behind the last (as in combine_row_quad).
             float xs[KEY_WARPS][NSTATE_ARR];
             bool sn[KEY_WARPS];
 #pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) xs[0][f] = st[r][f];
-            sn[0] = seen[r];
-#pragma unroll
-            for (int w = 1; w < KEY_WARPS; ++w) {
-                const float* ost = scratch + ((w - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane + (NACC + r * (NSTATE_ARR + 1)) * WARP;
+            for (int w = 0; w < KEY_WARPS; ++w) {
+                const float* ost = scratch + (w * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane + (NACC + r * (NSTATE_ARR + 1)) * WARP;
                 sn[w] = ost[NSTATE_ARR * WARP] != 0.0f;
 #pragma unroll
                 for (int f = 0; f < NSTATE_ARR; ++f) xs[w][f] = ost[f * WARP];
@@ -584,8 +589,9 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 for (int f = 0; f < NSTATE_ARR; ++f) m[f] = sn[w] ? (any ? merged[f] : xs[w][f]) : m[f];
                 any = any || sn[w];
             }
+            float c[KEY_WARPS];
             if (any) {
-                float acc_st[NSTATE_ARR], c[KEY_WARPS];
+                float acc_st[NSTATE_ARR];
 #pragma unroll
                 for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
 #pragma unroll
@@ -599,28 +605,29 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                     for (int f = 0; f < NSTATE_ARR; ++f) y[f] = sn[w] ? xs[w][f] : 0.0f;
                     combine_scaled_add(acc_st, c[w], y);
                 }
-#pragma unroll
-                for (int dt = 0; dt < DVW / 8; ++dt) {
-                    acc[mt][dt][2 * half] *= c[0];
-                    acc[mt][dt][2 * half + 1] *= c[0];
-                }
-#pragma unroll
-                for (int w = 1; w < KEY_WARPS; ++w) {
-                    const float* other = scratch + ((w - 1) * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane;
-#pragma unroll
-                    for (int dt = 0; dt < DVW / 8; ++dt) {
-                        acc[mt][dt][2 * half] += c[w] * other[((mt * (DVW / 8) + dt) * 4 + 2 * half) * WARP];
-                        acc[mt][dt][2 * half + 1] += c[w] * other[((mt * (DVW / 8) + dt) * 4 + 2 * half + 1) * WARP];
-                    }
-                }
                 combine_scaled_finish(m, acc_st);
+            } else {
+#pragma unroll
+                for (int w = 0; w < KEY_WARPS; ++w) c[w] = 0.0f;
+            }
+#pragma unroll
+            for (int dq = 0; dq < EPI_DT; ++dq) {
+                float o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+                for (int w = 0; w < KEY_WARPS; ++w) {
+                    const float* part = scratch + (w * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane +
+                                        ((mt * (DVW / 8) + kw * EPI_DT + dq) * 4 + 2 * half) * WARP;
+                    o0 += c[w] * part[0];
+                    o1 += c[w] * part[WARP];
+                }
+                acc[mt][dq][2 * half] = o0;
+                acc[mt][dq][2 * half + 1] = o1;
             }
 #pragma unroll
             for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = m[f];
             seen[r] = any;
         }
-{% if fused_combine %}        }
-{% endif %}    }
+    }
 {% endmacro %}
 {% macro modify_q_rows(thread, threads, rows, row0) %}        // The variant's modify_q on `rows` rows of the Q tile from row `row0`,
         // 16 bytes (QV columns, contiguous under the swizzle too) per thread
@@ -689,11 +696,8 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 #define CMB_TPR (DVG / 4)
 #define CMB_ROWS {{ combine_rows }}
 #define COMBINE_CHUNK {{ combine_chunk }}
-// In the main kernel: at most 8. The first chunk's outputs and state words
-// stay in registers until the rescale, and with 16 they raised the decoding
-// kernels' registers (B 64 x 4096 at d128: 204 against 127 with 8, whatever
-// the splits); where Dv is split between blocks 16 also spilled.
-#define FUSED_CHUNK (COMBINE_CHUNK > 8 ? 8 : COMBINE_CHUNK)
+// In the main kernel: fused_chunk_for in compiler/src/cuda/forward.rs.
+#define FUSED_CHUNK {{ fused_chunk }}
 template <bool IN_KERNEL>
 __device__ __forceinline__ float4 partial_quad(const float* p) {
     return IN_KERNEL ? *reinterpret_cast<const float4*>(p) : __ldg(reinterpret_cast<const float4*>(p));
@@ -1357,10 +1361,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
 {% endif %}{% if key_warps > 1 %}{% call merge_key_warps() %}{% endcall %}{% endif %}
     AEC_MARK(2);
-{% if fused_combine && key_warps > 1 %}        if (kw == 0) {
-{% endif %}{% call epilogue() %}{% endcall %}
-{% if fused_combine && key_warps > 1 %}        }
-{% endif %}        AEC_MARK(3);
+{% call epilogue() %}{% endcall %}
+        AEC_MARK(3);
 {% if fused_combine %}        // Split-KV with the combine in this kernel (merge_if_last_split).
         if (n_splits > 1)
             merge_if_last_split(P, opart, spart, o, rowout,

@@ -472,6 +472,9 @@ impl ForwardConfig {
             dv_warps: 1,
             ..self
         };
+        if !key_warps_share_columns(&fat, dv) {
+            return self;
+        }
         let deep = ForwardConfig {
             stages: self.stages.max(3),
             ..fat
@@ -832,6 +835,23 @@ pub fn combine_chunk_for(dv: u32) -> u32 {
     (2048 / dv.max(1)).clamp(4, 16)
 }
 
+/// Splits the combine in the main kernel ([`ForwardConfig::fused_combine`])
+/// loads at once: the combine kernel's chunk, at most 8 where the kernel
+/// may share a multiprocessor. The first chunk's outputs and state words
+/// stay in registers until the rescale; with 16 they raised the B 64 × 4096
+/// decoding kernel's registers from 127 to 204 at d128. The tile with four
+/// key warps runs alone on its multiprocessor (grids below half the SMs),
+/// where 16 costs no occupancy and saves the last block a second round of
+/// L2 reads at 16 splits.
+fn fused_chunk_for(cfg: &ForwardConfig, dv: u32) -> u32 {
+    let chunk = combine_chunk_for(dv);
+    if cfg.key_warps >= 4 {
+        chunk
+    } else {
+        chunk.min(8)
+    }
+}
+
 impl KernelSource {
     /// The launch grid for sizes `B, H, Hkv, Sq`: `(ceil(Sq / block_m) ·
     /// dv_split, H, B)`, or with packed heads `(ceil(H/Hkv · Sq / block_m) ·
@@ -1171,13 +1191,20 @@ fn ring_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     cfg.stages * cfg.block_n * (tile_stride(cfg, dv, dqk) + v_cols) * 2
 }
 
-/// Shared memory the key warps' partial rows take at the end (all but the
-/// first key warp of each row warp: accumulators, state and "saw a key",
-/// a word per lane each); they reuse the K/V ring.
+/// Shared memory the key warps' partial rows take at the end (every key
+/// warp's accumulators, state and "saw a key", a word per lane each: each
+/// warp then merges its share of the columns from all of them); they reuse
+/// the K/V ring.
 fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize) -> u32 {
     let rows = 2 * cfg.m_tiles();
     let words = cfg.m_tiles() * (dv / cfg.dv_warps.max(1)) / 2 + rows * (nstate.max(1) as u32 + 1);
-    (cfg.key_warps - 1) * cfg.row_warps() * cfg.dv_warps * WARP_SIZE * words * 4
+    cfg.key_warps * cfg.row_warps() * cfg.dv_warps * WARP_SIZE * words * 4
+}
+
+/// Whether each of the key warps can merge and write an equal share of a
+/// warp's 8-column O groups (`merge_key_warps` in the template).
+fn key_warps_share_columns(cfg: &ForwardConfig, dv_total: u32) -> bool {
+    (cfg.dv_slice(dv_total) / cfg.dv_warps.max(1)).is_multiple_of(8 * cfg.key_warps.max(1))
 }
 
 /// Whether the `wgmma` forward takes these head dims (`dv` one block's
@@ -1277,6 +1304,8 @@ struct ForwardTemplate<'a> {
     quad_stores: bool,
     combine_rows: u32,
     combine_chunk: u32,
+    /// Splits the combine in the main kernel loads at once (`fused_chunk_for`).
+    fused_chunk: u32,
     wgmma_fns: String,
 }
 
@@ -1543,6 +1572,7 @@ fn generate_forward(
         quad_stores: dqk <= 128,
         combine_rows: combine_rows_for(dv_total),
         combine_chunk: combine_chunk_for(dv_total),
+        fused_chunk: fused_chunk_for(cfg, dv_total),
         wgmma_fns: if cfg.wgmma {
             wgmma_fns(
                 cfg.elem,
@@ -1704,6 +1734,16 @@ pub(crate) fn check_config(
         return Err(CompileError(format!(
             "{} key warps with {} warps and {}-key blocks are not supported: key_warps must be 1, 2 or 4 and divide the warps, and above 1 it needs the sm_80 template (wgmma: false) and leaves each warp a multiple of 16 keys",
             cfg.key_warps, cfg.warps, cfg.block_n
+        )));
+    }
+    if cfg.key_warps > 1 && !key_warps_share_columns(cfg, dv_total) {
+        return Err(CompileError(format!(
+            "{} key warps with {} O columns per warp are not supported: each key warp merges and writes an equal share of the warp's 8-column groups, so the columns per warp (Dv {dv_total} / dv_split {} / dv_warps {}) must be a multiple of {}",
+            cfg.key_warps,
+            cfg.dv_slice(dv_total) / cfg.dv_warps.max(1),
+            cfg.dv_split.max(1),
+            cfg.dv_warps.max(1),
+            8 * cfg.key_warps
         )));
     }
     if !matches!(cfg.dv_warps, 1 | 2)
