@@ -95,7 +95,9 @@ pub struct ForwardConfig {
     /// each takes `block_n / key_warps` keys of each block for all of its
     /// rows, with its own online state, and at the end the partial rows
     /// merge through shared memory (the K/V ring, free by then) with the
-    /// variant's derived combine. More warps then share one K/V ring
+    /// variant's derived combine, each key warp merging and writing an
+    /// equal share of the O columns (so a warp's columns must be a multiple
+    /// of `8 * key_warps`). More warps then share one K/V ring
     /// without more shared memory: decoding's one-warp block issues too
     /// little to keep the memory busy (bench/NOTES.md). `warps` counts
     /// them all: `warps / key_warps` row warps.
