@@ -1228,8 +1228,27 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     // Prefill kernels and Hopper's wgmma tiles have no KV splits to merge.
     let prefill = ForwardConfig::default_for(&example("softmax"), 128, 128, Elem::Bf16, Isa::Sm90a);
     assert_eq!(prefill.with_combine_for_rows(1, 128), prefill);
+    // Four key warps share a warp's O columns in quarters: not with 48.
+    assert_eq!(gqa.for_few_blocks(8, 132, 128, 48, Isa::Sm90a), gqa);
     let k = parallel_forward(&v, 128, 128, &fat).expect("fat decoding forward");
     assert_eq!(k.threads, 128);
+    // The in-kernel merge loads all 16 splits at once where the tile has
+    // four key warps (alone on its SM), 8 at a time with two.
+    let fused = |cfg: ForwardConfig| {
+        parallel_forward(
+            &v,
+            128,
+            128,
+            &ForwardConfig {
+                fused_combine: true,
+                ..cfg
+            },
+        )
+        .expect("fused decoding forward")
+        .source
+    };
+    assert!(fused(fat).contains("#define FUSED_CHUNK 16\n"));
+    assert!(fused(gqa).contains("#define FUSED_CHUNK 8\n"));
     // One block per H100 SM (139 KB): 132 / 8 = 16 splits fill one wave.
     assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100), 16);
     // Prefill kernels have no combine.
