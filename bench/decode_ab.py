@@ -1,0 +1,88 @@
+"""A/B of decoding builds in interleaved rounds, on a GPU machine.
+
+    python bench/decode_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...]
+
+Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
+<workload>` on a different build (copy shared/reference/workloads.json into
+it). The workload's default kernel of every build and cuDNN (SDPA's cuDNN
+backend) run on the same random inputs: each output's relative error
+against cuDNN's is printed, then each is timed as CUDA-graph replays
+(gpu_check.bench_graph: 24 calls over rotating input sets larger than L2)
+once per round, in the same order every round, so that builds a few tenths
+of a percent apart are compared within one process and not across runs.
+Prints per build the median over rounds, every round, and the fraction of
+the copy bandwidth (q, k and v bytes over the time, against a 1 GiB
+device-to-device copy; gpu_check.py also counts o). Only plain softmax
+decoding workloads (the anchor is cuDNN's SDPA).
+"""
+import json, math, os, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
+        sys.exit(__doc__)
+    wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
+    # gpu_check reads its own command line at import.
+    sys.argv = [sys.argv[0], dirs[0]]
+    sys.path.insert(0, HERE)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    import gpu_check as g
+    torch.zeros(1, device="cuda")  # PyTorch's context, which our modules load into
+    kernels = {}
+    w = None
+    for d in dirs:
+        index = json.load(open(os.path.join(d, "index.json")))
+        workloads = json.load(open(os.path.join(d, "workloads.json")))["workloads"] + index.get("extra_workloads", [])
+        by_id = {x["id"]: x for x in workloads}
+        entries = {e["workload"]: e for e in index["bench"]}
+        if wl_id not in by_id or wl_id not in entries or "kernel" not in entries[wl_id]:
+            sys.exit(f"decode_ab: no benchmark kernel for `{wl_id}` in {d} (have: {', '.join(entries)})")
+        if w is None:
+            w = by_id[wl_id]
+            if w["variant"] != "softmax" or w["sq"] != 1 or w.get("v_in_k"):
+                sys.exit(f"decode_ab: `{wl_id}` is not a plain softmax decoding workload")
+        kernels[d] = (g.Kernel(d, entries[wl_id]["kernel"]), entries[wl_id]["kernel"])
+    b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
+    sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
+    torch.manual_seed(0)
+
+    def inputs():
+        return (torch.randn(b, h, sq, dqk, device="cuda", dtype=torch.bfloat16),
+                torch.randn(b, hkv, skv, dqk, device="cuda", dtype=torch.bfloat16),
+                torch.randn(b, hkv, skv, dv, device="cuda", dtype=torch.bfloat16))
+    sets = [inputs()]
+    per_set = sum(t.numel() * t.element_size() for t in sets[0])
+    while len(sets) * per_set < g.GRAPH_SET_BYTES:
+        sets.append(inputs())
+    scale = w.get("scale", 1 / math.sqrt(dqk))
+
+    def cudnn(q, k, v):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hkv != h)
+    ref = cudnn(*sets[0]).float()
+    impls = {"cudnn": cudnn}
+    for d, (kern, meta) in kernels.items():
+        o, _ = kern(*sets[0], {}, sizes)
+        torch.cuda.synchronize()
+        print(f"{d}: {meta['name']}, {kern.last_splits} KV splits, rel_err {g.rel_err(o.float(), ref):.2e}, "
+              f"ptxas {' '.join(meta.get('ptxas') or [])}", flush=True)
+        impls[d] = (lambda kn: (lambda q, k, v: kn(q, k, v, {}, sizes)))(kern)
+    copy_gbps = g.copy_bandwidth()
+    times = {n: [] for n in impls}
+    for _ in range(rounds):
+        for n, f in impls.items():
+            times[n].append(g.bench_graph(lambda i, f=f: f(*sets[i]), len(sets)) * 1e3)
+    width = max(len(n) for n in impls)
+    for n, xs in times.items():
+        med = sorted(xs)[len(xs) // 2]
+        frac = per_set / (med * 1e-6) / (copy_gbps * 1e9)
+        print(f"{n:{width}s}  median {med:9.3f} us  {frac:.3f} of copy  rounds {' '.join(f'{x:.2f}' for x in xs)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
