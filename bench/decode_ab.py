@@ -37,8 +37,7 @@ def main():
     w = None
     for d in dirs:
         index = json.load(open(os.path.join(d, "index.json")))
-        workloads = json.load(open(os.path.join(d, "workloads.json")))["workloads"] + index.get("extra_workloads", [])
-        by_id = {x["id"]: x for x in workloads}
+        by_id = g.workloads_by_id(d, index)
         entries = {e["workload"]: e for e in index["bench"]}
         if wl_id not in by_id or wl_id not in entries or "kernel" not in entries[wl_id]:
             sys.exit(f"decode_ab: no benchmark kernel for `{wl_id}` in {d} (have: {', '.join(entries)})")

@@ -299,6 +299,13 @@ def load_bin(path, dtype, shape):
     return torch.frombuffer(data, dtype=dtype).reshape(shape).to(dev)
 
 
+def workloads_by_id(cases_dir, index):
+    """The workloads of <cases_dir>/workloads.json and the index's
+    `extra_workloads` (aec-bench's own), by id."""
+    listed = json.load(open(os.path.join(cases_dir, "workloads.json")))["workloads"]
+    return {w["id"]: w for w in listed + index.get("extra_workloads", [])}
+
+
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()

@@ -43,8 +43,7 @@ def main():
     import gpu_check as g
     torch.zeros(1, device="cuda")  # PyTorch's context, which our modules load into
     index = json.load(open(os.path.join(cases_dir, "index.json")))
-    workloads = json.load(open(os.path.join(cases_dir, "workloads.json")))["workloads"] + index.get("extra_workloads", [])
-    by_id = {w["id"]: w for w in workloads}
+    by_id = g.workloads_by_id(cases_dir, index)
     entries = {e["workload"]: e for e in index["bench"]}
     g.libcuda.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
                                                ctypes.c_void_p, ctypes.c_char_p]

@@ -567,6 +567,11 @@ impl ForwardConfig {
         dv / self.dv_split.max(1)
     }
 
+    /// O columns of one warp (its block's Dv slice over the Dv warps).
+    fn warp_columns(&self, dv: u32) -> u32 {
+        self.dv_slice(dv) / self.dv_warps.max(1)
+    }
+
     /// Warps that own rows (each row warp's rows are shared by
     /// `key_warps` warps splitting the keys).
     pub fn row_warps(&self) -> u32 {
@@ -1206,7 +1211,8 @@ fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize) -> u32 {
 /// Whether each of the key warps can merge and write an equal share of a
 /// warp's 8-column O groups (`merge_key_warps` in the template).
 fn key_warps_share_columns(cfg: &ForwardConfig, dv_total: u32) -> bool {
-    (cfg.dv_slice(dv_total) / cfg.dv_warps.max(1)).is_multiple_of(8 * cfg.key_warps.max(1))
+    cfg.warp_columns(dv_total)
+        .is_multiple_of(8 * cfg.key_warps.max(1))
 }
 
 /// Whether the `wgmma` forward takes these head dims (`dv` one block's
@@ -1742,7 +1748,7 @@ pub(crate) fn check_config(
         return Err(CompileError(format!(
             "{} key warps with {} O columns per warp are not supported: each key warp merges and writes an equal share of the warp's 8-column groups, so the columns per warp (Dv {dv_total} / dv_split {} / dv_warps {}) must be a multiple of {}",
             cfg.key_warps,
-            cfg.dv_slice(dv_total) / cfg.dv_warps.max(1),
+            cfg.warp_columns(dv_total),
             cfg.dv_split.max(1),
             cfg.dv_warps.max(1),
             8 * cfg.key_warps
