@@ -817,7 +817,95 @@ __device__ __forceinline__ void combine_row_quad(const Params& P, const float* o
     }
 }
 
-{% if fused_combine %}// The split-KV combine in the main kernel, called by every thread of a
+{% if fused_combine %}// combine_row_quad with the splits' states spread over the row's lanes: lane
+// g of the row's first CMB_G lanes reads split g's state (n_splits ≤ CMB_G),
+// the merged state comes from butterfly shuffles and each lane computes one
+// split's factor, which the others take by shuffle. Against every lane
+// merging all the states itself: 3 state words per lane instead of
+// 3 · n_splits, one exponential instead of n_splits. Every lane of the warp
+// calls it (`valid` false: no row, no loads or stores), as the shuffles need.
+#define CMB_G (CMB_TPR < WARP ? CMB_TPR : WARP)
+__device__ __forceinline__ void combine_row_quad_lanes(const Params& P, const float* opart, const float* spart,
+                                                       elem_t* __restrict__ o, float* __restrict__ rowout, long long rows,
+                                                       long long row, int c0, int n_splits, bool valid) {
+    const int g = (threadIdx.x % WARP) % CMB_G;
+    float4 vq[FUSED_CHUNK];
+#pragma unroll
+    for (int j = 0; j < FUSED_CHUNK; ++j)
+        vq[j] = valid && j < n_splits ? partial_quad<true>(opart + ((long long)j * rows + row) * DVG + c0)
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // This lane's split's state and flag.
+    float y[NSTATE_ARR];
+    bool seen = false;
+    {
+        const float* srow = spart + ((long long)g * rows + row) * (NSTATE + 1);
+        float x[NSTATE + 1];
+#pragma unroll
+        for (int f = 0; f <= NSTATE; ++f) x[f] = valid && g < n_splits ? partial_word<true>(srow + f) : 0.0f;
+        seen = x[NSTATE] != 0.0f;
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[f] : 0.0f;
+    }
+    // The merged state: butterfly over the row's lanes.
+    float m[NSTATE_ARR];
+#pragma unroll
+    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
+    bool any = seen;
+#pragma unroll
+    for (int off = 1; off < CMB_G; off *= 2) {
+        float other[NSTATE_ARR];
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) other[f] = __shfl_xor_sync(0xffffffffu, m[f], off, CMB_G);
+        const bool other_any = __shfl_xor_sync(0xffffffffu, any ? 1 : 0, off, CMB_G) != 0;
+        float merged[NSTATE_ARR];
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) merged[f] = other[f];
+        combine_merge(merged, m);
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) m[f] = other_any ? (any ? merged[f] : other[f]) : m[f];
+        any = any || other_any;
+    }
+    // This lane's split's factor (0 without a key: its state may be the
+    // initial one, whose factor need not be finite), and the scaled fields
+    // summed over the lanes.
+    const float cr = any ? combine_rescale(y, m, P) : 0.0f;
+    const float c = seen ? cr : 0.0f;
+    float acc_st[NSTATE_ARR], yz[NSTATE_ARR];
+#pragma unroll
+    for (int f = 0; f < NSTATE_ARR; ++f) {
+        acc_st[f] = 0.0f;
+        yz[f] = seen ? y[f] : 0.0f;
+    }
+    combine_scaled_add(acc_st, c, yz);
+#pragma unroll
+    for (int off = 1; off < CMB_G; off *= 2)
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] += __shfl_xor_sync(0xffffffffu, acc_st[f], off, CMB_G);
+    if (any) combine_scaled_finish(m, acc_st);
+    float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < FUSED_CHUNK; ++j) {
+        const float cj = __shfl_sync(0xffffffffu, c, j, CMB_G);
+        out.x += cj * vq[j].x;
+        out.y += cj * vq[j].y;
+        out.z += cj * vq[j].z;
+        out.w += cj * vq[j].w;
+    }
+    if (!valid) return;
+    // Rows no split saw a key of are zeros, as in the main kernel.
+    const float of = any ? epilogue_o_factor(m, P) : 0.0f;
+    *reinterpret_cast<uint2*>(o + row * DVG + c0) = make_uint2(pack2(out.x * of, out.y * of), pack2(out.z * of, out.w * of));
+    if (c0 == 0) {
+        float sc[NSCALES_ARR];
+        epilogue_scales(m, sc, P);
+#pragma unroll
+        for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
+#pragma unroll
+        for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = m[f];
+    }
+}
+
+{% endif %}{% if fused_combine %}// The split-KV combine in the main kernel, called by every thread of a
 // block once its partial rows are written: the last of a row block's
 // `arrivals` blocks (n_splits × DV_SPLIT) to get here merges the row block's
 // `nr` rows from `row0`, while the partials are in L2, instead of a second
@@ -847,6 +935,16 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
     AEC_MARK(4);
     if (!__syncthreads_or(last)) return;
+    if (n_splits <= CMB_G && n_splits <= FUSED_CHUNK) {
+        // Whole warps, so that every lane takes part in the shuffles.
+        for (int x0 = threadIdx.x - threadIdx.x % WARP; x0 < nr * CMB_TPR; x0 += NT) {
+            const int x = x0 + threadIdx.x % WARP;
+            const bool valid = x < nr * CMB_TPR;
+            combine_row_quad_lanes(P, opart, spart, o, rowout, all_rows, row0 + (valid ? x / CMB_TPR : 0),
+                                   4 * (x % CMB_TPR), n_splits, valid);
+        }
+        return;
+    }
     for (int x = threadIdx.x; x < nr * CMB_TPR; x += NT)
         combine_row_quad<FUSED_CHUNK, true>(P, opart, spart, o, rowout, all_rows, row0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
 }
