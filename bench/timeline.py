@@ -1,14 +1,17 @@
 """Per-block timeline of a benchmark forward kernel, on a GPU machine.
 
-    python bench/timeline.py <cases_dir> <workload>[,<workload>...] [--launches N]
+    python bench/timeline.py <cases_dir> <workload>[,<workload>...] [--launches N] [--tile TAG]
 
 <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --timeline` (add
 `--workloads ...` for a quick build): each benchmark forward is also built
 with -DAEC_TIMELINE, where thread 0 of every block records %globaltimer at
 the template's marks (templates/cuda/prelude.cu; the forward's marks:
-0 start, 1 after the key loop, 2 after the key-warp merge, 3 after the
-epilogue, 4 after a split's arrival, 5 end; sm_80 path, the others mark 0
-and 5 only). The kernel runs N times (default 6) on three rotating input
+0 start, 6 first K/V block landed, 1 after the key loop, 2 after the
+key-warp merge, 3 after the epilogue, 4 after a split's arrival, 5 end;
+the warp-specialised path marks 0, 6, 1, 3 and 5). `--tile TAG` takes the
+kernel of one of the workload's timed tiles instead of its default (built
+with aec-bench's `--timeline-tiles TAG,...`). The kernel runs N times
+(default 6) on three rotating input
 sets (more than L2 holds for decoding); the last launch's marks are
 printed as quantiles over the blocks (microseconds from the first block's
 start) and as the time between consecutive marks, and written with every
@@ -21,7 +24,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-MARKS = ["start", "loop end", "key-warp merge", "epilogue", "arrival", "end"]
+MARKS = ["start", "loop end", "key-warp merge", "epilogue", "arrival", "end", "first K/V"]
+# The order the marks come in (slot 6 was added last).
+ORDER = [0, 6, 1, 2, 3, 4, 5]
 BLOCKS = 65536  # AEC_TIMELINE_BLOCKS in templates/cuda/prelude.cu
 
 
@@ -36,6 +41,7 @@ def main():
         sys.exit(__doc__)
     cases_dir, wanted = args[0], args[1].split(",")
     launches = int(args[args.index("--launches") + 1]) if "--launches" in args else 6
+    tile = args[args.index("--tile") + 1] if "--tile" in args else None
     if launches < 1:
         sys.exit(f"timeline: --launches must be at least 1, not {launches}")
     # gpu_check reads its own command line at import (--rounds, ...).
@@ -54,8 +60,14 @@ def main():
         if wl not in entries or wl not in by_id:
             sys.exit(f"timeline: no benchmark workload `{wl}` in {cases_dir} (have: {', '.join(entries)})")
         meta = entries[wl].get("kernel") or {}
+        if tile is not None:
+            tiles = {t["tiles"]: t.get("kernel") or {} for t in entries[wl].get("tiles", [])}
+            if tile not in tiles:
+                sys.exit(f"timeline: `{wl}` has no tile `{tile}` in {cases_dir} (have: {', '.join(tiles)})")
+            meta = tiles[tile]
         if not meta.get("timeline_cubin"):
-            sys.exit(f"timeline: `{wl}` has no timeline build in {cases_dir}: run aec-bench with --timeline")
+            sys.exit(f"timeline: `{wl}`{f' tile `{tile}`' if tile else ''} has no timeline build in {cases_dir}: "
+                     f"run aec-bench with --timeline{' --timeline-tiles ' + tile if tile else ''}")
         if any(a["kind"] == "custom" for a in meta["args"]):
             sys.exit(f"timeline: `{wl}`'s variant takes custom inputs, which this tool does not make")
         w = by_id[wl]
@@ -85,7 +97,7 @@ def main():
         blocks = min(x * y * z, BLOCKS)
         rows = [[buf[i * 8 + m] for m in range(8)] for i in range(blocks)]
         t0 = min(r[0] for r in rows)
-        reached = [m for m in range(len(MARKS)) if all(r[m] for r in rows)]
+        reached = [m for m in ORDER if all(r[m] for r in rows)]
         print(f"{wl}: `{meta['name']}`, {blocks} blocks, {kern.last_splits} KV splits, launch {launches} of {launches};"
               f" us, quantiles over blocks: min p10 p50 p90 max")
         out = dict(workload=wl, kernel=meta["name"], blocks=blocks, kv_splits=kern.last_splits, marks={}, phases={})

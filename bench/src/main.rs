@@ -234,6 +234,52 @@ const MQA_TILES: &[DecodeTile] = &[
     ("wg64n128s3", 64, 4, 1, 1, 128, 3, 1, TileKernel::Wgmma),
     ("wg64n96s3", 64, 4, 1, 1, 96, 3, 1, TileKernel::Wgmma),
     ("wg128n128", 128, 8, 1, 1, 128, 2, 1, TileKernel::Wgmma),
+    // With a producer warpgroup copying K and V into the ring, so that the
+    // computing warpgroups never issue loads.
+    (
+        "wg64n128ws3",
+        64,
+        4,
+        1,
+        1,
+        128,
+        3,
+        1,
+        TileKernel::WgmmaProducer,
+    ),
+    (
+        "wg128n64ws4",
+        128,
+        8,
+        1,
+        1,
+        64,
+        4,
+        1,
+        TileKernel::WgmmaProducer,
+    ),
+    (
+        "wg128n128ws",
+        128,
+        8,
+        1,
+        1,
+        128,
+        2,
+        1,
+        TileKernel::WgmmaProducer,
+    ),
+    (
+        "wg128n128ws3",
+        128,
+        8,
+        1,
+        1,
+        128,
+        3,
+        1,
+        TileKernel::WgmmaProducer,
+    ),
 ];
 
 /// Decoding workloads' (B, H, Hkv, Sq): their default tiles follow the
@@ -318,9 +364,10 @@ const BENCH: &[(&str, &str, u32, u32)] = &[
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(out) = args.first() else {
+    // (A flag first, `--help` among them, is not an output directory.)
+    let Some(out) = args.first().filter(|a| !a.starts_with('-')) else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--timeline]"
+            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--timeline] [--timeline-tiles <tag,tag,...>]"
         );
         std::process::exit(2);
     };
@@ -354,6 +401,13 @@ fn main() {
     }
     let picked = |w: &str| workloads.as_ref().is_none_or(|l| l.iter().any(|x| x == w));
     let timeline = args.iter().any(|a| a == "--timeline");
+    // `--timeline-tiles a,b`: the timed tiles of those tags built with
+    // their marks too (`bench/timeline.py --tile`).
+    let timeline_tiles: Vec<String> = flag_values(&args, "--timeline-tiles")
+        .first()
+        .map(|list| list.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let timeline = timeline || !timeline_tiles.is_empty();
     if timeline && nvcc.is_none() {
         eprintln!("--timeline compiles cubins: it needs --nvcc");
         std::process::exit(2);
@@ -922,6 +976,16 @@ fn main() {
             if entry["kernel"].is_object() {
                 eprintln!("timeline build {} …", entry["workload"]);
                 add_timeline_cubin(&out, &mut entry["kernel"], nvcc, &includes);
+            }
+            let workload = entry["workload"].clone();
+            if let Some(tiles) = entry["tiles"].as_array_mut() {
+                for tile in tiles {
+                    let tag = tile["tiles"].as_str().unwrap_or_default().to_string();
+                    if tile["kernel"].is_object() && timeline_tiles.contains(&tag) {
+                        eprintln!("timeline build {workload} tile {tag} …");
+                        add_timeline_cubin(&out, &mut tile["kernel"], nvcc, &includes);
+                    }
+                }
             }
         }
     }

@@ -65,7 +65,8 @@
 {% else %}        const int cur = (ring + it) % STAGES, prev = (ring + it + STAGES - 1) % STAGES;
 {% endif %}        const int n0 = KV_N0(it), nw0 = n0;
         mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
-{% if first && late_epilogue %}        // The V this block's first group reads (see below).
+{% if first %}        AEC_MARK(6);
+{% endif %}{% if first && late_epilogue %}        // The V this block's first group reads (see below).
         if (prev_pv) WAIT_V(prev_last, prev_gi);
         else WAIT_V(cur, ring);
 {% else %}{% if !first %}        WAIT_V(prev, ring + it - 1);
@@ -993,9 +994,11 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     P.B = 1;
     const int Tq = cu_q[B], Tk = cu_k[B];
 {% endif %}
-    // Timeline marks (prelude.cu, bench/timeline.py): 0 here, then on the
-    // sm_80 path 1 after the key loop, 2 after the key-warp merge, 3 after
-    // the epilogue, 4 after a split's arrival; 5 at the end.
+    // Timeline marks (prelude.cu, bench/timeline.py): 0 here, 6 once the
+    // first K/V block has landed, then on the sm_80 path 1 after the key
+    // loop, 2 after the key-warp merge, 3 after the epilogue, 4 after a
+    // split's arrival (on the warp-specialised path without the late
+    // epilogue, 1 and 3); 5 at the end.
     AEC_MARK(0);
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
@@ -1226,7 +1229,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         prev_q_row0 = q_row0;
         prev_m0 = m0;
         prev_dv0 = dv0;
-{% else %}{% call epilogue() %}{% endcall %}{% endif %}        ring += n_iter;
+{% else %}        AEC_MARK(1);
+{% call epilogue() %}{% endcall %}        AEC_MARK(3);
+{% endif %}        ring += n_iter;
         ++lt;
     }
 {% if late_epilogue %}    {
@@ -1267,6 +1272,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // it - 1, whose buffer the load below refills.
         cp_async_wait<STAGES - 2>();
         SYNC_SMEM_WRITES();
+#ifdef AEC_TIMELINE
+        if (it == 0) AEC_MARK(6);
+#endif
         if (it + STAGES - 1 < n_iter) {
             const int nxt = (cur + STAGES - 1) % STAGES;
             LOAD_TILE<BN, DQK>(sK + nxt * BN * SQS, kg, KV_N0(it + STAGES - 1), Skv, tid, KV_ROWS);
