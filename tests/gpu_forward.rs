@@ -3022,3 +3022,61 @@ fn gpu_forward_decoding_forms_on_wgmma() {
         );
     }
 }
+
+/// The packed decoding tiles with a producer warpgroup that the tuner's
+/// space holds for 64 or more rows per KV head (one consumer warpgroup on
+/// 64 rows or two on 128; the producer copies K and V by `cp.async`, a
+/// block per row block and KV split): examples' decoding forms with and
+/// without a score modification match the reference at 128 query heads on
+/// one KV head over 777 keys, and on two KV heads.
+#[test]
+fn gpu_forward_packed_decoding_with_producer() {
+    let test = "gpu_forward_packed_decoding_with_producer";
+    let Some(device) = device(test) else { return };
+    if Isa::for_arch(device.arch()) != Isa::Sm90a {
+        eprintln!("{test}: skipped, wgmma needs sm_90a");
+        return;
+    }
+    for (name, block_m, block_n, stages, hkv) in [
+        ("softmax_gqa", 64, 128, 3, 1),
+        ("softmax_gqa", 128, 64, 3, 2),
+        ("softcap", 128, 128, 2, 1),
+        ("relative_bias", 64, 64, 2, 2),
+    ] {
+        let def = common::decoding_form(name);
+        let (dqk, dv) = common::head_dims(&def);
+        let cfg = ForwardConfig {
+            block_m,
+            block_n,
+            warps: block_m / 16,
+            stages,
+            wgmma: true,
+            warp_specialized: true,
+            persistent: false,
+            tma_loads: false,
+            q_in_registers: false,
+            late_epilogue: false,
+            key_warps: 1,
+            dv_warps: 1,
+            fused_combine: false,
+            ..ForwardConfig::default_for(&def, dqk, dv, Elem::Bf16, Isa::Sm90a).for_packed_rows(
+                128,
+                dqk,
+                dv,
+                Isa::Sm90a,
+            )
+        };
+        check_def_with(
+            &format!("{test} ({name}, {block_m} rows, {block_n}-key blocks, {hkv} KV heads)"),
+            def,
+            name,
+            Shape::new(2, 128 * hkv, hkv, 1, 777),
+            HeadDims::new(dqk, dv),
+            (0.0, 1.0),
+            &KernelOptions {
+                config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
+}

@@ -305,3 +305,84 @@ fn an_mma_sync_backward_tile_past_its_registers_pays_for_the_spills() {
     };
     assert!(t(1) > 1.1 * t(2), "{} against {}", t(1), t(2));
 }
+
+#[test]
+fn packed_decoding_rows_get_64_and_128_row_tiles() {
+    // MQA (128 query heads on one KV head): the decoding space holds the
+    // untuned default's packed wgmma tile and the same rows with a
+    // producer warpgroup, each rendering; four rows per KV head get none.
+    let v = example("decode");
+    let h200 = DeviceConfig::named("h200").unwrap();
+    let mqa = Problem {
+        b: 16,
+        h: 128,
+        hkv: 1,
+        sq: 1,
+        skv: 4096,
+        dqk: 128,
+        dv: 128,
+        elem: Elem::Bf16,
+    };
+    let space = forward_space(&v, &mqa, &h200);
+    let default = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a)
+        .for_decode_shape([16, 128, 1, 1], h200.sms, 128, 128, Isa::Sm90a);
+    assert!(default.wgmma && default.block_m == 64, "{default:?}");
+    let packed: Vec<ForwardConfig> = space
+        .candidates
+        .iter()
+        .map(|c| cuda(&c.config))
+        .filter(|c| c.block_m >= 64)
+        .collect();
+    assert!(
+        packed.contains(&default),
+        "{default:?} not among {packed:?}"
+    );
+    assert!(
+        packed.iter().any(|c| c.warp_specialized
+            && !c.persistent
+            && c.pack_gqa
+            && c.split_kv
+            && !c.q_in_registers),
+        "no packed tile with a producer warpgroup: {packed:?}"
+    );
+    for cfg in &packed {
+        aec_compiler::parallel_forward(&v, 128, 128, cfg)
+            .unwrap_or_else(|e| panic!("{cfg:?}: {e}"));
+    }
+    let gqa = Problem {
+        h: 32,
+        hkv: 8,
+        ..mqa
+    };
+    let space = forward_space(&v, &gqa, &h200);
+    assert!(
+        space
+            .candidates
+            .iter()
+            .all(|c| cuda(&c.config).block_m == 16),
+        "4 rows per KV head took a 64-row tile"
+    );
+    // A variant that modifies k in shared memory gets no producer.
+    let src = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/decode.rs"),
+    )
+    .unwrap()
+    .replace(
+        "modify_q = |q| q * rsqrt(Dqk);",
+        "modify_q = |q| q * rsqrt(Dqk);\n        modify_k = |k| k * 0.5;",
+    );
+    let modifies_k = parse_file(&src)
+        .expect("rust file")
+        .remove(0)
+        .variant
+        .expect("valid variant");
+    let space = forward_space(&modifies_k, &mqa, &h200);
+    assert!(space.candidates.iter().any(|c| cuda(&c.config).wgmma));
+    assert!(
+        space
+            .candidates
+            .iter()
+            .all(|c| !cuda(&c.config).warp_specialized),
+        "a producer warpgroup for a variant that modifies k"
+    );
+}

@@ -272,6 +272,51 @@ fn cuda_forward_configs(
                     });
                 }
             }
+            // 64 or more packed rows per KV head (MQA, the latent cache's
+            // heads): 64- and 128-row blocks, which share each K/V tile
+            // between that many rows — on sm_90a `wgmma`, with and without
+            // a producer warpgroup (measured on an H200 at MQA d128: the
+            // producer's tile 10% ahead of the default, on an H100 other
+            // tiles led; bench/NOTES.md session 51).
+            let rows = problem.h / problem.hkv.max(1) * problem.sq;
+            if rows >= 64 {
+                for block_n in [32, 64] {
+                    out.push(ForwardConfig {
+                        block_m: 64,
+                        block_n,
+                        warps: 4,
+                        pack_gqa: true,
+                        dv_split,
+                        split_kv: facts.combinable,
+                        ..base
+                    });
+                }
+                if isa == Isa::Sm90a && wgmma_dims_ok(problem.dqk, problem.dv / dv_split) {
+                    for (block_m, warps) in [(64, 4), (128, 8)] {
+                        for block_n in [64, 128] {
+                            for ws in [false, true] {
+                                if ws && facts.modifies_kv {
+                                    continue;
+                                }
+                                for stages in [2, 3] {
+                                    out.push(ForwardConfig {
+                                        block_m,
+                                        block_n,
+                                        warps,
+                                        wgmma: true,
+                                        warp_specialized: ws,
+                                        stages,
+                                        pack_gqa: true,
+                                        dv_split,
+                                        split_kv: facts.combinable,
+                                        ..base
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             continue;
         }
         let slice = problem.dv / dv_split;
@@ -362,7 +407,9 @@ fn consider_cuda(
         tile_stride(&cfg, slice, dqk),
         tile_stride(&cfg, slice, slice),
     );
-    let q_tiers: &[Tier] = if cfg.warp_specialized {
+    // (Packed decoding rows keep Q in shared memory: the register tier is
+    // the persistent prefill kernel's.)
+    let q_tiers: &[Tier] = if cfg.warp_specialized && !cfg.pack_gqa {
         &[Tier::Register, Tier::Shared]
     } else {
         &[Tier::Shared]
