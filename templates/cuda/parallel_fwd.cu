@@ -566,7 +566,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             // merged; then the merged state, each partial's factor, and this
             // warp's columns of the partials rescaled into acc[mt][0, EPI_DT).
             // Warps that saw no key drop out by selects, not branches, which
-            // kept each read behind the last (as in combine_row_quad).
+            // kept each read behind the last.
             float xs[KEY_WARPS][NSTATE_ARR];
             bool sn[KEY_WARPS];
 #pragma unroll
@@ -681,20 +681,30 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             seen[r] = false;
 {{ state_init }}        }
 {% endmacro %}
-{% if split_kv %}// Merges the n_splits partial rows of query row `row`, columns c0 … c0 + 3:
-// the merged state from the partials that saw a key, each partial's output
-// rescaled by combine_rescale, then the epilogue as in the main kernel; the
-// thread of column 0 also writes the row's scales and state. A thread loads
-// the outputs of COMBINE_CHUNK splits before it reads any state, so a row
-// waits on memory about twice per chunk of splits instead of about twice per
-// split (one warp per row, a split at a time: +0.4 us per split at d128,
-// H200, bench/NOTES.md). The chunk shrinks as Dv grows (more rows' threads
-// per multiprocessor). IN_KERNEL: other blocks of this launch wrote the
-// partials (the combine in the main kernel), so plain loads after the
-// acquiring arrival, not the read-only path; a combine kernel reads them
-// through the read-only path (`ld.global.cg` there, coherent "strong" loads,
-// made the combine 4 us slower at 16 splits: bench/NOTES.md).
+{% if split_kv %}// The split-KV merge of query row `row`'s columns c0 … c0 + 3 over its
+// n_splits partial rows, with the splits' states spread over the row's
+// lanes: lane g of the row's first CMB_G lanes holds splits g, g + CMB_G, …
+// Butterfly shuffles merge the states (the merged state from the partials
+// that saw a key) and sum the scaled fields; each lane computes its splits'
+// factors (combine_rescale), which every lane takes by shuffle while it adds
+// up its quad of the partial outputs, CHUNK splits at a time (the first
+// CHUNK in flight while the states merge); then the epilogue as in the main
+// kernel, and the thread of column 0 writes the row's scales and state.
+// Against every lane merging every split's state itself: one state load and
+// one exponential per lane and round of CMB_G splits instead of n_splits,
+// and registers for CHUNK outputs, not CHUNK states as well (H200,
+// bench/NOTES.md session 51: the last block's merge of one long decoding
+// sequence 1.6 -> 1.2 us; MQA's combine kernel, 2048 rows, 188 -> 116
+// registers, one wave instead of two, 21.9 -> 20.0 us a call). Every lane
+// of the warp calls it the same number of times (the shuffles); `valid`
+// false: no row, no loads or stores.
+// IN_KERNEL: other blocks of this launch wrote the partials (the combine in
+// the main kernel), so plain loads after the acquiring arrival, not the
+// read-only path; a combine kernel reads them through the read-only path
+// (`ld.global.cg` there, coherent "strong" loads, made the combine 4 us
+// slower at 16 splits: bench/NOTES.md).
 #define CMB_TPR (DVG / 4)
+#define CMB_G (CMB_TPR < WARP ? CMB_TPR : WARP)
 #define CMB_ROWS {{ combine_rows }}
 #define COMBINE_CHUNK {{ combine_chunk }}
 // In the main kernel: fused_chunk_for in compiler/src/cuda/forward.rs.
@@ -707,191 +717,121 @@ template <bool IN_KERNEL>
 __device__ __forceinline__ float partial_word(const float* p) {
     return IN_KERNEL ? *p : __ldg(p);
 }
+// Split s's state of the row and whether it saw a key (nothing loaded, and
+// not seen, where `ok` is false).
+template <bool IN_KERNEL>
+__device__ __forceinline__ void split_state(const float* spart, long long rows, long long row, int s, bool ok,
+                                            float (&y)[NSTATE_ARR], bool& seen) {
+    const float* srow = spart + ((long long)s * rows + row) * (NSTATE + 1);
+    float x[NSTATE + 1];
+#pragma unroll
+    for (int f = 0; f <= NSTATE; ++f) x[f] = ok ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
+    seen = x[NSTATE] != 0.0f;
+#pragma unroll
+    for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[f] : 0.0f;
+}
 template <int CHUNK, bool IN_KERNEL>
-__device__ __forceinline__ void combine_row_quad(const Params& P, const float* opart, const float* spart,
-                                                 elem_t* __restrict__ o, float* __restrict__ rowout, long long rows,
-                                                 long long row, int c0, int n_splits) {
-    // The first chunk's outputs: they do not depend on the states.
-    float4 val[CHUNK];
+__device__ __forceinline__ void combine_row_lanes(const Params& P, const float* opart, const float* spart,
+                                                  elem_t* __restrict__ o, float* __restrict__ rowout, long long rows,
+                                                  long long row, int c0, int n_splits, bool valid) {
+    const int g = (threadIdx.x % WARP) % CMB_G;
+    float4 vq[CHUNK];
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j)
-        val[j] = j < n_splits ? partial_quad<IN_KERNEL>(opart + ((long long)j * rows + row) * DVG + c0)
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float st[1][NSTATE_ARR];
-    {
-        const int r = 0;
-{{ state_init }}    }
-    // The merged state, split by split in order; a chunk's state words are
-    // all loaded before any is merged, and the first chunk's stay in
-    // registers for the rescale below. Splits that saw no key are skipped by
-    // selects, not branches: a branch per split serialised the loads and
-    // math behind it (16 splits re-read one at a time from L2 took 1.6 us of
-    // the in-kernel merge, H200, bench/NOTES.md).
-    float m[NSTATE_ARR];
-#pragma unroll
-    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = st[0][f];
-    bool any = false;
-    float first[CHUNK][NSTATE + 1];
-    for (int base = 0; base < n_splits; base += CHUNK) {
-        float x[CHUNK][NSTATE + 1];
-#pragma unroll
-        for (int j = 0; j < CHUNK; ++j) {
-            const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-#pragma unroll
-            for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
-        }
-        if (base == 0) {
-#pragma unroll
-            for (int j = 0; j < CHUNK; ++j)
-#pragma unroll
-                for (int f = 0; f <= NSTATE; ++f) first[j][f] = x[j][f];
-        }
-#pragma unroll
-        for (int j = 0; j < CHUNK; ++j) {
-            // (x[j][NSTATE] is 0 for no key, and past the last split.)
-            const bool seen = x[j][NSTATE] != 0.0f;
-            float y[NSTATE_ARR], merged[NSTATE_ARR];
-#pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = merged[f] = f < NSTATE ? x[j][f] : 0.0f;
-            combine_merge(merged, m);
-#pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = seen ? (any ? merged[f] : y[f]) : m[f];
-            any = any || seen;
-        }
-    }
-    float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float acc_st[NSTATE_ARR];
-#pragma unroll
-    for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
-    for (int base = 0; any && base < n_splits; base += CHUNK) {
-        float x[CHUNK][NSTATE + 1];
-        if (base == 0) {
-#pragma unroll
-            for (int j = 0; j < CHUNK; ++j)
-#pragma unroll
-                for (int f = 0; f <= NSTATE; ++f) x[j][f] = first[j][f];
-        } else {
-            // Later chunks: their outputs and (again) their state words,
-            // all loads before any use.
-#pragma unroll
-            for (int j = 0; j < CHUNK; ++j) {
-                val[j] = base + j < n_splits
-                             ? partial_quad<IN_KERNEL>(opart + ((long long)(base + j) * rows + row) * DVG + c0)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                const float* srow = spart + ((long long)(base + j) * rows + row) * (NSTATE + 1);
-#pragma unroll
-                for (int f = 0; f <= NSTATE; ++f) x[j][f] = base + j < n_splits ? partial_word<IN_KERNEL>(srow + f) : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < CHUNK; ++j) {
-            // A split that saw no key adds nothing (its output is zeros; its
-            // state may be the initial one, whose rescale need not be finite).
-            const bool seen = x[j][NSTATE] != 0.0f;
-            float y[NSTATE_ARR];
-#pragma unroll
-            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[j][f] : 0.0f;
-            const float r = combine_rescale(y, m, P);
-            const float c = seen ? r : 0.0f;
-            if (!seen) {
-#pragma unroll
-                for (int f = 0; f < NSTATE_ARR; ++f) y[f] = 0.0f;
-            }
-            combine_scaled_add(acc_st, c, y);
-            out.x += c * val[j].x;
-            out.y += c * val[j].y;
-            out.z += c * val[j].z;
-            out.w += c * val[j].w;
-        }
-    }
-    if (any) combine_scaled_finish(m, acc_st);
-    // Rows no split saw a key of are zeros, as in the main kernel.
-    const float of = any ? epilogue_o_factor(m, P) : 0.0f;
-    *reinterpret_cast<uint2*>(o + row * DVG + c0) = make_uint2(pack2(out.x * of, out.y * of), pack2(out.z * of, out.w * of));
-    if (c0 == 0) {
-        float sc[NSCALES_ARR];
-        epilogue_scales(m, sc, P);
-#pragma unroll
-        for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
-#pragma unroll
-        for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = m[f];
-    }
-}
-
-{% if fused_combine %}// combine_row_quad with the splits' states spread over the row's lanes: lane
-// g of the row's first CMB_G lanes reads split g's state (n_splits ≤ CMB_G),
-// the merged state comes from butterfly shuffles and each lane computes one
-// split's factor, which the others take by shuffle. Against every lane
-// merging all the states itself: 3 state words per lane instead of
-// 3 · n_splits, one exponential instead of n_splits. Every lane of the warp
-// calls it (`valid` false: no row, no loads or stores), as the shuffles need.
-#define CMB_G (CMB_TPR < WARP ? CMB_TPR : WARP)
-__device__ __forceinline__ void combine_row_quad_lanes(const Params& P, const float* opart, const float* spart,
-                                                       elem_t* __restrict__ o, float* __restrict__ rowout, long long rows,
-                                                       long long row, int c0, int n_splits, bool valid) {
-    const int g = (threadIdx.x % WARP) % CMB_G;
-    float4 vq[FUSED_CHUNK];
-#pragma unroll
-    for (int j = 0; j < FUSED_CHUNK; ++j)
-        vq[j] = valid && j < n_splits ? partial_quad<true>(opart + ((long long)j * rows + row) * DVG + c0)
+        vq[j] = valid && j < n_splits ? partial_quad<IN_KERNEL>(opart + ((long long)j * rows + row) * DVG + c0)
                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // This lane's split's state and flag.
-    float y[NSTATE_ARR];
-    bool seen = false;
-    {
-        const float* srow = spart + ((long long)g * rows + row) * (NSTATE + 1);
-        float x[NSTATE + 1];
+    // This lane's first split (kept for its factor), loaded with the
+    // outputs; its later ones (past CMB_G splits) merged in; then the row's
+    // by butterfly. Splits that saw no key drop out by selects.
+    float y0[NSTATE_ARR], m[NSTATE_ARR];
+    bool seen0;
+    split_state<IN_KERNEL>(spart, rows, row, g, valid && g < n_splits, y0, seen0);
 #pragma unroll
-        for (int f = 0; f <= NSTATE; ++f) x[f] = valid && g < n_splits ? partial_word<true>(srow + f) : 0.0f;
-        seen = x[NSTATE] != 0.0f;
+    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y0[f];
+    bool any = seen0;
+    for (int s = g + CMB_G; s < n_splits; s += CMB_G) {
+        float y[NSTATE_ARR], merged[NSTATE_ARR];
+        bool seen;
+        split_state<IN_KERNEL>(spart, rows, row, s, valid, y, seen);
 #pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) y[f] = f < NSTATE ? x[f] : 0.0f;
+        for (int f = 0; f < NSTATE_ARR; ++f) merged[f] = y[f];
+        combine_merge(merged, m);
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) m[f] = seen ? (any ? merged[f] : y[f]) : m[f];
+        any = any || seen;
     }
-    // The merged state: butterfly over the row's lanes.
-    float m[NSTATE_ARR];
-#pragma unroll
-    for (int f = 0; f < NSTATE_ARR; ++f) m[f] = y[f];
-    bool any = seen;
 #pragma unroll
     for (int off = 1; off < CMB_G; off *= 2) {
-        float other[NSTATE_ARR];
+        float other[NSTATE_ARR], merged[NSTATE_ARR];
 #pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) other[f] = __shfl_xor_sync(0xffffffffu, m[f], off, CMB_G);
+        for (int f = 0; f < NSTATE_ARR; ++f) merged[f] = other[f] = __shfl_xor_sync(0xffffffffu, m[f], off, CMB_G);
         const bool other_any = __shfl_xor_sync(0xffffffffu, any ? 1 : 0, off, CMB_G) != 0;
-        float merged[NSTATE_ARR];
-#pragma unroll
-        for (int f = 0; f < NSTATE_ARR; ++f) merged[f] = other[f];
         combine_merge(merged, m);
 #pragma unroll
         for (int f = 0; f < NSTATE_ARR; ++f) m[f] = other_any ? (any ? merged[f] : other[f]) : m[f];
         any = any || other_any;
     }
-    // This lane's split's factor (0 without a key: its state may be the
-    // initial one, whose factor need not be finite), and the scaled fields
-    // summed over the lanes.
-    const float cr = any ? combine_rescale(y, m, P) : 0.0f;
-    const float c = seen ? cr : 0.0f;
-    float acc_st[NSTATE_ARR], yz[NSTATE_ARR];
+    // Per round of CMB_G splits: this lane's split's factor (0 without a
+    // key: its state may be the initial one, whose factor need not be
+    // finite) and scaled fields, then the outputs.
+    float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float acc_st[NSTATE_ARR];
 #pragma unroll
-    for (int f = 0; f < NSTATE_ARR; ++f) {
-        acc_st[f] = 0.0f;
-        yz[f] = seen ? y[f] : 0.0f;
+    for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
+    if (n_splits <= CMB_G && n_splits <= CHUNK) {
+        // One round, the outputs already loaded: the common case, which
+        // the loops below made 0.3% slower on one long decoding sequence.
+        const float cr = any ? combine_rescale(y0, m, P) : 0.0f;
+        const float c = seen0 ? cr : 0.0f;
+#pragma unroll
+        for (int f = 0; f < NSTATE_ARR; ++f) y0[f] = seen0 ? y0[f] : 0.0f;
+        combine_scaled_add(acc_st, c, y0);
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            const float cj = __shfl_sync(0xffffffffu, c, j, CMB_G);
+            out.x += cj * vq[j].x;
+            out.y += cj * vq[j].y;
+            out.z += cj * vq[j].z;
+            out.w += cj * vq[j].w;
+        }
+    } else {
+        for (int base = 0; base < n_splits; base += CMB_G) {
+            float y[NSTATE_ARR];
+            bool seen = seen0;
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = y0[f];
+            if (base > 0) split_state<IN_KERNEL>(spart, rows, row, base + g, valid && base + g < n_splits, y, seen);
+            const float cr = any ? combine_rescale(y, m, P) : 0.0f;
+            const float c = seen ? cr : 0.0f;
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) y[f] = seen ? y[f] : 0.0f;
+            combine_scaled_add(acc_st, c, y);
+            const int nr = min(CMB_G, n_splits - base);
+            for (int j0 = 0; j0 < nr; j0 += CHUNK) {
+                if (base + j0 > 0) {
+#pragma unroll
+                    for (int j = 0; j < CHUNK; ++j)
+                        vq[j] = valid && j0 + j < nr
+                                    ? partial_quad<IN_KERNEL>(opart + ((long long)(base + j0 + j) * rows + row) * DVG + c0)
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int j = 0; j < CHUNK; ++j) {
+                    // (Past nr the output is 0 and the factor finite.)
+                    const float cj = __shfl_sync(0xffffffffu, c, j0 + j, CMB_G);
+                    out.x += cj * vq[j].x;
+                    out.y += cj * vq[j].y;
+                    out.z += cj * vq[j].z;
+                    out.w += cj * vq[j].w;
+                }
+            }
+        }
     }
-    combine_scaled_add(acc_st, c, yz);
 #pragma unroll
     for (int off = 1; off < CMB_G; off *= 2)
 #pragma unroll
         for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] += __shfl_xor_sync(0xffffffffu, acc_st[f], off, CMB_G);
     if (any) combine_scaled_finish(m, acc_st);
-    float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int j = 0; j < FUSED_CHUNK; ++j) {
-        const float cj = __shfl_sync(0xffffffffu, c, j, CMB_G);
-        out.x += cj * vq[j].x;
-        out.y += cj * vq[j].y;
-        out.z += cj * vq[j].z;
-        out.w += cj * vq[j].w;
-    }
     if (!valid) return;
     // Rows no split saw a key of are zeros, as in the main kernel.
     const float of = any ? epilogue_o_factor(m, P) : 0.0f;
@@ -906,7 +846,7 @@ __device__ __forceinline__ void combine_row_quad_lanes(const Params& P, const fl
     }
 }
 
-{% endif %}{% if fused_combine %}// The split-KV combine in the main kernel, called by every thread of a
+{% if fused_combine %}// The split-KV combine in the main kernel, called by every thread of a
 // block once its partial rows are written: the last of a row block's
 // `arrivals` blocks (n_splits × DV_SPLIT) to get here merges the row block's
 // `nr` rows from `row0`, while the partials are in L2, instead of a second
@@ -936,18 +876,13 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
     AEC_MARK(4);
     if (!__syncthreads_or(last)) return;
-    if (n_splits <= CMB_G && n_splits <= FUSED_CHUNK) {
-        // Whole warps, so that every lane takes part in the shuffles.
-        for (int x0 = threadIdx.x - threadIdx.x % WARP; x0 < nr * CMB_TPR; x0 += NT) {
-            const int x = x0 + threadIdx.x % WARP;
-            const bool valid = x < nr * CMB_TPR;
-            combine_row_quad_lanes(P, opart, spart, o, rowout, all_rows, row0 + (valid ? x / CMB_TPR : 0),
-                                   4 * (x % CMB_TPR), n_splits, valid);
-        }
-        return;
+    // Whole warps, so that every lane takes part in the shuffles.
+    for (int x0 = threadIdx.x - threadIdx.x % WARP; x0 < nr * CMB_TPR; x0 += NT) {
+        const int x = x0 + threadIdx.x % WARP;
+        const bool valid = x < nr * CMB_TPR;
+        combine_row_lanes<FUSED_CHUNK, true>(P, opart, spart, o, rowout, all_rows, row0 + (valid ? x / CMB_TPR : 0),
+                                             4 * (x % CMB_TPR), n_splits, valid);
     }
-    for (int x = threadIdx.x; x < nr * CMB_TPR; x += NT)
-        combine_row_quad<FUSED_CHUNK, true>(P, opart, spart, o, rowout, all_rows, row0 + x / CMB_TPR, 4 * (x % CMB_TPR), n_splits);
 }
 
 {% endif %}{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
@@ -1480,10 +1415,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 }
 {% if split_kv && !fused_combine %}
 // The split-KV combine as its own kernel: CMB_ROWS rows per block, each
-// row's Dv/4 column quads over CMB_TPR threads (combine_row_quad). One block
-// per SM is enough to bound the registers (its grids are small: split-KV
-// runs where rows are few): at d128 ptxas otherwise stopped at 168 and
-// spilled, 0.4 us slower at 16 splits (bench/NOTES.md).
+// row's Dv/4 column quads over CMB_TPR threads (combine_row_lanes). (The
+// bound of one block per SM leaves ptxas its registers: 116 at d128 with
+// 16-split chunks, four blocks per SM.)
 extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR, 1) {{ kernel_name }}_combine(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
@@ -1494,8 +1428,10 @@ extern "C" __global__ void __launch_bounds__(CMB_ROWS * CMB_TPR, 1) {{ kernel_na
     {{ params_init }}P.B = B; P.H = H; P.Hkv = Hkv; P.Sq = Sq; P.Skv = Skv;
     const long long rows = (long long)B * H * Sq;
     const long long row = (long long)blockIdx.x * CMB_ROWS + threadIdx.x / CMB_TPR;
-    if (row >= rows) return;
-{% if paged %}    P.Skv = seqlens_k[row / ((long long)H * Sq)];  // the row's sequence's keys
-{% endif %}    combine_row_quad<COMBINE_CHUNK, false>(P, opart, spart, o, rowout, rows, row, 4 * (threadIdx.x % CMB_TPR), n_splits);
+    // (Lanes past the rows take part in the shuffles, loading nothing.)
+    const bool valid = row < rows;
+{% if paged %}    P.Skv = valid ? seqlens_k[row / ((long long)H * Sq)] : 0;  // the row's sequence's keys
+{% endif %}    combine_row_lanes<COMBINE_CHUNK, false>(P, opart, spart, o, rowout, rows, valid ? row : 0, 4 * (threadIdx.x % CMB_TPR),
+                                            n_splits, valid);
 }
 {% endif %}

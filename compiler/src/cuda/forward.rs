@@ -835,18 +835,20 @@ pub fn combine_rows_for(dv: u32) -> u32 {
 }
 
 /// Splits whose partial outputs a combine thread loads at once for a Dv of
-/// `dv`: 16 at Dv 128, 4 at Dv 512. Each costs a thread five to eight
-/// registers; at Dv 512 (one row per 128 threads, as many blocks as rows) 16
-/// took 168 registers and made MLA's combine twice as slow (H200).
+/// `dv`: 16 at Dv 128, 4 at Dv 512. Each costs a thread four registers (a
+/// float4); at Dv 512 (one row per 128 threads, as many blocks as rows) 16,
+/// when the chunk's states were held as well, took 168 registers and made
+/// MLA's combine twice as slow (H200).
 pub fn combine_chunk_for(dv: u32) -> u32 {
     (2048 / dv.max(1)).clamp(4, 16)
 }
 
 /// Splits the combine in the main kernel ([`ForwardConfig::fused_combine`])
 /// loads at once: the combine kernel's chunk, at most 8 where the kernel
-/// may share a multiprocessor. The first chunk's outputs and state words
-/// stay in registers until the rescale; with 16 they raised the B 64 × 4096
-/// decoding kernel's registers from 127 to 204 at d128. The tile with four
+/// may share a multiprocessor. The first chunk's outputs stay in registers
+/// until the rescale (with the merge that held the chunk's state words as
+/// well, 16 raised the B 64 × 4096 decoding kernel's registers from 127 to
+/// 204 at d128). The tile with four
 /// key warps runs alone on its multiprocessor (grids below half the SMs),
 /// where 16 costs no occupancy and saves the last block a second round of
 /// L2 reads at 16 splits.
