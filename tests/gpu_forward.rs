@@ -630,6 +630,49 @@ fn gpu_forward_decode_split_kv() {
     );
 }
 
+/// Split-KV decoding at Dv 96 and 192, whose rows take 24 and 48 threads
+/// of the combine: its state butterflies span 8 and 16 lanes, so that no
+/// lane segment holds two rows, and the splits (more than those lanes) are
+/// merged in rounds — in the main kernel and in the combine kernel.
+#[test]
+fn gpu_forward_decode_split_kv_uneven_rows() {
+    let test = "gpu_forward_decode_split_kv_uneven_rows";
+    let def = common::example("decode");
+    let shape = Shape::new(1, 4, 2, 1, 12001);
+    for dv in [96, 192] {
+        let dims = HeadDims { dqk: 128, dv };
+        for fused_combine in [true, false] {
+            let isa = Isa::Sm80;
+            let cfg = ForwardConfig {
+                fused_combine,
+                ..ForwardConfig::default_for(&def, 128, dv, Elem::Bf16, isa).for_decode_shape(
+                    [1, 4, 2, 1],
+                    132,
+                    128,
+                    dv,
+                    isa,
+                )
+            };
+            assert!(cfg.split_kv && cfg.pack_gqa, "{cfg:?}");
+            let opts = KernelOptions {
+                config: Some(cfg),
+                ..KernelOptions::default()
+            };
+            let name = format!("{test} (Dv {dv}, fused combine {fused_combine})");
+            if let Some(gpu) =
+                common::gpu::prepare_with(&name, "decode", shape, dims, (0.0, 1.0), &opts)
+            {
+                let splits = gpu.kernels.kv_splits(shape);
+                assert!(
+                    splits > 16,
+                    "{name}: {splits} splits, expected more than the lanes"
+                );
+            }
+            check_example_with(&name, "decode", shape, dims, (0.0, 1.0), &opts);
+        }
+    }
+}
+
 /// Dv = 384 on the sm_80 template (on any GPU): two blocks per row block,
 /// each computing 192 columns of O from its own copy of the scores.
 #[test]

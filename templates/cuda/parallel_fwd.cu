@@ -704,7 +704,10 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 // (`ld.global.cg` there, coherent "strong" loads, made the combine 4 us
 // slower at 16 splits: bench/NOTES.md).
 #define CMB_TPR (DVG / 4)
-#define CMB_G (CMB_TPR < WARP ? CMB_TPR : WARP)
+// Lanes a state butterfly spans: the largest power of two that divides a
+// row's threads, at most a warp, so that no segment of lanes holds two
+// rows' threads (Dv 192: 48 threads a row, segments of 16).
+#define CMB_G ((CMB_TPR & -CMB_TPR) < WARP ? (CMB_TPR & -CMB_TPR) : WARP)
 #define CMB_ROWS {{ combine_rows }}
 #define COMBINE_CHUNK {{ combine_chunk }}
 // In the main kernel: fused_chunk_for in compiler/src/cuda/forward.rs.
@@ -738,8 +741,9 @@ __device__ __forceinline__ void combine_row_lanes(const Params& P, const float* 
     float4 vq[CHUNK];
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j)
-        vq[j] = valid && j < n_splits ? partial_quad<IN_KERNEL>(opart + ((long long)j * rows + row) * DVG + c0)
-                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        vq[j] = valid && j < n_splits && j < CMB_G
+                    ? partial_quad<IN_KERNEL>(opart + ((long long)j * rows + row) * DVG + c0)
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // This lane's first split (kept for its factor), loaded with the
     // outputs; its later ones (past CMB_G splits) merged in; then the row's
     // by butterfly. Splits that saw no key drop out by selects.
@@ -773,7 +777,8 @@ __device__ __forceinline__ void combine_row_lanes(const Params& P, const float* 
     }
     // Per round of CMB_G splits: this lane's split's factor (0 without a
     // key: its state may be the initial one, whose factor need not be
-    // finite) and scaled fields, then the outputs.
+    // finite) and scaled fields, then the outputs (the first CHUNK, loaded
+    // above, are of the first round's splits only).
     float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float acc_st[NSTATE_ARR];
 #pragma unroll
