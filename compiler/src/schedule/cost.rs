@@ -7,6 +7,7 @@
 
 use super::device::DeviceConfig;
 use super::space::{Problem, VariantFacts};
+use crate::cuda::forward::{KvSplitInputs, MAX_KV_SPLITS, Residency, kv_split_rule};
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -194,19 +195,12 @@ pub fn estimate(
         .collect();
     // Causal grids launch the longest row blocks first.
     steps.sort_unstable_by(|a, b| b.cmp(a));
-    let splits = if plan.split_kv {
-        let blocks = row_blocks * heads * problem.b * plan.dv_split as usize;
-        let slots = (device.sms * plan.blocks_per_sm) as usize;
-        if blocks >= 2 * slots {
-            1
-        } else {
-            (2 * slots)
-                .div_ceil(blocks)
-                .clamp(1, (kv_blocks / 4).clamp(1, 128))
-        }
-    } else {
-        1
-    };
+    let splits = plan_splits(
+        plan,
+        row_blocks * heads * problem.b * plan.dv_split as usize,
+        kv_blocks,
+        device,
+    );
     let epilogue = bm * dvs * eb / (device.dram_gbs * 1e9 / (device.sms as f64 * clock));
     let prologue = BLOCK_OVERHEAD + (bm * dqk + bn * (dqk + dvs)) * eb / l2_per_sm_clk;
     let slots = (device.sms * plan.blocks_per_sm).max(1) as usize;
@@ -254,6 +248,30 @@ pub fn estimate(
     }
 }
 
+/// KV splits of a split-KV plan over `blocks` blocks (before splits) of
+/// `kv_blocks` key blocks: the runtime's rule ([`kv_split_rule`]), with the
+/// plan's resident blocks as the driver's count, so that the model prices
+/// the split count that runs (its own estimate had given MQA's 64-row tile
+/// 8 splits where it runs 4).
+pub(crate) fn plan_splits(
+    plan: &TilePlan,
+    blocks: usize,
+    kv_blocks: usize,
+    device: &DeviceConfig,
+) -> usize {
+    if !plan.split_kv {
+        return 1;
+    }
+    kv_split_rule(KvSplitInputs {
+        blocks: blocks as u64,
+        key_blocks: kv_blocks as u64,
+        max_splits: MAX_KV_SPLITS,
+        block_smem: 0,
+        sms: u64::from(device.sms),
+        residency: Residency::Blocks(u64::from(plan.blocks_per_sm.max(1))),
+    }) as usize
+}
+
 /// The makespan of blocks of `cycles` each, in launch order, over `slots`
 /// block slots: each block starts on the first slot to come free.
 pub(crate) fn list_schedule(cycles: impl IntoIterator<Item = u64>, slots: usize) -> u64 {
@@ -280,4 +298,43 @@ pub fn useful_flops(problem: &Problem, facts: &VariantFacts) -> f64 {
         problem.sq as f64 * problem.skv as f64
     };
     2.0 * pairs * (problem.dqk + problem.dv) as f64 * (problem.b * problem.h) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_prices_the_split_count_that_runs() {
+        // MQA d128 on an H200 (16 sequences × 4096 keys, 128 heads on one
+        // KV head), one block per SM: the 64-row tile's 32 blocks run 4
+        // splits and the 128-row tile's 16 blocks 8 (the splits the GPU
+        // ran, bench/results/2026-12-02-nvidia-h200-mqa-tiles-timeline.txt).
+        let h200 = DeviceConfig::named("h200").unwrap();
+        let plan = |block_m| TilePlan {
+            block_m,
+            block_n: 128,
+            dv_slice: 128,
+            dv_split: 1,
+            units: block_m / 64,
+            unit_rows: 64,
+            engine: Engine::Wgmma,
+            overlapped: false,
+            q_in_registers: false,
+            stages: 3,
+            blocks_per_sm: 1,
+            packed_gqa: true,
+            split_kv: true,
+            persistent: false,
+        };
+        assert_eq!(plan_splits(&plan(64), 32, 32, &h200), 4);
+        assert_eq!(plan_splits(&plan(128), 16, 32, &h200), 8);
+        // No split-KV, or a grid of two blocks per SM: one.
+        let whole = TilePlan {
+            split_kv: false,
+            ..plan(64)
+        };
+        assert_eq!(plan_splits(&whole, 32, 32, &h200), 1);
+        assert_eq!(plan_splits(&plan(64), 2 * 132, 32, &h200), 1);
+    }
 }
