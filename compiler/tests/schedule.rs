@@ -349,6 +349,14 @@ fn packed_decoding_rows_get_64_and_128_row_tiles() {
         aec_compiler::parallel_forward(&v, 128, 128, cfg)
             .unwrap_or_else(|e| panic!("{cfg:?}: {e}"));
     }
+    // The model puts them first: a 16-row tile reads each K/V tile once per
+    // 16 of the 128 rows.
+    let (ranked, _) = rank_forward(&v, &mqa, &h200);
+    assert!(
+        cuda(&ranked[0].candidate.config).block_m >= 64,
+        "{:?}",
+        ranked[0].candidate.config
+    );
     let gqa = Problem {
         h: 32,
         hkv: 8,
