@@ -447,6 +447,68 @@ fn key_warp_decoding_tiles_compile() {
 /// paged, compile within the spill budget as one entry that counts its row
 /// block's finished blocks (an atomic in the SASS) and takes the counters
 /// right after the number of splits; no combine kernel is generated.
+/// The split-KV combine kernel (the decoding tiles without the combine in
+/// the main kernel: MQA's packed wgmma tile at d128, the sm_80 tile at Dv
+/// 96, the latent cache at Dv 512; dense and paged) compiles without
+/// spills within 128 registers, so that four of its blocks (at most 128
+/// threads) fit an SM: MQA's 2048 rows then run in one wave (at 188 registers they took
+/// two, 1.9 us a call on an H200, bench/NOTES.md session 51).
+#[test]
+fn split_kv_combine_kernels_fit_four_blocks_per_sm() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let decode = common::example("decode");
+    let mla = common::example("mla_decode");
+    let mqa = ForwardConfig::default_for(&decode, 128, 128, Elem::Bf16, Isa::Sm90a)
+        .for_decode_shape([16, 128, 1, 1], 132, 128, 128, Isa::Sm90a);
+    let sm80 = ForwardConfig {
+        fused_combine: false,
+        ..ForwardConfig::default_for(&decode, 128, 96, Elem::Bf16, Isa::Sm80)
+    };
+    let latent = ForwardConfig::default_for(&mla, 576, 512, Elem::Bf16, Isa::Sm80).with_v_in_k(
+        576,
+        512,
+        Isa::Sm80,
+    );
+    for (name, v, dqk, dv, cfg, arch) in [
+        ("decode (MQA)", &decode, 128, 128, mqa, "sm_90a"),
+        ("decode (Dv 96)", &decode, 128, 96, sm80, "sm_80"),
+        ("mla_decode", &mla, 576, 512, latent, "sm_80"),
+    ] {
+        for rows in [Rows::Dense, Rows::Paged] {
+            let kernel = match rows {
+                Rows::Dense => parallel_forward(v, dqk, dv, &cfg),
+                _ => parallel_forward_paged(v, dqk, dv, &cfg),
+            }
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let combine = kernel
+                .combine
+                .clone()
+                .unwrap_or_else(|| panic!("{name}: no combine kernel: {cfg:?}"));
+            assert!(kernel.combine_threads() <= 128, "{name}");
+            let compiled = compile(&kernel.source, &CompileOptions::new(arch))
+                .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
+            let usage = ptxas_resources(&compiled.ptx, arch)
+                .unwrap_or_else(|e| panic!("{name} ({arch}): ptxas: {e}"));
+            let entry = usage
+                .iter()
+                .find(|u| u.function == combine)
+                .unwrap_or_else(|| panic!("{name} ({arch}): no entry `{combine}`: {usage:?}"));
+            assert_eq!(entry.spill_store_bytes, 0, "{name} ({arch}): {entry:?}");
+            assert!(
+                entry.registers <= 128,
+                "{name} ({arch}): the combine kernel takes {} registers: {entry:?}",
+                entry.registers
+            );
+            eprintln!(
+                "{name:16} {rows:?} {arch}: {} {} registers",
+                combine, entry.registers
+            );
+        }
+    }
+}
+
 #[test]
 fn fused_combine_decoding_tiles_compile() {
     if !common::cuda_toolchain_ready() {
