@@ -275,9 +275,10 @@ fn cuda_forward_configs(
             // 64 or more packed rows per KV head (MQA, the latent cache's
             // heads): 64- and 128-row blocks, which share each K/V tile
             // between that many rows — on sm_90a `wgmma`, with and without
-            // a producer warpgroup (measured on an H200 at MQA d128: the
-            // producer's tile 10% ahead of the default, on an H100 other
-            // tiles led; bench/NOTES.md session 51).
+            // a producer warpgroup (MQA d128: on an H200 the producer's
+            // 64-row tile 9% ahead of the default; which of the tiles
+            // without it leads differed between an H100 and an H200;
+            // bench/NOTES.md sessions 39 and 51).
             let rows = problem.h / problem.hkv.max(1) * problem.sq;
             if rows >= 64 {
                 for block_n in [32, 64] {
