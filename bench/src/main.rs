@@ -400,14 +400,13 @@ fn main() {
         std::process::exit(2);
     }
     let picked = |w: &str| workloads.as_ref().is_none_or(|l| l.iter().any(|x| x == w));
-    let timeline = args.iter().any(|a| a == "--timeline");
     // `--timeline-tiles a,b`: the timed tiles of those tags built with
-    // their marks too (`bench/timeline.py --tile`).
+    // their marks too (`bench/timeline.py --tile`), as with `--timeline`.
     let timeline_tiles: Vec<String> = flag_values(&args, "--timeline-tiles")
         .first()
         .map(|list| list.split(',').map(str::to_string).collect())
         .unwrap_or_default();
-    let timeline = timeline || !timeline_tiles.is_empty();
+    let timeline = args.iter().any(|a| a == "--timeline") || !timeline_tiles.is_empty();
     if timeline && nvcc.is_none() {
         eprintln!("--timeline compiles cubins: it needs --nvcc");
         std::process::exit(2);

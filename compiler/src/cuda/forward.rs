@@ -848,10 +848,9 @@ pub fn combine_chunk_for(dv: u32) -> u32 {
 /// may share a multiprocessor. The first chunk's outputs stay in registers
 /// until the rescale (with the merge that held the chunk's state words as
 /// well, 16 raised the B 64 × 4096 decoding kernel's registers from 127 to
-/// 204 at d128). The tile with four
-/// key warps runs alone on its multiprocessor (grids below half the SMs),
-/// where 16 costs no occupancy and saves the last block a second round of
-/// L2 reads at 16 splits.
+/// 204 at d128). The tile with four key warps runs alone on its
+/// multiprocessor (grids below half the SMs), where 16 costs no occupancy
+/// and saves the last block a second round of L2 reads at 16 splits.
 fn fused_chunk_for(cfg: &ForwardConfig, dv: u32) -> u32 {
     let chunk = combine_chunk_for(dv);
     if cfg.key_warps >= 4 {
