@@ -1,6 +1,6 @@
 """A/B of decoding builds in interleaved rounds, on a GPU machine.
 
-    python bench/decode_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...]
+    python bench/decode_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--tiles tag,tag]
 
 Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
 <workload>` on a different build (copy shared/reference/workloads.json into
@@ -12,8 +12,9 @@ once per round, in the same order every round, so that builds a few tenths
 of a percent apart are compared within one process and not across runs.
 Prints per build the median over rounds, every round, and the fraction of
 the copy bandwidth (q, k and v bytes over the time, against a 1 GiB
-device-to-device copy; gpu_check.py also counts o). Only plain softmax
-decoding workloads (the anchor is cuDNN's SDPA).
+device-to-device copy; gpu_check.py also counts o). `--tiles` adds the
+benchmark's named tiles (`aec-bench`'s tags) of every build to the rounds.
+Only plain softmax decoding workloads (the anchor is cuDNN's SDPA).
 """
 import json, math, os, sys
 
@@ -22,6 +23,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main():
     args = sys.argv[1:]
+    tiles = []
+    if "--tiles" in args:
+        at = args.index("--tiles")
+        if at + 1 >= len(args):
+            sys.exit(__doc__)
+        tiles = args[at + 1].split(",")
+        del args[at:at + 2]
     if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
         sys.exit(__doc__)
     wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
@@ -46,6 +54,11 @@ def main():
             if w["variant"] != "softmax" or w["sq"] != 1 or w.get("v_in_k"):
                 sys.exit(f"decode_ab: `{wl_id}` is not a plain softmax decoding workload")
         kernels[d] = (g.Kernel(d, entries[wl_id]["kernel"]), entries[wl_id]["kernel"])
+        by_tag = {t["tiles"]: t for t in entries[wl_id].get("tiles", []) if "kernel" in t}
+        for tag in tiles:
+            if tag not in by_tag:
+                sys.exit(f"decode_ab: no tile `{tag}` for `{wl_id}` in {d} (have: {', '.join(by_tag)})")
+            kernels[f"{d}:{tag}"] = (g.Kernel(d, by_tag[tag]["kernel"]), by_tag[tag]["kernel"])
     b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
     sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
     torch.manual_seed(0)

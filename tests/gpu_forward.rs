@@ -2424,7 +2424,7 @@ fn gpu_forward_packed_wgmma() {
             ),
         ),
         (
-            "decode d128, the default tile for 64 or more rows per KV head",
+            "decode d128, the packed tile for 64 or more rows per KV head, no producer",
             decode(
                 Shape::new(2, 256, 2, 1, 1001),
                 ForwardConfig::default_for(&example("decode"), 128, 128, Elem::Bf16, Isa::Sm90a)
@@ -3122,4 +3122,45 @@ fn gpu_forward_packed_decoding_with_producer() {
             },
         );
     }
+    // The untuned tile for 64 or more rows per KV head
+    // (`with_decoding_producer`), dense through compile_for_shape and paged.
+    let def = example("decode");
+    let dims = HeadDims::square(128);
+    let shape = Shape::new(3, 128, 1, 1, 2049);
+    let Some(kernels) = compiled(
+        test,
+        ParallelKernels::compile_for_shape(&def, &device, dims, shape, &KernelOptions::default()),
+    ) else {
+        return;
+    };
+    let name = &kernels.forward_source().name;
+    assert!(name.contains("_gqa_wgmma_ws"), "{name}");
+    let untuned = ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, Isa::Sm90a)
+        .for_decode_shape([3, 128, 1, 1], 132, 128, 128, Isa::Sm90a)
+        .with_decoding_producer(&def, 128, 128, Isa::Sm90a);
+    assert!(untuned.warp_specialized, "{untuned:?}");
+    check_example_with(
+        &format!("{test} (untuned MQA tile {name})"),
+        "decode",
+        shape,
+        dims,
+        (0.0, 1.0),
+        &KernelOptions {
+            config: Some(untuned),
+            ..KernelOptions::default()
+        },
+    );
+    check_paged(
+        &format!("{test} (paged, untuned MQA tile)"),
+        "decode",
+        (128, 1),
+        1,
+        &[1000, 37, 513, 1, 300],
+        64,
+        dims,
+        &KernelOptions {
+            config: Some(untuned),
+            ..KernelOptions::default()
+        },
+    );
 }

@@ -337,13 +337,24 @@ fn packed_decoding_rows_get_64_and_128_row_tiles() {
         packed.contains(&default),
         "{default:?} not among {packed:?}"
     );
+    // The untuned tile is that tile with a producer warpgroup
+    // (`with_decoding_producer`): 128-key blocks in three stages.
+    let producer = default.with_decoding_producer(&v, 128, 128, Isa::Sm90a);
     assert!(
-        packed.iter().any(|c| c.warp_specialized
-            && !c.persistent
-            && c.pack_gqa
-            && c.split_kv
-            && !c.q_in_registers),
-        "no packed tile with a producer warpgroup: {packed:?}"
+        producer.warp_specialized
+            && !producer.persistent
+            && !producer.tma_loads
+            && (producer.block_m, producer.block_n, producer.stages) == (64, 128, 3),
+        "{producer:?}"
+    );
+    assert!(
+        packed.contains(&producer),
+        "{producer:?} not among {packed:?}"
+    );
+    assert_eq!(
+        default.with_decoding_producer(&v, 128, 128, Isa::Sm80),
+        default,
+        "a producer off sm_90a"
     );
     for cfg in &packed {
         aec_compiler::parallel_forward(&v, 128, 128, cfg)
@@ -392,5 +403,13 @@ fn packed_decoding_rows_get_64_and_128_row_tiles() {
             .iter()
             .all(|c| !cuda(&c.config).warp_specialized),
         "a producer warpgroup for a variant that modifies k"
+    );
+    let untuned = ForwardConfig::default_for(&modifies_k, 128, 128, Elem::Bf16, Isa::Sm90a)
+        .for_decode_shape([16, 128, 1, 1], h200.sms, 128, 128, Isa::Sm90a);
+    assert!(untuned.wgmma, "{untuned:?}");
+    assert_eq!(
+        untuned.with_decoding_producer(&modifies_k, 128, 128, Isa::Sm90a),
+        untuned,
+        "an untuned producer for a variant that modifies k"
     );
 }

@@ -644,7 +644,9 @@ pub(crate) fn untuned_by_rule(
         v_in_k,
     );
     let rows = [shape.b, shape.h, shape.hkv, shape.sq];
-    let shaped = plain.for_decode_shape(rows, device.sms, dims.dqk, dims.dv, isa);
+    let shaped = plain
+        .for_decode_shape(rows, device.sms, dims.dqk, dims.dv, isa)
+        .with_decoding_producer(variant, dims.dqk, dims.dv, isa);
     let chosen = |config, reason| UntunedChoice {
         plain,
         config,

@@ -62,7 +62,8 @@ pub struct ForwardConfig {
     /// blocks write partial rows (unnormalised output, state) that a second
     /// kernel merges with the variant's derived combine
     /// ([`crate::combine`]). For decoding, where few query rows leave the
-    /// GPU idle. Not with warp specialisation.
+    /// GPU idle. With warp specialisation not persistent, and merged by the
+    /// combine kernel.
     pub split_kv: bool,
     /// Split-KV with the combine in the main kernel (the sm_80 template): the
     /// last of a row block's blocks to finish merges its partial rows, read
@@ -438,6 +439,59 @@ impl ForwardConfig {
                 && smem_bytes(&tile, dqk, tile.dv_slice(dv)) <= isa.max_dynamic_smem())
             .then_some(tile)
         })
+    }
+
+    /// This decoding tile with a producer warpgroup where it is
+    /// [`wgmma_packed_tile`](Self::wgmma_packed_tile)'s one warpgroup on
+    /// Dqk up to 256 and a three-stage ring of 128-key blocks fits beside the
+    /// producer's barriers: the producer copies K/V (`cp.async`) while the
+    /// computing warpgroup issues each block's S GEMM with the previous
+    /// block's P·V. Not for `variant`s that modify k or v (they rewrite the
+    /// shared tiles, which the producer's ring does not allow), and not with
+    /// two stages, where the producer measured slower. (H200, MQA d128, 16
+    /// sequences × 128 heads on one KV head, interleaved rounds: 20.38 →
+    /// 18.17 µs; 128 rows on two warpgroups 19.06; bench/NOTES.md session
+    /// 52.) Otherwise unchanged.
+    pub fn with_decoding_producer(
+        self,
+        variant: &Variant,
+        dqk: u32,
+        dv: u32,
+        isa: Isa,
+    ) -> ForwardConfig {
+        let modifies_kv = variant
+            .parallel()
+            .is_some_and(|p| p.modify_k.is_some() || p.modify_v.is_some());
+        if isa != Isa::Sm90a
+            || modifies_kv
+            || !self.wgmma
+            || !self.pack_gqa
+            || self.warp_specialized
+            || self.v_in_k
+            || self.block_m != 64
+            || self.dv_warps != 1
+            || dqk > 256
+        {
+            return self;
+        }
+        let tile = ForwardConfig {
+            warp_specialized: true,
+            block_n: 128,
+            stages: 3,
+            persistent: false,
+            tma_loads: false,
+            q_in_registers: false,
+            late_epilogue: false,
+            fused_combine: false,
+            ..self
+        };
+        let fits =
+            smem_bytes(&tile, dqk, tile.dv_slice(dv)) <= isa.max_dynamic_smem() - WS_STATIC_SMEM;
+        if check_config(&tile, dqk, dv).is_ok() && fits {
+            tile
+        } else {
+            self
+        }
     }
 
     /// This decoding tile for a grid of `blocks` blocks (before KV splits)
