@@ -241,6 +241,21 @@ fn many_rows_per_kv_head_decode_on_wgmma() {
         assert!(line.contains("_gqa_wgmma"), "{line}");
         eprintln!("{line}");
     }
+    // The untuned tile takes two key warpgroups and a producer warpgroup
+    // (`with_decoding_producer`): the consumers' code compiles within the
+    // registers the launch bound leaves (168 at 384 threads), dense and
+    // paged.
+    let keyed = cfg.with_decoding_producer(&v, dqk, dv, Isa::Sm90a);
+    assert_eq!(
+        (keyed.key_warps, keyed.warps, keyed.block_n),
+        (2, 8, 96),
+        "{keyed:?}"
+    );
+    for rows in [Rows::Dense, Rows::Paged] {
+        let line = check_config("decode", &v, "sm_90a", &keyed, rows);
+        assert!(line.contains("_gqa_wgmma_ws_s4_k2"), "{line}");
+        eprintln!("{line}");
+    }
 }
 
 /// Multi-head latent attention's decoding with V stored in K (Dqk 576, Dv

@@ -3072,6 +3072,28 @@ fn gpu_forward_decoding_forms_on_wgmma() {
 /// block per row block and KV split): examples' decoding forms with and
 /// without a score modification match the reference at 128 query heads on
 /// one KV head over 777 keys, and on two KV heads.
+/// The decoding example with a Q modification that is not a uniform scale
+/// (`aec_compiler::q_scale` cannot move it onto the scores): the kernel
+/// rewrites Q in shared memory.
+fn decode_with_q_offset() -> aec::frontend::Variant {
+    let path = common::examples_dir().join("decode.rs");
+    let src = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .replace(
+            "modify_q = |q| q * rsqrt(Dqk);",
+            "modify_q = |q| q * rsqrt(Dqk) + 0.0625;",
+        );
+    assert!(
+        src.contains("+ 0.0625"),
+        "examples/decode.rs changed its modify_q"
+    );
+    aec::frontend::parse_file(&src)
+        .expect("the decoding example parses")
+        .remove(0)
+        .variant
+        .expect("a valid variant")
+}
+
 #[test]
 fn gpu_forward_packed_decoding_with_producer() {
     let test = "gpu_forward_packed_decoding_with_producer";
@@ -3080,18 +3102,30 @@ fn gpu_forward_packed_decoding_with_producer() {
         eprintln!("{test}: skipped, wgmma needs sm_90a");
         return;
     }
-    for (name, block_m, block_n, stages, hkv) in [
-        ("softmax_gqa", 64, 128, 3, 1),
-        ("softmax_gqa", 128, 64, 3, 2),
-        ("softcap", 128, 128, 2, 1),
-        ("relative_bias", 64, 64, 2, 2),
+    // (The last field: key warpgroups, which take the 64 rows' blocks in
+    // turn; `decode_q_offset` modifies Q in shared memory, which the two
+    // share.)
+    for (name, block_m, block_n, stages, hkv, key_warps) in [
+        ("softmax_gqa", 64, 128, 3, 1, 1),
+        ("softmax_gqa", 128, 64, 3, 2, 1),
+        ("softcap", 128, 128, 2, 1, 1),
+        ("relative_bias", 64, 64, 2, 2, 1),
+        ("softmax_gqa", 64, 128, 3, 1, 2),
+        ("softcap", 64, 64, 4, 2, 2),
+        ("relative_bias", 64, 128, 3, 2, 2),
+        ("decode_q_offset", 64, 128, 3, 1, 2),
     ] {
-        let def = common::decoding_form(name);
+        let def = if name == "decode_q_offset" {
+            decode_with_q_offset()
+        } else {
+            common::decoding_form(name)
+        };
         let (dqk, dv) = common::head_dims(&def);
         let cfg = ForwardConfig {
             block_m,
             block_n,
-            warps: block_m / 16,
+            warps: block_m / 16 * key_warps,
+            key_warps,
             stages,
             wgmma: true,
             warp_specialized: true,
@@ -3099,7 +3133,6 @@ fn gpu_forward_packed_decoding_with_producer() {
             tma_loads: false,
             q_in_registers: false,
             late_epilogue: false,
-            key_warps: 1,
             dv_warps: 1,
             fused_combine: false,
             ..ForwardConfig::default_for(&def, dqk, dv, Elem::Bf16, Isa::Sm90a).for_packed_rows(
@@ -3110,11 +3143,48 @@ fn gpu_forward_packed_decoding_with_producer() {
             )
         };
         check_def_with(
-            &format!("{test} ({name}, {block_m} rows, {block_n}-key blocks, {hkv} KV heads)"),
+            &format!(
+                "{test} ({name}, {block_m} rows, {block_n}-key blocks, {stages} stages, {hkv} KV heads, {key_warps} key warpgroups)"
+            ),
             def,
             name,
             Shape::new(2, 128 * hkv, hkv, 1, 777),
             HeadDims::new(dqk, dv),
+            (0.0, 1.0),
+            &KernelOptions {
+                config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
+    // Key warpgroups where one of them sees no block (one or two key blocks
+    // over all splits) or the last block is partial.
+    let def = common::decoding_form("softmax_gqa");
+    for skv in [1, 100, 129, 300] {
+        let cfg =
+            ForwardConfig {
+                block_m: 64,
+                block_n: 128,
+                warps: 8,
+                key_warps: 2,
+                stages: 3,
+                wgmma: true,
+                warp_specialized: true,
+                persistent: false,
+                tma_loads: false,
+                q_in_registers: false,
+                late_epilogue: false,
+                dv_warps: 1,
+                fused_combine: false,
+                ..ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, Isa::Sm90a)
+                    .for_packed_rows(128, 128, 128, Isa::Sm90a)
+            };
+        check_def_with(
+            &format!("{test} (softmax_gqa, key warpgroups, {skv} keys)"),
+            def.clone(),
+            "softmax_gqa",
+            Shape::new(2, 128, 1, 1, skv),
+            HeadDims::square(128),
             (0.0, 1.0),
             &KernelOptions {
                 config: Some(cfg),

@@ -1732,3 +1732,71 @@ fn decoding_forms_of_the_examples_generate_on_the_packed_wgmma_tile() {
     }
     assert!(checked.len() >= 10, "{checked:?}");
 }
+
+/// Key warpgroups (`key_warps: 2` on wgmma): two warpgroups over the same 64
+/// packed rows take the key blocks in turn beside a producer warpgroup, and
+/// merge their halves of O through the ring slots of their last blocks. The
+/// generator takes them only with the producer, a block per row block, one
+/// Dv warpgroup and a ring deeper than the two stages they hold.
+#[test]
+fn key_warpgroups_need_the_producer_and_a_deep_ring() {
+    let v = example("decode");
+    let keyed = ForwardConfig {
+        block_m: 64,
+        block_n: 96,
+        warps: 8,
+        key_warps: 2,
+        stages: 4,
+        wgmma: true,
+        warp_specialized: true,
+        persistent: false,
+        tma_loads: false,
+        q_in_registers: false,
+        late_epilogue: false,
+        fused_combine: false,
+        dv_warps: 1,
+        ..ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a).for_packed_rows(
+            128,
+            128,
+            128,
+            Isa::Sm90a,
+        )
+    };
+    let k = parallel_forward(&v, 128, 128, &keyed).expect("key warpgroups");
+    assert!(k.name.ends_with("_ws_s4_k2"), "{}", k.name);
+    // Both warpgroups walk every other block, each releasing its own stages
+    // (an empty barrier counts one warpgroup), and merge once.
+    assert!(k.source.contains("for (int it = kw; it < n_iter;)"));
+    assert!(
+        k.source
+            .contains("mbar_init(&bar_empty[st], NWARPS / KEY_WARPS * WARP)")
+    );
+    assert_eq!(k.source.matches("KEY_MERGE_SYNC();").count(), 1);
+    for (what, cfg) in [
+        (
+            "no producer",
+            ForwardConfig {
+                warp_specialized: false,
+                ..keyed
+            },
+        ),
+        ("two stages", ForwardConfig { stages: 2, ..keyed }),
+        ("seven stages", ForwardConfig { stages: 7, ..keyed }),
+        (
+            "four key warpgroups",
+            ForwardConfig {
+                key_warps: 4,
+                warps: 16,
+                ..keyed
+            },
+        ),
+    ] {
+        let e = parallel_forward(&v, 128, 128, &cfg)
+            .expect_err(what)
+            .to_string();
+        assert!(
+            e.contains("key warp") || e.contains("stages"),
+            "{what}: {e}"
+        );
+    }
+}

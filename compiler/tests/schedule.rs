@@ -338,15 +338,27 @@ fn packed_decoding_rows_get_64_and_128_row_tiles() {
         "{default:?} not among {packed:?}"
     );
     // The untuned tile is that tile with a producer warpgroup
-    // (`with_decoding_producer`): 128-key blocks in three stages.
+    // (`with_decoding_producer`): at d128 two key warpgroups on 96-key
+    // blocks in four stages; at Dqk 256, where key warpgroups are not taken
+    // and three 128-key stages do not fit, none.
     let producer = default.with_decoding_producer(&v, 128, 128, Isa::Sm90a);
     assert!(
         producer.warp_specialized
             && !producer.persistent
             && !producer.tma_loads
-            && (producer.block_m, producer.block_n, producer.stages) == (64, 128, 3),
+            && (producer.block_m, producer.warps, producer.key_warps) == (64, 8, 2)
+            && (producer.block_n, producer.stages) == (96, 4),
         "{producer:?}"
     );
+    let wide = ForwardConfig::default_for(&v, 256, 128, Elem::Bf16, Isa::Sm90a).for_decode_shape(
+        [16, 128, 1, 1],
+        h200.sms,
+        256,
+        128,
+        Isa::Sm90a,
+    );
+    assert!(wide.wgmma, "{wide:?}");
+    assert_eq!(wide.with_decoding_producer(&v, 256, 128, Isa::Sm90a), wide);
     assert!(
         packed.contains(&producer),
         "{producer:?} not among {packed:?}"

@@ -83,18 +83,7 @@
         // (nothing seen) or zeroed next.
         pv_gemm(acc[0], pa, V_SMEM(prev_pv ? prev_last : cur));
         wgmma_commit();
-{% endif %}        {
-            const unsigned k_base = smem_u32(sK + cur * BN * SQS);
-{% if q_regs %}#pragma unroll
-            for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_rsk_n{{ bn }}(s[0], qf[kk], sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
-{% else %}            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
-#pragma unroll
-            for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
-                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
-{% endif %}        }
-        wgmma_commit();
+{% endif %}{% call s_gemm() %}{% endcall %}        wgmma_commit();
 {% if first %}{% if late_epilogue %}        // The previous tile's epilogue while this S GEMM runs.
         wgmma_wait1();
         wgmma_fence_operands_n{{ dvw }}(acc[0]);
@@ -113,7 +102,22 @@
         wgmma_fence_operands_n{{ dvw }}(acc[0]);
         fence_regs(pa);
         RELEASE_V(prev);
-{% endif %}#pragma unroll
+{% endif %}{% call rescale_pack() %}{% endcall %}{% endmacro %}
+{% macro s_gemm() %}        {
+            // S = Q · Kᵀ of stage `cur` for this warpgroup's 64 rows.
+            const unsigned k_base = smem_u32(sK + cur * BN * SQS);
+{% if q_regs %}#pragma unroll
+            for (int kk = 0; kk < DQK / 16; ++kk)
+                wgmma_rsk_n{{ bn }}(s[0], qf[kk], sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
+{% else %}            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; ++kk)
+                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
+{% endif %}        }
+{% endmacro %}
+{% macro rescale_pack() %}        // O's rows rescaled by the online step, P packed as A fragments.
+#pragma unroll
         for (int dt = 0; dt < DVW / 8; ++dt) {
             acc[0][dt][0] *= alpha[0];
             acc[0][dt][1] *= alpha[0];
@@ -122,20 +126,55 @@
         }
         pack_p(pr, pa);
 {% endmacro %}
+{% macro keyed_block(path) %}
+        // Block `it` whole on this key warpgroup (ForwardConfig::key_warps on
+        // the warp-specialised kernel): its S GEMM, the online step, its P·V,
+        // then its stage goes back. The other key warpgroup's GEMMs run beside
+        // this one's online step, where one warpgroup alone overlaps it with
+        // its previous block's P·V (which would hold two stages per
+        // warpgroup).
+        const int cur = (ring + it) % STAGES;
+        const int n0 = KV_N0(it), nw0 = n0;
+        mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
+#ifdef AEC_TIMELINE
+        if (it == 0) AEC_MARK(6);
+#endif
+        fence_proxy_async();
+        float s[MT][BN / 8][4];
+        wgmma_fence();
+{% call s_gemm() %}{% endcall %}        wgmma_commit();
+        wgmma_wait0();
+        wgmma_fence_operands_n{{ bn }}(s[0]);
+        RELEASE_K(cur);
+{% call block_scores(path) %}{% endcall %}{% call rescale_pack() %}{% endcall %}        WAIT_V(cur, ring + it);
+        wgmma_fence();
+        pv_gemm(acc[0], pa, V_SMEM(cur));
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_fence_operands_n{{ dvw }}(acc[0]);
+        fence_regs(pa);
+        RELEASE_V(cur);
+{% endmacro %}
 #include <{{ sp.header }}>
 
 #define BM {{ bm }}
 #define BN {{ bn }}
 #define NWARPS {{ warps }}
-#define KEY_WARPS {{ key_warps }}  // warps splitting each key block
+#define KEY_WARPS {{ key_warps }}  // warps splitting each key block (warpgroups taking blocks in turn)
 #define DV_WARPS {{ dv_warps }}  // warps splitting Dv (and the scores' Dqk) of the same rows and keys
 #define ROW_WARPS (NWARPS / KEY_WARPS / DV_WARPS)
-#define KW (BN / KEY_WARPS)  // keys of a block per warp
+// Keys of a block per warp: key warps split each block; key warpgroups
+// take whole blocks in turn.
+#define KW {% if wgmma %}BN{% else %}(BN / KEY_WARPS){% endif %}
 #define MT {{ m_tiles }}  // 16-row m-tiles per warp
 #define WARP {{ warp_size }}
 {% if ws %}#define NPWARPS 4  // the producer warpgroup: loads only
 #define NT ((NWARPS + NPWARPS) * WARP)
+// Barriers of the computing warps only (the key warps' merge, the key
+// warpgroups' shared Q modification): the producer's may have returned.
+#define KEY_MERGE_SYNC() named_bar_sync(8, NWARPS * WARP)
 {% else %}#define NT (NWARPS * WARP)
+#define KEY_MERGE_SYNC() __syncthreads()
 {% endif %}
 #define DQK {{ dqk }}
 #define DV {{ dv }}  // O columns of this block
@@ -542,7 +581,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
         constexpr int NACC = MT * (DVW / 8) * 4, NVAL = NACC + NR * (NSTATE_ARR + 1);
         float* scratch = reinterpret_cast<float*>(sK);
         cp_async_wait<0>();
-        __syncthreads();
+        KEY_MERGE_SYNC();
         {
             float* mine = scratch + (kw * ROW_WARPS * DV_WARPS + RW_ID) * NVAL * WARP + lane;
 #pragma unroll
@@ -558,7 +597,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 mine[(NACC + r * (NSTATE_ARR + 1) + NSTATE_ARR) * WARP] = seen[r] ? 1.0f : 0.0f;
             }
         }
-        __syncthreads();
+        KEY_MERGE_SYNC();
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             const int mt = r / 2, half = r % 2;
@@ -623,6 +662,92 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 }
                 acc[mt][dq][2 * half] = o0;
                 acc[mt][dq][2 * half + 1] = o1;
+            }
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = m[f];
+            seen[r] = any;
+        }
+    }
+{% endmacro %}
+{% macro merge_key_warpgroups() %}
+    {
+        // Two key warpgroups hold the same rows and columns, thread for
+        // thread. Each keeps half of the O columns — warpgroup kw the 8-column
+        // groups [kw·EPI_DT, (kw + 1)·EPI_DT), swapped into acc[0][0, EPI_DT)
+        // by selects (no register indexed by kw) — and leaves the other half
+        // and its row state for its twin thread in the ring slot of its own
+        // last block, which nothing reads or loads again: one barrier, and a
+        // quarter of merge_key_warps' shared-memory traffic at two key warps.
+        static_assert(KEY_WARPS == 2 && MT == 1, "key warpgroups: two, on 16 rows per warp");
+        constexpr int NHALF = EPI_DT * 4, NST = NR * (NSTATE_ARR + 1);
+        static_assert(NHALF * WARP * ROW_WARPS * 4 <= BN * SVS * (int)sizeof(elem_t), "a warpgroup's half of O fits a V stage");
+        static_assert(NST * WARP * ROW_WARPS * 4 <= BN * SQS * (int)sizeof(elem_t), "the row states fit a K stage");
+#pragma unroll
+        for (int dt = 0; dt < EPI_DT; ++dt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const float lo = acc[0][dt][c], hi = acc[0][dt + EPI_DT][c];
+                acc[0][dt][c] = kw ? hi : lo;
+                acc[0][dt + EPI_DT][c] = kw ? lo : hi;
+            }
+        // Block `mine`'s slot (this warpgroup's last block, or with none a
+        // block past the last, never loaded).
+        const int mine = kw < n_iter ? kw + (n_iter - 1 - kw) / KEY_WARPS * KEY_WARPS : kw;
+        const int twin = 1 - kw;
+        const int twins = twin < n_iter ? twin + (n_iter - 1 - twin) / KEY_WARPS * KEY_WARPS : twin;
+        {
+            float* o_out = reinterpret_cast<float*>(sV + ((ring + mine) % STAGES) * BN * SVS) + wr * NHALF * WARP + lane;
+            float* s_out = reinterpret_cast<float*>(sK + ((ring + mine) % STAGES) * BN * SQS) + wr * NST * WARP + lane;
+#pragma unroll
+            for (int dt = 0; dt < EPI_DT; ++dt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) o_out[(dt * 4 + c) * WARP] = acc[0][dt + EPI_DT][c];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) s_out[(r * (NSTATE_ARR + 1) + f) * WARP] = st[r][f];
+                s_out[(r * (NSTATE_ARR + 1) + NSTATE_ARR) * WARP] = seen[r] ? 1.0f : 0.0f;
+            }
+        }
+        KEY_MERGE_SYNC();
+        const float* o_in = reinterpret_cast<const float*>(sV + ((ring + twins) % STAGES) * BN * SVS) + wr * NHALF * WARP + lane;
+        const float* s_in = reinterpret_cast<const float*>(sK + ((ring + twins) % STAGES) * BN * SQS) + wr * NST * WARP + lane;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const int half = r % 2;
+            float xt[NSTATE_ARR], m[NSTATE_ARR], merged[NSTATE_ARR];
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) xt[f] = s_in[(r * (NSTATE_ARR + 1) + f) * WARP];
+            const bool st_seen = s_in[(r * (NSTATE_ARR + 1) + NSTATE_ARR) * WARP] != 0.0f;
+            // The merged state from the halves that saw a key; each one's
+            // factor (0 for an unseen one, whose state may be the initial
+            // one), then this warpgroup's columns rescaled and added.
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) merged[f] = xt[f];
+            combine_merge(merged, st[r]);
+#pragma unroll
+            for (int f = 0; f < NSTATE_ARR; ++f) m[f] = seen[r] ? (st_seen ? merged[f] : st[r][f]) : xt[f];
+            const bool any = seen[r] || st_seen;
+            float c_mine = 0.0f, c_twin = 0.0f;
+            if (any) {
+                float acc_st[NSTATE_ARR], y[NSTATE_ARR];
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) acc_st[f] = 0.0f;
+                const float cm = combine_rescale(st[r], m, P), ct = combine_rescale(xt, m, P);
+                c_mine = seen[r] ? cm : 0.0f;
+                c_twin = st_seen ? ct : 0.0f;
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) y[f] = seen[r] ? st[r][f] : 0.0f;
+                combine_scaled_add(acc_st, c_mine, y);
+#pragma unroll
+                for (int f = 0; f < NSTATE_ARR; ++f) y[f] = st_seen ? xt[f] : 0.0f;
+                combine_scaled_add(acc_st, c_twin, y);
+                combine_scaled_finish(m, acc_st);
+            }
+#pragma unroll
+            for (int dq = 0; dq < EPI_DT; ++dq) {
+                acc[0][dq][2 * half] = c_mine * acc[0][dq][2 * half] + c_twin * o_in[(dq * 4 + 2 * half) * WARP];
+                acc[0][dq][2 * half + 1] = c_mine * acc[0][dq][2 * half + 1] + c_twin * o_in[(dq * 4 + 2 * half + 1) * WARP];
             }
 #pragma unroll
             for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = m[f];
@@ -990,9 +1115,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
             mbar_init(&bar_full[st], {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
-            mbar_init(&bar_empty[st], NWARPS * WARP);
+            mbar_init(&bar_empty[st], NWARPS / KEY_WARPS * WARP);  // (key warpgroups: one reads a stage)
 {% if kv_bars %}            mbar_init(&bar_full_v[st], 1);
-            mbar_init(&bar_empty_v[st], NWARPS * WARP);
+            mbar_init(&bar_empty_v[st], NWARPS / KEY_WARPS * WARP);
 {% endif %}        }
     }
     __syncthreads();
@@ -1113,12 +1238,18 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% call tile_setup() %}{% endcall %}
         mbar_wait(&bar_q, lt & 1);
         fence_proxy_async();
-{% if modify_q %}
+{% if modify_q %}{% if key_warps > 1 %}
+        // The key warpgroups share their 64 rows of Q: each modifies its
+        // share of them, then both wait for the whole.
+{% call modify_q_rows("tid % 128", "128", "64 / KEY_WARPS", "kw * (64 / KEY_WARPS)") %}{% endcall %}
+        fence_proxy_async();
+        KEY_MERGE_SYNC();
+{% else %}
         // Each warpgroup modifies its own 64 rows of Q.
 {% call modify_q_rows("tid % 128", "128", "64", "(warp / 4) * 64") %}{% endcall %}
         fence_proxy_async();
         warpgroup_sync(1 + warp / 4);
-{% endif %}{% if q_regs %}        // This warp's 16 rows of Q as wgmma A fragments, kept in registers: the
+{% endif %}{% endif %}{% if q_regs %}        // This warp's 16 rows of Q as wgmma A fragments, kept in registers: the
         // S GEMM then reads only K from shared memory.
         unsigned qf[DQK / 16][4];
 #pragma unroll
@@ -1129,11 +1260,25 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         }
 {% if persistent %}        mbar_arrive(&bar_q_free);
 {% endif %}{% endif %}{% if !late_epilogue %}{% call init_rows(true) %}{% endcall %}{% endif %}
-        // The FlashAttention-3 schedule inside a warpgroup: block it's scores
+{% if !late_epilogue %}        unsigned pa[BN / 16][4];  // P of the previous block, packed
+{% endif %}{% if key_warps > 1 %}        // Key warpgroups: warpgroup kw takes blocks kw, kw + KEY_WARPS, …
+        // (keyed_block), runs of tiles with per-score masking and runs
+        // without each in a loop of one path; then each merges and writes
+        // half of the O columns (merge_key_warpgroups).
+        for (int it = kw; it < n_iter;) {
+            for (; it < n_iter && !STEP_FULL(it); it += KEY_WARPS) {
+{% call keyed_block(1) %}{% endcall %}
+            }
+            for (; it < n_iter && STEP_FULL(it); it += KEY_WARPS) {
+{% call keyed_block(2) %}{% endcall %}
+            }
+        }
+        AEC_MARK(1);
+{% call merge_key_warpgroups() %}{% endcall %}{% call epilogue() %}{% endcall %}        AEC_MARK(3);
+{% else %}        // The FlashAttention-3 schedule inside a warpgroup: block it's scores
         // and online step run while block it-1's P·V is on the tensor cores;
         // a stage goes back to the producer once its P·V has finished.
-{% if !late_epilogue %}        unsigned pa[BN / 16][4];  // P of the previous block, packed
-{% endif %}        if (n_iter > 0) {
+        if (n_iter > 0) {
 {% call pipelined_block(true, 0) %}{% endcall %}
         }{% if late_epilogue %} else {
 {% call last_pv() %}{% endcall %}{% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}        }{% endif %}
@@ -1171,7 +1316,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         prev_dv0 = dv0;
 {% else %}        AEC_MARK(1);
 {% call epilogue() %}{% endcall %}        AEC_MARK(3);
-{% endif %}        ring += n_iter;
+{% endif %}{% endif %}        ring += n_iter;
         ++lt;
     }
 {% if late_epilogue %}    {

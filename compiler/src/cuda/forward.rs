@@ -101,7 +101,11 @@ pub struct ForwardConfig {
     /// of `8 * key_warps`). More warps then share one K/V ring
     /// without more shared memory: decoding's one-warp block issues too
     /// little to keep the memory busy (bench/NOTES.md). `warps` counts
-    /// them all: `warps / key_warps` row warps.
+    /// them all: `warps / key_warps` row warps. On `wgmma` with a producer
+    /// warpgroup, 2 key warps are two warpgroups over the same 64 rows that
+    /// take the key blocks in turn, each block whole (its online step then
+    /// runs beside the other warpgroup's GEMMs), in a ring of 3 to 6 stages;
+    /// at the end each merges and writes half of the O columns.
     #[serde(default = "one_warp")]
     pub key_warps: u32,
     /// Warps that split Dv between them for the same rows and keys (1 or 2).
@@ -443,15 +447,18 @@ impl ForwardConfig {
 
     /// This decoding tile with a producer warpgroup where it is
     /// [`wgmma_packed_tile`](Self::wgmma_packed_tile)'s one warpgroup on
-    /// Dqk up to 256 and a three-stage ring of 128-key blocks fits beside the
-    /// producer's barriers: the producer copies K/V (`cp.async`) while the
-    /// computing warpgroup issues each block's S GEMM with the previous
-    /// block's P·V. Not for `variant`s that modify k or v (they rewrite the
-    /// shared tiles, which the producer's ring does not allow), and not with
-    /// two stages, where the producer measured slower. (H200, MQA d128, 16
-    /// sequences × 128 heads on one KV head, interleaved rounds: 20.38 →
-    /// 18.17 µs; 128 rows on two warpgroups 19.06; bench/NOTES.md session
-    /// 52.) Otherwise unchanged.
+    /// Dqk up to 256: the producer copies K/V (`cp.async`) into the ring.
+    /// At Dqk and Dv up to 128, two key warpgroups take the 64 rows' key
+    /// blocks in turn (`key_warps: 2`; each one's online step runs beside
+    /// the other's GEMMs) on 96-key blocks in four stages; otherwise, or
+    /// where those do not fit, one warpgroup issuing each block's S GEMM
+    /// with the previous block's P·V on 128-key blocks in three stages.
+    /// Not for `variant`s that modify k or v (they rewrite the shared
+    /// tiles, which the producer's ring does not allow), and not with two
+    /// stages, where the producer measured slower. (H200, MQA d128, 16
+    /// sequences × 128 heads on one KV head, interleaved rounds: 20.07 →
+    /// 18.05 µs with the producer, then 18.10 → 16.82 with key warpgroups;
+    /// bench/NOTES.md session 52.) Otherwise unchanged.
     pub fn with_decoding_producer(
         self,
         variant: &Variant,
@@ -474,10 +481,8 @@ impl ForwardConfig {
         {
             return self;
         }
-        let tile = ForwardConfig {
+        let producer = ForwardConfig {
             warp_specialized: true,
-            block_n: 128,
-            stages: 3,
             persistent: false,
             tma_loads: false,
             q_in_registers: false,
@@ -485,13 +490,31 @@ impl ForwardConfig {
             fused_combine: false,
             ..self
         };
-        let fits =
-            smem_bytes(&tile, dqk, tile.dv_slice(dv)) <= isa.max_dynamic_smem() - WS_STATIC_SMEM;
-        if check_config(&tile, dqk, dv).is_ok() && fits {
-            tile
-        } else {
-            self
-        }
+        let keyed = ForwardConfig {
+            warps: 8,
+            key_warps: 2,
+            block_n: 96,
+            stages: 4,
+            ..producer
+        };
+        let single = ForwardConfig {
+            block_n: 128,
+            stages: 3,
+            ..producer
+        };
+        // (Key warpgroups merge with the split-KV combine, which split_kv
+        // says the variant has.)
+        let narrow = dqk <= 128 && self.dv_slice(dv) <= 128 && self.split_kv;
+        let fits = |tile: &ForwardConfig| {
+            check_config(tile, dqk, dv).is_ok()
+                && smem_bytes(tile, dqk, tile.dv_slice(dv))
+                    <= isa.max_dynamic_smem() - WS_STATIC_SMEM
+        };
+        [keyed, single]
+            .into_iter()
+            .filter(|t| narrow || t.key_warps == 1)
+            .find(fits)
+            .unwrap_or(self)
     }
 
     /// This decoding tile for a grid of `blocks` blocks (before KV splits)
@@ -1779,9 +1802,11 @@ pub(crate) fn check_config(
     let split = cfg.dv_split;
     check_dv_slices(split, cfg.dv_warps, dv_total)?;
     let dv = dv_total / split;
-    if !(2..=4).contains(&cfg.stages) {
+    // (Key warpgroups hold a stage each while the rest load: up to 6.)
+    let max_stages = if cfg.wgmma && cfg.key_warps > 1 { 6 } else { 4 };
+    if !(2..=max_stages).contains(&cfg.stages) {
         return Err(CompileError(format!(
-            "{} K/V stages: the forward's K/V ring holds 2 to 4 blocks",
+            "{} K/V stages: the forward's K/V ring holds 2 to 4 blocks (6 with key warpgroups)",
             cfg.stages
         )));
     }
@@ -1790,13 +1815,24 @@ pub(crate) fn check_config(
             "v_in_k (V stored in the first Dv columns of K) needs Dv <= Dqk; got Dqk {dqk}, Dv {dv_total}"
         )));
     }
+    // On wgmma, key warps are warpgroups taking whole blocks in turn
+    // (`keyed_block` in the template): two, beside a producer warpgroup, in
+    // a ring deep enough that each can hold a stage while the next loads.
+    let key_warpgroups = cfg.wgmma
+        && cfg.key_warps == 2
+        && cfg.warp_specialized
+        && !cfg.persistent
+        && cfg.dv_warps <= 1
+        && cfg.stages > cfg.key_warps;
     if !matches!(cfg.key_warps, 1 | 2 | 4)
         || !cfg.warps.is_multiple_of(cfg.key_warps)
-        || (cfg.key_warps > 1 && (cfg.wgmma || !(cfg.block_n / cfg.key_warps).is_multiple_of(16)))
+        || (cfg.key_warps > 1
+            && !key_warpgroups
+            && (cfg.wgmma || !(cfg.block_n / cfg.key_warps).is_multiple_of(16)))
     {
         return Err(CompileError(format!(
-            "{} key warps with {} warps and {}-key blocks are not supported: key_warps must be 1, 2 or 4 and divide the warps, and above 1 it needs the sm_80 template (wgmma: false) and leaves each warp a multiple of 16 keys",
-            cfg.key_warps, cfg.warps, cfg.block_n
+            "{} key warps with {} warps, {}-key blocks and {} stages are not supported: key_warps must be 1, 2 or 4 and divide the warps; above 1 it needs the sm_80 template (wgmma: false), each warp then a multiple of 16 keys, or on wgmma two key warpgroups with a producer warpgroup (warp_specialized: true, persistent: false, dv_warps: 1, three or more stages)",
+            cfg.key_warps, cfg.warps, cfg.block_n, cfg.stages
         )));
     }
     if cfg.key_warps > 1 && !key_warps_share_columns(cfg, dv_total) {

@@ -316,6 +316,27 @@ fn cuda_forward_configs(
                             }
                         }
                     }
+                    // Two key warpgroups over 64 rows, taking key blocks in
+                    // turn, with the producer (MQA d128 on an H200: 96-key
+                    // blocks in four stages 7% ahead of one warpgroup;
+                    // bench/NOTES.md session 52).
+                    if !facts.modifies_kv && facts.combinable {
+                        for (block_n, stages) in [(96, 4), (128, 3), (64, 6)] {
+                            out.push(ForwardConfig {
+                                block_m: 64,
+                                block_n,
+                                warps: 8,
+                                key_warps: 2,
+                                wgmma: true,
+                                warp_specialized: true,
+                                stages,
+                                pack_gqa: true,
+                                dv_split,
+                                split_kv: facts.combinable,
+                                ..base
+                            });
+                        }
+                    }
                 }
             }
             continue;
