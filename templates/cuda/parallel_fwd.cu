@@ -126,6 +126,14 @@
         }
         pack_p(pr, pa);
 {% endmacro %}
+{% macro pv_alone(stage, gi) %}        // O += P · V of stage {{ stage }} (block {{ gi }}), issued and waited for alone.
+        WAIT_V({{ stage }}, {{ gi }});
+        wgmma_fence();
+        pv_gemm(acc[0], pa, V_SMEM({{ stage }}));
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_fence_operands_n{{ dvw }}(acc[0]);
+{% endmacro %}
 {% macro keyed_block(path) %}
         // Block `it` whole on this key warpgroup (ForwardConfig::key_warps on
         // the warp-specialised kernel): its S GEMM, the online step, its P·V,
@@ -146,13 +154,7 @@
         wgmma_wait0();
         wgmma_fence_operands_n{{ bn }}(s[0]);
         RELEASE_K(cur);
-{% call block_scores(path) %}{% endcall %}{% call rescale_pack() %}{% endcall %}        WAIT_V(cur, ring + it);
-        wgmma_fence();
-        pv_gemm(acc[0], pa, V_SMEM(cur));
-        wgmma_commit();
-        wgmma_wait0();
-        wgmma_fence_operands_n{{ dvw }}(acc[0]);
-        fence_regs(pa);
+{% call block_scores(path) %}{% endcall %}{% call rescale_pack() %}{% endcall %}{% call pv_alone("cur", "ring + it") %}{% endcall %}        fence_regs(pa);
         RELEASE_V(cur);
 {% endmacro %}
 #include <{{ sp.header }}>
@@ -546,14 +548,8 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
         }
 {% endmacro %}
 {% macro last_pv() %}        if (prev_pv) {
-            // The previous tile's last P·V, alone.
-            WAIT_V(prev_last, prev_gi);
-            wgmma_fence();
-            pv_gemm(acc[0], pa, V_SMEM(prev_last));
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n{{ dvw }}(acc[0]);
-            RELEASE_V(prev_last);
+            // The previous tile's last P·V.
+{% call pv_alone("prev_last", "prev_gi") %}{% endcall %}            RELEASE_V(prev_last);
         }
 {% endmacro %}
 {% macro previous_epilogue() %}        if (has_prev) {
@@ -1302,13 +1298,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% else %}        if (n_iter > 0) {
             // The last block's P·V.
             const int last = (ring + n_iter - 1) % STAGES;
-            WAIT_V(last, ring + n_iter - 1);
-            wgmma_fence();
-            pv_gemm(acc[0], pa, V_SMEM(last));
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n{{ dvw }}(acc[0]);
-{% if persistent %}            RELEASE_V(last);
+{% call pv_alone("last", "ring + n_iter - 1") %}{% endcall %}{% if persistent %}            RELEASE_V(last);
 {% endif %}        }
 {% endif %}{% if late_epilogue %}        has_prev = true;
         prev_q_row0 = q_row0;
