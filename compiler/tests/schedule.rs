@@ -380,6 +380,22 @@ fn packed_decoding_rows_get_64_and_128_row_tiles() {
         "{:?}",
         ranked[0].candidate.config
     );
+    // Key warpgroups read each block's K and V once (one of them takes it):
+    // the model ranks the key-warpgroup tiles among the eight `aec tune`
+    // profiles by default (before it counted their shared-memory reads
+    // twice and put them 10th to 19th).
+    let keyed: Vec<usize> = ranked
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            cuda(&r.candidate.config).key_warps == 2 && cuda(&r.candidate.config).wgmma
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        keyed.len() >= 3 && keyed[..3].iter().all(|&i| i < 8),
+        "{keyed:?}"
+    );
     let gqa = Problem {
         h: 32,
         hkv: 8,

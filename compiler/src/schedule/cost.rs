@@ -52,6 +52,10 @@ pub struct TilePlan {
     pub units: u32,
     /// Query rows per unit.
     pub unit_rows: u32,
+    /// Units that hold the same rows and share each KV step's keys: the
+    /// sm_80 template's key warps (each a share of every block's keys) or
+    /// key warpgroups (each whole blocks in turn). 1 elsewhere.
+    pub key_units: u32,
     pub engine: Engine,
     /// The scores and online step of one KV block overlap the previous
     /// block's P·V (the warp-specialised kernel).
@@ -117,10 +121,15 @@ pub fn estimate(
     let tensor = flops / (device.flops_per_clk_per_sm() * plan.engine.efficiency());
     let units = plan.units as f64;
     let unit_rows = plan.unit_rows as f64;
+    // Units with rows of their own (key units share theirs and split the
+    // block's keys).
+    let row_units = units / plan.key_units.max(1) as f64;
     let smem_read = match plan.engine {
-        // Each warpgroup reads K (and Q unless in registers) for S, V for O.
+        // Each warpgroup reads K (and Q unless in registers) for S, V for O;
+        // key warpgroups take whole blocks in turn, so a block is read by
+        // one of them.
         Engine::Wgmma => {
-            units
+            row_units
                 * ((if plan.q_in_registers {
                     0.0
                 } else {
@@ -128,8 +137,9 @@ pub fn estimate(
                 }) + bn * dqk
                     + bn * dvs)
         }
-        // Each warp (wave) reads all of K and V, and its Q fragments.
-        _ => units * (unit_rows * dqk + bn * dqk + bn * dvs),
+        // Each warp (wave) reads its Q fragments and its keys' K and V: all
+        // of them, or with key warps its share.
+        _ => units * unit_rows * dqk + row_units * (bn * dqk + bn * dvs),
     } * eb;
     let smem_write = bn * (dqk + dvs) * eb;
     let shared = (smem_read + smem_write) / device.smem_bytes_per_clk as f64;
@@ -318,6 +328,7 @@ mod tests {
             dv_split: 1,
             units: block_m / 64,
             unit_rows: 64,
+            key_units: 1,
             engine: Engine::Wgmma,
             overlapped: false,
             q_in_registers: false,
