@@ -1806,8 +1806,13 @@ pub(crate) fn check_config(
     let max_stages = if cfg.wgmma && cfg.key_warps > 1 { 6 } else { 4 };
     if !(2..=max_stages).contains(&cfg.stages) {
         return Err(CompileError(format!(
-            "{} K/V stages: the forward's K/V ring holds 2 to 4 blocks (6 with key warpgroups)",
-            cfg.stages
+            "{} K/V stages: the forward's K/V ring holds 2 to {max_stages} blocks{}",
+            cfg.stages,
+            if max_stages > 4 {
+                " with key warpgroups"
+            } else {
+                ""
+            }
         )));
     }
     if cfg.v_in_k && dv_total > dqk {
