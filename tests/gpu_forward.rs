@@ -3066,12 +3066,6 @@ fn gpu_forward_decoding_forms_on_wgmma() {
     }
 }
 
-/// The packed decoding tiles with a producer warpgroup that the tuner's
-/// space holds for 64 or more rows per KV head (one consumer warpgroup on
-/// 64 rows or two on 128; the producer copies K and V by `cp.async`, a
-/// block per row block and KV split): examples' decoding forms with and
-/// without a score modification match the reference at 128 query heads on
-/// one KV head over 777 keys, and on two KV heads.
 /// The decoding example with a Q modification that is not a uniform scale
 /// (`aec_compiler::q_scale` cannot move it onto the scores): the kernel
 /// rewrites Q in shared memory.
@@ -3094,6 +3088,14 @@ fn decode_with_q_offset() -> aec::frontend::Variant {
         .expect("a valid variant")
 }
 
+/// The packed decoding tiles with a producer warpgroup that the tuner's
+/// space holds for 64 or more rows per KV head (one consumer warpgroup on
+/// 64 rows or two on 128, or two key warpgroups over 64 rows taking the
+/// key blocks in turn; the producer copies K and V by `cp.async`, a block
+/// per row block and KV split): examples' decoding forms with and without
+/// a score modification match the reference at 128 query heads on one KV
+/// head over 777 keys, and on two KV heads; key warpgroups also at 1–300
+/// keys (one of them with no block); the untuned MQA tile dense and paged.
 #[test]
 fn gpu_forward_packed_decoding_with_producer() {
     let test = "gpu_forward_packed_decoding_with_producer";

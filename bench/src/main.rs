@@ -220,9 +220,11 @@ const DECODE_TILES: &[DecodeTile] = &[
 ];
 
 /// More tiles for MQA at d128 (128 packed rows per KV head): 64 and 128
-/// rows, 64- to 128-key blocks, two or three stages, `mma.sync` and
-/// `wgmma` (the default there is `wgmma` on 64 rows and 128-key blocks in
-/// three stages, `wg64n128s3`).
+/// rows, 64- to 128-key blocks, two to six stages, `mma.sync` and `wgmma`,
+/// with and without a producer warpgroup, one or two key warpgroups (the
+/// default there is two key warpgroups and the producer on 64 rows and
+/// 96-key blocks in four stages, `wg64k2n96ws4`; before session 52
+/// `wg64n128s3`, then `wg64n128ws3`).
 const MQA_TILES: &[DecodeTile] = &[
     ("m64w4s3", 64, 4, 1, 1, 32, 3, 1, TileKernel::Sm80),
     ("m64w4n64s3", 64, 4, 1, 1, 64, 3, 1, TileKernel::Sm80),
