@@ -320,7 +320,8 @@ fn cuda_forward_configs(
                     // turn, with the producer (MQA d128 on an H200: 96-key
                     // blocks in four stages 7% ahead of one warpgroup;
                     // bench/NOTES.md session 52).
-                    if !facts.modifies_kv && facts.combinable {
+                    // (Whole Dv only: the form the GPU tests run.)
+                    if !facts.modifies_kv && facts.combinable && dv_split == 1 {
                         for (block_n, stages) in [(96, 4), (128, 3), (64, 6)] {
                             out.push(ForwardConfig {
                                 block_m: 64,
