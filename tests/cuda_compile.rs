@@ -456,6 +456,36 @@ fn key_warp_decoding_tiles_compile() {
     }
 }
 
+/// The untuned MQA tile's key warpgroups (`with_decoding_producer`: two
+/// warpgroups over 64 packed rows taking the key blocks in turn beside a
+/// producer, 96-key blocks in four stages) on the decoding forms of
+/// variants with a score modification, a bias from custom inputs and a
+/// mask: each takes that tile and compiles, dense and paged, within the
+/// spill budget of the 168 registers the launch bound leaves.
+#[test]
+fn key_warpgroup_decoding_tiles_compile() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    for name in ["softmax_gqa", "softcap", "relative_bias", "alibi"] {
+        let v = common::decoding_form(name);
+        let (dqk, dv) = common::head_dims(&v);
+        let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a)
+            .for_decode_shape([16, 128, 1, 1], 132, dqk, dv, Isa::Sm90a)
+            .with_decoding_producer(&v, dqk, dv, Isa::Sm90a);
+        assert_eq!(
+            (cfg.key_warps, cfg.warps, cfg.block_n, cfg.stages),
+            (2, 8, 96, 4),
+            "{name}: {cfg:?}"
+        );
+        for rows in [Rows::Dense, Rows::Paged] {
+            let line = check_config(name, &v, "sm_90a", &cfg, rows);
+            assert!(line.contains("_wgmma_ws_s4_k2"), "{line}");
+            eprintln!("{line}");
+        }
+    }
+}
+
 /// Split-KV tiles with the combine in the main kernel (`fused_combine`):
 /// d128 decoding with one, two and four key warps and with Dv split between
 /// blocks, and the latent cache with Dv split between warps, dense and
