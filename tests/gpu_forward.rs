@@ -3104,6 +3104,32 @@ fn gpu_forward_packed_decoding_with_producer() {
         eprintln!("{test}: skipped, wgmma needs sm_90a");
         return;
     }
+    // A packed tile of `block_m` rows with the producer, `key_warps` key
+    // warpgroups over each 64 of them.
+    let tile = |def: &aec::frontend::Variant, block_m, block_n, stages, key_warps| {
+        let (dqk, dv) = common::head_dims(def);
+        ForwardConfig {
+            block_m,
+            block_n,
+            warps: block_m / 16 * key_warps,
+            key_warps,
+            stages,
+            wgmma: true,
+            warp_specialized: true,
+            persistent: false,
+            tma_loads: false,
+            q_in_registers: false,
+            late_epilogue: false,
+            dv_warps: 1,
+            fused_combine: false,
+            ..ForwardConfig::default_for(def, dqk, dv, Elem::Bf16, Isa::Sm90a).for_packed_rows(
+                128,
+                dqk,
+                dv,
+                Isa::Sm90a,
+            )
+        }
+    };
     // (The last field: key warpgroups, which take the 64 rows' blocks in
     // turn; `decode_q_offset` modifies Q in shared memory, which the two
     // share.)
@@ -3123,27 +3149,7 @@ fn gpu_forward_packed_decoding_with_producer() {
             common::decoding_form(name)
         };
         let (dqk, dv) = common::head_dims(&def);
-        let cfg = ForwardConfig {
-            block_m,
-            block_n,
-            warps: block_m / 16 * key_warps,
-            key_warps,
-            stages,
-            wgmma: true,
-            warp_specialized: true,
-            persistent: false,
-            tma_loads: false,
-            q_in_registers: false,
-            late_epilogue: false,
-            dv_warps: 1,
-            fused_combine: false,
-            ..ForwardConfig::default_for(&def, dqk, dv, Elem::Bf16, Isa::Sm90a).for_packed_rows(
-                128,
-                dqk,
-                dv,
-                Isa::Sm90a,
-            )
-        };
+        let cfg = tile(&def, block_m, block_n, stages, key_warps);
         check_def_with(
             &format!(
                 "{test} ({name}, {block_m} rows, {block_n}-key blocks, {stages} stages, {hkv} KV heads, {key_warps} key warpgroups)"
@@ -3163,24 +3169,7 @@ fn gpu_forward_packed_decoding_with_producer() {
     // over all splits) or the last block is partial.
     let def = common::decoding_form("softmax_gqa");
     for skv in [1, 100, 129, 300] {
-        let cfg =
-            ForwardConfig {
-                block_m: 64,
-                block_n: 128,
-                warps: 8,
-                key_warps: 2,
-                stages: 3,
-                wgmma: true,
-                warp_specialized: true,
-                persistent: false,
-                tma_loads: false,
-                q_in_registers: false,
-                late_epilogue: false,
-                dv_warps: 1,
-                fused_combine: false,
-                ..ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, Isa::Sm90a)
-                    .for_packed_rows(128, 128, 128, Isa::Sm90a)
-            };
+        let cfg = tile(&def, 64, 128, 3, 2);
         check_def_with(
             &format!("{test} (softmax_gqa, key warpgroups, {skv} keys)"),
             def.clone(),
@@ -3208,8 +3197,7 @@ fn gpu_forward_packed_decoding_with_producer() {
     let name = &kernels.forward_source().name;
     assert!(name.contains("_gqa_wgmma_ws"), "{name}");
     let untuned = ForwardConfig::default_for(&def, 128, 128, Elem::Bf16, Isa::Sm90a)
-        .for_decode_shape([3, 128, 1, 1], 132, 128, 128, Isa::Sm90a)
-        .with_decoding_producer(&def, 128, 128, Isa::Sm90a);
+        .for_decoding_call(&def, [3, 128, 1, 1], 132, 128, 128, Isa::Sm90a);
     assert!(untuned.warp_specialized, "{untuned:?}");
     check_example_with(
         &format!("{test} (untuned MQA tile {name})"),

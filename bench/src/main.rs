@@ -495,9 +495,7 @@ fn main() {
         let v = bench_variant(&root, example);
         let mut cfg = forward_config(&v, *dqk, *dv, per_block);
         if let Some((_, sizes)) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
-            cfg = cfg
-                .for_decode_shape(*sizes, 132, *dqk, *dv, Isa::Sm90a)
-                .with_decoding_producer(&v, *dqk, *dv, Isa::Sm90a);
+            cfg = cfg.for_decoding_call(&v, *sizes, 132, *dqk, *dv, Isa::Sm90a);
         }
         let file = format!("bench_{}", workload.replace('-', "_"));
         if *example == "mla_decode" || *example == "decode" {

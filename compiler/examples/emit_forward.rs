@@ -1,8 +1,7 @@
 //! Prints the generated parallel forward kernel of a variant file.
 //! `cargo run -p aec-compiler --example emit_forward -- examples/softmax.rs 128 128 [block_m block_n warps]`
 //! or, for a decoding variant, `… examples/decode.rs 128 128 shape B H Hkv Sq [v_in_k]`: the
-//! untuned tile for that shape on 132 multiprocessors (`ForwardConfig::for_decode_shape`,
-//! then `with_decoding_producer`);
+//! untuned tile for that shape on 132 multiprocessors (`ForwardConfig::for_decoding_call`);
 //! either way then the settings in `AEC_EMIT_SET` (`"block_n=64 stages=6"`).
 use aec_compiler::{Elem, ForwardConfig, Isa, parallel_forward, untuned_forward_config};
 
@@ -34,9 +33,7 @@ fn main() {
             Isa::Sm90a,
             v_in_k,
         );
-        cfg = cfg
-            .for_decode_shape([n(b), n(h), n(hkv), n(sq)], 132, dqk, dv, Isa::Sm90a)
-            .with_decoding_producer(&v, dqk, dv, Isa::Sm90a);
+        cfg = cfg.for_decoding_call(&v, [n(b), n(h), n(hkv), n(sq)], 132, dqk, dv, Isa::Sm90a);
     } else if let [bm, bn, warps, ..] = rest {
         cfg.block_m = bm.parse().expect("block_m");
         cfg.block_n = bn.parse().expect("block_n");

@@ -552,7 +552,7 @@ fn generate_backward(
 /// tuning cache has nothing, and what the tuner measures as the default):
 /// the variant's default tile ([`crate::compiler::untuned_forward_config`])
 /// adapted to the shape's packed rows and grid
-/// ([`ForwardConfig::for_decode_shape`]: decoding tiles, few-block rules),
+/// ([`ForwardConfig::for_decoding_call`]: decoding tiles, few-block rules, the producer),
 /// and on sm_90a, for other shapes, the cost model's first plan where it
 /// ranks the default [`MODEL_CHOICE_MARGIN`](crate::compiler::schedule::MODEL_CHOICE_MARGIN)
 /// times slower — small grids,
@@ -576,7 +576,7 @@ pub enum UntunedReason {
     /// The variant's default tile: nothing about the shape changes it.
     Default,
     /// The decoding rules' tile for the shape's packed rows and grid
-    /// ([`ForwardConfig::for_decode_shape`]).
+    /// ([`ForwardConfig::for_decoding_call`]).
     DecodeRule,
     /// The cost model's first plan, which it ranks `ratio` times faster
     /// than the default ([`model_choice`]).
@@ -644,9 +644,7 @@ pub(crate) fn untuned_by_rule(
         v_in_k,
     );
     let rows = [shape.b, shape.h, shape.hkv, shape.sq];
-    let shaped = plain
-        .for_decode_shape(rows, device.sms, dims.dqk, dims.dv, isa)
-        .with_decoding_producer(variant, dims.dqk, dims.dv, isa);
+    let shaped = plain.for_decoding_call(variant, rows, device.sms, dims.dqk, dims.dv, isa);
     let chosen = |config, reason| UntunedChoice {
         plain,
         config,
@@ -865,7 +863,7 @@ impl ParallelKernels {
         }
         if options.config.is_none() {
             // Untuned decoding: the default tile for the shape's packed rows
-            // and grid (ForwardConfig::for_decode_shape); elsewhere the
+            // and grid (ForwardConfig::for_decoding_call); elsewhere the
             // generator's own default, as without a shape.
             let isa = Isa::for_arch(device.arch());
             let (elem, v_in_k) = (options.elem, options.v_in_k);

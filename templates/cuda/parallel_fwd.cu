@@ -686,11 +686,10 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 acc[0][dt][c] = kw ? hi : lo;
                 acc[0][dt + EPI_DT][c] = kw ? lo : hi;
             }
-        // Block `mine`'s slot (this warpgroup's last block, or with none a
-        // block past the last, never loaded).
-        const int mine = kw < n_iter ? kw + (n_iter - 1 - kw) / KEY_WARPS * KEY_WARPS : kw;
-        const int twin = 1 - kw;
-        const int twins = twin < n_iter ? twin + (n_iter - 1 - twin) / KEY_WARPS * KEY_WARPS : twin;
+        // The slot of warpgroup w's last block (with none, of a block past
+        // the last, never loaded): this one's and its twin's.
+#define KEYED_LAST(w) ((w) < n_iter ? (w) + (n_iter - 1 - (w)) / KEY_WARPS * KEY_WARPS : (w))
+        const int mine = KEYED_LAST(kw), twins = KEYED_LAST(1 - kw);
         {
             float* o_out = reinterpret_cast<float*>(sV + ((ring + mine) % STAGES) * BN * SVS) + wr * NHALF * WARP + lane;
             float* s_out = reinterpret_cast<float*>(sK + ((ring + mine) % STAGES) * BN * SQS) + wr * NST * WARP + lane;

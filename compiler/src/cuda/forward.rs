@@ -234,9 +234,7 @@ impl ForwardConfig {
         let dv_split = default_dv_split(dv);
         let dv = dv / dv_split;
         let hopper = isa == Isa::Sm90a && wgmma_dims_ok(dqk, dv);
-        let modifies_kv = variant
-            .parallel()
-            .is_some_and(|p| p.modify_k.is_some() || p.modify_v.is_some());
+        let modifies_kv = modifies_kv(variant);
         let combinable = variant
             .parallel()
             .is_some_and(|p| combine_plan(&p.online).is_ok());
@@ -439,9 +437,7 @@ impl ForwardConfig {
                 fused_combine: false,
                 ..self
             };
-            (check_config(&tile, dqk, dv).is_ok()
-                && smem_bytes(&tile, dqk, tile.dv_slice(dv)) <= isa.max_dynamic_smem())
-            .then_some(tile)
+            tile_fits(&tile, dqk, dv, isa).then_some(tile)
         })
     }
 
@@ -466,11 +462,8 @@ impl ForwardConfig {
         dv: u32,
         isa: Isa,
     ) -> ForwardConfig {
-        let modifies_kv = variant
-            .parallel()
-            .is_some_and(|p| p.modify_k.is_some() || p.modify_v.is_some());
         if isa != Isa::Sm90a
-            || modifies_kv
+            || modifies_kv(variant)
             || !self.wgmma
             || !self.pack_gqa
             || self.warp_specialized
@@ -505,15 +498,10 @@ impl ForwardConfig {
         // (Key warpgroups merge with the split-KV combine, which split_kv
         // says the variant has.)
         let narrow = dqk <= 128 && self.dv_slice(dv) <= 128 && self.split_kv;
-        let fits = |tile: &ForwardConfig| {
-            check_config(tile, dqk, dv).is_ok()
-                && smem_bytes(tile, dqk, tile.dv_slice(dv))
-                    <= isa.max_dynamic_smem() - WS_STATIC_SMEM
-        };
         [keyed, single]
             .into_iter()
             .filter(|t| narrow || t.key_warps == 1)
-            .find(fits)
+            .find(|t| tile_fits(t, dqk, dv, isa))
             .unwrap_or(self)
     }
 
@@ -601,6 +589,23 @@ impl ForwardConfig {
         packed
             .for_few_blocks(blocks, sms, dqk, dv, isa)
             .with_combine_for_rows(rows, dv)
+    }
+
+    /// The untuned decoding tile of `variant` for a call of sizes `[B, H,
+    /// Hkv, Sq]`: [`for_decode_shape`](Self::for_decode_shape), then
+    /// [`with_decoding_producer`](Self::with_decoding_producer). What the
+    /// runtime, the benchmark and `emit_forward` take.
+    pub fn for_decoding_call(
+        self,
+        variant: &Variant,
+        shape: [usize; 4],
+        sms: u32,
+        dqk: u32,
+        dv: u32,
+        isa: Isa,
+    ) -> ForwardConfig {
+        self.for_decode_shape(shape, sms, dqk, dv, isa)
+            .with_decoding_producer(variant, dqk, dv, isa)
     }
 
     /// This configuration reading V from K ([`v_in_k`](Self::v_in_k)). The
@@ -1208,6 +1213,26 @@ pub(crate) const WS_STATIC_SMEM: u32 = 128;
 /// Dynamic shared memory of the forward kernel: Q, and `stages` K and V
 /// tiles (rows padded by 8 elements for `ldmatrix` on sm_80; swizzled tiles
 /// unpadded plus 1 KiB to align them to 1024 bytes).
+/// Whether `variant` rewrites the K or V tiles in shared memory (`modify_k`,
+/// `modify_v`), which a producer warpgroup's ring does not allow.
+pub(crate) fn modifies_kv(variant: &Variant) -> bool {
+    variant
+        .parallel()
+        .is_some_and(|p| p.modify_k.is_some() || p.modify_v.is_some())
+}
+
+/// Whether `tile` is a valid configuration whose shared memory (with the
+/// producer's barriers where it has one) fits a block on `isa`.
+fn tile_fits(tile: &ForwardConfig, dqk: u32, dv: u32, isa: Isa) -> bool {
+    let barriers = if tile.warp_specialized {
+        WS_STATIC_SMEM
+    } else {
+        0
+    };
+    check_config(tile, dqk, dv).is_ok()
+        && smem_bytes(tile, dqk, tile.dv_slice(dv)) + barriers <= isa.max_dynamic_smem()
+}
+
 pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
     let align_slack = if cfg.wgmma { 1024 } else { 0 };
     cfg.block_m * tile_stride(cfg, dv, dqk) * 2

@@ -90,7 +90,7 @@ impl VariantFacts {
                 .fixed_sizes
                 .iter()
                 .any(|&(a, n)| a == Axis::Sq && n <= 16),
-            modifies_kv: par.is_some_and(|p| p.modify_k.is_some() || p.modify_v.is_some()),
+            modifies_kv: crate::cuda::forward::modifies_kv(variant),
             combinable: par.is_some_and(|p| combine_plan(&p.online).is_ok()),
         }
     }
