@@ -4,7 +4,7 @@
 use aec_compiler::cxx::regions::{implies_causal, is_causal};
 use aec_compiler::{
     ArgKind, BackwardConfig, Elem, ForwardConfig, Grid, Isa, Residency, parallel_backward,
-    parallel_forward, parallel_forward_varlen,
+    parallel_backward_varlen, parallel_forward, parallel_forward_varlen,
 };
 use aec_frontend::{Variant, parse_file, parse_str};
 use std::path::PathBuf;
@@ -474,7 +474,35 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         k80.source.contains("wgmma_ss_n80(sacc")
             && k80.source.contains("wgmma_ssm_n80(dq_part")
             && k80.source.contains("stmatrix_x4_trans(")
-            && k80.source.contains("MMA_SYNC();  // sdS complete")
+    );
+    // The warpgroups take each step's whole dQ in turns (one syncs on the
+    // parity's barrier, the other only arrives), and the producer adds the
+    // staged tile with one bulk reduction, the element kernel undoing the
+    // tile's column permutation in dq_acc.
+    assert!(wide.takes_dq_turns());
+    assert!(
+        k80.source.contains("named_bar_sync(2 + turn, NT)")
+            && k80.source.contains("named_bar_arrive(2 + turn, NT)")
+            && !k80.source.contains("MMA_SYNC();  // sdS complete"),
+        "dQ in turns"
+    );
+    assert!(
+        k80.source.contains("bulk_reduce_add_f32(dq_acc")
+            && !k80.source.contains("atomicAdd(reinterpret_cast<float4*>")
+            && k80
+                .source
+                .contains("const long long src = x0 - c_ + (c_ ^ (((i_ >> 1) & 3) << 3));"),
+        "dQ tiles by bulk reduction"
+    );
+    // A packed variable-length batch keeps the atomics (the element kernel
+    // cannot place a packed row in its sequence) and the natural dq_acc.
+    let k80v = parallel_backward_varlen(&v, 128, 128, &wide).expect("80-query varlen");
+    assert!(
+        !k80v.source.contains("bulk_reduce_add_f32(dq_acc")
+            && k80v.source.contains("atomicAdd(reinterpret_cast<float4*>")
+            && k80v.source.contains("const long long src = x0;")
+            && k80v.source.contains("named_bar_sync(2 + turn, NT)"),
+        "varlen: atomics, dQ in turns"
     );
     assert!(k80.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
     // Kernels without the lag store dS K-major (stmatrix.trans) and read it

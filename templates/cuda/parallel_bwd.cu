@@ -128,7 +128,8 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 #define NT_MAIN (NT + NPT)
 {% if dq_t %}// The staged dQ tile unpadded, its float columns XOR-permuted in groups of 8
 // by bits 1-2 of the row: the transposed dQ's float-per-row stores and the
-// producer's row reads both conflict-free.
+// producer's row reads both conflict-free.{% if dq_bulk %} (The tile goes whole into dq_acc,
+// whose rows keep this permutation: the element kernel undoes it.){% endif %}
 #define DQS DQK
 #define DQ_AT(r, c) ((r) * DQS + ((c) ^ ((((r) >> 1) & 3) << 3)))
 {% else %}#define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
@@ -400,8 +401,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             mbar_init(&bar_q_full[st], {% if tma %}1{% else %}NPT{% endif %} + BM);
             mbar_init(&bar_q_empty[st], NT);
         }
-        mbar_init(&bar_dq_full, NT);
-        mbar_init(&bar_dq_empty, NPT);
+        mbar_init(&bar_dq_full, {% if dq_turns %}NT / 2{% else %}NT{% endif %});
+        mbar_init(&bar_dq_empty, {% if dq_bulk %}1{% else %}NPT{% endif %});
 {% if dq_lag %}        for (int st = 0; st < 2; ++st) {
             mbar_init(&bar_ds_full[st], NT);
             mbar_init(&bar_ds_empty[st], NT);
@@ -516,7 +517,20 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             const int h = step_head(it - 1), m0 = step_m0(it - 1) & ~63;
 {% else %}            const int h = step_head(it - DQ_BEHIND), m0 = step_m0(it - DQ_BEHIND);
 {% if mask %}            if (mask_block(m0, min(m0 + BM, Sq) - 1, n0, j_last, b, h, hk, P) == 0) continue;
-{% endif %}{% endif %}            mbar_wait(&bar_dq_full, drained & 1);
+{% endif %}{% endif %}{% if dq_bulk %}            // One thread adds the whole staged tile, whose rows are those
+            // of dq_acc (columns permuted as in the tile, see DQ_AT and the
+            // element kernel), with one bulk reduction.
+            if (ptid == 0) {
+                mbar_wait(&bar_dq_full, drained & 1);
+                bulk_reduce_add_f32(dq_acc + (Q_ROW0(h) + m0) * DQK, sdQ, min(DQ_ROWS, Sq - m0) * DQK * (int)sizeof(float));
+                bulk_commit();
+                bulk_wait_read0();  // sdQ is free for the next tile
+                mbar_arrive(&bar_dq_empty);
+            }
+            ++drained;
+        }
+        if (ptid == 0) bulk_wait0();
+{% else %}            mbar_wait(&bar_dq_full, drained & 1);
             float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
             const int valid = min(DQ_ROWS, Sq - m0) * (DQK / 4);
             for (int x = ptid; x < valid; x += NPT) {
@@ -530,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             mbar_arrive(&bar_dq_empty);
             ++drained;
         }
-        cp_async_wait_all();
+{% endif %}        cp_async_wait_all();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
@@ -611,6 +625,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         const bool closes = step_closes(it);
         elem_t* sdSc = sdS + (staged & 1) * DS_BUF;  // one buffer per pair
 {% else if dq_lag %}        elem_t* sdSc = sdS + (nds & 1) * DS_BUF;
+{% else if dq_turns %}        // Buffer b holds the dS of executed steps of parity b, read by warpgroup b.
+        elem_t* sdSc = sdS + (staged & 1) * DS_BUF;
 {% else %}        elem_t* sdSc = sdS + cur * DS_BUF;
 {% endif %}{% else %}        const bool prefetch = it + 1 < iters;
         if (prefetch) issue(it + 1, cur ^ 1, st_next);
@@ -771,7 +787,25 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         wgmma_fence_operands_n{{ dqk }}(dk_acc);
         fence_regs(pa);
         fence_regs(da);
-{% endif %}        MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
+{% endif %}{% if dq_turns %}        // dQ in turns: warpgroup staged % 2 computes the step's whole dQ over
+        // both warpgroups' dS while the other goes on to its next step (whose
+        // scores then overlap this GEMM), with a barrier per parity that the
+        // one syncs on and the other only arrives at.
+        const int turn = staged & 1;
+        fence_proxy_async();  // this warpgroup's dS stores, for the other's wgmma
+        if (warp / 4 == turn) {
+            named_bar_sync(2 + turn, NT);
+            for (int pnl = 0; pnl < DQK / 64; ++pnl) {
+{% call dq_panel("smem_u32(sdSc)") %}{% endcall %}                // The producer must have added the previous dQ tile from sdQ.
+                if (pnl == 0 && staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
+{% call dq_stage() %}{% endcall %}            }
+{% if dq_bulk %}            fence_proxy_async();  // the staged tile, for the bulk reduction
+{% endif %}            mbar_arrive(&bar_dq_full);  // the dQ tile is staged
+        } else {
+            named_bar_arrive(2 + turn, NT);
+        }
+        ++staged;
+{% else %}        MMA_SYNC();  // sdS complete (its generic stores made visible to wgmma)
 
         // dQ += dS·K: warpgroup w takes the 64-column panels w, w + NWG, … of
         // dQ for all BM queries (with KSPLIT 2, warpgroup 1 starts: warpgroup
@@ -795,7 +829,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}        }
 {% if ws %}        mbar_arrive(&bar_dq_full);  // the dQ tile is staged
         ++staged;
-{% endif %}{% if dq_pairs %}        }  // closes
+{% endif %}{% endif %}{% if dq_pairs %}        }  // closes
 {% endif %}        wgmma_wait0();
 {% if kv_split %}#pragma unroll
         for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);
@@ -960,10 +994,17 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS
 {% endif %}    const long long n = ROWS * DQK;
     const long long x0 = ((long long)blockIdx.x * NT + threadIdx.x) * POST_ELEMS;
     if (x0 >= n) return;
-    float d[POST_ELEMS];
+{% if dq_bulk %}    // The main kernel's tiles went whole into dq_acc: a row's 8-column
+    // groups are permuted as DQ_AT permutes them by the row's place in its
+    // tile; tiles start on rows n0 + k·BM of their head, multiples of 16.
+    static_assert(BM % 8 == 0 && POST_ELEMS == 8, "whole 8-column groups of tiles that start on 8-row boundaries");
+    const int i_ = (int)(x0 / DQK % Sq), c_ = (int)(x0 % DQK);
+    const long long src = x0 - c_ + (c_ ^ (((i_ >> 1) & 3) << 3));
+{% else %}    const long long src = x0;
+{% endif %}    float d[POST_ELEMS];
 #pragma unroll
     for (int c = 0; c < POST_ELEMS; c += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(dq_acc + x0 + c);
+        const float4 a = *reinterpret_cast<const float4*>(dq_acc + src + c);
         d[c] = a.x;
         d[c + 1] = a.y;
         d[c + 2] = a.z;

@@ -168,6 +168,22 @@ __device__ __forceinline__ void tma_prefetch_3d(const TmaMap& map, int c0, int c
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Adds `bytes` (a multiple of 16) of f32 at shared `src` into global `dst`
+// (both 16-byte aligned) on the bulk-copy engine, in this thread's bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's bulk operations have read their shared memory.
+__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// This thread's bulk operations are complete.
+__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Arrival at named barrier `id` without waiting (its release of this thread's
+// prior writes pairs with the acquire of the threads that sync on it).
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // A barrier for the 128 threads of one warpgroup (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int id) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");

@@ -353,6 +353,17 @@ impl BackwardConfig {
             && !self.shared_scores
     }
 
+    /// Whether the two warpgroups take each step's dQ in turns: the one
+    /// whose turn it is computes the whole dQ (every 64-column panel of Dqk
+    /// over both warpgroups' dS) and stages it, while the other only
+    /// signals its dS written and goes on to its next step — so one's
+    /// element step and GEMMs overlap the other's dQ GEMM instead of both
+    /// waiting at a barrier for theirs (cuDNN's backward does the same,
+    /// bench/NOTES.md session 53). The kernels on 80-query steps.
+    pub fn takes_dq_turns(&self) -> bool {
+        self.transposes_dq()
+    }
+
     /// Rows of the producer's staged dQ tile.
     fn staged_dq_rows(&self) -> u32 {
         if self.pairs_steps() { 64 } else { self.block_m }
@@ -583,6 +594,15 @@ struct BackwardTemplate<'a> {
     dq_lag: bool,
     /// dQ computed transposed on 80-query steps ([`BackwardConfig::transposes_dq`]).
     dq_t: bool,
+    /// Each step's whole dQ computed by one warpgroup, the two in turns
+    /// ([`BackwardConfig::takes_dq_turns`]).
+    dq_turns: bool,
+    /// The producer adds each staged dQ tile with one bulk reduction (one
+    /// thread, the copy engine) instead of vector atomics from every thread:
+    /// dense batches on the 80-query kernels, whose staged tile is dQ's rows
+    /// as they lie in dq_acc (its 8-column groups permuted; the element
+    /// kernel undoes that).
+    dq_bulk: bool,
     /// dS stored K-major by `stmatrix.trans` for the dQ GEMM (wgmma kernels
     /// without the lag), instead of the dSᵀ tile.
     ds_k: bool,
@@ -810,6 +830,8 @@ fn generate_backward(
         dq_pairs,
         dq_lag,
         dq_t: cfg.transposes_dq(),
+        dq_turns: cfg.takes_dq_turns(),
+        dq_bulk: cfg.transposes_dq() && !varlen,
         ds_k,
         split_full_blocks,
         wgmma_fns: if kv_split {

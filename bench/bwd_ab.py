@@ -1,0 +1,94 @@
+"""A/B of backward builds in rotated rounds, on a GPU machine.
+
+    python bench/bwd_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--no-check]
+
+Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
+<workload>` on a different build (copy shared/reference/workloads.json into
+it). On the same random inputs (the forward of the first build gives O and
+the row state), each build's three backward kernels run once and their dQ,
+dK and dV are compared with cuDNN's backward (SDPA's cuDNN backend,
+autograd.grad on a kept forward); then, per round, cuDNN's backward and each
+build's backward (all three kernels, and the main kernel alone) are timed
+(median of do_bench), the builds in an order rotated every round, so that
+builds a few percent apart are compared within one process. Prints per
+implementation the median over rounds and every round. Softmax workloads
+without custom inputs only. `--no-check` times builds whose gradients
+disagree (timing-only ablations) instead of stopping.
+"""
+import json, math, os, statistics, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    args = sys.argv[1:]
+    check = "--no-check" not in args
+    args = [a for a in args if a != "--no-check"]
+    if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
+        sys.exit(__doc__)
+    wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
+    sys.argv = [sys.argv[0], dirs[0]]  # gpu_check reads its command line at import
+    sys.path.insert(0, HERE)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    import triton
+    import gpu_check as g
+    torch.zeros(1, device="cuda")
+    builds, w, fwd = {}, None, None
+    for d in dirs:
+        index = json.load(open(os.path.join(d, "index.json")))
+        by_id = g.workloads_by_id(d, index)
+        entries = {e["workload"]: e for e in index["bench"]}
+        entry = entries.get(wl_id)
+        if entry is None or "backward" not in entry or not entry["backward"].get("cubin"):
+            sys.exit(f"bwd_ab: no backward kernel for `{wl_id}` in {d} (have: {', '.join(entries)})")
+        if w is None:
+            w = by_id[wl_id]
+            if w["variant"] != "softmax":
+                sys.exit(f"bwd_ab: `{wl_id}` is not a softmax workload")
+            fwd = g.Kernel(d, entry["kernel"])
+        builds[d] = (g.BackwardKernel(d, entry["backward"]), entry["backward"]["launches"][1]["name"])
+    b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
+    sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
+    torch.manual_seed(0)
+    q = torch.randn(b, h, sq, dqk, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, hkv, skv, dqk, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, hkv, skv, dv, device="cuda", dtype=torch.bfloat16)
+    do = torch.randn(b, h, sq, dv, device="cuda", dtype=torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        out = F.scaled_dot_product_attention(*leaves, is_causal=w["causal"], scale=w.get("scale", 1 / math.sqrt(dqk)),
+                                             enable_gqa=hkv != h)
+    ref = [x.float() for x in torch.autograd.grad(out, leaves, do, retain_graph=True)]
+    o, rowout = fwd(q, k, v, {}, sizes)
+    for d, (bk, name) in builds.items():
+        got = bk(q, k, v, o, do, rowout, {}, sizes)
+        err = max(g.rel_err(x.float(), y) for x, y in zip(got[:3], ref))
+        print(f"{d}: {name}  rel. error against cuDNN {err:.2e}", flush=True)
+        if check and not err < 2e-2:
+            sys.exit(f"bwd_ab: {d} disagrees with cuDNN")
+
+    def timed(f):
+        return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+    times = {"cudnn": []}
+    for d in dirs:
+        times[d] = []
+        times[d + " main"] = []
+    for r in range(rounds):
+        times["cudnn"].append(timed(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)))
+        order = dirs[r % len(dirs):] + dirs[:r % len(dirs)]
+        for d in order:
+            bk = builds[d][0]
+            times[d].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, {}, sizes)))
+            times[d + " main"].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, {}, sizes, only=1)))
+    fl = 2.5 * g.flops_fwd(w)
+    base = statistics.median(times["cudnn"])
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"{wl_id} {name:28s} {med * 1e3:9.1f} us  {fl / (med * 1e-3) / 1e12:6.1f} TF/s  "
+              f"cudnn/this {base / med:.3f}  rounds {' '.join(f'{t * 1e3:.1f}' for t in ts)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
