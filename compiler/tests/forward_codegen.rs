@@ -479,7 +479,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     // parity's barrier, the other only arrives), and the producer adds the
     // staged tile with one bulk reduction, the element kernel undoing the
     // tile's column permutation in dq_acc.
-    assert!(wide.takes_dq_turns());
+    assert!(wide.takes_dq_turns() && wide.adds_dq_in_bulk(false) && !wide.adds_dq_in_bulk(true));
     assert!(
         k80.source.contains("named_bar_sync(2 + turn, NT)")
             && k80.source.contains("named_bar_arrive(2 + turn, NT)")
@@ -491,7 +491,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             && !k80.source.contains("atomicAdd(reinterpret_cast<float4*>")
             && k80
                 .source
-                .contains("const long long src = x0 - c_ + (c_ ^ (((i_ >> 1) & 3) << 3));"),
+                .contains("const long long src = x0 - c_ + (c_ ^ DQ_PERM(i_));"),
         "dQ tiles by bulk reduction"
     );
     // A packed variable-length batch keeps the atomics (the element kernel

@@ -131,7 +131,8 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 // producer's row reads both conflict-free.{% if dq_bulk %} (The tile goes whole into dq_acc,
 // whose rows keep this permutation: the element kernel undoes it.){% endif %}
 #define DQS DQK
-#define DQ_AT(r, c) ((r) * DQS + ((c) ^ ((((r) >> 1) & 3) << 3)))
+#define DQ_PERM(r) ((((r) >> 1) & 3) << 3)
+#define DQ_AT(r, c) ((r) * DQS + ((c) ^ DQ_PERM(r)))
 {% else %}#define DQS (DQK + 8)  // row stride (f32) of the staged dQ tile: conflict-free fragment stores
 #define DQ_AT(r, c) ((r) * DQS + (c))
 {% endif %}
@@ -995,11 +996,12 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS
     const long long x0 = ((long long)blockIdx.x * NT + threadIdx.x) * POST_ELEMS;
     if (x0 >= n) return;
 {% if dq_bulk %}    // The main kernel's tiles went whole into dq_acc: a row's 8-column
-    // groups are permuted as DQ_AT permutes them by the row's place in its
-    // tile; tiles start on rows n0 + k·BM of their head, multiples of 16.
+    // groups are permuted as in the staged tile (DQ_PERM of the row's place
+    // in its tile); tiles start on rows n0 + k·BM of their head, multiples
+    // of 16, so that place has the row's own low bits.
     static_assert(BM % 8 == 0 && POST_ELEMS == 8, "whole 8-column groups of tiles that start on 8-row boundaries");
     const int i_ = (int)(x0 / DQK % Sq), c_ = (int)(x0 % DQK);
-    const long long src = x0 - c_ + (c_ ^ (((i_ >> 1) & 3) << 3));
+    const long long src = x0 - c_ + (c_ ^ DQ_PERM(i_));
 {% else %}    const long long src = x0;
 {% endif %}    float d[POST_ELEMS];
 #pragma unroll

@@ -358,10 +358,25 @@ impl BackwardConfig {
     /// over both warpgroups' dS) and stages it, while the other only
     /// signals its dS written and goes on to its next step — so one's
     /// element step and GEMMs overlap the other's dQ GEMM instead of both
-    /// waiting at a barrier for theirs (cuDNN's backward does the same,
-    /// bench/NOTES.md session 53). The kernels on 80-query steps.
+    /// waiting at a barrier for theirs (cuDNN's backward does the same).
+    /// The kernels on 80-query steps. (H200: level alone, the warpgroup
+    /// ahead then waiting for Q/dO that the producer copies only after its
+    /// atomics; with [`BackwardConfig::adds_dq_in_bulk`] 4% off softmax's
+    /// main kernel, bench/NOTES.md session 53.)
     pub fn takes_dq_turns(&self) -> bool {
         self.transposes_dq()
+    }
+
+    /// Whether the producer adds each staged dQ tile into dq_acc with one
+    /// bulk reduction (one thread, the copy engine) instead of vector
+    /// atomics from all its threads: the 80-query kernels, whose staged
+    /// tile is unpadded, dQ's rows as they lie in dq_acc (whose 8-column
+    /// groups keep the tile's permutation: the element kernel undoes it),
+    /// for dense batches (`varlen` false: the element kernel cannot place a
+    /// packed row in its sequence). Level or slower in the other
+    /// warp-specialised kernels (bench/NOTES.md session 53).
+    pub fn adds_dq_in_bulk(&self, varlen: bool) -> bool {
+        self.transposes_dq() && !varlen
     }
 
     /// Rows of the producer's staged dQ tile.
@@ -597,11 +612,8 @@ struct BackwardTemplate<'a> {
     /// Each step's whole dQ computed by one warpgroup, the two in turns
     /// ([`BackwardConfig::takes_dq_turns`]).
     dq_turns: bool,
-    /// The producer adds each staged dQ tile with one bulk reduction (one
-    /// thread, the copy engine) instead of vector atomics from every thread:
-    /// dense batches on the 80-query kernels, whose staged tile is dQ's rows
-    /// as they lie in dq_acc (its 8-column groups permuted; the element
-    /// kernel undoes that).
+    /// The producer adds each staged dQ tile with one bulk reduction
+    /// ([`BackwardConfig::adds_dq_in_bulk`]).
     dq_bulk: bool,
     /// dS stored K-major by `stmatrix.trans` for the dQ GEMM (wgmma kernels
     /// without the lag), instead of the dSᵀ tile.
@@ -831,7 +843,7 @@ fn generate_backward(
         dq_lag,
         dq_t: cfg.transposes_dq(),
         dq_turns: cfg.takes_dq_turns(),
-        dq_bulk: cfg.transposes_dq() && !varlen,
+        dq_bulk: cfg.adds_dq_in_bulk(varlen),
         ds_k,
         split_full_blocks,
         wgmma_fns: if kv_split {
