@@ -16,7 +16,7 @@ custom inputs; for variants other than softmax (no cuDNN), the first build's
 gradients are the reference and no cuDNN row is timed. `--no-check` times builds whose gradients
 disagree (timing-only ablations) instead of stopping.
 """
-import json, math, os, statistics, sys
+import json, os, statistics, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -31,8 +31,6 @@ def main():
     sys.argv = [sys.argv[0], dirs[0]]  # gpu_check reads its command line at import
     sys.path.insert(0, HERE)
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel, SDPBackend
     import triton
     import gpu_check as g
     torch.zeros(1, device="cuda")
@@ -48,20 +46,12 @@ def main():
             w = by_id[wl_id]
             fwd = g.Kernel(d, entry["kernel"])
         builds[d] = (g.BackwardKernel(d, entry["backward"]), entry["backward"]["launches"][1]["name"])
-    b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
-    sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
-    torch.manual_seed(0)
-    q = torch.randn(b, h, sq, dqk, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, hkv, skv, dqk, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(b, hkv, skv, dv, device="cuda", dtype=torch.bfloat16)
-    do = torch.randn(b, h, sq, dv, device="cuda", dtype=torch.bfloat16)
+    sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
+    q, k, v, do = g.backward_inputs(w)
     o, rowout = fwd(q, k, v, {}, sizes)
     anchor = w["variant"] == "softmax" and not w.get("window")
     if anchor:
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            out = F.scaled_dot_product_attention(*leaves, is_causal=w["causal"],
-                                                 scale=w.get("scale", 1 / math.sqrt(dqk)), enable_gqa=hkv != h)
+        out, leaves = g.cudnn_kept_forward(w, q, k, v)
         ref = [x.float() for x in torch.autograd.grad(out, leaves, do, retain_graph=True)]
         against = "cuDNN"
     else:

@@ -306,6 +306,30 @@ def workloads_by_id(cases_dir, index):
     return {w["id"]: w for w in listed + index.get("extra_workloads", [])}
 
 
+def backward_inputs(w):
+    """Random bf16 q, k, v and dO of workload `w` (seed 0), as the backward
+    tools draw them."""
+    b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
+    torch.manual_seed(0)
+    q = torch.randn(b, h, sq, dqk, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
+    do = torch.randn(b, h, sq, dv, device=dev, dtype=torch.bfloat16)
+    return q, k, v, do
+
+
+def cudnn_kept_forward(w, q, k, v):
+    """cuDNN's SDPA forward of workload `w` on leaf copies of q, k, v, kept
+    for repeated `torch.autograd.grad`: (out, leaves)."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        out = F.scaled_dot_product_attention(*leaves, is_causal=w["causal"],
+                                             scale=w.get("scale", 1 / math.sqrt(w["dqk"])),
+                                             enable_gqa=w["hkv"] != w["h"])
+    return out, leaves
+
+
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
@@ -732,11 +756,7 @@ def run_bwd_sweep(cases_dir, index, workloads):
         w = wl[work]
         b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
         fl = 2.5 * flops_fwd(w)
-        torch.manual_seed(0)
-        q = torch.randn(b, h, sq, dqk, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
-        do = torch.randn(b, h, sq, dv, device=dev, dtype=torch.bfloat16)
+        q, k, v, do = backward_inputs(w)
         ref = None
         for nm, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             try:

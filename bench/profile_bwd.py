@@ -8,30 +8,21 @@ time, so this is where their tile shape shows.
     ncu --section SpeedOfLight -k regex:'flash_bprop|aec_bwd.*_main' \\
         python bench/profile_bwd.py bench/cases softmax-b8-h32-s2048-d128
 """
-import math, os, sys
+import os, sys
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel, SDPBackend
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_check import Kernel, BackwardKernel, dev, rel_err, workloads_by_id  # noqa: E402
+from gpu_check import (Kernel, BackwardKernel, backward_inputs, cudnn_kept_forward, rel_err,  # noqa: E402
+                       workloads_by_id)
 import json  # noqa: E402
 
 cases_dir, work = sys.argv[1], sys.argv[2]
 index = json.load(open(os.path.join(cases_dir, "index.json")))
 w = workloads_by_id(cases_dir, index)[work]
 entry = next(e for e in index["bench"] if e["workload"] == work)
-b, h, hkv, sq, skv, dqk, dv = w["b"], w["h"], w["hkv"], w["sq"], w["skv"], w["dqk"], w["dv"]
-torch.manual_seed(0)
-q = torch.randn(b, h, sq, dqk, device=dev, dtype=torch.bfloat16)
-k = torch.randn(b, hkv, skv, dqk, device=dev, dtype=torch.bfloat16)
-v = torch.randn(b, hkv, skv, dv, device=dev, dtype=torch.bfloat16)
-do = torch.randn(b, h, sq, dv, device=dev, dtype=torch.bfloat16)
-sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
-leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-    out = F.scaled_dot_product_attention(*leaves, is_causal=w["causal"], scale=1 / math.sqrt(dqk),
-                                         enable_gqa=hkv != h)
+sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
+q, k, v, do = backward_inputs(w)
+out, leaves = cudnn_kept_forward(w, q, k, v)
 fk = Kernel(cases_dir, entry["kernel"])
 bk = BackwardKernel(cases_dir, entry["backward"])
 o, rowout = fk(q, k, v, {}, sizes)

@@ -3115,13 +3115,7 @@ fn gpu_forward_packed_decoding_with_producer() {
             key_warps,
             stages,
             wgmma: true,
-            warp_specialized: true,
-            persistent: false,
-            tma_loads: false,
-            q_in_registers: false,
-            late_epilogue: false,
             dv_warps: 1,
-            fused_combine: false,
             ..ForwardConfig::default_for(def, dqk, dv, Elem::Bf16, Isa::Sm90a).for_packed_rows(
                 128,
                 dqk,
@@ -3129,6 +3123,7 @@ fn gpu_forward_packed_decoding_with_producer() {
                 Isa::Sm90a,
             )
         }
+        .with_producer_warpgroup()
     };
     // (The last field: key warpgroups, which take the 64 rows' blocks in
     // turn; `decode_q_offset` modifies Q in shared memory, which the two

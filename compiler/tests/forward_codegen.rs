@@ -1776,12 +1776,6 @@ fn key_warpgroups_need_the_producer_and_a_deep_ring() {
         key_warps: 2,
         stages: 4,
         wgmma: true,
-        warp_specialized: true,
-        persistent: false,
-        tma_loads: false,
-        q_in_registers: false,
-        late_epilogue: false,
-        fused_combine: false,
         dv_warps: 1,
         ..ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a).for_packed_rows(
             128,
@@ -1789,7 +1783,8 @@ fn key_warpgroups_need_the_producer_and_a_deep_ring() {
             128,
             Isa::Sm90a,
         )
-    };
+    }
+    .with_producer_warpgroup();
     let k = parallel_forward(&v, 128, 128, &keyed).expect("key warpgroups");
     assert!(k.name.ends_with("_ws_s4_k2"), "{}", k.name);
     // Both warpgroups walk every other block, each releasing its own stages

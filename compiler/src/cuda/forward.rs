@@ -441,6 +441,22 @@ impl ForwardConfig {
         })
     }
 
+    /// This tile with a producer warpgroup in the form decoding takes it:
+    /// warp-specialised, without the persistent walk, TMA loads, Q in
+    /// registers, the late epilogue or the fused combine (the producer
+    /// copies K/V by `cp.async`, one row block per block).
+    pub fn with_producer_warpgroup(self) -> ForwardConfig {
+        ForwardConfig {
+            warp_specialized: true,
+            persistent: false,
+            tma_loads: false,
+            q_in_registers: false,
+            late_epilogue: false,
+            fused_combine: false,
+            ..self
+        }
+    }
+
     /// This decoding tile with a producer warpgroup where it is
     /// [`wgmma_packed_tile`](Self::wgmma_packed_tile)'s one warpgroup on
     /// Dqk up to 256: the producer copies K/V (`cp.async`) into the ring.
@@ -474,15 +490,7 @@ impl ForwardConfig {
         {
             return self;
         }
-        let producer = ForwardConfig {
-            warp_specialized: true,
-            persistent: false,
-            tma_loads: false,
-            q_in_registers: false,
-            late_epilogue: false,
-            fused_combine: false,
-            ..self
-        };
+        let producer = self.with_producer_warpgroup();
         let keyed = ForwardConfig {
             warps: 8,
             key_warps: 2,
