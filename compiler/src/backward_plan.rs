@@ -15,7 +15,7 @@
 //! names them.
 
 use crate::CompileError;
-use crate::simplify::{Limits, row_constant_ratio, simplify_region};
+use crate::simplify::{Limits, provably_nonneg, row_constant_ratio, simplify_region};
 use aec_frontend::Variant;
 use aec_frontend::ir::{Binary, DType, Graph, NodeId, Op, Param, ParamRole, Reduce, Region, Unary};
 
@@ -33,6 +33,10 @@ pub struct BackwardPlan {
     /// when `uses_dot`, the param with role `State(DOT_FIELD)`. No reductions.
     pub ds: Region,
     pub uses_dot: bool,
+    /// State fields the forward provably leaves ≥ 0 (by their `fact.`
+    /// equations: softmax's row sum of exponentials), which the simplifier
+    /// may use (an exponential's row factor moved into its exponent).
+    pub nonneg_state: Vec<String>,
 }
 
 /// Lowers the variant's normalisation backward; errors say which row
@@ -127,10 +131,21 @@ pub fn backward_plan(variant: &Variant) -> Result<BackwardPlan, CompileError> {
     ds_region.compact();
     let (ds_region, _) = simplify_region(&ds_region, limits);
     debug_assert!(ds_region.validate().is_ok());
+    // (From the derived region: simplified, a fact is its own state param.)
+    let derived = &par.backward.norm;
+    let nonneg_state = derived
+        .outputs
+        .iter()
+        .filter_map(|o| {
+            let field = o.name.strip_prefix("fact.")?;
+            provably_nonneg(&derived.graph, o.node).then(|| field.to_string())
+        })
+        .collect();
     Ok(BackwardPlan {
         recompute,
         ds: ds_region,
         uses_dot,
+        nonneg_state,
     })
 }
 

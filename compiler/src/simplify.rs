@@ -84,17 +84,21 @@ define_language! {
     }
 }
 
-/// The analysis: leaf axes in, per-class facts out.
+/// The analysis: leaf axes and the leaves known to be ≥ 0 in, per-class
+/// facts out.
 #[derive(Debug, Default)]
 pub struct Facts {
     leaf_axes: HashMap<Symbol, AxisSet>,
+    nonneg_leaves: std::collections::HashSet<Symbol>,
 }
 
-/// Per e-class: the axes its value may vary over and its constant value.
+/// Per e-class: the axes its value may vary over, its constant value and
+/// whether it is known to be ≥ 0 (or NaN).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClassData {
     pub axes: AxisSet,
     pub constant: Option<f64>,
+    pub nonneg: bool,
 }
 
 fn apply_unary(u: Unary, x: f64) -> f64 {
@@ -122,6 +126,26 @@ impl Analysis<Math> for Facts {
                 .iter()
                 .fold(AxisSet::EMPTY, |acc, c| acc.union(d(c).axes)),
         };
+        let nn = |id: &Id| d(id).nonneg;
+        let nonneg = match enode {
+            Math::Num(n) => n.get() >= 0.0,
+            Math::Leaf(s) => egraph.analysis.nonneg_leaves.contains(s),
+            Math::Exp(_)
+            | Math::Exp2(_)
+            | Math::Sigmoid(_)
+            | Math::Relu(_)
+            | Math::Abs(_)
+            | Math::Sqrt(_)
+            | Math::Rsqrt(_)
+            | Math::RowAbsSum(_) => true,
+            Math::Add([a, b]) | Math::Mul([a, b]) | Math::Div([a, b]) | Math::Min([a, b]) => {
+                nn(a) && nn(b)
+            }
+            Math::Max([a, b]) => nn(a) || nn(b),
+            Math::Pow([a, _]) | Math::RowSum([a]) | Math::RowMax([a]) => nn(a),
+            Math::Select([_, a, b]) => nn(a) && nn(b),
+            Math::Sub(_) | Math::Neg(_) | Math::Log(_) | Math::Log2(_) | Math::Tanh(_) => false,
+        };
         let c = |id: &Id| d(id).constant;
         let constant = match enode {
             Math::Num(n) => Some(n.get()),
@@ -148,6 +172,7 @@ impl Analysis<Math> for Facts {
         ClassData {
             axes,
             constant: constant.filter(|v| v.is_finite()),
+            nonneg,
         }
     }
 
@@ -155,10 +180,13 @@ impl Analysis<Math> for Facts {
         // Equal values vary over at most the axes both forms vary over.
         let axes = a.axes.minus(a.axes.minus(b.axes));
         let constant = a.constant.or(b.constant);
-        let changed_a = axes != a.axes || constant != a.constant;
-        let changed_b = axes != b.axes || constant != b.constant;
+        // Equal values: what one form proves holds for both.
+        let nonneg = a.nonneg || b.nonneg;
+        let changed_a = axes != a.axes || constant != a.constant || nonneg != a.nonneg;
+        let changed_b = axes != b.axes || constant != b.constant || nonneg != b.nonneg;
         a.axes = axes;
         a.constant = constant;
+        a.nonneg = nonneg;
         DidMerge(changed_a, changed_b)
     }
 
@@ -190,6 +218,9 @@ pub struct Rule {
     pub row_constant: &'static [&'static str],
     /// Pattern variables that must be constants above zero.
     pub positive: &'static [&'static str],
+    /// Pattern variables that must be row constants known to be ≥ 0 and not
+    /// constants (a state field's proven sign, see [`simplify_region_knowing`]).
+    pub nonneg: &'static [&'static str],
 }
 
 /// A rule condition: `holds` for the class of every one of `vars`.
@@ -212,15 +243,23 @@ fn positive_constant(data: &ClassData) -> bool {
     data.constant.is_some_and(|c| c > 0.0)
 }
 
+fn nonneg_row_value(data: &ClassData) -> bool {
+    not_along_row(data) && data.nonneg && data.constant.is_none()
+}
+
 macro_rules! rules {
-    ($( $name:literal : $lhs:literal => $rhs:literal $(, assumes $a:ident)? $(, row_constant $($rc:literal),+)? $(, positive $($pc:literal),+)? ;)*) => {
+    ($( $name:literal : $lhs:literal => $rhs:literal $(, assumes $a:ident)? $(, row_constant $($rc:literal),+)? $(, positive $($pc:literal),+)? $(, nonneg $($nc:literal),+)? ;)*) => {
         vec![$({
             let row_constant: &'static [&'static str] = &[$($($rc),+)?];
             let positive: &'static [&'static str] = &[$($($pc),+)?];
+            let nonneg: &'static [&'static str] = &[$($($nc),+)?];
             let assumes = rules!(@assumes $($a)?);
             let lhs: Pattern<Math> = $lhs.parse().expect("rule lhs");
             let rhs: Pattern<Math> = $rhs.parse().expect("rule rhs");
-            let rewrite = if !positive.is_empty() {
+            let rewrite = if !nonneg.is_empty() {
+                Rewrite::new($name, lhs, egg::ConditionalApplier { condition: every_class(nonneg, nonneg_row_value), applier: rhs })
+                    .expect("valid rule")
+            } else if !positive.is_empty() {
                 Rewrite::new($name, lhs, egg::ConditionalApplier { condition: every_class(positive, positive_constant), applier: rhs })
                     .expect("valid rule")
             } else if row_constant.is_empty() {
@@ -229,7 +268,7 @@ macro_rules! rules {
                 Rewrite::new($name, lhs, egg::ConditionalApplier { condition: every_class(row_constant, not_along_row), applier: rhs })
                     .expect("valid rule")
             };
-            Rule { rewrite, lhs: $lhs, rhs: $rhs, assumes, row_constant, positive }
+            Rule { rewrite, lhs: $lhs, rhs: $rhs, assumes, row_constant, positive, nonneg }
         }),*]
     };
     (@assumes) => { Assumes::Nothing };
@@ -282,6 +321,10 @@ pub fn rules() -> Vec<Rule> {
         "div-cancel-left": "(/ ?a (* ?a ?b))" => "(/ 1.0 ?b)", assumes Finite;
         "div-by-ratio": "(/ ?a (/ ?a ?b))" => "?b", assumes Finite;
         "div-as-recip": "(/ ?a ?b)" => "(* ?a (/ 1.0 ?b))", row_constant "?b";
+        // A row factor ≥ 0 of an exponential moves into its exponent, where
+        // it joins the row's other terms (softmax's P = exp2(a·s − m′) / l
+        // then needs one row constant, not two). Exact at 0 and +inf too.
+        "exp2-absorb": "(* ?c (exp2 ?x))" => "(exp2 (+ ?x (log2 ?c)))", nonneg "?c";
     }
 }
 
@@ -386,7 +429,8 @@ struct Loaded {
     leaves: HashMap<Symbol, NodeId>,
 }
 
-fn load(g: &Graph, roots: &[NodeId]) -> Loaded {
+/// (Leaves that are params in `nonneg` are known to be ≥ 0.)
+fn load(g: &Graph, roots: &[NodeId], nonneg: &[u32]) -> Loaded {
     let live = g.live(roots);
     let mut egraph: EGraph<Math, Facts> = EGraph::new(Facts::default());
     let mut class_of: HashMap<NodeId, Id> = HashMap::new();
@@ -402,6 +446,9 @@ fn load(g: &Graph, roots: &[NodeId]) -> Loaded {
             None => {
                 let sym = Symbol::from(format!("n{}", id.0));
                 egraph.analysis.leaf_axes.insert(sym, n.axes);
+                if matches!(n.op, Op::Param(k) if nonneg.contains(&k)) {
+                    egraph.analysis.nonneg_leaves.insert(sym);
+                }
                 leaves.insert(sym, id);
                 Math::Leaf(sym)
             }
@@ -466,7 +513,7 @@ pub fn row_constant_ratio(
         mut egraph,
         class_of,
         leaves,
-    } = load(g, &[num, den]);
+    } = load(g, &[num, den], &[]);
     let ratio = egraph.add(Math::Div([class_of[&num], class_of[&den]]));
     let runner = runner(egraph, limits).run(&rewrites_for(g.fold()));
     let eg = &runner.egraph;
@@ -480,9 +527,103 @@ pub fn row_constant_ratio(
     c.is_finite().then(|| from_math(&expr, out, g, &leaves))
 }
 
+/// Prices like [`HoistCost`], but a leaf in `forbidden` costs infinitely
+/// much: what it extracts reads none of them.
+struct AvoidingCost<'a> {
+    egraph: &'a EGraph<Math, Facts>,
+    forbidden: &'a std::collections::HashSet<Symbol>,
+}
+
+impl CostFunction<Math> for AvoidingCost<'_> {
+    type Cost = f64;
+    fn cost<C: FnMut(Id) -> f64>(&mut self, enode: &Math, costs: C) -> f64 {
+        if let Math::Leaf(s) = enode
+            && self.forbidden.contains(s)
+        {
+            return f64::INFINITY;
+        }
+        HoistCost {
+            egraph: self.egraph,
+        }
+        .cost(enode, costs)
+    }
+}
+
+/// `root` (a node of `g`) rewritten through `via`, a subterm whose value the
+/// caller already holds: builds in `out` an expression equal to `root` (under
+/// the rule table and `g`'s fold assumptions) in which `via_leaf` (a node of
+/// `out`) stands for `via`'s value and no leaf of `g` for which `avoid` holds
+/// appears. Other leaves are copied from `g`, so `out` must number params as
+/// `g` does. `None` when the rules find no such form.
+///
+/// The backward's `dS` through the recomputed weight `P` is this: for softmax
+/// `dS = P·(dP − δ)·scale` no longer reads the score, so `P` can be formed
+/// while the `dP` GEMM still runs.
+#[allow(clippy::too_many_arguments)]
+pub fn express_through(
+    g: &Graph,
+    root: NodeId,
+    via: NodeId,
+    avoid: impl Fn(&Graph, NodeId) -> bool,
+    out: &mut Graph,
+    via_leaf: NodeId,
+    nonneg: &[u32],
+    limits: Limits,
+) -> Option<NodeId> {
+    let Loaded {
+        mut egraph,
+        class_of,
+        mut leaves,
+    } = load(g, &[root, via], nonneg);
+    let forbidden: std::collections::HashSet<Symbol> = leaves
+        .iter()
+        .filter(|(_, id)| avoid(g, **id))
+        .map(|(s, _)| *s)
+        .collect();
+    // A leaf named after no node id: the held value of `via`.
+    let held = Symbol::from("held");
+    egraph.analysis.leaf_axes.insert(held, g.node(via).axes);
+    let held_class = egraph.add(Math::Leaf(held));
+    egraph.union(held_class, class_of[&via]);
+    egraph.rebuild();
+    let runner = runner(egraph, limits).run(&rewrites_for(g.fold()));
+    let eg = &runner.egraph;
+    let cost = AvoidingCost {
+        egraph: eg,
+        forbidden: &forbidden,
+    };
+    let (c, expr) = Extractor::new(eg, cost).find_best(eg.find(class_of[&root]));
+    if !c.is_finite() {
+        return None;
+    }
+    leaves.remove(&held);
+    let mut fixed = HashMap::new();
+    fixed.insert(held, via_leaf);
+    Some(from_math_with(&expr, out, g, &leaves, &fixed))
+}
+
+/// Whether `root` (a node of `g`) is ≥ 0 (or NaN) for every value of its
+/// leaves, by the analysis the rules' conditions read.
+pub fn provably_nonneg(g: &Graph, root: NodeId) -> bool {
+    let Loaded {
+        egraph, class_of, ..
+    } = load(g, &[root], &[]);
+    egraph[class_of[&root]].data.nonneg
+}
+
 /// Simplifies every output of a region; the result evaluates to the same
 /// values (up to rounding, under the region's fold assumptions).
 pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
+    simplify_region_knowing(region, limits, &[])
+}
+
+/// [`simplify_region`], knowing that the params in `nonneg` are ≥ 0 (the
+/// saved state fields the forward computed as sums of exponentials, say).
+pub fn simplify_region_knowing(
+    region: &Region,
+    limits: Limits,
+    nonneg: &[u32],
+) -> (Region, Report) {
     let g = &region.graph;
     let roots: Vec<NodeId> = region.outputs.iter().map(|o| o.node).collect();
     let live = g.live(&roots);
@@ -490,7 +631,7 @@ pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
         mut egraph,
         class_of,
         leaves,
-    } = load(g, &roots);
+    } = load(g, &roots, nonneg);
     let rewrites = rewrites_for(g.fold());
     let root_classes: Vec<Id> = roots.iter().map(|r| class_of[r]).collect();
     // `fact.<field>` outputs equal their state parameter (see the derivation).
@@ -606,12 +747,26 @@ fn from_math(
     src: &Graph,
     leaves: &HashMap<Symbol, NodeId>,
 ) -> NodeId {
+    from_math_with(expr, out, src, leaves, &HashMap::new())
+}
+
+/// [`from_math`], with the leaves in `fixed` standing for nodes of `out`.
+fn from_math_with(
+    expr: &RecExpr<Math>,
+    out: &mut Graph,
+    src: &Graph,
+    leaves: &HashMap<Symbol, NodeId>,
+    fixed: &HashMap<Symbol, NodeId>,
+) -> NodeId {
     let mut ids: Vec<NodeId> = Vec::with_capacity(expr.as_ref().len());
     for node in expr.as_ref() {
         let c = |k: usize| ids[usize::from(node.children()[k])];
         let id = match node {
             Math::Num(v) => out.f32(v.get()),
-            Math::Leaf(s) => out.import(src, &[leaves[s]], |_, _, _| None)[0],
+            Math::Leaf(s) => match fixed.get(s) {
+                Some(id) => *id,
+                None => out.import(src, &[leaves[s]], |_, _, _| None)[0],
+            },
             Math::Add(_) => out.binary(Binary::Add, c(0), c(1)),
             Math::Sub(_) => out.binary(Binary::Sub, c(0), c(1)),
             Math::Mul(_) => out.binary(Binary::Mul, c(0), c(1)),

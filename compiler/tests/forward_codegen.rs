@@ -860,7 +860,20 @@ fn split_backward_shares_the_scores_between_its_warpgroups() {
         "{}",
         shared.main.name
     );
-    assert_eq!(shared.main.smem_bytes - both.main.smem_bytes, 256 * 64);
+    // The exchange, and the row constants' buffers: without the exchange
+    // the weights are formed first, with fewer constants (see
+    // `wgmma_backward_forms_the_weights_while_dp_runs`).
+    let nrc = |src: &str| -> u32 {
+        let line = src
+            .lines()
+            .find(|l| l.starts_with("#define NRC "))
+            .expect("NRC");
+        line.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    assert_eq!(
+        shared.main.smem_bytes - both.main.smem_bytes,
+        256 * 64 + (nrc(&shared.source) - nrc(&both.source)) * 2 * 4 * cfg.block_m
+    );
     for text in [
         "#define SCORE_SLICE 1",
         "EXCHANGE_SYNC();",
@@ -901,8 +914,7 @@ fn split_backward_shares_the_scores_between_its_warpgroups() {
 /// whose score closure runs per score keep one loop (two copies spill).
 #[test]
 fn backward_full_blocks_skip_the_per_score_tests() {
-    let one_loop = "const bool ok = true;";
-    let full_test = "if (cls == 2 && m0 + BM <= Sq && n0 + BN <= Skv)";
+    let full_test = "const bool full = cls == 2 && m0 + BM <= Sq && n0 + BN <= Skv;";
     for (name, dqk, dv, split) in [
         ("softmax", 128, 128, true),
         ("softmax_causal", 128, 128, true),
@@ -914,8 +926,15 @@ fn backward_full_blocks_skip_the_per_score_tests() {
         for isa in [Isa::Sm90a, Isa::Sm80] {
             let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, isa);
             let b = parallel_backward(&v, dqk, dv, &cfg).expect("backward");
+            // (The weights formed first have their copy in `weight_pass`.)
+            let one_loop = if b.source.contains("float weight(float s") {
+                "sacc[t][c] = weight(sacc[t][c], rc, P);"
+            } else {
+                "const bool ok = true;"
+            };
             assert_eq!(b.source.contains(one_loop), split, "{name} {isa:?}");
             assert_eq!(b.source.contains(full_test), split, "{name} {isa:?}");
+            assert_eq!(b.source.contains("if (full) {"), split, "{name} {isa:?}");
             // The checked loop is always there: partial blocks and padding.
             assert!(
                 b.source.contains("bool ok = i < Sq && j < Skv;"),
@@ -1821,5 +1840,70 @@ fn key_warpgroups_need_the_producer_and_a_deep_ring() {
             e.contains("key warp") || e.contains("stages"),
             "{what}: {e}"
         );
+    }
+}
+
+/// On the wgmma backward of the softmax family the weights P are formed
+/// between the Sᵀ GEMM's completion and the dPᵀ GEMM's (`wgmma_wait1`),
+/// and dS from P after: the derived dS reads the score only through P.
+/// The row sum, provably ≥ 0 (a sum of exponentials), goes into P's
+/// exponent: two row constants (the exponent's offset, dO·O) where the joint
+/// form reads four. dS of a zeroed weight is zero: one dS loop, no mask test.
+/// The mma.sync kernel, shared scores and score closures keep the joint form.
+#[test]
+fn wgmma_backward_forms_the_weights_while_dp_runs() {
+    let nrc = |src: &str| -> usize {
+        let line = src
+            .lines()
+            .find(|l| l.starts_with("#define NRC "))
+            .expect("NRC");
+        line.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    let weight_first = "            wgmma_wait1();\n            wgmma_fence_operands_n";
+    for (name, dqk, dv) in [
+        ("softmax", 128, 128),
+        ("softmax_causal", 128, 128),
+        ("softmax_gqa", 128, 128),
+        ("deepseek", 192, 128),
+        ("sliding_window", 128, 128),
+        ("document_mask", 128, 128),
+    ] {
+        let v = example(name);
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        let b = parallel_backward(&v, dqk, dv, &cfg).expect("backward");
+        let src = &b.source;
+        assert!(src.contains(weight_first), "{name}");
+        assert!(src.contains("float weight(float s"), "{name}");
+        assert!(
+            src.contains("grad_of_weight(sacc[t][c], pacc[t][c], rc, P)"),
+            "{name}"
+        );
+        assert_eq!(nrc(src), 2, "{name}");
+        assert!(
+            src.contains("__log2f("),
+            "{name}: the row sum in the exponent"
+        );
+        // One dS loop (no `ok` in it).
+        assert!(src.contains("hence dS = 0"), "{name}");
+        let sm80 = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm80);
+        let joint = parallel_backward(&v, dqk, dv, &sm80).expect("sm80 backward");
+        assert!(
+            !joint.source.contains("float weight(float s"),
+            "{name} sm80"
+        );
+        assert_eq!(nrc(&joint.source), 4, "{name} sm80");
+    }
+    // Score closures (the weight's backward reads the raw score) and shared
+    // scores keep the joint form.
+    for (name, dqk, dv) in [
+        ("sigmoid", 128, 128),
+        ("softcap", 128, 128),
+        ("diff_transformer", 128, 256),
+    ] {
+        let v = example(name);
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
+        let b = parallel_backward(&v, dqk, dv, &cfg).expect("backward");
+        assert!(!b.source.contains(weight_first), "{name}");
+        assert!(!b.source.contains("float weight(float s"), "{name}");
     }
 }

@@ -86,7 +86,8 @@ fn every_rule_preserves_value_on_random_inputs() {
                 let name = v.to_string();
                 // Positive, finite operands: every rule's domain (log, division) includes them.
                 let scalar = rule.row_constant.contains(&name.as_str())
-                    || rule.positive.contains(&name.as_str());
+                    || rule.positive.contains(&name.as_str())
+                    || rule.nonneg.contains(&name.as_str());
                 let len = if scalar || trial % 3 == 0 { 1 } else { ROW };
                 env.insert(
                     name,
@@ -131,6 +132,28 @@ fn every_rule_preserves_value_on_random_inputs() {
             assert!(
                 l != r,
                 "rule {} asks for positive constants needlessly",
+                rule.rewrite.name
+            );
+        }
+        if !rule.nonneg.is_empty() {
+            // A rule that asks for values ≥ 0 must need them.
+            let env: HashMap<String, Vec<f64>> = lhs
+                .vars()
+                .iter()
+                .map(|v| {
+                    let name = v.to_string();
+                    let vals = if rule.nonneg.contains(&name.as_str()) {
+                        vec![-1.5]
+                    } else {
+                        vec![0.5, -2.0, 1.25]
+                    };
+                    (name, vals)
+                })
+                .collect();
+            let (l, r) = (eval_pattern(&lhs, &env), eval_pattern(&rhs, &env));
+            assert!(
+                l.iter().zip(&r).any(|(x, y)| x != y),
+                "rule {} asks for values ≥ 0 needlessly",
                 rule.rewrite.name
             );
         }
@@ -352,4 +375,22 @@ fn lowered_backward_matches_the_derived_row_program() {
         checked += 1;
     }
     assert!(checked >= 13, "checked {checked} variants");
+}
+
+/// The saved state fields the forward leaves ≥ 0, read off the derived
+/// `fact.` equations: softmax's row sum (a sum of exponentials), not its
+/// row maximum; a variant without an online block has none.
+#[test]
+fn nonneg_state_fields_come_from_the_facts() {
+    let plan = |name: &str| {
+        let v = examples()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .1;
+        aec_compiler::backward_plan::backward_plan(&v).expect("plan")
+    };
+    assert_eq!(plan("softmax").nonneg_state, vec!["l".to_string()]);
+    assert_eq!(plan("deepseek").nonneg_state, vec!["l".to_string()]);
+    assert!(plan("sigmoid").nonneg_state.is_empty());
 }

@@ -43,6 +43,35 @@
             }
         }
 {% endmacro %}
+{% macro score_point(checked) %}                const int il = t * 8 + 2 * t4 + (c & 1);
+{% if checked %}                const int i = m0 + il, j = n0 + jr + g + (c >> 1) * 8;
+                {% if clamp %}const Pt pt = {b, h, hk, min(i, Sq - 1), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, h, hk, i, j, 0};{% endif %}
+                bool ok = i < Sq && j < Skv;
+{% if mask %}                ok = ok && mask_fn(pt, P);
+{% endif %}{% endif %}                float rc[NRC_ARR];
+#pragma unroll
+                for (int x = 0; x < NRC; ++x) rc[x] = sRCc[x * BM + il];
+{% endmacro %}
+{% macro weight_pass(checked) %}#pragma unroll
+            for (int t = 0; t < BM / 8; ++t) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+{% call score_point(checked) %}{% endcall %}{% if checked %}                const float p = weight(sacc[t][c], rc, P);
+                sacc[t][c] = ok ? p : 0.0f;
+{% else %}                sacc[t][c] = weight(sacc[t][c], rc, P);
+{% endif %}            }
+            }
+{% endmacro %}
+{% macro grad_pass(checked) %}#pragma unroll
+        for (int t = 0; t < BM / 8; ++t) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+{% call score_point(checked) %}{% endcall %}{% if checked %}                const float ds = grad_of_weight(sacc[t][c], pacc[t][c], rc, P);
+                pacc[t][c] = ok ? ds : 0.0f;
+{% else %}                pacc[t][c] = grad_of_weight(sacc[t][c], pacc[t][c], rc, P);
+{% endif %}            }
+        }
+{% endmacro %}
 {% macro dq_panel(sds) %}{% if dq_t %}            // dQᵀ = Kᵀ·dSᵀ for this 64-column panel of Dqk: Kᵀ read M-major
             // from the K tile, dS K-major from the [BM][BN] dS tile.
             float dq_part[BM / 8][4];
@@ -644,7 +673,9 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 
         float sacc[BM / 8][4];
         float pacc[BM / 8][4];
-{% if wgmma %}        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys and the BM
+{% if split_full_blocks %}        // Inside both lengths and kept whole by the mask: no per-score test.
+        const bool full = cls == 2 && m0 + BM <= Sq && n0 + BN <= Skv;
+{% endif %}{% if wgmma %}        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys and the BM
         // queries (both operands K-major in the swizzled tiles).
         {
             // Warpgroups sharing keys (KSPLIT 2) read the same 64 rows.
@@ -658,7 +689,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_ss_n{{ bm }}(sacc, sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
                               sw128_desc(qb + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
-{% if share %}                // (Defined on this path too, so that it is not live across steps.)
+{% if weight_first %}            wgmma_commit();
+{% endif %}{% if share %}                // (Defined on this path too, so that it is not live across steps.)
 #pragma unroll
                 for (int t = 0; t < BM / 8; ++t) pacc[t][0] = pacc[t][1] = pacc[t][2] = pacc[t][3] = 0.0f;
             } else {
@@ -669,11 +701,21 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 wgmma_ss_n{{ bm }}(pacc, sw128_desc(vb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
                               sw128_desc(ob + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
 {% if share %}            }
-{% endif %}            wgmma_commit();
+{% endif %}{% if weight_first %}            wgmma_commit();
+            // Pᵀ into sacc while the dPᵀ GEMM runs (dS reads the score only
+            // through P).
+            wgmma_wait1();
+            wgmma_fence_operands_n{{ bm }}(sacc);
+            if (full) {
+{% call weight_pass(false) %}{% endcall %}            } else {
+{% call weight_pass(true) %}{% endcall %}            }
+            wgmma_wait0();
+            wgmma_fence_operands_n{{ bm }}(pacc);
+{% else %}            wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bm }}(sacc);
             wgmma_fence_operands_n{{ bm }}(pacc);
-        }
+{% endif %}        }
 {% else %}        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys and the BM queries.
         rows_times_rows<DQK, SQS>(sacc, sK + jr * SQS, sQc, lane);
         rows_times_rows<DV, SVS>(pacc, sV + jr * SVS, sdOc, lane);
@@ -712,7 +754,13 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // no per-score test: its own copy of the loop, without them (about 3%
         // on DeepSeek and DiffTransformer, bench/NOTES.md session 33 item 6),
         // unless a score closure runs per score (two copies of it spill).
-{{ grad_decl }}{% if split_full_blocks %}        if (cls == 2 && m0 + BM <= Sq && n0 + BN <= Skv) {
+{{ grad_decl }}{% if weight_first && grad_vanishes %}        // dSᵀ (into pacc) from Pᵀ, formed above (masked and padding
+        // scores have P = 0, hence dS = 0).
+{% call grad_pass(false) %}{% endcall %}{% else if weight_first %}        // dSᵀ (into pacc) from Pᵀ, formed above.
+        if (full) {
+{% call grad_pass(false) %}{% endcall %}        } else {
+{% call grad_pass(true) %}{% endcall %}        }
+{% else if split_full_blocks %}        if (full) {
 {% call score_grads(false) %}{% endcall %}        } else {
 {% call score_grads(true) %}{% endcall %}        }
 {% else %}{% call score_grads(true) %}{% endcall %}{% endif %}{{ grad_flush }}

@@ -598,6 +598,11 @@ struct BackwardTemplate<'a> {
     modify_k: bool,
     modify_v: bool,
     modify_scores: bool,
+    /// P formed between the Sᵀ and dPᵀ GEMMs' completions, dS from P after
+    /// ([`crate::cxx::regions::RowPrograms::weight_first`]).
+    weight_first: bool,
+    /// dS of a zeroed weight is zero: one dS loop without the mask's test.
+    grad_vanishes: bool,
     mask: bool,
     clamp: bool,
     wgmma: bool,
@@ -740,9 +745,15 @@ fn generate_backward(
         grad_k,
         grad_v,
         grad_q,
+        weight_first,
+        grad_vanishes,
     } = backward_regions(
         variant,
         "#pragma unroll\n            for (int off = WARP / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);\n",
+        // The weights formed while the dP GEMM runs: on the wgmma kernels
+        // whose warpgroups compute both GEMMs, for scores the closure does
+        // not modify (its backward reads the raw score, which P replaces).
+        cfg.wgmma && !cfg.shared_scores && par.modify_scores.is_none(),
     )?;
     let online = &par.online;
     let CustomParams {
@@ -846,6 +857,8 @@ fn generate_backward(
         dq_bulk: cfg.adds_dq_in_bulk(varlen),
         ds_k,
         split_full_blocks,
+        weight_first,
+        grad_vanishes,
         wgmma_fns: if kv_split {
             wgmma_fns(
                 cfg.elem,

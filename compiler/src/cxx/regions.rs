@@ -14,9 +14,9 @@ use super::spelling::float_lit;
 use crate::CompileError;
 use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
 use crate::combine::{Merge, combine_plan};
-use crate::simplify::{Limits, simplify_region};
+use crate::simplify::{Limits, simplify_region, simplify_region_knowing};
 use aec_frontend::Variant;
-use aec_frontend::ir::{Axis, AxisSet, DType, NodeId, Op, Output, ParamRole, Region};
+use aec_frontend::ir::{Axis, AxisSet, Binary, DType, NodeId, Op, Output, ParamRole, Region};
 use std::fmt::Write;
 
 /// Everything the backward templates fill in from the variant, the same for
@@ -32,6 +32,10 @@ pub struct BackwardRegions {
     pub nstat: usize,
     /// Row constants of `weight_and_grad`.
     pub nrc: usize,
+    /// The row programs are split: `weight` and `grad_of_weight` exist.
+    pub weight_first: bool,
+    /// [`RowPrograms::grad_vanishes`].
+    pub grad_vanishes: bool,
     pub uses_dot: bool,
     /// Score-closure gradients: declarations before the per-score loop,
     /// accumulation per score (`gr`, `ok`, `key_owner` in scope) and the flush
@@ -46,10 +50,13 @@ pub struct BackwardRegions {
 }
 
 /// The backward's regions. `wave_reduce` is the statement (or statements)
-/// that sums `float x` over the warp or wavefront, in the target's spelling.
+/// that sums `float x` over the warp or wavefront, in the target's spelling;
+/// `weight_first` asks for the split row programs ([`RowPrograms`]) where
+/// the variant has them.
 pub fn backward_regions(
     variant: &Variant,
     wave_reduce: &str,
+    weight_first: bool,
 ) -> Result<BackwardRegions, CompileError> {
     let par = variant.parallel().expect("parallel variant");
     let plan = backward_plan(variant)?;
@@ -63,9 +70,8 @@ pub fn backward_regions(
     if let Some(m) = &par.mask {
         regions.push_str(&mask_block_fn(m));
     }
-    let (row_consts, weight_and_grad, nrc) = row_programs(&plan, &fields);
-    regions.push_str(&row_consts);
-    regions.push_str(&weight_and_grad);
+    let rows = row_programs(&plan, &fields, weight_first);
+    regions.push_str(&rows.code);
     for (region, name, define) in [
         (&bwd.modify_q, "modify_q_bwd", "NGRAD_Q_ARR"),
         (&bwd.modify_k, "modify_k_bwd", "NGRAD_K_ARR"),
@@ -114,7 +120,9 @@ pub fn backward_regions(
         regions,
         nstate,
         nstat,
-        nrc,
+        nrc: rows.nrc,
+        weight_first: rows.weight_first,
+        grad_vanishes: rows.grad_vanishes,
         uses_dot: plan.uses_dot,
         grad_decl,
         grad_accum,
@@ -128,9 +136,27 @@ pub fn backward_regions(
 /// The weight/dS formulas split at the row: `row_consts` computes, once per
 /// query row, every row-constant value the per-score part reads (from the
 /// saved state and dO·O); `weight_and_grad` computes `p` and `ds` of one score
-/// from `s`, `dp` and those constants. Returns both functions and the number
-/// of row constants.
-pub fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, usize) {
+/// from `s`, `dp` and those constants.
+#[derive(Debug, Clone)]
+pub struct RowPrograms {
+    /// `row_consts`, then `weight_and_grad` and, when `weight_first`, the
+    /// two halves it is made of.
+    pub code: String,
+    /// Row constants per query row.
+    pub nrc: usize,
+    /// `dS` reads the score only through `P`: `weight(s, rc, P)` gives `p`
+    /// and `grad_of_weight(p, dp, rc, P)` gives `ds`, so a kernel can form
+    /// `P` before `dP` is known (while its GEMM runs).
+    pub weight_first: bool,
+    /// With `weight_first`: `grad_of_weight(0, dp, …)` is 0 (for finite
+    /// operands), so scores whose weight was zeroed need no second test.
+    pub grad_vanishes: bool,
+}
+
+/// The row programs of `plan`; with `weight_first`, in the split form where
+/// the rules find `dS` as a function of `P`, `dP` and row constants (else
+/// joint, and `weight_first` is false in the result).
+pub fn row_programs(plan: &BackwardPlan, fields: &[String], weight_first: bool) -> RowPrograms {
     // One graph with both outputs, over the ds region's params.
     let mut combined = plan.ds.clone();
     let p_root = plan.recompute.output("p").expect("recompute has p");
@@ -157,6 +183,165 @@ pub fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, 
     ];
     // Simplified together, `p` and `ds` share their common terms (exp(s − m)).
     let (combined, _) = simplify_region(&combined, Limits::default());
+    let held = combined.params.len() as u32;
+    if weight_first && let Some(split) = through_weight(&combined, held) {
+        // Then `p` alone may take its row factor into the exponent (one row
+        // constant fewer): `ds` reads `p` as a param, so it keeps one
+        // exponential. (Jointly, `ds` would take its own factor into an
+        // exponential of its own.)
+        let nonneg: Vec<u32> = split
+            .params
+            .iter()
+            .enumerate()
+            .filter(
+                |(_, p)| matches!(&p.role, ParamRole::State(f) if plan.nonneg_state.contains(f)),
+            )
+            .map(|(k, _)| k as u32)
+            .collect();
+        let (split, _) = simplify_region_knowing(&split, Limits::default(), &nonneg);
+        let split = fuse_row_offsets(&split);
+        let mut rows = emit_row_programs(&split, fields, Some(held));
+        rows.grad_vanishes = vanishes_at_zero(&split, 1, held);
+        return rows;
+    }
+    emit_row_programs(&combined, fields, None)
+}
+
+/// `(a ± r)·c`, with `a` varying along the row, `r` and `c` not and the sum
+/// used once, becomes `a·c ± r·c`: per score one fused multiply-add where
+/// the sum and the product are two (C++ compilers do not reassociate), and
+/// `r·c` one row constant (softmax's `dS = P·(dP·scale − δ·scale)`). Exact
+/// in real arithmetic; the simplifier's cost model does not see the fusion.
+fn fuse_row_offsets(r: &Region) -> Region {
+    let g = &r.graph;
+    let ra = g.reduce_axis();
+    let roots: Vec<NodeId> = r.outputs.iter().map(|o| o.node).collect();
+    let live = g.live(&roots);
+    let mut uses = vec![0usize; g.len()];
+    for id in g.ids().filter(|id| live[id.index()]) {
+        for a in &g.node(id).args {
+            uses[a.index()] += 1;
+        }
+    }
+    let along = |id: NodeId| g.node(id).axes.contains(ra);
+    // The per-score term and row offset of a single-use sum along the row.
+    let offset_sum = |id: NodeId| -> Option<(Binary, NodeId, NodeId, bool)> {
+        let n = g.node(id);
+        let Op::Binary(b @ (Binary::Add | Binary::Sub)) = n.op else {
+            return None;
+        };
+        if uses[id.index()] != 1 || n.dtype != DType::F32 {
+            return None;
+        }
+        let (x, y) = (n.args[0], n.args[1]);
+        match (along(x), along(y)) {
+            (true, false) => Some((b, x, y, true)),
+            (false, true) => Some((b, y, x, false)),
+            _ => None,
+        }
+    };
+    let mut out = aec_frontend::ir::Graph::new(g.fold(), ra);
+    let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
+    for id in g.ids().filter(|id| live[id.index()]) {
+        let n = g.node(id);
+        let img = |k: usize| map[n.args[k].index()].expect("operands precede users");
+        let fused = match n.op {
+            Op::Binary(Binary::Mul) if n.dtype == DType::F32 => {
+                [(0, 1), (1, 0)].into_iter().find_map(|(si, ci)| {
+                    let (b, a, off, a_first) = offset_sum(n.args[si])?;
+                    (!along(n.args[ci])).then_some((b, a, off, a_first, n.args[ci]))
+                })
+            }
+            _ => None,
+        };
+        let image = match fused {
+            Some((b, a, off, a_first, c)) => {
+                let (a, off, c) = (
+                    map[a.index()].expect("operand"),
+                    map[off.index()].expect("operand"),
+                    map[c.index()].expect("operand"),
+                );
+                let (ac, oc) = (
+                    out.binary(Binary::Mul, a, c),
+                    out.binary(Binary::Mul, off, c),
+                );
+                if a_first {
+                    out.binary(b, ac, oc)
+                } else {
+                    out.binary(b, oc, ac)
+                }
+            }
+            None => {
+                let args: Vec<NodeId> = (0..n.args.len()).map(img).collect();
+                out.rebuild(n, &args)
+            }
+        };
+        map[id.index()] = Some(image);
+    }
+    let mut fused = Region {
+        graph: out,
+        ..r.clone()
+    };
+    for (o, root) in fused.outputs.iter_mut().zip(roots) {
+        o.node = map[root.index()].expect("root");
+    }
+    fused
+}
+
+/// Whether output `k` of `r` simplifies to 0 with param `held` set to 0.
+fn vanishes_at_zero(r: &Region, k: usize, held: u32) -> bool {
+    let g = &r.graph;
+    let mut out = aec_frontend::ir::Graph::new(g.fold(), g.reduce_axis());
+    let root = out.import(g, &[r.outputs[k].node], |o, _, n| {
+        (n.op == Op::Param(held)).then(|| o.f32(0.0))
+    })[0];
+    let at_zero = Region {
+        graph: out,
+        outputs: vec![Output {
+            name: "at_zero".into(),
+            node: root,
+        }],
+        ..r.clone()
+    };
+    let (at_zero, _) = simplify_region(&at_zero, Limits::default());
+    let n = at_zero.graph.node(at_zero.outputs[0].node);
+    matches!(n.op, Op::Const(c) if c.get() == 0.0)
+}
+
+/// `combined` (outputs `p`, `ds`) with `ds` rewritten to read the score only
+/// through `p`, which it reads as param `held`; `None` if the rules find no
+/// such form.
+fn through_weight(combined: &Region, held: u32) -> Option<Region> {
+    let g = &combined.graph;
+    let score = combined.param_index(&ParamRole::Element)?;
+    let (p_root, ds_root) = (combined.outputs[0].node, combined.outputs[1].node);
+    let mut out = aec_frontend::ir::Graph::new(g.fold(), g.reduce_axis());
+    let p = out.import(g, &[p_root], |_, _, _| None)[0];
+    let held_leaf = out.leaf(Op::Param(held), DType::F32, g.node(p_root).axes);
+    let reads_score =
+        |g: &aec_frontend::ir::Graph, id: NodeId| g.depends_on(id, |n| n.op == Op::Param(score));
+    let ds = crate::simplify::express_through(
+        g,
+        ds_root,
+        p_root,
+        reads_score,
+        &mut out,
+        held_leaf,
+        &[],
+        Limits::default(),
+    )?;
+    let mut split = Region {
+        graph: out,
+        ..combined.clone()
+    };
+    split.outputs[0].node = p;
+    split.outputs[1].node = ds;
+    Some(split)
+}
+
+/// The C++ of the row programs of `combined` (outputs `p`, `ds`); with
+/// `held`, `ds` reads `p` as that param and the split halves are emitted too.
+fn emit_row_programs(combined: &Region, fields: &[String], held: Option<u32>) -> RowPrograms {
     let g = &combined.graph;
     let ra = g.reduce_axis();
     let roots: Vec<NodeId> = combined.outputs.iter().map(|o| o.node).collect();
@@ -217,12 +402,13 @@ pub fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, 
     for (k, e) in outs.iter().enumerate() {
         let _ = writeln!(body, "    rc[{k}] = {e};");
     }
-    let row_consts = format!(
+    let mut text = format!(
         "__device__ __forceinline__ void row_consts(const float (&st)[NSTAT_ARR], float (&rc)[NRC_ARR], const Params& P) {{\n{body}}}\n\n"
     );
 
-    // weight_and_grad: the frontier becomes params rc[k].
-    let np = combined.params.len() as u32;
+    // The per-score programs: the frontier becomes params rc[k] (numbered
+    // past every other param).
+    let np = combined.params.len() as u32 + 1;
     let mut elem = combined.clone();
     let mut fresh = aec_frontend::ir::Graph::new(g.fold(), ra);
     let images = fresh.import(g, &roots, |fg, id, _| {
@@ -238,6 +424,7 @@ pub fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, 
     let leaf = |op: &Op| -> String {
         match op {
             Op::Param(k) if *k >= np => format!("rc[{}]", k - np),
+            Op::Param(k) if Some(*k) == held => "p".into(),
             Op::Param(k) => match &combined.params[*k as usize].role {
                 ParamRole::Element => "s".into(),
                 ParamRole::Seed(_) => "dp".into(),
@@ -247,12 +434,35 @@ pub fn row_programs(plan: &BackwardPlan, fields: &[String]) -> (String, String, 
             other => unreachable!("the weight and dS read only s, dp and row constants: {other:?}"),
         }
     };
-    let (code, outs) = pointwise(&elem, "n", &leaf);
-    let weight_and_grad = format!(
-        "__device__ __forceinline__ void weight_and_grad(float s, float dp, const float (&rc)[NRC_ARR], float& p, float& ds, const Params& P) {{\n{code}    p = {};\n    ds = {};\n}}\n\n",
-        outs[0], outs[1]
-    );
-    (row_consts, weight_and_grad, frontier.len())
+    if held.is_some() {
+        let half = |k: usize| {
+            let mut r = elem.clone();
+            r.outputs = vec![elem.outputs[k].clone()];
+            pointwise(&r, "n", &leaf)
+        };
+        let (wcode, w) = half(0);
+        let (gcode, d) = half(1);
+        let _ = write!(
+            text,
+            "__device__ __forceinline__ float weight(float s, const float (&rc)[NRC_ARR], const Params& P) {{\n{wcode}    return {};\n}}\n\n\
+             __device__ __forceinline__ float grad_of_weight(float p, float dp, const float (&rc)[NRC_ARR], const Params& P) {{\n{gcode}    return {};\n}}\n\n\
+             __device__ __forceinline__ void weight_and_grad(float s, float dp, const float (&rc)[NRC_ARR], float& p, float& ds, const Params& P) {{\n    p = weight(s, rc, P);\n    ds = grad_of_weight(p, dp, rc, P);\n}}\n\n",
+            w[0], d[0]
+        );
+    } else {
+        let (code, outs) = pointwise(&elem, "n", &leaf);
+        let _ = write!(
+            text,
+            "__device__ __forceinline__ void weight_and_grad(float s, float dp, const float (&rc)[NRC_ARR], float& p, float& ds, const Params& P) {{\n{code}    p = {};\n    ds = {};\n}}\n\n",
+            outs[0], outs[1]
+        );
+    }
+    RowPrograms {
+        code: text,
+        nrc: frontier.len(),
+        weight_first: held.is_some(),
+        grad_vanishes: false,
+    }
 }
 
 /// Every forward region of a parallel variant, with the split-KV combine

@@ -159,7 +159,8 @@ pub fn hip_parallel_backward(
         grad_k,
         grad_v,
         grad_q,
-    } = backward_regions(variant, "            x = wave_sum(x);\n")?;
+        ..
+    } = backward_regions(variant, "            x = wave_sum(x);\n", false)?;
     let lds = backward_lds_bytes(cfg.block_m, cfg.waves, dqk, dv, nrc as u32);
     if lds > MAX_LDS_BYTES {
         return Err(CompileError(format!(
