@@ -462,12 +462,17 @@ fn load(g: &Graph, roots: &[NodeId], nonneg: &[u32]) -> Loaded {
     }
 }
 
-/// The rules a graph folded with `fold` may use.
-fn rewrites_for(fold: Fold) -> Vec<Rewrite<Math, Facts>> {
+/// The rules a graph folded with `fold` may use; the rules that need values
+/// known ≥ 0 only with `signs` (they move a factor into an exponential,
+/// which pays where one output holds the exponential alone and costs a
+/// second exponential where two outputs share it: the extraction's tree
+/// cost does not see sharing, so only callers that know ask for them).
+fn rewrites_for(fold: Fold, signs: bool) -> Vec<Rewrite<Math, Facts>> {
     let assume_finite = fold == Fold::AssumeFinite;
     rules()
         .into_iter()
         .filter(|r| assume_finite || r.assumes == Assumes::Nothing)
+        .filter(|r| signs || r.nonneg.is_empty())
         .map(|r| r.rewrite)
         .collect()
 }
@@ -515,7 +520,7 @@ pub fn row_constant_ratio(
         leaves,
     } = load(g, &[num, den], &[]);
     let ratio = egraph.add(Math::Div([class_of[&num], class_of[&den]]));
-    let runner = runner(egraph, limits).run(&rewrites_for(g.fold()));
+    let runner = runner(egraph, limits).run(&rewrites_for(g.fold(), false));
     let eg = &runner.egraph;
     if eg[eg.find(ratio)].data.axes.contains(Axis::Skv) {
         return None;
@@ -586,7 +591,7 @@ pub fn express_through(
     let held_class = egraph.add(Math::Leaf(held));
     egraph.union(held_class, class_of[&via]);
     egraph.rebuild();
-    let runner = runner(egraph, limits).run(&rewrites_for(g.fold()));
+    let runner = runner(egraph, limits).run(&rewrites_for(g.fold(), !nonneg.is_empty()));
     let eg = &runner.egraph;
     let cost = AvoidingCost {
         egraph: eg,
@@ -614,16 +619,21 @@ pub fn provably_nonneg(g: &Graph, root: NodeId) -> bool {
 /// Simplifies every output of a region; the result evaluates to the same
 /// values (up to rounding, under the region's fold assumptions).
 pub fn simplify_region(region: &Region, limits: Limits) -> (Region, Report) {
-    simplify_region_knowing(region, limits, &[])
+    simplify_with(region, limits, &[], false)
 }
 
 /// [`simplify_region`], knowing that the params in `nonneg` are ≥ 0 (the
-/// saved state fields the forward computed as sums of exponentials, say).
+/// saved state fields the forward computed as sums of exponentials, say),
+/// with the rules that need signs (`exp2-absorb`).
 pub fn simplify_region_knowing(
     region: &Region,
     limits: Limits,
     nonneg: &[u32],
 ) -> (Region, Report) {
+    simplify_with(region, limits, nonneg, true)
+}
+
+fn simplify_with(region: &Region, limits: Limits, nonneg: &[u32], signs: bool) -> (Region, Report) {
     let g = &region.graph;
     let roots: Vec<NodeId> = region.outputs.iter().map(|o| o.node).collect();
     let live = g.live(&roots);
@@ -632,7 +642,7 @@ pub fn simplify_region_knowing(
         class_of,
         leaves,
     } = load(g, &roots, nonneg);
-    let rewrites = rewrites_for(g.fold());
+    let rewrites = rewrites_for(g.fold(), signs);
     let root_classes: Vec<Id> = roots.iter().map(|r| class_of[r]).collect();
     // `fact.<field>` outputs equal their state parameter (see the derivation).
     for o in &region.outputs {

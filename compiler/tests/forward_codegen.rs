@@ -1892,12 +1892,14 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
             "{name} sm80"
         );
         assert_eq!(nrc(&joint.source), 4, "{name} sm80");
+        assert_eq!(exponentials(&joint.source), 1, "{name} sm80");
     }
     // Score closures (the weight's backward reads the raw score) and shared
     // scores keep the joint form.
     for (name, dqk, dv) in [
-        ("sigmoid", 128, 128),
         ("softcap", 128, 128),
+        ("alibi", 128, 128),
+        ("relative_bias", 128, 128),
         ("diff_transformer", 128, 256),
     ] {
         let v = example(name);
@@ -1905,5 +1907,21 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
         let b = parallel_backward(&v, dqk, dv, &cfg).expect("backward");
         assert!(!b.source.contains(weight_first), "{name}");
         assert!(!b.source.contains("float weight(float s"), "{name}");
+        // P and dS share one exponential: the rule that moves a row factor
+        // into the exponent runs only for P alone (jointly, dS took a
+        // second exponential of its own).
+        assert_eq!(exponentials(&b.source), 1, "{name}");
     }
+    // Sigmoid has no normalisation: its weight is the score closure's.
+    let v = example("sigmoid");
+    let cfg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
+    let b = parallel_backward(&v, 128, 128, &cfg).expect("backward");
+    assert!(!b.source.contains(weight_first));
+}
+
+/// Exponentials per score in the joint `weight_and_grad`.
+fn exponentials(src: &str) -> usize {
+    let start = src.find("void weight_and_grad(").expect("weight_and_grad");
+    let body = &src[start..start + src[start..].find("\n}\n").expect("end")];
+    body.matches("fast_exp2(").count()
 }

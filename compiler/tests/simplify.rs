@@ -394,3 +394,79 @@ fn nonneg_state_fields_come_from_the_facts() {
     assert_eq!(plan("deepseek").nonneg_state, vec!["l".to_string()]);
     assert!(plan("sigmoid").nonneg_state.is_empty());
 }
+
+/// The split row programs the wgmma backward runs where dS reads the score
+/// only through P (`split_row_region`: P with its row factor in the
+/// exponent, dS from the held P, the row offset fused): on random rows with
+/// a consistent saved state, P and dS equal the derived whole-row program's.
+/// (Variants with a score closure have it too — their weight is the
+/// modified score — but their kernels keep the joint form.)
+#[test]
+fn split_row_programs_match_the_derived_row_program() {
+    use aec_compiler::cxx::regions::{joint_row_region, split_row_region};
+    let mut split = Vec::new();
+    for (name, v) in examples() {
+        let Some(par) = v.parallel() else { continue };
+        if v.customs.iter().any(|c| !c.user_axes.is_empty()) {
+            continue;
+        }
+        let plan = backward_plan(&v).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let Some((region, held)) = split_row_region(&plan, &joint_row_region(&plan)) else {
+            continue;
+        };
+        split.push(name.clone());
+        assert_eq!(held as usize, plan.ds.params.len(), "{name}");
+        let norm = &par.backward.norm;
+        for seed in 0..4 {
+            let point = random_point(norm, 200 + seed);
+            let want = values(norm, &point)[0].clone();
+            let rc = &par.backward.recompute;
+            let by_role: Vec<Vec<f64>> = rc
+                .params
+                .iter()
+                .map(|p| point.0[norm.param_index(&p.role).expect("param") as usize].clone())
+                .collect();
+            let p = eval_at(rc, &by_role, &point.1).remove(0);
+            let dp = &point.0[norm.param_index(&ParamRole::Seed("p".into())).expect("dp") as usize];
+            let p_row: Vec<f64> = (0..dp.len())
+                .map(|j| if p.len() == 1 { p[0] } else { p[j] })
+                .collect();
+            let dot: f64 = p_row.iter().zip(dp).map(|(a, b)| a * b).sum();
+            let mut vals = point.0.clone();
+            vals.push(vec![dot]);
+            vals.push(p_row.clone());
+            let outs = eval_at(&region, &vals, &point.1);
+            let (got_p, got_ds) = (&outs[0], &outs[1]);
+            for j in 0..dp.len() {
+                let g = if got_p.len() == 1 { got_p[0] } else { got_p[j] };
+                assert!(
+                    (g - p_row[j]).abs() <= 1e-9 * p_row[j].abs().max(1.0),
+                    "{name}: p[{j}] = {g}, derived {}\n{region}",
+                    p_row[j]
+                );
+                let g = if got_ds.len() == 1 {
+                    got_ds[0]
+                } else {
+                    got_ds[j]
+                };
+                assert!(
+                    (g - want[j]).abs() <= 1e-9 * want[j].abs().max(1.0),
+                    "{name}: ds[{j}] = {g}, derived {}\n{region}",
+                    want[j]
+                );
+            }
+        }
+    }
+    for name in [
+        "softmax",
+        "softmax_causal",
+        "softmax_gqa",
+        "deepseek",
+        "diff_transformer",
+    ] {
+        assert!(
+            split.contains(&name.to_string()),
+            "{name}: no split form ({split:?})"
+        );
+    }
+}

@@ -749,12 +749,12 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             for (int t = 0; t < BM / 8; ++t)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) sacc[t][c] = xs[(t * 4 + c) * 128];
-{% endif %}        // Pᵀ (into sacc) and the raw-score gradient dSᵀ (into pacc), element by
+{% endif %}{% if !weight_first %}        // Pᵀ (into sacc) and the raw-score gradient dSᵀ (into pacc), element by
         // element. A block inside both lengths that the mask keeps whole needs
         // no per-score test: its own copy of the loop, without them (about 3%
         // on DeepSeek and DiffTransformer, bench/NOTES.md session 33 item 6),
         // unless a score closure runs per score (two copies of it spill).
-{{ grad_decl }}{% if weight_first && grad_vanishes %}        // dSᵀ (into pacc) from Pᵀ, formed above (masked and padding
+{% endif %}{{ grad_decl }}{% if weight_first && grad_vanishes %}        // dSᵀ (into pacc) from Pᵀ, formed above (masked and padding
         // scores have P = 0, hence dS = 0).
 {% call grad_pass(false) %}{% endcall %}{% else if weight_first %}        // dSᵀ (into pacc) from Pᵀ, formed above.
         if (full) {

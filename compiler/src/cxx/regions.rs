@@ -157,7 +157,19 @@ pub struct RowPrograms {
 /// the rules find `dS` as a function of `P`, `dP` and row constants (else
 /// joint, and `weight_first` is false in the result).
 pub fn row_programs(plan: &BackwardPlan, fields: &[String], weight_first: bool) -> RowPrograms {
-    // One graph with both outputs, over the ds region's params.
+    let combined = joint_row_region(plan);
+    if weight_first && let Some((split, held)) = split_row_region(plan, &combined) {
+        let mut rows = emit_row_programs(&split, fields, Some(held));
+        rows.grad_vanishes = vanishes_at_zero(&split, 1, held);
+        return rows;
+    }
+    emit_row_programs(&combined, fields, None)
+}
+
+/// The weight and dS of one score as one region (outputs `p`, `ds`) over
+/// the ds region's params, simplified together so that they share their
+/// common terms (exp(s − m)).
+pub fn joint_row_region(plan: &BackwardPlan) -> Region {
     let mut combined = plan.ds.clone();
     let p_root = plan.recompute.output("p").expect("recompute has p");
     let ds_params = plan.ds.params.clone();
@@ -181,30 +193,29 @@ pub fn row_programs(plan: &BackwardPlan, fields: &[String], weight_first: bool) 
         },
         combined.outputs[0].clone(),
     ];
-    // Simplified together, `p` and `ds` share their common terms (exp(s − m)).
-    let (combined, _) = simplify_region(&combined, Limits::default());
+    simplify_region(&combined, Limits::default()).0
+}
+
+/// The split form of [`joint_row_region`]'s `combined`: outputs `p` and `ds`,
+/// where `ds` reads the score only through param `held` (the returned
+/// index, one past the region's params), which holds `p`'s value; `None`
+/// where the rules find no such form.
+pub fn split_row_region(plan: &BackwardPlan, combined: &Region) -> Option<(Region, u32)> {
     let held = combined.params.len() as u32;
-    if weight_first && let Some(split) = through_weight(&combined, held) {
-        // Then `p` alone may take its row factor into the exponent (one row
-        // constant fewer): `ds` reads `p` as a param, so it keeps one
-        // exponential. (Jointly, `ds` would take its own factor into an
-        // exponential of its own.)
-        let nonneg: Vec<u32> = split
-            .params
-            .iter()
-            .enumerate()
-            .filter(
-                |(_, p)| matches!(&p.role, ParamRole::State(f) if plan.nonneg_state.contains(f)),
-            )
-            .map(|(k, _)| k as u32)
-            .collect();
-        let (split, _) = simplify_region_knowing(&split, Limits::default(), &nonneg);
-        let split = fuse_row_offsets(&split);
-        let mut rows = emit_row_programs(&split, fields, Some(held));
-        rows.grad_vanishes = vanishes_at_zero(&split, 1, held);
-        return rows;
-    }
-    emit_row_programs(&combined, fields, None)
+    let split = through_weight(combined, held)?;
+    // Then `p` alone may take its row factor into the exponent (one row
+    // constant fewer): `ds` reads `p` as a param, so it keeps one
+    // exponential. (Jointly, `ds` would take its own factor into an
+    // exponential of its own.)
+    let nonneg: Vec<u32> = split
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(&p.role, ParamRole::State(f) if plan.nonneg_state.contains(f)))
+        .map(|(k, _)| k as u32)
+        .collect();
+    let (split, _) = simplify_region_knowing(&split, Limits::default(), &nonneg);
+    Some((fuse_row_offsets(&split), held))
 }
 
 /// `(a ± r)·c`, with `a` varying along the row, `r` and `c` not and the sum
