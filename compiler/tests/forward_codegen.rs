@@ -863,16 +863,13 @@ fn split_backward_shares_the_scores_between_its_warpgroups() {
     // The exchange, and the row constants' buffers: without the exchange
     // the weights are formed first, with fewer constants (see
     // `wgmma_backward_forms_the_weights_while_dp_runs`).
-    let nrc = |src: &str| -> u32 {
-        let line = src
-            .lines()
-            .find(|l| l.starts_with("#define NRC "))
-            .expect("NRC");
-        line.split_whitespace().nth(2).unwrap().parse().unwrap()
-    };
     assert_eq!(
         shared.main.smem_bytes - both.main.smem_bytes,
-        256 * 64 + (nrc(&shared.source) - nrc(&both.source)) * 2 * 4 * cfg.block_m
+        256 * 64
+            + (row_constants(&shared.source) - row_constants(&both.source)) as u32
+                * 2
+                * 4
+                * cfg.block_m
     );
     for text in [
         "#define SCORE_SLICE 1",
@@ -1852,13 +1849,6 @@ fn key_warpgroups_need_the_producer_and_a_deep_ring() {
 /// The mma.sync kernel, shared scores and score closures keep the joint form.
 #[test]
 fn wgmma_backward_forms_the_weights_while_dp_runs() {
-    let nrc = |src: &str| -> usize {
-        let line = src
-            .lines()
-            .find(|l| l.starts_with("#define NRC "))
-            .expect("NRC");
-        line.split_whitespace().nth(2).unwrap().parse().unwrap()
-    };
     let weight_first = "            wgmma_wait1();\n            wgmma_fence_operands_n";
     for (name, dqk, dv) in [
         ("softmax", 128, 128),
@@ -1878,7 +1868,7 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
             src.contains("grad_of_weight(sacc[t][c], pacc[t][c], rc, P)"),
             "{name}"
         );
-        assert_eq!(nrc(src), 2, "{name}");
+        assert_eq!(row_constants(src), 2, "{name}");
         assert!(
             src.contains("__log2f("),
             "{name}: the row sum in the exponent"
@@ -1891,7 +1881,7 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
             !joint.source.contains("float weight(float s"),
             "{name} sm80"
         );
-        assert_eq!(nrc(&joint.source), 4, "{name} sm80");
+        assert_eq!(row_constants(&joint.source), 4, "{name} sm80");
         assert_eq!(exponentials(&joint.source), 1, "{name} sm80");
     }
     // Score closures (the weight's backward reads the raw score) and shared
@@ -1917,6 +1907,15 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
     let cfg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
     let b = parallel_backward(&v, 128, 128, &cfg).expect("backward");
     assert!(!b.source.contains(weight_first));
+}
+
+/// The backward's row constants per query row (`NRC`).
+fn row_constants(src: &str) -> usize {
+    let line = src
+        .lines()
+        .find(|l| l.starts_with("#define NRC "))
+        .expect("NRC");
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
 
 /// Exponentials per score in the joint `weight_and_grad`.

@@ -112,37 +112,21 @@ fn every_rule_preserves_value_on_random_inputs() {
                 );
             }
         }
-        if !rule.positive.is_empty() {
-            // A rule that asks for positive constants must need them: with
-            // negative ones some row breaks it.
+        // A rule that asks for positive constants (or values ≥ 0) must need
+        // them: with negative ones some row breaks it.
+        for (vars, what) in [
+            (rule.positive, "positive constants"),
+            (rule.nonneg, "values ≥ 0"),
+        ] {
+            if vars.is_empty() {
+                continue;
+            }
             let env: HashMap<String, Vec<f64>> = lhs
                 .vars()
                 .iter()
                 .map(|v| {
                     let name = v.to_string();
-                    let vals = if rule.positive.contains(&name.as_str()) {
-                        vec![-1.5]
-                    } else {
-                        vec![0.5, -2.0, 1.25]
-                    };
-                    (name, vals)
-                })
-                .collect();
-            let (l, r) = (eval_pattern(&lhs, &env), eval_pattern(&rhs, &env));
-            assert!(
-                l != r,
-                "rule {} asks for positive constants needlessly",
-                rule.rewrite.name
-            );
-        }
-        if !rule.nonneg.is_empty() {
-            // A rule that asks for values ≥ 0 must need them.
-            let env: HashMap<String, Vec<f64>> = lhs
-                .vars()
-                .iter()
-                .map(|v| {
-                    let name = v.to_string();
-                    let vals = if rule.nonneg.contains(&name.as_str()) {
+                    let vals = if vars.contains(&name.as_str()) {
                         vec![-1.5]
                     } else {
                         vec![0.5, -2.0, 1.25]
@@ -153,7 +137,7 @@ fn every_rule_preserves_value_on_random_inputs() {
             let (l, r) = (eval_pattern(&lhs, &env), eval_pattern(&rhs, &env));
             assert!(
                 l.iter().zip(&r).any(|(x, y)| x != y),
-                "rule {} asks for values ≥ 0 needlessly",
+                "rule {} asks for {what} needlessly",
                 rule.rewrite.name
             );
         }
