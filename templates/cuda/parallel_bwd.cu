@@ -19,21 +19,10 @@
         for (int t = 0; t < BM / 8; ++t) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const int il = t * 8 + 2 * t4 + (c & 1);
-                const int i = m0 + il, j = n0 + jr + g + (c >> 1) * 8;
-                // Closures that read custom inputs by position get the point
-                // clamped into the tensors for padding rows and keys (masked out).
-                {% if clamp %}const Pt pt = {b, h, hk, min(i, Sq - 1), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, h, hk, i, j, 0};{% endif %}
-{% if checked %}                bool ok = i < Sq && j < Skv;
-{% if mask %}                ok = ok && mask_fn(pt, P);
-{% endif %}{% else %}                const bool ok = true;
-{% endif %}                const float raw = sacc[t][c];
+{% call score_point(checked, true) %}{% endcall %}                const float raw = sacc[t][c];
 {% if modify_scores %}                const float sv = modify_scores(raw, pt, P);
 {% else %}                const float sv = raw;
-{% endif %}                float rc[NRC_ARR];
-#pragma unroll
-                for (int x = 0; x < NRC; ++x) rc[x] = sRCc[x * BM + il];
-                float p, ds;
+{% endif %}{% call row_consts_of_point() %}{% endcall %}                float p, ds;
                 weight_and_grad(sv, pacc[t][c], rc, p, ds, P);
                 ds = ok ? ds : 0.0f;
 {% if modify_scores %}                float gr[NGRAD_S_ARR];
@@ -43,12 +32,16 @@
             }
         }
 {% endmacro %}
-{% macro score_point(checked) %}                const int il = t * 8 + 2 * t4 + (c & 1);
-{% if checked %}                const int i = m0 + il, j = n0 + jr + g + (c >> 1) * 8;
+{% macro score_point(checked, point) %}                const int il = t * 8 + 2 * t4 + (c & 1);
+{% if checked || point %}                const int i = m0 + il, j = n0 + jr + g + (c >> 1) * 8;
+                // Closures that read custom inputs by position get the point
+                // clamped into the tensors for padding rows and keys (masked out).
                 {% if clamp %}const Pt pt = {b, h, hk, min(i, Sq - 1), min(j, Skv - 1), 0};{% else %}const Pt pt = {b, h, hk, i, j, 0};{% endif %}
-                bool ok = i < Sq && j < Skv;
+{% endif %}{% if checked %}                bool ok = i < Sq && j < Skv;
 {% if mask %}                ok = ok && mask_fn(pt, P);
-{% endif %}{% endif %}                float rc[NRC_ARR];
+{% endif %}{% else if point %}                const bool ok = true;
+{% endif %}{% endmacro %}
+{% macro row_consts_of_point() %}                float rc[NRC_ARR];
 #pragma unroll
                 for (int x = 0; x < NRC; ++x) rc[x] = sRCc[x * BM + il];
 {% endmacro %}
@@ -56,7 +49,7 @@
             for (int t = 0; t < BM / 8; ++t) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-{% call score_point(checked) %}{% endcall %}{% if checked %}                const float p = weight(sacc[t][c], rc, P);
+{% call score_point(checked, false) %}{% endcall %}{% call row_consts_of_point() %}{% endcall %}{% if checked %}                const float p = weight(sacc[t][c], rc, P);
                 sacc[t][c] = ok ? p : 0.0f;
 {% else %}                sacc[t][c] = weight(sacc[t][c], rc, P);
 {% endif %}            }
@@ -66,7 +59,7 @@
         for (int t = 0; t < BM / 8; ++t) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-{% call score_point(checked) %}{% endcall %}{% if checked %}                const float ds = grad_of_weight(sacc[t][c], pacc[t][c], rc, P);
+{% call score_point(checked, false) %}{% endcall %}{% call row_consts_of_point() %}{% endcall %}{% if checked %}                const float ds = grad_of_weight(sacc[t][c], pacc[t][c], rc, P);
                 pacc[t][c] = ok ? ds : 0.0f;
 {% else %}                pacc[t][c] = grad_of_weight(sacc[t][c], pacc[t][c], rc, P);
 {% endif %}            }
