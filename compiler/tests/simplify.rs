@@ -304,6 +304,55 @@ fn softmax_backward_loses_the_dead_rowmax_term() {
     );
 }
 
+/// One random row of a parallel variant's derived backward (`norm`, with a
+/// saved state consistent with its facts): the ds region's params (the
+/// norm's, then dO·O), the custom inputs, the recomputed weights P along
+/// the row and the derived dS.
+struct DerivedRow {
+    vals: Vec<Vec<f64>>,
+    customs: Vec<f64>,
+    p: Vec<f64>,
+    ds: Vec<f64>,
+}
+
+fn derived_row(par: &aec_frontend::variant::Parallel, seed: u64) -> DerivedRow {
+    let norm = &par.backward.norm;
+    let point = random_point(norm, seed);
+    let ds = values(norm, &point)[0].clone();
+    // P from the derived recompute region, params by role.
+    let rc = &par.backward.recompute;
+    let by_role: Vec<Vec<f64>> = rc
+        .params
+        .iter()
+        .map(|p| point.0[norm.param_index(&p.role).expect("norm has the param") as usize].clone())
+        .collect();
+    let p = eval_at(rc, &by_role, &point.1).remove(0);
+    let dp = &point.0[norm.param_index(&ParamRole::Seed("p".into())).expect("dp") as usize];
+    let p: Vec<f64> = (0..dp.len())
+        .map(|j| if p.len() == 1 { p[0] } else { p[j] })
+        .collect();
+    let dot: f64 = p.iter().zip(dp).map(|(a, b)| a * b).sum();
+    let mut vals = point.0.clone();
+    vals.push(vec![dot]);
+    DerivedRow {
+        vals,
+        customs: point.1,
+        p,
+        ds,
+    }
+}
+
+/// `got` (one value or one per key) against `want` along the row.
+fn assert_row_close(got: &[f64], want: &[f64], what: &str) {
+    for (j, w) in want.iter().enumerate() {
+        let g = if got.len() == 1 { got[0] } else { got[j] };
+        assert!(
+            (g - w).abs() <= 1e-9 * w.abs().max(1.0),
+            "{what}[{j}] = {g}, derived {w}"
+        );
+    }
+}
+
 #[test]
 fn lowered_backward_matches_the_derived_row_program() {
     // The kernels evaluate dS pointwise with rowsum(dP·w) replaced by
@@ -316,45 +365,19 @@ fn lowered_backward_matches_the_derived_row_program() {
             continue;
         }
         let plan = backward_plan(&v).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let norm = &par.backward.norm;
         for seed in 0..4 {
-            let point = random_point(norm, 100 + seed);
-            let want = values(norm, &point)[0].clone();
-            // P from the derived recompute region, params by role.
-            let rc = &par.backward.recompute;
-            let by_role = |r: &Region| -> Vec<Vec<f64>> {
-                r.params
-                    .iter()
-                    .map(|p| {
-                        let k = norm.param_index(&p.role).expect("norm has the param");
-                        point.0[k as usize].clone()
-                    })
-                    .collect()
-            };
-            let p = eval_at(rc, &by_role(rc), &point.1).remove(0);
-            let dp = &point.0[norm.param_index(&ParamRole::Seed("p".into())).expect("dp") as usize];
-            let p_row: Vec<f64> = (0..dp.len())
-                .map(|j| if p.len() == 1 { p[0] } else { p[j] })
+            let row = derived_row(par, 100 + seed);
+            let got = eval_at(&plan.ds, &row.vals, &row.customs).remove(0);
+            assert_row_close(&got, &row.ds, &format!("{name}: ds\n{}\n", plan.ds));
+            let rc = &plan.recompute;
+            let norm = &par.backward.norm;
+            let by_role: Vec<Vec<f64>> = rc
+                .params
+                .iter()
+                .map(|p| row.vals[norm.param_index(&p.role).expect("param") as usize].clone())
                 .collect();
-            let dot: f64 = p_row.iter().zip(dp).map(|(a, b)| a * b).sum();
-            let mut vals = point.0.clone();
-            vals.push(vec![dot]);
-            let got = eval_at(&plan.ds, &vals, &point.1).remove(0);
-            let got_p = eval_at(&plan.recompute, &by_role(&plan.recompute), &point.1).remove(0);
-            for (j, w) in want.iter().enumerate() {
-                let g = if got.len() == 1 { got[0] } else { got[j] };
-                assert!(
-                    (g - w).abs() <= 1e-9 * w.abs().max(1.0),
-                    "{name}: ds[{j}] = {g}, derived {w}\n{}",
-                    plan.ds
-                );
-            }
-            for (a, b) in got_p.iter().zip(&p) {
-                assert!(
-                    (a - b).abs() <= 1e-9 * b.abs().max(1.0),
-                    "{name}: p {a} vs {b}"
-                );
-            }
+            let got_p = eval_at(rc, &by_role, &row.customs).remove(0);
+            assert_row_close(&got_p, &row.p, &format!("{name}: p"));
         }
         checked += 1;
     }
@@ -389,7 +412,15 @@ fn nonneg_state_fields_come_from_the_facts() {
 fn split_row_programs_match_the_derived_row_program() {
     use aec_compiler::cxx::regions::{joint_row_region, split_row_region};
     let mut split = Vec::new();
-    for (name, v) in examples() {
+    // Each example as written and as the kernels generate it (a uniform Q
+    // scale moved onto the scores, which puts the scale into dS: the fused
+    // row offset `dP·scale − δ·scale`).
+    let variants = examples().into_iter().flat_map(|(name, v)| {
+        let folded = aec_compiler::q_scale::backward_variant(&v, 128, 128, true)
+            .map(|f| (format!("{name} (Q scale folded)"), f));
+        std::iter::once((name, v)).chain(folded)
+    });
+    for (name, v) in variants {
         let Some(par) = v.parallel() else { continue };
         if v.customs.iter().any(|c| !c.user_axes.is_empty()) {
             continue;
@@ -400,45 +431,14 @@ fn split_row_programs_match_the_derived_row_program() {
         };
         split.push(name.clone());
         assert_eq!(held as usize, plan.ds.params.len(), "{name}");
-        let norm = &par.backward.norm;
         for seed in 0..4 {
-            let point = random_point(norm, 200 + seed);
-            let want = values(norm, &point)[0].clone();
-            let rc = &par.backward.recompute;
-            let by_role: Vec<Vec<f64>> = rc
-                .params
-                .iter()
-                .map(|p| point.0[norm.param_index(&p.role).expect("param") as usize].clone())
-                .collect();
-            let p = eval_at(rc, &by_role, &point.1).remove(0);
-            let dp = &point.0[norm.param_index(&ParamRole::Seed("p".into())).expect("dp") as usize];
-            let p_row: Vec<f64> = (0..dp.len())
-                .map(|j| if p.len() == 1 { p[0] } else { p[j] })
-                .collect();
-            let dot: f64 = p_row.iter().zip(dp).map(|(a, b)| a * b).sum();
-            let mut vals = point.0.clone();
-            vals.push(vec![dot]);
-            vals.push(p_row.clone());
-            let outs = eval_at(&region, &vals, &point.1);
-            let (got_p, got_ds) = (&outs[0], &outs[1]);
-            for j in 0..dp.len() {
-                let g = if got_p.len() == 1 { got_p[0] } else { got_p[j] };
-                assert!(
-                    (g - p_row[j]).abs() <= 1e-9 * p_row[j].abs().max(1.0),
-                    "{name}: p[{j}] = {g}, derived {}\n{region}",
-                    p_row[j]
-                );
-                let g = if got_ds.len() == 1 {
-                    got_ds[0]
-                } else {
-                    got_ds[j]
-                };
-                assert!(
-                    (g - want[j]).abs() <= 1e-9 * want[j].abs().max(1.0),
-                    "{name}: ds[{j}] = {g}, derived {}\n{region}",
-                    want[j]
-                );
-            }
+            let row = derived_row(par, 200 + seed);
+            let mut vals = row.vals.clone();
+            vals.push(row.p.clone());
+            let outs = eval_at(&region, &vals, &row.customs);
+            // (The held P is one past the region's params: no Display.)
+            assert_row_close(&outs[0], &row.p, &format!("{name}: split p"));
+            assert_row_close(&outs[1], &row.ds, &format!("{name}: split ds"));
         }
     }
     for name in [
@@ -447,6 +447,8 @@ fn split_row_programs_match_the_derived_row_program() {
         "softmax_gqa",
         "deepseek",
         "diff_transformer",
+        "softmax (Q scale folded)",
+        "deepseek (Q scale folded)",
     ] {
         assert!(
             split.contains(&name.to_string()),
