@@ -16,7 +16,7 @@ use aec::compiler::{
     parallel_forward_paged, parallel_forward_varlen,
 };
 use aec::frontend::Variant;
-use aec::runtime::{CompileOptions, compile, ptxas_resources, sass};
+use aec::runtime::{CompileOptions, ResourceUsage, compile, ptxas_resources, sass};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Pass {
@@ -729,6 +729,37 @@ fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: 
     )
 }
 
+/// Backward main kernels whose wgmma ptxas serialises today: the split-key
+/// kernels (both warpgroups on 64 keys), C7520 "WG.AR in divergent path"
+/// (bench/NOTES.md session 54 item 6). Listed so that any other kernel with
+/// a performance note fails, and a listed one that loses its note fails
+/// until it leaves the list.
+const KNOWN_SERIALISED_BACKWARD: &[&str] = &[
+    "aec_bwd_difftransformer_bf16_d128x256_m64w8s2_wgmma_xs_ws_tma_main",
+    "aec_bwd_retnetparallel_bf16_d256x512_m32w8s2_wgmma_xs_main",
+    "aec_bwd_softmax_bf16_d128x512_m32w8s2_wgmma_xs_ws_tma_main",
+];
+
+/// No ptxas performance note on a backward main kernel, except the known
+/// C7520 on the kernels listed above.
+fn assert_backward_notes(main: &ResourceUsage, what: &str) {
+    if KNOWN_SERIALISED_BACKWARD.contains(&main.function.as_str()) {
+        assert!(
+            main.performance_warnings.len() == 1 && main.performance_warnings[0].contains("C7520"),
+            "{what}: expected only the known C7520, got {:?} (fixed? take {} off KNOWN_SERIALISED_BACKWARD)",
+            main.performance_warnings,
+            main.function
+        );
+    } else {
+        assert!(
+            main.performance_warnings.is_empty(),
+            "{what} ({}): ptxas reports a performance loss: {:?}",
+            main.function,
+            main.performance_warnings
+        );
+    }
+}
+
 /// Spill stores allowed in the backward's main kernel, just above what
 /// NVRTC 13.0.88 produces today (bench/NOTES.md): the sm_80 kernels spill up
 /// to 52 bytes; the wgmma kernel (255 registers: dK and dV of 64 keys per
@@ -779,11 +810,7 @@ fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
             .clone()
     };
     let main = entry(&b.main.name);
-    assert!(
-        main.performance_warnings.is_empty(),
-        "{name} backward ({arch}): ptxas reports a performance loss: {:?}",
-        main.performance_warnings
-    );
+    assert_backward_notes(&main, &format!("{name} backward ({arch})"));
     for small in [&b.pre.name, &b.post.name] {
         let u = entry(small);
         assert_eq!(
@@ -846,7 +873,7 @@ fn wide_key_panels_compile_within_the_spill_budget() {
             main.spill_store_bytes <= BACKWARD_SPILL_BUDGET,
             "{name}: {main:?}"
         );
-        assert!(main.performance_warnings.is_empty(), "{name}: {main:?}");
+        assert_backward_notes(main, name);
         assert!(b.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
         assert!(
             sass(&c.cubin).expect("cuobjdump").contains("HGMMA"),
@@ -1006,4 +1033,42 @@ fn timeline_marks_compile_only_when_asked() {
     let (marked, array) = timer_reads(&["-DAEC_TIMELINE"]);
     assert!(marked >= 6 && array, "{marked} timer reads, array {array}");
     assert_eq!(timer_reads(&[]), (0, false));
+}
+
+/// The sm_90a backward of each benchmark workload's variant at the
+/// workload's head dims (`shared/reference/workloads.json`), as the
+/// benchmark generates it (`BackwardConfig::for_variant`): no ptxas
+/// performance note beyond the known ones (`KNOWN_SERIALISED_BACKWARD`), no
+/// spills beyond the budget.
+#[test]
+fn benchmark_backward_kernels_report_no_performance_loss() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    for (name, dqk, dv) in [
+        ("softmax", 128, 128),
+        ("softmax_causal", 128, 128),
+        ("softmax_gqa", 128, 128),
+        ("deepseek", 192, 128),
+        ("diff_transformer", 128, 256),
+        ("sigmoid", 128, 128),
+        ("relu", 64, 64),
+        ("retnet_parallel", 256, 512),
+    ] {
+        let v = common::example(name);
+        let cfg = BackwardConfig::for_variant(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+        let b = parallel_backward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let c = compile(&b.source, &CompileOptions::new("sm_90a"))
+            .unwrap_or_else(|e| panic!("{name} {dqk}x{dv}: {e}"));
+        let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
+        let main = usage
+            .iter()
+            .find(|u| u.function == b.main.name)
+            .expect("main entry");
+        assert_backward_notes(main, &format!("{name} {dqk}x{dv}"));
+        assert!(
+            main.spill_store_bytes <= BACKWARD_SPILL_BUDGET,
+            "{name} {dqk}x{dv}: {main:?}"
+        );
+    }
 }

@@ -32,6 +32,9 @@ impl ResourceUsage {
 pub fn parse_ptxas_verbose(output: &str) -> Vec<ResourceUsage> {
     let mut all: Vec<ResourceUsage> = Vec::new();
     let mut current: Option<usize> = None;
+    // ptxas prints these notes in an early pass, before any entry's
+    // "Compiling entry function" line: attached by name at the end.
+    let mut notes: Vec<(String, String)> = Vec::new();
     for line in output.lines() {
         let line = line.trim();
         if line.contains("Performance Loss") {
@@ -39,9 +42,8 @@ pub fn parse_ptxas_verbose(output: &str) -> Vec<ResourceUsage> {
                 .split("in the function '")
                 .nth(1)
                 .and_then(|r| r.split('\'').next())
-                && let Some(u) = all.iter_mut().find(|u| u.function == name)
             {
-                u.performance_warnings.push(line.to_string());
+                notes.push((name.to_string(), line.to_string()));
             }
             continue;
         }
@@ -84,6 +86,11 @@ pub fn parse_ptxas_verbose(output: &str) -> Vec<ResourceUsage> {
             }
         }
     }
+    for (name, line) in notes {
+        if let Some(u) = all.iter_mut().find(|u| u.function == name) {
+            u.performance_warnings.push(line);
+        }
+    }
     all
 }
 
@@ -110,6 +117,28 @@ fn leading_number(item: &str) -> Option<(u32, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Real `ptxas -v -arch=sm_90a` output (CUDA 13.0.88): the note comes
+    /// before every entry's lines.
+    #[test]
+    fn performance_warnings_printed_before_their_function_attach_to_it() {
+        let out = "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due to program dependence on compiler-inserted WG.AR in divergent path in the function 'k_main'\n\
+ptxas info    : 11 bytes gmem\n\
+ptxas info    : Compiling entry function 'k_post' for 'sm_90a'\n\
+ptxas info    : Function properties for k_post\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 22 registers, used 0 barriers\n\
+ptxas info    : Compiling entry function 'k_main' for 'sm_90a'\n\
+ptxas info    : Function properties for k_main\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 168 registers, used 16 barriers\n";
+        let u = parse_ptxas_verbose(out);
+        assert_eq!(u.len(), 2);
+        assert!(u[0].performance_warnings.is_empty(), "{:?}", u[0]);
+        assert_eq!(u[1].function, "k_main");
+        assert_eq!(u[1].performance_warnings.len(), 1);
+        assert!(u[1].performance_warnings[0].contains("C7520"));
+    }
 
     #[test]
     fn performance_warnings_attach_to_their_function() {
