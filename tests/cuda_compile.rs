@@ -11,12 +11,12 @@
 mod common;
 
 use aec::compiler::{
-    ArgKind, BackwardConfig, Elem, ForwardConfig, Isa, MAX_DQK, TILE_SCHEDULE_ARGS,
+    ArgKind, BackwardConfig, BackwardSource, Elem, ForwardConfig, Isa, MAX_DQK, TILE_SCHEDULE_ARGS,
     parallel_backward, parallel_backward_varlen, parallel_forward, parallel_forward_block_sparse,
     parallel_forward_paged, parallel_forward_varlen,
 };
 use aec::frontend::Variant;
-use aec::runtime::{CompileOptions, ResourceUsage, compile, ptxas_resources, sass};
+use aec::runtime::{CompileOptions, Compiled, ResourceUsage, compile, ptxas_resources, sass};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Pass {
@@ -760,6 +760,26 @@ fn assert_backward_notes(main: &ResourceUsage, what: &str) {
     }
 }
 
+/// The sm_90a main kernel of `b` compiled by NVRTC, checked for ptxas's
+/// performance notes (`assert_backward_notes`) and the spill budget: its
+/// usage and the compiled module.
+fn sm90a_main(b: &BackwardSource, what: &str) -> (ResourceUsage, Compiled) {
+    let c = compile(&b.source, &CompileOptions::new("sm_90a"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
+    let main = usage
+        .iter()
+        .find(|u| u.function == b.main.name)
+        .unwrap_or_else(|| panic!("{what}: no main entry"))
+        .clone();
+    assert!(
+        main.spill_store_bytes <= BACKWARD_SPILL_BUDGET,
+        "{what}: {main:?}"
+    );
+    assert_backward_notes(&main, what);
+    (main, c)
+}
+
 /// Spill stores allowed in the backward's main kernel, just above what
 /// NVRTC 13.0.88 produces today (bench/NOTES.md): the sm_80 kernels spill up
 /// to 52 bytes; the wgmma kernel (255 registers: dK and dV of 64 keys per
@@ -862,18 +882,7 @@ fn wide_key_panels_compile_within_the_spill_budget() {
         let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
         assert!(cfg.wgmma && cfg.block_m == 32, "{name}: {cfg:?}");
         let b = parallel_backward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let c = compile(&b.source, &CompileOptions::new("sm_90a"))
-            .unwrap_or_else(|e| panic!("{name} {dqk}x{dv}: {e}"));
-        let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
-        let main = usage
-            .iter()
-            .find(|u| u.function == b.main.name)
-            .expect("main entry");
-        assert!(
-            main.spill_store_bytes <= BACKWARD_SPILL_BUDGET,
-            "{name}: {main:?}"
-        );
-        assert_backward_notes(main, name);
+        let (main, c) = sm90a_main(&b, &format!("{name} {dqk}x{dv}"));
         assert!(b.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
         assert!(
             sass(&c.cubin).expect("cuobjdump").contains("HGMMA"),
@@ -1058,17 +1067,6 @@ fn benchmark_backward_kernels_report_no_performance_loss() {
         let v = common::example(name);
         let cfg = BackwardConfig::for_variant(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
         let b = parallel_backward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let c = compile(&b.source, &CompileOptions::new("sm_90a"))
-            .unwrap_or_else(|e| panic!("{name} {dqk}x{dv}: {e}"));
-        let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
-        let main = usage
-            .iter()
-            .find(|u| u.function == b.main.name)
-            .expect("main entry");
-        assert_backward_notes(main, &format!("{name} {dqk}x{dv}"));
-        assert!(
-            main.spill_store_bytes <= BACKWARD_SPILL_BUDGET,
-            "{name} {dqk}x{dv}: {main:?}"
-        );
+        sm90a_main(&b, &format!("{name} {dqk}x{dv}"));
     }
 }
