@@ -564,7 +564,6 @@ impl CostFunction<Math> for AvoidingCost<'_> {
 /// The backward's `dS` through the recomputed weight `P` is this: for softmax
 /// `dS = P·(dP − δ)·scale` no longer reads the score, so `P` can be formed
 /// while the `dP` GEMM still runs.
-#[allow(clippy::too_many_arguments)]
 pub fn express_through(
     g: &Graph,
     root: NodeId,
@@ -572,14 +571,13 @@ pub fn express_through(
     avoid: impl Fn(&Graph, NodeId) -> bool,
     out: &mut Graph,
     via_leaf: NodeId,
-    nonneg: &[u32],
     limits: Limits,
 ) -> Option<NodeId> {
     let Loaded {
         mut egraph,
         class_of,
         mut leaves,
-    } = load(g, &[root, via], nonneg);
+    } = load(g, &[root, via], &[]);
     let forbidden: std::collections::HashSet<Symbol> = leaves
         .iter()
         .filter(|(_, id)| avoid(g, **id))
@@ -591,7 +589,7 @@ pub fn express_through(
     let held_class = egraph.add(Math::Leaf(held));
     egraph.union(held_class, class_of[&via]);
     egraph.rebuild();
-    let runner = runner(egraph, limits).run(&rewrites_for(g.fold(), !nonneg.is_empty()));
+    let runner = runner(egraph, limits).run(&rewrites_for(g.fold(), false));
     let eg = &runner.egraph;
     let cost = AvoidingCost {
         egraph: eg,

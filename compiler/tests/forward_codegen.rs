@@ -1850,6 +1850,12 @@ fn key_warpgroups_need_the_producer_and_a_deep_ring() {
 #[test]
 fn wgmma_backward_forms_the_weights_while_dp_runs() {
     let weight_first = "            wgmma_wait1();\n            wgmma_fence_operands_n";
+    let source = |name: &str, dqk: u32, dv: u32, isa: Isa| -> String {
+        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, isa);
+        parallel_backward(&example(name), dqk, dv, &cfg)
+            .unwrap_or_else(|e| panic!("{name} {isa:?}: {e}"))
+            .source
+    };
     for (name, dqk, dv) in [
         ("softmax", 128, 128),
         ("softmax_causal", 128, 128),
@@ -1858,10 +1864,7 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
         ("sliding_window", 128, 128),
         ("document_mask", 128, 128),
     ] {
-        let v = example(name);
-        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
-        let b = parallel_backward(&v, dqk, dv, &cfg).expect("backward");
-        let src = &b.source;
+        let src = &source(name, dqk, dv, Isa::Sm90a);
         assert!(src.contains(weight_first), "{name}");
         assert!(src.contains("float weight(float s"), "{name}");
         assert!(
@@ -1875,14 +1878,10 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
         );
         // One dS loop (no `ok` in it).
         assert!(src.contains("hence dS = 0"), "{name}");
-        let sm80 = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm80);
-        let joint = parallel_backward(&v, dqk, dv, &sm80).expect("sm80 backward");
-        assert!(
-            !joint.source.contains("float weight(float s"),
-            "{name} sm80"
-        );
-        assert_eq!(row_constants(&joint.source), 4, "{name} sm80");
-        assert_eq!(exponentials(&joint.source), 1, "{name} sm80");
+        let joint = &source(name, dqk, dv, Isa::Sm80);
+        assert!(!joint.contains("float weight(float s"), "{name} sm80");
+        assert_eq!(row_constants(joint), 4, "{name} sm80");
+        assert_eq!(exponentials(joint), 1, "{name} sm80");
     }
     // Score closures (the weight's backward reads the raw score) and shared
     // scores keep the joint form.
@@ -1892,21 +1891,16 @@ fn wgmma_backward_forms_the_weights_while_dp_runs() {
         ("relative_bias", 128, 128),
         ("diff_transformer", 128, 256),
     ] {
-        let v = example(name);
-        let cfg = BackwardConfig::default_for(dqk, dv, Elem::Bf16, Isa::Sm90a);
-        let b = parallel_backward(&v, dqk, dv, &cfg).expect("backward");
-        assert!(!b.source.contains(weight_first), "{name}");
-        assert!(!b.source.contains("float weight(float s"), "{name}");
+        let src = &source(name, dqk, dv, Isa::Sm90a);
+        assert!(!src.contains(weight_first), "{name}");
+        assert!(!src.contains("float weight(float s"), "{name}");
         // P and dS share one exponential: the rule that moves a row factor
         // into the exponent runs only for P alone (jointly, dS took a
         // second exponential of its own).
-        assert_eq!(exponentials(&b.source), 1, "{name}");
+        assert_eq!(exponentials(src), 1, "{name}");
     }
     // Sigmoid has no normalisation: its weight is the score closure's.
-    let v = example("sigmoid");
-    let cfg = BackwardConfig::default_for(128, 128, Elem::Bf16, Isa::Sm90a);
-    let b = parallel_backward(&v, 128, 128, &cfg).expect("backward");
-    assert!(!b.source.contains(weight_first));
+    assert!(!source("sigmoid", 128, 128, Isa::Sm90a).contains(weight_first));
 }
 
 /// The backward's row constants per query row (`NRC`).

@@ -338,7 +338,6 @@ fn through_weight(combined: &Region, held: u32) -> Option<Region> {
         reads_score,
         &mut out,
         held_leaf,
-        &[],
         Limits::default(),
     )?;
     let mut split = Region {
