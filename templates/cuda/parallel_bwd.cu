@@ -635,7 +635,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     // the warps of a slice group compute the same Sᵀ and dPᵀ; the first one
     // stores dSᵀ, and in the first of the key block's groups (`key_owner`)
     // adds the custom-input gradients.
-    const int jr = (warp % KEY_WARPS) * 16, slice = warp / KEY_WARPS;
+{% if kv_split %}    // (The slice made warp-uniform for ptxas, which otherwise takes the two
+    // warpgroups' paths below for divergent ones and serialises their wgmma.)
+    const int jr = (warp % KEY_WARPS) * 16, slice = __shfl_sync(0xffffffffu, warp / KEY_WARPS, 0);
+{% else %}    const int jr = (warp % KEY_WARPS) * 16, slice = warp / KEY_WARPS;
+{% endif %}
     const bool key_owner = slice == SCORE_SLICE && grp == 0;
     const int ck0 = slice * DQKW, cv0 = slice * DVW;
 
@@ -675,26 +679,46 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             const unsigned kb = smem_u32(sK) + (warp % KEY_WARPS / 4) * 64 * 128,
                            vb = smem_u32(sV) + (warp % KEY_WARPS / 4) * 64 * 128;
             const unsigned qb = smem_u32(sQc), ob = smem_u32(sdOc);
-            wgmma_fence();
-{% if share %}            // Shared scores: warpgroup 0 computes Sᵀ, warpgroup 1 dPᵀ.
+{% if share %}            // Shared scores: warpgroup 0 computes Sᵀ, warpgroup 1 dPᵀ, each path
+            // fencing and retiring only its own accumulator (a fence over the
+            // other's zeroing, or one fence and wait for both paths, made ptxas
+            // serialise every wgmma: C7515, C7520; bench/NOTES.md session 55).
             if (slice == 0) {
-{% endif %}#pragma unroll
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < DQK / 16; ++kk)
+                    wgmma_ss_n{{ bm }}(sacc, sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                                  sw128_desc(qb + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+                wgmma_commit();
+                wgmma_wait0();
+                wgmma_fence_operands_n{{ bm }}(sacc);
+                // (The other accumulator defined on each path, after the GEMM,
+                // so that it is not live across steps.)
+#pragma unroll
+                for (int t = 0; t < BM / 8; ++t) pacc[t][0] = pacc[t][1] = pacc[t][2] = pacc[t][3] = 0.0f;
+            } else {
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < DV / 16; ++kk)
+                    wgmma_ss_n{{ bm }}(pacc, sw128_desc(vb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                                  sw128_desc(ob + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+                wgmma_commit();
+                wgmma_wait0();
+                wgmma_fence_operands_n{{ bm }}(pacc);
+#pragma unroll
+                for (int t = 0; t < BM / 8; ++t) sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
+            }
+{% else %}            wgmma_fence();
+#pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_ss_n{{ bm }}(sacc, sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
                               sw128_desc(qb + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
 {% if weight_first %}            wgmma_commit();
-{% endif %}{% if share %}                // (Defined on this path too, so that it is not live across steps.)
-#pragma unroll
-                for (int t = 0; t < BM / 8; ++t) pacc[t][0] = pacc[t][1] = pacc[t][2] = pacc[t][3] = 0.0f;
-            } else {
-#pragma unroll
-                for (int t = 0; t < BM / 8; ++t) sacc[t][0] = sacc[t][1] = sacc[t][2] = sacc[t][3] = 0.0f;
 {% endif %}#pragma unroll
             for (int kk = 0; kk < DV / 16; ++kk)
                 wgmma_ss_n{{ bm }}(pacc, sw128_desc(vb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
                               sw128_desc(ob + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
-{% if share %}            }
-{% endif %}{% if weight_first %}            wgmma_commit();
+{% if weight_first %}            wgmma_commit();
             // Pᵀ into sacc while the dPᵀ GEMM runs (dS reads the score only
             // through P).
             wgmma_wait1();
@@ -708,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             wgmma_wait0();
             wgmma_fence_operands_n{{ bm }}(sacc);
             wgmma_fence_operands_n{{ bm }}(pacc);
-{% endif %}        }
+{% endif %}{% endif %}        }
 {% else %}        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys and the BM queries.
         rows_times_rows<DQK, SQS>(sacc, sK + jr * SQS, sQc, lane);
         rows_times_rows<DV, SVS>(pacc, sV + jr * SVS, sdOc, lane);
@@ -827,6 +851,13 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         wgmma_wait0();
         wgmma_fence_operands_n{{ dv }}(dv_acc);
         wgmma_fence_operands_n{{ dqk }}(dk_acc);
+        fence_regs(pa);
+        fence_regs(da);
+{% else if share %}        // The dK/dV GEMMs retired before dQ's: in flight beside its
+        // accumulators they serialise every wgmma for want of registers (C7512).
+        wgmma_wait0();
+#pragma unroll
+        for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);
         fence_regs(pa);
         fence_regs(da);
 {% endif %}{% if dq_turns %}        // dQ in turns: warpgroup staged % 2 computes the step's whole dQ over
