@@ -11,8 +11,8 @@ autograd.grad on a kept forward); then, per round, cuDNN's backward and each
 build's backward (all three kernels, and the main kernel alone) are timed
 (median of do_bench), the builds in an order rotated every round, so that
 builds a few percent apart are compared within one process. Prints per
-implementation the median over rounds and every round. Workloads without
-custom inputs; for variants other than softmax (no cuDNN), the first build's
+implementation the median over rounds and every round. Custom inputs
+(RetNet's decays) are drawn as the benchmark draws them; for variants other than softmax (no cuDNN), the first build's
 gradients are the reference and no cuDNN row is timed. `--no-check` times builds whose gradients
 disagree (timing-only ablations) instead of stopping.
 """
@@ -48,17 +48,18 @@ def main():
         builds[d] = (g.BackwardKernel(d, entry["backward"]), entry["backward"]["launches"][1]["name"])
     sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
     q, k, v, do = g.backward_inputs(w)
-    o, rowout = fwd(q, k, v, {}, sizes)
+    cu = g.workload_customs(w)
+    o, rowout = fwd(q, k, v, cu, sizes)
     anchor = w["variant"] == "softmax" and not w.get("window")
     if anchor:
         out, leaves = g.cudnn_kept_forward(w, q, k, v)
         ref = [x.float() for x in torch.autograd.grad(out, leaves, do, retain_graph=True)]
         against = "cuDNN"
     else:
-        ref = [x.float().clone() for x in builds[dirs[0]][0](q, k, v, o, do, rowout, {}, sizes)[:3]]
+        ref = [x.float().clone() for x in builds[dirs[0]][0](q, k, v, o, do, rowout, cu, sizes)[:3]]
         against = dirs[0]
     for d, (bk, name) in builds.items():
-        got = bk(q, k, v, o, do, rowout, {}, sizes)
+        got = bk(q, k, v, o, do, rowout, cu, sizes)
         err = max(g.rel_err(x.float(), y) for x, y in zip(got[:3], ref))
         print(f"{d}: {name}  rel. error against {against} {err:.2e}", flush=True)
         if check and not err < 2e-2:
@@ -76,8 +77,8 @@ def main():
         order = dirs[r % len(dirs):] + dirs[:r % len(dirs)]
         for d in order:
             bk = builds[d][0]
-            times[d].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, {}, sizes)))
-            times[d + " main"].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, {}, sizes, only=1)))
+            times[d].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, cu, sizes)))
+            times[d + " main"].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, cu, sizes, only=1)))
     fl = 2.5 * g.flops_fwd(w)
     base = statistics.median(times["cudnn" if anchor else dirs[0]])
     for name, ts in times.items():

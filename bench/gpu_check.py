@@ -306,6 +306,15 @@ def workloads_by_id(cases_dir, index):
     return {w["id"]: w for w in listed + index.get("extra_workloads", [])}
 
 
+def workload_customs(w):
+    """The custom inputs of workload w's variant: RetNet's per-head decays
+    1 - 2^(-5 - h·4/H) (its multi-scale retention), the example's one custom
+    input; none for the others."""
+    if w["variant"] == "retnet_parallel":
+        return {"gamma": 1 - 2.0 ** (-5 - torch.arange(w["h"], device="cuda", dtype=torch.float32) * 4 / w["h"])}
+    return {}
+
+
 def backward_inputs(w):
     """Random bf16 q, k, v and dO of workload `w` (seed 0), as the backward
     tools draw them."""
@@ -555,11 +564,7 @@ def run_bench(cases_dir, index, workloads):
         scale = w.get("scale", 1 / math.sqrt(dqk))
         causal = w["causal"]
         anchors = {}
-        customs = {}
-        if w["variant"] == "retnet_parallel":
-            # RetNet's per-head decays 1 - 2^(-5 - h·4/H) (its multi-scale
-            # retention), the example's one custom input.
-            customs["gamma"] = 1 - 2.0 ** (-5 - torch.arange(h, device=dev, dtype=torch.float32) * 4 / h)
+        customs = workload_customs(w)
         if w.get("window"):
             anchors["flex"] = flex_anchor(q, k, v, causal, scale, hkv != h, window=w["window"])
         elif w["variant"] == "softmax":

@@ -574,6 +574,54 @@ fn gpu_backward_key_panels_in_several_blocks() {
     }
 }
 
+/// The split-key tiles without shared scores (`split_d` 2: both warpgroups
+/// compute Sᵀ and dPᵀ of the same 64 keys, each with half of the dK/dV
+/// panels), with and without the producer warpgroup: their warpgroup index
+/// is made warp-uniform for ptxas (bench/NOTES.md session 55), and their
+/// per-warpgroup panel branches must still pick each warpgroup's own
+/// panels. Tuning-space tiles, not defaults. Skipped on GPUs other than sm_90.
+#[test]
+fn gpu_backward_split_key_without_shared_scores() {
+    let test = "gpu_backward_split_key_without_shared_scores";
+    if !hopper(test) {
+        return;
+    }
+    let cases = [
+        (
+            "softmax_causal",
+            Shape::mha(1, 2, 150, 150),
+            HeadDims::square(128),
+        ),
+        (
+            "deepseek",
+            Shape::mha(1, 2, 97, 133),
+            HeadDims::new(192, 128),
+        ),
+    ];
+    for (name, shape, dims) in cases {
+        for (block_m, warp_specialized) in [(64, true), (32, false)] {
+            let cfg = BackwardConfig {
+                block_m,
+                split_d: 2,
+                shared_scores: false,
+                warp_specialized,
+                tma_loads: warp_specialized,
+                ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
+            };
+            assert!(cfg.wgmma, "{name}: {cfg:?}");
+            check_backward_config(
+                &format!("{test}_{name}_m{block_m}_ws{}", warp_specialized as u8),
+                name,
+                shape,
+                dims,
+                (0.0, 1.0),
+                2e-2,
+                cfg,
+            );
+        }
+    }
+}
+
 /// The sm_90a backward on 80-query steps with dQ computed transposed
 /// (`block_m` 80, the default without a mask or under the causal one),
 /// pinned so that it stays covered whatever the default: GQA softmax at

@@ -159,16 +159,19 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 #define DQ_AT(r, c) ((r) * DQS + (c))
 {% endif %}
 // The producer adds step it - DQ_BEHIND's dQ tile after copying step it's Q
-// and dO: with the dQ a step late (dq_lag) its tile is staged when the stage
-// of step it - 2 is released, and step it's copies go first (0.6% on an H200).
-#define DQ_BEHIND {% if dq_lag %}2{% else %}1{% endif %}
+// and dO: step it's copies wait only for step it - 2 to release its stage,
+// not for step it - 1's dQ to be staged and added as well, so that the
+// next step's operands are in flight while the consumers finish a step
+// (DeepSeek's main kernel −7.5%, softmax's −3.4% on an H200; the tile of
+// step it - 2 is staged by then, and the consumers staging step it - 1's
+// wait only for it; bench/NOTES.md session 55).
+#define DQ_BEHIND 2
 {% if dq_pairs %}// 32-query steps pair on 64-row boundaries: the pair's first step writes
 // dSᵀ columns 0-31, its second 32-63, and the second (or a first that ends
 // its head's walk) computes dQ over the pair's 64 rows, none of them padding,
 // and hands one tile of 64 rows to the producer.
 #define DQ_ROWS 64
 static_assert(BM == 32, "paired steps are 32-query halves of 64 rows");
-static_assert(DQ_BEHIND == 1, "the producer's pair test reads step it - 1");
 {% else %}#define DQ_ROWS BM  // rows of the staged dQ tile
 {% endif %}{% else %}#define NT_MAIN NT
 {% endif %}#define DQK {{ dqk }}
@@ -502,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% if ws %}
     if (warp >= NWARPS) {
         // The producer warpgroup: step it's Q, dO and row constants into stage
-        // it % 2, then step it - 1's dQ tile added into dq_acc.
+        // it % 2, then step it - DQ_BEHIND's dQ tile added into dq_acc.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         const int ptid = tid - NT;
         int drained = 0;  // dQ tiles added so far
@@ -534,10 +537,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 }
             }
             if (it < DQ_BEHIND) continue;
-{% if dq_pairs %}            if (!step_closes(it - 1)) continue;
+{% if dq_pairs %}            if (!step_closes(it - DQ_BEHIND)) continue;
             // (Every step of a pair sees a key of ours: the mask, if any, is
             // causal, and the walk starts at the diagonal.)
-            const int h = step_head(it - 1), m0 = step_m0(it - 1) & ~63;
+            const int h = step_head(it - DQ_BEHIND), m0 = step_m0(it - DQ_BEHIND) & ~63;
 {% else %}            const int h = step_head(it - DQ_BEHIND), m0 = step_m0(it - DQ_BEHIND);
 {% if mask %}            if (mask_block(m0, min(m0 + BM, Sq) - 1, n0, j_last, b, h, hk, P) == 0) continue;
 {% endif %}{% endif %}{% if dq_bulk %}            // One thread adds the whole staged tile, whose rows are those
