@@ -12,9 +12,10 @@ build's backward (all three kernels, and the main kernel alone) are timed
 (median of do_bench), the builds in an order rotated every round, so that
 builds a few percent apart are compared within one process. Prints per
 implementation the median over rounds and every round. Custom inputs
-(RetNet's decays) are drawn as the benchmark draws them; for variants other than softmax (no cuDNN), the first build's
-gradients are the reference and no cuDNN row is timed. `--no-check` times builds whose gradients
-disagree (timing-only ablations) instead of stopping.
+(RetNet's decays) are drawn as the benchmark draws them; for variants other
+than softmax (no cuDNN), the first build's gradients are the reference and
+no cuDNN row is timed. `--no-check` times builds whose gradients disagree
+(timing-only ablations) instead of stopping.
 """
 import json, os, statistics, sys
 

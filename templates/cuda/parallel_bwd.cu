@@ -162,9 +162,9 @@ static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of 
 // and dO: step it's copies wait only for step it - 2 to release its stage,
 // not for step it - 1's dQ to be staged and added as well, so that the
 // next step's operands are in flight while the consumers finish a step
-// (DeepSeek's main kernel −7.5%, softmax's −3.4% on an H200; the tile of
-// step it - 2 is staged by then, and the consumers staging step it - 1's
-// wait only for it; bench/NOTES.md session 55).
+// (DeepSeek's main kernel −7.1%, softmax's −3.8%, the causal ones level,
+// on an H200; the tile of step it - 2 is staged by then, and the consumers
+// staging step it - 1's wait only for it; bench/NOTES.md session 55).
 #define DQ_BEHIND 2
 {% if dq_pairs %}// 32-query steps pair on 64-row boundaries: the pair's first step writes
 // dSᵀ columns 0-31, its second 32-63, and the second (or a first that ends
