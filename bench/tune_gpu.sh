@@ -6,7 +6,8 @@
 # workload and the tuning cache to $OUT. Built here first (no GPU needed):
 #   cargo build --release && mkdir -p target/gpu-bin && cp target/release/aec target/gpu-bin/
 # and carried: target/gpu-bin. TOP (default 8) plans are profiled besides
-# the default; ONLY (a substring of the workload id) narrows the run.
+# the default; ONLY (substrings of the workload ids, comma-separated)
+# narrows the run (one run: the merged report holds only its workloads).
 # BACKWARD=1 tunes the backward instead (`aec tune --backward`: its tile
 # space in order, no cost model) of the parallel workloads that have one
 # (not the decoding ones), into tune-backward-all.json. The recurrent
@@ -24,7 +25,12 @@ KIND=() ALL=tune-all.json
 if [ "${BACKWARD:-0}" = 1 ]; then KIND=(--backward); ALL=tune-backward-all.json; fi
 while read -r id file dims shape; do
   case "$id" in "#"*|"") continue ;; esac
-  if [ -n "${ONLY:-}" ] && [[ "$id" != *"$ONLY"* ]]; then continue; fi
+  if [ -n "${ONLY:-}" ]; then
+    keep=0
+    IFS=, read -ra only <<<"$ONLY"
+    for o in "${only[@]}"; do [[ "$id" == *"$o"* ]] && keep=1; done
+    [ "$keep" = 1 ] || continue
+  fi
   case "$id" in
     decode-*|retention-recurrent-*|gated-retention-*|mamba2-*) [ "${BACKWARD:-0}" = 1 ] && continue ;;
   esac
