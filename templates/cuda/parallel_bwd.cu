@@ -112,6 +112,14 @@
                 }
             }
 {% endif %}{% endmacro %}
+{% macro retire_kv_gemms() %}        wgmma_wait0();
+{% if kv_split %}#pragma unroll
+        for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);
+{% else %}        wgmma_fence_operands_n{{ dv }}(dv_acc);
+        wgmma_fence_operands_n{{ dqk }}(dk_acc);
+{% endif %}        fence_regs(pa);
+        fence_regs(da);
+{% endmacro %}
 {% macro lag_flush() %}        if (pend) {
             // The pending step's dQ = dS·K over both warpgroups' dSᵀ (buffer
             // (nds - 1) & 1), then its Q/dO stage released.
@@ -848,22 +856,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         pend = true;
         pend_cur = cur;
 {% else %}{% if dq_pairs %}        if (closes) {
-{% endif %}{% if dq_t %}        // The dV/dK GEMMs retired and their A fragments dead before the
-        // transposed dQ: its 40 accumulators beside them serialise every
-        // wgmma for want of registers.
-        wgmma_wait0();
-        wgmma_fence_operands_n{{ dv }}(dv_acc);
-        wgmma_fence_operands_n{{ dqk }}(dk_acc);
-        fence_regs(pa);
-        fence_regs(da);
-{% else if share %}        // The dK/dV GEMMs retired before dQ's: in flight beside its
-        // accumulators they serialise every wgmma for want of registers (C7512).
-        wgmma_wait0();
-#pragma unroll
-        for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);
-        fence_regs(pa);
-        fence_regs(da);
-{% endif %}{% if dq_turns %}        // dQ in turns: warpgroup staged % 2 computes the step's whole dQ over
+{% endif %}{% if dq_t || share %}        // The dV/dK GEMMs retired and their A fragments dead before dQ's
+        // (the transposed dQ's 40 accumulators, or the shared-scores kernel's
+        // dQ panel, beside them serialise every wgmma for want of registers:
+        // C7512).
+{% call retire_kv_gemms() %}{% endcall %}{% endif %}{% if dq_turns %}        // dQ in turns: warpgroup staged % 2 computes the step's whole dQ over
         // both warpgroups' dS while the other goes on to its next step (whose
         // scores then overlap this GEMM), with a barrier per parity that the
         // one syncs on and the other only arrives at.
@@ -906,15 +903,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% if ws %}        mbar_arrive(&bar_dq_full);  // the dQ tile is staged
         ++staged;
 {% endif %}{% endif %}{% if dq_pairs %}        }  // closes
-{% endif %}        wgmma_wait0();
-{% if kv_split %}#pragma unroll
-        for (int s = 0; s < NKV; ++s) wgmma_fence_operands_n64(kv_acc[s]);
-{% else %}        wgmma_fence_operands_n{{ dv }}(dv_acc);
-        wgmma_fence_operands_n{{ dqk }}(dk_acc);
-{% endif %}
-        fence_regs(pa);
-        fence_regs(da);
-{% endif %}{% else %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A operands.
+{% endif %}{% call retire_kv_gemms() %}{% endcall %}{% endif %}{% else %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A operands.
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             unsigned pa[4], da[4];
