@@ -1729,6 +1729,38 @@ fn causal_backward_starts_the_longest_key_blocks_first() {
     }
 }
 
+/// The wgmma backward with a warpgroup per 64 keys stores dK and dV 16
+/// bytes per lane after a transpose across each quad; the split-key kernels
+/// (panels per warpgroup) keep their 4-byte stores.
+#[test]
+fn wgmma_backward_stores_dk_and_dv_by_quads() {
+    let softmax = example("softmax");
+    let cfg = BackwardConfig::for_variant(&softmax, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let deepseek = example("deepseek");
+    let own_keys = BackwardConfig::for_variant(&deepseek, 192, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(
+        !own_keys.shared_scores && own_keys.split_d == 1,
+        "{own_keys:?}"
+    );
+    for b in [
+        parallel_backward(&softmax, 128, 128, &cfg).expect("softmax"),
+        parallel_backward(&deepseek, 192, 128, &own_keys).expect("deepseek"),
+    ] {
+        for text in [
+            "quad_transpose(w, t4);",
+            "if (row_ok) store16(dk + krow * DQK + ck0 + (4 * q + t4) * 8,",
+            "if (row_ok) store16(dv + krow * DV + cv0 + (4 * q + t4) * 8,",
+        ] {
+            assert!(b.source.contains(text), "{}: {text}", b.main.name);
+        }
+    }
+    let diff = example("diff_transformer");
+    let split = BackwardConfig::for_variant(&diff, 128, 256, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(split.split_d, 2, "{split:?}");
+    let b = parallel_backward(&diff, 128, 256, &split).expect("diff");
+    assert!(!b.source.contains("store16(dk"), "{}", b.main.name);
+}
+
 /// Every parallel example made a decoding variant (`Sq = 1` on its q, its k
 /// and v on `Hkv` heads) generates on the sm_90a tile for 64 or more packed
 /// rows per KV head (`ForwardConfig::for_packed_rows`), dense and paged:

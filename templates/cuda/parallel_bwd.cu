@@ -563,7 +563,9 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             }
             ++drained;
         }
-        if (ptid == 0) bulk_wait0();
+        // (Each tile's reads of sdQ were waited for: the block exits with its
+        // last reductions in flight, which complete without it, as TMA stores
+        // do.)
 {% else %}            mbar_wait(&bar_dq_full, drained & 1);
             float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
             const int valid = min(DQ_ROWS, Sq - m0) * (DQK / 4);
@@ -1014,6 +1016,33 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {{ grad_v }}{% endif %}                    *reinterpret_cast<unsigned*>(dv + krow * DV + d) = pack2(x0, x1);
                 }
             }
+        }
+    }
+{% else if quad_stores %}    // Four 8-column groups at a time, transposed across the quad: each lane
+    // stores one group whole, so that a warp's store covers 64 contiguous
+    // bytes of each of its 8 rows (a 4-byte store per lane covered 16).
+    static_assert(DQKW % 32 == 0 && DVW % 32 == 0, "whole groups of four 8-column blocks");
+#pragma unroll
+    for (int c2 = 0; c2 < 2; ++c2) {
+        const int j = n0 + jr + g + c2 * 8;
+        // (Rows past the end still take part in the quad's shuffles.)
+        const bool row_ok = j < Skv;
+        const long long krow = k_row0 + j;
+#pragma unroll
+        for (int q = 0; q < DQKW / 32; ++q) {
+            unsigned w[4];
+#pragma unroll
+            for (int d = 0; d < 4; ++d) w[d] = pack2(dk_acc[4 * q + d][2 * c2], dk_acc[4 * q + d][2 * c2 + 1]);
+            quad_transpose(w, t4);
+            if (row_ok) store16(dk + krow * DQK + ck0 + (4 * q + t4) * 8, make_uint4(w[0], w[1], w[2], w[3]));
+        }
+#pragma unroll
+        for (int q = 0; q < DVW / 32; ++q) {
+            unsigned w[4];
+#pragma unroll
+            for (int d = 0; d < 4; ++d) w[d] = pack2(dv_acc[4 * q + d][2 * c2], dv_acc[4 * q + d][2 * c2 + 1]);
+            quad_transpose(w, t4);
+            if (row_ok) store16(dv + krow * DV + cv0 + (4 * q + t4) * 8, make_uint4(w[0], w[1], w[2], w[3]));
         }
     }
 {% else %}#pragma unroll

@@ -177,8 +177,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // This thread's bulk operations have read their shared memory.
 __device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// This thread's bulk operations are complete.
-__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Arrival at named barrier `id` without waiting (its release of this thread's
 // prior writes pairs with the acquire of the threads that sync on it).
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {

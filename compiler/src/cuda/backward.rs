@@ -643,6 +643,10 @@ struct BackwardTemplate<'a> {
     share: bool,
     kv_issue: String,
     post_elems: u32,
+    /// dK and dV stored 16 bytes per lane after a transpose across each
+    /// quad (wgmma kernels with a warpgroup per 64 keys and no k or v
+    /// modification, whose backward reads k and v per element).
+    quad_stores: bool,
 }
 
 /// Generates the parallel backward kernels of `variant` for head dims `dqk`, `dv`.
@@ -889,6 +893,12 @@ fn generate_backward(
             String::new()
         },
         post_elems: POST_ELEMS,
+        quad_stores: cfg.wgmma
+            && !kv_split
+            && par.modify_k.is_none()
+            && par.modify_v.is_none()
+            && (dqk / cfg.split_d).is_multiple_of(32)
+            && (dv / cfg.split_d).is_multiple_of(32),
     };
     let source = t
         .render()
