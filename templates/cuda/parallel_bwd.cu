@@ -120,7 +120,15 @@
 {% endif %}        fence_regs(pa);
         fence_regs(da);
 {% endmacro %}
-{% macro lag_flush() %}        if (pend) {
+{% macro quad_row_stores(out, width, col0) %}#pragma unroll
+        for (int q = 0; q < {{ width }}W / 32; ++q) {
+            unsigned w[4];
+#pragma unroll
+            for (int d = 0; d < 4; ++d) w[d] = pack2({{ out }}_acc[4 * q + d][2 * c2], {{ out }}_acc[4 * q + d][2 * c2 + 1]);
+            quad_transpose(w, t4);
+            if (row_ok) store16({{ out }} + krow * {{ width }} + {{ col0 }} + (4 * q + t4) * 8, make_uint4(w[0], w[1], w[2], w[3]));
+        }
+{% endmacro %}{% macro lag_flush() %}        if (pend) {
             // The pending step's dQ = dS·K over both warpgroups' dSᵀ (buffer
             // (nds - 1) & 1), then its Q/dO stage released.
             const int dbuf = (nds - 1) & 1;
@@ -1028,23 +1036,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // (Rows past the end still take part in the quad's shuffles.)
         const bool row_ok = j < Skv;
         const long long krow = k_row0 + j;
-#pragma unroll
-        for (int q = 0; q < DQKW / 32; ++q) {
-            unsigned w[4];
-#pragma unroll
-            for (int d = 0; d < 4; ++d) w[d] = pack2(dk_acc[4 * q + d][2 * c2], dk_acc[4 * q + d][2 * c2 + 1]);
-            quad_transpose(w, t4);
-            if (row_ok) store16(dk + krow * DQK + ck0 + (4 * q + t4) * 8, make_uint4(w[0], w[1], w[2], w[3]));
-        }
-#pragma unroll
-        for (int q = 0; q < DVW / 32; ++q) {
-            unsigned w[4];
-#pragma unroll
-            for (int d = 0; d < 4; ++d) w[d] = pack2(dv_acc[4 * q + d][2 * c2], dv_acc[4 * q + d][2 * c2 + 1]);
-            quad_transpose(w, t4);
-            if (row_ok) store16(dv + krow * DV + cv0 + (4 * q + t4) * 8, make_uint4(w[0], w[1], w[2], w[3]));
-        }
-    }
+{% call quad_row_stores("dk", "DQK", "ck0") %}{% endcall %}{% call quad_row_stores("dv", "DV", "cv0") %}{% endcall %}    }
 {% else %}#pragma unroll
     for (int c2 = 0; c2 < 2; ++c2) {
         const int j = n0 + jr + g + c2 * 8;
