@@ -120,7 +120,7 @@
 {% endif %}        fence_regs(pa);
         fence_regs(da);
 {% endmacro %}
-{% macro quad_row_stores(out, width, col0) %}#pragma unroll
+{# Row c2 of one of dK, dV (`out`: dk or dv; `width`: DQK or DV, the warp's columns `width`W; `col0`: its first column), by quads. #}{% macro quad_row_stores(out, width, col0) %}#pragma unroll
         for (int q = 0; q < {{ width }}W / 32; ++q) {
             unsigned w[4];
 #pragma unroll
