@@ -311,7 +311,7 @@ def workload_customs(w):
     1 - 2^(-5 - h·4/H) (its multi-scale retention), the example's one custom
     input; none for the others."""
     if w["variant"] == "retnet_parallel":
-        return {"gamma": 1 - 2.0 ** (-5 - torch.arange(w["h"], device="cuda", dtype=torch.float32) * 4 / w["h"])}
+        return {"gamma": 1 - 2.0 ** (-5 - torch.arange(w["h"], device=dev, dtype=torch.float32) * 4 / w["h"])}
     return {}
 
 
