@@ -733,12 +733,15 @@ fn gpu_backward_own_keys_on_32_query_steps() {
     // With the producer the steps pair for dQ on 64-row boundaries: 97 rows
     // end on a pair's second half, 80 and 300 on a first half that closes
     // alone (300 also after three key blocks' causal starts), and with two
-    // query heads per KV head of 80 rows a head's walk ends mid-pair.
+    // query heads per KV head of 80 rows a head's walk ends mid-pair. A
+    // sliding window keeps single steps, each staging and adding (in bulk,
+    // like the pairs) a 32-row tile.
     let cases = [
         ("deepseek", Shape::mha(1, 2, 97, 133), deepseek, true),
         ("deepseek", Shape::mha(1, 2, 97, 133), deepseek, false),
         ("deepseek", Shape::mha(2, 3, 80, 80), deepseek, true),
         ("deepseek", Shape::mha(1, 2, 300, 300), deepseek, true),
+        ("sliding_window", Shape::mha(1, 2, 300, 300), deepseek, true),
         ("softmax_gqa", Shape::new(2, 4, 2, 97, 133), gqa, true),
         ("softmax_gqa", Shape::new(2, 4, 2, 80, 100), gqa, true),
     ];

@@ -431,6 +431,30 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     let window = parallel_backward(&example("sliding_window"), 192, 128, &cfg).expect("window");
     assert!(!window.main.name.contains("_dq64") && window.source.contains("#define DQ_ROWS BM"));
     assert_eq!(window.main.smem_bytes, causal.main.smem_bytes);
+    // Their staged dQ tiles are unpadded and permuted, and go into dq_acc by
+    // one bulk reduction each (the element kernel undoing the permutation);
+    // a packed variable-length batch adds the same tile with atomics.
+    assert!(cfg.permutes_staged_dq() && cfg.adds_dq_in_bulk(false) && !cfg.adds_dq_in_bulk(true));
+    for k in [&causal, &window] {
+        assert!(
+            k.source.contains("#define DQ_AT(r, c) ((r) * DQS + ((c) ^ DQ_PERM(r)))")
+                && k.source.contains("sdQ + DQ_AT(r, pnl * 64 + t * 8 + 2 * t4)")
+                && k.source.contains("bulk_reduce_add_f32(dq_acc")
+                && !k.source.contains("atomicAdd(reinterpret_cast<float4*>")
+                && k.source.contains("const long long src = x0 - c_ + (c_ ^ DQ_PERM(i_));"),
+            "{}: dQ tiles by bulk reduction",
+            k.main.name
+        );
+    }
+    let varlen =
+        parallel_backward_varlen(&example("deepseek"), 192, 128, &cfg).expect("DeepSeek varlen");
+    assert!(
+        varlen.source.contains("((c) ^ DQ_PERM(r))")
+            && varlen.source.contains("atomicAdd(reinterpret_cast<float4*>")
+            && !varlen.source.contains("bulk_reduce_add_f32(dq_acc")
+            && varlen.source.contains("const long long src = x0;"),
+        "varlen: the permuted tile by atomics"
+    );
     // Without a mask the 64-query steps run each dQ at the top of the next
     // step, the dSᵀ tiles handed over by mbarriers instead of a barrier in
     // the step; under a mask (the causal one) and on paired 32-query steps,
@@ -667,12 +691,15 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         )
         .expect("backward without the producer");
         // Two dSᵀ buffers and the staged f32 dQ tile (rows of Dqk + 8): 64
-        // rows where 32-query steps pair for dQ (DeepSeek's dims).
+        // rows where 32-query steps pair for dQ (DeepSeek's dims), then
+        // unpadded (rows of Dqk, permuted) for the producer's bulk reduction.
         let staged_rows = if cfg.pairs_steps() { 64 } else { cfg.block_m };
         assert_eq!(cfg.pairs_steps(), cfg.block_m == 32, "{dqk}x{dv}");
+        assert_eq!(cfg.pairs_steps(), cfg.permutes_staged_dq(), "{dqk}x{dv}");
+        let staged_cols = if cfg.pairs_steps() { dqk } else { dqk + 8 };
         assert_eq!(
             k.main.smem_bytes - plain.main.smem_bytes,
-            cfg.block_n() * 64 * 2 + staged_rows * (dqk + 8) * 4,
+            cfg.block_n() * 64 * 2 + staged_rows * staged_cols * 4,
             "{dqk}x{dv}"
         );
         assert_eq!(
@@ -682,11 +709,19 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             k.main.name
         );
         assert_eq!(plain.main.threads, 256);
+        // The producer adds the staged tiles with vector atomics, or on
+        // paired steps with one bulk reduction each.
+        let adds = if cfg.adds_dq_in_bulk(false) {
+            "bulk_reduce_add_f32(dq_acc"
+        } else {
+            "atomicAdd(reinterpret_cast<float4*>(dqg"
+        };
+        assert_eq!(cfg.adds_dq_in_bulk(false), cfg.pairs_steps(), "{dqk}x{dv}");
         for text in [
             "setmaxnreg.dec.sync.aligned.u32 24",
             "setmaxnreg.inc.sync.aligned.u32 240",
             "mbar_wait(&bar_dq_full, drained & 1)",
-            "atomicAdd(reinterpret_cast<float4*>(dqg",
+            adds,
         ] {
             assert!(k.source.contains(text), "{dqk}x{dv}: no `{text}`");
             assert!(!plain.source.contains(text), "{dqk}x{dv}: `{text}`");

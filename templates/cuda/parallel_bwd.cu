@@ -108,7 +108,7 @@
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
                     // (A constant true at 64 rows: `r < DQ_ROWS`, the same
                     // rows, cost NVRTC 20 more bytes of spills elsewhere.)
-                    if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + r * DQS + pnl * 64 + t * 8 + 2 * t4) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                    if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + DQ_AT(r, pnl * 64 + t * 8 + 2 * t4)) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
                 }
             }
 {% endif %}{% endmacro %}
@@ -164,9 +164,10 @@
 static_assert(POST_ELEMS == 8, "the element kernel stores one 16-byte vector of dq per thread");
 {% if ws %}#define NPT 128  // the main kernel's producer warpgroup: copies and dQ atomics
 #define NT_MAIN (NT + NPT)
-{% if dq_t %}// The staged dQ tile unpadded, its float columns XOR-permuted in groups of 8
-// by bits 1-2 of the row: the transposed dQ's float-per-row stores and the
-// producer's row reads both conflict-free.{% if dq_bulk %} (The tile goes whole into dq_acc,
+{% if dq_perm %}// The staged dQ tile unpadded, its float columns XOR-permuted in groups of 8
+// by bits 1-2 of the row: the transposed dQ's float-per-row stores (the
+// paired steps' float2 stores: two-way) and the producer's row reads
+// conflict-free.{% if dq_bulk %} (The tile goes whole into dq_acc,
 // whose rows keep this permutation: the element kernel undoes it.){% endif %}
 #define DQS DQK
 #define DQ_PERM(r) ((((r) >> 1) & 3) << 3)
@@ -910,7 +911,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 }
             }
 {% endif %}        }
-{% if ws %}        mbar_arrive(&bar_dq_full);  // the dQ tile is staged
+{% if ws %}{% if dq_bulk %}        fence_proxy_async();  // the staged tile, for the bulk reduction
+{% endif %}        mbar_arrive(&bar_dq_full);  // the dQ tile is staged
         ++staged;
 {% endif %}{% endif %}{% if dq_pairs %}        }  // closes
 {% endif %}{% call retire_kv_gemms() %}{% endcall %}{% endif %}{% else %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A operands.
@@ -1082,8 +1084,9 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS
     if (x0 >= n) return;
 {% if dq_bulk %}    // The main kernel's tiles went whole into dq_acc: a row's 8-column
     // groups are permuted as in the staged tile (DQ_PERM of the row's place
-    // in its tile); tiles start on rows n0 + k·BM of their head, multiples
-    // of 16, so that place has the row's own low bits.
+    // in its tile); tiles start on rows that are multiples of 16 (80-query
+    // steps: n0 + k·BM of their head; 32-query steps: k·BM, paired on 64),
+    // so that place has the row's own low bits.
     static_assert(BM % 8 == 0 && POST_ELEMS == 8, "whole 8-column groups of tiles that start on 8-row boundaries");
     const int i_ = (int)(x0 / DQK % Sq), c_ = (int)(x0 % DQK);
     const long long src = x0 - c_ + (c_ ^ DQ_PERM(i_));

@@ -367,16 +367,29 @@ impl BackwardConfig {
         self.transposes_dq()
     }
 
+    /// Whether the staged dQ tile is unpadded, its rows those of dq_acc,
+    /// its float columns XOR-permuted in groups of 8 by bits 1-2 of the row
+    /// (the template's `DQ_PERM`) so that the fragment stores stay free of
+    /// bank conflicts: the 80-query kernels and those on paired 32-query
+    /// steps, the two whose tiles go into dq_acc in bulk
+    /// ([`BackwardConfig::adds_dq_in_bulk`]).
+    pub fn permutes_staged_dq(&self) -> bool {
+        self.transposes_dq() || (self.pairs_steps() && self.kv_groups == 1)
+    }
+
     /// Whether the producer adds each staged dQ tile into dq_acc with one
     /// bulk reduction (one thread, the copy engine) instead of vector
-    /// atomics from all its threads: the 80-query kernels, whose staged
-    /// tile is unpadded, dQ's rows as they lie in dq_acc (whose 8-column
-    /// groups keep the tile's permutation: the element kernel undoes it),
-    /// for dense batches (`varlen` false: the element kernel cannot place a
-    /// packed row in its sequence). Level or slower in the other
-    /// warp-specialised kernels (bench/NOTES.md session 53).
+    /// atomics from all its threads: the kernels whose staged tile is
+    /// unpadded ([`BackwardConfig::permutes_staged_dq`]: dQ's rows as they
+    /// lie in dq_acc, whose 8-column groups keep the tile's permutation for
+    /// the element kernel to undo), for dense batches (`varlen` false: the
+    /// element kernel cannot place a packed row in its sequence). Level or
+    /// slower in the kernels on 64-query steps and split keys
+    /// (bench/NOTES.md session 53); on paired 32-query steps (DeepSeek
+    /// 192/128), 10% off the main kernel once the producer adds its tiles two
+    /// steps behind (session 57).
     pub fn adds_dq_in_bulk(&self, varlen: bool) -> bool {
-        self.transposes_dq() && !varlen
+        self.permutes_staged_dq() && !varlen
     }
 
     /// Rows of the producer's staged dQ tile.
@@ -408,8 +421,8 @@ impl BackwardConfig {
             + 2 * bm * (dqk + pad)
             + 2 * bm * (dv + pad)
             + ds_buffers * bn * ds_cols;
-        // (Unpadded and permuted where dQ is transposed.)
-        let staged_dq = if self.transposes_dq() {
+        // (Unpadded and permuted: `permutes_staged_dq`.)
+        let staged_dq = if self.permutes_staged_dq() {
             4 * self.staged_dq_rows() * dqk
         } else if self.warp_specialized {
             4 * self.staged_dq_rows() * (dqk + 8)
@@ -617,6 +630,9 @@ struct BackwardTemplate<'a> {
     /// Each step's whole dQ computed by one warpgroup, the two in turns
     /// ([`BackwardConfig::takes_dq_turns`]).
     dq_turns: bool,
+    /// The staged dQ tile unpadded and permuted
+    /// ([`BackwardConfig::permutes_staged_dq`]).
+    dq_perm: bool,
     /// The producer adds each staged dQ tile with one bulk reduction
     /// ([`BackwardConfig::adds_dq_in_bulk`]).
     dq_bulk: bool,
@@ -858,6 +874,7 @@ fn generate_backward(
         dq_lag,
         dq_t: cfg.transposes_dq(),
         dq_turns: cfg.takes_dq_turns(),
+        dq_perm: cfg.permutes_staged_dq(),
         dq_bulk: cfg.adds_dq_in_bulk(varlen),
         ds_k,
         split_full_blocks,
