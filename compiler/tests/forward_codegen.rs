@@ -437,11 +437,14 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     assert!(cfg.permutes_staged_dq() && cfg.adds_dq_in_bulk(false) && !cfg.adds_dq_in_bulk(true));
     for k in [&causal, &window] {
         assert!(
-            k.source.contains("#define DQ_AT(r, c) ((r) * DQS + ((c) ^ DQ_PERM(r)))")
-                && k.source.contains("sdQ + DQ_AT(r, pnl * 64 + t * 8 + 2 * t4)")
+            k.source
+                .contains("#define DQ_AT(r, c) ((r) * DQS + ((c) ^ DQ_PERM(r)))")
+                && k.source
+                    .contains("sdQ + DQ_AT(r, pnl * 64 + t * 8 + 2 * t4)")
                 && k.source.contains("bulk_reduce_add_f32(dq_acc")
                 && !k.source.contains("atomicAdd(reinterpret_cast<float4*>")
-                && k.source.contains("const long long src = x0 - c_ + (c_ ^ DQ_PERM(i_));"),
+                && k.source
+                    .contains("const long long src = x0 - c_ + (c_ ^ DQ_PERM(i_));"),
             "{}: dQ tiles by bulk reduction",
             k.main.name
         );
@@ -450,7 +453,9 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         parallel_backward_varlen(&example("deepseek"), 192, 128, &cfg).expect("DeepSeek varlen");
     assert!(
         varlen.source.contains("((c) ^ DQ_PERM(r))")
-            && varlen.source.contains("atomicAdd(reinterpret_cast<float4*>")
+            && varlen
+                .source
+                .contains("atomicAdd(reinterpret_cast<float4*>")
             && !varlen.source.contains("bulk_reduce_add_f32(dq_acc")
             && varlen.source.contains("const long long src = x0;"),
         "varlen: the permuted tile by atomics"
