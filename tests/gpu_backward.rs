@@ -699,6 +699,54 @@ fn gpu_backward_80_query_steps() {
     }
 }
 
+/// The transposed-dQ kernel on 48-query steps at the head dims whose dK
+/// and dV fill a warpgroup's registers (Dqk + Dv up to 320: DeepSeek's
+/// 192/128, GQA at 64/256, 256/64): causal walks from each key block's
+/// diagonal row (0, 128, 256: no multiple of 48), fewer rows than one
+/// step, a head whose walk ends inside a step, GQA heads restarting the
+/// walk, and a sliding window that trims it. Skipped on GPUs other than
+/// sm_90.
+#[test]
+fn gpu_backward_48_query_steps() {
+    let test = "gpu_backward_48_query_steps";
+    if !hopper(test) {
+        return;
+    }
+    let deepseek = HeadDims::new(192, 128);
+    let cases = [
+        ("deepseek", Shape::mha(2, 3, 300, 300), deepseek),
+        ("deepseek", Shape::mha(1, 2, 97, 133), deepseek),
+        ("deepseek", Shape::mha(2, 1, 40, 40), deepseek),
+        (
+            "softmax_gqa",
+            Shape::new(2, 4, 2, 170, 133),
+            HeadDims::new(64, 256),
+        ),
+        ("softmax", Shape::mha(1, 2, 161, 77), HeadDims::new(256, 64)),
+        ("sliding_window", Shape::mha(1, 2, 650, 650), deepseek),
+    ];
+    for (name, shape, dims) in cases {
+        let cfg = BackwardConfig {
+            block_m: 48,
+            ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
+        };
+        assert!(cfg.transposes_dq() && cfg.adds_dq_in_bulk(false), "{cfg:?}");
+        check_backward_def(
+            &format!("{test}_{name}_{}x{}_sq{}", dims.dqk, dims.dv, shape.sq),
+            example(name),
+            name,
+            shape,
+            dims,
+            (0.0, 1.0),
+            2e-2,
+            &KernelOptions {
+                backward_config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
+}
+
 /// `examples/softmax_gqa.rs` with the causal mask (the benchmark's GQA
 /// causal workload declares it the same way).
 fn gqa_causal() -> aec::frontend::Variant {

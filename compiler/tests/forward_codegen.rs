@@ -1769,6 +1769,58 @@ fn causal_backward_starts_the_longest_key_blocks_first() {
     }
 }
 
+/// At the head dims whose dK and dV fill a warpgroup's registers (DeepSeek
+/// 192/128), variants without a mask (or with the plain causal one), score
+/// modification or custom inputs take 48-query steps with dQ computed
+/// transposed (N = 48: each step's dQ alone, in turns, added in bulk)
+/// instead of the paired 32-query steps; a sliding window keeps those.
+#[test]
+fn own_keys_backward_takes_48_query_steps_with_dq_transposed() {
+    let deepseek = example("deepseek");
+    let cfg = BackwardConfig::for_variant(&deepseek, 192, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(
+        cfg.block_m == 48
+            && cfg.transposes_dq()
+            && cfg.takes_dq_turns()
+            && cfg.adds_dq_in_bulk(false)
+            && !cfg.pairs_steps(),
+        "{cfg:?}"
+    );
+    let k = parallel_backward(&deepseek, 192, 128, &cfg).expect("DeepSeek on 48-query steps");
+    assert!(
+        k.main.name.ends_with("_m48w8_wgmma_ws_tma_main"),
+        "{}",
+        k.main.name
+    );
+    for text in [
+        "wgmma_ss_n48(sacc",
+        "wgmma_ssm_n48(dq_part",
+        "#define DS_ROWS BM",
+        "const int m_first = min(n0, Sq);",
+        "named_bar_sync(2 + turn, NT)",
+        "bulk_reduce_add_f32(dq_acc",
+    ] {
+        assert!(k.source.contains(text), "no `{text}`");
+    }
+    assert!(
+        !k.source.contains("step_closes(")
+            && !k.source.contains("atomicAdd(reinterpret_cast<float4*>")
+    );
+    assert!(k.main.smem_bytes <= Isa::Sm90a.max_dynamic_smem());
+    assert_eq!(k.main.smem_bytes, cfg.smem_bytes(192, 128, 2));
+    // (The staged tile is the step's 48 rows, unpadded.)
+    assert!(k.source.contains("#define DQ_ROWS BM") && k.source.contains("#define DQS DQK"));
+    let window =
+        BackwardConfig::for_variant(&example("sliding_window"), 192, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(window.block_m == 32 && window.pairs_steps(), "{window:?}");
+    // The tuner's space holds both forms, the 48-query one with the
+    // producer only.
+    let space = BackwardConfig::space(192, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(space.iter().any(|c| c.block_m == 48 && c.warp_specialized));
+    assert!(!space.iter().any(|c| c.block_m == 48 && !c.warp_specialized));
+    assert!(space.iter().any(|c| c.pairs_steps()));
+}
+
 /// The wgmma backward with a warpgroup per 64 keys stores dK and dV 16
 /// bytes per lane after a transpose across each quad; the split-key kernels
 /// (panels per warpgroup) keep their 4-byte stores.

@@ -199,7 +199,7 @@ static_assert(BM == 32, "paired steps are 32-query halves of 64 rows");
 #define SDS {% if wgmma %}64  // dSᵀ rows: one 128-byte swizzle row (queries past BM stay zero){% else %}(BM + PAD){% endif %}
 {% if ds_k %}// dS itself, [DS_ROWS][BN] in panels of 64 keys (the dQ GEMM's K-major
 // operand), written transposed from the dSᵀ fragments by stmatrix.
-#define DS_ROWS (BM < 64 ? 64 : BM)
+#define DS_ROWS {% if dq_t %}BM  // (dQᵀ's N: BM queries){% else %}(BM < 64 ? 64 : BM){% endif %}
 #define DS_BUF (DS_ROWS * BN)
 {% else %}#define DS_BUF (BN * SDS)  // elements of one dSᵀ buffer
 {% endif %}
@@ -459,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}    LOAD_TILE<BN, DQK>(sK, kg, n0, Skv, tid);
     LOAD_TILE<BN, DV>(sV, vg, n0, Skv, tid);
 {% endif %}    cp_async_commit();
-{% if wgmma %}    if (BM < 64 && tid < NT) {
+{% if wgmma && !dq_t %}    if (BM < 64 && tid < NT) {
         // dQ = dS·K runs on 64 query rows: the dS rows (dSᵀ columns) past BM
         // stay zero (made visible to wgmma by the barrier before the loop).
         for (int x = tid; x < {% if ws %}2 * {% endif %}DS_BUF / 2; x += NT) reinterpret_cast<unsigned*>(sdS)[x] = 0u;

@@ -178,6 +178,12 @@ impl BackwardConfig {
     /// at 80), ReLU at d64 +1.0%, a 256-key sliding window +5% (a walk of
     /// 384 rows in five 80-row steps against six of 64), and custom inputs'
     /// per-score gradients spill past the budget (relative bias: 136 bytes).
+    /// Where the default is the paired 32-query kernel (Dqk + Dv up to 320,
+    /// dK and dV filling a warpgroup's registers), the same variants take
+    /// 48-query steps with dQ transposed: Sᵀ and dPᵀ at N = 48 instead of 32
+    /// (less shared memory read per product), each step's dQ in turns and
+    /// in bulk; DeepSeek 192/128 causal b8 s2048 on an H200, main kernel
+    /// 1193 → 1151 µs (bench/NOTES.md session 57).
     pub fn for_variant(
         variant: &Variant,
         dqk: u32,
@@ -191,6 +197,7 @@ impl BackwardConfig {
             .is_some_and(|p| p.modify_scores.is_none() && p.mask.as_ref().is_none_or(is_causal))
             && variant.customs.is_empty();
         let wide = BackwardConfig { block_m: 80, ..cfg };
+        let own_keys = BackwardConfig { block_m: 48, ..cfg };
         if plain
             && (dqk, dv) == (128, 128)
             && cfg.lags_dq()
@@ -198,6 +205,12 @@ impl BackwardConfig {
             && wide.smem_bytes(dqk, dv, 4) <= isa.max_dynamic_smem()
         {
             wide
+        } else if plain
+            && cfg.pairs_steps()
+            && own_keys.transposes_dq()
+            && own_keys.smem_bytes(dqk, dv, 4) <= isa.max_dynamic_smem()
+        {
+            own_keys
         } else {
             cfg
         }
@@ -259,6 +272,7 @@ impl BackwardConfig {
         if isa == Isa::Sm90a {
             for (block_m, split_d, kv_groups) in [
                 (80, 1, 1),
+                (48, 1, 1),
                 (64, 1, 1),
                 (32, 1, 1),
                 (64, 2, 1),
@@ -266,8 +280,9 @@ impl BackwardConfig {
                 (64, 2, 2),
                 (32, 2, 2),
             ] {
-                // (80-query steps stage dQ for the producer: warp-specialised only.)
-                let producer: &[bool] = if block_m == 80 {
+                // (80- and 48-query steps stage dQ for the producer:
+                // warp-specialised only.)
+                let producer: &[bool] = if block_m == 80 || block_m == 48 {
                     &[true]
                 } else {
                     &[true, false]
@@ -338,18 +353,20 @@ impl BackwardConfig {
             && !self.shared_scores
     }
 
-    /// Whether the kernel takes 80 queries per step with dQ computed
-    /// transposed (dQᵀ = Kᵀ·dSᵀ, M a 64-column panel of Dqk, N the 80
-    /// queries; an 80-row dQ is no multiple of wgmma's 64): the
-    /// warp-specialised wgmma kernel with a warpgroup per 64 keys. A fifth
-    /// fewer steps than 64 queries per step, and the Sᵀ/dPᵀ GEMMs at N = 80
-    /// read less shared memory per product.
+    /// Whether the kernel takes 80 or 48 queries per step with dQ computed
+    /// transposed (dQᵀ = Kᵀ·dSᵀ, M a 64-column panel of Dqk, N the step's
+    /// queries; neither is a multiple of wgmma's 64 rows): the
+    /// warp-specialised wgmma kernel with a warpgroup per 64 keys. At 80, a
+    /// fifth fewer steps than 64 queries per step, and the Sᵀ/dPᵀ GEMMs at
+    /// N = 80 read less shared memory per product; at 48 (Dqk + Dv up to
+    /// 320, where Sᵀ and dPᵀ at 80 or 64 do not fit beside dK and dV), the
+    /// same against the paired 32-query steps.
     pub fn transposes_dq(&self) -> bool {
         self.wgmma
             && self.warp_specialized
             && self.split_d == 1
             && self.kv_groups == 1
-            && self.block_m == 80
+            && (self.block_m == 80 || self.block_m == 48)
             && !self.shared_scores
     }
 
@@ -410,7 +427,7 @@ impl BackwardConfig {
         // same bytes as dS stored K-major; 80 queries per step store dS as
         // [80][BN].
         let ds_cols = if self.transposes_dq() {
-            80
+            bm
         } else if self.wgmma {
             64
         } else {
@@ -711,6 +728,7 @@ fn generate_backward(
     let dims_ok = match (cfg.split_d, cfg.block_m, cfg.kv_groups) {
         (1, 64, 1) => wgmma_backward_dims_ok(dqk, dv),
         (1, 80, 1) => wgmma_backward_dims_ok(dqk, dv) && cfg.transposes_dq(),
+        (1, 48, 1) => wgmma_own_keys_dims_ok(dqk, dv) && cfg.transposes_dq(),
         (1, 32, 1) => wgmma_own_keys_dims_ok(dqk, dv),
         // (Covers the one-block split kernel: wgmma_split_dims_ok's dims are
         // at most three panels per warpgroup.)
@@ -739,7 +757,7 @@ fn generate_backward(
     }
     if cfg.wgmma && !(dims_ok && cfg.warps == 8) {
         return Err(CompileError(format!(
-            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 80 and split_d 1 with the producer warpgroup (warp_specialized; Dqk, Dv of 64 or 128), block_m 32, split_d 1 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_OWN_KEYS_DQK_PLUS_DV}), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
+            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 80 and split_d 1 with the producer warpgroup (warp_specialized; Dqk, Dv of 64 or 128), block_m 32, or 48 with the producer warpgroup, and split_d 1 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_OWN_KEYS_DQK_PLUS_DV}), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
             cfg.block_m, cfg.warps, cfg.split_d, cfg.kv_groups
         )));
     }
