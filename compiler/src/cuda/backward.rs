@@ -183,7 +183,9 @@ impl BackwardConfig {
     /// 48-query steps with dQ transposed: Sᵀ and dPᵀ at N = 48 instead of 32
     /// (less shared memory read per product), each step's dQ in turns and
     /// in bulk; DeepSeek 192/128 causal b8 s2048 on an H200, main kernel
-    /// 1193 → 1151 µs (bench/NOTES.md session 57).
+    /// 1193 → 1151 µs in three rounds, 1195 → 1182 in five (the whole
+    /// backward level): a small gain, never slower (bench/NOTES.md session
+    /// 57); the tuner's space keeps the paired steps.
     pub fn for_variant(
         variant: &Variant,
         dqk: u32,
