@@ -731,18 +731,14 @@ fn gpu_backward_48_query_steps() {
             ..BackwardConfig::default_for(dims.dqk, dims.dv, Elem::Bf16, Isa::Sm90a)
         };
         assert!(cfg.transposes_dq() && cfg.adds_dq_in_bulk(false), "{cfg:?}");
-        check_backward_def(
+        check_backward_config(
             &format!("{test}_{name}_{}x{}_sq{}", dims.dqk, dims.dv, shape.sq),
-            example(name),
             name,
             shape,
             dims,
             (0.0, 1.0),
             2e-2,
-            &KernelOptions {
-                backward_config: Some(cfg),
-                ..KernelOptions::default()
-            },
+            cfg,
         );
     }
 }
