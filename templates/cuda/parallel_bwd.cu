@@ -466,8 +466,9 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     }
 {% endif %}    // The query blocks to visit (per query head): rows m_first + mb·BM, all
     // of them, from the diagonal on for masks that imply causality (with
-    // 80-row steps n0 is no multiple of BM: the walk starts at row n0, not
-    // at the block holding it, so the first step wastes no masked rows), then
+    // 80- and 48-row steps n0 is no multiple of BM: the walk starts at row
+    // n0, not at the block holding it, so the first step wastes no masked
+    // rows), then
     // trimmed of leading and trailing blocks the mask hides from every key of
     // this block (tile classification; only for masks that do not depend on
     // the head).
@@ -1084,8 +1085,9 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS
     if (x0 >= n) return;
 {% if dq_bulk %}    // The main kernel's tiles went whole into dq_acc: a row's 8-column
     // groups are permuted as in the staged tile (DQ_PERM of the row's place
-    // in its tile); tiles start on rows that are multiples of 16 (80-query
-    // steps: n0 + k·BM of their head; 32-query steps: k·BM, paired on 64),
+    // in its tile); tiles start on rows that are multiples of 16 (80- and
+    // 48-query steps: n0 + k·BM of their head; 32-query steps: k·BM, paired
+    // on 64),
     // so that place has the row's own low bits.
     static_assert(BM % 8 == 0 && POST_ELEMS == 8, "whole 8-column groups of tiles that start on 8-row boundaries");
     const int i_ = (int)(x0 / DQK % Sq), c_ = (int)(x0 % DQK);

@@ -389,8 +389,9 @@ impl BackwardConfig {
     /// Whether the staged dQ tile is unpadded, its rows those of dq_acc,
     /// its float columns XOR-permuted in groups of 8 by bits 1-2 of the row
     /// (the template's `DQ_PERM`) so that the fragment stores stay free of
-    /// bank conflicts: the 80-query kernels and those on paired 32-query
-    /// steps, the two whose tiles go into dq_acc in bulk
+    /// bank conflicts: the kernels with dQ transposed (80 or 48 queries per
+    /// step) and those on paired 32-query steps, whose tiles go into dq_acc
+    /// in bulk
     /// ([`BackwardConfig::adds_dq_in_bulk`]).
     pub fn permutes_staged_dq(&self) -> bool {
         self.transposes_dq() || (self.pairs_steps() && self.kv_groups == 1)
