@@ -760,7 +760,7 @@ fn generate_backward(
     }
     if cfg.wgmma && !(dims_ok && cfg.warps == 8) {
         return Err(CompileError(format!(
-            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 80 and split_d 1 with the producer warpgroup (warp_specialized; Dqk, Dv of 64 or 128), block_m 32, or 48 with the producer warpgroup, and split_d 1 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_OWN_KEYS_DQK_PLUS_DV}), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
+            "the wgmma backward takes 8 warps with block_m 64 and split_d 1 (Dqk, Dv of 64 or 128), block_m 80 and split_d 1 with the producer warpgroup (warp_specialized; Dqk, Dv of 64 or 128), block_m 32, split_d 1 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_OWN_KEYS_DQK_PLUS_DV}; block_m 48 at those dims with the producer warpgroup), block_m 64 and split_d 2 (Dqk, Dv multiples of 64 up to 256, Dqk + Dv at most {MAX_SPLIT_DQK_PLUS_DV}), or split_d 2 with block_m 32 or 64 and kv_groups blocks per key block (Dqk up to {MAX_DQK}, Dv up to 512, multiples of 64, at most {MAX_PANELS_PER_WARPGROUP} of the 64-column dK/dV panels per warpgroup); got block_m {}, {} warps, split_d {}, kv_groups {}, Dqk {dqk}, Dv {dv} (use wgmma: false)",
             cfg.block_m, cfg.warps, cfg.split_d, cfg.kv_groups
         )));
     }
