@@ -42,9 +42,10 @@ fn target_ranks_with_the_model_without_a_gpu() {
         // Three ranked plans, each with an estimate.
         assert_eq!(out.matches(" µs ").count(), 3, "{out}");
     }
-    // The backward's tiles: at DeepSeek's benchmark shape its default (32
-    // queries per step on each warpgroup's own keys, the producer) first,
-    // and the tiles the generator refuses counted.
+    // The backward's tiles: at DeepSeek's benchmark shape its default (48
+    // queries per step with dQ transposed on each warpgroup's own keys, the
+    // producer) first, the paired 32-query steps next, and the tiles the
+    // generator refuses counted.
     let (code, out, err) = aec(&[
         "tune",
         "examples/deepseek.rs",
@@ -67,7 +68,8 @@ fn target_ranks_with_the_model_without_a_gpu() {
     let ranked: Vec<&str> = out.lines().filter(|l| l.contains(" µs ")).collect();
     assert_eq!(ranked.len(), 2, "{out}");
     assert!(
-        ranked[0].trim_start().starts_with("m32w8 wgmma ws tma "),
+        ranked[0].trim_start().starts_with("m48w8 wgmma ws tma ")
+            && ranked[1].trim_start().starts_with("m32w8 wgmma ws tma "),
         "{out}"
     );
 }
