@@ -491,7 +491,9 @@ fn backward_tuning_profiles_the_default_then_the_models_first_tiles() {
             .windows(2)
             .all(|w| w[0].estimate.micros <= w[1].estimate.micros)
     );
-    let default = BackwardConfig::default_for(192, 128, Elem::Bf16, Isa::Sm90a);
+    // (The variant's default: 48-query steps at DeepSeek's dims.)
+    let default = BackwardConfig::for_variant(&v, 192, 128, Elem::Bf16, Isa::Sm90a);
+    assert_eq!(default.block_m, 48, "{default:?}");
     let mut p = FakeProfiler::new(|c: &BackwardConfig| Ok(if c.wgmma { 100.0 } else { 120.0 }));
     let options = TuneOptions {
         top: 3,
