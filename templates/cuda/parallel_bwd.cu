@@ -1087,8 +1087,7 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_post(BWD_ARGS
     // groups are permuted as in the staged tile (DQ_PERM of the row's place
     // in its tile); tiles start on rows that are multiples of 16 (80- and
     // 48-query steps: n0 + k·BM of their head; 32-query steps: k·BM, paired
-    // on 64),
-    // so that place has the row's own low bits.
+    // on 64), so that place has the row's own low bits.
     static_assert(BM % 8 == 0 && POST_ELEMS == 8, "whole 8-column groups of tiles that start on 8-row boundaries");
     const int i_ = (int)(x0 / DQK % Sq), c_ = (int)(x0 % DQK);
     const long long src = x0 - c_ + (c_ ^ DQ_PERM(i_));
