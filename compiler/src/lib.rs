@@ -12,6 +12,7 @@ pub mod cxx;
 pub mod hip;
 pub mod intervals;
 pub mod launch_plan;
+pub mod neg_inf_mask;
 pub mod q_scale;
 pub mod schedule;
 pub mod simplify;

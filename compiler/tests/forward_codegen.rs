@@ -168,6 +168,40 @@ fn online_reductions_combine_the_row_lanes_and_skip_masked_keys() {
     );
 }
 
+/// Softmax-like updates get masked scores as −∞ on partially masked blocks
+/// (no per-score flags); updates whose weight is the score itself keep them.
+#[test]
+fn masked_blocks_take_neg_inf_scores_where_the_update_allows() {
+    let cfg =
+        ForwardConfig::default_for(&example("softmax_causal"), 128, 128, Elem::Bf16, Isa::Sm90a);
+    let k = parallel_forward(&example("softmax_causal"), 128, 128, &cfg).expect("causal kernel");
+    assert!(
+        k.source.contains("#define MASKED_AS_NEG_INF 1"),
+        "causal softmax"
+    );
+    let f = &k.source[k
+        .source
+        .find("void online_fwd_neg_inf")
+        .expect("online_fwd_neg_inf")..];
+    let f = &f[..f.find("\n}\n").expect("end of online_fwd_neg_inf")];
+    assert!(!f.contains("valid"), "no flags in the −∞ update:\n{f}");
+    assert!(
+        f.contains("p[e] = any ?"),
+        "a row with no visible key gets p = 0:\n{f}"
+    );
+    assert!(f.contains("alpha = any ?"), "and keeps its state:\n{f}");
+    for name in ["sigmoid", "relu"] {
+        let v = example(name);
+        let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+        let k = parallel_forward(&v, 128, 128, &cfg).expect("kernel");
+        assert!(
+            k.source.contains("#define MASKED_AS_NEG_INF 0")
+                && !k.source.contains("void online_fwd_neg_inf"),
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn causal_masks_bound_the_kv_loop() {
     let by_name = |n: &str| {

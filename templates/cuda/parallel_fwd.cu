@@ -3,8 +3,21 @@
 // 128-byte-swizzled shared tiles, one warpgroup per 64 rows{% else %}sm_80-class: mma.sync m16n8k16,
 // ldmatrix{% endif %}, cp.async double buffering). Do not edit; regenerate.
 {% macro scores_online(full) %}
-        // Scores of this thread's rows: modification, mask, bounds.
+        // Scores of this thread's rows: modification, mask, bounds. A
+        // partially masked block gives the online update its masked scores
+        // as −∞ where the variant's update takes that for a key it does not
+        // see (MASKED_AS_NEG_INF): a flag per score, packed into bits by
+        // nvcc and unpacked at each use, cost a causal diagonal block three
+        // times a full block's instructions (bench/NOTES.md, session 58).
+{% if full %}        bool vr[NR][NE];
+{% else %}#if MASKED_AS_NEG_INF
+        bool anyr[NR];
 #pragma unroll
+        for (int r = 0; r < NR; ++r) anyr[r] = false;
+#else
+        bool vr[NR][NE];
+#endif
+{% endif %}#pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < KW / 8; ++nt) {
@@ -25,19 +38,34 @@
 {% if mask %}                // (A block a block-sparse mask lists as full is seen whole:
                 // only its bounds apply.)
                 ok = ok && (STEP_LISTED_FULL(it) || mask_fn(pt, P));
-{% endif %}{% endif %}{% if modify_scores %}                sr[r][e] = modify_scores(s[mt][nt][c], pt, P);
-{% else %}                sr[r][e] = s[mt][nt][c];
-{% endif %}                vr[r][e] = ok;
-            }
+{% endif %}{% endif %}{% if modify_scores %}                const float sm = modify_scores(s[mt][nt][c], pt, P);
+{% else %}                const float sm = s[mt][nt][c];
+{% endif %}{% if full %}                sr[r][e] = sm;
+                vr[r][e] = ok;
+{% else %}#if MASKED_AS_NEG_INF
+                sr[r][e] = ok ? sm : __int_as_float(0xff800000);  // −∞
+                anyr[r] = anyr[r] || ok;
+#else
+                sr[r][e] = sm;
+                vr[r][e] = ok;
+#endif
+{% endif %}            }
         }
 
         // The online normalisation, per row.
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             float nst[NSTATE_ARR];
+{% if full %}            bool any;
+            online_fwd(sr[r], vr[r], st[r], pr[r], nst, alpha[r], any, P);
+{% else %}#if MASKED_AS_NEG_INF
+            bool any = anyr[r];
+            online_fwd_neg_inf(sr[r], st[r], pr[r], nst, alpha[r], any, P);
+#else
             bool any;
             online_fwd(sr[r], vr[r], st[r], pr[r], nst, alpha[r], any, P);
-            seen[r] = seen[r] || any;
+#endif
+{% endif %}            seen[r] = seen[r] || any;
 #pragma unroll
             for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = nst[f];
         }
@@ -46,7 +74,6 @@
         // Scores of this thread's rows (modification, mask, bounds) and the
         // online normalisation.
         float sr[NR][NE];
-        bool vr[NR][NE];
         float pr[NR][NE];
         float alpha[NR];
 {% if path == 0 %}        // Tiles inside Skv that the mask fully shows take a copy without

@@ -79,12 +79,13 @@ pub fn pointwise(region: &Region, prefix: &str, leaf: &LeafFn) -> (String, Vec<S
 /// Statements computing every output of a row region over `ne` keys per thread.
 /// `leaf` gives scalar leaves; a leaf that varies along the row must be given
 /// as an array expression indexable by `[e]`. `valid` names the `bool[ne]`
-/// array of keys that exist for this row. Returns the code and, per output,
-/// its expression and whether it is a per-key array.
+/// array of keys that exist for this row (reductions skip the others), or is
+/// `None` where every key takes part. Returns the code and, per output, its
+/// expression and whether it is a per-key array.
 pub fn row(
     region: &Region,
     prefix: &str,
-    valid: &str,
+    valid: Option<&str>,
     leaf: &LeafFn,
 ) -> (String, Vec<(String, bool)>) {
     let g = &region.graph;
@@ -111,9 +112,10 @@ pub fn row(
         if let Op::Reduce(r) = n.op {
             let (identity, combine, quad) = reduce(r);
             let x = a(0);
+            let test = valid.map(|v| format!("if ({v}[e]) ")).unwrap_or_default();
             let _ = writeln!(
                 code,
-                "    float {name} = {identity};\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) if ({valid}[e]) {name} = {};\n    {name} = {quad}({name});",
+                "    float {name} = {identity};\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) {test}{name} = {};\n    {name} = {quad}({name});",
                 combine(&name, &x)
             );
             continue;

@@ -14,6 +14,7 @@ use super::spelling::float_lit;
 use crate::CompileError;
 use crate::backward_plan::{BackwardPlan, DOT_FIELD, backward_plan};
 use crate::combine::{Merge, combine_plan};
+use crate::neg_inf_mask::masked_as_neg_inf;
 use crate::simplify::{Limits, simplify_region, simplify_region_knowing};
 use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, AxisSet, Binary, DType, NodeId, Op, Output, ParamRole, Region};
@@ -519,33 +520,50 @@ pub fn forward_regions(variant: &Variant, split_kv: bool) -> Result<String, Comp
                 }
             }
         };
-        let (code, outs) = row(fwd, "n", "valid", &leaf);
-        let mut tail = String::new();
-        for (o, (expr, is_row)) in fwd.outputs.iter().zip(&outs) {
-            if o.name == "p" {
-                let at = if *is_row {
-                    format!("{expr}[e]")
-                } else {
-                    expr.clone()
-                };
-                let _ = writeln!(
-                    tail,
-                    "    #pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = valid[e] ? {at} : 0.0f;"
-                );
-            } else if o.name == "alpha" {
-                let _ = writeln!(tail, "    alpha = any ? {expr} : 1.0f;");
-            } else if let Some(f) = o.name.strip_prefix("state.") {
-                let k = fields.iter().position(|x| x == f).expect("declared field");
-                let _ = writeln!(tail, "    nst[{k}] = any ? {expr} : st[{k}];");
+        // `p_valid`: what p is where a key's p is not the update's own.
+        let update_body = |valid: Option<&str>, p_valid: &str| {
+            let (code, outs) = row(fwd, "n", valid, &leaf);
+            let mut tail = String::new();
+            for (o, (expr, is_row)) in fwd.outputs.iter().zip(&outs) {
+                if o.name == "p" {
+                    let at = if *is_row {
+                        format!("{expr}[e]")
+                    } else {
+                        expr.clone()
+                    };
+                    let _ = writeln!(
+                        tail,
+                        "    #pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = {p_valid} ? {at} : 0.0f;"
+                    );
+                } else if o.name == "alpha" {
+                    let _ = writeln!(tail, "    alpha = any ? {expr} : 1.0f;");
+                } else if let Some(f) = o.name.strip_prefix("state.") {
+                    let k = fields.iter().position(|x| x == f).expect("declared field");
+                    let _ = writeln!(tail, "    nst[{k}] = any ? {expr} : st[{k}];");
+                }
             }
-        }
-        if nstate == 0 {
-            tail.push_str("    nst[0] = 0.0f;\n");
-        }
+            if nstate == 0 {
+                tail.push_str("    nst[0] = 0.0f;\n");
+            }
+            code + &tail
+        };
         let _ = writeln!(
             regions,
-            "__device__ __forceinline__ void online_fwd(const float (&s)[NE], const bool (&valid)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any, const Params& P) {{\n    any = false;\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) any = any || valid[e];\n    any = row_lanes_any(any);\n{code}{tail}}}\n"
+            "__device__ __forceinline__ void online_fwd(const float (&s)[NE], const bool (&valid)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any, const Params& P) {{\n    any = false;\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) any = any || valid[e];\n    any = row_lanes_any(any);\n{}}}\n",
+            update_body(Some("valid"), "valid[e]")
         );
+        // Partially masked blocks with masked scores at −∞ and no flags,
+        // where that is exact (crate::neg_inf_mask); `any` comes in as this
+        // thread's own (whether any of its keys is valid).
+        if masked_as_neg_inf(online, fwd) {
+            let _ = writeln!(
+                regions,
+                "#define MASKED_AS_NEG_INF 1\n__device__ __forceinline__ void online_fwd_neg_inf(const float (&s)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any, const Params& P) {{\n    any = row_lanes_any(any);\n{}}}\n",
+                update_body(None, "any")
+            );
+        } else {
+            regions.push_str("#define MASKED_AS_NEG_INF 0\n\n");
+        }
     }
 
     // The epilogue: the output element and the final row scales.

@@ -1,0 +1,92 @@
+"""A/B of forward builds in rotated rounds, on a GPU machine.
+
+    python bench/fwd_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--no-check]
+
+Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
+<workload>` on a different build (copy shared/reference/workloads.json into
+it). On the same random inputs each build's forward runs once and its output
+is compared with cuDNN's (SDPA's cuDNN backend; for variants other than
+softmax, with the first build's); then, per round, cuDNN's forward and each
+build's are timed (median of do_bench), the builds in an order rotated every
+round, so that builds a few percent apart are compared within one process.
+Prints per implementation the median over rounds, its TFLOP/s and every
+round. `--no-check` times builds whose outputs disagree (timing-only
+ablations) instead of stopping.
+"""
+import json, os, statistics, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    args = sys.argv[1:]
+    check = "--no-check" not in args
+    args = [a for a in args if a != "--no-check"]
+    if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
+        sys.exit(__doc__)
+    wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
+    sys.argv = [sys.argv[0], dirs[0]]  # gpu_check reads its command line at import
+    sys.path.insert(0, HERE)
+    import torch
+    import triton
+    import gpu_check as g
+    torch.zeros(1, device="cuda")
+    builds, w = {}, None
+    for d in dirs:
+        index = json.load(open(os.path.join(d, "index.json")))
+        by_id = g.workloads_by_id(d, index)
+        entries = {e["workload"]: e for e in index["bench"]}
+        entry = entries.get(wl_id)
+        if entry is None or "kernel" not in entry or "error" in entry:
+            sys.exit(f"fwd_ab: no forward kernel for `{wl_id}` in {d} (have: {', '.join(entries)})")
+        if w is None:
+            w = by_id[wl_id]
+        builds[d] = g.Kernel(d, entry["kernel"])
+    sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
+    q, k, v, _ = g.backward_inputs(w)
+    cu = g.workload_customs(w)
+    anchor = w["variant"] == "softmax" and not w.get("window")
+    if anchor:
+        import math
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel, SDPBackend
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"],
+                                                      scale=w.get("scale", 1 / math.sqrt(w["dqk"])),
+                                                      enable_gqa=w["hkv"] != w["h"])
+        ref = cudnn().float()
+        against = "cuDNN"
+    else:
+        ref = builds[dirs[0]](q, k, v, cu, sizes)[0].float().clone()
+        against = dirs[0]
+    for d, fk in builds.items():
+        got = fk(q, k, v, cu, sizes)[0]
+        err = g.rel_err(got.float(), ref)
+        print(f"{d}: rel. error against {against} {err:.2e}", flush=True)
+        if check and not err < 2e-2:
+            sys.exit(f"fwd_ab: {d} disagrees with {against}")
+
+    def timed(f):
+        return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+    times = {"cudnn": []} if anchor else {}
+    for d in dirs:
+        times[d] = []
+    for r in range(rounds):
+        if anchor:
+            times["cudnn"].append(timed(cudnn))
+        order = dirs[r % len(dirs):] + dirs[:r % len(dirs)]
+        for d in order:
+            fk = builds[d]
+            times[d].append(timed(lambda fk=fk: fk(q, k, v, cu, sizes)))
+    fl = g.flops_fwd(w)
+    base = statistics.median(times["cudnn" if anchor else dirs[0]])
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"{wl_id} {name:28s} {med * 1e3:9.1f} us  {fl / (med * 1e-3) / 1e12:6.1f} TF/s  "
+              f"{'cudnn' if anchor else 'first'}/this {base / med:.3f}  rounds {' '.join(f'{t * 1e3:.1f}' for t in ts)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
