@@ -7,8 +7,20 @@
 // Vᵀ tiles live in LDS; the next tile is loaded into registers while the
 // current one is computed. Do not edit; regenerate.
 {% macro scores_online(full) %}
-        // Scores of this lane's query rows: modification, mask, bounds.
+        // Scores of this lane's query rows: modification, mask, bounds. A
+        // partially masked tile gives the online update its masked scores as
+        // −∞ where the variant's update takes that for a key it does not see
+        // (MASKED_AS_NEG_INF; the CUDA template's reason: a flag per score
+        // is carried through every reduction of the update).
+{% if full %}        bool vr[QT][NE];
+{% else %}#if MASKED_AS_NEG_INF
+        bool anyq[QT];
 #pragma unroll
+        for (int qt = 0; qt < QT; ++qt) anyq[qt] = false;
+#else
+        bool vr[QT][NE];
+#endif
+{% endif %}#pragma unroll
         for (int qt = 0; qt < QT; ++qt)
 #pragma unroll
         for (int kt = 0; kt < BN / 16; ++kt) {
@@ -23,18 +35,33 @@
 {% if full %}                const bool ok = true;  // a full tile: every key exists and the mask holds
 {% else %}                bool ok = j < Skv;
 {% if mask %}                ok = ok && mask_fn(pt, P);
-{% endif %}{% endif %}{% if modify_scores %}                sr[qt][e] = modify_scores(s[qt][kt][c], pt, P);
-{% else %}                sr[qt][e] = s[qt][kt][c];
-{% endif %}                vr[qt][e] = ok;
-            }
+{% endif %}{% endif %}{% if modify_scores %}                const float sm = modify_scores(s[qt][kt][c], pt, P);
+{% else %}                const float sm = s[qt][kt][c];
+{% endif %}{% if full %}                sr[qt][e] = sm;
+                vr[qt][e] = ok;
+{% else %}#if MASKED_AS_NEG_INF
+                sr[qt][e] = ok ? sm : __int_as_float(0xff800000);  // −∞
+                anyq[qt] = anyq[qt] || ok;
+#else
+                sr[qt][e] = sm;
+                vr[qt][e] = ok;
+#endif
+{% endif %}            }
         }
         // The online normalisation, per query row.
 #pragma unroll
         for (int qt = 0; qt < QT; ++qt) {
             float nst[NSTATE_ARR];
+{% if full %}            bool any;
+            online_fwd(sr[qt], vr[qt], st[qt], pr[qt], nst, alpha[qt], any, P);
+{% else %}#if MASKED_AS_NEG_INF
+            bool any = anyq[qt];
+            online_fwd_neg_inf(sr[qt], st[qt], pr[qt], nst, alpha[qt], any, P);
+#else
             bool any;
             online_fwd(sr[qt], vr[qt], st[qt], pr[qt], nst, alpha[qt], any, P);
-            seen[qt] = seen[qt] || any;
+#endif
+{% endif %}            seen[qt] = seen[qt] || any;
 #pragma unroll
             for (int f = 0; f < NSTATE_ARR; ++f) st[qt][f] = nst[f];
         }
@@ -271,7 +298,6 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}(
                     for (int qt = 0; qt < QT; ++qt) s[qt][kt] = mfma16(a, qf[qt][kk], s[qt][kt]);
                 }
             float sr[QT][NE];
-            bool vr[QT][NE];
             float pr[QT][NE];
             float alpha[QT];
             if (n0 + BN <= Skv && cls == 2) {
