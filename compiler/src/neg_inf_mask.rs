@@ -22,9 +22,10 @@ use aec_frontend::ir::{Op, ParamRole, Region};
 use aec_frontend::reference::eval::eval_region;
 use aec_frontend::variant::Online;
 
-/// One evaluation of `fwd` on a row of scores from state `st`: the outputs
-/// (state fields in declaration order, alpha, p per key).
-fn update(fwd: &Region, fields: &[&str], st: &[f64], scores: &[f64]) -> Option<Update> {
+/// One evaluation of `fwd` on a row of scores from state `st`, with every
+/// size (a closure may read Skv) at `size`: the outputs (state fields in
+/// declaration order, alpha, p per key).
+fn update(fwd: &Region, fields: &[&str], st: &[f64], scores: &[f64], size: f64) -> Option<Update> {
     let outs = eval_region(fwd, &mut |op| match op {
         Op::Param(k) => match &fwd.params[*k as usize].role {
             ParamRole::State(f) => {
@@ -32,8 +33,7 @@ fn update(fwd: &Region, fields: &[&str], st: &[f64], scores: &[f64]) -> Option<U
             }
             _ => scores.to_vec(),
         },
-        // Sizes (a closure may read Skv): any fixed value.
-        _ => vec![64.0],
+        _ => vec![size],
     });
     let out = |name: &str| fwd.outputs.iter().position(|o| o.name == name);
     let state = fields
@@ -77,6 +77,7 @@ pub fn masked_as_neg_inf(online: &Online, fwd: &Region) -> bool {
     let init: Vec<f64> = online.state.iter().map(|f| f.init).collect();
     for trial in 0..32 {
         let len = 2 + trial % 9;
+        let size = if trial % 3 == 0 { 1000.0 } else { 64.0 };
         let scores: Vec<f64> = (0..len).map(|_| (next() - 0.5) * 8.0).collect();
         let mut valid: Vec<bool> = (0..len).map(|_| next() < 0.5).collect();
         valid[trial % len] = true;
@@ -90,7 +91,7 @@ pub fn masked_as_neg_inf(online: &Online, fwd: &Region) -> bool {
             init.clone()
         } else {
             let earlier: Vec<f64> = (0..3).map(|_| (next() - 0.5) * 8.0).collect();
-            match update(fwd, &fields, &init, &earlier) {
+            match update(fwd, &fields, &init, &earlier, size) {
                 Some(u) => u.state,
                 None => return false,
             }
@@ -106,8 +107,8 @@ pub fn masked_as_neg_inf(online: &Online, fwd: &Region) -> bool {
             .map(|(s, v)| if *v { *s } else { f64::NEG_INFINITY })
             .collect();
         let (Some(a), Some(b)) = (
-            update(fwd, &fields, &st, &seen),
-            update(fwd, &fields, &st, &masked),
+            update(fwd, &fields, &st, &seen, size),
+            update(fwd, &fields, &st, &masked, size),
         ) else {
             return false;
         };
