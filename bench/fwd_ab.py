@@ -13,20 +13,15 @@ Prints per implementation the median over rounds, its TFLOP/s and every
 round. `--no-check` times builds whose outputs disagree (timing-only
 ablations) instead of stopping.
 """
-import json, os, statistics, sys
+import json, os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
-    args = sys.argv[1:]
-    check = "--no-check" not in args
-    args = [a for a in args if a != "--no-check"]
-    if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
-        sys.exit(__doc__)
-    wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
-    sys.argv = [sys.argv[0], dirs[0]]  # gpu_check reads its command line at import
     sys.path.insert(0, HERE)
+    import ab_rounds
+    wl_id, rounds, dirs, check = ab_rounds.command_line(__doc__)
     import torch
     import triton
     import gpu_check as g
@@ -81,11 +76,7 @@ def main():
             fk = builds[d]
             times[d].append(timed(lambda fk=fk: fk(q, k, v, cu, sizes)))
     fl = g.flops_fwd(w)
-    base = statistics.median(times["cudnn" if anchor else dirs[0]])
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{wl_id} {name:28s} {med * 1e3:9.1f} us  {fl / (med * 1e-3) / 1e12:6.1f} TF/s  "
-              f"{'cudnn' if anchor else 'first'}/this {base / med:.3f}  rounds {' '.join(f'{t * 1e3:.1f}' for t in ts)}", flush=True)
+    ab_rounds.report(wl_id, times, "cudnn" if anchor else dirs[0], "cudnn" if anchor else "first", fl)
 
 
 if __name__ == "__main__":

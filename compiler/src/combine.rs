@@ -275,14 +275,7 @@ pub fn merge(plan: &Combine, parts: &[(Vec<f64>, [f64; 2])]) -> (Vec<f64>, [f64;
 
 /// Random rows cut into two or three partials must merge to the one-pass result.
 fn check_numerically(online: &Online, plan: &Combine) -> Result<(), String> {
-    // A small deterministic generator: the check must not depend on a seed source.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    };
+    let mut next = crate::check_rng::uniform(0x9e37_79b9_7f4a_7c15);
     for trial in 0..24 {
         let len = 3 + (next() * 14.0) as usize;
         let scores: Vec<f64> = (0..len).map(|_| (next() - 0.5) * 8.0).collect();

@@ -6,6 +6,7 @@
 //! the launch facts a runtime needs.
 
 pub mod backward_plan;
+mod check_rng;
 pub mod combine;
 pub mod cuda;
 pub mod cxx;

@@ -58,14 +58,7 @@ struct Update {
 /// `online`'s state) treats a score of −∞ exactly as a key it does not see.
 pub fn masked_as_neg_inf(online: &Online, fwd: &Region) -> bool {
     let fields: Vec<&str> = online.state.iter().map(|f| f.name.as_str()).collect();
-    // A small deterministic generator: the answer must not depend on a seed.
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    };
+    let mut next = crate::check_rng::uniform(0x2545_f491_4f6c_dd1d);
     // (Infinities only match themselves: the relative bound would let −∞
     // pass for any finite value.)
     let close = |a: f64, b: f64| {

@@ -1,0 +1,27 @@
+"""What bench/fwd_ab.py and bench/bwd_ab.py share: their command line and
+their report of rotated rounds."""
+import statistics, sys
+
+
+def command_line(doc):
+    """`<workload> <rounds> <cases_dir>... [--no-check]` from sys.argv: (the
+    workload, rounds, case dirs, whether to check outputs). Leaves sys.argv
+    as gpu_check reads it at import (its first case dir)."""
+    args = sys.argv[1:]
+    check = "--no-check" not in args
+    args = [a for a in args if a != "--no-check"]
+    if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
+        sys.exit(doc)
+    wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
+    sys.argv = [sys.argv[0], dirs[0]]
+    return wl_id, rounds, dirs, check
+
+
+def report(wl_id, times, base, base_label, flops):
+    """Per implementation: the median over rounds (µs), its TFLOP/s for
+    `flops`, the ratio to `base`'s median and every round."""
+    base_ms = statistics.median(times[base])
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"{wl_id} {name:28s} {med * 1e3:9.1f} us  {flops / (med * 1e-3) / 1e12:6.1f} TF/s  "
+              f"{base_label}/this {base_ms / med:.3f}  rounds {' '.join(f'{t * 1e3:.1f}' for t in ts)}", flush=True)
