@@ -3,18 +3,9 @@
 //! states, and refusals that name the field or the part of alpha at fault.
 
 use aec_compiler::combine::{Merge, combine_plan, merge};
-use aec_frontend::{Variant, parse_file, parse_str};
-use std::path::PathBuf;
-
-fn example(name: &str) -> Variant {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.rs"));
-    let src = std::fs::read_to_string(&path).expect("read example");
-    parse_file(&src)
-        .expect("rust file")
-        .remove(0)
-        .variant
-        .expect("valid variant")
-}
+use aec_frontend::{Variant, parse_str};
+mod common;
+use common::example;
 
 fn online(v: &Variant) -> &aec_frontend::variant::Online {
     &v.parallel().expect("parallel").online

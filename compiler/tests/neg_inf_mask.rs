@@ -3,18 +3,9 @@
 
 use aec_compiler::neg_inf_mask::masked_as_neg_inf;
 use aec_compiler::simplify::{Limits, simplify_region};
-use aec_frontend::{Variant, parse_file, parse_str};
-use std::path::PathBuf;
-
-fn example(name: &str) -> Variant {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.rs"));
-    let src = std::fs::read_to_string(&path).expect("read example");
-    parse_file(&src)
-        .expect("rust file")
-        .remove(0)
-        .variant
-        .expect("valid variant")
-}
+use aec_frontend::{Variant, parse_str};
+mod common;
+use common::example;
 
 fn neg_inf_ok(v: &Variant) -> bool {
     let online = &v.parallel().expect("parallel").online;

@@ -9,18 +9,10 @@ use aec_compiler::schedule::{
     estimate_backward, forward_space, rank_forward, useful_backward_flops,
 };
 use aec_compiler::{BackwardConfig, Elem, ForwardConfig, Isa};
-use aec_frontend::{Variant, parse_file};
+use aec_frontend::parse_file;
 use std::path::PathBuf;
-
-fn example(name: &str) -> Variant {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.rs"));
-    let src = std::fs::read_to_string(&path).expect("read example");
-    parse_file(&src)
-        .expect("rust file")
-        .remove(0)
-        .variant
-        .expect("valid variant")
-}
+mod common;
+use common::example;
 
 fn problem(b: usize, h: usize, s: usize, dqk: u32, dv: u32) -> Problem {
     Problem {
