@@ -1,6 +1,6 @@
 """Per-block timeline of a benchmark forward kernel, on a GPU machine.
 
-    python bench/timeline.py <cases_dir> <workload>[,<workload>...] [--launches N] [--tile TAG]
+    python bench/timeline.py <cases_dir> <workload>[,<workload>...] [--launches N] [--tile TAG] [--tiles]
 
 <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --timeline` (add
 `--workloads ...` for a quick build): each benchmark forward is also built
@@ -18,6 +18,13 @@ start) and as the time between consecutive marks, and written with every
 block's raw marks to $OUT/timeline.json. Variants with custom inputs are
 refused. The marks cost a few registers and stores: compare timelines
 with each other, and times with gpu_check.py.
+
+`--tiles` adds the warp-specialised forward's per-tile marks (persistent
+kernels walk many tiles per block; templates/cuda/parallel_fwd.cu lists
+the slots): the fit of a tile's period (from its Q landing to the next
+tile's) against its key blocks, `period = fixed + per_block * n`, and the
+median of each phase of a tile's first block, as in bench/NOTES.md
+session 58.
 """
 import ctypes, json, os, sys
 import torch
@@ -28,6 +35,51 @@ MARKS = ["start", "loop end", "key-warp merge", "epilogue", "arrival", "end", "f
 # The order the marks come in (slot 6 was added last).
 ORDER = [0, 6, 1, 2, 3, 4, 5]
 BLOCKS = 65536  # AEC_TIMELINE_BLOCKS in templates/cuda/prelude.cu
+TILE_BLOCKS, TILE_SLOTS = 1024, 64  # AEC_TILE_BLOCKS, AEC_TILE_SLOTS there
+TILE_PHASES = ["Q -> first K/V", "first K/V -> first S GEMM", "first S GEMM -> first block done",
+               "first block done -> loop end", "loop end -> next Q"]
+
+
+def tile_report(g, kern, blocks, launch):
+    """The per-tile marks of the last launch (`launch()` runs it after the
+    marks are cleared): the period fit and the first block's phases."""
+    import statistics
+    ptr, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    g.check(g.libcuda.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), kern.module, b"aec_tile_timeline"),
+            "cuModuleGetGlobal aec_tile_timeline (a warp-specialised forward's timeline build)")
+    buf = (ctypes.c_uint64 * (size.value // 8))()
+    g.check(g.libcuda.cuMemcpyHtoD_v2(ptr.value, buf, ctypes.sizeof(buf)), "clear tile marks")
+    launch()
+    g.check(g.libcuda.cuMemcpyDtoH_v2(buf, ptr.value, ctypes.sizeof(buf)), "read tile marks")
+    tiles = []  # per block: [q, k, s, first, loop_end, n_iter]
+    for blk in range(min(blocks, TILE_BLOCKS)):
+        row = []
+        for t in range(TILE_SLOTS):
+            m = buf[(blk * TILE_SLOTS + t) * 8:(blk * TILE_SLOTS + t) * 8 + 8]
+            if not m[0]:
+                break
+            row.append(m)
+        tiles.append(row)
+    xs, ys, phases = [], [], []
+    for row in tiles:
+        for a, b in zip(row, row[1:]):
+            xs.append(a[5])
+            ys.append((b[0] - a[0]) / 1e3)
+            if all(a[k] for k in range(5)):
+                phases.append([(a[k + 1] - a[k]) / 1e3 for k in range(4)] + [(b[0] - a[4]) / 1e3])
+    if len(set(xs)) < 2:
+        print("  tiles: too few tiles of different lengths for a fit")
+        return {}
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    per = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    fixed = my - per * mx
+    print(f"  tiles: {len(xs) + len(tiles)} on {len(tiles)} blocks; period = {fixed:.2f} + {per:.3f} * key blocks (us)")
+    out = dict(fixed_us=fixed, per_block_us=per, phases_us={})
+    for name, col in zip(TILE_PHASES, zip(*phases)):
+        med = statistics.median(col)
+        out["phases_us"][name] = med
+        print(f"  tile phase {name:34s} median {med:7.2f} us")
+    return out
 
 
 def quantiles(xs):
@@ -41,6 +93,7 @@ def main():
         sys.exit(__doc__)
     cases_dir, wanted = args[0], args[1].split(",")
     launches = int(args[args.index("--launches") + 1]) if "--launches" in args else 6
+    per_tile = "--tiles" in args
     tile = args[args.index("--tile") + 1] if "--tile" in args else None
     if launches < 1:
         sys.exit(f"timeline: --launches must be at least 1, not {launches}")
@@ -109,6 +162,11 @@ def main():
             qs = quantiles([(r[c] - r[a]) / 1e3 for r in rows])
             out["phases"][f"{MARKS[a]} -> {MARKS[c]}"] = qs
             print(f"  {MARKS[a] + ' -> ' + MARKS[c]:31s}" + "".join(f"{v:8.2f}" for v in qs))
+        if per_tile:
+            def launch():
+                kern(*sets[0], {}, sizes)
+                torch.cuda.synchronize()
+            out["tiles"] = tile_report(g, kern, blocks, launch)
         out["raw_ns"] = [[r[m] - t0 if r[m] else None for m in reached] + [r[7]] for r in rows]
         out["raw_columns"] = [MARKS[m] for m in reached] + ["sm"]
         report.append(out)

@@ -1025,6 +1025,34 @@ fn timeline_marks_compile_only_when_asked() {
     assert_eq!(timer_reads(&[]), (0, false));
 }
 
+/// Per-tile marks (`bench/timeline.py --tiles`): the persistent
+/// warp-specialised causal forward built with `-DAEC_TIMELINE` records each
+/// tile's phases in `aec_tile_timeline` (the block marks 0, 6 and 5, and the
+/// tile slots 0–4 and 7 read the timer); built as usual it reads none.
+#[test]
+fn tile_marks_compile_only_when_asked() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let v = common::example("softmax_causal");
+    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    assert!(cfg.persistent && cfg.warp_specialized, "{cfg:?}");
+    let kernel = parallel_forward(&v, 128, 128, &cfg).expect("causal forward");
+    let timer_reads = |flags: &[&str]| {
+        let mut opts = CompileOptions::new("sm_90a");
+        opts.flags.extend(flags.iter().map(|f| f.to_string()));
+        let compiled = compile(&kernel.source, &opts).expect("compiles");
+        let text = sass(&compiled.cubin).expect("cuobjdump");
+        (
+            text.matches("SR_GLOBALTIMER").count(),
+            compiled.ptx.contains("aec_tile_timeline"),
+        )
+    };
+    let (marked, array) = timer_reads(&["-DAEC_TIMELINE"]);
+    assert!(marked >= 8 && array, "{marked} timer reads, array {array}");
+    assert_eq!(timer_reads(&[]), (0, false));
+}
+
 /// The sm_90a backward of each benchmark workload's variant at the
 /// workload's head dims (`shared/reference/workloads.json`), as the
 /// benchmark generates it (`BackwardConfig::for_variant`): no ptxas

@@ -93,6 +93,7 @@
 {% endif %}        const int n0 = KV_N0(it), nw0 = n0;
         mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
 {% if first %}        AEC_MARK(6);
+        AEC_TILE_MARK(lt, 1);
 {% endif %}{% if first && late_epilogue %}        // The V this block's first group reads (see below).
         if (prev_pv) WAIT_V(prev_last, prev_gi);
         else WAIT_V(cur, ring);
@@ -117,6 +118,7 @@
         fence_regs(pa);
         if (prev_pv) RELEASE_V(prev_last);
 {% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}{% endif %}        wgmma_wait0();
+        AEC_TILE_MARK(lt, 2);
 {% else %}        {
             pv_gemm(acc[0], pa, V_SMEM(prev));
         }
@@ -1085,7 +1087,12 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // first K/V block has landed, then on the sm_80 path 1 after the key
     // loop, 2 after the key-warp merge, 3 after the epilogue, 4 after a
     // split's arrival (on the warp-specialised path without the late
-    // epilogue, 1 and 3); 5 at the end.
+    // epilogue, 1 and 3); 5 at the end. And per tile `lt` on the warp-
+    // specialised path (AEC_TILE_*): 0 Q landed, 1 the first K/V block
+    // landed, 2 the first block's S GEMM waited for, 3 the first block done,
+    // 4 the key loop (and an epilogue of its own) done, 5 the tile's key
+    // blocks, 6 its first row | SM << 32, 7 the producer issuing its first
+    // K/V block.
     AEC_MARK(0);
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
@@ -1196,6 +1203,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             const int n0 = n0_next;
             if (it + 1 < n_iter) n0_next = KV_N0(it + 1);
             if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
+            if (ptid == 0 && it == 0) AEC_TILE_STAMP(lt, 7);
 {% if tma %}            if (ptid == 0) {
                 mbar_arrive_expect_tx(&bar_full[st], BN * {% if kv_bars %}DQK{% else %}(DQK + DV){% endif %} * (int)sizeof(elem_t));
 #pragma unroll
@@ -1259,6 +1267,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if !persistent %}        const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %};
 {% endif %}{% call tile_setup() %}{% endcall %}
         mbar_wait(&bar_q, lt & 1);
+        AEC_TILE_MARK(lt, 0);
+        AEC_TILE_VALUE(lt, 5, n_iter);
+        AEC_TILE_VALUE(lt, 6, (unsigned long long)m0 | ((unsigned long long)aec_smid() << 32));
         fence_proxy_async();
 {% if modify_q %}{% if key_warps > 1 %}
         // The key warpgroups share their 64 rows of Q: each modifies its
@@ -1308,6 +1319,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // loop body with one path: one body branching between the two paths
         // while P·V is in flight measured far slower on the tiles that take
         // the masked path (H100, causal: 0.95 ms against 0.82 ms).
+        AEC_TILE_MARK(lt, 3);
         for (int it = 1; it < n_iter;) {
             for (; it < n_iter && !STEP_FULL(it); ++it) {
 {% call pipelined_block(false, 1) %}{% endcall %}
@@ -1332,7 +1344,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         prev_dv0 = dv0;
 {% else %}        AEC_MARK(1);
 {% call epilogue() %}{% endcall %}        AEC_MARK(3);
-{% endif %}{% endif %}        ring += n_iter;
+{% endif %}{% endif %}        AEC_TILE_MARK(lt, 4);
+        ring += n_iter;
         ++lt;
     }
 {% if late_epilogue %}    {

@@ -22,8 +22,43 @@ __device__ __forceinline__ void aec_mark(int k) {
     }
 }
 #define AEC_MARK(k) aec_mark(k)
+// Per-tile marks of the warp-specialised forward (bench/timeline.py
+// --tiles): for each of its first AEC_TILE_SLOTS tiles, block b records at
+// slot k of tile t, aec_tile_timeline[(b * AEC_TILE_SLOTS + t) * 8 + k],
+// %globaltimer (AEC_TILE_MARK: thread 0; AEC_TILE_STAMP: the caller's
+// thread) or a value (AEC_TILE_VALUE, thread 0). The template lists its
+// slots.
+#define AEC_TILE_BLOCKS 1024
+#define AEC_TILE_SLOTS 64
+__device__ unsigned long long aec_tile_timeline[AEC_TILE_BLOCKS * AEC_TILE_SLOTS * 8];
+__device__ __forceinline__ unsigned aec_smid() {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    return sm;
+}
+__device__ __forceinline__ void aec_tile_put(int tile, int k, unsigned long long v) {
+    if (blockIdx.x < AEC_TILE_BLOCKS && tile < AEC_TILE_SLOTS)
+        aec_tile_timeline[((unsigned long long)blockIdx.x * AEC_TILE_SLOTS + tile) * 8 + k] = v;
+}
+__device__ __forceinline__ unsigned long long aec_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define AEC_TILE_STAMP(t, k) aec_tile_put((t), (k), aec_now())
+#define AEC_TILE_MARK(t, k) \
+    do {                     \
+        if (threadIdx.x == 0) AEC_TILE_STAMP(t, k); \
+    } while (0)
+#define AEC_TILE_VALUE(t, k, v) \
+    do {                        \
+        if (threadIdx.x == 0) aec_tile_put((t), (k), (v)); \
+    } while (0)
 #else
 #define AEC_MARK(k)
+#define AEC_TILE_STAMP(t, k)
+#define AEC_TILE_MARK(t, k)
+#define AEC_TILE_VALUE(t, k, v)
 #endif
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
