@@ -1,5 +1,5 @@
-"""What bench/fwd_ab.py and bench/bwd_ab.py share: their command line and
-their report of rotated rounds."""
+"""What bench/fwd_ab.py and bench/bwd_ab.py share: their command line, the
+timing and order of rotated rounds, and their report."""
 import statistics, sys
 
 
@@ -15,6 +15,17 @@ def command_line(doc):
     wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
     sys.argv = [sys.argv[0], dirs[0]]
     return wl_id, rounds, dirs, check
+
+
+def timed(f):
+    """`f`'s median time (ms) over do_bench's repetitions."""
+    import triton
+    return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+
+
+def rotated(dirs, r):
+    """The builds in round `r`'s order: the list rotated by `r`."""
+    return dirs[r % len(dirs):] + dirs[:r % len(dirs)]
 
 
 def report(wl_id, times, base, base_label, flops):

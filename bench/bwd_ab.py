@@ -27,7 +27,6 @@ def main():
     import ab_rounds
     wl_id, rounds, dirs, check = ab_rounds.command_line(__doc__)
     import torch
-    import triton
     import gpu_check as g
     torch.zeros(1, device="cuda")
     builds, w, fwd = {}, None, None
@@ -61,8 +60,7 @@ def main():
         if check and not err < 2e-2:
             sys.exit(f"bwd_ab: {d} disagrees with {against}")
 
-    def timed(f):
-        return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+    timed = ab_rounds.timed
     times = {"cudnn": []} if anchor else {}
     for d in dirs:
         times[d] = []
@@ -70,8 +68,7 @@ def main():
     for r in range(rounds):
         if anchor:
             times["cudnn"].append(timed(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)))
-        order = dirs[r % len(dirs):] + dirs[:r % len(dirs)]
-        for d in order:
+        for d in ab_rounds.rotated(dirs, r):
             bk = builds[d][0]
             times[d].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, cu, sizes)))
             times[d + " main"].append(timed(lambda bk=bk: bk(q, k, v, o, do, rowout, cu, sizes, only=1)))

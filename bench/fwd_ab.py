@@ -23,7 +23,6 @@ def main():
     import ab_rounds
     wl_id, rounds, dirs, check = ab_rounds.command_line(__doc__)
     import torch
-    import triton
     import gpu_check as g
     torch.zeros(1, device="cuda")
     builds, w = {}, None
@@ -63,16 +62,14 @@ def main():
         if check and not err < 2e-2:
             sys.exit(f"fwd_ab: {d} disagrees with {against}")
 
-    def timed(f):
-        return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+    timed = ab_rounds.timed
     times = {"cudnn": []} if anchor else {}
     for d in dirs:
         times[d] = []
     for r in range(rounds):
         if anchor:
             times["cudnn"].append(timed(cudnn))
-        order = dirs[r % len(dirs):] + dirs[:r % len(dirs)]
-        for d in order:
+        for d in ab_rounds.rotated(dirs, r):
             fk = builds[d]
             times[d].append(timed(lambda fk=fk: fk(q, k, v, cu, sizes)))
     fl = g.flops_fwd(w)

@@ -990,6 +990,19 @@ fn every_head_dim_compiles_forward_and_backward() {
     });
 }
 
+/// `source` compiled for sm_90a with `flags`: how many times its SASS reads
+/// `%globaltimer`, and whether its PTX holds the marks' array `array`.
+fn timer_reads(source: &str, flags: &[&str], array: &str) -> (usize, bool) {
+    let mut opts = CompileOptions::new("sm_90a");
+    opts.flags.extend(flags.iter().map(|f| f.to_string()));
+    let compiled = compile(source, &opts).expect("compiles");
+    let text = sass(&compiled.cubin).expect("cuobjdump");
+    (
+        text.matches("SR_GLOBALTIMER").count(),
+        compiled.ptx.contains(array),
+    )
+}
+
 /// Per-block timeline marks (`bench/timeline.py`): the decoding tile that
 /// merges its splits in the kernel, built with `-DAEC_TIMELINE`, reads
 /// `%globaltimer` at each of its six marks (start, key loop, key-warp
@@ -1010,16 +1023,7 @@ fn timeline_marks_compile_only_when_asked() {
     );
     assert!(cfg.fused_combine && cfg.key_warps > 1, "{cfg:?}");
     let kernel = parallel_forward(&v, 128, 128, &cfg).expect("decoding forward");
-    let timer_reads = |flags: &[&str]| {
-        let mut opts = CompileOptions::new("sm_90a");
-        opts.flags.extend(flags.iter().map(|f| f.to_string()));
-        let compiled = compile(&kernel.source, &opts).expect("compiles");
-        let text = sass(&compiled.cubin).expect("cuobjdump");
-        (
-            text.matches("SR_GLOBALTIMER").count(),
-            compiled.ptx.contains("aec_timeline"),
-        )
-    };
+    let timer_reads = |flags: &[&str]| timer_reads(&kernel.source, flags, "aec_timeline");
     let (marked, array) = timer_reads(&["-DAEC_TIMELINE"]);
     assert!(marked >= 6 && array, "{marked} timer reads, array {array}");
     assert_eq!(timer_reads(&[]), (0, false));
@@ -1038,16 +1042,7 @@ fn tile_marks_compile_only_when_asked() {
     let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
     assert!(cfg.persistent && cfg.warp_specialized, "{cfg:?}");
     let kernel = parallel_forward(&v, 128, 128, &cfg).expect("causal forward");
-    let timer_reads = |flags: &[&str]| {
-        let mut opts = CompileOptions::new("sm_90a");
-        opts.flags.extend(flags.iter().map(|f| f.to_string()));
-        let compiled = compile(&kernel.source, &opts).expect("compiles");
-        let text = sass(&compiled.cubin).expect("cuobjdump");
-        (
-            text.matches("SR_GLOBALTIMER").count(),
-            compiled.ptx.contains("aec_tile_timeline"),
-        )
-    };
+    let timer_reads = |flags: &[&str]| timer_reads(&kernel.source, flags, "aec_tile_timeline");
     let (marked, array) = timer_reads(&["-DAEC_TIMELINE"]);
     assert!(marked >= 8 && array, "{marked} timer reads, array {array}");
     assert_eq!(timer_reads(&[]), (0, false));
