@@ -58,7 +58,7 @@ fn cpu_every_parallel_example_has_backward_kernels() {
         }
         let src = backward_source(&def, dims, &KernelOptions::default(), Isa::Sm80)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        for k in [&src.pre, &src.main, &src.post] {
+        for k in src.launches() {
             assert!(
                 src.source.contains(&format!("{}(BWD_ARGS)", k.name)),
                 "{name}: no kernel {}",
@@ -628,7 +628,7 @@ fn gpu_backward_split_key_without_shared_scores() {
 /// 128/128 and 64/64 (one dQ panel per warpgroup, and one warpgroup without
 /// a panel), with a last step of 10, 17 and 1 rows, sigmoid with queries
 /// fewer than one step, and masked walks (causal, GQA causal, a sliding
-/// window).
+/// window, documents).
 #[test]
 fn gpu_backward_80_query_steps() {
     let test = "gpu_backward_80_query_steps";
@@ -669,6 +669,13 @@ fn gpu_backward_80_query_steps() {
         (
             "sliding_window",
             Shape::mha(1, 2, 650, 650),
+            HeadDims::square(128),
+        ),
+        // A mask that can hide whole steps inside a walk (the producer
+        // skips their dQ tiles).
+        (
+            "document_mask",
+            Shape::mha(2, 2, 300, 300),
             HeadDims::square(128),
         ),
     ];
