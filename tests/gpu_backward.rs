@@ -58,7 +58,7 @@ fn cpu_every_parallel_example_has_backward_kernels() {
         }
         let src = backward_source(&def, dims, &KernelOptions::default(), Isa::Sm80)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        for k in src.launches() {
+        for k in [&src.pre, &src.main, &src.post] {
             assert!(
                 src.source.contains(&format!("{}(BWD_ARGS)", k.name)),
                 "{name}: no kernel {}",
