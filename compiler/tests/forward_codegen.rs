@@ -831,7 +831,7 @@ fn backward_key_panels_in_several_blocks() {
         "const int slot_ = grp * 2 + slice;",
         "} else if (slot_ == 2) {",
         // Slot 3 holds [dK | dV]'s last three panels: dV's 5, 6 and 7.
-        "wgmma_rs_n64(kv_acc[2], pa[kk], sw128_desc(smem_u32(sdOc) + 7 * (BM * 128)",
+        "wgmma_rs_n64(kv_acc[2], pa[kk], sw128_desc_at(smem_u32(sdOc), 7 * (BM * 128)",
         "const bool key_owner = slice == SCORE_SLICE && grp == 0;",
         "pnl = 2 * KV_GROUPS - 1 - (grp * 2 + slice); pnl < DQK / 64; pnl += 2 * KV_GROUPS",
         "const int gp = (grp * 2 + slice) * NKV + s;",
@@ -859,9 +859,9 @@ fn backward_key_panels_in_several_blocks() {
     assert!(uneven.config.warp_specialized);
     assert_eq!(uneven.source.matches("wgmma_rs_n64(kv_acc[").count(), 10);
     assert!(
-        uneven
-            .source
-            .contains("wgmma_rs_n64(kv_acc[0], pa[kk], sw128_desc(smem_u32(sdOc) + 7 * (BM * 128)")
+        uneven.source.contains(
+            "wgmma_rs_n64(kv_acc[0], pa[kk], sw128_desc_at(smem_u32(sdOc), 7 * (BM * 128)"
+        )
     );
     assert!(uneven.source.contains("if (slot_of / 2 != grp) continue;"));
     assert!(!k1.source.contains("slot_of"));

@@ -71,8 +71,8 @@
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_ssm_n{{ bm }}(dq_part, sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128),
-                                 sw128_desc({{ sds }} + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+                wgmma_ssm_n{{ bm }}(dq_part, sw128_desc_at(smem_u32(sK), pnl * (BN * 128) + kk * 16 * 128, BN * 128),
+                                 sw128_desc_at({{ sds }}, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bm }}(dq_part);
@@ -81,9 +81,9 @@
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
-{% if ds_k %}                wgmma_ssn_n64(dq_part, sw128_desc({{ sds }} + (kk / 4) * (DS_ROWS * 128) + (kk % 4) * 32, 16),
-{% else %}                wgmma_ss_tt_n64(dq_part, sw128_desc({{ sds }} + kk * 16 * 128, BN * 128),
-{% endif %}                              sw128_desc(smem_u32(sK) + pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
+{% if ds_k %}                wgmma_ssn_n64(dq_part, sw128_desc_at({{ sds }}, (kk / 4) * (DS_ROWS * 128) + (kk % 4) * 32, 16),
+{% else %}                wgmma_ss_tt_n64(dq_part, sw128_desc_at({{ sds }}, kk * 16 * 128, BN * 128),
+{% endif %}                              sw128_desc_at(smem_u32(sK), pnl * (BN * 128) + kk * 16 * 128, BN * 128), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);
@@ -710,8 +710,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < DQK / 16; ++kk)
-                    wgmma_ss_n{{ bm }}(sacc, sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
-                                  sw128_desc(qb + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+                    wgmma_ss_n{{ bm }}(sacc, sw128_desc_at(kb, (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                                  sw128_desc_at(qb, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
                 wgmma_commit();
                 wgmma_wait0();
                 wgmma_fence_operands_n{{ bm }}(sacc);
@@ -723,8 +723,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < DV / 16; ++kk)
-                    wgmma_ss_n{{ bm }}(pacc, sw128_desc(vb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
-                                  sw128_desc(ob + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+                    wgmma_ss_n{{ bm }}(pacc, sw128_desc_at(vb, (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                                  sw128_desc_at(ob, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
                 wgmma_commit();
                 wgmma_wait0();
                 wgmma_fence_operands_n{{ bm }}(pacc);
@@ -734,13 +734,13 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bm }}(sacc, sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
-                              sw128_desc(qb + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+                wgmma_ss_n{{ bm }}(sacc, sw128_desc_at(kb, (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                              sw128_desc_at(qb, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
 {% if weight_first %}            wgmma_commit();
 {% endif %}#pragma unroll
             for (int kk = 0; kk < DV / 16; ++kk)
-                wgmma_ss_n{{ bm }}(pacc, sw128_desc(vb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
-                              sw128_desc(ob + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+                wgmma_ss_n{{ bm }}(pacc, sw128_desc_at(vb, (kk / 4) * (BN * 128) + (kk % 4) * 32, 16),
+                              sw128_desc_at(ob, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
 {% if weight_first %}            wgmma_commit();
             // Pᵀ into sacc while the dPᵀ GEMM runs (dS reads the score only
             // through P).
@@ -860,8 +860,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}        wgmma_fence();
 {% if kv_split %}{{ kv_issue }}{% else %}#pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
-            wgmma_rs_n{{ dv }}(dv_acc, pa[kk], sw128_desc(smem_u32(sdOc) + kk * 16 * 128, BM * 128));
-            wgmma_rs_n{{ dqk }}(dk_acc, da[kk], sw128_desc(smem_u32(sQc) + kk * 16 * 128, BM * 128));
+            wgmma_rs_n{{ dv }}(dv_acc, pa[kk], sw128_desc_at(smem_u32(sdOc), kk * 16 * 128, BM * 128));
+            wgmma_rs_n{{ dqk }}(dk_acc, da[kk], sw128_desc_at(smem_u32(sQc), kk * 16 * 128, BM * 128));
         }
 {% endif %}        wgmma_commit();
 {% if dq_lag %}        // dQ, the GEMMs' retirement and the stage's release: next step's top.

@@ -81,6 +81,17 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |
            ((unsigned long long)(1024u >> 4) << 32) | (1ull << 62);
 }
+// sw128_desc(base + offset, lbo) for an `offset` that is a multiple of 16:
+// the base's fields plus offset / 16 in the start-address field (shared
+// addresses stay below 256 KiB: no carry out of it). A GEMM's k-steps share
+// the base's part, and each step's descriptor is one add on the uniform
+// datapath instead of a mask, a shift and an or. (The backward's kernels;
+// the forward keeps sw128_desc, where this measured level and ALiBi's tiles
+// spilled: bench/NOTES.md session 59.)
+__device__ __forceinline__ unsigned long long sw128_desc_at(unsigned base, unsigned offset, unsigned lbo) {
+    const unsigned lo = (((base & 0x3FFFFu) >> 4) | (((lbo & 0x3FFFFu) >> 4) << 16)) + (offset >> 4);
+    return ((unsigned long long)((1024u >> 4) | (1u << 30)) << 32) | lo;
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -1097,7 +1097,7 @@ fn kv_split_issue(qp: u32, panels: u32, nkv: u32, groups: u32) -> String {
             };
             let _ = writeln!(
                 out,
-                "            wgmma_rs_n64(kv_acc[{s}], {a}[kk], sw128_desc(smem_u32({tile}) + {p} * (BM * 128) + kk * 16 * 128, BM * 128));"
+                "            wgmma_rs_n64(kv_acc[{s}], {a}[kk], sw128_desc_at(smem_u32({tile}), {p} * (BM * 128) + kk * 16 * 128, BM * 128));"
             );
         }
         out.push_str("        }\n");
