@@ -141,8 +141,8 @@
 {% else %}            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bn }}(s[0], sw128_desc_at(q_base, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
-                              sw128_desc_at(k_base, (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
+                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
 {% endif %}        }
 {% endmacro %}
 {% macro rescale_pack() %}        // O's rows rescaled by the online step, P packed as A fragments.
@@ -281,7 +281,7 @@ __device__ __forceinline__ void pack_p(const float (&pr)[NR][NE], unsigned (&pa)
 __device__ __forceinline__ void pv_gemm(float (&acc)[DVW / 8][4], const unsigned (&pa)[BN / 16][4], unsigned v_base) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs_n{{ dvw }}(acc, pa[kk], sw128_desc_at(v_base, kk * 16 * 128, BN * 128));
+        wgmma_rs_n{{ dvw }}(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, BN * 128));
 }
 
 {% endif %}{% if sparse %}// The block-sparse mask row of the row block at m0 of batch b, head h.
@@ -1094,11 +1094,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // blocks, 6 its first row | SM << 32, 7 the producer issuing its first
     // K/V block.
     AEC_MARK(0);
-    // The warp index through a shuffle: nvcc then knows it is the same in
-    // every lane, and what derives from it (tile bases, the GEMMs' operand
-    // descriptors) is computed once per warp on the uniform datapath rather
-    // than per lane and moved over (bench/NOTES.md session 59).
-    const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / WARP, 0), lane = tid % WARP;
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int g = lane / 4, t4 = lane % 4;
 {% if key_warps > 1 || dv_warps > 1 %}    // Row warp wr's rows are shared by KEY_WARPS × DV_WARPS warps; warp
     // (kw, dw) takes keys kw·KW … of every block and O columns dw·DVW ….
@@ -1436,8 +1432,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bn }}(s[0], sw128_desc_at(q_base, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
-                              sw128_desc_at(k_base, (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
+                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n{{ bn }}(s[0]);

@@ -85,9 +85,9 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
 // the base's fields plus offset / 16 in the start-address field (shared
 // addresses stay below 256 KiB: no carry out of it). A GEMM's k-steps share
 // the base's part, and each step's descriptor is one add on the uniform
-// datapath instead of a mask, a shift and an or (bench/NOTES.md session 59;
-// the forward's S GEMM with Q in registers keeps sw128_desc, with which
-// ALiBi's tiles do not spill).
+// datapath instead of a mask, a shift and an or. (The backward's kernels:
+// in the forward, with fewer instructions, it measured 1-2% slower, and
+// ALiBi's tiles with Q in registers spilled; bench/NOTES.md session 59.)
 __device__ __forceinline__ unsigned long long sw128_desc_at(unsigned base, unsigned offset, unsigned lbo) {
     const unsigned lo = (((base & 0x3FFFFu) >> 4) | (((lbo & 0x3FFFFu) >> 4) << 16)) + (offset >> 4);
     return ((unsigned long long)((1024u >> 4) | (1u << 30)) << 32) | lo;
