@@ -540,6 +540,16 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             && k80.source.contains("wgmma_ssm_n80(dq_part")
             && k80.source.contains("stmatrix_x4_trans(")
     );
+    // Their warp index comes through a shuffle (tile bases and descriptors
+    // on the uniform datapath); the 64-query kernels keep `tid / WARP`
+    // (with the shuffle, kernels with custom inputs spilled past the budget).
+    let uniform_warp = "warp = __shfl_sync(0xffffffffu, tid / WARP, 0)";
+    assert!(k80.source.contains(uniform_warp));
+    assert!(!masked.source.contains(uniform_warp) && !plain.source.contains(uniform_warp));
+    assert!(
+        k80.source
+            .contains("sw128_desc_at(kb, (kk / 4) * (BN * 128)")
+    );
     // The warpgroups take each step's whole dQ in turns (one syncs on the
     // parity's barrier, the other only arrives), and the producer adds the
     // staged tile with one bulk reduction, the element kernel undoing the
