@@ -382,14 +382,13 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}{% if share %}    // The exchange of the shared scores: [BM / 2][128], a thread's column.
     float* sX = {% if ws %}sdQ + DQ_ROWS * DQS{% else %}sRC + 2 * NRC_ARR * BM{% endif %};
 {% endif %}
-{% if dq_t %}    // The warp index through a shuffle: nvcc then knows it is the same in
-    // every lane, and what derives from it (the warpgroup's tile bases, the
-    // wgmma descriptors) is computed once per warp on the uniform datapath
-    // rather than per lane and moved over (bench/NOTES.md session 59; the
-    // other kernels spilled more with it).
-    const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid / WARP, 0), lane = tid % WARP;
-{% else %}    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
-{% endif %}
+    // With dQ transposed, the warp index through a shuffle: nvcc then knows
+    // it is the same in every lane, and what derives from it (the
+    // warpgroup's tile bases, the wgmma descriptors) is computed once per
+    // warp on the uniform datapath rather than per lane and moved over
+    // (bench/NOTES.md session 59; the other kernels spilled more with it).
+    const int tid = threadIdx.x, warp = {% if dq_t %}__shfl_sync(0xffffffffu, tid / WARP, 0){% else %}tid / WARP{% endif %}, lane = tid % WARP;
+
     const int g = lane / 4, t4 = lane % 4;
 {% if causal && !varlen %}    // Under a causal mask key block 0 has the longest walk (every query block
     // sees it) and the last the shortest, while the blocks are dispatched in
