@@ -88,18 +88,25 @@
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);
 {% endif %}{% endmacro %}
-{% macro dq_stage() %}{% if dq_t %}            // Rows of dQᵀ are columns of the staged tile: a float per query.
+{# Issues panel `pnl` (a constant) of dQᵀ = Kᵀ·dSᵀ into the accumulator `acc` as one wgmma group (dQ transposed, in turns). #}{% macro dq_t_issue(sds, acc, pnl) %}            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                wgmma_ssm_n{{ bm }}({{ acc }}, sw128_desc_at(smem_u32(sK), {{ pnl }} * (BN * 128) + kk * 16 * 128, BN * 128),
+                                 sw128_desc_at({{ sds }}, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
+            wgmma_commit();
+{% endmacro %}
+{# Stages panel `pnl` (an expression) of dQ from the accumulator `acc`. #}{% macro dq_stage(acc, pnl) %}{% if dq_t %}            // Rows of dQᵀ are columns of the staged tile: a float per query.
             // (Bits 1-2 of this thread's queries are t4: DQ_AT's permutation
             // is the same for all of them, so two bases and constant offsets.)
             {
-                const int d0 = pnl * 64 + (warp % 4) * 16 + g;
+                const int d0 = ({{ pnl }}) * 64 + (warp % 4) * 16 + g;
                 float* s0 = sdQ + 2 * t4 * DQS + (d0 ^ (t4 << 3));
                 float* s1 = sdQ + 2 * t4 * DQS + ((d0 + 8) ^ (t4 << 3));
 #pragma unroll
                 for (int t = 0; t < BM / 8; ++t)
 #pragma unroll
                     for (int c = 0; c < 4; ++c)
-                        ((c >> 1) ? s1 : s0)[(t * 8 + (c & 1)) * DQS] = dq_part[t][c];
+                        ((c >> 1) ? s1 : s0)[(t * 8 + (c & 1)) * DQS] = {{ acc }}[t][c];
             }
 {% else %}#pragma unroll
             for (int t = 0; t < 8; ++t) {
@@ -108,7 +115,7 @@
                     const int r = (warp % 4) * 16 + g + (c >> 1) * 8;
                     // (A constant true at 64 rows: `r < DQ_ROWS`, the same
                     // rows, cost NVRTC 20 more bytes of spills elsewhere.)
-                    if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + DQ_AT(r, pnl * 64 + t * 8 + 2 * t4)) = make_float2(dq_part[t][c], dq_part[t][c + 1]);
+                    if (DQ_ROWS >= 64 || r < BM) *reinterpret_cast<float2*>(sdQ + DQ_AT(r, ({{ pnl }}) * 64 + t * 8 + 2 * t4)) = make_float2({{ acc }}[t][c], {{ acc }}[t][c + 1]);
                 }
             }
 {% endif %}{% endmacro %}
@@ -136,7 +143,7 @@
             mbar_wait(&bar_ds_full[dbuf], ((nds - 1) >> 1) & 1);
             if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
             for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
-{% call dq_panel("sdSp") %}{% endcall %}{% call dq_stage() %}{% endcall %}            }
+{% call dq_panel("sdSp") %}{% endcall %}{% call dq_stage("dq_part", "pnl") %}{% endcall %}            }
             wgmma_wait0();
             mbar_arrive(&bar_ds_empty[dbuf]);
             mbar_arrive(&bar_dq_full);  // the dQ tile is staged
@@ -886,11 +893,16 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         fence_proxy_async();  // this warpgroup's dS stores, for the other's wgmma
         if (warp / 4 == turn) {
             named_bar_sync(2 + turn, NT);
-            for (int pnl = 0; pnl < DQK / 64; ++pnl) {
-{% call dq_panel("smem_u32(sdSc)") %}{% endcall %}                // The producer must have added the previous dQ tile from sdQ.
-                if (pnl == 0 && staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
-{% call dq_stage() %}{% endcall %}            }
-{% if dq_bulk %}            fence_proxy_async();  // the staged tile, for the bulk reduction
+            // The panels pipelined over two accumulators: panel p + 1's GEMM
+            // runs while panel p is staged (bench/NOTES.md session 60).
+            float dq_a[BM / 8][4], dq_b[BM / 8][4];
+{% call dq_t_issue("smem_u32(sdSc)", "dq_a", 0) %}{% endcall %}{% for p in 0..dq_panels %}{% if p + 1 < dq_panels %}{% if p % 2 == 0 %}{% call dq_t_issue("smem_u32(sdSc)", "dq_b", p + 1) %}{% endcall %}{% else %}{% call dq_t_issue("smem_u32(sdSc)", "dq_a", p + 1) %}{% endcall %}{% endif %}            wgmma_wait1();
+{% else %}            wgmma_wait0();
+{% endif %}{% if p % 2 == 0 %}            wgmma_fence_operands_n{{ bm }}(dq_a);
+{% else %}            wgmma_fence_operands_n{{ bm }}(dq_b);
+{% endif %}{% if p == 0 %}            // The producer must have added the previous dQ tile from sdQ.
+            if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
+{% endif %}{% if p % 2 == 0 %}{% call dq_stage("dq_a", p) %}{% endcall %}{% else %}{% call dq_stage("dq_b", p) %}{% endcall %}{% endif %}{% endfor %}{% if dq_bulk %}            fence_proxy_async();  // the staged tile, for the bulk reduction
 {% endif %}            mbar_arrive(&bar_dq_full);  // the dQ tile is staged
         } else {
             named_bar_arrive(2 + turn, NT);
@@ -907,7 +919,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}{% if kv_split %}        for (int pnl = 2 * KV_GROUPS - 1 - (grp * 2 + slice); pnl < DQK / 64; pnl += 2 * KV_GROUPS) {
 {% else %}        for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
 {% endif %}
-{% call dq_panel("smem_u32(sdSc)") %}{% endcall %}{% if ws %}{% call dq_stage() %}{% endcall %}{% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
+{% call dq_panel("smem_u32(sdSc)") %}{% endcall %}{% if ws %}{% call dq_stage("dq_part", "pnl") %}{% endcall %}{% else %}            float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
 #pragma unroll
             for (int t = 0; t < 8; ++t) {
 #pragma unroll
