@@ -474,7 +474,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
             k.source
                 .contains("#define DQ_AT(r, c) ((r) * DQS + ((c) ^ DQ_PERM(r)))")
                 && k.source
-                    .contains("sdQ + DQ_AT(r, pnl * 64 + t * 8 + 2 * t4)")
+                    .contains("sdQ + DQ_AT(r, (pnl) * 64 + t * 8 + 2 * t4)")
                 && k.source.contains("bulk_reduce_add_f32(dq_acc")
                 && !k.source.contains("atomicAdd(reinterpret_cast<float4*>")
                 && k.source
@@ -535,10 +535,26 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         "{}",
         k80.main.name
     );
+    assert!(k80.source.contains("wgmma_ss_n80(sacc") && k80.source.contains("stmatrix_x4_trans("));
+    // dQᵀ's panels pipelined over two accumulators: panel 1's GEMM is in
+    // flight before panel 0 is waited for and staged.
+    let turn_at = k80
+        .source
+        .find("named_bar_sync(2 + turn, NT)")
+        .expect("a dQ turn");
+    let turn = &k80.source[turn_at..];
+    let issue1 = turn
+        .find("wgmma_ssm_n80(dq_b, sw128_desc_at(smem_u32(sK), 1 * (BN * 128)")
+        .expect("panel 1 into the second accumulator");
+    let wait1 = turn
+        .find("wgmma_wait1();")
+        .expect("a wait that leaves one group in flight");
+    let stage0 = turn
+        .find("= dq_a[t][c];")
+        .expect("panel 0 staged from the first");
     assert!(
-        k80.source.contains("wgmma_ss_n80(sacc")
-            && k80.source.contains("wgmma_ssm_n80(dq_part")
-            && k80.source.contains("stmatrix_x4_trans(")
+        turn.find("wgmma_ssm_n80(dq_a").unwrap() < issue1 && issue1 < wait1 && wait1 < stage0,
+        "pipelined dQ panels"
     );
     // Their warp index comes through a shuffle (tile bases and descriptors
     // on the uniform datapath); the 64-query kernels keep `tid / WARP`
@@ -601,7 +617,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     let bias80 = parallel_backward(&bias, 128, 128, &wide).expect("relative bias at 80");
     assert!(
         bias80.source.contains("stmatrix_x4_trans(smem_u32(sdSc")
-            && bias80.source.contains("wgmma_ssm_n80(dq_part")
+            && bias80.source.contains("wgmma_ssm_n80(dq_a")
     );
     let bias64 = parallel_backward(&bias, 128, 128, &b128).expect("relative bias at 64");
     assert!(!bias64.source.contains("stmatrix_x4_trans(smem_u32(sdSc"));
@@ -1838,7 +1854,8 @@ fn own_keys_backward_takes_48_query_steps_with_dq_transposed() {
     );
     for text in [
         "wgmma_ss_n48(sacc",
-        "wgmma_ssm_n48(dq_part",
+        "wgmma_ssm_n48(dq_a",
+        "wgmma_ssm_n48(dq_b",
         "#define DS_ROWS BM",
         "const int m_first = min(n0, Sq);",
         "named_bar_sync(2 + turn, NT)",
