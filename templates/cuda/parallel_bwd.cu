@@ -65,18 +65,7 @@
 {% endif %}            }
         }
 {% endmacro %}
-{% macro dq_panel(sds) %}{% if dq_t %}            // dQᵀ = Kᵀ·dSᵀ for this 64-column panel of Dqk: Kᵀ read M-major
-            // from the K tile, dS K-major from the [BM][BN] dS tile.
-            float dq_part[BM / 8][4];
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma_ssm_n{{ bm }}(dq_part, sw128_desc_at(smem_u32(sK), pnl * (BN * 128) + kk * 16 * 128, BN * 128),
-                                 sw128_desc_at({{ sds }}, (kk / 4) * (BM * 128) + (kk % 4) * 32, 16), kk);
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n{{ bm }}(dq_part);
-{% else %}            // dS read K-major from dS (ds_k) or M-major from the dSᵀ tile.
+{# Panel `pnl` of dQ = dS·K for the kernels without dQ transposed (those with it issue theirs by dq_t_issue). #}{% macro dq_panel(sds) %}            // dS read K-major from dS (ds_k) or M-major from the dSᵀ tile.
             float dq_part[8][4];
             wgmma_fence();
 #pragma unroll
@@ -87,8 +76,10 @@
             wgmma_commit();
             wgmma_wait0();
             wgmma_fence_operands_n64(dq_part);
-{% endif %}{% endmacro %}
-{# Issues panel `pnl` (a constant) of dQᵀ = Kᵀ·dSᵀ into the accumulator `acc` as one wgmma group (dQ transposed, in turns). #}{% macro dq_t_issue(sds, acc, pnl) %}            wgmma_fence();
+{% endmacro %}
+{# Issues panel `pnl` (a constant) of dQᵀ = Kᵀ·dSᵀ into the accumulator `acc` as one wgmma group (dQ transposed, in turns). #}{% macro dq_t_issue(sds, acc, pnl) %}            // dQᵀ's 64-row panel: Kᵀ read M-major from the K tile, dS K-major
+            // from the [BM][BN] dS tile.
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
                 wgmma_ssm_n{{ bm }}({{ acc }}, sw128_desc_at(smem_u32(sK), {{ pnl }} * (BN * 128) + kk * 16 * 128, BN * 128),
