@@ -887,13 +887,12 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             // The panels pipelined over two accumulators: panel p + 1's GEMM
             // runs while panel p is staged (bench/NOTES.md session 60).
             float dq_a[BM / 8][4], dq_b[BM / 8][4];
-{% call dq_t_issue("smem_u32(sdSc)", "dq_a", 0) %}{% endcall %}{% for p in 0..dq_panels %}{% if p + 1 < dq_panels %}{% if p % 2 == 0 %}{% call dq_t_issue("smem_u32(sdSc)", "dq_b", p + 1) %}{% endcall %}{% else %}{% call dq_t_issue("smem_u32(sdSc)", "dq_a", p + 1) %}{% endcall %}{% endif %}            wgmma_wait1();
+{% let accs = ["dq_a", "dq_b"] %}{% let panels = dqk / 64 %}{% call dq_t_issue("smem_u32(sdSc)", accs[0], 0) %}{% endcall %}{% for p in 0..panels %}{% let acc = accs[(p % 2) as usize] %}{% if p + 1 < panels %}{% call dq_t_issue("smem_u32(sdSc)", accs[((p + 1) % 2) as usize], p + 1) %}{% endcall %}            wgmma_wait1();
 {% else %}            wgmma_wait0();
-{% endif %}{% if p % 2 == 0 %}            wgmma_fence_operands_n{{ bm }}(dq_a);
-{% else %}            wgmma_fence_operands_n{{ bm }}(dq_b);
-{% endif %}{% if p == 0 %}            // The producer must have added the previous dQ tile from sdQ.
+{% endif %}            wgmma_fence_operands_n{{ bm }}({{ acc }});
+{% if p == 0 %}            // The producer must have added the previous dQ tile from sdQ.
             if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
-{% endif %}{% if p % 2 == 0 %}{% call dq_stage("dq_a", p) %}{% endcall %}{% else %}{% call dq_stage("dq_b", p) %}{% endcall %}{% endif %}{% endfor %}{% if dq_bulk %}            fence_proxy_async();  // the staged tile, for the bulk reduction
+{% endif %}{% call dq_stage(acc, p) %}{% endcall %}{% endfor %}{% if dq_bulk %}            fence_proxy_async();  // the staged tile, for the bulk reduction
 {% endif %}            mbar_arrive(&bar_dq_full);  // the dQ tile is staged
         } else {
             named_bar_arrive(2 + turn, NT);

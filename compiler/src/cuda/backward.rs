@@ -650,8 +650,6 @@ struct BackwardTemplate<'a> {
     /// Each step's whole dQ computed by one warpgroup, the two in turns
     /// ([`BackwardConfig::takes_dq_turns`]).
     dq_turns: bool,
-    /// 64-column panels of Dqk (dQ's in turns are unrolled over them).
-    dq_panels: u32,
     /// The staged dQ tile unpadded and permuted
     /// ([`BackwardConfig::permutes_staged_dq`]).
     dq_perm: bool,
@@ -897,7 +895,6 @@ fn generate_backward(
         dq_lag,
         dq_t: cfg.transposes_dq(),
         dq_turns: cfg.takes_dq_turns(),
-        dq_panels: dqk.div_ceil(64),
         dq_perm: cfg.permutes_staged_dq(),
         dq_bulk: cfg.adds_dq_in_bulk(varlen),
         ds_k,
