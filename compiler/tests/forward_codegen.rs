@@ -1095,6 +1095,28 @@ fn dv_above_256_is_split_into_slices() {
     assert!(src.source.contains("#define KSPLIT 4"));
 }
 
+/// O goes out 16 bytes per lane after a transpose across the quad where the
+/// extra live values cost nothing: at Dqk <= 128, and at DeepSeek's 192/128
+/// (H200: 4% faster, bench/NOTES.md session 61), not at RetNet's 256/512
+/// (there it moved spills into the key loop).
+#[test]
+fn the_epilogue_stores_by_quads_except_beside_wide_scores_and_wide_o() {
+    let quads = |name: &str, dqk: u32, dv: u32| {
+        let v = example(name);
+        let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+        let src = parallel_forward(&v, dqk, dv, &cfg).expect("forward").source;
+        assert!(
+            src.contains("#define QUAD_GROUPS (DVW / 32)") != src.contains("#define QUAD_GROUPS 0"),
+            "{name}: one QUAD_GROUPS definition"
+        );
+        src.contains("#define QUAD_GROUPS (DVW / 32)")
+    };
+    assert!(quads("softmax", 128, 128));
+    assert!(quads("deepseek", 192, 128));
+    assert!(!quads("retnet_parallel", 256, 512));
+    assert!(!quads("softmax", 256, 256));
+}
+
 /// Decoding kernels take a number of KV splits at launch and carry the
 /// combine kernel; the launch rule splits only grids that leave the GPU idle.
 /// An H100 multiprocessor's shared memory, bytes and as the split rule's cap.

@@ -1686,9 +1686,11 @@ fn generate_forward(
         xor_rows: xor_rows(cfg, dv),
         // The transpose keeps a few more values live in the epilogue: at
         // Dqk <= 128 it made the forward 1.5-9% faster (H100: softmax,
-        // causal, DiffTransformer), at Dqk = 256 (RetNet, Dv 512) it moved
-        // spills into the main loop and cost 6% (bench/NOTES.md).
-        quad_stores: dqk <= 128,
+        // causal, DiffTransformer), at Dqk 192 with Dv 128 (DeepSeek) 4%
+        // (H200: the epilogue 1.02 -> 0.48 us a tile), at Dqk = 256 (RetNet,
+        // Dv 512) it moved spills into the main loop and cost 6%
+        // (bench/NOTES.md sessions 16 and 61).
+        quad_stores: dqk <= 128 || dv_total <= 128,
         combine_rows: combine_rows_for(dv_total),
         combine_chunk: combine_chunk_for(dv_total),
         fused_chunk: fused_chunk_for(cfg, dv_total),
