@@ -24,7 +24,7 @@ kernels walk many tiles per block; templates/cuda/parallel_fwd.cu lists
 the slots): the fit of a tile's period (from its Q landing to the next
 tile's) against its key blocks, `period = fixed + per_block * n`, and the
 median of each phase of a tile's first block, as in bench/NOTES.md
-session 58.
+session 58; timeline.json keeps every tile's raw slots (`tiles.raw`).
 """
 import ctypes, json, os, sys
 import torch
@@ -74,7 +74,9 @@ def tile_report(g, kern, blocks, launch):
     per = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     fixed = my - per * mx
     print(f"  tiles: {len(xs) + len(tiles)} on {len(tiles)} blocks; period = {fixed:.2f} + {per:.3f} * key blocks (us)")
-    out = dict(fixed_us=fixed, per_block_us=per, phases_us={})
+    # The raw marks too (per block, per tile: the eight slots as recorded,
+    # %globaltimer ns or values), for analyses the summary does not make.
+    out = dict(fixed_us=fixed, per_block_us=per, phases_us={}, raw=[[list(m) for m in row] for row in tiles])
     for name, col in zip(TILE_PHASES, zip(*phases)):
         med = statistics.median(col)
         out["phases_us"][name] = med
