@@ -6,7 +6,8 @@ Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
 <workload>` on a different build (copy shared/reference/workloads.json into
 it). On the same random inputs each build's forward runs once and its output
 is compared with cuDNN's (SDPA's cuDNN backend; for variants other than
-softmax, with the first build's); then, per round, cuDNN's forward and each
+softmax, with the first build's), the output filled with NaN first, and
+again after the rounds; in between, per round, cuDNN's forward and each
 build's are timed (median of do_bench), the builds in an order rotated every
 round, so that builds a few percent apart are compared within one process.
 Prints per implementation the median over rounds, its TFLOP/s and every
@@ -55,12 +56,15 @@ def main():
     else:
         ref = builds[dirs[0]](q, k, v, cu, sizes)[0].float().clone()
         against = dirs[0]
-    for d, fk in builds.items():
-        got = fk(q, k, v, cu, sizes)[0]
-        err = g.rel_err(got.float(), ref)
-        print(f"{d}: rel. error against {against} {err:.2e}", flush=True)
-        if check and not err < 2e-2:
-            sys.exit(f"fwd_ab: {d} disagrees with {against}")
+    def compare(when):
+        for d, fk in builds.items():
+            got = fk(q, k, v, cu, sizes, o_fill=float("nan"))[0]
+            err = g.rel_err(got.float(), ref)
+            print(f"{d}: rel. error against {against}{when} {err:.2e}", flush=True)
+            if check and not err < 2e-2:
+                sys.exit(f"fwd_ab: {d} disagrees with {against}{when}")
+
+    compare("")
 
     timed = ab_rounds.timed
     times = {"cudnn": []} if anchor else {}
@@ -72,6 +76,9 @@ def main():
         for d in ab_rounds.rotated(dirs, r):
             fk = builds[d]
             times[d].append(timed(lambda fk=fk: fk(q, k, v, cu, sizes)))
+    # Again after the rounds: kernels that keep state between launches (a
+    # ticket counter each launch leaves at zero) must still be right.
+    compare(" after the rounds")
     fl = g.flops_fwd(w)
     ab_rounds.report(wl_id, times, "cudnn" if anchor else dirs[0], "cudnn" if anchor else "first", fl)
 

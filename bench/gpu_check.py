@@ -177,14 +177,19 @@ class Kernel:
             return n * (-(-key_blocks // s) + 1) * (100 if min(n, self.resident) >= 2 else 115)
         return min(range(1, top + 1), key=lambda s: (cost(s), s))
 
-    def __call__(self, q, k, v, customs, sizes, extra=None):
+    def __call__(self, q, k, v, customs, sizes, extra=None, o_fill=None):
         """`extra`: the values of the arguments of other row layouts (a paged
-        cache's `block_table`, ...), ctypes values by name."""
+        cache's `block_table`, ...), ctypes values by name. `o_fill`: a value
+        to fill the output with before the launch (NaN in checks: rows a
+        kernel skips then show, where reused memory could hold an earlier
+        launch's right answer)."""
         # (With V stored in K, `v` is the cache itself: Dv is the kernel's.)
         b, h, sq, dv = sizes["B"], sizes["H"], sizes["Sq"], self.meta.get("dv") or v.shape[-1]
         for name, t in (("q", q), ("k", k), ("v", v)):
             assert t.is_contiguous() and t.dtype == torch.bfloat16, f"tensor `{name}` must be contiguous bf16"
         o = torch.empty(b, h, sq, dv, device=dev, dtype=torch.bfloat16)
+        if o_fill is not None:
+            o.fill_(o_fill)
         rowout = torch.empty(max(1, len(self.meta["row_outputs"])), b * h * sq, device=dev, dtype=torch.float32)
         n_splits = self.kv_splits(sizes)
         rows = b * h * sq

@@ -41,6 +41,7 @@ if "--cudnn" in sys.argv:
     from torch.nn.attention import sdpa_kernel, SDPBackend
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         for _ in range(4):
-            F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(w["dqk"]), enable_gqa=w["hkv"] != w["h"])
+            F.scaled_dot_product_attention(q, k, v, is_causal=w.get("causal", False), scale=1 / math.sqrt(w["dqk"]),
+                                           enable_gqa=w["hkv"] != w["h"])
 torch.cuda.synchronize()
 print("ran", meta["name"], "on", entry["workload"])
