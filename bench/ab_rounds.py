@@ -1,6 +1,7 @@
-"""What bench/fwd_ab.py and bench/bwd_ab.py share: their command line, the
-timing and order of rotated rounds, and their report."""
-import statistics, sys
+"""What bench/fwd_ab.py, bench/bwd_ab.py and bench/power_ab.py share: their
+command line, the forward builds and cuDNN's anchor, the timing and order of
+rotated rounds, and their report."""
+import json, math, os, statistics, sys
 
 
 def command_line(doc):
@@ -15,6 +16,38 @@ def command_line(doc):
     wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
     sys.argv = [sys.argv[0], dirs[0]]
     return wl_id, rounds, dirs, check
+
+
+def forward_builds(g, tool, wl_id, dirs):
+    """(the forward kernel of workload `wl_id` per case dir, the workload)
+    for `tool`, which exits naming a dir without one."""
+    builds, w = {}, None
+    for d in dirs:
+        index = json.load(open(os.path.join(d, "index.json")))
+        entries = {e["workload"]: e for e in index["bench"]}
+        entry = entries.get(wl_id)
+        if entry is None or "kernel" not in entry or "error" in entry:
+            sys.exit(f"{tool}: no forward kernel for `{wl_id}` in {d} (have: {', '.join(entries)})")
+        if w is None:
+            w = g.workloads_by_id(d, index)[wl_id]
+        builds[d] = g.Kernel(d, entry["kernel"])
+    return builds, w
+
+
+def cudnn_forward(w, q, k, v):
+    """cuDNN's SDPA forward of workload `w` on q, k, v as a closure, or None
+    where the workload is no plain softmax (no anchor to compare with)."""
+    if w["variant"] != "softmax" or w.get("window"):
+        return None
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"],
+                                                  scale=w.get("scale", 1 / math.sqrt(w["dqk"])),
+                                                  enable_gqa=w["hkv"] != w["h"])
+    return cudnn
 
 
 def timed(f):

@@ -14,7 +14,7 @@ Prints per implementation the median over rounds, its TFLOP/s and every
 round. `--no-check` times builds whose outputs disagree (timing-only
 ablations) instead of stopping.
 """
-import json, os, sys
+import os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,36 +26,19 @@ def main():
     import torch
     import gpu_check as g
     torch.zeros(1, device="cuda")
-    builds, w = {}, None
-    for d in dirs:
-        index = json.load(open(os.path.join(d, "index.json")))
-        by_id = g.workloads_by_id(d, index)
-        entries = {e["workload"]: e for e in index["bench"]}
-        entry = entries.get(wl_id)
-        if entry is None or "kernel" not in entry or "error" in entry:
-            sys.exit(f"fwd_ab: no forward kernel for `{wl_id}` in {d} (have: {', '.join(entries)})")
-        if w is None:
-            w = by_id[wl_id]
-        builds[d] = g.Kernel(d, entry["kernel"])
+    builds, w = ab_rounds.forward_builds(g, "fwd_ab", wl_id, dirs)
     sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
     q, k, v, _ = g.backward_inputs(w)
     cu = g.workload_customs(w)
-    anchor = w["variant"] == "softmax" and not w.get("window")
+    cudnn = ab_rounds.cudnn_forward(w, q, k, v)
+    anchor = cudnn is not None
     if anchor:
-        import math
-        import torch.nn.functional as F
-        from torch.nn.attention import sdpa_kernel, SDPBackend
-
-        def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"],
-                                                      scale=w.get("scale", 1 / math.sqrt(w["dqk"])),
-                                                      enable_gqa=w["hkv"] != w["h"])
         ref = cudnn().float()
         against = "cuDNN"
     else:
         ref = builds[dirs[0]](q, k, v, cu, sizes)[0].float().clone()
         against = dirs[0]
+
     def compare(when):
         for d, fk in builds.items():
             got = fk(q, k, v, cu, sizes, o_fill=float("nan"))[0]

@@ -13,7 +13,7 @@ implementation and round: microseconds per launch (launch gaps included),
 the median clock and power of the last two thirds of the samples, energy per
 launch (power × time) and SM cycles per launch (time × clock).
 """
-import math, os, statistics, subprocess, sys, time
+import os, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,40 +51,25 @@ def main():
     seconds = 3.0
     if "--seconds" in args:
         i = args.index("--seconds")
-        seconds = float(args[i + 1])
+        seconds = float(args[i + 1]) if i + 1 < len(args) else 0.0
         del args[i:i + 2]
-    if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1 or not seconds > 0:
+    if not seconds > 0:
         sys.exit(__doc__)
-    wl_id, rounds, dirs = args[0], int(args[1]), args[2:]
-    sys.argv = [sys.argv[0], dirs[0]]
+    sys.argv = [sys.argv[0]] + args
     sys.path.insert(0, HERE)
-    import json
+    import ab_rounds
+    wl_id, rounds, dirs, _ = ab_rounds.command_line(__doc__)
     import torch
     import gpu_check as g
-    import ab_rounds
     torch.zeros(1, device="cuda")
-    runs, w = {}, None
-    for d in dirs:
-        index = json.load(open(os.path.join(d, "index.json")))
-        entry = {e["workload"]: e for e in index["bench"]}.get(wl_id)
-        if entry is None or "kernel" not in entry or "error" in entry:
-            sys.exit(f"power_ab: no forward kernel for `{wl_id}` in {d}")
-        w = w or g.workloads_by_id(d, index)[wl_id]
-        runs[d] = g.Kernel(d, entry["kernel"])
+    builds, w = ab_rounds.forward_builds(g, "power_ab", wl_id, dirs)
     sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
     q, k, v, _ = g.backward_inputs(w)
     cu = g.workload_customs(w)
-    fns = {d: (lambda fk=fk: fk(q, k, v, cu, sizes)) for d, fk in runs.items()}
+    fns = {d: (lambda fk=fk: fk(q, k, v, cu, sizes)) for d, fk in builds.items()}
     order = list(dirs)
-    if w["variant"] == "softmax" and not w.get("window"):
-        import torch.nn.functional as F
-        from torch.nn.attention import sdpa_kernel, SDPBackend
-
-        def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=w["causal"],
-                                                      scale=w.get("scale", 1 / math.sqrt(w["dqk"])),
-                                                      enable_gqa=w["hkv"] != w["h"])
+    cudnn = ab_rounds.cudnn_forward(w, q, k, v)
+    if cudnn is not None:
         fns["cudnn"] = cudnn
         order = ["cudnn"] + order
     for f in fns.values():
