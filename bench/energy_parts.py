@@ -57,7 +57,10 @@ def main():
     if entry is None or "kernel" not in entry:
         sys.exit(f"energy_parts: no forward kernel for `{wl_id}` in {cases}")
     name = "bench_" + re.sub(r"[^0-9a-zA-Z]", "_", wl_id)
-    source = open(os.path.join(cases, name + ".cu")).read()
+    path = os.path.join(cases, name + ".cu")
+    if not os.path.exists(path):
+        sys.exit(f"energy_parts: {path} is missing (aec-bench writes it beside index.json)")
+    source = open(path).read()
     for part, subs in PARTS:
         patched = source
         for pattern, replacement, required in subs:
