@@ -18,6 +18,21 @@ def command_line(doc):
     return wl_id, rounds, dirs, check
 
 
+def forward_case(tool, wl_id, dirs):
+    """(gpu_check, workload `wl_id`, each case dir's forward bound to the
+    workload's random inputs as `run(**launch_options)`, cuDNN's forward on
+    the same inputs or None) for `tool`, on the GPU."""
+    import torch
+    import gpu_check as g
+    torch.zeros(1, device="cuda")
+    builds, w = forward_builds(g, tool, wl_id, dirs)
+    sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
+    q, k, v, _ = g.backward_inputs(w)
+    cu = g.workload_customs(w)
+    runs = {d: (lambda fk=fk, **opts: fk(q, k, v, cu, sizes, **opts)) for d, fk in builds.items()}
+    return g, w, runs, cudnn_forward(w, q, k, v)
+
+
 def forward_builds(g, tool, wl_id, dirs):
     """(the forward kernel of workload `wl_id` per case dir, the workload)
     for `tool`, which exits naming a dir without one."""

@@ -23,25 +23,18 @@ def main():
     sys.path.insert(0, HERE)
     import ab_rounds
     wl_id, rounds, dirs, check = ab_rounds.command_line(__doc__)
-    import torch
-    import gpu_check as g
-    torch.zeros(1, device="cuda")
-    builds, w = ab_rounds.forward_builds(g, "fwd_ab", wl_id, dirs)
-    sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
-    q, k, v, _ = g.backward_inputs(w)
-    cu = g.workload_customs(w)
-    cudnn = ab_rounds.cudnn_forward(w, q, k, v)
+    g, w, runs, cudnn = ab_rounds.forward_case("fwd_ab", wl_id, dirs)
     anchor = cudnn is not None
     if anchor:
         ref = cudnn().float()
         against = "cuDNN"
     else:
-        ref = builds[dirs[0]](q, k, v, cu, sizes)[0].float().clone()
+        ref = runs[dirs[0]]()[0].float().clone()
         against = dirs[0]
 
     def compare(when):
-        for d, fk in builds.items():
-            got = fk(q, k, v, cu, sizes, o_fill=float("nan"))[0]
+        for d, run in runs.items():
+            got = run(o_fill=float("nan"))[0]
             err = g.rel_err(got.float(), ref)
             print(f"{d}: rel. error against {against}{when} {err:.2e}", flush=True)
             if check and not err < 2e-2:
@@ -57,8 +50,7 @@ def main():
         if anchor:
             times["cudnn"].append(timed(cudnn))
         for d in ab_rounds.rotated(dirs, r):
-            fk = builds[d]
-            times[d].append(timed(lambda fk=fk: fk(q, k, v, cu, sizes)))
+            times[d].append(timed(runs[d]))
     # Again after the rounds: kernels that keep state between launches (a
     # ticket counter each launch leaves at zero) must still be right.
     compare(" after the rounds")

@@ -60,15 +60,8 @@ def main():
     import ab_rounds
     wl_id, rounds, dirs, _ = ab_rounds.command_line(__doc__)
     import torch
-    import gpu_check as g
-    torch.zeros(1, device="cuda")
-    builds, w = ab_rounds.forward_builds(g, "power_ab", wl_id, dirs)
-    sizes = dict(B=w["b"], H=w["h"], Hkv=w["hkv"], Sq=w["sq"], Skv=w["skv"])
-    q, k, v, _ = g.backward_inputs(w)
-    cu = g.workload_customs(w)
-    fns = {d: (lambda fk=fk: fk(q, k, v, cu, sizes)) for d, fk in builds.items()}
+    _, _, fns, cudnn = ab_rounds.forward_case("power_ab", wl_id, dirs)
     order = list(dirs)
-    cudnn = ab_rounds.cudnn_forward(w, q, k, v)
     if cudnn is not None:
         fns["cudnn"] = cudnn
         order = ["cudnn"] + order
