@@ -202,7 +202,29 @@ fn rescale_region(
 /// The state and unnormalised output (two columns) of one row after `blocks`
 /// of scores, from the initial state.
 fn run_blocks(online: &Online, blocks: &[Vec<f64>], values: &[[f64; 2]]) -> (Vec<f64>, [f64; 2]) {
-    let fwd = &online.fwd;
+    let row = run_row(online, &online.fwd, blocks, values);
+    (row.state, row.acc)
+}
+
+/// One row's pass over blocks of scores with an online block update (the
+/// variant's own or a rewrite of it), in f64.
+pub(crate) struct RowRun {
+    /// The final state, per field.
+    pub state: Vec<f64>,
+    /// The unnormalised output, two value columns.
+    pub acc: [f64; 2],
+    /// Each block's weights, one per key.
+    pub weights: Vec<Vec<f64>>,
+}
+
+/// Runs `fwd` (with `online`'s state fields and outputs) over `blocks` from
+/// the initial state; `values` holds one pair of value columns per key.
+pub(crate) fn run_row(
+    online: &Online,
+    fwd: &Region,
+    blocks: &[Vec<f64>],
+    values: &[[f64; 2]],
+) -> RowRun {
     let fields: Vec<&str> = online.state.iter().map(|f| f.name.as_str()).collect();
     let out = |name: &str| fwd.outputs.iter().position(|o| o.name == name);
     let (p_out, a_out) = (out("p").expect("p output"), out("alpha").expect("alpha"));
@@ -212,6 +234,7 @@ fn run_blocks(online: &Online, blocks: &[Vec<f64>], values: &[[f64; 2]]) -> (Vec
         .collect();
     let mut st: Vec<f64> = online.state.iter().map(|f| f.init).collect();
     let mut acc = [0.0; 2];
+    let mut weights = Vec::with_capacity(blocks.len());
     let mut j = 0;
     for s in blocks {
         let outs = eval_region(fwd, &mut |op| match op {
@@ -224,16 +247,22 @@ fn run_blocks(online: &Online, blocks: &[Vec<f64>], values: &[[f64; 2]]) -> (Vec
         });
         let alpha = outs[a_out][0];
         let p = &outs[p_out];
+        let p: Vec<f64> = (0..s.len())
+            .map(|e| p[if p.len() == 1 { 0 } else { e }])
+            .collect();
         for (d, a) in acc.iter_mut().enumerate() {
-            let add: f64 = (0..s.len())
-                .map(|e| p[if p.len() == 1 { 0 } else { e }] * values[j + e][d])
-                .sum();
+            let add: f64 = p.iter().zip(&values[j..]).map(|(p, v)| p * v[d]).sum();
             *a = alpha * *a + add;
         }
         j += s.len();
         st = st_out.iter().map(|&k| outs[k][0]).collect();
+        weights.push(p);
     }
-    (st, acc)
+    RowRun {
+        state: st,
+        acc,
+        weights,
+    }
 }
 
 /// Merges partials `(state, output)` with the plan, in f64.

@@ -10,6 +10,7 @@ mod check_rng;
 pub mod combine;
 pub mod cuda;
 pub mod cxx;
+pub mod held_max;
 pub mod hip;
 pub mod intervals;
 pub mod launch_plan;

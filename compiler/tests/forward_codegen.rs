@@ -202,6 +202,50 @@ fn masked_blocks_take_neg_inf_scores_where_the_update_allows() {
     }
 }
 
+/// Softmax-like kernels hold their row maximum (`held_max`): the held
+/// update keeps the true maximum, the epilogue writes the state moved onto
+/// it, and O's rescale is skipped where a warp's rows keep theirs. Kernels
+/// whose partial rows merge, and updates with no maximum, keep their own.
+#[test]
+fn row_maxima_are_held_where_the_final_state_is_the_blocks_own() {
+    let v = example("softmax_causal");
+    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let k = parallel_forward(&v, 128, 128, &cfg).expect("causal kernel");
+    assert!(k.source.contains("#define ROW_MAX_HELD 1"));
+    let f = &k.source[k
+        .source
+        .find("void online_fwd_neg_inf_held")
+        .expect("online_fwd_neg_inf_held")..];
+    let f = &f[..f.find("\n}\n").expect("end of online_fwd_neg_inf_held")];
+    assert!(f.contains("5.54517"), "the hold, 8 ln 2:\n{f}");
+    assert!(
+        f.contains("mx[0] = any ? fmaxf(mx[0], "),
+        "the true maximum:\n{f}"
+    );
+    assert!(
+        k.source.contains("held_final_state(st[r], mx[r], fst, P)")
+            && k.source.contains("if (rescale_needed(alpha))"),
+        "the state written at the true maximum; the rescale voted"
+    );
+    // Split-KV decoding merges partial states: no hold.
+    let d = example("decode");
+    let split = ForwardConfig {
+        split_kv: true,
+        ..ForwardConfig::default_for(&d, 128, 128, Elem::Bf16, Isa::Sm80)
+    };
+    let k = parallel_forward(&d, 128, 128, &split).expect("split-KV kernel");
+    assert!(
+        k.source.contains("#define ROW_MAX_HELD 0") && !k.source.contains("void online_fwd_held"),
+        "split-KV"
+    );
+    for name in ["sigmoid", "relu"] {
+        let v = example(name);
+        let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+        let k = parallel_forward(&v, 128, 128, &cfg).expect("kernel");
+        assert!(k.source.contains("#define ROW_MAX_HELD 0"), "{name}");
+    }
+}
+
 #[test]
 fn causal_masks_bound_the_kv_loop() {
     let by_name = |n: &str| {

@@ -57,13 +57,13 @@
         for (int r = 0; r < NR; ++r) {
             float nst[NSTATE_ARR];
 {% if full %}            bool any;
-            online_fwd(sr[r], vr[r], st[r], pr[r], nst, alpha[r], any, P);
+            ONLINE_FWD(sr[r], vr[r], st[r], pr[r], nst, alpha[r], any, r);
 {% else %}#if MASKED_AS_NEG_INF
             bool any = anyr[r];
-            online_fwd_neg_inf(sr[r], st[r], pr[r], nst, alpha[r], any, P);
+            ONLINE_FWD_NEG_INF(sr[r], st[r], pr[r], nst, alpha[r], any, r);
 #else
             bool any;
-            online_fwd(sr[r], vr[r], st[r], pr[r], nst, alpha[r], any, P);
+            ONLINE_FWD(sr[r], vr[r], st[r], pr[r], nst, alpha[r], any, r);
 #endif
 {% endif %}            seen[r] = seen[r] || any;
 #pragma unroll
@@ -146,12 +146,14 @@
 {% endif %}        }
 {% endmacro %}
 {% macro rescale_pack() %}        // O's rows rescaled by the online step, P packed as A fragments.
+        if (rescale_needed(alpha)) {
 #pragma unroll
-        for (int dt = 0; dt < DVW / 8; ++dt) {
-            acc[0][dt][0] *= alpha[0];
-            acc[0][dt][1] *= alpha[0];
-            acc[0][dt][2] *= alpha[1];
-            acc[0][dt][3] *= alpha[1];
+            for (int dt = 0; dt < DVW / 8; ++dt) {
+                acc[0][dt][0] *= alpha[0];
+                acc[0][dt][1] *= alpha[0];
+                acc[0][dt][2] *= alpha[1];
+                acc[0][dt][3] *= alpha[1];
+            }
         }
         pack_p(pr, pa);
 {% endmacro %}
@@ -257,6 +259,32 @@
 // ---- the variant's regions -------------------------------------------------
 {{ regions }}
 // ---------------------------------------------------------------------------
+
+// The online step of row r: with held maxima (ROW_MAX_HELD) it also keeps
+// the row's true maxima `mx[r]`, from which the epilogue gives the final
+// state in the variant's own terms (held_final_state).
+#if ROW_MAX_HELD
+#define ONLINE_FWD(s, v, st, p, nst, a, any, r) online_fwd_held(s, v, st, p, nst, a, any, mx[r], P)
+#define ONLINE_FWD_NEG_INF(s, st, p, nst, a, any, r) online_fwd_neg_inf_held(s, st, p, nst, a, any, mx[r], P)
+#else
+#define ONLINE_FWD(s, v, st, p, nst, a, any, r) online_fwd(s, v, st, p, nst, a, any, P)
+#define ONLINE_FWD_NEG_INF(s, st, p, nst, a, any, r) online_fwd_neg_inf(s, st, p, nst, a, any, P)
+#endif
+
+// Whether O's rows need the online step's rescale: with the row maximum held
+// (ROW_MAX_HELD), most blocks leave every alpha at 1, and a warp whose rows
+// all keep theirs skips the multiplies (bench/NOTES.md, session 64).
+template <int N>
+__device__ __forceinline__ bool rescale_needed(const float (&alpha)[N]) {
+#if ROW_MAX_HELD
+    bool moved = false;
+#pragma unroll
+    for (int r = 0; r < N; ++r) moved = moved || alpha[r] != 1.0f;
+    return __any_sync(0xffffffffu, moved);
+#else
+    return true;
+#endif
+}
 
 {% if wgmma %}// P of a warp's 16 rows (two rows per thread) as wgmma A fragments, one
 // per 16 keys: the accumulator layout of S is the A-fragment layout.
@@ -479,12 +507,24 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 }
                 quad_transpose(w, t4);
 {% endmacro %}
-{% macro row_state_out() %}                float sc[NSCALES_ARR];
-                epilogue_scales(st[r], sc, P);
+{% macro row_state_out() %}#if ROW_MAX_HELD
+                // The final state in the variant's own terms: at the true maxima.
+                float fst[NSTATE_ARR];
+                if (seen[r]) {
+                    held_final_state(st[r], mx[r], fst, P);
+                } else {
+#pragma unroll
+                    for (int f = 0; f < NSTATE_ARR; ++f) fst[f] = st[r][f];
+                }
+#else
+                const float (&fst)[NSTATE_ARR] = st[r];
+#endif
+                float sc[NSCALES_ARR];
+                epilogue_scales(fst, sc, P);
 #pragma unroll
                 for (int x = 0; x < NSCALES; ++x) rowout[x * rows + row] = sc[x];
 #pragma unroll
-                for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = st[r][f];
+                for (int f = 0; f < NSTATE; ++f) rowout[(NSCALES + f) * rows + row] = fst[f];
 {% endmacro %}
 {% macro pack_rows() %}
         // The late epilogue's first half: O's rows times their row factors
@@ -825,9 +865,15 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             for (int dt = 0; dt < DVW / 8; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
 {% if declare %}        float st[NR][NSTATE_ARR];
         bool seen[NR];
+#if ROW_MAX_HELD
+        float mx[NR][NHELD];
+#endif
 {% endif %}#pragma unroll
         for (int r = 0; r < NR; ++r) {
             seen[r] = false;
+#if ROW_MAX_HELD
+            held_init(mx[r]);
+#endif
 {{ state_init }}        }
 {% endmacro %}
 {% if split_kv %}// The split-KV merge of query row `row`'s columns c0 … c0 + 3 over its
@@ -1508,14 +1554,16 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         ++p_phase;
 #define ROW_SCALE row_scale
 {% else %}#define ROW_SCALE alpha
-{% endif %}#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+{% endif %}        if (rescale_needed(ROW_SCALE)) {
 #pragma unroll
-        for (int dt = 0; dt < DVW / 8; ++dt) {
-            acc[mt][dt][0] *= ROW_SCALE[2 * mt];
-            acc[mt][dt][1] *= ROW_SCALE[2 * mt];
-            acc[mt][dt][2] *= ROW_SCALE[2 * mt + 1];
-            acc[mt][dt][3] *= ROW_SCALE[2 * mt + 1];
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int dt = 0; dt < DVW / 8; ++dt) {
+                acc[mt][dt][0] *= ROW_SCALE[2 * mt];
+                acc[mt][dt][1] *= ROW_SCALE[2 * mt];
+                acc[mt][dt][2] *= ROW_SCALE[2 * mt + 1];
+                acc[mt][dt][3] *= ROW_SCALE[2 * mt + 1];
+            }
         }
 #undef ROW_SCALE
 

@@ -502,68 +502,35 @@ pub fn forward_regions(variant: &Variant, split_kv: bool) -> Result<String, Comp
     }
 
     // The online block update of one row.
-    {
-        // Simplified: exp becomes exp2 with log2(e) folded into one FMA per
-        // score, row constants are hoisted (bench/NOTES.md, forward v5).
-        let (fwd, _) = simplify_region(&online.fwd, Limits::default());
-        let fwd = &fwd;
-        let leaf = |op: &Op| -> String {
-            match op {
-                Op::Param(p) => match &fwd.params[*p as usize].role {
-                    ParamRole::Element => "s".into(),
-                    ParamRole::State(_) => format!("st[{}]", state_index(fwd, *p)),
-                    ParamRole::Seed(_) => unreachable!("forward regions have no seeds"),
-                },
-                Op::Shape(a) => size(*a),
-                other => {
-                    unreachable!("the online block reads only s, the state and sizes: {other:?}")
-                }
-            }
-        };
-        // `p_valid`: what p is where a key's p is not the update's own.
-        let update_body = |valid: Option<&str>, p_valid: &str| {
-            let (code, outs) = row(fwd, "n", valid, &leaf);
-            let mut tail = String::new();
-            for (o, (expr, is_row)) in fwd.outputs.iter().zip(&outs) {
-                if o.name == "p" {
-                    let at = if *is_row {
-                        format!("{expr}[e]")
-                    } else {
-                        expr.clone()
-                    };
-                    let _ = writeln!(
-                        tail,
-                        "    #pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = {p_valid} ? {at} : 0.0f;"
-                    );
-                } else if o.name == "alpha" {
-                    let _ = writeln!(tail, "    alpha = any ? {expr} : 1.0f;");
-                } else if let Some(f) = o.name.strip_prefix("state.") {
-                    let k = fields.iter().position(|x| x == f).expect("declared field");
-                    let _ = writeln!(tail, "    nst[{k}] = any ? {expr} : st[{k}];");
-                }
-            }
-            if nstate == 0 {
-                tail.push_str("    nst[0] = 0.0f;\n");
-            }
-            code + &tail
-        };
-        let _ = writeln!(
-            regions,
-            "__device__ __forceinline__ void online_fwd(const float (&s)[NE], const bool (&valid)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any, const Params& P) {{\n    any = false;\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) any = any || valid[e];\n    any = row_lanes_any(any);\n{}}}\n",
-            update_body(Some("valid"), "valid[e]")
-        );
-        // Partially masked blocks with masked scores at −∞ and no flags,
-        // where that is exact (crate::neg_inf_mask); `any` comes in as this
-        // thread's own (whether any of its keys is valid).
-        if masked_as_neg_inf(online, fwd) {
-            let _ = writeln!(
-                regions,
-                "#define MASKED_AS_NEG_INF 1\n__device__ __forceinline__ void online_fwd_neg_inf(const float (&s)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any, const Params& P) {{\n    any = row_lanes_any(any);\n{}}}\n",
-                update_body(None, "any")
-            );
-        } else {
-            regions.push_str("#define MASKED_AS_NEG_INF 0\n\n");
-        }
+    // Simplified: exp becomes exp2 with log2(e) folded into one FMA per
+    // score, row constants are hoisted (bench/NOTES.md, forward v5).
+    let (fwd, _) = simplify_region(&online.fwd, Limits::default());
+    let neg_inf = masked_as_neg_inf(online, &fwd);
+    regions.push_str(&online_fns(&fwd, &fields, None, neg_inf, ""));
+    let _ = writeln!(regions, "#define MASKED_AS_NEG_INF {}\n", u8::from(neg_inf));
+    // The same with its running maxima held (crate::held_max), where that is
+    // exact and the final state is the block's own: not where partial rows
+    // merge (split-KV, key warps), whose merged state would be held too.
+    let held = if split_kv {
+        None
+    } else {
+        crate::held_max::held_online_fwd(online, &fwd)
+            .filter(|h| masked_as_neg_inf(online, &h.fwd) == neg_inf)
+    };
+    // Where the maximum is held, most blocks leave alpha at 1 and the
+    // templates may skip O's rescale when a whole warp's rows do.
+    let _ = writeln!(regions, "#define ROW_MAX_HELD {}", u8::from(held.is_some()));
+    if let Some(h) = &held {
+        let _ = writeln!(regions, "#define NHELD {}\n", h.fields.len());
+        regions.push_str(&online_fns(
+            &h.fwd,
+            &fields,
+            Some(&h.fields),
+            neg_inf,
+            "_held",
+        ));
+        regions.push_str(&combine_fns(online, nstate)?);
+        regions.push_str(&held_state_fns(online, &h.fields));
     }
 
     // The epilogue: the output element and the final row scales.
@@ -625,6 +592,117 @@ pub fn forward_regions(variant: &Variant, split_kv: bool) -> Result<String, Comp
         regions.push_str(&combine_fns(online, nstate)?);
     }
     Ok(regions)
+}
+
+/// `online_fwd{suffix}` (and `online_fwd_neg_inf{suffix}` where `neg_inf`)
+/// from the online update `fwd`. With `held` (the held fields, in the order
+/// of `fwd`'s `block_max` outputs) each also takes `mx`, the row's true
+/// maxima of those fields, and keeps it.
+fn online_fns(
+    fwd: &Region,
+    fields: &[String],
+    held: Option<&[usize]>,
+    neg_inf: bool,
+    suffix: &str,
+) -> String {
+    let state_index = |p: u32| -> usize {
+        match &fwd.params[p as usize].role {
+            ParamRole::State(f) => fields
+                .iter()
+                .position(|x| x == f)
+                .expect("declared state field"),
+            other => unreachable!("not a state parameter: {other:?}"),
+        }
+    };
+    let leaf = |op: &Op| -> String {
+        match op {
+            Op::Param(p) => match &fwd.params[*p as usize].role {
+                ParamRole::Element => "s".into(),
+                ParamRole::State(_) => format!("st[{}]", state_index(*p)),
+                ParamRole::Seed(_) => unreachable!("forward regions have no seeds"),
+            },
+            Op::Shape(a) => axis_size(*a),
+            other => {
+                unreachable!("the online block reads only s, the state and sizes: {other:?}")
+            }
+        }
+    };
+    // `p_valid`: what p is where a key's p is not the update's own.
+    let update_body = |valid: Option<&str>, p_valid: &str| {
+        let (code, outs) = row(fwd, "n", valid, &leaf);
+        let mut tail = String::new();
+        let mut held_k = 0;
+        for (o, (expr, is_row)) in fwd.outputs.iter().zip(&outs) {
+            if o.name == "p" {
+                let at = if *is_row {
+                    format!("{expr}[e]")
+                } else {
+                    expr.clone()
+                };
+                let _ = writeln!(
+                    tail,
+                    "    #pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = {p_valid} ? {at} : 0.0f;"
+                );
+            } else if o.name == "alpha" {
+                let _ = writeln!(tail, "    alpha = any ? {expr} : 1.0f;");
+            } else if let Some(f) = o.name.strip_prefix("state.") {
+                let k = fields.iter().position(|x| x == f).expect("declared field");
+                let _ = writeln!(tail, "    nst[{k}] = any ? {expr} : st[{k}];");
+            } else if o.name.starts_with(crate::held_max::BLOCK_MAX) {
+                let _ = writeln!(
+                    tail,
+                    "    mx[{held_k}] = any ? fmaxf(mx[{held_k}], {expr}) : mx[{held_k}];"
+                );
+                held_k += 1;
+            }
+        }
+        if fields.is_empty() {
+            tail.push_str("    nst[0] = 0.0f;\n");
+        }
+        code + &tail
+    };
+    let mx = if held.is_some() {
+        " float (&mx)[NHELD],"
+    } else {
+        ""
+    };
+    let mut text = format!(
+        "__device__ __forceinline__ void online_fwd{suffix}(const float (&s)[NE], const bool (&valid)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any,{mx} const Params& P) {{\n    any = false;\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) any = any || valid[e];\n    any = row_lanes_any(any);\n{}}}\n\n",
+        update_body(Some("valid"), "valid[e]")
+    );
+    // Partially masked blocks with masked scores at −∞ and no flags, where
+    // that is exact (crate::neg_inf_mask); `any` comes in as this thread's
+    // own (whether any of its keys is valid).
+    if neg_inf {
+        let _ = writeln!(
+            text,
+            "__device__ __forceinline__ void online_fwd_neg_inf{suffix}(const float (&s)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any,{mx} const Params& P) {{\n    any = row_lanes_any(any);\n{}}}\n",
+            update_body(None, "any")
+        );
+    }
+    text
+}
+
+/// With held maxima: `held_init` (the true maxima's initial values) and
+/// `held_final_state`, a row's final state in the variant's own terms — each
+/// held field at its true maximum, the rescaled fields moved onto it by the
+/// combine's rescale, as the merge of one partial (`combine_fns`, which must
+/// come first). Only for rows that saw a key.
+fn held_state_fns(online: &aec_frontend::variant::Online, held: &[usize]) -> String {
+    let mut init = String::new();
+    let mut take = String::new();
+    for (i, &k) in held.iter().enumerate() {
+        let _ = writeln!(init, "    mx[{i}] = {};", float_lit(online.state[k].init));
+        let _ = writeln!(take, "    out[{k}] = mx[{i}];");
+    }
+    format!(
+        "__device__ __forceinline__ void held_init(float (&mx)[NHELD]) {{\n{init}}}\n\n\
+         __device__ __forceinline__ void held_final_state(const float (&st)[NSTATE_ARR], const float (&mx)[NHELD], float (&out)[NSTATE_ARR], const Params& P) {{\n\
+         \x20   #pragma unroll\n    for (int f = 0; f < NSTATE_ARR; ++f) out[f] = st[f];\n{take}\
+         \x20   const float c = combine_rescale(st, out, P);\n\
+         \x20   float acc[NSTATE_ARR];\n    #pragma unroll\n    for (int f = 0; f < NSTATE_ARR; ++f) acc[f] = 0.0f;\n\
+         \x20   combine_scaled_add(acc, c, st);\n    combine_scaled_finish(out, acc);\n}}\n\n"
+    )
 }
 
 /// Statements setting `st[r][k]` to each state field's initial value.
