@@ -3219,3 +3219,59 @@ fn gpu_forward_packed_decoding_with_producer() {
         },
     );
 }
+
+/// Kernels that hold their row maximum (`aec_compiler::held_max`: `wgmma`
+/// tiles with 256 O columns per warpgroup) against the reference, causal and not, with
+/// scores six times the usual spread so that the held maximum both stays
+/// (block maxima within 8 ln 2 of it) and moves; the row outputs must be
+/// the variant's own final state (at the true maximum), not the held one.
+#[test]
+fn gpu_forward_held_row_maximum() {
+    let test = "gpu_forward_held_row_maximum";
+    let Some(device) = device(test) else { return };
+    if Isa::for_arch(device.arch()) != Isa::Sm90a {
+        eprintln!("{test}: skipped, only the wgmma tiles hold their maxima");
+        return;
+    }
+    for mask in ["", "mask = |b, h, i, j| i >= j;"] {
+        let def = aec::frontend::parse_str(&format!(
+            "pub struct Sharp: parallel {{
+                q: [B, H, Sq, Dqk]; k: [B, H, Skv, Dqk]; v: [B, H, Skv, Dv];
+                modify_q = |q| q * 6.0 * rsqrt(Dqk);
+                {mask}
+                online {{
+                    state {{ m = -inf, l = 0.0 }}
+                    fwd = |s, st| {{
+                        let m = max(st.m, rowmax(s));
+                        let p = exp(s - m);
+                        (p, State {{ m, l: st.l * exp(st.m - m) + rowsum(p) }}, exp(st.m - m))
+                    }}
+                    epilogue = |o, st| (o / st.l, Scales {{ lse: st.m + log(st.l) }})
+                }}
+            }}"
+        ))
+        .expect("variant");
+        let (shape, dims) = (Shape::mha(2, 4, 300, 333), HeadDims::new(128, 256));
+        let Some(kernels) = compiled(
+            test,
+            ParallelKernels::compile(&def, &device, dims, &KernelOptions::default()),
+        ) else {
+            return;
+        };
+        let source = kernels.forward_source();
+        assert!(
+            source.source.contains("#define ROW_MAX_HELD 1"),
+            "{test}: `{}` does not hold its maximum",
+            source.name
+        );
+        let (err, rows_ok, rows) =
+            against_reference(test, &device, &def, &kernels, shape, dims, test);
+        eprintln!(
+            "{test} ({}): `{}` {shape}: rel_err(o)={err:.2e} rows[{}]",
+            if mask.is_empty() { "dense" } else { "causal" },
+            source.name,
+            rows.join(", ")
+        );
+        assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
+    }
+}

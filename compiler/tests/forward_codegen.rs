@@ -202,15 +202,16 @@ fn masked_blocks_take_neg_inf_scores_where_the_update_allows() {
     }
 }
 
-/// Softmax-like kernels hold their row maximum (`held_max`): the held
-/// update keeps the true maximum, the epilogue writes the state moved onto
-/// it, and O's rescale is skipped where a warp's rows keep theirs. Kernels
-/// whose partial rows merge, and updates with no maximum, keep their own.
+/// Softmax-like kernels with wide O rows hold their row maximum
+/// (`held_max`): the held update keeps the true maximum, the epilogue writes
+/// the state moved onto it, and O's rescale is skipped where a warp's rows
+/// keep theirs. Narrower rows, kernels whose partial rows merge, and updates
+/// with no maximum keep their own.
 #[test]
 fn row_maxima_are_held_where_the_final_state_is_the_blocks_own() {
-    let v = example("softmax_causal");
-    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
-    let k = parallel_forward(&v, 128, 128, &cfg).expect("causal kernel");
+    let v = example("diff_transformer");
+    let cfg = ForwardConfig::default_for(&v, 128, 256, Elem::Bf16, Isa::Sm90a);
+    let k = parallel_forward(&v, 128, 256, &cfg).expect("Dv 256 kernel");
     assert!(k.source.contains("#define ROW_MAX_HELD 1"));
     let f = &k.source[k
         .source
@@ -226,6 +227,14 @@ fn row_maxima_are_held_where_the_final_state_is_the_blocks_own() {
         k.source.contains("held_final_state(st[r], mx[r], fst, P)")
             && k.source.contains("if (rescale_needed(alpha))"),
         "the state written at the true maximum; the rescale voted"
+    );
+    // 128 O columns: the variant's own update.
+    let v = example("softmax_causal");
+    let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let k = parallel_forward(&v, 128, 128, &cfg).expect("causal kernel");
+    assert!(
+        k.source.contains("#define ROW_MAX_HELD 0") && !k.source.contains("void online_fwd_held"),
+        "Dv 128"
     );
     // Split-KV decoding merges partial states: no hold.
     let d = example("decode");

@@ -1350,6 +1350,16 @@ fn wgmma_dims_within(dqk: u32, dv: u32, max_dqk: u32) -> bool {
     dqk.is_multiple_of(PANEL_COLS) && dv.is_multiple_of(PANEL_COLS) && dv <= MAX_N && dqk <= max_dqk
 }
 
+/// The O columns per warpgroup from which the `wgmma` forward holds its row
+/// maxima (`crate::held_max`): the rescale it skips costs a multiply per O
+/// column and block, the hold a few instructions per row and block beside
+/// it. On an H200 (bench/NOTES.md, session 64, rotated rounds)
+/// DiffTransformer's 256 columns ran 3.0–3.9% faster held; at 128 columns
+/// non-causal softmax ran 1.5–3.5% slower and the causal ones within the
+/// rounds' spread. (The sm_80 template is not measured held: it keeps the
+/// variant's own update.)
+pub const HELD_MAX_MIN_O_COLUMNS: u32 = 256;
+
 #[derive(Template)]
 #[template(path = "cuda/parallel_fwd.cu", escape = "none")]
 struct ForwardTemplate<'a> {
@@ -1578,7 +1588,11 @@ fn generate_forward(
             )));
         }
     }
-    let regions = forward_regions(variant, cfg.split_kv || cfg.key_warps > 1)?;
+    let regions = forward_regions(
+        variant,
+        cfg.split_kv || cfg.key_warps > 1,
+        cfg.wgmma && dvw >= HELD_MAX_MIN_O_COLUMNS,
+    )?;
 
     let CustomParams {
         fields: params_fields,

@@ -477,8 +477,13 @@ fn emit_row_programs(combined: &Region, fields: &[String], held: Option<u32>) ->
 }
 
 /// Every forward region of a parallel variant, with the split-KV combine
-/// functions when `split_kv`.
-pub fn forward_regions(variant: &Variant, split_kv: bool) -> Result<String, CompileError> {
+/// functions when `split_kv`, and the online update with its running maxima
+/// held (`ROW_MAX_HELD`) where `hold_row_max` asks and that is exact.
+pub fn forward_regions(
+    variant: &Variant,
+    split_kv: bool,
+    hold_row_max: bool,
+) -> Result<String, CompileError> {
     let par = variant.parallel().expect("parallel variant");
     let online = &par.online;
     let fields: Vec<String> = online.state.iter().map(|f| f.name.clone()).collect();
@@ -511,7 +516,7 @@ pub fn forward_regions(variant: &Variant, split_kv: bool) -> Result<String, Comp
     // The same with its running maxima held (crate::held_max), where that is
     // exact and the final state is the block's own: not where partial rows
     // merge (split-KV, key warps), whose merged state would be held too.
-    let held = if split_kv {
+    let held = if split_kv || !hold_row_max {
         None
     } else {
         crate::held_max::held_online_fwd(online, &fwd)

@@ -157,7 +157,8 @@ pub fn hip_parallel_forward(
     let online = &par.online;
     let nstate = online.state.len();
     let nscales = online.scales.len();
-    let regions = forward_regions(variant, cfg.split_kv)?;
+    // (The HIP template keeps the variant's own update: no held maxima.)
+    let regions = forward_regions(variant, cfg.split_kv, false)?;
     let CustomParams {
         fields: params_fields,
         args: custom_args,
