@@ -1,6 +1,6 @@
 //! The deterministic generator of the compiler's numerical checks (the
-//! split-KV combine, masked keys as −∞): their answers must not depend on a
-//! seed source or the run.
+//! split-KV combine, masked keys as −∞, the held maximum): their answers
+//! must not depend on a seed source or the run.
 
 /// Uniform values in [0, 1) from an xorshift64 state started at `seed`
 /// (nonzero).

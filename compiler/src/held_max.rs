@@ -12,7 +12,10 @@
 //! DiffTransformer 3.9% less energy a launch).
 //!
 //! Each field updated as `max(st.f, x)` with `x` free of the state becomes
-//! `x > st.f + HOLD ? x : st.f`. The rewrite is taken only where it is
+//! `x > st.f + HOLD ? x : st.f`. (Not `max(st.f, x − HOLD)`, one
+//! instruction fewer: that field is the running maximum less a constant and
+//! moves whenever the maximum does; bench/NOTES.md, session 64.) The
+//! rewrite is taken only where it is
 //! checked to be exact, numerically as the split-KV combine is: random rows
 //! of blocks whose maxima rise by small and large steps must give the same
 //! epilogue outputs (the output and every final row scale) as the variant's
@@ -25,7 +28,8 @@
 //! move the state onto it with the split-KV combine's rescale
 //! (`crate::combine`), which a variant must therefore have. Kernels whose
 //! partial rows merge (split-KV, key warps) keep the variant's own update:
-//! their merged state would be a held one.
+//! their merged state would be a held one. Where it pays is the
+//! generator's call (`cuda::forward::HELD_MAX_MIN_O_COLUMNS`).
 
 use crate::combine::{Merge, combine_plan, run_row};
 use aec_frontend::ir::{Binary, Graph, NodeId, Op, Output, ParamRole, Region};
