@@ -476,6 +476,17 @@ fn emit_row_programs(combined: &Region, fields: &[String], held: Option<u32>) ->
     }
 }
 
+/// The index in `fields` of `region`'s state parameter `p`.
+fn state_index(fields: &[String], region: &Region, p: u32) -> usize {
+    match &region.params[p as usize].role {
+        ParamRole::State(f) => fields
+            .iter()
+            .position(|x| x == f)
+            .expect("declared state field"),
+        other => unreachable!("not a state parameter: {other:?}"),
+    }
+}
+
 /// Every forward region of a parallel variant, with the split-KV combine
 /// functions when `split_kv`, and the online update with its running maxima
 /// held (`ROW_MAX_HELD`) where `hold_row_max` asks and that is exact.
@@ -491,15 +502,6 @@ pub fn forward_regions(
     let nscales = online.scales.len();
 
     let size = axis_size;
-    let state_index = |region: &Region, p: u32| -> usize {
-        match &region.params[p as usize].role {
-            ParamRole::State(f) => fields
-                .iter()
-                .position(|x| x == f)
-                .expect("declared state field"),
-            other => unreachable!("not a state parameter: {other:?}"),
-        }
-    };
 
     let mut regions = forward_closures(variant);
     if let Some(m) = &par.mask {
@@ -545,7 +547,7 @@ pub fn forward_regions(
             match op {
                 Op::Param(p) => match &epi.params[*p as usize].role {
                     ParamRole::Element => "x".into(),
-                    _ => format!("st[{}]", state_index(epi, *p)),
+                    _ => format!("st[{}]", state_index(&fields, epi, *p)),
                 },
                 Op::Shape(a) => size(*a),
                 other => unreachable!("the epilogue reads only o, the state and sizes: {other:?}"),
@@ -610,20 +612,11 @@ fn online_fns(
     neg_inf: bool,
     suffix: &str,
 ) -> String {
-    let state_index = |p: u32| -> usize {
-        match &fwd.params[p as usize].role {
-            ParamRole::State(f) => fields
-                .iter()
-                .position(|x| x == f)
-                .expect("declared state field"),
-            other => unreachable!("not a state parameter: {other:?}"),
-        }
-    };
     let leaf = |op: &Op| -> String {
         match op {
             Op::Param(p) => match &fwd.params[*p as usize].role {
                 ParamRole::Element => "s".into(),
-                ParamRole::State(_) => format!("st[{}]", state_index(*p)),
+                ParamRole::State(_) => format!("st[{}]", state_index(fields, fwd, *p)),
                 ParamRole::Seed(_) => unreachable!("forward regions have no seeds"),
             },
             Op::Shape(a) => axis_size(*a),
