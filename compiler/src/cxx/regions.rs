@@ -513,7 +513,7 @@ pub fn forward_regions(
     // score, row constants are hoisted (bench/NOTES.md, forward v5).
     let (fwd, _) = simplify_region(&online.fwd, Limits::default());
     let neg_inf = masked_as_neg_inf(online, &fwd);
-    regions.push_str(&online_fns(&fwd, &fields, None, neg_inf, ""));
+    regions.push_str(&online_fns(&fwd, &fields, false, neg_inf, ""));
     let _ = writeln!(regions, "#define MASKED_AS_NEG_INF {}\n", u8::from(neg_inf));
     // The same with its running maxima held (crate::held_max), where that is
     // exact and the final state is the block's own: not where partial rows
@@ -529,13 +529,7 @@ pub fn forward_regions(
     let _ = writeln!(regions, "#define ROW_MAX_HELD {}", u8::from(held.is_some()));
     if let Some(h) = &held {
         let _ = writeln!(regions, "#define NHELD {}\n", h.fields.len());
-        regions.push_str(&online_fns(
-            &h.fwd,
-            &fields,
-            Some(&h.fields),
-            neg_inf,
-            "_held",
-        ));
+        regions.push_str(&online_fns(&h.fwd, &fields, true, neg_inf, "_held"));
         regions.push_str(&combine_fns(online, nstate)?);
         regions.push_str(&held_state_fns(online, &h.fields));
     }
@@ -602,16 +596,10 @@ pub fn forward_regions(
 }
 
 /// `online_fwd{suffix}` (and `online_fwd_neg_inf{suffix}` where `neg_inf`)
-/// from the online update `fwd`. With `held` (the held fields, in the order
-/// of `fwd`'s `block_max` outputs) each also takes `mx`, the row's true
-/// maxima of those fields, and keeps it.
-fn online_fns(
-    fwd: &Region,
-    fields: &[String],
-    held: Option<&[usize]>,
-    neg_inf: bool,
-    suffix: &str,
-) -> String {
+/// from the online update `fwd`. With `held` (`fwd` is a held update,
+/// `crate::held_max::Held`) each also takes `mx`, the row's true maxima of
+/// the held fields in the order of `fwd`'s `block_max` outputs, and keeps it.
+fn online_fns(fwd: &Region, fields: &[String], held: bool, neg_inf: bool, suffix: &str) -> String {
     let leaf = |op: &Op| -> String {
         match op {
             Op::Param(p) => match &fwd.params[*p as usize].role {
@@ -659,11 +647,7 @@ fn online_fns(
         }
         code + &tail
     };
-    let mx = if held.is_some() {
-        " float (&mx)[NHELD],"
-    } else {
-        ""
-    };
+    let mx = if held { " float (&mx)[NHELD]," } else { "" };
     let mut text = format!(
         "__device__ __forceinline__ void online_fwd{suffix}(const float (&s)[NE], const bool (&valid)[NE], const float (&st)[NSTATE_ARR],\n    float (&p)[NE], float (&nst)[NSTATE_ARR], float& alpha, bool& any,{mx} const Params& P) {{\n    any = false;\n    #pragma unroll\n    for (int e = 0; e < NE; ++e) any = any || valid[e];\n    any = row_lanes_any(any);\n{}}}\n\n",
         update_body(Some("valid"), "valid[e]")
