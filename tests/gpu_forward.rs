@@ -591,6 +591,87 @@ fn gpu_forward_deepseek_two_stage_ring() {
     }
 }
 
+/// The 192-row tile: three consumer warpgroups beside the producer, on
+/// 160 registers each. DeepSeek's dims on 96- and 112-key blocks, causal
+/// softmax on 64-key blocks (two-stage rings whose first steps' blocks lie
+/// past the first warpgroups' rows, which skip them) and softmax without a
+/// mask, at lengths that are not tile multiples: the last row block's
+/// second and third warpgroups have no rows at 400 (they skip every block),
+/// the third some at 333; at 80 heads (160 units of two row blocks on the
+/// persistent grid) the ring's phases run across tiles. (Measured slower
+/// than the 128-row tile on an H200, bench/NOTES.md session 65: not a
+/// default.)
+#[test]
+fn gpu_forward_three_consumer_warpgroups() {
+    let test = "gpu_forward_three_consumer_warpgroups";
+    let tile = |name: &str, dqk: u32, dv: u32, block_n: u32, stages: u32| {
+        let base = ForwardConfig::default_for(&example(name), dqk, dv, Elem::Bf16, Isa::Sm90a);
+        KernelOptions {
+            config: Some(ForwardConfig {
+                block_m: 192,
+                block_n,
+                warps: 12,
+                stages,
+                q_in_registers: false,
+                late_epilogue: false,
+                ..base
+            }),
+            ..KernelOptions::default()
+        }
+    };
+    // (The f64 reference takes most of the time: the many-tile shape only
+    // where the walk skips.)
+    let small = Shape::mha(2, 3, 333, 333);
+    let many_tiles = Shape::mha(2, 40, 400, 400);
+    for (name, dims, block_n, stages, shapes) in [
+        (
+            "deepseek",
+            HeadDims::new(192, 128),
+            96,
+            2,
+            vec![small, many_tiles],
+        ),
+        ("deepseek", HeadDims::new(192, 128), 112, 2, vec![small]),
+        (
+            "softmax_causal",
+            HeadDims::square(128),
+            64,
+            2,
+            vec![small, many_tiles],
+        ),
+        ("softmax", HeadDims::square(128), 96, 2, vec![small]),
+    ] {
+        let options = tile(name, dims.dqk, dims.dv, block_n, stages);
+        for shape in shapes {
+            if let Some(gpu) =
+                common::gpu::prepare_with(test, name, shape, dims, (0.0, 1.0), &options)
+            {
+                let source = gpu.kernels.forward_source();
+                assert!(
+                    source.name.contains(&format!("_m192n{block_n}w12_")),
+                    "{test}: {}",
+                    source.name
+                );
+                assert!(
+                    source
+                        .source
+                        .contains("setmaxnreg.inc.sync.aligned.u32 160;"),
+                    "{test}: `{}` does not give its consumers 160 registers",
+                    source.name
+                );
+            }
+            check_example_with(
+                &format!("{test} ({name}, {block_n} keys, {shape})"),
+                name,
+                shape,
+                dims,
+                (0.0, 1.0),
+                &options,
+            );
+        }
+    }
+}
+
 #[test]
 fn gpu_forward_decode() {
     check_example(

@@ -426,7 +426,7 @@ fn main() {
     // (A flag first, `--help` among them, is not an output directory.)
     let Some(out) = args.first().filter(|a| !a.starts_with('-')) else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--timeline] [--timeline-tiles <tag,tag,...>]"
+            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--forward-tile m<rows>n<keys>s<stages>] [--timeline] [--timeline-tiles <tag,tag,...>]"
         );
         std::process::exit(2);
     };
@@ -474,6 +474,20 @@ fn main() {
     // `--per-block`: the warp-specialised kernels launched with a block per
     // row block instead of persistent (to check and time that form).
     let per_block = args.iter().any(|a| a == "--per-block");
+    // `--forward-tile m192n96s2`: the benchmark workloads' warp-specialised
+    // forwards on that tile (a warpgroup per 64 rows, Q in shared memory,
+    // no late epilogue) instead of their defaults, for `fwd_ab.py`.
+    let forward_tile = match flag_values(&args, "--forward-tile")
+        .first()
+        .map(|t| parse_forward_tile(t))
+    {
+        Some(Ok(tile)) => Some(tile),
+        Some(Err(e)) => {
+            eprintln!("--forward-tile: {e}");
+            std::process::exit(2);
+        }
+        None => None,
+    };
     for case in CASES.iter().filter(|_| !no_parallel && workloads.is_none()) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
@@ -494,6 +508,17 @@ fn main() {
         eprintln!("bench kernel {workload} …");
         let v = bench_variant(&root, example);
         let mut cfg = forward_config(&v, *dqk, *dv, per_block);
+        if let Some((block_m, block_n, stages)) = forward_tile.filter(|_| cfg.warp_specialized) {
+            cfg = ForwardConfig {
+                block_m,
+                block_n,
+                warps: block_m / 16,
+                stages,
+                q_in_registers: false,
+                late_epilogue: false,
+                ..cfg
+            };
+        }
         if let Some((_, sizes)) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
             cfg = cfg.for_decoding_call(&v, *sizes, 132, *dqk, *dv, Isa::Sm90a);
         }
@@ -1071,6 +1096,16 @@ fn main() {
     )
     .expect("write index");
     eprintln!("wrote {}", out.join("index.json").display());
+}
+
+/// `m<rows>n<keys>s<stages>` as (block_m, block_n, stages).
+fn parse_forward_tile(tag: &str) -> Result<(u32, u32, u32), String> {
+    let bad = || format!("`{tag}` is not a tile such as m192n96s2 (rows, keys, stages)");
+    let rest = tag.strip_prefix('m').ok_or_else(bad)?;
+    let (m, rest) = rest.split_once('n').ok_or_else(bad)?;
+    let (n, s) = rest.split_once('s').ok_or_else(bad)?;
+    let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
+    Ok((num(m)?, num(n)?, num(s)?))
 }
 
 fn flag_values(args: &[String], flag: &str) -> Vec<String> {

@@ -2180,3 +2180,64 @@ fn exponentials(src: &str) -> usize {
     let body = &src[start..start + src[start..].find("\n}\n").expect("end")];
     body.matches("fast_exp2(").count()
 }
+
+/// Under a causal mask, a warpgroup skips the leading steps whose key
+/// blocks lie past its rows (there are such blocks where they are narrower
+/// than the tile: DiffTransformer's 64 keys under 128 rows; with DeepSeek's
+/// 128 the count is always 0); not without a mask, nor where the late
+/// epilogue holds the last tile's V stage into the next.
+#[test]
+fn warpgroups_skip_key_blocks_past_their_rows_under_causal_masks() {
+    let skips = |name: &str, dqk: u32, dv: u32| {
+        let v = example(name);
+        let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+        let k = parallel_forward(&v, dqk, dv, &cfg).expect("kernel");
+        (k.source.contains("const int wg_row0 ="), cfg.late_epilogue)
+    };
+    assert_eq!(skips("diff_transformer", 128, 256), (true, false));
+    assert_eq!(skips("deepseek", 192, 128), (true, false));
+    assert_eq!(skips("softmax", 128, 128), (false, false));
+    assert_eq!(skips("softmax_causal", 128, 128), (false, true));
+}
+
+/// The 192-row tile: three consumer warpgroups on 160 registers beside a
+/// producer on 32 (two consumers keep 232 and 40); refused, with what it
+/// needs, off the warp-specialised wgmma forward.
+#[test]
+fn three_consumer_warpgroups_split_the_register_file() {
+    let v = example("deepseek");
+    let base = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm90a);
+    let k = parallel_forward(&v, 192, 128, &base).expect("default kernel");
+    assert!(
+        k.source.contains("setmaxnreg.inc.sync.aligned.u32 232;")
+            && k.source.contains("setmaxnreg.dec.sync.aligned.u32 40;")
+    );
+    let wide = ForwardConfig {
+        block_m: 192,
+        block_n: 96,
+        warps: 12,
+        ..base
+    };
+    let k = parallel_forward(&v, 192, 128, &wide).expect("192-row kernel");
+    assert_eq!(k.threads, 512);
+    assert!(
+        k.source.contains("setmaxnreg.inc.sync.aligned.u32 160;")
+            && k.source.contains("setmaxnreg.dec.sync.aligned.u32 32;")
+    );
+    let err = parallel_forward(
+        &v,
+        192,
+        128,
+        &ForwardConfig {
+            warp_specialized: false,
+            persistent: false,
+            tma_loads: false,
+            ..wide
+        },
+    )
+    .expect_err("192 rows without a producer warpgroup");
+    assert!(
+        err.to_string().contains("three consumer warpgroups"),
+        "{err}"
+    );
+}

@@ -88,7 +88,7 @@
 {% macro pipelined_block(first, path) %}
         // Block `it` (the first block has no P·V in flight).
         // Ring positions count from the CTA's first tile (`ring` blocks before this one).
-{% if first %}        const int it = 0, cur = ring % STAGES;
+{% if first %}        const int it = it0, cur = (ring + it0) % STAGES;
 {% else %}        const int cur = (ring + it) % STAGES, prev = (ring + it + STAGES - 1) % STAGES;
 {% endif %}        const int n0 = KV_N0(it), nw0 = n0;
         mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
@@ -96,7 +96,7 @@
         AEC_TILE_MARK(lt, 1);
 {% endif %}{% if first && late_epilogue %}        // The V this block's first group reads (see below).
         if (prev_pv) WAIT_V(prev_last, prev_gi);
-        else WAIT_V(cur, ring);
+        else WAIT_V(cur, ring + it);
 {% else %}{% if !first %}        WAIT_V(prev, ring + it - 1);
 {% endif %}{% endif %}        fence_proxy_async();
 {% if path == 0 %}        // Tiles the mask hides entirely are computed anyway (p = 0, alpha = 1):
@@ -1197,7 +1197,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
     __syncthreads();
     if (warp >= NWARPS) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 {{ producer_regs }};\n");
         const int ptid = tid - NWARPS * WARP;
 {% if tma %}        // One warp walks the tiles (their classification is warp-wide) and
         // its first lane issues the copies: a TMA copy moves a whole box.
@@ -1290,7 +1290,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         cp_async_wait_all();
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 {{ consumer_regs }};\n");
     int ring = 0, lt = 0;  // K/V blocks and tiles consumed so far
 {% if late_epilogue %}    // A tile's last P·V and epilogue run in the next tile, beside its first
     // S GEMM (the tensor cores would otherwise idle through them), so its
@@ -1357,7 +1357,26 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% else %}        // The FlashAttention-3 schedule inside a warpgroup: block it's scores
         // and online step run while block it-1's P·V is on the tensor cores;
         // a stage goes back to the producer once its P·V has finished.
-        if (n_iter > 0) {
+{% if wg_skip %}        // Under a causal mask the walk starts at the diagonal, and where a
+        // key block is narrower than the tile the first steps' blocks may
+        // lie wholly past this warpgroup's last row: it takes no part in
+        // those but to hand their stages back, once landed (so that its
+        // arrival counts for that block's phase). The warpgroup index goes
+        // through a shuffle: nvcc then keeps the loops' descriptor
+        // arithmetic on the uniform datapath (bench/NOTES.md session 63).
+        const int wg_row0 = m0 + __shfl_sync(0xffffffffu, wr / 4, 0) * 64;
+        const int it0 = wg_row0 >= n_rows
+                            ? n_iter
+                            : min(n_iter, n_end - min(n_end, ROW_POS(min(wg_row0 + 63, n_rows - 1)) / BN + 1));
+        for (int it = 0; it < it0; ++it) {
+            const int cur = (ring + it) % STAGES;
+            mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
+            WAIT_V(cur, ring + it);
+            RELEASE_K(cur);
+            RELEASE_V(cur);
+        }
+{% else %}        const int it0 = 0;
+{% endif %}        if (it0 < n_iter) {
 {% call pipelined_block(true, 0) %}{% endcall %}
         }{% if late_epilogue %} else {
 {% call last_pv() %}{% endcall %}{% call pack_rows() %}{% endcall %}{% call previous_epilogue() %}{% endcall %}{% call init_rows(false) %}{% endcall %}        }{% endif %}
@@ -1366,7 +1385,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // while P·V is in flight measured far slower on the tiles that take
         // the masked path (H100, causal: 0.95 ms against 0.82 ms).
         AEC_TILE_MARK(lt, 3);
-        for (int it = 1; it < n_iter;) {
+        for (int it = it0 + 1; it < n_iter;) {
             for (; it < n_iter && !STEP_FULL(it); ++it) {
 {% call pipelined_block(false, 1) %}{% endcall %}
             }
@@ -1376,10 +1395,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         }
 {% if persistent && !q_regs %}        mbar_arrive(&bar_q_free);  // the tile's S GEMMs are done with Q
 {% endif %}{% if late_epilogue %}        // The last block's P·V waits for the next tile's first S GEMM.
-        prev_pv = n_iter > 0;
+        prev_pv = it0 < n_iter;
         prev_gi = ring + n_iter - 1;
         prev_last = (ring + n_iter + STAGES - 1) % STAGES;
-{% else %}        if (n_iter > 0) {
+{% else %}        if (it0 < n_iter) {
             // The last block's P·V.
             const int last = (ring + n_iter - 1) % STAGES;
 {% call pv_alone("last", "ring + n_iter - 1") %}{% endcall %}{% if persistent %}            RELEASE_V(last);

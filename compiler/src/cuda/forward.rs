@@ -18,7 +18,10 @@ use askama::Template;
 /// Tile configuration of the forward kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ForwardConfig {
-    /// Query rows per thread block.
+    /// Query rows per thread block: 16, 32, 64 or 128, or on the
+    /// warp-specialised `wgmma` forward 192 (three consumer warpgroups on
+    /// 160 registers each, 12 warps; H200: 15-20% slower than 128 rows for
+    /// DeepSeek and d128 softmax, bench/NOTES.md session 65, so no default).
     pub block_m: u32,
     /// Keys per inner-loop step.
     pub block_n: u32,
@@ -1360,6 +1363,9 @@ fn wgmma_dims_within(dqk: u32, dv: u32, max_dqk: u32) -> bool {
 /// variant's own update.)
 pub const HELD_MAX_MIN_O_COLUMNS: u32 = 256;
 
+/// The warp-specialised forward's tile of three consumer warpgroups.
+pub const THREE_WARPGROUP_ROWS: u32 = 192;
+
 #[derive(Template)]
 #[template(path = "cuda/parallel_fwd.cu", escape = "none")]
 struct ForwardTemplate<'a> {
@@ -1411,6 +1417,13 @@ struct ForwardTemplate<'a> {
     /// A tile's epilogue runs under the next tile's first S GEMM.
     late_epilogue: bool,
     q_regs: bool,
+    /// `setmaxnreg` budgets of the producer and consumer warpgroups
+    /// ([`register_split`]).
+    producer_regs: u32,
+    consumer_regs: u32,
+    /// Consumer warpgroups skip the leading steps whose key blocks lie past
+    /// their rows under a causal mask (BN < BM leaves such blocks).
+    wg_skip: bool,
     split_kv: bool,
     fused_combine: bool,
     /// A packed variable-length batch (`cu_q`, `cu_k`).
@@ -1436,6 +1449,15 @@ struct ForwardTemplate<'a> {
     /// Splits the combine in the main kernel loads at once (`fused_chunk_for`).
     fused_chunk: u32,
     wgmma_fns: String,
+}
+
+/// The `setmaxnreg` budgets (producer, consumer) of a warp-specialised
+/// forward with `consumers` computing warpgroups beside the producer, in a
+/// 64K-register file of which the CTA, alone on its SM, holds all: two
+/// consumers get 232 (with the producer's 40: 64,512), three 160 (with 32:
+/// 65,536, as FlashAttention-3's three-warpgroup tiles).
+fn register_split(consumers: u32) -> (u32, u32) {
+    if consumers >= 3 { (32, 160) } else { (40, 232) }
 }
 
 /// Generates the parallel forward kernel of `variant` for head dims `dqk`, `dv`.
@@ -1687,6 +1709,18 @@ fn generate_forward(
         stages: cfg.stages,
         late_epilogue,
         q_regs: cfg.q_in_registers,
+        producer_regs: register_split(cfg.warps / 4).0,
+        consumer_regs: register_split(cfg.warps / 4).1,
+        // (Not with the late epilogue: a warpgroup holds the last tile's V
+        // stage into the next tile's first computed block, and skipping two
+        // blocks of a two-stage ring would wait for that stage's reload.)
+        wg_skip: cfg.wgmma
+            && cfg.warp_specialized
+            && cfg.key_warps == 1
+            && !cfg.pack_gqa
+            && !late_epilogue
+            && layout != RowLayout::BlockSparse
+            && par.mask.as_ref().is_some_and(implies_causal),
         split_kv: cfg.split_kv,
         fused_combine: cfg.fused_combine,
         varlen,
@@ -1979,15 +2013,30 @@ pub(crate) fn check_config(
     } else {
         matches!(cfg.block_n, 32 | 64 | 128)
     };
+    // 192 rows: three consumer warpgroups beside the producer, each with
+    // 160 registers (`register_split`), one key and Dv warp each.
+    if cfg.block_m == THREE_WARPGROUP_ROWS
+        && !(cfg.wgmma
+            && cfg.warp_specialized
+            && cfg.warps == 12
+            && cfg.key_warps == 1
+            && cfg.dv_warps <= 1
+            && !cfg.pack_gqa)
+    {
+        return Err(CompileError(format!(
+            "tile {}x{} with {} warps is not supported: {THREE_WARPGROUP_ROWS} rows are three consumer warpgroups, which need the warp-specialised wgmma forward (wgmma: true, warp_specialized: true) with 12 warps, one key warp, one Dv warp and unpacked rows",
+            cfg.block_m, cfg.block_n, cfg.warps
+        )));
+    }
     let row_warps = cfg.row_warps();
-    if !matches!(cfg.block_m, 16 | 32 | 64 | 128)
+    if !(matches!(cfg.block_m, 16 | 32 | 64 | 128) || cfg.block_m == THREE_WARPGROUP_ROWS)
         || !block_n_ok
         || row_warps == 0
         || !matches!(cfg.block_m.checked_div(row_warps), Some(16 | 32))
         || !cfg.block_m.is_multiple_of(row_warps)
     {
         return Err(CompileError(format!(
-            "tile {}x{} with {} warps{} is not supported: block_m must be 16, 32, 64 or 128, block_n 32, 64 or 128 (wgmma kernels: from 32 to 128, a multiple of 16 with warp specialisation, of 4 x warps without), and each warp must own 16 or 32 rows",
+            "tile {}x{} with {} warps{} is not supported: block_m must be 16, 32, 64 or 128 (192 on the warp-specialised wgmma forward), block_n 32, 64 or 128 (wgmma kernels: from 32 to 128, a multiple of 16 with warp specialisation, of 4 x warps without), and each warp must own 16 or 32 rows",
             cfg.block_m,
             cfg.block_n,
             cfg.warps,
