@@ -1622,6 +1622,7 @@ fn generate_forward(
         init: params_init,
     } = custom_params(variant.customs.len(), false);
     let state_init = state_init(online);
+    let (producer_regs, consumer_regs) = register_split(cfg.warps / 4);
     let kernel_name = format!(
         "aec_fwd_{}_{}_d{dqk}x{dv_total}_m{}n{}w{}{}{}{}",
         variant.name.to_lowercase(),
@@ -1709,8 +1710,8 @@ fn generate_forward(
         stages: cfg.stages,
         late_epilogue,
         q_regs: cfg.q_in_registers,
-        producer_regs: register_split(cfg.warps / 4).0,
-        consumer_regs: register_split(cfg.warps / 4).1,
+        producer_regs,
+        consumer_regs,
         // (Not with the late epilogue: a warpgroup holds the last tile's V
         // stage into the next tile's first computed block, and skipping two
         // blocks of a two-stage ring would wait for that stage's reload.)
