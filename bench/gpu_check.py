@@ -8,7 +8,11 @@ outputs; per benchmark workload a kernel. Our kernels are loaded through the
 CUDA driver (ctypes) into PyTorch's context, so they run in the same process,
 on the same tensors and with the same timing method (triton's do_bench,
 median) as the anchors. Results go to $OUT/results.json in the format of
-shared/design.md §11.
+shared/design.md §11. Decoding rows (graph-timed) also give their K/V bytes
+per second against the 1 GiB device copy (`copy_fraction`) and against the
+read floor of the same bytes (`read_floor_fraction`; a "read floor" row per
+decoding workload times `read_floor.bulk_floor_ms`, a bulk read that does
+nothing else): at tens of megabytes the floor is well below the copy rate.
 """
 import ctypes, datetime, json, math, os, re, sys
 import torch
@@ -502,6 +506,7 @@ def run_bench(cases_dir, index, workloads):
     wl = {w["id"]: w for w in workloads["workloads"] + index.get("extra_workloads", [])}
 
     copy_gbps = copy_bandwidth()
+    floors = {}  # decoding workload -> its read floor, ms per call
     print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
     rows.append(dict(workload="copy", impl="torch copy_ (1 GiB)", gbps=copy_gbps))
 
@@ -523,11 +528,16 @@ def run_bench(cases_dir, index, workloads):
                 kv_cols = w["dqk"] if w.get("v_in_k") else w["dqk"] + w["dv"]  # V stored in K: one cache
                 nbytes = 2 * w["b"] * (w["hkv"] * w["skv"] * kv_cols + w["h"] * (w["dqk"] + w["dv"]))
                 row.update(gbps=nbytes / (ms * 1e-3) / 1e9, copy_fraction=nbytes / (ms * 1e-3) / 1e9 / copy_gbps)
+                if floors.get(work):
+                    # Against the fastest plain read of the same K/V bytes
+                    # (read_floor.bulk_floor_ms): what any kernel could reach.
+                    row["read_floor_fraction"] = floors[work] / ms
             if err is not None:
                 row["max_rel_err"] = err
             print(f"bench {work:42s} {pas:7s} {impl:14s} {ms:8.4f} ms {row['tflops']:7.1f} TF/s"
                   + (f" err={err:.2e}" if err is not None else "")
-                  + (f" {row['gbps']:.0f} GB/s = {row['copy_fraction']:.2f} of copy" if "gbps" in row else ""),
+                  + (f" {row['gbps']:.0f} GB/s = {row['copy_fraction']:.2f} of copy" if "gbps" in row else "")
+                  + (f", {row['read_floor_fraction']:.2f} of the read floor" if "read_floor_fraction" in row else ""),
                   flush=True)
         rows.append(row)
         return row
@@ -551,6 +561,23 @@ def run_bench(cases_dir, index, workloads):
             for _ in range(max(0, -(-GRAPH_SET_BYTES // per_set) - 1)):
                 kx = torch.randn_like(k)
                 sets.append((torch.randn_like(q), kx, kx[..., :dv] if w.get("v_in_k") else torch.randn_like(v)))
+
+        if decode:
+            # The read floor of this call's K/V bytes (the cache once where V
+            # is stored in K), timed over the same input sets.
+            try:
+                from read_floor import bulk_floor_ms
+                if w.get("v_in_k"):
+                    half = k.numel() * k.element_size() // 2
+                    pairs = [(kk.data_ptr(), kk.data_ptr() + half) for _, kk, _ in sets]
+                    floor = bulk_floor_ms(pairs, half, half)
+                else:
+                    pairs = [(kk.data_ptr(), vv.data_ptr()) for _, kk, vv in sets]
+                    floor = bulk_floor_ms(pairs, k.numel() * k.element_size(), v.numel() * v.element_size())
+                floors[work] = floor
+                record(work, "read floor", floor, fl, timing="cuda graph, bulk copies (bench/read_floor.py)")
+            except Exception as e:
+                record(work, "read floor", None, fl, error=f"{type(e).__name__}: {e}")
 
         def timed(f):
             """`f(qq, kk, vv)` timed: graph replays over the input sets for

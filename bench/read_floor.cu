@@ -50,18 +50,20 @@ __device__ unsigned stream_ring(char* ring, u64_t* bar, int stages, int chunk, l
 }
 
 // Contiguous slices of a‖b, one per block.
-extern "C" __global__ void __launch_bounds__(128) read_bulk(const char* __restrict__ a, const char* __restrict__ b, long long nbytes, int chunk, int stages, unsigned* out) {
+extern "C" __global__ void __launch_bounds__(128) read_bulk(const char* __restrict__ a, const char* __restrict__ b, long long na, long long nb, int chunk, int stages, unsigned* out) {
+    // a's na bytes then b's nb (na a multiple of chunk: no chunk straddles them).
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) u64_t bar[16];
     if (threadIdx.x != 0) return;
-    const long long per = (((nbytes * 2) / gridDim.x) + chunk - 1) / chunk * chunk;
-    const long long lo = (long long)blockIdx.x * per, hi = min(lo + per, nbytes * 2);
+    const long long total = na + nb;
+    const long long per = ((total / gridDim.x) + chunk - 1) / chunk * chunk;
+    const long long lo = (long long)blockIdx.x * per, hi = min(lo + per, total);
     const long long nch = hi > lo ? (hi - lo + chunk - 1) / chunk : 0;
     const unsigned acc = stream_ring(
         ring, bar, stages, chunk, nch,
         [&](long long c) {
             const long long off = lo + c * chunk;
-            return off < nbytes ? a + off : b + (off - nbytes);
+            return off < na ? a + off : b + (off - na);
         },
         [&](long long c) { return (int)min((long long)chunk, hi - (lo + c * chunk)); });
     if (acc == 0x12345678u) out[0] = acc;
