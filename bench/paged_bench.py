@@ -13,6 +13,10 @@ every cache here spans at least 134 MB, well past the L2):
 - cudnn: SDPA (cuDNN backend) on the contiguous cache, the anchor.
 Bytes moved (the K/V cache and q, o) against the device-to-device copy
 bandwidth measured in the same run. Results go to $OUT/paged.json.
+AEC_PAGED_COMPARE=<dir>[:<dir>...]: also time the `paged` entries of those
+cases directories (earlier builds, `aec-bench <dir> --nvcc … --varlen-only`)
+in the same process after this build's, their rows tagged `@<dir name>`
+(a comparison across processes or machines mixes in their differences).
 """
 import datetime, json, math, os, sys
 import torch
@@ -46,12 +50,19 @@ def main():
     copy_gbps = copy_bandwidth()
     rows = [dict(workload="copy", impl="torch copy_ (1 GiB)", gbps=copy_gbps)]
     print(f"device-to-device copy: {copy_gbps:.0f} GB/s", flush=True)
-    for entry in index["paged"]:
+    # (cases dir, entry, row tag): this build's entries, then those of the
+    # builds to compare with.
+    builds = [(cases_dir, e, "") for e in index["paged"]]
+    for other in os.environ.get("AEC_PAGED_COMPARE", "").split(":"):
+        if other:
+            name = os.path.basename(other.rstrip("/"))
+            builds += [(other, e, f"@{name}") for e in json.load(open(os.path.join(other, "index.json")))["paged"]]
+    for build_dir, entry, build_tag in builds:
         d = entry["dqk"]
         tiles = entry.get("tiles", "default")
-        tag = "" if tiles == "default" else f"[{tiles}]"
-        print(f"tiles {tiles}: {entry['dense']['name']} {entry['dense'].get('ptxas', '')}", flush=True)
-        dense_k, paged_k = Kernel(cases_dir, entry["dense"]), Kernel(cases_dir, entry["paged"])
+        tag = ("" if tiles == "default" else f"[{tiles}]") + build_tag
+        print(f"tiles {tiles}{build_tag}: {entry['dense']['name']} {entry['dense'].get('ptxas', '')}", flush=True)
+        dense_k, paged_k = Kernel(build_dir, entry["dense"]), Kernel(build_dir, entry["paged"])
         for wid, b, h, hkv, skv in WORKLOADS:
             torch.manual_seed(0)
             q = torch.randn(b, h, 1, d, device=dev, dtype=torch.bfloat16)
