@@ -13,6 +13,8 @@ every cache here spans at least 134 MB, well past the L2):
 - cudnn: SDPA (cuDNN backend) on the contiguous cache, the anchor.
 Bytes moved (the K/V cache and q, o) against the device-to-device copy
 bandwidth measured in the same run. Results go to $OUT/paged.json.
+SPLIT_SWEEP=1,2,4: the contiguous kernel, and the paged one at 64-row pages,
+also at those KV split counts.
 AEC_PAGED_COMPARE=<dir>[:<dir>...]: also time the `paged` entries of those
 cases directories (earlier builds, `aec-bench <dir> --nvcc … --varlen-only`)
 in the same process after this build's, their rows tagged `@<dir name>`
@@ -122,6 +124,16 @@ def main():
                 ms = bench(lambda: paged_k(q, kc, vc, {}, sizes, extra))
                 record(f"aec-paged-{p}", ms, err=rel_err(op.float(), o.float()),
                        slower_than_contiguous=ms / base["ms"] - 1, splits=paged_k.last_splits)
+                if p == 64:
+                    # The paged kernel at the swept split counts too (its
+                    # page lookups make it the more sensitive to blocks in
+                    # flight: bench/NOTES.md session 66).
+                    for forced in SPLIT_SWEEP:
+                        paged_k.splits_override = forced
+                        ms = bench(lambda: paged_k(q, kc, vc, {}, sizes, extra))
+                        record(f"aec-paged-{p}-{forced}kv", ms, slower_than_contiguous=ms / base["ms"] - 1,
+                               splits=forced)
+                    paged_k.splits_override = None
                 del kc, vc
             del q, k, v
             torch.cuda.empty_cache()
