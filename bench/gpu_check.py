@@ -680,8 +680,8 @@ def run_bench(cases_dir, index, workloads):
                 # cuDNN and ours again, alternating, in ROUNDS rounds with the
                 # same timing: single timings of either moved by 1-2%
                 # between runs (bench/NOTES.md session 66).
-                interleaved_rounds(work, fl, {"cudnn": lambda: anchors["cudnn"](),
-                                              "aec": lambda: ours(kern)(q, k, v)}, bench, record)
+                interleaved_rounds(work, fl, {"cudnn": anchors["cudnn"], "aec": lambda: ours(kern)(q, k, v)},
+                                   bench, record)
             if entry.get("tiles"):
                 # Forced KV splits of the default, then the other tiles.
                 for n in (1, 2, 3, 4, 6, 8):
@@ -697,18 +697,8 @@ def run_bench(cases_dir, index, workloads):
                     # tenths of a percent should not hinge on which ran first.
                     extra = {f"aec {t['tiles']}": ours(Kernel(cases_dir, t["kernel"]))
                              for t in entry["tiles"] if t["tiles"] in ROUND_TILES and "kernel" in t}
-                    timed_rounds = {nm: [] for nm in anchors} | {"aec": []} | {nm: [] for nm in extra}
-                    for _ in range(ROUNDS):
-                        for nm, f in list(anchors.items()) + [("aec", ours(kern))] + list(extra.items()):
-                            try:
-                                timed_rounds[nm].append(timed(f)[0])
-                            except Exception:
-                                torch.cuda.synchronize()
-                    for nm, xs in timed_rounds.items():
-                        if xs:
-                            med = sorted(xs)[len(xs) // 2]
-                            r = record(work, f"{nm} (rounds)", med, fl, timing="cuda graph, interleaved rounds")
-                            r["ms_rounds"] = xs
+                    interleaved_rounds(work, fl, anchors | {"aec": ours(kern)} | extra, lambda f: timed(f)[0], record,
+                                       timing="cuda graph, interleaved rounds")
                     # Launches that reuse workspaces (counters the kernel
                     # leaves zero) still give the right answer.
                     o, _ = kern(q, k, kv, customs, sizes)
@@ -739,25 +729,21 @@ def run_bench(cases_dir, index, workloads):
     return rows
 
 
-def interleaved_rounds(work, fl, fns, timer, record, pas="fwd"):
+def interleaved_rounds(work, fl, fns, timer, record, pas="fwd", timing="interleaved rounds"):
     """`fns` (name -> callable) timed one after the other in ROUNDS rounds,
     recorded as "<name> (rounds)" rows with their median and every round's
     time: `timer(f)` gives milliseconds, or with `timer` None each callable
-    times itself. A failing one drops out of the rounds."""
+    times itself. A round that fails leaves no time."""
     times = {nm: [] for nm in fns}
     for _ in range(ROUNDS):
         for nm, f in fns.items():
-            if times[nm] is None:
-                continue
             try:
                 times[nm].append(f() if timer is None else timer(f))
             except Exception:
                 torch.cuda.synchronize()
-                times[nm] = None
     for nm, xs in times.items():
         if xs:
-            r = record(work, f"{nm} (rounds)", sorted(xs)[len(xs) // 2], fl, pas=pas,
-                       timing="interleaved rounds")
+            r = record(work, f"{nm} (rounds)", sorted(xs)[len(xs) // 2], fl, pas=pas, timing=timing)
             r["ms_rounds"] = xs
 
 

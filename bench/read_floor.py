@@ -62,14 +62,8 @@ def launch(fn, grid, block, smem, args):
 _MODULE = None
 
 
-def bulk_floor_ms(pairs, na, nb):
-    """The read floor of a decoding call's bytes, as gpu_check.py reports
-    beside each decoding workload: milliseconds per call of the fastest bulk
-    read (`read_bulk`, one block per SM streaming a slice of K‖V into a ring
-    of 64 KiB × 3 or 32 KiB × 6) of two buffers of `na` and `nb` bytes, graph-timed
-    over the input sets `pairs` (data pointers (a, b) per set) as the
-    decoding kernels are. No kernel that reads those bytes can beat it by
-    much: it reads and does nothing else."""
+def probe_module():
+    """read_floor.cu compiled for this GPU by NVRTC and loaded (once)."""
     global _MODULE
     if _MODULE is None:
         major, minor = torch.cuda.get_device_capability()
@@ -78,13 +72,25 @@ def bulk_floor_ms(pairs, na, nb):
         module = ctypes.c_void_p()
         check(libcuda.cuModuleLoadData(ctypes.byref(module), nvrtc_cubin(src, arch)), "cuModuleLoadData read_floor.cu")
         _MODULE = module
+    return _MODULE
+
+
+def bulk_floor_ms(pairs, na, nb):
+    """The read floor of a decoding call's bytes, as gpu_check.py reports
+    beside each decoding workload: milliseconds per call of the fastest bulk
+    read (`read_bulk`, one block per SM streaming a slice of K‖V into a ring
+    of 64 KiB × 3 or 32 KiB × 6) of two buffers of `na` and `nb` bytes, graph-timed
+    over the input sets `pairs` (data pointers (a, b) per set) as the
+    decoding kernels are. No kernel that reads those bytes can beat it by
+    much: it reads and does nothing else."""
+    module = probe_module()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.zeros(4, dtype=torch.int32, device="cuda")
     best = None
     for chunk, stages in ((65536, 3), (32768, 6)):
         if na % chunk:
             continue  # (a chunk would straddle the two buffers)
-        fn = get_function(_MODULE, "read_bulk", chunk * stages)
+        fn = get_function(module, "read_bulk", chunk * stages)
         ms = bench_graph(lambda i: launch(fn, sms, 128, chunk * stages, [
             ctypes.c_void_p(pairs[i][0]), ctypes.c_void_p(pairs[i][1]), ctypes.c_longlong(na), ctypes.c_longlong(nb),
             ctypes.c_int(chunk), ctypes.c_int(stages), ctypes.c_void_p(out.data_ptr())]), len(pairs))
@@ -97,11 +103,7 @@ def bulk_floor_ms(pairs, na, nb):
 def main():
     b, hkv, skv, d = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "1,8,32768,128").split(","))
     torch.zeros(1, device="cuda")  # PyTorch's context, which the module loads into
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
-    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "read_floor.cu")).read()
-    module = ctypes.c_void_p()
-    check(libcuda.cuModuleLoadData(ctypes.byref(module), nvrtc_cubin(src, arch)), "cuModuleLoadData")
+    module = probe_module()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     half = b * hkv * skv * d * 2  # K's bytes (V's the same)
     total = 2 * half
@@ -134,10 +136,12 @@ def main():
             log(copy, f"16-byte loads, {grid} x {block} threads", bench_graph(
                 lambda i: launch(vec, grid, block, 0, ptrs(i) + [ctypes.c_longlong(half // 16), ctypes.c_void_p(out.data_ptr())]), n_sets))
         for name, label in (("read_bulk", "bulk copies of slices of K‖V"), ("read_bulk2", "bulk copies of one key range of K and V")):
+            # read_bulk takes both buffers' sizes, read_bulk2 one (both alike).
+            sizes = [ctypes.c_longlong(half)] * (2 if name == "read_bulk" else 1)
             for chunk, stages, grid in [(32768, 6, sms), (65536, 3, sms), (32768, 6, 16 * hkv * b), (65536, 3, 16 * hkv * b), (32768, 4, 16 * hkv * b)]:
                 fn = get_function(module, name, chunk * stages)
                 log(copy, f"{label}, {chunk >> 10} KiB x {stages}, {grid} blocks", bench_graph(
-                    lambda i: launch(fn, grid, 128, chunk * stages, ptrs(i) + [ctypes.c_longlong(half)] * (2 if name == "read_bulk" else 1) + [ctypes.c_int(chunk), ctypes.c_int(stages), ctypes.c_void_p(out.data_ptr())]), n_sets))
+                    lambda i: launch(fn, grid, 128, chunk * stages, ptrs(i) + sizes + [ctypes.c_int(chunk), ctypes.c_int(stages), ctypes.c_void_p(out.data_ptr())]), n_sets))
         # The sm_80-template decoding kernel's loads: cp.async, 128-key steps
         # of K and V (64 KiB at d128) in three stages, 128 threads (its four
         # key warps), then more threads.
