@@ -164,7 +164,8 @@ class Kernel:
     def kv_splits(self, sizes):
         """KernelSource::kv_splits (compiler/src/cuda/forward.rs), the same rule:
         the splits within one wave of resident blocks for which the busiest SM
-        finishes first (split_cost), the fewest among equals."""
+        finishes first (split_cost, with the kernel's K/V bytes in flight per
+        block), the fewest among equals."""
         if not self.meta.get("split_kv", self.combine is not None):
             return 1
         if self.splits_override:
@@ -175,10 +176,13 @@ class Kernel:
             return 1
         key_blocks = (sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"]
         top = min(max(key_blocks // 4, 1), 128, max(1, self.resident * self.sms // blocks))
+        need = 64 * 1024  # KV_BYTES_IN_FLIGHT_PER_SM
+        per_block = self.meta.get("kv_bytes_in_flight") or need // 2
 
         def cost(s):
             n = -(-blocks * s // self.sms)
-            return n * (-(-key_blocks // s) + 1) * (100 if min(n, self.resident) >= 2 else 115)
+            in_flight = max(1, min(n, self.resident)) * per_block
+            return n * (-(-key_blocks // s) + 1) * 1024 * max(in_flight, need) // in_flight
         return min(range(1, top + 1), key=lambda s: (cost(s), s))
 
     def __call__(self, q, k, v, customs, sizes, extra=None, o_fill=None):

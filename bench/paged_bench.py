@@ -13,8 +13,11 @@ every cache here spans at least 134 MB, well past the L2):
 - cudnn: SDPA (cuDNN backend) on the contiguous cache, the anchor.
 Bytes moved (the K/V cache and q, o) against the device-to-device copy
 bandwidth measured in the same run. Results go to $OUT/paged.json.
+PAGED_PAGES=64: only these page sizes (16, 64 and 256 by default).
 SPLIT_SWEEP=1,2,4: the contiguous kernel, and the paged one at 64-row pages,
 also at those KV split counts.
+PAGED_SHAPES=32x4096,16x8192: these batch × length shapes (32 heads, 8 KV
+heads) instead of the workloads below.
 AEC_PAGED_COMPARE=<dir>[:<dir>...]: also time the `paged` entries of those
 cases directories (earlier builds, `aec-bench <dir> --nvcc … --varlen-only`)
 in the same process after this build's, their rows tagged `@<dir name>`
@@ -40,7 +43,10 @@ WORKLOADS = [
     ("decode-gqa-b64-h32-kv8-kv4096-d128", 64, 32, 8, 4096),
     ("decode-gqa-b1-h32-kv8-kv32768-d128", 1, 32, 8, 32768),
 ]
-PAGES = [16, 64, 256]
+if os.environ.get("PAGED_SHAPES"):
+    WORKLOADS = [(f"decode-b{b}-h32-kv8-s{s}", int(b), 32, 8, int(s))
+                 for b, s in (x.split("x") for x in os.environ["PAGED_SHAPES"].split(","))]
+PAGES = [int(x) for x in os.environ.get("PAGED_PAGES", "16,64,256").split(",")]
 SPLIT_SWEEP = [int(x) for x in os.environ.get("SPLIT_SWEEP", "").split(",") if x]
 
 

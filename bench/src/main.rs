@@ -1325,6 +1325,7 @@ fn kernel_meta(
         "combine_threads": k.combine_threads(),
         "combine_rows_per_block": k.combine_rows(),
         "block_n": k.block_n,
+        "kv_bytes_in_flight": k.kv_bytes_in_flight,
         "split_state_words": k.split_state_words,
         "dqk": k.dqk,
         "dv": k.dv,

@@ -300,6 +300,11 @@ pub struct KvSplitPlan {
     /// shared-memory form of the wave cap does not apply).
     #[serde(default)]
     pub block_smem_bytes: u64,
+    /// K/V bytes one block of the split launch keeps in flight (0: not
+    /// known, counted as half of
+    /// [`KV_BYTES_IN_FLIGHT_PER_SM`](crate::cuda::forward::KV_BYTES_IN_FLIGHT_PER_SM)).
+    #[serde(default)]
+    pub block_bytes_in_flight: u64,
     pub rule: String,
 }
 
@@ -321,6 +326,7 @@ impl KvSplitPlan {
             key_blocks,
             max_splits: self.max_splits,
             block_smem: self.block_smem_bytes,
+            block_bytes_in_flight: self.block_bytes_in_flight,
             sms,
             residency,
         })
@@ -631,15 +637,19 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
             key_blocks: SizeExpr::ceil_div(v("Skv"), c(k.block_n)),
             max_splits: MAX_KV_SPLITS,
             block_smem_bytes: u64::from(k.smem_bytes),
+            block_bytes_in_flight: k.kv_bytes_in_flight,
             rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
                    the splits s from 1 to min(clamp(key_blocks / 4, 1, max_splits), \
-                   max(1, resident * SMs / blocks)) with the least cost n * \
-                   (ceil(key_blocks / s) + 1) * (100 if min(n, resident) >= 2 else 115), \
-                   n = ceil(blocks * s / SMs) (the busiest multiprocessor's time), the \
-                   fewest among equals; resident being the driver's occupancy count for \
-                   the split launch's function where known, else floor(smem_per_sm / \
-                   (block_smem_bytes + 1024)) where block_smem_bytes > 0, else unknown \
-                   (no cap, min(n, resident) = n)"
+                   max(1, resident * SMs / blocks)) with the least cost \
+                   n * (ceil(key_blocks / s) + 1) * 1024 * max(f, 65536) / f, \
+                   n = ceil(blocks * s / SMs) (the busiest multiprocessor's blocks), \
+                   f = max(1, min(n, resident)) * block_bytes_in_flight (the K/V bytes \
+                   its resident blocks keep in flight; block_bytes_in_flight 0 counts \
+                   as 32768), integer arithmetic, the fewest among equals; resident \
+                   being the driver's occupancy count for the split launch's function \
+                   where known, else floor(smem_per_sm / (block_smem_bytes + 1024)) \
+                   where block_smem_bytes > 0, else unknown (no cap, min(n, resident) \
+                   = n)"
                 .to_string(),
         });
         launches.push(LaunchPlan {
@@ -1214,6 +1224,7 @@ mod tests {
             key_blocks: v("kb"),
             max_splits: 128,
             block_smem_bytes: 0,
+            block_bytes_in_flight: 0,
             rule: String::new(),
         };
         let at = |blocks: u64, kb: u64| {
@@ -1252,11 +1263,61 @@ mod tests {
         assert_eq!(p.splits(&at(140, 128), 132, Residency::Blocks(2)), 1);
         assert_eq!(p.splits(&at(140, 128), 132, Residency::Blocks(3)), 2);
         use crate::cuda::forward::split_cost;
-        // The busiest SM's time: blocks × (key blocks + 1) × 100, × 115
-        // where fewer than two are resident together.
-        assert_eq!(split_cost(32, 64, 8, 132, Some(3)), 2 * 9 * 100);
-        assert_eq!(split_cost(32, 64, 9, 132, Some(3)), 3 * 9 * 100);
-        assert_eq!(split_cost(32, 64, 4, 132, Some(3)), 17 * 115);
-        assert_eq!(split_cost(8, 256, 33, 132, Some(1)), 2 * 9 * 115);
+        // The busiest SM's time: blocks × (key blocks + 1) × 1024, slower
+        // in proportion below 64 KiB in flight on the SM; a block whose
+        // bytes in flight are not known counts as 32 KiB.
+        assert_eq!(split_cost(32, 64, 8, 132, Some(3), 0), 2 * 9 * 1024);
+        assert_eq!(split_cost(32, 64, 9, 132, Some(3), 0), 3 * 9 * 1024);
+        assert_eq!(split_cost(32, 64, 4, 132, Some(3), 0), 17 * 1024 * 2);
+        assert_eq!(split_cost(8, 256, 33, 132, Some(1), 0), 2 * 9 * 1024 * 2);
+        // 16 KiB per block: two resident are half as fast as four.
+        assert_eq!(split_cost(256, 128, 1, 132, Some(6), 16384), 2 * 129 * 1024 * 2);
+        assert_eq!(split_cost(256, 128, 2, 132, Some(6), 16384), 4 * 65 * 1024);
+        assert_eq!(split_cost(32, 64, 4, 132, Some(1), 128 * 1024), 17 * 1024);
+    }
+
+    #[test]
+    fn kv_split_rule_keeps_the_dram_busy() {
+        // The d128 decoding tile (16 KiB of K/V in flight per block, six
+        // resident per SM) at the shapes of the H200 sweep (bench/NOTES.md
+        // session 67): (grid blocks, key blocks, the fastest splits, the
+        // rule's). B16 × 4096 ran 66.9 µs at 5 splits and 67.4 at 4; B24 ×
+        // 4096 96.6 at 3 and 98.5 at 4; the others are the fastest.
+        let p = KvSplitPlan {
+            blocks: v("blocks"),
+            key_blocks: v("kb"),
+            max_splits: 128,
+            block_smem_bytes: 36_864,
+            block_bytes_in_flight: 16 * 1024,
+            rule: String::new(),
+        };
+        for (blocks, kb, splits) in [
+            (32 * 8, 128, 2),
+            (16 * 8, 128, 4),
+            (24 * 8, 128, 4),
+            (8 * 8, 512, 8),
+            (16 * 8, 256, 4),
+            (4 * 8, 1024, 16),
+            (48 * 8, 128, 1),
+        ] {
+            let at = move |n: &str| match n {
+                "blocks" => Some(blocks),
+                "kb" => Some(kb),
+                _ => None,
+            };
+            assert_eq!(p.splits(&at, 132, Residency::Blocks(6)), splits, "{blocks} × {kb}");
+        }
+        // The same grid with 128 KiB in flight per block (the fat tile):
+        // two blocks of 128 keys cost no more than one of 256, so 1.
+        let fat = KvSplitPlan {
+            block_bytes_in_flight: 128 * 1024,
+            ..p.clone()
+        };
+        let at = |n: &str| match n {
+            "blocks" => Some(256),
+            "kb" => Some(128),
+            _ => None,
+        };
+        assert_eq!(fat.splits(&at, 132, Residency::Blocks(6)), 1);
     }
 }

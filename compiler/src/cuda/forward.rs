@@ -901,6 +901,9 @@ pub struct KernelSource {
     pub combine: Option<String>,
     /// Keys per block step (the unit a KV split is made of).
     pub block_n: u32,
+    /// K/V bytes one block keeps loading ahead ([`kv_bytes_in_flight`]):
+    /// what the KV-split rule counts in flight per resident block.
+    pub kv_bytes_in_flight: u64,
     /// Words per query row and split of the `spart` workspace: the state
     /// fields and a flag for "saw a key".
     pub split_state_words: u32,
@@ -1034,6 +1037,7 @@ impl KernelSource {
             key_blocks: skv.div_ceil(self.block_n as usize) as u64,
             max_splits: MAX_KV_SPLITS,
             block_smem: u64::from(self.smem_bytes),
+            block_bytes_in_flight: self.kv_bytes_in_flight,
             sms: u64::from(sms),
             residency,
         }) as u32
@@ -1160,6 +1164,31 @@ impl Residency {
     }
 }
 
+/// Bytes of K and V a multiprocessor needs in flight for the DRAM to run at
+/// full speed: the KV-split rule ([`split_cost`]) prices fewer as a slower
+/// stream. (H200, d128 decoding tile of 16 KB in flight per block, B16 ×
+/// 4096: one block per SM 103.5 µs, two 73.4, three to five 66.9–67.4;
+/// B32 × 4096: two per SM 133.4, four 123.0. 64 KiB is where the rule's
+/// choices match the fastest of 1 to 16 splits on eight shapes within 2%,
+/// bench/NOTES.md session 67.)
+pub const KV_BYTES_IN_FLIGHT_PER_SM: u64 = 64 * 1024;
+
+/// Bytes of K and V one block of a forward keeps loading ahead of its
+/// compute: `stages - 1` key blocks (at least one) of `block_n` rows, each
+/// Dqk elements of K and, unless V is read from K's rows, the block's Dv
+/// slice of V.
+pub fn kv_bytes_in_flight(
+    stages: u32,
+    block_n: u32,
+    dqk: u32,
+    dv_slice: u32,
+    v_in_k: bool,
+    elem_bytes: u32,
+) -> u64 {
+    let row = u64::from(dqk) + if v_in_k { 0 } else { u64::from(dv_slice) };
+    u64::from(stages.saturating_sub(1).max(1)) * u64::from(block_n) * row * u64::from(elem_bytes)
+}
+
 /// What the KV-split rule ([`kv_split_rule`]) reads.
 #[derive(Clone, Copy, Debug)]
 pub struct KvSplitInputs {
@@ -1171,6 +1200,9 @@ pub struct KvSplitInputs {
     /// Dynamic shared memory of one block (with [`Residency::SharedMemory`]
     /// 0 means no wave cap).
     pub block_smem: u64,
+    /// K/V bytes one block keeps in flight ([`kv_bytes_in_flight`]); 0 when
+    /// not known ([`split_cost`]).
+    pub block_bytes_in_flight: u64,
     pub sms: u64,
     pub residency: Residency,
 }
@@ -1191,30 +1223,51 @@ pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
     let resident = i.residency.per_sm(i.block_smem);
     let top = resident.map_or(most, |r| most.min((r * sms / i.blocks).max(1)));
     (1..=top)
-        .min_by_key(|&s| (split_cost(i.blocks, i.key_blocks, s, sms, resident), s))
+        .min_by_key(|&s| {
+            let cost = split_cost(
+                i.blocks,
+                i.key_blocks,
+                s,
+                sms,
+                resident,
+                i.block_bytes_in_flight,
+            );
+            (cost, s)
+        })
         .unwrap_or(1)
 }
 
 /// The busiest multiprocessor's time with `splits` KV splits, in key blocks
-/// × 100: it runs `n = ceil(blocks · splits / SMs)` blocks of
+/// × 1024: it runs `n = ceil(blocks · splits / SMs)` blocks of
 /// `ceil(key_blocks / splits)` key blocks each, plus about one key block's
-/// worth of fixed work per block (Q, the partial output and row state), and
-/// streams them 15% faster when two or more are resident at once
-/// (`resident`: how many fit; `None`: all). (H100, MQA d128, 32 blocks: 8
-/// splits, two blocks on each SM, took 0.0302 ms; 4 splits, one block with
-/// twice the keys, 0.0348; 9 splits, three blocks on some SMs, 0.0346;
-/// bench/NOTES.md session 39.)
+/// worth of fixed work per block (Q, the partial output and row state),
+/// streamed at full speed when the blocks resident at once (`resident`: how
+/// many fit; `None`: all) keep [`KV_BYTES_IN_FLIGHT_PER_SM`] in flight
+/// between them (`block_bytes_in_flight` each), proportionally slower with
+/// less: a stream waits on the DRAM's latency. With `block_bytes_in_flight`
+/// 0 (not known) a block counts as half that figure: one resident block
+/// streams at half speed, two or more at full.
 pub fn split_cost(
     blocks: u64,
     key_blocks: u64,
     splits: u64,
     sms: u64,
     resident: Option<u64>,
+    block_bytes_in_flight: u64,
 ) -> u64 {
     let n = (blocks * splits).div_ceil(sms.max(1));
     let per_block = key_blocks.div_ceil(splits.max(1)) + 1;
-    let together = resident.map_or(n, |r| n.min(r));
-    n * per_block * if together >= 2 { 100 } else { 115 }
+    let together = resident.map_or(n, |r| n.min(r)).max(1);
+    let per_block_bytes = if block_bytes_in_flight == 0 {
+        KV_BYTES_IN_FLIGHT_PER_SM / 2
+    } else {
+        block_bytes_in_flight
+    };
+    let in_flight = together.saturating_mul(per_block_bytes);
+    (n * per_block)
+        .saturating_mul(1024)
+        .saturating_mul(in_flight.max(KV_BYTES_IN_FLIGHT_PER_SM))
+        / in_flight
 }
 
 /// Static shared memory of the warp-specialised kernel (its mbarriers),
@@ -1799,6 +1852,14 @@ fn generate_forward(
         dqk,
         dv: dv_total,
         block_n: cfg.block_n,
+        kv_bytes_in_flight: kv_bytes_in_flight(
+            cfg.stages,
+            cfg.block_n,
+            dqk,
+            dv,
+            cfg.v_in_k,
+            cfg.elem.bytes(),
+        ),
         split_state_words: nstate as u32 + 1,
         v_in_k: cfg.v_in_k,
         tile_schedule,

@@ -6,6 +6,7 @@ use crate::CompileError;
 use crate::Elem;
 use crate::combine::combine_plan;
 use crate::cuda::forward::{
+    kv_bytes_in_flight,
     KernelSource, check_dv_split, combine_chunk_for, combine_rows_for, default_dv_split,
     forward_args,
 };
@@ -236,6 +237,16 @@ pub fn hip_parallel_forward(
         dqk,
         dv: dv_total,
         block_n: cfg.block_n,
+        // One key block ahead: the next block's K rows are prefetched into
+        // registers while this one is computed.
+        kv_bytes_in_flight: kv_bytes_in_flight(
+            2,
+            cfg.block_n,
+            dqk,
+            dv,
+            cfg.v_in_k,
+            cfg.elem.bytes(),
+        ),
         split_state_words: nstate as u32 + 1,
         v_in_k: cfg.v_in_k,
         tile_schedule: false,

@@ -7,7 +7,9 @@
 
 use super::device::DeviceConfig;
 use super::space::{Problem, VariantFacts};
-use crate::cuda::forward::{KvSplitInputs, MAX_KV_SPLITS, Residency, kv_split_rule};
+use crate::cuda::forward::{
+    KvSplitInputs, MAX_KV_SPLITS, Residency, kv_bytes_in_flight, kv_split_rule,
+};
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -209,6 +211,14 @@ pub fn estimate(
         plan,
         row_blocks * heads * problem.b * plan.dv_split as usize,
         kv_blocks,
+        kv_bytes_in_flight(
+            plan.stages,
+            plan.block_n,
+            problem.dqk,
+            plan.dv_slice,
+            false,
+            problem.elem.bytes(),
+        ),
         device,
     );
     let epilogue = bm * dvs * eb / (device.dram_gbs * 1e9 / (device.sms as f64 * clock));
@@ -260,13 +270,15 @@ pub fn estimate(
 
 /// KV splits of a split-KV plan over `blocks` blocks (before splits) of
 /// `kv_blocks` key blocks: the runtime's rule ([`kv_split_rule`]), with the
-/// plan's resident blocks as the driver's count, so that the model prices
+/// plan's resident blocks as the driver's count and `block_bytes_in_flight`
+/// K/V bytes in flight per block, so that the model prices
 /// the split count that runs (its own estimate had given MQA's 64-row tile
 /// 8 splits where it runs 4).
 pub(crate) fn plan_splits(
     plan: &TilePlan,
     blocks: usize,
     kv_blocks: usize,
+    block_bytes_in_flight: u64,
     device: &DeviceConfig,
 ) -> usize {
     if !plan.split_kv {
@@ -277,6 +289,7 @@ pub(crate) fn plan_splits(
         key_blocks: kv_blocks as u64,
         max_splits: MAX_KV_SPLITS,
         block_smem: 0,
+        block_bytes_in_flight,
         sms: u64::from(device.sms),
         residency: Residency::Blocks(u64::from(plan.blocks_per_sm.max(1))),
     }) as usize
@@ -338,14 +351,17 @@ mod tests {
             split_kv: true,
             persistent: false,
         };
-        assert_eq!(plan_splits(&plan(64), 32, 32, &h200), 4);
-        assert_eq!(plan_splits(&plan(128), 16, 32, &h200), 8);
+        // Two 128-key blocks of K and V at d128 in flight.
+        let in_flight = kv_bytes_in_flight(3, 128, 128, 128, false, 2);
+        assert_eq!(in_flight, 128 * 1024);
+        assert_eq!(plan_splits(&plan(64), 32, 32, in_flight, &h200), 4);
+        assert_eq!(plan_splits(&plan(128), 16, 32, in_flight, &h200), 8);
         // No split-KV, or a grid of two blocks per SM: one.
         let whole = TilePlan {
             split_kv: false,
             ..plan(64)
         };
-        assert_eq!(plan_splits(&whole, 32, 32, &h200), 1);
-        assert_eq!(plan_splits(&plan(64), 2 * 132, 32, &h200), 1);
+        assert_eq!(plan_splits(&whole, 32, 32, in_flight, &h200), 1);
+        assert_eq!(plan_splits(&plan(64), 2 * 132, 32, in_flight, &h200), 1);
     }
 }
