@@ -739,16 +739,34 @@ def interleaved_rounds(work, fl, fns, timer, record, pas="fwd", timing="interlea
     time: `timer(f)` gives milliseconds, or with `timer` None each callable
     times itself. A round that fails leaves no time."""
     times = {nm: [] for nm in fns}
+    gpu_state = {nm: [] for nm in fns}
     for _ in range(ROUNDS):
         for nm, f in fns.items():
             try:
                 times[nm].append(f() if timer is None else timer(f))
+                gpu_state[nm].append(sm_clock_and_power())
             except Exception:
                 torch.cuda.synchronize()
     for nm, xs in times.items():
         if xs:
             r = record(work, f"{nm} (rounds)", sorted(xs)[len(xs) // 2], fl, pas=pas, timing=timing)
             r["ms_rounds"] = xs
+            if any(gpu_state[nm]):
+                # The SM clock (MHz) and board power (W) NVML reports
+                # just after each round's timing: under the power cap
+                # a round's time follows the clock (bench/NOTES.md
+                # session 67).
+                r["mhz_rounds"] = [g and g[0] for g in gpu_state[nm]]
+                r["watts_rounds"] = [g and g[1] for g in gpu_state[nm]]
+
+
+def sm_clock_and_power():
+    """(SM clock in MHz, board power in W) over NVML's last sample period,
+    or None where NVML is not available."""
+    try:
+        return torch.cuda.clock_rate(), torch.cuda.power_draw() / 1000
+    except Exception:
+        return None
 
 
 def bench_backward(work, w, entry, cases_dir, q, k, v, customs, anchors, record, fl):

@@ -1271,7 +1271,10 @@ mod tests {
         assert_eq!(split_cost(32, 64, 4, 132, Some(3), 0), 17 * 1024 * 2);
         assert_eq!(split_cost(8, 256, 33, 132, Some(1), 0), 2 * 9 * 1024 * 2);
         // 16 KiB per block: two resident are half as fast as four.
-        assert_eq!(split_cost(256, 128, 1, 132, Some(6), 16384), 2 * 129 * 1024 * 2);
+        assert_eq!(
+            split_cost(256, 128, 1, 132, Some(6), 16384),
+            2 * 129 * 1024 * 2
+        );
         assert_eq!(split_cost(256, 128, 2, 132, Some(6), 16384), 4 * 65 * 1024);
         assert_eq!(split_cost(32, 64, 4, 132, Some(1), 128 * 1024), 17 * 1024);
     }
@@ -1305,7 +1308,11 @@ mod tests {
                 "kb" => Some(kb),
                 _ => None,
             };
-            assert_eq!(p.splits(&at, 132, Residency::Blocks(6)), splits, "{blocks} × {kb}");
+            assert_eq!(
+                p.splits(&at, 132, Residency::Blocks(6)),
+                splits,
+                "{blocks} × {kb}"
+            );
         }
         // The same grid with 128 KiB in flight per block (the fat tile):
         // two blocks of 128 keys cost no more than one of 256, so 1.

@@ -6,9 +6,8 @@ use crate::CompileError;
 use crate::Elem;
 use crate::combine::combine_plan;
 use crate::cuda::forward::{
-    kv_bytes_in_flight,
     KernelSource, check_dv_split, combine_chunk_for, combine_rows_for, default_dv_split,
-    forward_args,
+    forward_args, kv_bytes_in_flight,
 };
 use crate::cxx::closures::{
     CustomParams, MAX_FORWARD_DQK, custom_params, parallel_inputs, reads, row_output_names,
