@@ -810,9 +810,21 @@ fn main() {
         for (workload, configs) in [
             (
                 "softmax-b8-h32-s2048-d128",
-                vec![wp(128, 128, 8, 3), wp(128, 128, 8, 2)],
+                vec![
+                    wp(128, 128, 8, 3),
+                    wp(128, 128, 8, 2),
+                    rqp(128, 128, 8, 3),
+                    late(rqp(128, 128, 8, 3)),
+                ],
             ),
-            ("softmax-b1-h32-s8192-d128", vec![wp(128, 128, 8, 3)]),
+            (
+                "softmax-b1-h32-s8192-d128",
+                vec![
+                    wp(128, 128, 8, 3),
+                    rqp(128, 128, 8, 3),
+                    late(rqp(128, 128, 8, 3)),
+                ],
+            ),
             (
                 "softmax-causal-b8-h32-s2048-d128",
                 vec![
