@@ -164,8 +164,8 @@ class Kernel:
     def kv_splits(self, sizes):
         """KernelSource::kv_splits (compiler/src/cuda/forward.rs), the same rule:
         the splits within one wave of resident blocks for which the busiest SM
-        finishes first (split_cost, with the kernel's K/V bytes in flight per
-        block), the fewest among equals."""
+        finishes first (split_cost, with the kernel's K/V bytes in flight and
+        fixed work per block), the fewest among equals."""
         if not self.meta.get("split_kv", self.combine is not None):
             return 1
         if self.splits_override:
@@ -179,10 +179,14 @@ class Kernel:
         need = 64 * 1024  # KV_BYTES_IN_FLIGHT_PER_SM
         per_block = self.meta.get("kv_bytes_in_flight") or need // 2
 
+        fixed = self.meta.get("split_fixed_work") or 1024
+
         def cost(s):
             n = -(-blocks * s // self.sms)
             in_flight = max(1, min(n, self.resident)) * per_block
-            return n * (-(-key_blocks // s) + 1) * 1024 * max(in_flight, need) // in_flight
+            short = max(0, need * 1024 // in_flight - 1024)
+            work = n * (-(-key_blocks // s) * 1024 + fixed) // 1024
+            return work * ((1 << 20) + short * short * 80 // 1024) // 1024
         return min(range(1, top + 1), key=lambda s: (cost(s), s))
 
     def __call__(self, q, k, v, customs, sizes, extra=None, o_fill=None):

@@ -1046,11 +1046,16 @@ fn kv_splits_follow_the_rule_and_gate_the_combine() {
     let combine = &plan.launches[c.launches[1].index];
     assert_eq!(combine.threads, 128, "combine threads");
     // Fewer SMs, fewer splits: on 4 SMs (residency unknown, so every block
-    // counts as resident) 12 splits put six blocks of 8 key blocks on each,
-    // 72 KiB of K/V in flight (12 KiB a block: one 32-key stage of Dqk 128
-    // and Dv 64); fewer leave an SM short of 64 KiB. A full grid, none.
+    // counts as resident) 6 splits put three blocks of 16 key blocks on
+    // each, 36 KiB of K/V in flight (12 KiB a block: one 32-key stage of Dqk
+    // 128 and Dv 64), besides each block's Q and partial rows (0.67 of a key
+    // block). A full grid, none.
     assert_eq!(split.block_bytes_in_flight, 32 * (128 + 64) * 2);
-    assert_eq!(run(1, 2, 3001, 4).kv_splits, 12);
+    assert_eq!(
+        split.block_fixed_work,
+        1024 + 16 * (128 * 2 + 64 * 4) * 1024 / 12288
+    );
+    assert_eq!(run(1, 2, 3001, 4).kv_splits, 6);
     let c = run(200, 2, 3001, 132);
     assert_eq!(c.kv_splits, 1);
     assert_eq!(c.launches.len(), 1);

@@ -426,7 +426,7 @@ fn main() {
     // (A flag first, `--help` among them, is not an output directory.)
     let Some(out) = args.first().filter(|a| !a.starts_with('-')) else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--forward-tile m<rows>n<keys>s<stages>] [--timeline] [--timeline-tiles <tag,tag,...>]"
+            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--decode-tiles] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--forward-tile m<rows>n<keys>s<stages>] [--timeline] [--timeline-tiles <tag,tag,...>]"
         );
         std::process::exit(2);
     };
@@ -949,14 +949,20 @@ fn main() {
         let default = forward_config(&v, 128, 128, per_block);
         // The default tiles, then (`--decode-tiles`) other key-block sizes
         // and ring depths.
+        // (0, 0): the fat tile `for_decode_shape` takes for grids below half
+        // the SMs (four key warps on 128-key blocks), at any grid.
         let tiles: &[(u32, u32)] = if args.iter().any(|a| a == "--decode-tiles") {
-            &[(32, 2), (32, 3), (32, 4), (64, 2), (64, 3)]
+            &[(32, 2), (32, 3), (32, 4), (64, 2), (64, 3), (0, 0)]
         } else {
             &[(32, 2)]
         };
         for (i, &(block_n, stages)) in tiles.iter().enumerate() {
             let cfg = if i == 0 {
                 default
+            } else if block_n == 0 {
+                default
+                    .for_few_blocks(1, 132, 128, 128, Isa::Sm90a)
+                    .with_combine_for_rows(4, 128)
             } else {
                 ForwardConfig {
                     block_n,
@@ -964,7 +970,7 @@ fn main() {
                     ..default
                 }
             };
-            let tag = format!("n{}s{}", cfg.block_n, cfg.stages);
+            let tag = format!("n{}s{}k{}", cfg.block_n, cfg.stages, cfg.key_warps);
             let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
             let pk = parallel_forward_paged(&v, 128, 128, &cfg).expect("paged forward");
             paged.push(json!({
@@ -1338,6 +1344,7 @@ fn kernel_meta(
         "combine_rows_per_block": k.combine_rows(),
         "block_n": k.block_n,
         "kv_bytes_in_flight": k.kv_bytes_in_flight,
+        "split_fixed_work": k.split_fixed_work,
         "split_state_words": k.split_state_words,
         "dqk": k.dqk,
         "dv": k.dv,

@@ -305,6 +305,11 @@ pub struct KvSplitPlan {
     /// [`KV_BYTES_IN_FLIGHT_PER_SM`](crate::cuda::forward::KV_BYTES_IN_FLIGHT_PER_SM)).
     #[serde(default)]
     pub block_bytes_in_flight: u64,
+    /// A block's fixed work in 1024ths of a key block (0: not known, one
+    /// key block;
+    /// [`split_fixed_work`](crate::cuda::forward::split_fixed_work)).
+    #[serde(default)]
+    pub block_fixed_work: u64,
     pub rule: String,
 }
 
@@ -327,6 +332,7 @@ impl KvSplitPlan {
             max_splits: self.max_splits,
             block_smem: self.block_smem_bytes,
             block_bytes_in_flight: self.block_bytes_in_flight,
+            block_fixed_work: self.block_fixed_work,
             sms,
             residency,
         })
@@ -638,14 +644,17 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
             max_splits: MAX_KV_SPLITS,
             block_smem_bytes: u64::from(k.smem_bytes),
             block_bytes_in_flight: k.kv_bytes_in_flight,
+            block_fixed_work: k.split_fixed_work,
             rule: "1 when the grid already has 2 blocks per multiprocessor; otherwise \
                    the splits s from 1 to min(clamp(key_blocks / 4, 1, max_splits), \
                    max(1, resident * SMs / blocks)) with the least cost \
-                   n * (ceil(key_blocks / s) + 1) * 1024 * max(f, 65536) / f, \
+                   n * (ceil(key_blocks / s) * 1024 + w) / 1024 * (2^20 + d * d * 80 / 1024) \
+                   / 1024 (w = block_fixed_work, 1024 where 0), \
                    n = ceil(blocks * s / SMs) (the busiest multiprocessor's blocks), \
-                   f = max(1, min(n, resident)) * block_bytes_in_flight (the K/V bytes \
-                   its resident blocks keep in flight; block_bytes_in_flight 0 counts \
-                   as 32768), integer arithmetic, the fewest among equals; resident \
+                   d = max(0, 65536 * 1024 / f - 1024), f = max(1, min(n, resident)) \
+                   * block_bytes_in_flight (the K/V bytes its resident blocks keep in \
+                   flight; block_bytes_in_flight 0 counts as 32768), integer \
+                   arithmetic, the fewest among equals; resident \
                    being the driver's occupancy count for the split launch's function \
                    where known, else floor(smem_per_sm / (block_smem_bytes + 1024)) \
                    where block_smem_bytes > 0, else unknown (no cap, min(n, resident) \
@@ -1225,6 +1234,7 @@ mod tests {
             max_splits: 128,
             block_smem_bytes: 0,
             block_bytes_in_flight: 0,
+            block_fixed_work: 0,
             rule: String::new(),
         };
         let at = |blocks: u64, kb: u64| {
@@ -1264,19 +1274,27 @@ mod tests {
         assert_eq!(p.splits(&at(140, 128), 132, Residency::Blocks(3)), 2);
         use crate::cuda::forward::split_cost;
         // The busiest SM's time: blocks × (key blocks + 1) × 1024, slower
-        // in proportion below 64 KiB in flight on the SM; a block whose
-        // bytes in flight are not known counts as 32 KiB.
-        assert_eq!(split_cost(32, 64, 8, 132, Some(3), 0), 2 * 9 * 1024);
-        assert_eq!(split_cost(32, 64, 9, 132, Some(3), 0), 3 * 9 * 1024);
-        assert_eq!(split_cost(32, 64, 4, 132, Some(3), 0), 17 * 1024 * 2);
-        assert_eq!(split_cost(8, 256, 33, 132, Some(1), 0), 2 * 9 * 1024 * 2);
-        // 16 KiB per block: two resident are half as fast as four.
+        // by 1 + 0.078 · (64 KiB / in flight − 1)² below 64 KiB in flight on
+        // the SM (1104 / 1024 at half of it, 1744 / 1024 at a quarter); a
+        // block whose bytes in flight are not known counts as 32 KiB.
+        assert_eq!(split_cost(32, 64, 8, 132, Some(3), 0, 0), 2 * 9 * 1024);
+        assert_eq!(split_cost(32, 64, 9, 132, Some(3), 0, 0), 3 * 9 * 1024);
+        assert_eq!(split_cost(32, 64, 4, 132, Some(3), 0, 0), 17 * 1104);
+        assert_eq!(split_cost(8, 256, 33, 132, Some(1), 0, 0), 2 * 9 * 1104);
+        assert_eq!(split_cost(8, 256, 33, 132, Some(1), 16384, 0), 2 * 9 * 1744);
+        // 16 KiB per block: two resident stream 8% slower than four.
         assert_eq!(
-            split_cost(256, 128, 1, 132, Some(6), 16384),
-            2 * 129 * 1024 * 2
+            split_cost(256, 128, 1, 132, Some(6), 16384, 0),
+            2 * 129 * 1104
         );
-        assert_eq!(split_cost(256, 128, 2, 132, Some(6), 16384), 4 * 65 * 1024);
-        assert_eq!(split_cost(32, 64, 4, 132, Some(1), 128 * 1024), 17 * 1024);
+        assert_eq!(
+            split_cost(256, 128, 2, 132, Some(6), 16384, 0),
+            4 * 65 * 1024
+        );
+        assert_eq!(
+            split_cost(32, 64, 4, 132, Some(1), 128 * 1024, 0),
+            17 * 1024
+        );
     }
 
     #[test]
@@ -1285,19 +1303,20 @@ mod tests {
         // resident per SM) at the shapes of the H200 sweep (bench/NOTES.md
         // session 67): (grid blocks, key blocks, the fastest splits, the
         // rule's). B16 × 4096 ran 66.9 µs at 5 splits and 67.4 at 4; B24 ×
-        // 4096 96.6 at 3 and 98.5 at 4; the others are the fastest.
+        // 4096 96.6 at 3 and 96.7 at 2; the others are the fastest.
         let p = KvSplitPlan {
             blocks: v("blocks"),
             key_blocks: v("kb"),
             max_splits: 128,
             block_smem_bytes: 36_864,
             block_bytes_in_flight: 16 * 1024,
+            block_fixed_work: 1792,
             rule: String::new(),
         };
         for (blocks, kb, splits) in [
             (32 * 8, 128, 2),
             (16 * 8, 128, 4),
-            (24 * 8, 128, 4),
+            (24 * 8, 128, 2),
             (8 * 8, 512, 8),
             (16 * 8, 256, 4),
             (4 * 8, 1024, 16),

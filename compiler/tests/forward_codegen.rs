@@ -1187,18 +1187,19 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     assert_eq!(k.args.last(), Some(&ArgKind::KvSplits));
     // 64 sequences × 8 KV heads: 512 blocks, no split on 132 SMs.
     assert_eq!(k.kv_splits([64, 32, 8, 1, 4096], 132, H100), 1);
-    // One sequence: 8 blocks of 1024 key blocks. 32 splits of 32 key
-    // blocks put two blocks on each busy SM; 33 would be no faster, 49
-    // (three of 21 each) are as fast by key blocks but pay a block's fixed
-    // work once more.
-    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100), 32);
+    // One sequence: 8 blocks of 1024 key blocks. 49 splits of 21 key
+    // blocks put three blocks on most SMs, 48 KiB of K/V in flight (16 KiB
+    // a block, 1% short of full speed); 64 (four of 16) stream 68 key
+    // blocks against 66, 32 (two of 32) 8% slower with half the bytes.
+    assert_eq!(k.kv_bytes_in_flight, 16 * 1024);
+    assert_eq!(k.kv_splits([1, 32, 8, 1, 32768], 132, H100), 49);
     // Short contexts keep at least four key blocks per split.
     assert_eq!(k.kv_splits([1, 32, 8, 1, 300], 132, H100), 2);
     assert_eq!(k.split_grid_for([1, 32, 8, 1], 32), Some((32, 8, 1)));
     // Without the shared-memory figure, no wave cap: the same splits.
     assert_eq!(
         k.kv_splits([1, 32, 8, 1, 32768], 132, Residency::Unknown),
-        32
+        49
     );
     // MLA decoding: 128 blocks of 93 KB (two fit an H100 SM): 2 splits, two
     // blocks on each SM. 3 would start a second wave (the old rule's
@@ -1422,6 +1423,16 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     let fat80 = gqa.for_few_blocks(8, 108, 128, 128, Isa::Sm80);
     assert_eq!((fat80.key_warps, fat80.stages), (4, 2), "{fat80:?}");
     assert_eq!(gqa.for_few_blocks(512, 132, 128, 128, Isa::Sm90a), gqa);
+    // A grid filling three quarters to all of the SMs, one block each (B16
+    // × 8 KV heads on 132): fat too; between half and three quarters, or
+    // past one block per SM, the default.
+    assert_eq!(gqa.for_few_blocks(128, 132, 128, 128, Isa::Sm90a), fat);
+    assert_eq!(gqa.for_few_blocks(100, 132, 128, 128, Isa::Sm90a), fat);
+    assert_eq!(gqa.for_few_blocks(132, 132, 128, 128, Isa::Sm90a), fat);
+    assert_eq!(gqa.for_few_blocks(99, 132, 128, 128, Isa::Sm90a), gqa);
+    assert_eq!(gqa.for_few_blocks(66, 132, 128, 128, Isa::Sm90a), gqa);
+    assert_eq!(gqa.for_few_blocks(65, 132, 128, 128, Isa::Sm90a), fat);
+    assert_eq!(gqa.for_few_blocks(133, 132, 128, 128, Isa::Sm90a), gqa);
     assert_eq!(cfg.for_few_blocks(8, 132, 576, 512, Isa::Sm90a), cfg);
     // DeepSeek's 192/128 at 128 keys: 178 KB, beyond sm_80's 163 KB.
     let ds = ForwardConfig::default_for(&v, 192, 128, Elem::Bf16, Isa::Sm80);

@@ -1626,13 +1626,14 @@ fn emit_record(out: &mut String, v: &VariantC, base: &str, i: usize, r: &Record)
     if let Some(kv) = &plan.kv_splits {
         let _ = writeln!(
             out,
-            "    /* kv_splits: {} */\n    n_kv_splits = aecl_kv_splits({}, {}, {}u, {}u, {}u, lib->sm_count, lib->smem_per_sm, resident);",
+            "    /* kv_splits: {} */\n    n_kv_splits = aecl_kv_splits({}, {}, {}u, {}u, {}u, {}u, lib->sm_count, lib->smem_per_sm, resident);",
             comment(&kv.rule),
             c_expr(&kv.blocks, &local),
             c_expr(&kv.key_blocks, &local),
             kv.max_splits,
             kv.block_smem_bytes,
-            kv.block_bytes_in_flight
+            kv.block_bytes_in_flight,
+            kv.block_fixed_work
         );
     }
     if uses_kv_var || uses_split {

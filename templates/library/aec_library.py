@@ -174,25 +174,29 @@ def show_size(expr):
 KV_BYTES_IN_FLIGHT_PER_SM = 64 * 1024
 
 
-def split_cost(blocks, key_blocks, splits, sms, per_sm=None, block_bytes_in_flight=0):
+def split_cost(blocks, key_blocks, splits, sms, per_sm=None, block_bytes_in_flight=0, block_fixed_work=0):
     """The busiest multiprocessor's time with `splits` KV splits (split_cost
     in compiler/src/cuda/forward.rs), in key blocks × 1024: n =
-    ceil(blocks·splits / SMs) blocks of ceil(key_blocks / splits) + 1 key
-    blocks, slower in proportion where the blocks resident at once (`per_sm`
-    of them fit; None: all) keep less than KV_BYTES_IN_FLIGHT_PER_SM in
-    flight (`block_bytes_in_flight` each; 0, not known: half of it)."""
+    ceil(blocks·splits / SMs) blocks of ceil(key_blocks / splits) key
+    blocks plus `block_fixed_work` 1024ths of one (0: 1024), slower by 1 +
+    0.078·(KV_BYTES_IN_FLIGHT_PER_SM / in_flight − 1)² where the blocks
+    resident at once (`per_sm` of them fit; None: all) keep less than
+    KV_BYTES_IN_FLIGHT_PER_SM in flight (`block_bytes_in_flight` each; 0,
+    not known: half of it). Integer arithmetic, as in Rust."""
     n = -(-blocks * splits // sms)
-    per_block = -(-key_blocks // splits) + 1
+    per_block = -(-key_blocks // splits) * 1024 + (block_fixed_work or 1024)
     together = max(1, n if per_sm is None else min(n, per_sm))
     in_flight = together * (block_bytes_in_flight or KV_BYTES_IN_FLIGHT_PER_SM // 2)
-    return n * per_block * 1024 * max(in_flight, KV_BYTES_IN_FLIGHT_PER_SM) // in_flight
+    short = max(0, KV_BYTES_IN_FLIGHT_PER_SM * 1024 // in_flight - 1024)
+    return n * per_block // 1024 * ((1 << 20) + short * short * 80 // 1024) // 1024
 
 
 def kv_splits_for(kv_plan, sizes, sms, smem_per_sm=0, resident=0):
     """How many KV splits a split-KV forward launches with (KvSplitPlan::splits):
     1 without a plan or when `blocks` ≥ 2·SMs; otherwise the splits s from 1
     to min(clamp(key_blocks / 4, 1, max_splits), max(1, per_sm·SMs // blocks))
-    with the least split_cost (with the plan's `block_bytes_in_flight`),
+    with the least split_cost (with the plan's `block_bytes_in_flight` and
+    `block_fixed_work`),
     the fewest among equals. per_sm, the blocks a
     multiprocessor holds at once: `resident` (the driver's occupancy count
     for the split launch's function, registers included) when it is above
@@ -217,7 +221,9 @@ def kv_splits_for(kv_plan, sizes, sms, smem_per_sm=0, resident=0):
     if per_sm is not None:
         top = min(top, max(1, per_sm * sms // blocks))
     in_flight = int(kv_plan.get("block_bytes_in_flight", 0))
-    return min(range(1, top + 1), key=lambda s: (split_cost(blocks, key_blocks, s, sms, per_sm, in_flight), s))
+    fixed = int(kv_plan.get("block_fixed_work", 0))
+    return min(range(1, top + 1),
+               key=lambda s: (split_cost(blocks, key_blocks, s, sms, per_sm, in_flight, fixed), s))
 
 
 # --------------------------------------------------------------------------

@@ -412,36 +412,40 @@ static inline uint64_t aecl_clamp(uint64_t x, uint64_t lo, uint64_t hi)
 
 /* The busiest multiprocessor's time with `splits` KV splits (split_cost in
    compiler/src/cuda/forward.rs), in key blocks * 1024: n = ceil(blocks *
-   splits / SMs) blocks of ceil(key_blocks / splits) + 1 key blocks, slower
-   in proportion where the blocks resident at once (`per_sm` of them fit
-   where `known`) keep less than AECL_KV_BYTES_IN_FLIGHT_PER_SM in flight
-   (`in_flight` each; 0, not known: half of it). */
+   splits / SMs) blocks of ceil(key_blocks / splits) key blocks plus
+   `fixed` 1024ths of one (0: 1024), slower by 1 + 0.078 *
+   (AECL_KV_BYTES_IN_FLIGHT_PER_SM / bytes - 1)^2 where the blocks resident
+   at once (`per_sm` of them fit where `known`) keep less than
+   AECL_KV_BYTES_IN_FLIGHT_PER_SM in flight (`in_flight` each; 0, not
+   known: half of it). */
 static inline uint64_t aecl_split_cost(uint64_t blocks, uint64_t key_blocks, uint64_t splits, uint64_t sms,
-                                       int known, uint64_t per_sm, uint64_t in_flight)
+                                       int known, uint64_t per_sm, uint64_t in_flight, uint64_t fixed)
 {
     uint64_t n = (blocks * splits + sms - 1) / sms;
-    uint64_t per_block = (key_blocks + splits - 1) / splits + 1;
+    uint64_t per_block = (key_blocks + splits - 1) / splits * 1024u + (fixed ? fixed : 1024u);
     uint64_t together = known && per_sm < n ? per_sm : n;
-    uint64_t bytes;
+    uint64_t bytes, ratio, short_by;
     if (together < 1)
         together = 1;
     bytes = together * (in_flight ? in_flight : AECL_KV_BYTES_IN_FLIGHT_PER_SM / 2);
-    return n * per_block * 1024u * (bytes > AECL_KV_BYTES_IN_FLIGHT_PER_SM ? bytes : AECL_KV_BYTES_IN_FLIGHT_PER_SM) /
-           bytes;
+    ratio = (uint64_t)AECL_KV_BYTES_IN_FLIGHT_PER_SM * 1024u / bytes;
+    short_by = ratio > 1024u ? ratio - 1024u : 0u;
+    return n * per_block / 1024u * ((1u << 20) + short_by * short_by * 80u / 1024u) / 1024u;
 }
 
 /* The KV-split rule of the launch plans (KvSplitPlan::splits): 1 when the
    grid already has 2 blocks per multiprocessor; otherwise the splits s from
    1 to min(clamp(key_blocks / 4, 1, max_splits), max(1, per_sm * SMs /
    blocks)) with the least aecl_split_cost (each block keeping `in_flight`
-   K/V bytes in flight), the fewest among equals.
+   K/V bytes in flight, with `fixed` work), the fewest among equals.
    per_sm, the blocks a multiprocessor holds at once: `resident` (the
    driver's count for the split launch's function, aecl_resident_blocks,
    registers included) where it is above 0; else, where block_smem and
    smem_per_sm are not 0, floor(smem_per_sm / (block_smem + 1024)), an
    upper bound of the driver's; else unknown (no wave cap). */
 static inline uint64_t aecl_kv_splits(uint64_t blocks, uint64_t key_blocks, uint64_t max_splits, uint64_t block_smem,
-                                      uint64_t in_flight, int sm_count, int smem_per_sm, int resident)
+                                      uint64_t in_flight, uint64_t fixed, int sm_count, int smem_per_sm,
+                                      int resident)
 {
     uint64_t sms = sm_count < 1 ? 1u : (uint64_t)sm_count;
     uint64_t top, s, best = 1, best_cost, cost, per_sm = 0, wave;
@@ -462,9 +466,9 @@ static inline uint64_t aecl_kv_splits(uint64_t blocks, uint64_t key_blocks, uint
         if (wave < top)
             top = wave;
     }
-    best_cost = aecl_split_cost(blocks, key_blocks, 1, sms, known, per_sm, in_flight);
+    best_cost = aecl_split_cost(blocks, key_blocks, 1, sms, known, per_sm, in_flight, fixed);
     for (s = 2; s <= top; s++) {
-        cost = aecl_split_cost(blocks, key_blocks, s, sms, known, per_sm, in_flight);
+        cost = aecl_split_cost(blocks, key_blocks, s, sms, known, per_sm, in_flight, fixed);
         if (cost < best_cost) {
             best = s;
             best_cost = cost;

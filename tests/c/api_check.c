@@ -508,24 +508,24 @@ static void mamba2_backward_checks(aec_library *lib)
 static void kv_split_rule_checks(void)
 {
     const int h100 = 228 * 1024;
-    check_true(aecl_kv_splits(264, 100, 128, 0, 0, 132, 0, 0) == 1, "kv splits: 264 blocks, none");
-    check_true(aecl_kv_splits(8, 256, 128, 0, 0, 132, 0, 0) == 32, "kv splits: 8 blocks of 256 key blocks, 32");
-    check_true(aecl_kv_splits(8, 8, 128, 0, 0, 132, 0, 0) == 2, "kv splits: 8 key blocks, 2");
-    check_true(aecl_kv_splits(1, 100000, 128, 0, 0, 132, 0, 0) == 128, "kv splits: at most max_splits");
-    check_true(aecl_kv_splits(128, 128, 128, 93440, 0, 132, h100, 0) == 2, "kv splits: 93 KB blocks, one wave");
-    check_true(aecl_kv_splits(128, 128, 128, 93440, 0, 132, 0, 0) == 2, "kv splits: 93 KB blocks, no cap");
-    check_true(aecl_kv_splits(32, 128, 128, 0, 0, 132, 0, 0) == 8, "kv splits: 32 blocks, two on every SM");
-    check_true(aecl_kv_splits(32, 128, 128, 0, 0, 132, h100, 2) == 8, "kv splits: 32 blocks, two resident");
-    check_true(aecl_kv_splits(32, 128, 128, 0, 0, 132, h100, 1) == 4, "kv splits: 32 blocks, one resident");
-    check_true(aecl_kv_splits(140, 128, 128, 0, 0, 132, 0, 2) == 1, "kv splits: 140 blocks, two resident");
-    check_true(aecl_kv_splits(140, 128, 128, 0, 0, 132, 0, 3) == 2, "kv splits: 140 blocks, three resident");
+    check_true(aecl_kv_splits(264, 100, 128, 0, 0, 0, 132, 0, 0) == 1, "kv splits: 264 blocks, none");
+    check_true(aecl_kv_splits(8, 256, 128, 0, 0, 0, 132, 0, 0) == 32, "kv splits: 8 blocks of 256 key blocks, 32");
+    check_true(aecl_kv_splits(8, 8, 128, 0, 0, 0, 132, 0, 0) == 2, "kv splits: 8 key blocks, 2");
+    check_true(aecl_kv_splits(1, 100000, 128, 0, 0, 0, 132, 0, 0) == 128, "kv splits: at most max_splits");
+    check_true(aecl_kv_splits(128, 128, 128, 93440, 0, 0, 132, h100, 0) == 2, "kv splits: 93 KB blocks, one wave");
+    check_true(aecl_kv_splits(128, 128, 128, 93440, 0, 0, 132, 0, 0) == 2, "kv splits: 93 KB blocks, no cap");
+    check_true(aecl_kv_splits(32, 128, 128, 0, 0, 0, 132, 0, 0) == 8, "kv splits: 32 blocks, two on every SM");
+    check_true(aecl_kv_splits(32, 128, 128, 0, 0, 0, 132, h100, 2) == 8, "kv splits: 32 blocks, two resident");
+    check_true(aecl_kv_splits(32, 128, 128, 0, 0, 0, 132, h100, 1) == 4, "kv splits: 32 blocks, one resident");
+    check_true(aecl_kv_splits(140, 128, 128, 0, 0, 0, 132, 0, 2) == 1, "kv splits: 140 blocks, two resident");
+    check_true(aecl_kv_splits(140, 128, 128, 0, 0, 0, 132, 0, 3) == 2, "kv splits: 140 blocks, three resident");
     /* 16 KiB in flight per block, six resident (the H200 sweep's decoding
        tile): B32 x 4096 takes 2 splits, B8 x 16384 8, B4 x 32768 16. */
-    check_true(aecl_kv_splits(256, 128, 128, 36864, 16384, 132, 0, 6) == 2, "kv splits: 256 blocks of 16 KiB, 2");
-    check_true(aecl_kv_splits(64, 512, 128, 36864, 16384, 132, 0, 6) == 8, "kv splits: 64 blocks of 16 KiB, 8");
-    check_true(aecl_kv_splits(32, 1024, 128, 36864, 16384, 132, 0, 6) == 16, "kv splits: 32 blocks of 16 KiB, 16");
-    check_true(aecl_split_cost(256, 128, 1, 132, 1, 6, 16384) == 2 * 129 * 1024 * 2, "split cost: two of 16 KiB");
-    check_true(aecl_split_cost(256, 128, 2, 132, 1, 6, 16384) == 4 * 65 * 1024, "split cost: four of 16 KiB");
+    check_true(aecl_kv_splits(256, 128, 128, 36864, 16384, 1792, 132, 0, 6) == 2, "kv splits: 256 blocks of 16 KiB, 2");
+    check_true(aecl_kv_splits(64, 512, 128, 36864, 16384, 1792, 132, 0, 6) == 8, "kv splits: 64 blocks of 16 KiB, 8");
+    check_true(aecl_kv_splits(32, 1024, 128, 36864, 16384, 1792, 132, 0, 6) == 16, "kv splits: 32 blocks of 16 KiB, 16");
+    check_true(aecl_split_cost(256, 128, 1, 132, 1, 6, 16384, 0) == 2 * 129 * 1104, "split cost: two of 16 KiB, 8% slower");
+    check_true(aecl_split_cost(256, 128, 2, 132, 1, 6, 16384, 0) == 4 * 65 * 1024, "split cost: four of 16 KiB");
 }
 
 static void all_sections(aec_library *lib)

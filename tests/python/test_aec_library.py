@@ -124,22 +124,32 @@ class KvSplits(unittest.TestCase):
 
     def test_split_cost(self):
         # split_cost in compiler/src/cuda/forward.rs
-        # (bytes in flight not known: 32 KiB a block).
+        # (bytes in flight not known: 32 KiB a block, one resident 8% slow).
         self.assertEqual(al.split_cost(32, 64, 8, 132, 3), 2 * 9 * 1024)
         self.assertEqual(al.split_cost(32, 64, 9, 132, 3), 3 * 9 * 1024)
-        self.assertEqual(al.split_cost(32, 64, 4, 132, 3), 1 * 17 * 1024 * 2)
-        self.assertEqual(al.split_cost(8, 256, 33, 132, 1), 2 * 9 * 1024 * 2)
-        # 16 KiB a block: two resident at half speed, four at full.
-        self.assertEqual(al.split_cost(256, 128, 1, 132, 6, 16384), 2 * 129 * 1024 * 2)
+        self.assertEqual(al.split_cost(32, 64, 4, 132, 3), 1 * 17 * 1104)
+        self.assertEqual(al.split_cost(8, 256, 33, 132, 1), 2 * 9 * 1104)
+        # 16 KiB a block: one resident 1.70x, two 1.08x, four full speed.
+        self.assertEqual(al.split_cost(8, 256, 33, 132, 1, 16384), 2 * 9 * 1744)
+        self.assertEqual(al.split_cost(256, 128, 1, 132, 6, 16384), 2 * 129 * 1104)
         self.assertEqual(al.split_cost(256, 128, 2, 132, 6, 16384), 4 * 65 * 1024)
+        # Fixed work of three key blocks beside the keys (a 64-row tile).
+        self.assertEqual(al.split_cost(32, 128, 8, 132, 4, 16384, 4096), 2 * 20 * 1104)
 
     def test_bytes_in_flight(self):
         # The d128 decoding tile (16 KiB in flight a block, six resident):
         # the H200 sweep's fastest splits (KvSplitPlan::splits' test).
-        plan = dict(self.PLAN, block_smem_bytes=36864, block_bytes_in_flight=16384)
-        for blocks, kb, splits in [(256, 128, 2), (128, 128, 4), (64, 512, 8), (128, 256, 4), (32, 1024, 16),
-                                   (384, 128, 1)]:
+        plan = dict(self.PLAN, block_smem_bytes=36864, block_bytes_in_flight=16384, block_fixed_work=1792)
+        for blocks, kb, splits in [(256, 128, 2), (128, 128, 4), (192, 128, 2), (64, 512, 8), (128, 256, 4),
+                                   (32, 1024, 16), (384, 128, 1)]:
             self.assertEqual(al.kv_splits_for(plan, {"blocks": blocks, "kb": kb}, 132, 0, resident=6), splits)
+        # The MQA sm_80 tile (64 rows: Q and partial rows three key blocks'
+        # worth): 8 splits, not the 16 that four blocks of 16 KiB a SM would
+        # favour without that fixed work.
+        mqa = dict(self.PLAN, block_bytes_in_flight=16384, block_fixed_work=4096)
+        self.assertEqual(al.kv_splits_for(mqa, {"blocks": 32, "kb": 128}, 132, 0, resident=4), 8)
+        self.assertEqual(al.kv_splits_for(dict(mqa, block_fixed_work=0), {"blocks": 32, "kb": 128}, 132, 0,
+                                          resident=4), 16)
         # 128 KiB a block: two blocks per SM already keep the DRAM busy.
         fat = dict(plan, block_bytes_in_flight=128 * 1024)
         self.assertEqual(al.kv_splits_for(fat, {"blocks": 256, "kb": 128}, 132, 0, resident=6), 1)

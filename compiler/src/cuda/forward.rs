@@ -524,8 +524,15 @@ impl ForwardConfig {
     /// partial rows to combine (H100, one sequence of 32768 keys, d128:
     /// 78.1 → 71.8 µs; bench/NOTES.md), in three stages where those fit
     /// (one block per multiprocessor either way; 2% faster on an H100 and
-    /// in two H200 runs). Otherwise, and with V stored in K (latent decoding
-    /// measured slower with 64-key blocks), unchanged.
+    /// in two H200 runs). The same where the grid fills three quarters to
+    /// all of the multiprocessors, one fat block on each: 128 KiB in flight
+    /// per SM against the 32-key tile's splits (H200, d128: B16 × 4096 67.5
+    /// → 64.0 µs, B14 × 4096 61.0 → 58.9, B16 × 8192 125.6 → 123.2, and
+    /// over a paged cache 68.1 → 65.8, 61.2 → 59.4, 127.6 → 125.4; between
+    /// half and three quarters the paged kernel measured up to 33% slower
+    /// with the fat tile; bench/NOTES.md session 67). Otherwise, and with V
+    /// stored in K (latent decoding measured slower with 64-key blocks),
+    /// unchanged.
     pub fn for_few_blocks(
         self,
         blocks: usize,
@@ -539,7 +546,7 @@ impl ForwardConfig {
             || self.v_in_k
             || self.block_m != 16
             || self.key_warps < 2
-            || blocks * 2 >= sms as usize
+            || !few_or_one_per_sm(blocks, sms)
         {
             return self;
         }
@@ -904,6 +911,8 @@ pub struct KernelSource {
     /// K/V bytes one block keeps loading ahead ([`kv_bytes_in_flight`]):
     /// what the KV-split rule counts in flight per resident block.
     pub kv_bytes_in_flight: u64,
+    /// A block's fixed work for the KV-split rule ([`split_fixed_work`]).
+    pub split_fixed_work: u64,
     /// Words per query row and split of the `spart` workspace: the state
     /// fields and a flag for "saw a key".
     pub split_state_words: u32,
@@ -1038,6 +1047,7 @@ impl KernelSource {
             max_splits: MAX_KV_SPLITS,
             block_smem: u64::from(self.smem_bytes),
             block_bytes_in_flight: self.kv_bytes_in_flight,
+            block_fixed_work: self.split_fixed_work,
             sms: u64::from(sms),
             residency,
         }) as u32
@@ -1164,6 +1174,15 @@ impl Residency {
     }
 }
 
+/// Whether a decoding grid of `blocks` blocks takes the fat tile
+/// ([`ForwardConfig::for_few_blocks`]): fewer than half the `sms`
+/// multiprocessors, or more than three quarters of them and at most one
+/// each.
+fn few_or_one_per_sm(blocks: usize, sms: u32) -> bool {
+    let sms = sms as usize;
+    blocks * 2 < sms || (blocks * 4 > sms * 3 && blocks <= sms)
+}
+
 /// Bytes of K and V a multiprocessor needs in flight for the DRAM to run at
 /// full speed: the KV-split rule ([`split_cost`]) prices fewer as a slower
 /// stream. (H200, d128 decoding tile of 16 KB in flight per block, B16 ×
@@ -1189,6 +1208,27 @@ pub fn kv_bytes_in_flight(
     u64::from(stages.saturating_sub(1).max(1)) * u64::from(block_n) * row * u64::from(elem_bytes)
 }
 
+/// A block's work besides its key blocks, in 1024ths of a key block, for
+/// the KV-split rule ([`split_cost`]): one key block's worth (the start and
+/// the end of a block) plus the bytes it moves once per split — its Q rows
+/// and its partial output rows (f32), `block_m` of each at most — counted
+/// in key blocks of `block_n` rows (K's Dqk and, unless V is read from K's
+/// rows, V's slice). A 64-row tile's partial rows are twice a 32-key
+/// block's K and V: splitting it finer costs more than the keys show.
+pub fn split_fixed_work(
+    block_m: u32,
+    block_n: u32,
+    dqk: u32,
+    dv_slice: u32,
+    v_in_k: bool,
+    elem_bytes: u32,
+) -> u64 {
+    let once =
+        u64::from(block_m) * (u64::from(dqk) * u64::from(elem_bytes) + u64::from(dv_slice) * 4);
+    let key_block = kv_bytes_in_flight(2, block_n, dqk, dv_slice, v_in_k, elem_bytes).max(1);
+    1024 + once * 1024 / key_block
+}
+
 /// What the KV-split rule ([`kv_split_rule`]) reads.
 #[derive(Clone, Copy, Debug)]
 pub struct KvSplitInputs {
@@ -1203,6 +1243,9 @@ pub struct KvSplitInputs {
     /// K/V bytes one block keeps in flight ([`kv_bytes_in_flight`]); 0 when
     /// not known ([`split_cost`]).
     pub block_bytes_in_flight: u64,
+    /// A block's fixed work in 1024ths of a key block
+    /// ([`split_fixed_work`]); 0 when not known (one key block).
+    pub block_fixed_work: u64,
     pub sms: u64,
     pub residency: Residency,
 }
@@ -1231,6 +1274,7 @@ pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
                 sms,
                 resident,
                 i.block_bytes_in_flight,
+                i.block_fixed_work,
             );
             (cost, s)
         })
@@ -1239,14 +1283,16 @@ pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
 
 /// The busiest multiprocessor's time with `splits` KV splits, in key blocks
 /// × 1024: it runs `n = ceil(blocks · splits / SMs)` blocks of
-/// `ceil(key_blocks / splits)` key blocks each, plus about one key block's
-/// worth of fixed work per block (Q, the partial output and row state),
-/// streamed at full speed when the blocks resident at once (`resident`: how
-/// many fit; `None`: all) keep [`KV_BYTES_IN_FLIGHT_PER_SM`] in flight
-/// between them (`block_bytes_in_flight` each), proportionally slower with
-/// less: a stream waits on the DRAM's latency. With `block_bytes_in_flight`
-/// 0 (not known) a block counts as half that figure: one resident block
-/// streams at half speed, two or more at full.
+/// `ceil(key_blocks / splits)` key blocks each plus the block's fixed work
+/// (`block_fixed_work` 1024ths of a key block, [`split_fixed_work`]; 0: one
+/// key block), streamed at full speed when the blocks resident at once
+/// (`resident`: how many fit; `None`: all) keep
+/// [`KV_BYTES_IN_FLIGHT_PER_SM`] in flight between them
+/// (`block_bytes_in_flight` each), and slower with less: by `1 + 0.078 ·
+/// (KV_BYTES_IN_FLIGHT_PER_SM / in_flight − 1)²`, the curve of the H200
+/// sweep (a quarter of the bytes 1.70× the time, half 1.08×, three quarters
+/// 1.01×; bench/NOTES.md session 67). With `block_bytes_in_flight` 0 (not
+/// known) a block counts as half that figure.
 pub fn split_cost(
     blocks: u64,
     key_blocks: u64,
@@ -1254,9 +1300,15 @@ pub fn split_cost(
     sms: u64,
     resident: Option<u64>,
     block_bytes_in_flight: u64,
+    block_fixed_work: u64,
 ) -> u64 {
     let n = (blocks * splits).div_ceil(sms.max(1));
-    let per_block = key_blocks.div_ceil(splits.max(1)) + 1;
+    let fixed = if block_fixed_work == 0 {
+        1024
+    } else {
+        block_fixed_work
+    };
+    let per_block = (key_blocks.div_ceil(splits.max(1)) * 1024).saturating_add(fixed);
     let together = resident.map_or(n, |r| n.min(r)).max(1);
     let per_block_bytes = if block_bytes_in_flight == 0 {
         KV_BYTES_IN_FLIGHT_PER_SM / 2
@@ -1264,10 +1316,11 @@ pub fn split_cost(
         block_bytes_in_flight
     };
     let in_flight = together.saturating_mul(per_block_bytes);
-    (n * per_block)
-        .saturating_mul(1024)
-        .saturating_mul(in_flight.max(KV_BYTES_IN_FLIGHT_PER_SM))
-        / in_flight
+    // The shortfall (need / in flight − 1) in 1024ths, and the factor in
+    // 2^20ths: 80 / 1024 ≈ 0.078.
+    let short = (KV_BYTES_IN_FLIGHT_PER_SM * 1024 / in_flight).saturating_sub(1024);
+    let factor = (1u64 << 20).saturating_add(short.saturating_mul(short).saturating_mul(80) / 1024);
+    (n.saturating_mul(per_block) / 1024).saturating_mul(factor) / 1024
 }
 
 /// Static shared memory of the warp-specialised kernel (its mbarriers),
@@ -1854,6 +1907,14 @@ fn generate_forward(
         block_n: cfg.block_n,
         kv_bytes_in_flight: kv_bytes_in_flight(
             cfg.stages,
+            cfg.block_n,
+            dqk,
+            dv,
+            cfg.v_in_k,
+            cfg.elem.bytes(),
+        ),
+        split_fixed_work: split_fixed_work(
+            cfg.block_m,
             cfg.block_n,
             dqk,
             dv,

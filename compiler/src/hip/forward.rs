@@ -7,7 +7,7 @@ use crate::Elem;
 use crate::combine::combine_plan;
 use crate::cuda::forward::{
     KernelSource, check_dv_split, combine_chunk_for, combine_rows_for, default_dv_split,
-    forward_args, kv_bytes_in_flight,
+    forward_args, kv_bytes_in_flight, split_fixed_work,
 };
 use crate::cxx::closures::{
     CustomParams, MAX_FORWARD_DQK, custom_params, parallel_inputs, reads, row_output_names,
@@ -240,6 +240,14 @@ pub fn hip_parallel_forward(
         // registers while this one is computed.
         kv_bytes_in_flight: kv_bytes_in_flight(
             2,
+            cfg.block_n,
+            dqk,
+            dv,
+            cfg.v_in_k,
+            cfg.elem.bytes(),
+        ),
+        split_fixed_work: split_fixed_work(
+            cfg.block_m,
             cfg.block_n,
             dqk,
             dv,

@@ -8,7 +8,7 @@
 use super::device::DeviceConfig;
 use super::space::{Problem, VariantFacts};
 use crate::cuda::forward::{
-    KvSplitInputs, MAX_KV_SPLITS, Residency, kv_bytes_in_flight, kv_split_rule,
+    KvSplitInputs, MAX_KV_SPLITS, Residency, kv_bytes_in_flight, kv_split_rule, split_fixed_work,
 };
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -219,6 +219,14 @@ pub fn estimate(
             false,
             problem.elem.bytes(),
         ),
+        split_fixed_work(
+            plan.block_m,
+            plan.block_n,
+            problem.dqk,
+            plan.dv_slice,
+            false,
+            problem.elem.bytes(),
+        ),
         device,
     );
     let epilogue = bm * dvs * eb / (device.dram_gbs * 1e9 / (device.sms as f64 * clock));
@@ -270,8 +278,8 @@ pub fn estimate(
 
 /// KV splits of a split-KV plan over `blocks` blocks (before splits) of
 /// `kv_blocks` key blocks: the runtime's rule ([`kv_split_rule`]), with the
-/// plan's resident blocks as the driver's count and `block_bytes_in_flight`
-/// K/V bytes in flight per block, so that the model prices
+/// plan's resident blocks as the driver's count, `block_bytes_in_flight`
+/// K/V bytes in flight and `block_fixed_work` per block, so that the model prices
 /// the split count that runs (its own estimate had given MQA's 64-row tile
 /// 8 splits where it runs 4).
 pub(crate) fn plan_splits(
@@ -279,6 +287,7 @@ pub(crate) fn plan_splits(
     blocks: usize,
     kv_blocks: usize,
     block_bytes_in_flight: u64,
+    block_fixed_work: u64,
     device: &DeviceConfig,
 ) -> usize {
     if !plan.split_kv {
@@ -290,6 +299,7 @@ pub(crate) fn plan_splits(
         max_splits: MAX_KV_SPLITS,
         block_smem: 0,
         block_bytes_in_flight,
+        block_fixed_work,
         sms: u64::from(device.sms),
         residency: Residency::Blocks(u64::from(plan.blocks_per_sm.max(1))),
     }) as usize
@@ -354,14 +364,14 @@ mod tests {
         // Two 128-key blocks of K and V at d128 in flight.
         let in_flight = kv_bytes_in_flight(3, 128, 128, 128, false, 2);
         assert_eq!(in_flight, 128 * 1024);
-        assert_eq!(plan_splits(&plan(64), 32, 32, in_flight, &h200), 4);
-        assert_eq!(plan_splits(&plan(128), 16, 32, in_flight, &h200), 8);
+        assert_eq!(plan_splits(&plan(64), 32, 32, in_flight, 0, &h200), 4);
+        assert_eq!(plan_splits(&plan(128), 16, 32, in_flight, 0, &h200), 8);
         // No split-KV, or a grid of two blocks per SM: one.
         let whole = TilePlan {
             split_kv: false,
             ..plan(64)
         };
-        assert_eq!(plan_splits(&whole, 32, 32, in_flight, &h200), 1);
-        assert_eq!(plan_splits(&plan(64), 2 * 132, 32, in_flight, &h200), 1);
+        assert_eq!(plan_splits(&whole, 32, 32, in_flight, 0, &h200), 1);
+        assert_eq!(plan_splits(&plan(64), 2 * 132, 32, in_flight, 0, &h200), 1);
     }
 }
