@@ -307,7 +307,7 @@ pub struct KvSplitPlan {
     pub block_bytes_in_flight: u64,
     /// A block's fixed work in 1024ths of a key block (0: not known, one
     /// key block;
-    /// [`split_fixed_work`](crate::cuda::forward::split_fixed_work)).
+    /// [`SplitTile::split_fixed_work`](crate::cuda::forward::SplitTile::split_fixed_work)).
     #[serde(default)]
     pub block_fixed_work: u64,
     pub rule: String,

@@ -908,10 +908,12 @@ pub struct KernelSource {
     pub combine: Option<String>,
     /// Keys per block step (the unit a KV split is made of).
     pub block_n: u32,
-    /// K/V bytes one block keeps loading ahead ([`kv_bytes_in_flight`]):
+    /// K/V bytes one block keeps loading ahead
+    /// ([`SplitTile::kv_bytes_in_flight`]):
     /// what the KV-split rule counts in flight per resident block.
     pub kv_bytes_in_flight: u64,
-    /// A block's fixed work for the KV-split rule ([`split_fixed_work`]).
+    /// A block's fixed work for the KV-split rule
+    /// ([`SplitTile::split_fixed_work`]).
     pub split_fixed_work: u64,
     /// Words per query row and split of the `spart` workspace: the state
     /// fields and a flag for "saw a key".
@@ -1192,41 +1194,51 @@ fn few_or_one_per_sm(blocks: usize, sms: u32) -> bool {
 /// bench/NOTES.md session 67.)
 pub const KV_BYTES_IN_FLIGHT_PER_SM: u64 = 64 * 1024;
 
-/// Bytes of K and V one block of a forward keeps loading ahead of its
-/// compute: `stages - 1` key blocks (at least one) of `block_n` rows, each
-/// Dqk elements of K and, unless V is read from K's rows, the block's Dv
-/// slice of V.
-pub fn kv_bytes_in_flight(
-    stages: u32,
-    block_n: u32,
-    dqk: u32,
-    dv_slice: u32,
-    v_in_k: bool,
-    elem_bytes: u32,
-) -> u64 {
-    let row = u64::from(dqk) + if v_in_k { 0 } else { u64::from(dv_slice) };
-    u64::from(stages.saturating_sub(1).max(1)) * u64::from(block_n) * row * u64::from(elem_bytes)
+/// What the KV-split rule reads of a split-KV tile: its shape, ring depth,
+/// head dims (`dv_slice`: the Dv columns one block computes) and element
+/// size.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitTile {
+    pub block_m: u32,
+    pub block_n: u32,
+    pub stages: u32,
+    pub dqk: u32,
+    pub dv_slice: u32,
+    pub v_in_k: bool,
+    pub elem_bytes: u32,
 }
 
-/// A block's work besides its key blocks, in 1024ths of a key block, for
-/// the KV-split rule ([`split_cost`]): one key block's worth (the start and
-/// the end of a block) plus the bytes it moves once per split — its Q rows
-/// and its partial output rows (f32), `block_m` of each at most — counted
-/// in key blocks of `block_n` rows (K's Dqk and, unless V is read from K's
-/// rows, V's slice). A 64-row tile's partial rows are twice a 32-key
-/// block's K and V: splitting it finer costs more than the keys show.
-pub fn split_fixed_work(
-    block_m: u32,
-    block_n: u32,
-    dqk: u32,
-    dv_slice: u32,
-    v_in_k: bool,
-    elem_bytes: u32,
-) -> u64 {
-    let once =
-        u64::from(block_m) * (u64::from(dqk) * u64::from(elem_bytes) + u64::from(dv_slice) * 4);
-    let key_block = kv_bytes_in_flight(2, block_n, dqk, dv_slice, v_in_k, elem_bytes).max(1);
-    1024 + once * 1024 / key_block
+impl SplitTile {
+    /// Bytes of K and V one block of a key block's rows: Dqk elements of K
+    /// and, unless V is read from K's rows, the block's Dv slice of V.
+    fn key_block_bytes(&self) -> u64 {
+        let row = u64::from(self.dqk)
+            + if self.v_in_k {
+                0
+            } else {
+                u64::from(self.dv_slice)
+            };
+        u64::from(self.block_n) * row * u64::from(self.elem_bytes)
+    }
+
+    /// Bytes of K and V one block keeps loading ahead of its compute:
+    /// `stages - 1` key blocks (at least one).
+    pub fn kv_bytes_in_flight(&self) -> u64 {
+        u64::from(self.stages.saturating_sub(1).max(1)) * self.key_block_bytes()
+    }
+
+    /// A block's work besides its key blocks, in 1024ths of a key block, for
+    /// the KV-split rule ([`split_cost`]): one key block's worth (the start
+    /// and the end of a block) plus the bytes it moves once per split — its
+    /// Q rows and its partial output rows (f32), `block_m` of each at most —
+    /// counted in key blocks. A 64-row tile's partial rows are twice a
+    /// 32-key block's K and V: splitting it finer costs more than the keys
+    /// show.
+    pub fn split_fixed_work(&self) -> u64 {
+        let once = u64::from(self.block_m)
+            * (u64::from(self.dqk) * u64::from(self.elem_bytes) + u64::from(self.dv_slice) * 4);
+        1024 + once * 1024 / self.key_block_bytes().max(1)
+    }
 }
 
 /// What the KV-split rule ([`kv_split_rule`]) reads.
@@ -1240,11 +1252,12 @@ pub struct KvSplitInputs {
     /// Dynamic shared memory of one block (with [`Residency::SharedMemory`]
     /// 0 means no wave cap).
     pub block_smem: u64,
-    /// K/V bytes one block keeps in flight ([`kv_bytes_in_flight`]); 0 when
+    /// K/V bytes one block keeps in flight
+    /// ([`SplitTile::kv_bytes_in_flight`]); 0 when
     /// not known ([`split_cost`]).
     pub block_bytes_in_flight: u64,
     /// A block's fixed work in 1024ths of a key block
-    /// ([`split_fixed_work`]); 0 when not known (one key block).
+    /// ([`SplitTile::split_fixed_work`]); 0 when not known (one key block).
     pub block_fixed_work: u64,
     pub sms: u64,
     pub residency: Residency,
@@ -1284,7 +1297,7 @@ pub fn kv_split_rule(i: KvSplitInputs) -> u64 {
 /// The busiest multiprocessor's time with `splits` KV splits, in key blocks
 /// × 1024: it runs `n = ceil(blocks · splits / SMs)` blocks of
 /// `ceil(key_blocks / splits)` key blocks each plus the block's fixed work
-/// (`block_fixed_work` 1024ths of a key block, [`split_fixed_work`]; 0: one
+/// (`block_fixed_work` 1024ths of a key block, [`SplitTile::split_fixed_work`]; 0: one
 /// key block), streamed at full speed when the blocks resident at once
 /// (`resident`: how many fit; `None`: all) keep
 /// [`KV_BYTES_IN_FLIGHT_PER_SM`] in flight between them
@@ -1888,6 +1901,15 @@ fn generate_forward(
     };
     args.extend(tensor_maps.iter().map(|m| ArgKind::TensorMap(m.tensor)));
     let row_outputs = row_output_names(online);
+    let split_tile = SplitTile {
+        block_m: cfg.block_m,
+        block_n: cfg.block_n,
+        stages: cfg.stages,
+        dqk,
+        dv_slice: dv,
+        v_in_k: cfg.v_in_k,
+        elem_bytes: cfg.elem.bytes(),
+    };
     Ok(KernelSource {
         combine: (cfg.split_kv && !cfg.fused_combine).then(|| format!("{kernel_name}_combine")),
         split_kv: cfg.split_kv,
@@ -1905,22 +1927,8 @@ fn generate_forward(
         dqk,
         dv: dv_total,
         block_n: cfg.block_n,
-        kv_bytes_in_flight: kv_bytes_in_flight(
-            cfg.stages,
-            cfg.block_n,
-            dqk,
-            dv,
-            cfg.v_in_k,
-            cfg.elem.bytes(),
-        ),
-        split_fixed_work: split_fixed_work(
-            cfg.block_m,
-            cfg.block_n,
-            dqk,
-            dv,
-            cfg.v_in_k,
-            cfg.elem.bytes(),
-        ),
+        kv_bytes_in_flight: split_tile.kv_bytes_in_flight(),
+        split_fixed_work: split_tile.split_fixed_work(),
         split_state_words: nstate as u32 + 1,
         v_in_k: cfg.v_in_k,
         tile_schedule,

@@ -6,8 +6,8 @@ use crate::CompileError;
 use crate::Elem;
 use crate::combine::combine_plan;
 use crate::cuda::forward::{
-    KernelSource, check_dv_split, combine_chunk_for, combine_rows_for, default_dv_split,
-    forward_args, kv_bytes_in_flight, split_fixed_work,
+    KernelSource, SplitTile, check_dv_split, combine_chunk_for, combine_rows_for, default_dv_split,
+    forward_args,
 };
 use crate::cxx::closures::{
     CustomParams, MAX_FORWARD_DQK, custom_params, parallel_inputs, reads, row_output_names,
@@ -217,6 +217,15 @@ pub fn hip_parallel_forward(
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
     let args = forward_args(variant, cfg.split_kv);
+    let split_tile = SplitTile {
+        block_m: cfg.block_m,
+        block_n: cfg.block_n,
+        stages: 2,
+        dqk,
+        dv_slice: dv,
+        v_in_k: cfg.v_in_k,
+        elem_bytes: cfg.elem.bytes(),
+    };
     Ok(KernelSource {
         tensor_maps: Vec::new(),
         combine: cfg.split_kv.then(|| format!("{kernel_name}_combine")),
@@ -238,22 +247,8 @@ pub fn hip_parallel_forward(
         block_n: cfg.block_n,
         // One key block ahead: the next block's K rows are prefetched into
         // registers while this one is computed.
-        kv_bytes_in_flight: kv_bytes_in_flight(
-            2,
-            cfg.block_n,
-            dqk,
-            dv,
-            cfg.v_in_k,
-            cfg.elem.bytes(),
-        ),
-        split_fixed_work: split_fixed_work(
-            cfg.block_m,
-            cfg.block_n,
-            dqk,
-            dv,
-            cfg.v_in_k,
-            cfg.elem.bytes(),
-        ),
+        kv_bytes_in_flight: split_tile.kv_bytes_in_flight(),
+        split_fixed_work: split_tile.split_fixed_work(),
         split_state_words: nstate as u32 + 1,
         v_in_k: cfg.v_in_k,
         tile_schedule: false,

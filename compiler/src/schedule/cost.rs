@@ -7,9 +7,7 @@
 
 use super::device::DeviceConfig;
 use super::space::{Problem, VariantFacts};
-use crate::cuda::forward::{
-    KvSplitInputs, MAX_KV_SPLITS, Residency, kv_bytes_in_flight, kv_split_rule, split_fixed_work,
-};
+use crate::cuda::forward::{KvSplitInputs, MAX_KV_SPLITS, Residency, SplitTile, kv_split_rule};
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -207,26 +205,21 @@ pub fn estimate(
         .collect();
     // Causal grids launch the longest row blocks first.
     steps.sort_unstable_by(|a, b| b.cmp(a));
+    let tile = SplitTile {
+        block_m: plan.block_m,
+        block_n: plan.block_n,
+        stages: plan.stages,
+        dqk: problem.dqk,
+        dv_slice: plan.dv_slice,
+        v_in_k: false,
+        elem_bytes: problem.elem.bytes(),
+    };
     let splits = plan_splits(
         plan,
         row_blocks * heads * problem.b * plan.dv_split as usize,
         kv_blocks,
-        kv_bytes_in_flight(
-            plan.stages,
-            plan.block_n,
-            problem.dqk,
-            plan.dv_slice,
-            false,
-            problem.elem.bytes(),
-        ),
-        split_fixed_work(
-            plan.block_m,
-            plan.block_n,
-            problem.dqk,
-            plan.dv_slice,
-            false,
-            problem.elem.bytes(),
-        ),
+        tile.kv_bytes_in_flight(),
+        tile.split_fixed_work(),
         device,
     );
     let epilogue = bm * dvs * eb / (device.dram_gbs * 1e9 / (device.sms as f64 * clock));
@@ -362,7 +355,16 @@ mod tests {
             persistent: false,
         };
         // Two 128-key blocks of K and V at d128 in flight.
-        let in_flight = kv_bytes_in_flight(3, 128, 128, 128, false, 2);
+        let tile = SplitTile {
+            block_m: 64,
+            block_n: 128,
+            stages: 3,
+            dqk: 128,
+            dv_slice: 128,
+            v_in_k: false,
+            elem_bytes: 2,
+        };
+        let in_flight = tile.kv_bytes_in_flight();
         assert_eq!(in_flight, 128 * 1024);
         assert_eq!(plan_splits(&plan(64), 32, 32, in_flight, 0, &h200), 4);
         assert_eq!(plan_splits(&plan(128), 16, 32, in_flight, 0, &h200), 8);
