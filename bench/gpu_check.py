@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 # The launch plans' size expressions, as the kernel libraries' module reads them.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "templates", "library"))
-from aec_library import eval_size  # noqa: E402
+from aec_library import eval_size, split_cost  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp/aec-out")
 os.makedirs(OUT, exist_ok=True)
@@ -176,18 +176,10 @@ class Kernel:
             return 1
         key_blocks = (sizes["Skv"] + self.meta["block_n"] - 1) // self.meta["block_n"]
         top = min(max(key_blocks // 4, 1), 128, max(1, self.resident * self.sms // blocks))
-        need = 64 * 1024  # KV_BYTES_IN_FLIGHT_PER_SM
-        per_block = self.meta.get("kv_bytes_in_flight") or need // 2
-
-        fixed = self.meta.get("split_fixed_work") or 1024
-
-        def cost(s):
-            n = -(-blocks * s // self.sms)
-            in_flight = max(1, min(n, self.resident)) * per_block
-            short = max(0, need * 1024 // in_flight - 1024)
-            work = n * (-(-key_blocks // s) * 1024 + fixed) // 1024
-            return work * ((1 << 20) + short * short * 80 // 1024) // 1024
-        return min(range(1, top + 1), key=lambda s: (cost(s), s))
+        in_flight = self.meta.get("kv_bytes_in_flight", 0)
+        fixed = self.meta.get("split_fixed_work", 0)
+        return min(range(1, top + 1), key=lambda s: (
+            split_cost(blocks, key_blocks, s, self.sms, self.resident, in_flight, fixed), s))
 
     def __call__(self, q, k, v, customs, sizes, extra=None, o_fill=None):
         """`extra`: the values of the arguments of other row layouts (a paged

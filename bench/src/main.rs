@@ -947,29 +947,25 @@ fn main() {
         eprintln!("paged kernels decode …");
         let v = load(&root, "decode");
         let default = forward_config(&v, 128, 128, per_block);
-        // The default tiles, then (`--decode-tiles`) other key-block sizes
-        // and ring depths.
-        // (0, 0): the fat tile `for_decode_shape` takes for grids below half
-        // the SMs (four key warps on 128-key blocks), at any grid.
-        let tiles: &[(u32, u32)] = if args.iter().any(|a| a == "--decode-tiles") {
-            &[(32, 2), (32, 3), (32, 4), (64, 2), (64, 3), (0, 0)]
-        } else {
-            &[(32, 2)]
-        };
-        for (i, &(block_n, stages)) in tiles.iter().enumerate() {
-            let cfg = if i == 0 {
-                default
-            } else if block_n == 0 {
-                default
-                    .for_few_blocks(1, 132, 128, 128, Isa::Sm90a)
-                    .with_combine_for_rows(4, 128)
-            } else {
-                ForwardConfig {
+        // The default tile, then (`--decode-tiles`) other key-block sizes
+        // and ring depths, and the fat tile `for_few_blocks` gives grids
+        // below half the SMs (four key warps on 128-key blocks), at any grid.
+        let mut tiles = vec![default];
+        if args.iter().any(|a| a == "--decode-tiles") {
+            tiles.extend(
+                [(32, 3), (32, 4), (64, 2), (64, 3)].map(|(block_n, stages)| ForwardConfig {
                     block_n,
                     stages,
                     ..default
-                }
-            };
+                }),
+            );
+            tiles.push(
+                default
+                    .for_few_blocks(1, 132, 128, 128, Isa::Sm90a)
+                    .with_combine_for_rows(4, 128),
+            );
+        }
+        for (i, cfg) in tiles.into_iter().enumerate() {
             let tag = format!("n{}s{}k{}", cfg.block_n, cfg.stages, cfg.key_warps);
             let dense = parallel_forward(&v, 128, 128, &cfg).expect("dense forward");
             let pk = parallel_forward_paged(&v, 128, 128, &cfg).expect("paged forward");

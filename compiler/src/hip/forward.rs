@@ -217,6 +217,8 @@ pub fn hip_parallel_forward(
         .render()
         .map_err(|e| CompileError(format!("template rendering failed: {e}")))?;
     let args = forward_args(variant, cfg.split_kv);
+    // One key block ahead: the next block's K rows are prefetched into
+    // registers while this one is computed.
     let split_tile = SplitTile {
         block_m: cfg.block_m,
         block_n: cfg.block_n,
@@ -245,8 +247,6 @@ pub fn hip_parallel_forward(
         dqk,
         dv: dv_total,
         block_n: cfg.block_n,
-        // One key block ahead: the next block's K rows are prefetched into
-        // registers while this one is computed.
         kv_bytes_in_flight: split_tile.kv_bytes_in_flight(),
         split_fixed_work: split_tile.split_fixed_work(),
         split_state_words: nstate as u32 + 1,
