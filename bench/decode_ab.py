@@ -14,7 +14,9 @@ Prints per build the median over rounds, every round, and the fraction of
 the copy bandwidth (q, k and v bytes over the time, against a 1 GiB
 device-to-device copy; gpu_check.py also counts o). `--tiles` adds the
 benchmark's named tiles (`aec-bench`'s tags) of every build to the rounds.
-Only plain softmax decoding workloads (the anchor is cuDNN's SDPA).
+Plain softmax decoding workloads (the anchor is cuDNN's SDPA) and latent-
+cache decoding (`mla_decode`, V the first Dv columns of K's one cache: the
+anchor is torch.compile of the eager GEMMs, errors against their f32 form).
 """
 import json, math, os, sys
 
@@ -51,8 +53,10 @@ def main():
             sys.exit(f"decode_ab: no benchmark kernel for `{wl_id}` in {d} (have: {', '.join(entries)})")
         if w is None:
             w = by_id[wl_id]
-            if w["variant"] != "softmax" or w["sq"] != 1 or w.get("v_in_k"):
-                sys.exit(f"decode_ab: `{wl_id}` is not a plain softmax decoding workload")
+            plain = w["variant"] == "softmax" and not w.get("v_in_k")
+            latent = w["variant"] == "mla_decode" and w.get("v_in_k")
+            if w["sq"] != 1 or not (plain or latent):
+                sys.exit(f"decode_ab: `{wl_id}` is neither a plain softmax nor a latent-cache decoding workload")
         kernels[d] = (g.Kernel(d, entries[wl_id]["kernel"]), entries[wl_id]["kernel"])
         by_tag = {t["tiles"]: t for t in entries[wl_id].get("tiles", []) if "kernel" in t}
         for tag in tiles:
@@ -63,12 +67,16 @@ def main():
     sizes = dict(B=b, H=h, Hkv=hkv, Sq=sq, Skv=skv)
     torch.manual_seed(0)
 
+    latent = bool(w.get("v_in_k"))
+
     def inputs():
-        return (torch.randn(b, h, sq, dqk, device="cuda", dtype=torch.bfloat16),
-                torch.randn(b, hkv, skv, dqk, device="cuda", dtype=torch.bfloat16),
-                torch.randn(b, hkv, skv, dv, device="cuda", dtype=torch.bfloat16))
+        q = torch.randn(b, h, sq, dqk, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, skv, dqk, device="cuda", dtype=torch.bfloat16)
+        # The latent cache's V is K's first Dv columns (one cache).
+        v = k[..., :dv] if latent else torch.randn(b, hkv, skv, dv, device="cuda", dtype=torch.bfloat16)
+        return q, k, v
     sets = [inputs()]
-    per_set = sum(t.numel() * t.element_size() for t in sets[0])
+    per_set = sum(t.numel() * t.element_size() for t in sets[0][:2]) + (0 if latent else sets[0][2].numel() * 2)
     while len(sets) * per_set < g.GRAPH_SET_BYTES:
         sets.append(inputs())
     scale = w.get("scale", 1 / math.sqrt(dqk))
@@ -76,14 +84,25 @@ def main():
     def cudnn(q, k, v):
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=hkv != h)
-    ref = cudnn(*sets[0]).float()
-    impls = {"cudnn": cudnn}
+
+    def eager(q, k, v, dtype=torch.bfloat16):
+        # The query heads of a KV head as the rows of one GEMM each.
+        qg = q.reshape(b, hkv, h // hkv * sq, dqk).to(dtype)
+        p = torch.softmax((qg @ k.to(dtype).transpose(-1, -2)).float() * scale, -1).to(dtype)
+        return (p @ v.to(dtype)).reshape(b, h, sq, dv)
+    if latent:
+        ref = eager(*sets[0], dtype=torch.float32)
+        impls = {"torch.compile": torch.compile(eager)}
+    else:
+        ref = cudnn(*sets[0]).float()
+        impls = {"cudnn": cudnn}
     for d, (kern, meta) in kernels.items():
-        o, _ = kern(*sets[0], {}, sizes)
+        # (The latent kernels read V from k's rows: k is passed as v too.)
+        o, _ = kern(sets[0][0], sets[0][1], sets[0][1] if latent else sets[0][2], {}, sizes)
         torch.cuda.synchronize()
         print(f"{d}: {meta['name']}, {kern.last_splits} KV splits, rel_err {g.rel_err(o.float(), ref):.2e}, "
               f"ptxas {' '.join(meta.get('ptxas') or [])}", flush=True)
-        impls[d] = (lambda kn: (lambda q, k, v: kn(q, k, v, {}, sizes)))(kern)
+        impls[d] = (lambda kn: (lambda q, k, v: kn(q, k, k if latent else v, {}, sizes)))(kern)
     copy_gbps = g.copy_bandwidth()
     times = {n: [] for n in impls}
     for _ in range(rounds):
