@@ -3355,4 +3355,61 @@ fn gpu_forward_held_row_maximum() {
         );
         assert!(err < 1e-2 && rows_ok, "{test}: o {err:.3e}, rows {rows:?}");
     }
+    // The latent decoding tile over KV splits: each split's partial rows
+    // leave the held form (the state at the true maximum, O times the
+    // combine's factor to it) before the combine kernel merges them. (Its
+    // scores' usual spread is √3 times d128's: 3.5 times it is about the
+    // six of the tiles above.)
+    let def = aec::frontend::parse_str(
+        "pub struct SharpLatent: parallel {
+            q: [B, H, Sq = 1, Dqk = 576]; k: [B, Hkv, Skv, Dqk = 576]; v: [B, Hkv, Skv, Dv = 512];
+            modify_q = |q| q * 3.5 * rsqrt(192.0);
+            online {
+                state { m = -inf, l = 0.0 }
+                fwd = |s, st| {
+                    let m = max(st.m, rowmax(s));
+                    let p = exp(s - m);
+                    (p, State { m, l: st.l * exp(st.m - m) + rowsum(p) }, exp(st.m - m))
+                }
+                epilogue = |o, st| (o / st.l, Scales { lse: st.m + log(st.l) })
+            }
+        }",
+    )
+    .expect("variant");
+    let (shape, dims) = (Shape::new(2, 128, 1, 1, 1777), HeadDims::new(576, 512));
+    // (The tile a call of this shape runs untuned, `compile_for_shape`.)
+    let tile = ForwardConfig {
+        v_in_k: true,
+        ..ForwardConfig::default_for(&def, 576, 512, Elem::Bf16, Isa::Sm90a)
+    }
+    .for_packed_rows(128, 576, 512, Isa::Sm90a);
+    let options = KernelOptions {
+        v_in_k: true,
+        config: Some(tile),
+        ..KernelOptions::default()
+    };
+    let Some(mut gpu) = prepare_def(test, def, "mla_decode", shape, dims, (0.0, 1.0), &options)
+    else {
+        return;
+    };
+    v_from_k(&mut gpu.call, dims);
+    let source = gpu.kernels.forward_source();
+    assert!(
+        source.source.contains("#define ROW_MAX_HELD 1") && source.name.contains("_gqa_wgmma"),
+        "{test}: `{}` is not the latent tile holding its maximum",
+        source.name
+    );
+    assert!(
+        gpu.kernels.kv_splits(shape) > 1,
+        "{test}: one split at {shape}"
+    );
+    check_latent_forward(
+        test,
+        &gpu.kernels,
+        &gpu.stream,
+        &gpu.call,
+        &gpu.q,
+        &gpu.k,
+        shape,
+    );
 }

@@ -582,14 +582,31 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 // A partial row for the combine kernel: the unnormalised output,
                 // the state and whether any key was seen.
                 if (!row_ok) continue;
+#if ROW_MAX_HELD
+                // The partial row leaves the held form, as the combine takes
+                // it: the state at the row's true maxima, and O times the
+                // combine's factor from the held state to that one.
+                float pst[NSTATE_ARR];
+                float pof = 1.0f;
+                if (seen[r]) {
+                    held_final_state(st[r], mx[r], pst, P);
+                    pof = combine_rescale(st[r], pst, P);
+                } else {
+#pragma unroll
+                    for (int f = 0; f < NSTATE_ARR; ++f) pst[f] = st[r][f];
+                }
+#else
+                const float (&pst)[NSTATE_ARR] = st[r];
+                const float pof = 1.0f;
+#endif
                 float* prow = opart + ((long long)split * rows + row) * DVG + dv0 + EPI_COL;
 #pragma unroll
                 for (int dt = 0; dt < EPI_DT; ++dt)
-                    *reinterpret_cast<float2*>(prow + dt * 8 + 2 * t4) = make_float2(acc[mt][dt][2 * half], acc[mt][dt][2 * half + 1]);
+                    *reinterpret_cast<float2*>(prow + dt * 8 + 2 * t4) = make_float2(acc[mt][dt][2 * half] * pof, acc[mt][dt][2 * half + 1] * pof);
                 if (t4 == 0 && dv0 == 0 && EPI_COL == 0) {
                     float* srow = spart + ((long long)split * rows + row) * (NSTATE + 1);
 #pragma unroll
-                    for (int f = 0; f < NSTATE; ++f) srow[f] = st[r][f];
+                    for (int f = 0; f < NSTATE; ++f) srow[f] = pst[f];
                     srow[NSTATE] = seen[r] ? 1.0f : 0.0f;
                 }
                 continue;
@@ -1628,6 +1645,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
     AEC_MARK(1);
 {% if share_p %}    // The second warpgroup's rows' state (it computed none): the first's.
+#if ROW_MAX_HELD
+    static_assert(NR * (NSTATE_ARR + 1 + NHELD) <= BN / 4 + 2, "the row state's hand-over exceeds its words");
+#endif
     __syncthreads();
     if (dw == 0) {
 #pragma unroll
@@ -1635,6 +1655,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 #pragma unroll
             for (int f = 0; f < NSTATE_ARR; ++f) xch[(r * NSTATE_ARR + f) * 128] = __float_as_uint(st[r][f]);
             xch[(NR * NSTATE_ARR + r) * 128] = seen[r] ? 1u : 0u;
+#if ROW_MAX_HELD
+#pragma unroll
+            for (int f = 0; f < NHELD; ++f) xch[(NR * (NSTATE_ARR + 1) + r * NHELD + f) * 128] = __float_as_uint(mx[r][f]);
+#endif
         }
     }
     __syncthreads();
@@ -1644,6 +1668,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 #pragma unroll
             for (int f = 0; f < NSTATE_ARR; ++f) st[r][f] = __uint_as_float(xch[(r * NSTATE_ARR + f) * 128]);
             seen[r] = xch[(NR * NSTATE_ARR + r) * 128] != 0u;
+#if ROW_MAX_HELD
+#pragma unroll
+            for (int f = 0; f < NHELD; ++f) mx[r][f] = __uint_as_float(xch[(NR * (NSTATE_ARR + 1) + r * NHELD + f) * 128]);
+#endif
         }
     }
 {% endif %}{% if key_warps > 1 %}{% call merge_key_warps() %}{% endcall %}{% endif %}

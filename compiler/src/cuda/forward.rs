@@ -1478,8 +1478,9 @@ fn wgmma_dims_within(dqk: u32, dv: u32, max_dqk: u32) -> bool {
 /// it. On an H200 (bench/NOTES.md, session 64, rotated rounds)
 /// DiffTransformer's 256 columns ran 3.0–3.9% faster held; at 128 columns
 /// non-causal softmax ran 1.5–3.5% slower and the causal ones within the
-/// rounds' spread. (The sm_80 template is not measured held: it keeps the
-/// variant's own update.)
+/// rounds' spread; MLA decoding's latent tile (two warpgroups of 256
+/// columns, split-KV) 1.9% faster. (The sm_80 template is not measured
+/// held: it keeps the variant's own update.)
 pub const HELD_MAX_MIN_O_COLUMNS: u32 = 256;
 
 /// The warp-specialised forward's tile of three consumer warpgroups.
@@ -1696,7 +1697,14 @@ fn generate_forward(
     }
     let online = &par.online;
     let nstate = online.state.len();
-    if shares_p(cfg) && 2 * (nstate.max(1) as u32 + 1) > p_exchange_words(cfg) {
+    // The row maxima are held where a warpgroup has enough O columns for
+    // the skipped rescales to pay, and no key warps merge partial rows in
+    // the kernel (split-KV's partial rows leave the held form as written).
+    let hold_row_max = cfg.wgmma && dvw >= HELD_MAX_MIN_O_COLUMNS && cfg.key_warps <= 1;
+    // (With held maxima the hand-over also carries them: at most one a
+    // state field.)
+    let held_words = if hold_row_max { nstate as u32 } else { 0 };
+    if shares_p(cfg) && 2 * (nstate.max(1) as u32 + 1 + held_words) > p_exchange_words(cfg) {
         return Err(CompileError(format!(
             "`{}`: Dv warpgroups hand the row state over through {} words per thread, too few for {nstate} state values per row; use dv_warps: 1",
             variant.name,
@@ -1729,11 +1737,7 @@ fn generate_forward(
             )));
         }
     }
-    let regions = forward_regions(
-        variant,
-        cfg.split_kv || cfg.key_warps > 1,
-        cfg.wgmma && dvw >= HELD_MAX_MIN_O_COLUMNS,
-    )?;
+    let regions = forward_regions(variant, cfg.split_kv || cfg.key_warps > 1, hold_row_max)?;
 
     let CustomParams {
         fields: params_fields,

@@ -489,7 +489,8 @@ fn state_index(fields: &[String], region: &Region, p: u32) -> usize {
 
 /// Every forward region of a parallel variant, with the split-KV combine
 /// functions when `split_kv`, and the online update with its running maxima
-/// held (`ROW_MAX_HELD`) where `hold_row_max` asks and that is exact.
+/// held (`ROW_MAX_HELD`) where `hold_row_max` asks and that is exact (the
+/// template must then leave the held form wherever it writes a state).
 pub fn forward_regions(
     variant: &Variant,
     split_kv: bool,
@@ -515,10 +516,10 @@ pub fn forward_regions(
     let neg_inf = masked_as_neg_inf(online, &fwd);
     regions.push_str(&online_fns(&fwd, &fields, false, neg_inf, ""));
     let _ = writeln!(regions, "#define MASKED_AS_NEG_INF {}\n", u8::from(neg_inf));
-    // The same with its running maxima held (crate::held_max), where that is
-    // exact and the final state is the block's own: not where partial rows
-    // merge (split-KV, key warps), whose merged state would be held too.
-    let held = if split_kv || !hold_row_max {
+    // The same with its running maxima held (crate::held_max), where the
+    // caller asks (its template leaves the held form wherever it writes a
+    // state: the row outputs, split-KV's partial rows) and that is exact.
+    let held = if !hold_row_max {
         None
     } else {
         crate::held_max::held_online_fwd(online, &fwd)
@@ -589,7 +590,8 @@ pub fn forward_regions(
         );
     }
 
-    if split_kv {
+    // (The held update brought the combine already.)
+    if split_kv && held.is_none() {
         regions.push_str(&combine_fns(online, nstate)?);
     }
     Ok(regions)
