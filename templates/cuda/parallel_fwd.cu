@@ -874,6 +874,115 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
 {% endmacro %}
+{% macro wg_loads_block(blk, st) %}                // This warpgroup's panels of key block {{ blk }} into stage {{ st }}: the
+                // first's V columns (and with V in K, K's columns past V; else
+                // all of K), the second's V columns; the second's arrival on
+                // the stage's barrier once they have landed.
+{% if v_in_k %}                if (dw == 0) {
+                    LOAD_TILE<BN, DVW, 128, DQK>(sK + ({{ st }}) * BN * SQS, kg, KV_N0({{ blk }}), Skv, tid % 128, KV_ROWS);
+{% if k_tail_cols > 0 %}                    LOAD_TILE<BN, DQK - DV, 128, DQK>(sK + ({{ st }}) * BN * SQS + (DV / 64) * (BN * 64), kg + DV, KV_N0({{ blk }}), Skv,
+                                                      tid % 128, KV_ROWS);
+{% endif %}                } else {
+                    LOAD_TILE<BN, DVW, 128, DQK>(sK + ({{ st }}) * BN * SQS + (DVW / 64) * (BN * 64), kg + DVW, KV_N0({{ blk }}), Skv,
+                                                 tid % 128, KV_ROWS);
+                    mbar_arrive_cp_async(&bar_full[{{ st }}]);
+                }
+{% else %}                if (dw == 0) {
+                    LOAD_TILE<BN, DQK, 128>(sK + ({{ st }}) * BN * SQS, kg, KV_N0({{ blk }}), Skv, tid % 128, KV_ROWS);
+                    LOAD_TILE<BN, DVW, 128, DVG>(sV + ({{ st }}) * BN * SVS, vg, KV_N0({{ blk }}), Skv, tid % 128, KV_ROWS);
+                } else {
+                    LOAD_TILE<BN, DVW, 128, DVG>(sV + ({{ st }}) * BN * SVS + (DVW / 64) * (BN * 64), vg + DVW, KV_N0({{ blk }}), Skv,
+                                                 tid % 128, KV_ROWS);
+                    mbar_arrive_cp_async(&bar_full[{{ st }}]);
+                }
+{% endif %}{% endmacro %}
+{% macro wg_loads_loop() %}
+    // The first Dv warpgroup computes S and the online step and hands P and
+    // the row rescale to the second; both add P·V for their columns. No
+    // block-wide barrier per step: each warpgroup loads the panels it reads
+    // again and refills them once done (the first's S has read the second's
+    // before the second gets P), so the first starts the next S while the
+    // second's P·V runs.
+    for (int it = 0; it < n_iter; ++it) {
+        const int cur = it % STAGES;
+        const int n0 = KV_N0(it), nw0 = n0;
+        // 0: no row sees a key of this block: skipped (both warpgroups).
+        const int cls = STEP_CLASS(it, n0);
+        // This warpgroup's panels of the block (its threads' copies; the
+        // STAGES - 1 newer groups may be pending), and for the first the
+        // second's (every phase waited for, skipped blocks too).
+        cp_async_wait<STAGES - 1>();
+        fence_proxy_async();
+        named_bar_sync(1 + dw, 128);
+        if (dw == 0) {
+            mbar_wait(&bar_full[cur], (it / STAGES) & 1);
+            fence_proxy_async();
+        }
+#ifdef AEC_TIMELINE
+        if (it == 0) AEC_MARK(6);
+#endif
+        if (cls != 0) {
+            unsigned pa[BN / 16][4];
+            float row_scale[NR];
+            if (dw == 0) {
+                float s[MT][BN / 8][4];
+                {
+                    const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
+                    const unsigned k_base = smem_u32(sK + cur * BN * SQS);
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < DQK / 16; ++kk)
+                        wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
+                                      sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
+                    wgmma_commit();
+                    wgmma_wait0();
+                    wgmma_fence_operands_n{{ bn }}(s[0]);
+                }
+{% call block_scores(0) %}{% endcall %}
+                pack_p(pr, pa);
+                // P's buffer once the second has read the last block's.
+                if (p_phase > 0) mbar_wait(&bar_p_free, (p_phase - 1) & 1);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) xch[(kk * 4 + c) * 128] = pa[kk][c];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    row_scale[r] = alpha[r];
+                    xch[(BN / 4 + r) * 128] = __float_as_uint(alpha[r]);
+                }
+                mbar_arrive(&bar_p);
+            } else {
+                mbar_wait(&bar_p, p_phase & 1);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) pa[kk][c] = xch[(kk * 4 + c) * 128];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) row_scale[r] = __uint_as_float(xch[(BN / 4 + r) * 128]);
+                mbar_arrive(&bar_p_free);
+            }
+            ++p_phase;
+            if (rescale_needed(row_scale)) {
+#pragma unroll
+                for (int dt = 0; dt < DVW / 8; ++dt) {
+                    acc[0][dt][0] *= row_scale[0];
+                    acc[0][dt][1] *= row_scale[0];
+                    acc[0][dt][2] *= row_scale[1];
+                    acc[0][dt][3] *= row_scale[1];
+                }
+            }
+            wgmma_fence();
+            pv_gemm(acc[0], pa, V_SMEM(cur));
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands_n{{ dvw }}(acc[0]);
+        }
+        if (it + STAGES < n_iter) {
+{% call wg_loads_block("it + STAGES", "cur") %}{% endcall %}        }
+        cp_async_commit();
+    }
+{% endmacro %}
 {% macro init_rows(declare) %}{% if declare %}
         float acc[MT][DVW / 8][4];
 {% endif %}#pragma unroll
@@ -1133,7 +1242,15 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // rewritten only after the next block's __syncthreads, which the second
     // warpgroup reaches once it has read it.
     __shared__ __align__(8) unsigned long long bar_p;
-    if (threadIdx.x == 0) mbar_init(&bar_p, 128);
+{% if wg_loads %}    // Each warpgroup loads the panels it reads again (wg_loads_block): the
+    // second's panels of stage st landed (the first's S reads them too),
+    // and P's buffer read by the second (rewritten only after).
+    __shared__ __align__(8) unsigned long long bar_full[STAGES], bar_p_free;
+{% endif %}    if (threadIdx.x == 0) {
+        mbar_init(&bar_p, 128);
+{% if wg_loads %}        mbar_init(&bar_p_free, 128);
+        for (int st = 0; st < STAGES; ++st) mbar_init(&bar_full[st], 128);
+{% endif %}    }
     __syncthreads();
     unsigned p_phase = 0;
 {% endif %}{% if dv_warps > 1 && !wgmma %}    // The Dv warps' partial scores, two buffers (after the K/V ring).
@@ -1437,7 +1554,20 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     {
         const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %}, by = blockIdx.y, bz = blockIdx.z;
 {% call tile_setup() %}{% endcall %}
-        // A ring of STAGES K/V buffers: the first STAGES - 1 blocks start
+{% if wg_loads %}        // Q by every thread; then a ring of STAGES blocks, each warpgroup
+        // loading its panels of each (a copy group per block), refilled
+        // with the block STAGES ahead once the warpgroup has read them.
+        LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
+        cp_async_commit();
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) {
+            if (st < n_iter) {
+{% call wg_loads_block("st", "st") %}{% endcall %}            }
+            cp_async_commit();
+        }
+        cp_async_wait<STAGES>();  // Q, the oldest group
+        SYNC_SMEM_WRITES();
+{% else %}        // A ring of STAGES K/V buffers: the first STAGES - 1 blocks start
         // loading now, one copy group each (Q rides with the first), and
         // every step starts the block STAGES - 1 ahead.
         LOAD_TILE<BM, DQK>(sQ, qg, m0, n_rows, tid);
@@ -1449,11 +1579,12 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}            }
             cp_async_commit();
         }
-{% if modify_q %}        cp_async_wait_all();
+{% endif %}{% if modify_q %}        cp_async_wait_all();
         SYNC_SMEM_WRITES();
 {% call modify_q_rows("tid", "NT", "BM", "0") %}{% endcall %}
         SYNC_SMEM_WRITES();
 {% endif %}{% call init_rows(true) %}{% endcall %}
+{% if wg_loads %}{% call wg_loads_loop() %}{% endcall %}{% else %}
     for (int it = 0; it < n_iter; ++it) {
         const int cur = it % STAGES;
         elem_t* sKc = sK + cur * BN * SQS;
@@ -1643,7 +1774,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
         }  // cls != 0
     }
-    AEC_MARK(1);
+{% endif %}    AEC_MARK(1);
 {% if share_p %}    // The second warpgroup's rows' state (it computed none): the first's.
 #if ROW_MAX_HELD
     static_assert(NR * (NSTATE_ARR + 1 + NHELD) <= BN / 4 + 2, "the row state's hand-over exceeds its words");

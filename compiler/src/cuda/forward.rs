@@ -392,7 +392,9 @@ impl ForwardConfig {
     ///   between blocks where Dv is wider): the first computes S and the
     ///   online step and hands P and the row rescale to the second through
     ///   shared memory, so S is computed once per block and a K tile feeds
-    ///   both (226 KB at Dqk 576, one block per SM). (H100, 16 sequences ×
+    ///   both (226 KB at Dqk 576, one block per SM); each loads the K
+    ///   panels it reads again ([`warpgroup_loads`]: 3% faster on an H200,
+    ///   bench/NOTES.md session 68). (H100, 16 sequences ×
     ///   128 heads on one latent KV head: 0.089 → 0.053 ms; both warpgroups
     ///   computing S 0.062, Dv split between blocks 0.069, 128-row blocks on
     ///   32-key blocks, whose S GEMM is bound by shared memory, 0.075;
@@ -1393,6 +1395,18 @@ fn shares_p(cfg: &ForwardConfig) -> bool {
     cfg.wgmma && cfg.dv_warps > 1 && !cfg.warp_specialized
 }
 
+/// Whether the Dv warpgroups that hand P over ([`shares_p`]) each load the
+/// K/V panels they read again (`wg_loads_loop` in the template): the first
+/// its V columns and the rest of K, the second its V columns, each
+/// refilling them once its P·V is done, so no barrier of the whole block
+/// separates the steps and the first's next S GEMM runs beside the
+/// second's P·V. Not where the variant modifies K or V in shared memory
+/// (all threads rewrite the tiles) or V is a slice of K's columns
+/// (`dv_split`), whose panels the two would share.
+fn warpgroup_loads(cfg: &ForwardConfig, modifies_kv: bool) -> bool {
+    shares_p(cfg) && !modifies_kv && cfg.key_warps == 1 && !(cfg.v_in_k && cfg.dv_split > 1)
+}
+
 /// Words per thread of the P hand-over ([`shares_p`]): P's fragments (BN / 4)
 /// and the two rows' rescale; the row state handed over at the end must fit
 /// too.
@@ -1504,6 +1518,11 @@ struct ForwardTemplate<'a> {
     dv_warps: u32,
     /// Dv warpgroups hand P over ([`shares_p`]).
     share_p: bool,
+    /// ... each loading the panels it reads again, without a block-wide
+    /// barrier per step ([`warpgroup_loads`]).
+    wg_loads: bool,
+    /// K's columns past V where V is stored in K (Dqk - Dv).
+    k_tail_cols: u32,
     m_tiles: u32,
     warp_size: u32,
     dqk: u32,
@@ -1802,6 +1821,8 @@ fn generate_forward(
         key_warps: cfg.key_warps,
         dv_warps: cfg.dv_warps,
         share_p: shares_p(cfg),
+        wg_loads: warpgroup_loads(cfg, par.modify_k.is_some() || par.modify_v.is_some()),
+        k_tail_cols: dqk.saturating_sub(dv),
         m_tiles: cfg.m_tiles(),
         warp_size: WARP_SIZE,
         dqk,
