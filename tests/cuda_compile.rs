@@ -353,6 +353,17 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
                 k.source.contains("mbar_wait(&bar_p, p_phase & 1)"),
                 !cfg.warp_specialized
             );
+            // 256 O columns a warpgroup: the row maximum is held, split-KV's
+            // partial rows leaving the held form; without the producer each
+            // warpgroup loads the K panels it reads again (no block-wide
+            // barrier per step).
+            assert!(k.source.contains("#define ROW_MAX_HELD 1"), "{}", k.name);
+            assert_eq!(
+                k.source.contains("mbar_wait(&bar_p_free"),
+                !cfg.warp_specialized,
+                "{}",
+                k.name
+            );
             continue;
         }
         // The pair's partial scores take two buffers after the K ring.
