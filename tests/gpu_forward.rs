@@ -2569,20 +2569,34 @@ fn gpu_forward_packed_wgmma() {
             },
         );
     }
-    check_paged(
-        &format!("{test} (paged latent cache)"),
-        "mla_decode",
-        (128, 1),
-        1,
-        &[1000, 37, 513, 1, 300],
-        64,
-        HeadDims::new(576, 512),
-        &KernelOptions {
-            v_in_k: true,
-            config: Some(tile("mla_decode", 576, 512, 128, 32, 2)),
-            ..KernelOptions::default()
-        },
-    );
+    // Paged: Dv slices between blocks, and Dv split between the two
+    // warpgroups of a block (each loading the K panels it reads again).
+    for (what, cfg) in [
+        ("", tile("mla_decode", 576, 512, 128, 32, 2)),
+        (
+            ", Dv warpgroups",
+            ForwardConfig {
+                warps: 8,
+                dv_warps: 2,
+                ..tile("mla_decode", 576, 512, 64, 64, 1)
+            },
+        ),
+    ] {
+        check_paged(
+            &format!("{test} (paged latent cache{what})"),
+            "mla_decode",
+            (128, 1),
+            1,
+            &[1000, 37, 513, 1, 300],
+            64,
+            HeadDims::new(576, 512),
+            &KernelOptions {
+                v_in_k: true,
+                config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
 }
 
 #[test]
