@@ -874,6 +874,28 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
 {% endmacro %}
+{% macro p_hand_out() %}                // P and the rows' rescale to the second Dv warpgroup (a word per
+                // thread and value), released by the arrival.
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) xch[(kk * 4 + c) * 128] = pa[kk][c];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    row_scale[r] = alpha[r];
+                    xch[(BN / 4 + r) * 128] = __float_as_uint(alpha[r]);
+                }
+                mbar_arrive(&bar_p);
+{% endmacro %}
+{% macro p_hand_in() %}                // The first Dv warpgroup's P and rows' rescale.
+                mbar_wait(&bar_p, p_phase & 1);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) pa[kk][c] = xch[(kk * 4 + c) * 128];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) row_scale[r] = __uint_as_float(xch[(BN / 4 + r) * 128]);
+{% endmacro %}
 {% macro wg_loads_block(blk, st) %}                // This warpgroup's panels of key block {{ blk }} into stage {{ st }}: the
                 // first's V columns (and with V in K, K's columns past V; else
                 // all of K), the second's V columns; the second's arrival on
@@ -942,25 +964,8 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 pack_p(pr, pa);
                 // P's buffer once the second has read the last block's.
                 if (p_phase > 0) mbar_wait(&bar_p_free, (p_phase - 1) & 1);
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) xch[(kk * 4 + c) * 128] = pa[kk][c];
-#pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    row_scale[r] = alpha[r];
-                    xch[(BN / 4 + r) * 128] = __float_as_uint(alpha[r]);
-                }
-                mbar_arrive(&bar_p);
-            } else {
-                mbar_wait(&bar_p, p_phase & 1);
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) pa[kk][c] = xch[(kk * 4 + c) * 128];
-#pragma unroll
-                for (int r = 0; r < NR; ++r) row_scale[r] = __uint_as_float(xch[(BN / 4 + r) * 128]);
-                mbar_arrive(&bar_p_free);
+{% call p_hand_out() %}{% endcall %}            } else {
+{% call p_hand_in() %}{% endcall %}                mbar_arrive(&bar_p_free);
             }
             ++p_phase;
             if (rescale_needed(row_scale)) {
@@ -1699,25 +1704,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}
 {% call block_scores(0) %}{% endcall %}
 {% if share_p %}            pack_p(pr, pa);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) xch[(kk * 4 + c) * 128] = pa[kk][c];
-#pragma unroll
-            for (int r = 0; r < NR; ++r) {
-                row_scale[r] = alpha[r];
-                xch[(BN / 4 + r) * 128] = __float_as_uint(alpha[r]);
-            }
-            mbar_arrive(&bar_p);
-        } else {
-            mbar_wait(&bar_p, p_phase & 1);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) pa[kk][c] = xch[(kk * 4 + c) * 128];
-#pragma unroll
-            for (int r = 0; r < NR; ++r) row_scale[r] = __uint_as_float(xch[(BN / 4 + r) * 128]);
-        }
+{% call p_hand_out() %}{% endcall %}        } else {
+{% call p_hand_in() %}{% endcall %}        }
         ++p_phase;
 #define ROW_SCALE row_scale
 {% else %}#define ROW_SCALE alpha
