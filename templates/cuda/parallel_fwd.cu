@@ -874,6 +874,21 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             }
         }
 {% endmacro %}
+{% macro s_gemm_waited(k_tile) %}        {
+            // S of this warpgroup's 64 rows, both operands read from the
+            // swizzled tiles (Q and {{ k_tile }}), issued and waited for.
+            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
+            const unsigned k_base = smem_u32({{ k_tile }});
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; ++kk)
+                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
+                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands_n{{ bn }}(s[0]);
+        }
+{% endmacro %}
 {% macro p_hand_out() %}                // P and the rows' rescale to the second Dv warpgroup (a word per
                 // thread and value), released by the arrival.
 #pragma unroll
@@ -948,19 +963,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             float row_scale[NR];
             if (dw == 0) {
                 float s[MT][BN / 8][4];
-                {
-                    const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
-                    const unsigned k_base = smem_u32(sK + cur * BN * SQS);
-                    wgmma_fence();
-#pragma unroll
-                    for (int kk = 0; kk < DQK / 16; ++kk)
-                        wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
-                                      sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
-                    wgmma_commit();
-                    wgmma_wait0();
-                    wgmma_fence_operands_n{{ bn }}(s[0]);
-                }
-{% call block_scores(0) %}{% endcall %}
+{% call s_gemm_waited("sK + cur * BN * SQS") %}{% endcall %}{% call block_scores(0) %}{% endcall %}
                 pack_p(pr, pa);
                 // P's buffer once the second has read the last block's.
                 if (p_phase > 0) mbar_wait(&bar_p_free, (p_phase - 1) & 1);
@@ -1644,19 +1647,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% if wgmma %}        // S = Q · Kᵀ for this warpgroup's 64 rows and the block's BN keys,
         // both operands read from the swizzled tiles by the tensor cores.
         float s[MT][BN / 8][4];
-        {
-            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
-            const unsigned k_base = smem_u32(sKc);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < DQK / 16; ++kk)
-                wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
-                              sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n{{ bn }}(s[0]);
-        }
-{% else %}        // S = Q · Kᵀ for this warp's 16·MT rows and the block's BN keys; each
+{% call s_gemm_waited("sKc") %}{% endcall %}{% else %}        // S = Q · Kᵀ for this warp's 16·MT rows and the block's BN keys; each
         // K fragment feeds MT MMAs.
         float s[MT][KW / 8][4];
 #pragma unroll
