@@ -145,26 +145,29 @@
                               sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
 {% endif %}        }
 {% endmacro %}
-{% macro rescale_pack() %}        // O's rows rescaled by the online step, P packed as A fragments.
-        if (rescale_needed(alpha)) {
+{% macro rescale_o(scale) %}        // O's rows (one warpgroup's 64) times {{ scale }}, where a row's moved.
+        if (rescale_needed({{ scale }})) {
 #pragma unroll
             for (int dt = 0; dt < DVW / 8; ++dt) {
-                acc[0][dt][0] *= alpha[0];
-                acc[0][dt][1] *= alpha[0];
-                acc[0][dt][2] *= alpha[1];
-                acc[0][dt][3] *= alpha[1];
+                acc[0][dt][0] *= {{ scale }}[0];
+                acc[0][dt][1] *= {{ scale }}[0];
+                acc[0][dt][2] *= {{ scale }}[1];
+                acc[0][dt][3] *= {{ scale }}[1];
             }
         }
-        pack_p(pr, pa);
 {% endmacro %}
-{% macro pv_alone(stage, gi) %}        // O += P · V of stage {{ stage }} (block {{ gi }}), issued and waited for alone.
-        WAIT_V({{ stage }}, {{ gi }});
-        wgmma_fence();
-        pv_gemm(acc[0], pa, V_SMEM({{ stage }}));
+{% macro rescale_pack() %}        // O's rows rescaled by the online step, P packed as A fragments.
+{% call rescale_o("alpha") %}{% endcall %}        pack_p(pr, pa);
+{% endmacro %}
+{% macro pv_waited(v_smem) %}        wgmma_fence();
+        pv_gemm(acc[0], pa, {{ v_smem }});
         wgmma_commit();
         wgmma_wait0();
         wgmma_fence_operands_n{{ dvw }}(acc[0]);
 {% endmacro %}
+{% macro pv_alone(stage, gi) %}        // O += P · V of stage {{ stage }} (block {{ gi }}), issued and waited for alone.
+        WAIT_V({{ stage }}, {{ gi }});
+{% call pv_waited("V_SMEM(" ~ stage ~ ")") %}{% endcall %}{% endmacro %}
 {% macro keyed_block(path) %}
         // Block `it` whole on this key warpgroup (ForwardConfig::key_warps on
         // the warp-specialised kernel): its S GEMM, the online step, its P·V,
@@ -917,7 +920,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 // the stage's barrier once they have landed.
 {% if v_in_k %}                if (dw == 0) {
                     LOAD_TILE<BN, DVW, 128, DQK>(sK + ({{ st }}) * BN * SQS, kg, KV_N0({{ blk }}), Skv, tid % 128, KV_ROWS);
-{% if k_tail_cols > 0 %}                    LOAD_TILE<BN, DQK - DV, 128, DQK>(sK + ({{ st }}) * BN * SQS + (DV / 64) * (BN * 64), kg + DV, KV_N0({{ blk }}), Skv,
+{% if dqk > dv %}                    LOAD_TILE<BN, DQK - DV, 128, DQK>(sK + ({{ st }}) * BN * SQS + (DV / 64) * (BN * 64), kg + DV, KV_N0({{ blk }}), Skv,
                                                       tid % 128, KV_ROWS);
 {% endif %}                } else {
                     LOAD_TILE<BN, DVW, 128, DQK>(sK + ({{ st }}) * BN * SQS + (DVW / 64) * (BN * 64), kg + DVW, KV_N0({{ blk }}), Skv,
@@ -971,21 +974,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% call p_hand_in() %}{% endcall %}                mbar_arrive(&bar_p_free);
             }
             ++p_phase;
-            if (rescale_needed(row_scale)) {
-#pragma unroll
-                for (int dt = 0; dt < DVW / 8; ++dt) {
-                    acc[0][dt][0] *= row_scale[0];
-                    acc[0][dt][1] *= row_scale[0];
-                    acc[0][dt][2] *= row_scale[1];
-                    acc[0][dt][3] *= row_scale[1];
-                }
-            }
-            wgmma_fence();
-            pv_gemm(acc[0], pa, V_SMEM(cur));
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n{{ dvw }}(acc[0]);
-        }
+{% call rescale_o("row_scale") %}{% endcall %}{% call pv_waited("V_SMEM(cur)") %}{% endcall %}        }
         if (it + STAGES < n_iter) {
 {% call wg_loads_block("it + STAGES", "cur") %}{% endcall %}        }
         cp_async_commit();
@@ -1718,13 +1707,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         {
 {% if !share_p %}            unsigned pa[BN / 16][4];
             pack_p(pr, pa);
-{% endif %}            const unsigned v_base = V_SMEM(cur);
-            wgmma_fence();
-            pv_gemm(acc[0], pa, v_base);
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands_n{{ dvw }}(acc[0]);
-        }
+{% endif %}{% call pv_waited("V_SMEM(cur)") %}{% endcall %}        }
 {% else %}        // O += P · V: the accumulator layout of S is the A-operand layout of
         // P; each V fragment feeds MT MMAs.
 #pragma unroll

@@ -1521,8 +1521,6 @@ struct ForwardTemplate<'a> {
     /// ... each loading the panels it reads again, without a block-wide
     /// barrier per step ([`warpgroup_loads`]).
     wg_loads: bool,
-    /// K's columns past V where V is stored in K (Dqk - Dv).
-    k_tail_cols: u32,
     m_tiles: u32,
     warp_size: u32,
     dqk: u32,
@@ -1822,7 +1820,6 @@ fn generate_forward(
         dv_warps: cfg.dv_warps,
         share_p: shares_p(cfg),
         wg_loads: warpgroup_loads(cfg, par.modify_k.is_some() || par.modify_v.is_some()),
-        k_tail_cols: dqk.saturating_sub(dv),
         m_tiles: cfg.m_tiles(),
         warp_size: WARP_SIZE,
         dqk,
