@@ -578,8 +578,13 @@ impl ForwardConfig {
     /// and the combine kernel, spread over the GPU, is faster (MLA's 16 rows
     /// of 512 columns on 64 threads, 32 quads each: 0.108 ms merged in the
     /// kernel against 0.080; one sequence × 32768 keys, 4 rows on 128
-    /// threads: 38.6 µs against 39.4; H200, bench/NOTES.md). Otherwise
-    /// unchanged.
+    /// threads: 38.6 µs against 39.4; H200, bench/NOTES.md). Otherwise,
+    /// and on `wgmma` tiles, unchanged: their 64-row blocks leave each
+    /// row block's merge to one block's eight warps, where the combine
+    /// kernel spreads it over every SM (MQA at 128 heads, 4 splits: 20.0 µs
+    /// a call merged in the kernel, its loads batched or not, against 16.7
+    /// with the combine kernel; MLA at 128 heads 63.6 against 46.8; H200,
+    /// bench/NOTES.md session 69).
     pub fn with_combine_for_rows(self, rows: usize, dv: u32) -> ForwardConfig {
         if !self.split_kv || self.wgmma || self.warp_specialized {
             return self;
