@@ -1,6 +1,6 @@
 """A/B of decoding builds in interleaved rounds, on a GPU machine.
 
-    python bench/decode_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--tiles tag,tag]
+    python bench/decode_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--tiles tag,tag] [--parts]
 
 Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
 <workload>` on a different build (copy shared/reference/workloads.json into
@@ -17,6 +17,10 @@ benchmark's named tiles (`aec-bench`'s tags) of every build to the rounds.
 Plain softmax decoding workloads (the anchor is cuDNN's SDPA) and latent-
 cache decoding (`mla_decode`, V the first Dv columns of K's one cache: the
 anchor is torch.compile of the eager GEMMs, errors against their f32 form).
+`--parts` adds, for every kernel with a split-KV combine kernel, its main
+kernel alone (`:main`, the combine launch left out) and its combine kernel
+alone (`:combine`, reading an earlier call's partial rows) to the rounds:
+where a call's time goes between the two and their boundary.
 """
 import json, math, os, sys
 
@@ -26,6 +30,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main():
     args = sys.argv[1:]
     tiles = []
+    parts = "--parts" in args
+    if parts:
+        args.remove("--parts")
     if "--tiles" in args:
         at = args.index("--tiles")
         if at + 1 >= len(args):
@@ -103,6 +110,18 @@ def main():
         print(f"{d}: {meta['name']}, {kern.last_splits} KV splits, rel_err {g.rel_err(o.float(), ref):.2e}, "
               f"ptxas {' '.join(meta.get('ptxas') or [])}", flush=True)
         impls[d] = (lambda kn: (lambda q, k, v: kn(q, k, k if latent else v, {}, sizes)))(kern)
+        if parts and kern.combine is not None and kern.last_splits > 1:
+            # (Graph capture records the launches made while the flag is set.)
+            def alone(kn, skip):
+                def call(q, k, v):
+                    kn.skip_launch = skip
+                    try:
+                        return kn(q, k, k if latent else v, {}, sizes)
+                    finally:
+                        kn.skip_launch = None
+                return call
+            impls[f"{d}:main"] = alone(kern, "combine")
+            impls[f"{d}:combine"] = alone(kern, "main")
     copy_gbps = g.copy_bandwidth()
     times = {n: [] for n in impls}
     for _ in range(rounds):

@@ -138,6 +138,9 @@ class Kernel:
             "cuOccupancyMaxActiveBlocksPerMultiprocessor " + meta["name"])
         self.resident = resident.value
         self.splits_override = None  # an int forces the number of KV splits
+        # "main" or "combine": that launch of a split-KV call is left out
+        # (decode_ab.py --parts times each alone; the outputs are then wrong).
+        self.skip_launch = None
 
     def grid(self, sizes):
         """KernelSource::grid_for: the row blocks (times Dv slices), heads, batch."""
@@ -236,9 +239,10 @@ class Kernel:
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(x), ctypes.c_void_p) for x in vals])
         stream = torch.cuda.current_stream().cuda_stream
         x, y, z = self.launch_grid(sizes, n_splits)
-        check(libcuda.cuLaunchKernel(self.fn, x, y, z, self.meta["threads"], 1, 1,
-                                     self.meta["smem_bytes"], ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
-        if n_splits > 1 and self.combine is not None:
+        if self.skip_launch != "main":
+            check(libcuda.cuLaunchKernel(self.fn, x, y, z, self.meta["threads"], 1, 1,
+                                         self.meta["smem_bytes"], ctypes.c_void_p(stream), params, None), "cuLaunchKernel")
+        if n_splits > 1 and self.combine is not None and self.skip_launch != "combine":
             per = self.meta["combine_rows_per_block"]
             check(libcuda.cuLaunchKernel(self.combine, (rows + per - 1) // per, 1, 1, self.meta["combine_threads"], 1, 1, 0,
                                          ctypes.c_void_p(stream), params, None), "cuLaunchKernel combine")
