@@ -61,8 +61,7 @@ def main():
         if w is None:
             w = by_id[wl_id]
             plain = w["variant"] == "softmax" and not w.get("v_in_k")
-            latent = w["variant"] == "mla_decode" and w.get("v_in_k")
-            if w["sq"] != 1 or not (plain or latent):
+            if w["sq"] != 1 or not (plain or (w["variant"] == "mla_decode" and w.get("v_in_k"))):
                 sys.exit(f"decode_ab: `{wl_id}` is neither a plain softmax nor a latent-cache decoding workload")
         kernels[d] = (g.Kernel(d, entries[wl_id]["kernel"]), entries[wl_id]["kernel"])
         by_tag = {t["tiles"]: t for t in entries[wl_id].get("tiles", []) if "kernel" in t}
@@ -103,25 +102,26 @@ def main():
     else:
         ref = cudnn(*sets[0]).float()
         impls = {"cudnn": cudnn}
+    def caller(kn, skip=None):
+        """A call of kernel `kn` with its `skip` launch left out (gpu_check.Kernel.skip_launch;
+        graph capture records the launches made while it is set). The latent kernels read V
+        from k's rows: k is passed as v too."""
+        def call(q, k, v):
+            kn.skip_launch = skip
+            try:
+                return kn(q, k, k if latent else v, {}, sizes)
+            finally:
+                kn.skip_launch = None
+        return call
     for d, (kern, meta) in kernels.items():
-        # (The latent kernels read V from k's rows: k is passed as v too.)
-        o, _ = kern(sets[0][0], sets[0][1], sets[0][1] if latent else sets[0][2], {}, sizes)
+        o, _ = caller(kern)(*sets[0])
         torch.cuda.synchronize()
         print(f"{d}: {meta['name']}, {kern.last_splits} KV splits, rel_err {g.rel_err(o.float(), ref):.2e}, "
               f"ptxas {' '.join(meta.get('ptxas') or [])}", flush=True)
-        impls[d] = (lambda kn: (lambda q, k, v: kn(q, k, k if latent else v, {}, sizes)))(kern)
+        impls[d] = caller(kern)
         if parts and kern.combine is not None and kern.last_splits > 1:
-            # (Graph capture records the launches made while the flag is set.)
-            def alone(kn, skip):
-                def call(q, k, v):
-                    kn.skip_launch = skip
-                    try:
-                        return kn(q, k, k if latent else v, {}, sizes)
-                    finally:
-                        kn.skip_launch = None
-                return call
-            impls[f"{d}:main"] = alone(kern, "combine")
-            impls[f"{d}:combine"] = alone(kern, "main")
+            impls[f"{d}:main"] = caller(kern, "combine")
+            impls[f"{d}:combine"] = caller(kern, "main")
     copy_gbps = g.copy_bandwidth()
     times = {n: [] for n in impls}
     for _ in range(rounds):
