@@ -1743,6 +1743,36 @@ fn causal_d128_keeps_q_in_registers_on_hopper() {
 }
 
 #[test]
+fn variants_without_an_online_block_keep_q_in_registers_at_d64() {
+    let cfg = |name: &str, d: u32| {
+        ForwardConfig::default_for(&example(name), d, d, Elem::Bf16, Isa::Sm90a)
+    };
+    // ReLU and sigmoid at Dqk 64: Q in registers on the 128-key ring (ReLU
+    // measured 3.6-7.3% faster on both Hopper GPUs, bench/NOTES.md session 70).
+    for name in ["relu", "sigmoid"] {
+        let c = cfg(name, 64);
+        assert!(
+            c.q_in_registers && c.tma_loads && c.persistent && c.block_n == 128,
+            "{name}: {c:?}"
+        );
+        assert!(!c.late_epilogue, "{name}: a per-score closure: {c:?}");
+        let k = parallel_forward(&example(name), 64, 64, &c).expect("forward");
+        assert!(k.name.contains("_ws_rq_"), "{}", k.name);
+    }
+    // Not at Dqk 128 (sigmoid 7% slower there), not with an online block,
+    // not on the rows that keep cp.async, not on sm_80.
+    assert!(!cfg("sigmoid", 128).q_in_registers);
+    assert!(!cfg("relu", 128).q_in_registers);
+    assert!(!cfg("softmax", 64).q_in_registers);
+    assert!(!cfg("retnet_parallel", 64).q_in_registers);
+    let relu = example("relu");
+    assert!(
+        !ForwardConfig::cp_async_default_for(&relu, 64, 64, Elem::Bf16, Isa::Sm90a).q_in_registers
+    );
+    assert!(!ForwardConfig::default_for(&relu, 64, 64, Elem::Bf16, Isa::Sm80).q_in_registers);
+}
+
+#[test]
 fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
     let v = example("softmax_causal");
     let cfg = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);

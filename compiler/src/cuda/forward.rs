@@ -184,7 +184,10 @@ impl ForwardConfig {
     /// registers: H100, DeepSeek 192/128 causal 0.440 → 0.416 ms,
     /// bench/NOTES.md session 32). Causal masks at Dqk 128 also keep Q in
     /// registers (H100, with TMA loads: 3-6% faster; 6% slower without a
-    /// mask, bench/NOTES.md session 35). Tiles with Q in registers, no
+    /// mask, bench/NOTES.md session 35). So do unmasked variants without an
+    /// online block at Dqk 64 (ReLU d64: 3.6-7.3% faster on both Hopper
+    /// GPUs, bench/NOTES.md session 70).
+    /// Tiles with Q in registers, no
     /// mask or a plain causal one and no per-score closure run a tile's last
     /// P·V and epilogue beside the next tile's first S GEMM
     /// ([`late_epilogue`](Self::late_epilogue)).
@@ -267,6 +270,22 @@ impl ForwardConfig {
             && variant
                 .parallel()
                 .is_some_and(|p| p.mask.as_ref().is_some_and(implies_causal));
+        // Variants without an online block (ReLU, sigmoid: the weights are
+        // the modified scores, no row state between the GEMMs) at Dqk 64
+        // keep Q in registers too (16 registers), on the same 128-key ring:
+        // ReLU d64 1.073x (H100, tuner) and 1.036-1.038x (H200, tuner and
+        // interleaved rounds) the tile with Q in shared memory. Not at Dqk
+        // 128, where Q's fragments need 96-key blocks: sigmoid d128 ran 7%
+        // slower so in interleaved rounds on the H200 (bench/NOTES.md
+        // session 70). Unmasked ones only: no masked one was measured.
+        let stateless_q_regs = hopper
+            && tma_rows
+            && !decode
+            && dqk <= 64
+            && dv <= 64
+            && variant
+                .parallel()
+                .is_some_and(|p| p.online.implicit && p.mask.is_none());
         let (block_m, block_n, warps, pack_gqa) = if decode {
             (16, 32, key_warps, true)
         } else if hopper {
@@ -292,7 +311,7 @@ impl ForwardConfig {
             (128, 64, 8, false)
         };
         let warp_specialized = hopper && !decode && !modifies_kv;
-        let q_in_registers = warp_specialized && (q_regs_tile || causal_q_regs);
+        let q_in_registers = warp_specialized && (q_regs_tile || causal_q_regs || stateless_q_regs);
         let mut cfg = ForwardConfig {
             block_m,
             block_n,
