@@ -1708,15 +1708,17 @@ fn warp_specialised_dense_forwards_load_by_tma_with_three_tensor_maps() {
     }
 }
 
+/// The sm_90a default of example `name` at Dqk = Dv = `d`.
+fn hopper_default(name: &str, d: u32) -> ForwardConfig {
+    ForwardConfig::default_for(&example(name), d, d, Elem::Bf16, Isa::Sm90a)
+}
+
 #[test]
 fn causal_d128_keeps_q_in_registers_on_hopper() {
-    let cfg = |name: &str, d: u32| {
-        ForwardConfig::default_for(&example(name), d, d, Elem::Bf16, Isa::Sm90a)
-    };
     // Measured faster under a causal mask with TMA loads, slower without a
     // mask (bench/NOTES.md session 35).
     for name in ["softmax_causal", "sliding_window"] {
-        let c = cfg(name, 128);
+        let c = hopper_default(name, 128);
         assert!(
             c.q_in_registers && c.tma_loads && c.block_n == 128,
             "{name}: {c:?}"
@@ -1724,7 +1726,7 @@ fn causal_d128_keeps_q_in_registers_on_hopper() {
         let k = parallel_forward(&example(name), 128, 128, &c).expect("forward");
         assert!(k.name.contains("_ws_rq_"), "{}", k.name);
     }
-    assert!(!cfg("softmax", 128).q_in_registers);
+    assert!(!hopper_default("softmax", 128).q_in_registers);
     // Not for the rows that keep cp.async (paged, block-sparse, varlen).
     let v = example("softmax_causal");
     assert!(
@@ -1734,8 +1736,8 @@ fn causal_d128_keeps_q_in_registers_on_hopper() {
         !ForwardConfig::varlen_default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a).q_in_registers
     );
     // (A mask reading custom inputs spills with Q in registers.)
-    assert!(!cfg("document_mask", 128).q_in_registers);
-    assert!(!cfg("softmax_causal", 64).q_in_registers);
+    assert!(!hopper_default("document_mask", 128).q_in_registers);
+    assert!(!hopper_default("softmax_causal", 64).q_in_registers);
     assert!(
         !ForwardConfig::default_for(&example("softmax_causal"), 128, 128, Elem::Bf16, Isa::Sm80)
             .q_in_registers
@@ -1744,13 +1746,10 @@ fn causal_d128_keeps_q_in_registers_on_hopper() {
 
 #[test]
 fn variants_without_an_online_block_keep_q_in_registers_at_d64() {
-    let cfg = |name: &str, d: u32| {
-        ForwardConfig::default_for(&example(name), d, d, Elem::Bf16, Isa::Sm90a)
-    };
     // ReLU and sigmoid at Dqk 64: Q in registers on the 128-key ring (ReLU
     // measured 3.6-7.3% faster on both Hopper GPUs, bench/NOTES.md session 70).
     for name in ["relu", "sigmoid"] {
-        let c = cfg(name, 64);
+        let c = hopper_default(name, 64);
         assert!(
             c.q_in_registers && c.tma_loads && c.persistent && c.block_n == 128,
             "{name}: {c:?}"
@@ -1761,10 +1760,10 @@ fn variants_without_an_online_block_keep_q_in_registers_at_d64() {
     }
     // Not at Dqk 128 (sigmoid 7% slower there), not with an online block,
     // not on the rows that keep cp.async, not on sm_80.
-    assert!(!cfg("sigmoid", 128).q_in_registers);
-    assert!(!cfg("relu", 128).q_in_registers);
-    assert!(!cfg("softmax", 64).q_in_registers);
-    assert!(!cfg("retnet_parallel", 64).q_in_registers);
+    assert!(!hopper_default("sigmoid", 128).q_in_registers);
+    assert!(!hopper_default("relu", 128).q_in_registers);
+    assert!(!hopper_default("softmax", 64).q_in_registers);
+    assert!(!hopper_default("retnet_parallel", 64).q_in_registers);
     let relu = example("relu");
     assert!(
         !ForwardConfig::cp_async_default_for(&relu, 64, 64, Elem::Bf16, Isa::Sm90a).q_in_registers
