@@ -1,4 +1,4 @@
-"""Sigmoid persistent (abl/O) vs non-persistent (abl/P) in the Python harness: randn inputs vs uniform [-1, 1) (the tuner's)."""
+"""Sigmoid d128 in the harness: abl/O against abl/P on randn, uniform [-1, 1) and uniform [0.5, 1) inputs (bench/NOTES.md session 70 item 5)."""
 import os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
 sys.argv = [sys.argv[0], "abl/O"]

@@ -1,4 +1,4 @@
-"""Sigmoid persistent (abl/O) vs non-persistent (abl/P): do_bench vs back-to-back graph replays."""
+"""Sigmoid d128 in the harness: the default (abl/O) against its non-persistent form (abl/P) under four timing methods (bench/NOTES.md session 70 item 5)."""
 import os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
 sys.argv = [sys.argv[0], "abl/O"]
