@@ -160,7 +160,16 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
                     .map_err(|e| e.to_string())?,
             );
         }
-        // Correctness first: against the default's output.
+        // Correctness first: against the default's output, written over NaN
+        // so that rows a plan leaves unwritten cannot pass on the output an
+        // earlier plan left in the shared buffer.
+        {
+            let out = self.out.as_mut().expect("allocated above");
+            let nan = vec![T::from_f32(f32::NAN); out.o.len()];
+            self.stream
+                .copy_to_device(&nan, &mut out.o)
+                .map_err(|e| format!("fill: {e}"))?;
+        }
         self.run_once(&kernels, 0)?;
         let o: Vec<f32> = self
             .stream
