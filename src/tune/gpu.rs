@@ -46,6 +46,9 @@ pub struct GpuProfiler<'a, T: KernelElement> {
     /// The output, allocated by the first kernels measured (again when a
     /// plan's row outputs differ).
     out: Option<ForwardOutput<T>>,
+    /// NaN for every element of `out.o`, written over it before each plan's
+    /// correctness run (made once: the shape is the profiler's).
+    nan_o: Vec<T>,
     kernels: PlanKernels<ForwardConfig, ParallelKernels>,
     /// The default plan's output (the first plan measured).
     reference: DefaultResults,
@@ -100,6 +103,7 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
             stream,
             inputs,
             out: None,
+            nan_o: Vec::new(),
             kernels: PlanKernels::default(),
             reference: DefaultResults::default(),
         })
@@ -165,9 +169,11 @@ impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
         // earlier plan left in the shared buffer.
         {
             let out = self.out.as_mut().expect("allocated above");
-            let nan = vec![T::from_f32(f32::NAN); out.o.len()];
+            if self.nan_o.len() != out.o.len() {
+                self.nan_o = vec![T::from_f32(f32::NAN); out.o.len()];
+            }
             self.stream
-                .copy_to_device(&nan, &mut out.o)
+                .copy_to_device(&self.nan_o, &mut out.o)
                 .map_err(|e| format!("fill: {e}"))?;
         }
         self.run_once(&kernels, 0)?;

@@ -186,10 +186,9 @@ impl ForwardConfig {
     /// registers (H100, with TMA loads: 3-6% faster; 6% slower without a
     /// mask, bench/NOTES.md session 35). So do unmasked variants without an
     /// online block at Dqk 64 (ReLU d64: 3.6-7.3% faster on both Hopper
-    /// GPUs, bench/NOTES.md session 70).
-    /// Tiles with Q in registers, no
-    /// mask or a plain causal one and no per-score closure run a tile's last
-    /// P·V and epilogue beside the next tile's first S GEMM
+    /// GPUs, bench/NOTES.md session 70). Tiles with Q in registers, no mask
+    /// or a plain causal one and no per-score closure run a tile's last P·V
+    /// and epilogue beside the next tile's first S GEMM
     /// ([`late_epilogue`](Self::late_epilogue)).
     pub fn default_for(
         variant: &Variant,
@@ -280,7 +279,6 @@ impl ForwardConfig {
         // session 70). Unmasked ones only: no masked one was measured.
         let stateless_q_regs = hopper
             && tma_rows
-            && !decode
             && dqk <= 64
             && dv <= 64
             && variant
