@@ -350,7 +350,8 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
                 2 * (cfg.block_m * 576 + cfg.stages * cfg.block_n * 576) + 1024 + hand_over
             );
             assert_eq!(
-                k.source.contains("mbar_wait(&bar_p, p_phase & 1)"),
+                k.source
+                    .contains("mbar_wait(smem_u32(&bar_p), p_phase & 1)"),
                 !cfg.warp_specialized
             );
             // 256 O columns a warpgroup: the row maximum is held, split-KV's
@@ -359,7 +360,7 @@ fn latent_cache_decoding_compiles_without_v_tiles() {
             // barrier per step).
             assert!(k.source.contains("#define ROW_MAX_HELD 1"), "{}", k.name);
             assert_eq!(
-                k.source.contains("mbar_wait(&bar_p_free"),
+                k.source.contains("mbar_wait(smem_u32(&bar_p_free)"),
                 !cfg.warp_specialized,
                 "{}",
                 k.name

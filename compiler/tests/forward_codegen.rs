@@ -559,7 +559,9 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         plain.main.name
     );
     assert!(
-        plain.source.contains("mbar_wait(&bar_ds_full[dbuf]")
+        plain
+            .source
+            .contains("mbar_wait(smem_at(bar_ds_full, dbuf)")
             && !plain.source.contains("MMA_SYNC();  // sdS complete")
     );
     let masked =
@@ -653,12 +655,12 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     // so in dS·K; the lagged ones keep the dSᵀ tile, read M-major.
     assert!(
         masked.source.contains("wgmma_ssn_n64(dq_part")
-            && masked.source.contains("stmatrix_x4_trans(smem_u32(sdSc")
+            && masked.source.contains("stmatrix_x4_trans(smem_at(sdSc")
             && !masked.source.contains("wgmma_ss_tt_n64(")
     );
     assert!(
         plain.source.contains("wgmma_ss_tt_n64(dq_part")
-            && !plain.source.contains("stmatrix_x4_trans(smem_u32(sdSc")
+            && !plain.source.contains("stmatrix_x4_trans(smem_at(sdSc")
     );
     assert!(
         causal.source.contains("wgmma_ssn_n64(dq_part")
@@ -669,11 +671,11 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
     let bias = example("relative_bias");
     let bias80 = parallel_backward(&bias, 128, 128, &wide).expect("relative bias at 80");
     assert!(
-        bias80.source.contains("stmatrix_x4_trans(smem_u32(sdSc")
+        bias80.source.contains("stmatrix_x4_trans(smem_at(sdSc")
             && bias80.source.contains("wgmma_ssm_n80(dq_a")
     );
     let bias64 = parallel_backward(&bias, 128, 128, &b128).expect("relative bias at 64");
-    assert!(!bias64.source.contains("stmatrix_x4_trans(smem_u32(sdSc"));
+    assert!(!bias64.source.contains("stmatrix_x4_trans(smem_at(sdSc"));
     for (name, d) in [
         ("sliding_window", 128),
         ("softcap", 128),
@@ -838,7 +840,7 @@ fn hopper_picks_the_wgmma_kernel_where_its_tiles_fit() {
         for text in [
             "setmaxnreg.dec.sync.aligned.u32 24",
             "setmaxnreg.inc.sync.aligned.u32 240",
-            "mbar_wait(&bar_dq_full, drained & 1)",
+            "mbar_wait(smem_u32(&bar_dq_full), drained & 1)",
             adds,
         ] {
             assert!(k.source.contains(text), "{dqk}x{dv}: no `{text}`");
@@ -1257,8 +1259,9 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
     // The first warpgroup computes S and hands P and the row rescale to the
     // second (an mbarrier phase per block), and the row state at the end.
     assert!(
-        k.source.contains("mbar_arrive(&bar_p)")
-            && k.source.contains("mbar_wait(&bar_p, p_phase & 1)")
+        k.source.contains("mbar_arrive(smem_u32(&bar_p))")
+            && k.source
+                .contains("mbar_wait(smem_u32(&bar_p), p_phase & 1)")
             && k.source.contains("if (dw == 0) {"),
         "S once per block"
     );
@@ -1660,14 +1663,14 @@ fn warp_specialised_dense_forwards_load_by_tma_with_three_tensor_maps() {
     assert_eq!(val.dims[0], SizeExpr::Const(256));
     // One arrival per phase with the boxes' bytes: Q's 128 x 128, K's and
     // V's block_n x (128 + 256) of 2-byte elements.
-    assert!(k.source.contains("mbar_init(&bar_q, 1);"));
+    assert!(k.source.contains("mbar_init(smem_u32(&bar_q), 1);"));
     assert!(
         k.source
-            .contains("mbar_arrive_expect_tx(&bar_q, BM * DQK * (int)sizeof(elem_t));")
+            .contains("mbar_arrive_expect_tx(smem_u32(&bar_q), BM * DQK * (int)sizeof(elem_t));")
     );
     assert!(
         k.source
-            .contains("tma_load_3d(sV + st * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64")
+            .contains("tma_load_3d(smem_at(sV, st * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64")
     );
     assert!(
         !k.source
@@ -1893,10 +1896,13 @@ fn warp_specialised_backward_loads_q_and_do_by_tma() {
         .collect();
     assert_eq!(names, [("q", [64, 64, 1]), ("dout", [64, 64, 1])]);
     // One arrival with the boxes' bytes, then the row constants' BM.
-    assert!(b.source.contains("mbar_init(&bar_q_full[st], 1 + BM);"));
     assert!(
         b.source
-            .contains("tma_load_3d(sdO + st * BM * SVS + p * BM * 64, tm_dout")
+            .contains("mbar_init(smem_at(bar_q_full, st), 1 + BM);")
+    );
+    assert!(
+        b.source
+            .contains("tma_load_3d(smem_at(sdO, st * BM * SVS + p * BM * 64), tm_dout")
     );
     // cp.async where rows are packed sequences, or without the producer.
     let varlen = aec_compiler::parallel_backward_varlen(&v, 128, 128, &cfg).expect("varlen");
@@ -2110,7 +2116,7 @@ fn key_warpgroups_need_the_producer_and_a_deep_ring() {
     assert!(k.source.contains("for (int it = kw; it < n_iter;)"));
     assert!(
         k.source
-            .contains("mbar_init(&bar_empty[st], NWARPS / KEY_WARPS * WARP)")
+            .contains("mbar_init(smem_at(bar_empty, st), NWARPS / KEY_WARPS * WARP)")
     );
     assert_eq!(k.source.matches("KEY_MERGE_SYNC();").count(), 1);
     for (what, cfg) in [

@@ -130,16 +130,16 @@
             // The pending step's dQ = dS·K over both warpgroups' dSᵀ (buffer
             // (nds - 1) & 1), then its Q/dO stage released.
             const int dbuf = (nds - 1) & 1;
-            const unsigned sdSp = smem_u32(sdS + dbuf * DS_BUF);
-            mbar_wait(&bar_ds_full[dbuf], ((nds - 1) >> 1) & 1);
-            if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
+            const unsigned sdSp = smem_at(sdS, dbuf * DS_BUF);
+            mbar_wait(smem_at(bar_ds_full, dbuf), ((nds - 1) >> 1) & 1);
+            if (staged > 0) mbar_wait(smem_u32(&bar_dq_empty), (staged - 1) & 1);
             for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
 {% call dq_panel("sdSp") %}{% endcall %}{% call dq_stage("dq_part", "pnl") %}{% endcall %}            }
             wgmma_wait0();
-            mbar_arrive(&bar_ds_empty[dbuf]);
-            mbar_arrive(&bar_dq_full);  // the dQ tile is staged
+            mbar_arrive(smem_at(bar_ds_empty, dbuf));
+            mbar_arrive(smem_u32(&bar_dq_full));  // the dQ tile is staged
             ++staged;
-            mbar_arrive(&bar_q_empty[pend_cur]);
+            mbar_arrive(smem_at(bar_q_empty, pend_cur));
             pend = false;
         }
         // The dV/dK GEMMs retired on every path (ptxas serialises every wgmma
@@ -329,12 +329,12 @@ __device__ __forceinline__ void rows_times_rows(float (&acc)[BM / 8][4], const e
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) {
         unsigned af[4];
-        ldmatrix_x4(smem_u32(a + (((lane / 8) % 2) * 8 + lane % 8) * S + kk * 16 + (lane / 16) * 8),
+        ldmatrix_x4(smem_at(a, (((lane / 8) % 2) * 8 + lane % 8) * S + kk * 16 + (lane / 16) * 8),
                     af[0], af[1], af[2], af[3]);
 #pragma unroll
         for (int np = 0; np < BM / 16; ++np) {
             unsigned b0, b1, b2, b3;
-            ldmatrix_x4(smem_u32(b + (np * 16 + (lane / 16) * 8 + lane % 8) * S + kk * 16 + ((lane / 8) % 2) * 8),
+            ldmatrix_x4(smem_at(b, (np * 16 + (lane / 16) * 8 + lane % 8) * S + kk * 16 + ((lane / 8) % 2) * 8),
                         b0, b1, b2, b3);
             mma16816(acc[2 * np], af, b0, b1);
             mma16816(acc[2 * np + 1], af, b2, b3);
@@ -445,14 +445,14 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     __shared__ __align__(8) unsigned long long bar_ds_full[2], bar_ds_empty[2];
 {% endif %}{% endif %}    if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
-            mbar_init(&bar_q_full[st], {% if tma %}1{% else %}NPT{% endif %} + BM);
-            mbar_init(&bar_q_empty[st], NT);
+            mbar_init(smem_at(bar_q_full, st), {% if tma %}1{% else %}NPT{% endif %} + BM);
+            mbar_init(smem_at(bar_q_empty, st), NT);
         }
-        mbar_init(&bar_dq_full, {% if dq_turns %}NT / 2{% else %}NT{% endif %});
-        mbar_init(&bar_dq_empty, {% if dq_bulk %}1{% else %}NPT{% endif %});
+        mbar_init(smem_u32(&bar_dq_full), {% if dq_turns %}NT / 2{% else %}NT{% endif %});
+        mbar_init(smem_u32(&bar_dq_empty), {% if dq_bulk %}1{% else %}NPT{% endif %});
 {% if dq_lag %}        for (int st = 0; st < 2; ++st) {
-            mbar_init(&bar_ds_full[st], NT);
-            mbar_init(&bar_ds_empty[st], NT);
+            mbar_init(smem_at(bar_ds_full, st), NT);
+            mbar_init(smem_at(bar_ds_empty, st), NT);
         }
 {% endif %}    }
     __syncthreads();
@@ -534,28 +534,28 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         for (int it = 0; it < iters + DQ_BEHIND; ++it) {
             if (it < iters) {
                 const int st = it & 1;
-                if (it >= 2) mbar_wait(&bar_q_empty[st], ((it >> 1) - 1) & 1);
+                if (it >= 2) mbar_wait(smem_at(bar_q_empty, st), ((it >> 1) - 1) & 1);
                 const int m0 = step_m0(it);
                 const long long row0 = Q_ROW0(step_head(it));
 {% if tma %}                // One thread copies Q and dO as boxes of 64 columns (the maps
                 // see [B·H, Sq, D]; rows past Sq read as zero).
                 if (ptid == 0) {
                     const int mat = b * H + step_head(it);
-                    mbar_arrive_expect_tx(&bar_q_full[st], BM * (DQK + DV) * (int)sizeof(elem_t));
+                    mbar_arrive_expect_tx(smem_at(bar_q_full, st), BM * (DQK + DV) * (int)sizeof(elem_t));
 #pragma unroll
-                    for (int p = 0; p < DQK / 64; ++p) tma_load_3d(sQ + st * BM * SQS + p * BM * 64, tm_q, p * 64, m0, mat, &bar_q_full[st]);
+                    for (int p = 0; p < DQK / 64; ++p) tma_load_3d(smem_at(sQ, st * BM * SQS + p * BM * 64), tm_q, p * 64, m0, mat, smem_at(bar_q_full, st));
 #pragma unroll
-                    for (int p = 0; p < DV / 64; ++p) tma_load_3d(sdO + st * BM * SVS + p * BM * 64, tm_dout, p * 64, m0, mat, &bar_q_full[st]);
+                    for (int p = 0; p < DV / 64; ++p) tma_load_3d(smem_at(sdO, st * BM * SVS + p * BM * 64), tm_dout, p * 64, m0, mat, smem_at(bar_q_full, st));
                 }
 {% else %}                load_tile_sw128<BM, DQK, NPT>(sQ + st * BM * SQS, qsrc + row0 * DQK, m0, Sq, ptid);
                 load_tile_sw128<BM, DV, NPT>(sdO + st * BM * SVS, dout + row0 * DV, m0, Sq, ptid);
-                mbar_arrive_cp_async(&bar_q_full[st]);
+                mbar_arrive_cp_async(smem_at(bar_q_full, st));
 {% endif %}
                 if (ptid < BM) {
                     float stt[NSTAT_ARR];
                     fetch_stats(stt, rowout, dot, rows, row0, m0, Sq, ptid);
                     store_stats(st, ptid, stt);
-                    mbar_arrive(&bar_q_full[st]);
+                    mbar_arrive(smem_at(bar_q_full, st));
                 }
             }
             if (it < DQ_BEHIND) continue;
@@ -569,18 +569,18 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             // of dq_acc (columns permuted as in the tile, see DQ_AT and the
             // element kernel), with one bulk reduction.
             if (ptid == 0) {
-                mbar_wait(&bar_dq_full, drained & 1);
+                mbar_wait(smem_u32(&bar_dq_full), drained & 1);
                 bulk_reduce_add_f32(dq_acc + (Q_ROW0(h) + m0) * DQK, sdQ, min(DQ_ROWS, Sq - m0) * DQK * (int)sizeof(float));
                 bulk_commit();
                 bulk_wait_read0();  // sdQ is free for the next tile
-                mbar_arrive(&bar_dq_empty);
+                mbar_arrive(smem_u32(&bar_dq_empty));
             }
             ++drained;
         }
         // (Each tile's reads of sdQ were waited for: the block exits with its
         // last reductions in flight, which complete without it, as TMA stores
         // do.)
-{% else %}            mbar_wait(&bar_dq_full, drained & 1);
+{% else %}            mbar_wait(smem_u32(&bar_dq_full), drained & 1);
             float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
             const int valid = min(DQ_ROWS, Sq - m0) * (DQK / 4);
             for (int x = ptid; x < valid; x += NPT) {
@@ -591,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
                 if (slot_of / 2 != grp) continue;
 {% endif %}                atomicAdd(reinterpret_cast<float4*>(dqg + r * DQK + c), *reinterpret_cast<const float4*>(sdQ + DQ_AT(r, c)));
             }
-            mbar_arrive(&bar_dq_empty);
+            mbar_arrive(smem_u32(&bar_dq_empty));
             ++drained;
         }
 {% endif %}        cp_async_wait_all();
@@ -673,7 +673,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     for (int it = 0; it < iters; ++it) {
         const int cur = it & 1;
         const int h = step_head(it), m0 = step_m0(it);
-{% if dq_lag %}{% call lag_flush() %}{% endcall %}{% endif %}{% if ws %}        mbar_wait(&bar_q_full[cur], (it >> 1) & 1);
+{% if dq_lag %}{% call lag_flush() %}{% endcall %}{% endif %}{% if ws %}        mbar_wait(smem_at(bar_q_full, cur), (it >> 1) & 1);
         fence_proxy_async();
 {% if dq_pairs %}        const int half = (m0 & 32) >> 5;  // this step's half of its pair
         const bool closes = step_closes(it);
@@ -817,14 +817,14 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         asm volatile("" : "+r"(gr_));
 {% else %}        const int gr_ = g;
 {% endif %}{% if dq_lag %}        // Both warpgroups must have read this buffer's last tile (two steps back).
-        if (nds >= 2) mbar_wait(&bar_ds_empty[nds & 1], ((nds >> 1) - 1) & 1);
+        if (nds >= 2) mbar_wait(smem_at(bar_ds_empty, nds & 1), ((nds >> 1) - 1) & 1);
 {% endif %}#pragma unroll
 {% if ds_k %}        for (int t = 0; t < BM / 8; t += 2) {
             if (slice != SCORE_SLICE) break;
             // Four 8 x 8 blocks: queries of t and t + 1, by this warp's two
             // 8-key halves; lane l addresses query row l % 8 of block l / 8.
             const int bq = {% if dq_pairs %}half * 32 + {% endif %}(t + (lane >> 4)) * 8 + (lane & 7), bk = jr + ((lane >> 3) & 1) * 8;
-            stmatrix_x4_trans(smem_u32(sdSc + sw128_index<DS_ROWS>(bq, bk)), pack2(pacc[t][0], pacc[t][1]), pack2(pacc[t][2], pacc[t][3]),
+            stmatrix_x4_trans(smem_at(sdSc, sw128_index<DS_ROWS>(bq, bk)), pack2(pacc[t][0], pacc[t][1]), pack2(pacc[t][2], pacc[t][3]),
                               pack2(pacc[t + 1][0], pacc[t + 1][1]), pack2(pacc[t + 1][2], pacc[t + 1][3]));
         }
 {% else %}        for (int t = 0; t < BM / 8; ++t) {
@@ -834,7 +834,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         }
 {% endif %}
 {% if dq_lag %}        fence_proxy_async();
-        mbar_arrive(&bar_ds_full[nds & 1]);
+        mbar_arrive(smem_at(bar_ds_full, nds & 1));
         ++nds;
 {% endif %}
 {% if wgmma %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A
@@ -891,9 +891,9 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}            wgmma_wait0();
 {% endif %}            wgmma_fence_operands_n{{ bm }}({{ acc }});
 {% if p == 0 %}            // The producer must have added the previous dQ tile from sdQ.
-            if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
+            if (staged > 0) mbar_wait(smem_u32(&bar_dq_empty), (staged - 1) & 1);
 {% endif %}{% call dq_stage(acc, p) %}{% endcall %}{% endfor %}{% if dq_bulk %}            fence_proxy_async();  // the staged tile, for the bulk reduction
-{% endif %}            mbar_arrive(&bar_dq_full);  // the dQ tile is staged
+{% endif %}            mbar_arrive(smem_u32(&bar_dq_full));  // the dQ tile is staged
         } else {
             named_bar_arrive(2 + turn, NT);
         }
@@ -905,7 +905,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // 0 holds the extra dK/dV panel when their count is odd); dS is read
         // M-major from the dSᵀ tile and K N-major (keys are the K dimension).
 {% if ws %}        // The producer must have added the previous dQ tile from sdQ.
-        if (staged > 0) mbar_wait(&bar_dq_empty, (staged - 1) & 1);
+        if (staged > 0) mbar_wait(smem_u32(&bar_dq_empty), (staged - 1) & 1);
 {% endif %}{% if kv_split %}        for (int pnl = 2 * KV_GROUPS - 1 - (grp * 2 + slice); pnl < DQK / 64; pnl += 2 * KV_GROUPS) {
 {% else %}        for (int pnl = warp / 4; pnl < DQK / 64; pnl += NWARPS / 4) {
 {% endif %}
@@ -921,7 +921,7 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
             }
 {% endif %}        }
 {% if ws %}{% if dq_bulk %}        fence_proxy_async();  // the staged tile, for the bulk reduction
-{% endif %}        mbar_arrive(&bar_dq_full);  // the dQ tile is staged
+{% endif %}        mbar_arrive(smem_u32(&bar_dq_full));  // the dQ tile is staged
         ++staged;
 {% endif %}{% endif %}{% if dq_pairs %}        }  // closes
 {% endif %}{% call retire_kv_gemms() %}{% endcall %}{% endif %}{% else %}        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators of Pᵀ and dSᵀ are A operands.
@@ -940,14 +940,14 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 #pragma unroll
             for (int dp = 0; dp < DVW / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4_trans(smem_u32(sdOc + row * SVS + cv0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_at(sdOc, row * SVS + cv0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
                 mma16816(dv_acc[2 * dp], pa, b0, b1);
                 mma16816(dv_acc[2 * dp + 1], pa, b2, b3);
             }
 #pragma unroll
             for (int dp = 0; dp < DQKW / 16; ++dp) {
                 unsigned b0, b1, b2, b3;
-                ldmatrix_x4_trans(smem_u32(sQc + row * SQS + ck0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_at(sQc, row * SQS + ck0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
                 mma16816(dk_acc[2 * dp], da, b0, b1);
                 mma16816(dk_acc[2 * dp + 1], da, b2, b3);
             }
@@ -963,12 +963,12 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {
                 unsigned a[4];
-                ldmatrix_x4_trans_a(smem_u32(sdS + (kk * 16 + (lane / 16) * 8 + lane % 8) * SDS + rt * 16 + ((lane / 8) % 2) * 8), a);
+                ldmatrix_x4_trans_a(smem_at(sdS, (kk * 16 + (lane / 16) * 8 + lane % 8) * SDS + rt * 16 + ((lane / 8) % 2) * 8), a);
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
 #pragma unroll
                 for (int dp = 0; dp < DQW / 16; ++dp) {
                     unsigned b0, b1, b2, b3;
-                    ldmatrix_x4_trans(smem_u32(sK + row * SQS + c0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
+                    ldmatrix_x4_trans(smem_at(sK, row * SQS + c0 + dp * 16 + (lane / 16) * 8), b0, b1, b2, b3);
                     mma16816(dq_part[2 * dp], a, b0, b1);
                     mma16816(dq_part[2 * dp + 1], a, b2, b3);
                 }
@@ -994,8 +994,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         }
 {% endif %}
         }  // cls != 0
-{% if ws %}{% if dq_lag %}        if (!pend) mbar_arrive(&bar_q_empty[cur]);  // (a skipped step's; others' at the flush)
-{% else %}        mbar_arrive(&bar_q_empty[cur]);  // this step's Q, dO and row constants are read
+{% if ws %}{% if dq_lag %}        if (!pend) mbar_arrive(smem_at(bar_q_empty, cur));  // (a skipped step's; others' at the flush)
+{% else %}        mbar_arrive(smem_at(bar_q_empty, cur));  // this step's Q, dO and row constants are read
 {% endif %}    }
 {% if dq_lag %}{% call lag_flush() %}{% endcall %}{% endif %}{% else %}        if (prefetch) store_stats(cur ^ 1, tid, st_next);
         cp_async_wait_all();

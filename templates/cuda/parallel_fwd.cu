@@ -91,7 +91,7 @@
 {% if first %}        const int it = it0, cur = (ring + it0) % STAGES;
 {% else %}        const int cur = (ring + it) % STAGES, prev = (ring + it + STAGES - 1) % STAGES;
 {% endif %}        const int n0 = KV_N0(it), nw0 = n0;
-        mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
+        mbar_wait(smem_at(bar_full, cur), ((ring + it) / STAGES) & 1);
 {% if first %}        AEC_MARK(6);
         AEC_TILE_MARK(lt, 1);
 {% endif %}{% if first && late_epilogue %}        // The V this block's first group reads (see below).
@@ -134,7 +134,7 @@
 {% endif %}{% call rescale_pack() %}{% endcall %}{% endmacro %}
 {% macro s_gemm() %}        {
             // S = Q · Kᵀ of stage `cur` for this warpgroup's 64 rows.
-            const unsigned k_base = smem_u32(sK + cur * BN * SQS);
+            const unsigned k_base = smem_at(sK, cur * BN * SQS);
 {% if q_regs %}#pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_rsk_n{{ bn }}(s[0], qf[kk], sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
@@ -177,7 +177,7 @@
         // warpgroup).
         const int cur = (ring + it) % STAGES;
         const int n0 = KV_N0(it), nw0 = n0;
-        mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
+        mbar_wait(smem_at(bar_full, cur), ((ring + it) / STAGES) & 1);
 #ifdef AEC_TIMELINE
         if (it == 0) AEC_MARK(6);
 #endif
@@ -304,8 +304,8 @@ __device__ __forceinline__ void pack_p(const float (&pr)[NR][NE], unsigned (&pa)
 // The shared address of stage `stage`'s V panels for this warp's O columns
 // (its Dv warpgroup's share of the block's slice, from column dv0): V's own
 // tile, or with V stored in K the K tile from that column.
-{% if v_in_k %}#define V_SMEM(stage) (smem_u32(sK + (stage) * BN * SQS) + ((dv0 + DW_COL) / 64) * (BN * 128))
-{% else %}#define V_SMEM(stage) (smem_u32(sV + (stage) * BN * SVS) + (DW_COL / 64) * (BN * 128))
+{% if v_in_k %}#define V_SMEM(stage) (smem_at(sK, (stage) * BN * SQS) + ((dv0 + DW_COL) / 64) * (BN * 128))
+{% else %}#define V_SMEM(stage) (smem_at(sV, (stage) * BN * SVS) + (DW_COL / 64) * (BN * 128))
 {% endif %}
 // Issues O += P · V for one block (V at shared address v_base, read N-major:
 // keys are its K dimension); the caller fences, commits and waits.
@@ -468,12 +468,12 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
     // `s_ticket` once the previous tile's readers are done with it
     // (`q_free`); every thread waits on `bar_ticket` for it.
     for (;;) {
-{% if producer %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
+{% if producer %}        if (lt > 0) mbar_wait(smem_u32(&bar_q_free), (lt - 1) & 1);
         if (ptid == 0) {
             s_ticket = next_ticket;
-            mbar_arrive(&bar_ticket);
+            mbar_arrive(smem_u32(&bar_ticket));
         }
-{% endif %}        mbar_wait(&bar_ticket, lt & 1);
+{% endif %}        mbar_wait(smem_u32(&bar_ticket), lt & 1);
         const int4 ticket = s_ticket;
         if (ticket.x >= n_tickets) break;
         const int tile = ticket.y, listed_part = ticket.z, listed_full = ticket.w;
@@ -903,10 +903,10 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                     row_scale[r] = alpha[r];
                     xch[(BN / 4 + r) * 128] = __float_as_uint(alpha[r]);
                 }
-                mbar_arrive(&bar_p);
+                mbar_arrive(smem_u32(&bar_p));
 {% endmacro %}
 {% macro p_hand_in() %}                // The first Dv warpgroup's P and rows' rescale.
-                mbar_wait(&bar_p, p_phase & 1);
+                mbar_wait(smem_u32(&bar_p), p_phase & 1);
 #pragma unroll
                 for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
@@ -925,7 +925,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% endif %}                } else {
                     LOAD_TILE<BN, DVW, 128, DQK>(sK + ({{ st }}) * BN * SQS + (DVW / 64) * (BN * 64), kg + DVW, KV_N0({{ blk }}), Skv,
                                                  tid % 128, KV_ROWS);
-                    mbar_arrive_cp_async(&bar_full[{{ st }}]);
+                    mbar_arrive_cp_async(smem_at(bar_full, {{ st }}));
                 }
 {% else %}                if (dw == 0) {
                     LOAD_TILE<BN, DQK, 128>(sK + ({{ st }}) * BN * SQS, kg, KV_N0({{ blk }}), Skv, tid % 128, KV_ROWS);
@@ -933,7 +933,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
                 } else {
                     LOAD_TILE<BN, DVW, 128, DVG>(sV + ({{ st }}) * BN * SVS + (DVW / 64) * (BN * 64), vg + DVW, KV_N0({{ blk }}), Skv,
                                                  tid % 128, KV_ROWS);
-                    mbar_arrive_cp_async(&bar_full[{{ st }}]);
+                    mbar_arrive_cp_async(smem_at(bar_full, {{ st }}));
                 }
 {% endif %}{% endmacro %}
 {% macro wg_loads_loop() %}
@@ -955,7 +955,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
         fence_proxy_async();
         named_bar_sync(1 + dw, 128);
         if (dw == 0) {
-            mbar_wait(&bar_full[cur], (it / STAGES) & 1);
+            mbar_wait(smem_at(bar_full, cur), (it / STAGES) & 1);
             fence_proxy_async();
         }
 #ifdef AEC_TIMELINE
@@ -969,9 +969,9 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% call s_gemm_waited("sK + cur * BN * SQS") %}{% endcall %}{% call block_scores(0) %}{% endcall %}
                 pack_p(pr, pa);
                 // P's buffer once the second has read the last block's.
-                if (p_phase > 0) mbar_wait(&bar_p_free, (p_phase - 1) & 1);
+                if (p_phase > 0) mbar_wait(smem_u32(&bar_p_free), (p_phase - 1) & 1);
 {% call p_hand_out() %}{% endcall %}            } else {
-{% call p_hand_in() %}{% endcall %}                mbar_arrive(&bar_p_free);
+{% call p_hand_in() %}{% endcall %}                mbar_arrive(smem_u32(&bar_p_free));
             }
             ++p_phase;
 {% call rescale_o("row_scale") %}{% endcall %}{% call pv_waited("V_SMEM(cur)") %}{% endcall %}        }
@@ -1244,9 +1244,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // and P's buffer read by the second (rewritten only after).
     __shared__ __align__(8) unsigned long long bar_full[STAGES], bar_p_free;
 {% endif %}    if (threadIdx.x == 0) {
-        mbar_init(&bar_p, 128);
-{% if wg_loads %}        mbar_init(&bar_p_free, 128);
-        for (int st = 0; st < STAGES; ++st) mbar_init(&bar_full[st], 128);
+        mbar_init(smem_u32(&bar_p), 128);
+{% if wg_loads %}        mbar_init(smem_u32(&bar_p_free), 128);
+        for (int st = 0; st < STAGES; ++st) mbar_init(smem_at(bar_full, st), 128);
 {% endif %}    }
     __syncthreads();
     unsigned p_phase = 0;
@@ -1303,27 +1303,27 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // than they hide, bench/NOTES.md session 44). Otherwise both share
     // `full` and `empty`.
     __shared__ __align__(8) unsigned long long bar_full_v[STAGES], bar_empty_v[STAGES];
-#define RELEASE_K(st) mbar_arrive(&bar_empty[st])
-#define RELEASE_V(st) mbar_arrive(&bar_empty_v[st])
+#define RELEASE_K(st) mbar_arrive(smem_at(bar_empty, st))
+#define RELEASE_V(st) mbar_arrive(smem_at(bar_empty_v, st))
 #define WAIT_V(st, gi)                                        \
     do {                                                      \
-        mbar_wait(&bar_full_v[st], ((gi) / STAGES) & 1);      \
+        mbar_wait(smem_at(bar_full_v, st), ((gi) / STAGES) & 1);      \
         fence_proxy_async();                                  \
     } while (0)
 {% else %}#define RELEASE_K(st)
-#define RELEASE_V(st) mbar_arrive(&bar_empty[st])
+#define RELEASE_V(st) mbar_arrive(smem_at(bar_empty, st))
 #define WAIT_V(st, gi)
 {% endif %}{% if scheduled %}    __shared__ __align__(8) unsigned long long bar_ticket;
     __shared__ int4 s_ticket;
 {% endif %}    if (tid == 0) {
-        mbar_init(&bar_q, {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
-{% if scheduled %}        mbar_init(&bar_ticket, 1);
-{% endif %}{% if persistent %}        mbar_init(&bar_q_free, NWARPS * WARP);
+        mbar_init(smem_u32(&bar_q), {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
+{% if scheduled %}        mbar_init(smem_u32(&bar_ticket), 1);
+{% endif %}{% if persistent %}        mbar_init(smem_u32(&bar_q_free), NWARPS * WARP);
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
-            mbar_init(&bar_full[st], {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
-            mbar_init(&bar_empty[st], NWARPS / KEY_WARPS * WARP);  // (key warpgroups: one reads a stage)
-{% if kv_bars %}            mbar_init(&bar_full_v[st], 1);
-            mbar_init(&bar_empty_v[st], NWARPS / KEY_WARPS * WARP);
+            mbar_init(smem_at(bar_full, st), {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
+            mbar_init(smem_at(bar_empty, st), NWARPS / KEY_WARPS * WARP);  // (key warpgroups: one reads a stage)
+{% if kv_bars %}            mbar_init(smem_at(bar_full_v, st), 1);
+            mbar_init(smem_at(bar_empty_v, st), NWARPS / KEY_WARPS * WARP);
 {% endif %}        }
     }
     __syncthreads();
@@ -1350,17 +1350,17 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // registers, which free it at the tile's start (there 0.5-1% slower).
 #define ISSUE_Q()                                                                                         \
     do {                                                                                                  \
-        {% if persistent && !scheduled %}if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);{% endif %}      \
+        {% if persistent && !scheduled %}if (lt > 0) mbar_wait(smem_u32(&bar_q_free), (lt - 1) & 1);{% endif %}      \
         if (ptid == 0) {                                                                                  \
-            mbar_arrive_expect_tx(&bar_q, BM * DQK * (int)sizeof(elem_t));                                \
-            for (int p = 0; p < DQK / 64; ++p) tma_load_3d(sQ + p * BM * 64, tm_q, p * 64, m0, b * H + h, &bar_q); \
+            mbar_arrive_expect_tx(smem_u32(&bar_q), BM * DQK * (int)sizeof(elem_t));                                \
+            for (int p = 0; p < DQK / 64; ++p) tma_load_3d(smem_at(sQ, p * BM * 64), tm_q, p * 64, m0, b * H + h, smem_u32(&bar_q)); \
         }                                                                                                 \
     } while (0)
 {% if q_regs %}        ISSUE_Q();
 {% else %}        if (n_iter == 0) ISSUE_Q();
-{% endif %}{% else %}{% if persistent && !scheduled %}        if (lt > 0) mbar_wait(&bar_q_free, (lt - 1) & 1);
+{% endif %}{% else %}{% if persistent && !scheduled %}        if (lt > 0) mbar_wait(smem_u32(&bar_q_free), (lt - 1) & 1);
 {% endif %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
-        mbar_arrive_cp_async(&bar_q);
+        mbar_arrive_cp_async(smem_u32(&bar_q));
 {% endif %}
         // (Each step's key block is read a step ahead: a block-sparse list
         // read would otherwise stall the copies behind it.)
@@ -1368,27 +1368,27 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if kv_bars %}#define ISSUE_V(gv, nv0)                                                                                      \
     do {                                                                                                      \
         const int sv = (gv) % STAGES;                                                                         \
-        if ((gv) >= STAGES) mbar_wait(&bar_empty_v[sv], ((gv) / STAGES - 1) & 1);                             \
+        if ((gv) >= STAGES) mbar_wait(smem_at(bar_empty_v, sv), ((gv) / STAGES - 1) & 1);                             \
         if (ptid == 0) {                                                                                      \
-            mbar_arrive_expect_tx(&bar_full_v[sv], BN * DV * (int)sizeof(elem_t));                            \
+            mbar_arrive_expect_tx(smem_at(bar_full_v, sv), BN * DV * (int)sizeof(elem_t));                            \
             for (int p = 0; p < DV / 64; ++p)                                                                 \
-                tma_load_3d(sV + sv * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64, (nv0), b * Hkv + hk, &bar_full_v[sv]); \
+                tma_load_3d(smem_at(sV, sv * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64, (nv0), b * Hkv + hk, smem_at(bar_full_v, sv)); \
         }                                                                                                     \
     } while (0)
 {% endif %}        for (int it = 0; it < n_iter; ++it) {
             const int gi = ring + it, st = gi % STAGES;
             const int n0 = n0_next;
             if (it + 1 < n_iter) n0_next = KV_N0(it + 1);
-            if (gi >= STAGES) mbar_wait(&bar_empty[st], (gi / STAGES - 1) & 1);
+            if (gi >= STAGES) mbar_wait(smem_at(bar_empty, st), (gi / STAGES - 1) & 1);
             if (ptid == 0 && it == 0) AEC_TILE_STAMP(lt, 7);
 {% if tma %}            if (ptid == 0) {
-                mbar_arrive_expect_tx(&bar_full[st], BN * {% if kv_bars %}DQK{% else %}(DQK + DV){% endif %} * (int)sizeof(elem_t));
+                mbar_arrive_expect_tx(smem_at(bar_full, st), BN * {% if kv_bars %}DQK{% else %}(DQK + DV){% endif %} * (int)sizeof(elem_t));
 #pragma unroll
                 for (int p = 0; p < DQK / 64; ++p)
-                    tma_load_3d(sK + st * BN * SQS + p * BN * 64, tm_k, p * 64, n0, b * Hkv + hk, &bar_full[st]);
+                    tma_load_3d(smem_at(sK, st * BN * SQS + p * BN * 64), tm_k, p * 64, n0, b * Hkv + hk, smem_at(bar_full, st));
 {% if !kv_bars %}#pragma unroll
                 for (int p = 0; p < DV / 64; ++p)
-                    tma_load_3d(sV + st * BN * SVS + p * BN * 64, tm_v, dv0 + p * 64, n0, b * Hkv + hk, &bar_full[st]);
+                    tma_load_3d(smem_at(sV, st * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64, n0, b * Hkv + hk, smem_at(bar_full, st));
 {% endif %}            }
 {% if !q_regs %}            if (it == 0) ISSUE_Q();
 {% endif %}{% if kv_bars %}            // V after its K: a step waits for the previous block's V
@@ -1397,7 +1397,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% else %}            load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK + st * BN * SQS, kg, n0, Skv, ptid, KV_ROWS);
 {% if !v_in_k %}            load_tile_sw128<BN, DV, NPWARPS * WARP, DVG>(sV + st * BN * SVS, vg, n0, Skv, ptid, KV_ROWS);
 {% endif %}
-            mbar_arrive_cp_async(&bar_full[st]);
+            mbar_arrive_cp_async(smem_at(bar_full, st));
 {% endif %}
         }
 {% if scheduled %}        if (ptid == 0) next_ticket = TAKE_TICKET();
@@ -1443,7 +1443,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% call tile_loop(false) %}{% endcall %}
 {% if !persistent %}        const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %};
 {% endif %}{% call tile_setup() %}{% endcall %}
-        mbar_wait(&bar_q, lt & 1);
+        mbar_wait(smem_u32(&bar_q), lt & 1);
         AEC_TILE_MARK(lt, 0);
         AEC_TILE_VALUE(lt, 5, n_iter);
         AEC_TILE_VALUE(lt, 6, (unsigned long long)m0 | ((unsigned long long)aec_smid() << 32));
@@ -1466,9 +1466,9 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         for (int kk = 0; kk < DQK / 16; ++kk) {
             const int row = wr * 16 + ((lane / 8) % 2) * 8 + lane % 8;
             const int col = kk * 16 + (lane / 16) * 8;
-            ldmatrix_x4(smem_u32(TILE_AT(sQ, BM, DQK, row, col)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+            ldmatrix_x4(TILE_ADDR(sQ, BM, DQK, row, col), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
         }
-{% if persistent %}        mbar_arrive(&bar_q_free);
+{% if persistent %}        mbar_arrive(smem_u32(&bar_q_free));
 {% endif %}{% endif %}{% if !late_epilogue %}{% call init_rows(true) %}{% endcall %}{% endif %}
 {% if !late_epilogue %}        unsigned pa[BN / 16][4];  // P of the previous block, packed
 {% endif %}{% if key_warps > 1 %}        // Key warpgroups: warpgroup kw takes blocks kw, kw + KEY_WARPS, …
@@ -1501,7 +1501,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
                             : min(n_iter, n_end - min(n_end, ROW_POS(min(wg_row0 + 63, n_rows - 1)) / BN + 1));
         for (int it = 0; it < it0; ++it) {
             const int cur = (ring + it) % STAGES;
-            mbar_wait(&bar_full[cur], ((ring + it) / STAGES) & 1);
+            mbar_wait(smem_at(bar_full, cur), ((ring + it) / STAGES) & 1);
             WAIT_V(cur, ring + it);
             RELEASE_K(cur);
             RELEASE_V(cur);
@@ -1524,7 +1524,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% call pipelined_block(false, 2) %}{% endcall %}
             }
         }
-{% if persistent && !q_regs %}        mbar_arrive(&bar_q_free);  // the tile's S GEMMs are done with Q
+{% if persistent && !q_regs %}        mbar_arrive(smem_u32(&bar_q_free));  // the tile's S GEMMs are done with Q
 {% endif %}{% if late_epilogue %}        // The last block's P·V waits for the next tile's first S GEMM.
         prev_pv = it0 < n_iter;
         prev_gi = ring + n_iter - 1;

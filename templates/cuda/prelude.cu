@@ -63,6 +63,15 @@ __device__ __forceinline__ unsigned long long aec_now() {
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
+// The shared-memory address of base[index], the offset added in 32 bits.
+// Every shared address is formed this way, not as smem_at(base, index):
+// NVRTC (what the runtime compiles with) does that pointer arithmetic in 64
+// bits and narrows the sum, nvcc in 32; the 64-bit form cost NVRTC builds up
+// to 10% (bench/NOTES.md session 70 item 6, session 71 item 1).
+template <typename T>
+__device__ __forceinline__ unsigned smem_at(const T* base, unsigned index) {
+    return smem_u32(base) + index * static_cast<unsigned>(sizeof(T));
+}
 
 // (The 128-byte L2 prefetch hint: decoding 1.4% faster on an H100, the
 // other kernels unchanged; bench/NOTES.md.)
@@ -296,9 +305,9 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             const int gr = row0 + (ROWS % RPP == 0 ? r : min(r, ROWS - 1));                   \
             const bool ok = gr < limit;                                                       \
             const elem_t* src = g + (ROW(ok ? gr : spare)) * GS + c8 * 8;                     \
-            elem_t* dst = s + tile_offset<COLS>(r, c8 * 8);                                   \
+            const unsigned dst = smem_at(s, tile_offset<COLS>(r, c8 * 8));                   \
             _Pragma("unroll") for (int gi = 0; gi < G; ++gi)                                  \
-                if (mine) cp_async16(smem_u32(dst + gi * 64), src + gi * 64, ok ? 16 : 0);    \
+                if (mine) cp_async16(dst + gi * 64 * (unsigned)sizeof(elem_t), src + gi * 64, ok ? 16 : 0); \
         }                                                                                     \
     } else if constexpr (CH <= NTH) { /* padded rows */                                     \
         constexpr int RPP = NTH / CH, PASSES = (ROWS + RPP - 1) / RPP;                        \
@@ -310,7 +319,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             const int gr = row0 + (ROWS % RPP == 0 && NTH % CH == 0 ? r : min(r, ROWS - 1));  \
             const bool ok = gr < limit;                                                       \
             const elem_t* src = g + (ROW(ok ? gr : spare)) * GS + cc * 8;                     \
-            if (mine) cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);  \
+            if (mine) cp_async16(smem_at(s, r * (COLS + PAD) + cc * 8), src, ok ? 16 : 0);   \
         }                                                                                     \
     } else {                                                                                  \
         constexpr int CPASSES = (CH + NTH - 1) / NTH;                                         \
@@ -321,7 +330,7 @@ __device__ __forceinline__ void load_tile(elem_t* s, const elem_t* g, int row0, 
             _Pragma("unroll") for (int p = 0; p < CPASSES; ++p) {                             \
                 const int cc = tid + p * NTH;                                                 \
                 if (CH % NTH == 0 || cc < CH)                                                 \
-                    cp_async16(smem_u32(s + r * (COLS + PAD) + cc * 8), src + cc * 8, ok ? 16 : 0); \
+                    cp_async16(smem_at(s, r * (COLS + PAD) + cc * 8), src + cc * 8, ok ? 16 : 0);  \
             }                                                                                 \
         }                                                                                     \
     }

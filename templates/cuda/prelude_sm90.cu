@@ -124,26 +124,27 @@ __device__ __forceinline__ void last_use_regs(const unsigned (&a)[N][4]) {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // mbarriers (shared-memory arrival counters with phases) for the
-// producer/consumer pipeline of the warp-specialised kernels.
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+// producer/consumer pipeline of the warp-specialised kernels. Each helper
+// takes the barrier's shared-memory address (smem_at(bars, i), smem_u32(&bar)).
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // The arrival happens when all of this thread's earlier cp.async copies have
 // landed (counted as one of the barrier's expected arrivals).
-__device__ __forceinline__ void mbar_arrive_cp_async(unsigned long long* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 // Waits until the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     unsigned done = 0;
     while (!done) {
         asm volatile(
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
             : "=r"(done)
-            : "r"(smem_u32(bar)), "r"(parity)
+            : "r"(bar), "r"(parity)
             : "memory");
     }
 }
@@ -155,17 +156,18 @@ struct __align__(64) TmaMap {
 };
 // One arrival that also expects `bytes` of copies to land (the TMA copies
 // count down the barrier's transaction bytes as they complete).
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // A TMA copy of the box at coordinates (c0, c1, c2), innermost first, of the
-// 3-D tensor `map` describes into shared memory at `dst` (1024-byte aligned
-// for the 128-byte swizzle), completing on `bar`. Elements outside the
-// tensor read as zero and still count towards the transaction bytes.
-__device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap& map, int c0, int c1, int c2, unsigned long long* bar) {
+// 3-D tensor `map` describes into shared memory at address `dst` (1024-byte
+// aligned for the 128-byte swizzle), completing on the barrier at `bar`.
+// Elements outside the tensor read as zero and still count towards the
+// transaction bytes.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap& map, int c0, int c1, int c2, unsigned bar) {
     asm volatile(
         "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %2, %3, %4 }], [%5];\n"
-        ::"r"(smem_u32(dst)), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+        ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
 // Brings the box at (c0, c1, c2) of the tensor `map` describes into L2 (no

@@ -114,28 +114,28 @@ __device__ __forceinline__ void grad_add(float* p, float v) {
 __device__ __forceinline__ void frag_a(const elem_t* s, int stride, int m0, int k0, int lane, unsigned (&a)[4]) {
     const int row = m0 + ((lane / 8) % 2) * 8 + lane % 8;
     const int col = k0 + (lane / 16) * 8;
-    ldmatrix_x4(smem_u32(s + row * stride + col), a[0], a[1], a[2], a[3]);
+    ldmatrix_x4(smem_at(s, row * stride + col), a[0], a[1], a[2], a[3]);
 }
 
 // A fragment of the transpose of a row-major tile: A[m][k] = s[k][m].
 __device__ __forceinline__ void frag_a_t(const elem_t* s, int stride, int m0, int k0, int lane, unsigned (&a)[4]) {
     const int row = k0 + (lane / 16) * 8 + lane % 8;
     const int col = m0 + ((lane / 8) % 2) * 8;
-    ldmatrix_x4_trans(smem_u32(s + row * stride + col), a[0], a[1], a[2], a[3]);
+    ldmatrix_x4_trans(smem_at(s, row * stride + col), a[0], a[1], a[2], a[3]);
 }
 
 // Two n8 B fragments (columns n0..n0+16) where B[k][n] = s[n][k] (rows of s are n).
 __device__ __forceinline__ void frag_b_rows(const elem_t* s, int stride, int n0, int k0, int lane, unsigned& b0, unsigned& b1, unsigned& b2, unsigned& b3) {
     const int row = n0 + (lane / 16) * 8 + lane % 8;
     const int col = k0 + ((lane / 8) % 2) * 8;
-    ldmatrix_x4(smem_u32(s + row * stride + col), b0, b1, b2, b3);
+    ldmatrix_x4(smem_at(s, row * stride + col), b0, b1, b2, b3);
 }
 
 // Two n8 B fragments where B[k][n] = s[k][n] (rows of s are k).
 __device__ __forceinline__ void frag_b_cols(const elem_t* s, int stride, int n0, int k0, int lane, unsigned& b0, unsigned& b1, unsigned& b2, unsigned& b3) {
     const int row = k0 + ((lane / 8) % 2) * 8 + lane % 8;
     const int col = n0 + (lane / 16) * 8;
-    ldmatrix_x4_trans(smem_u32(s + row * stride + col), b0, b1, b2, b3);
+    ldmatrix_x4_trans(smem_at(s, row * stride + col), b0, b1, b2, b3);
 }
 
 template <int N8>

@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             {
                 const int row = wm * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = kk * 16 + (lane / 16) * 8;
-                ldmatrix_x4(smem_u32(cQ + row * SKS + col), qa[0], qa[1], qa[2], qa[3]);
+                ldmatrix_x4(smem_at(cQ, row * SKS + col), qa[0], qa[1], qa[2], qa[3]);
             }
 #pragma unroll
             for (int np = 0; np < ANT / 2; ++np) {
@@ -197,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
 {% endif %}                unsigned b0, b1, b2, b3;
                 const int row = wn * (C / ACWN) + np * 16 + (lane / 16) * 8 + lane % 8;
                 const int col = kk * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4(smem_u32(cK + row * SKS + col), b0, b1, b2, b3);
+                ldmatrix_x4(smem_at(cK, row * SKS + col), b0, b1, b2, b3);
                 mma16816(a[2 * np], qs, b0, b1);
                 mma16816(a[2 * np + 1], qs, b2, b3);
             }
@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = wn * (DVT / OCWN) + dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(smem_u32(sS + row * SVS + col), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_at(sS, row * SVS + col), b0, b1, b2, b3);
                 mma16816(acc[2 * dp], qd, b0, b1);
                 mma16816(acc[2 * dp + 1], qd, b2, b3);
             }
@@ -292,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
             {
                 const int row = wm * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = kk * 16 + (lane / 16) * 8;
-                ldmatrix_x4(smem_u32(sA + row * SAS + col), pa[0], pa[1], pa[2], pa[3]);
+                ldmatrix_x4(smem_at(sA, row * SAS + col), pa[0], pa[1], pa[2], pa[3]);
             }
 #pragma unroll
             for (int dp = 0; dp < ONT / 2; ++dp) {
@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = wn * (DVT / OCWN) + dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(smem_u32(cV + row * SVS + col), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_at(cV, row * SVS + col), b0, b1, b2, b3);
                 mma16816(acc[2 * dp], pa, b0, b1);
                 mma16816(acc[2 * dp + 1], pa, b2, b3);
             }
@@ -335,14 +335,14 @@ extern "C" __global__ void __launch_bounds__(NT, {{ blocks_per_sm }}) {{ kernel_
                 // K̃ᵀ as the A operand: K̃ is stored step-major, so transpose.
                 const int row = kk * 16 + (lane / 16) * 8 + lane % 8;
                 const int col = sm0 + mt * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4_trans(smem_u32(kS + row * SKS + col), ka[mt][0], ka[mt][1], ka[mt][2], ka[mt][3]);
+                ldmatrix_x4_trans(smem_at(kS, row * SKS + col), ka[mt][0], ka[mt][1], ka[mt][2], ka[mt][3]);
             }
 #pragma unroll
             for (int np = 0; np < SNT / 2; ++np) {
                 unsigned b0, b1, b2, b3;
                 const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
                 const int col = sn0 + np * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(smem_u32(vS + row * SVS + col), b0, b1, b2, b3);
+                ldmatrix_x4_trans(smem_at(vS, row * SVS + col), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < SMT; ++mt) {
                     mma16816(st[mt][2 * np], ka[mt], b0, b1);

@@ -151,9 +151,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         fold_entering_state(carry, sched, n_tail, n_seg, w, state_in ? state_in + bh * DK * DV + e0 : nullptr, tid);
     if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
-            mbar_init(&bar_full[st], WG);
-            mbar_init(&bar_ready[st], WG);
-            mbar_init(&bar_empty[st], WG);
+            mbar_init(smem_at(bar_full, st), WG);
+            mbar_init(smem_at(bar_ready, st), WG);
+            mbar_init(smem_at(bar_empty, st), WG);
         }
     }
     __syncthreads();
@@ -209,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% if !prefetch_steps %}            read_steps(ch);
 {% endif %}            finish_steps(ch);
 {% if prefetch_steps %}            if (i + 1 < n_visits) read_steps(ch + 1);
-{% endif %}            mbar_wait(&bar_full[s], (i >> 1) & 1);
+{% endif %}            mbar_wait(smem_at(bar_full, s), (i >> 1) & 1);
             fence_proxy_async();
             elem_t* cK = sK + s * C * DK;
             elem_t* cV = sV + s * C * DVT;
@@ -251,13 +251,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             if (!state_only) state_stage_sw128(st, sS + s * DK * DVT, sm0, lane);
             fence_proxy_async();
             warpgroup_sync(1);
-            mbar_arrive(&bar_ready[s]);
+            mbar_arrive(smem_at(bar_ready, s));
 
             // S ← 2^(L_last) S + K̃ᵀ Ṽd: K̃ (steps × Dk) is read M-major.
             state_scale(st, fast_exp2(l_last));
             wgmma_fence();
             {
-                const unsigned k_base = smem_u32(sK + s * C * DK), vd_base = smem_u32(sVd + s * C * DVT);
+                const unsigned k_base = smem_at(sK, s * C * DK), vd_base = smem_at(sVd, s * C * DVT);
 #pragma unroll
                 for (int kk = 0; kk < C / 16; ++kk)
 #pragma unroll
@@ -270,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
             wgmma_wait0();
 #pragma unroll
             for (int mt = 0; mt < SMT; ++mt) wgmma_fence_operands_n64(st[mt]);
-            mbar_arrive(&bar_empty[s]);
+            mbar_arrive(smem_at(bar_empty, s));
         }
         if (state_only) {
             // Publish the segment's state and decay (the item is recomputed
@@ -302,17 +302,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         if (!state_only) load_tile_sw128<C, DK, WG>(sQ + st * C * DK, qg, t0, S, wtid);
         load_tile_sw128<C, DK, WG>(sK + st * C * DK, kg, t0, S, wtid);
         load_tile_sw128<C, DVT, WG, DV>(sV + st * C * DVT, vg, t0, S, wtid);
-        mbar_arrive_cp_async(&bar_full[st]);
+        mbar_arrive_cp_async(smem_at(bar_full, st));
     };
     for (int i = 0; i < min(2, n_visits); ++i) load_visit(i);
     elem_t* og = o + row0 * DV + e0;
     for (int i = 0; i < n_visits; ++i) {
         const int s = i & 1, t0 = (first + i) * C;
-        mbar_wait(&bar_ready[s], (i >> 1) & 1);
+        mbar_wait(smem_at(bar_ready, s), (i >> 1) & 1);
         if (state_only) {
             // The state warpgroup reads K̃ and Ṽ alone: reload once it is done.
             if (i + 2 < n_visits) {
-                mbar_wait(&bar_empty[s], (i >> 1) & 1);
+                mbar_wait(smem_at(bar_empty, s), (i >> 1) & 1);
                 load_visit(i + 2);
             }
             continue;
@@ -323,8 +323,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         wgmma_fence();
         {
             // A = Q̃ K̃ᵀ (both K-major) and Q̃ S (S N-major) share Q̃.
-            const unsigned q_base = smem_u32(sQ + s * C * DK), k_base = smem_u32(sK + s * C * DK);
-            const unsigned s_base = smem_u32(sS + s * DK * DVT);
+            const unsigned q_base = smem_at(sQ, s * C * DK), k_base = smem_at(sK, s * C * DK);
+            const unsigned s_base = smem_at(sS, s * DK * DVT);
 #pragma unroll
             for (int kk = 0; kk < DK / 16; ++kk) {
                 const unsigned long long qd = sw128_desc(q_base + (kk / 4) * (C * 128) + (kk % 4) * 32, 16);
@@ -370,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
         // O += A Ṽ (Ṽ N-major: steps are its K dimension).
         wgmma_fence();
         {
-            const unsigned v_base = smem_u32(sV + s * C * DVT);
+            const unsigned v_base = smem_at(sV, s * C * DVT);
 #pragma unroll
             for (int kk = 0; kk < C / 16; ++kk) wgmma_rs_n64(acc, pa[kk], sw128_desc(v_base + kk * 16 * 128, C * 128));
         }
@@ -382,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
 {% endif %}        if (i + 2 < n_visits) {
             // This warpgroup is done with the stage; the state warpgroup too
             // once it has moved S past this chunk.
-            mbar_wait(&bar_empty[s], (i >> 1) & 1);
+            mbar_wait(smem_at(bar_empty, s), (i >> 1) & 1);
             load_visit(i + 2);
         }
         // O's rows, 16 bytes per lane: each quad holds a row's 64 columns as

@@ -1,0 +1,148 @@
+//! Every generated CUDA kernel forms its shared-memory addresses as a 32-bit
+//! base plus an offset (`smem_at(base, index)`, barriers through
+//! `smem_at(bars, i)` or `smem_u32(&bar)`), never as `smem_u32(pointer +
+//! offset)`. NVRTC, which the runtime and `aec compile` build with, does
+//! that pointer arithmetic in 64 bits and narrows the sum (nvcc does it in
+//! 32): the 64-bit form cost NVRTC builds up to 10% on sm_90a
+//! (bench/NOTES.md session 71 item 1).
+
+use aec_compiler::{
+    BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, parallel_backward, parallel_forward,
+    recurrent_backward, recurrent_forward,
+};
+use aec_frontend::ir::Axis;
+use aec_frontend::{Variant, parse_file};
+use std::path::PathBuf;
+
+fn examples() -> Vec<Variant> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        let src = std::fs::read_to_string(&path).expect("read example");
+        for inv in parse_file(&src).expect("rust file") {
+            out.push(
+                inv.variant
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+            );
+        }
+    }
+    out
+}
+
+/// The variant's fixed head dims, else 128.
+fn dims(v: &Variant) -> (u32, u32) {
+    let fixed = |a: Axis| {
+        v.fixed_sizes
+            .iter()
+            .find(|(x, _)| *x == a)
+            .map_or(128, |(_, n)| *n as u32)
+    };
+    (fixed(Axis::Dqk), fixed(Axis::Dv))
+}
+
+/// Each `smem_u32(...)` argument of `source` that is pointer arithmetic
+/// (contains `+`) or a `TILE_AT` element pointer.
+fn offset_pointers(source: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("smem_u32(") {
+        let arg_start = at + "smem_u32(".len();
+        let mut depth = 1;
+        let mut end = arg_start;
+        for (i, c) in rest[arg_start..].char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = arg_start + i;
+                break;
+            }
+        }
+        let arg = &rest[arg_start..end];
+        if arg.contains('+') || arg.contains("TILE_AT") {
+            found.push(arg.to_string());
+        }
+        rest = &rest[end..];
+    }
+    found
+}
+
+/// Asserts `source` (kernel `name`) forms no shared address in 64 bits and
+/// does form them with `smem_at`.
+fn check(name: &str, source: &str) {
+    let bad = offset_pointers(source);
+    assert!(
+        bad.is_empty(),
+        "{name}: shared addresses formed as smem_u32(pointer + offset): {bad:?}"
+    );
+    assert!(source.contains("smem_at("), "{name}: no smem_at address");
+}
+
+#[test]
+fn the_checker_finds_pointer_arithmetic_inside_smem_u32() {
+    assert_eq!(
+        offset_pointers("a = smem_u32(sK + (st) * BN); b = smem_u32(&bar_q); c = smem_at(sV, 8);"),
+        vec!["sK + (st) * BN".to_string()]
+    );
+    assert_eq!(
+        offset_pointers("ldmatrix_x4(smem_u32(TILE_AT(sQ, BM, DQK, r, c)), q);"),
+        vec!["TILE_AT(sQ, BM, DQK, r, c)".to_string()]
+    );
+    assert!(offset_pointers("smem_u32(smem_raw) & 1023u").is_empty());
+}
+
+#[test]
+fn parallel_kernels_form_shared_addresses_in_32_bits() {
+    let mut checked = 0;
+    for v in examples() {
+        if v.parallel().is_none() {
+            continue;
+        }
+        let (dqk, dv) = dims(&v);
+        for isa in [Isa::Sm80, Isa::Sm90a] {
+            let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, isa);
+            let k = parallel_forward(&v, dqk, dv, &cfg)
+                .unwrap_or_else(|e| panic!("{} forward on {isa:?}: {e}", v.name));
+            check(&k.name, &k.source);
+            checked += 1;
+            if let Ok(b) = parallel_backward(
+                &v,
+                dqk,
+                dv,
+                &BackwardConfig::for_variant(&v, dqk, dv, Elem::Bf16, isa),
+            ) {
+                check(&format!("{} backward on {isa:?}", v.name), &b.source);
+                checked += 1;
+            }
+        }
+    }
+    // 15 parallel examples (forward, and backward where the head dims allow).
+    assert!(checked >= 2 * 15 + 2 * 12, "only {checked} kernels checked");
+}
+
+#[test]
+fn recurrent_kernels_form_shared_addresses_in_32_bits() {
+    let mut checked = 0;
+    for v in examples() {
+        if v.recurrent().is_none() {
+            continue;
+        }
+        for (dk, dv) in [(128, 128), (256, 256), (64, 96)] {
+            for isa in [Isa::Sm80, Isa::Sm90a] {
+                let cfg = RecurrentConfig::default_for(dk, dv, Elem::Bf16, isa);
+                let k = recurrent_forward(&v, dk, dv, &cfg)
+                    .unwrap_or_else(|e| panic!("{} at {dk}/{dv} on {isa:?}: {e}", v.name));
+                check(&k.name, &k.source);
+                let b = recurrent_backward(&v, dk, dv, &cfg, isa)
+                    .unwrap_or_else(|e| panic!("{} backward at {dk}/{dv} on {isa:?}: {e}", v.name));
+                check(&b.name, &b.source);
+                checked += 2;
+            }
+        }
+    }
+    // RetNet, gated retention, GLA, Mamba2, RFA.
+    assert!(checked >= 5 * 3 * 2 * 2, "only {checked} kernels checked");
+}
