@@ -545,6 +545,9 @@ def run_bench(cases_dir, index, workloads):
                   + (f", {row['read_floor_fraction']:.2f} of the read floor" if "read_floor_fraction" in row else ""),
                   flush=True)
         rows.append(row)
+        # (The rows so far, kept where a run stopped at its time limit.)
+        with open(os.path.join(OUT, "rows.partial.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
         return row
 
     for entry in index["bench"]:
@@ -952,7 +955,7 @@ def main():
             rows = sweep(cases_dir, index, workloads)
             with open(os.path.join(OUT, name), "w") as fh:
                 json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                               torch=torch.__version__, rows=rows), fh, indent=1)
+                               compiler=index.get("compiler"), torch=torch.__version__, rows=rows), fh, indent=1)
             return
     if "--bench-only" in args:
         keep = set(args[args.index("--bench-only") + 1].split(","))
@@ -967,6 +970,7 @@ def main():
     result = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                   commit=os.environ.get("AEC_COMMIT", "unknown"),
                   command=os.environ.get("AEC_COMMAND", "python bench/gpu_check.py " + " ".join(args)),
+                  compiler=index.get("compiler") or "unknown (cases built before aec-bench recorded it)",
                   torch=torch.__version__, checks=checks, rows=rows)
     name = "results.json" if "--no-bench" not in args else "checks.json"
     with open(os.path.join(OUT, name), "w") as fh:

@@ -1,13 +1,16 @@
-//! `gpu-cases <out_dir> [--nvcc <path>]`: writes what `bench/gpu_check.py`
+//! `gpu-cases <out_dir> [--nvrtc | --nvcc <path>]`: writes what `bench/gpu_check.py`
 //! needs on a GPU machine that has no Rust:
 //! - correctness cases: generated kernel source, random bf16 inputs (never
 //!   zeros, sizes that are not tile multiples) and the f64 reference
 //!   interpreter's outputs on exactly those inputs;
 //! - benchmark kernels for the workloads of `shared/reference/workloads.json`.
 //!
-//! With `--nvcc`, every kernel is compiled to an sm_90a cubin here (with
-//! `-Xptxas -v`, whose register/spill report lands in the case's JSON), so the
-//! GPU machine only loads and launches.
+//! With `--nvrtc` (what the runtime and `aec compile` ship: NVRTC with the
+//! runtime's options) or `--nvcc <path>`, every kernel is compiled to an
+//! sm_90a cubin here (ptxas's register/spill report lands in the case's
+//! JSON, the compiler in `index.json`), so the GPU machine only loads and
+//! launches. The two compilers' builds of one source can run a few percent
+//! apart (bench/NOTES.md session 70 item 6): benchmark what ships.
 
 use aec_compiler::{
     ArgKind, BackwardConfig, BackwardSource, Elem, ForwardConfig, Grid, Isa, KernelSource,
@@ -426,11 +429,20 @@ fn main() {
     // (A flag first, `--help` among them, is not an output directory.)
     let Some(out) = args.first().filter(|a| !a.starts_with('-')) else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--decode-tiles] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--forward-tile m<rows>n<keys>s<stages>] [--timeline] [--timeline-tiles <tag,tag,...>]"
+            "usage: gpu-cases <out_dir> [--nvrtc | --nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--decode-tiles] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--forward-tile m<rows>n<keys>s<stages>] [--timeline] [--timeline-tiles <tag,tag,...>]"
         );
         std::process::exit(2);
     };
-    let nvcc = flag_values(&args, "--nvcc").into_iter().next();
+    let nvrtc = args.iter().any(|a| a == "--nvrtc");
+    let compiler = match (flag_values(&args, "--nvcc").into_iter().next(), nvrtc) {
+        (Some(_), true) => {
+            eprintln!("--nvcc and --nvrtc: pick one compiler");
+            std::process::exit(2);
+        }
+        (Some(path), false) => Some(CubinCompiler::Nvcc(path)),
+        (None, true) => Some(CubinCompiler::Nvrtc),
+        (None, false) => None,
+    };
     let includes = flag_values(&args, "-I");
     let out = PathBuf::from(out);
     std::fs::create_dir_all(&out).expect("create output directory");
@@ -466,8 +478,8 @@ fn main() {
         .map(|list| list.split(',').map(str::to_string).collect())
         .unwrap_or_default();
     let timeline = args.iter().any(|a| a == "--timeline") || !timeline_tiles.is_empty();
-    if timeline && nvcc.is_none() {
-        eprintln!("--timeline compiles cubins: it needs --nvcc");
+    if timeline && compiler.is_none() {
+        eprintln!("--timeline compiles cubins: it needs --nvrtc or --nvcc");
         std::process::exit(2);
     }
     let no_parallel = varlen_only || sweep_only || args.iter().any(|a| a == "--recurrent-only");
@@ -491,7 +503,7 @@ fn main() {
     for case in CASES.iter().filter(|_| !no_parallel && workloads.is_none()) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
-        let meta = write_case(&out, case, &v, per_block, nvcc.as_deref(), &includes);
+        let meta = write_case(&out, case, &v, per_block, compiler.as_ref(), &includes);
         index.push(meta);
     }
     let mut bench = Vec::new();
@@ -558,7 +570,7 @@ fn main() {
                 tiles.push(match parallel_forward(&v, *dqk, *dv, &cfg) {
                     Ok(k) if k.smem_bytes > smem_limit => json!({ "tiles": tag, "error": format!(
                         "{} bytes of shared memory, sm_90a has {smem_limit} per block", k.smem_bytes) }),
-                    Ok(k) => json!({ "tiles": tag, "kernel": kernel_meta(&out, &format!("{file}_{tag}"), &k, nvcc.as_deref(), &includes) }),
+                    Ok(k) => json!({ "tiles": tag, "kernel": kernel_meta(&out, &format!("{file}_{tag}"), &k, compiler.as_ref(), &includes) }),
                     Err(e) => json!({ "tiles": tag, "error": e.to_string() }),
                 });
             }
@@ -572,26 +584,32 @@ fn main() {
                 };
                 let tag = if other.fused_combine { "fc" } else { "ck" };
                 tiles.push(match parallel_forward(&v, *dqk, *dv, &other) {
-                    Ok(k) => json!({ "tiles": tag, "kernel": kernel_meta(&out, &format!("{file}_{tag}"), &k, nvcc.as_deref(), &includes) }),
+                    Ok(k) => json!({ "tiles": tag, "kernel": kernel_meta(&out, &format!("{file}_{tag}"), &k, compiler.as_ref(), &includes) }),
                     Err(e) => json!({ "tiles": tag, "error": e.to_string() }),
                 });
             }
             bench.push(json!({
                 "workload": workload,
-                "kernel": kernel_meta(&out, &file, &parallel_forward(&v, *dqk, *dv, &cfg).expect("decoding forward"), nvcc.as_deref(), &includes),
+                "kernel": kernel_meta(&out, &file, &parallel_forward(&v, *dqk, *dv, &cfg).expect("decoding forward"), compiler.as_ref(), &includes),
                 "tiles": tiles,
             }));
             continue;
         }
         let mut entry = match parallel_forward(&v, *dqk, *dv, &cfg) {
             Ok(k) => {
-                json!({ "workload": workload, "kernel": kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes) })
+                json!({ "workload": workload, "kernel": kernel_meta(&out, &file, &k, compiler.as_ref(), &includes) })
             }
             Err(e) => json!({ "workload": workload, "error": e.to_string() }),
         };
         let bcfg = BackwardConfig::for_variant(&v, *dqk, *dv, Elem::Bf16, Isa::Sm90a);
         entry["backward"] = match parallel_backward(&v, *dqk, *dv, &bcfg) {
-            Ok(b) => backward_meta(&out, &format!("{file}_bwd"), &b, nvcc.as_deref(), &includes),
+            Ok(b) => backward_meta(
+                &out,
+                &format!("{file}_bwd"),
+                &b,
+                compiler.as_ref(),
+                &includes,
+            ),
             Err(e) => json!({ "error": e.to_string() }),
         };
         bench.push(entry);
@@ -609,7 +627,7 @@ fn main() {
                          cfg: BackwardConfig| {
             eprintln!("backward sweep {workload} {tag} …");
             let meta = match parallel_backward(v, dqk, dv, &cfg) {
-                Ok(b) => backward_meta(&out, file, &b, nvcc.as_deref(), &includes),
+                Ok(b) => backward_meta(&out, file, &b, compiler.as_ref(), &includes),
                 Err(e) => json!({ "error": e.to_string() }),
             };
             json!({ "workload": workload, "config": tag, "backward": meta })
@@ -883,7 +901,7 @@ fn main() {
                 eprintln!("forward sweep {example} {tag} …");
                 let file = format!("sweep_fwd_{example}_{tag}");
                 let meta = match parallel_forward(&v, dqk, dv, &cfg) {
-                    Ok(k) => kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes),
+                    Ok(k) => kernel_meta(&out, &file, &k, compiler.as_ref(), &includes),
                     Err(e) => json!({ "error": e.to_string() }),
                 };
                 fwd_sweep.push(json!({ "workload": workload, "config": tag, "kernel": meta }));
@@ -927,16 +945,16 @@ fn main() {
                 "causal": example == "softmax_causal",
                 "dqk": 128,
                 "dv": 128,
-                "varlen": kernel_meta(&out, &format!("varlen_{example}"), &packed, nvcc.as_deref(), &includes),
+                "varlen": kernel_meta(&out, &format!("varlen_{example}"), &packed, compiler.as_ref(), &includes),
                 "varlen_persistent": kernel_meta(
                     &out,
                     &format!("varlen_persistent_{example}"),
                     &persistent,
-                    nvcc.as_deref(),
+                    compiler.as_ref(),
                     &includes,
                 ),
-                "dense": kernel_meta(&out, &format!("varlen_dense_{example}"), &dense, nvcc.as_deref(), &includes),
-                "backward": backward_meta(&out, &format!("varlen_bwd_{example}"), &backward, nvcc.as_deref(), &includes),
+                "dense": kernel_meta(&out, &format!("varlen_dense_{example}"), &dense, compiler.as_ref(), &includes),
+                "backward": backward_meta(&out, &format!("varlen_bwd_{example}"), &backward, compiler.as_ref(), &includes),
             }));
         }
     }
@@ -974,8 +992,8 @@ fn main() {
                 "tiles": if i == 0 { "default".to_string() } else { tag.clone() },
                 "dqk": 128,
                 "dv": 128,
-                "dense": kernel_meta(&out, &format!("paged_dense_decode_{tag}"), &dense, nvcc.as_deref(), &includes),
-                "paged": kernel_meta(&out, &format!("paged_decode_{tag}"), &pk, nvcc.as_deref(), &includes),
+                "dense": kernel_meta(&out, &format!("paged_dense_decode_{tag}"), &dense, compiler.as_ref(), &includes),
+                "paged": kernel_meta(&out, &format!("paged_decode_{tag}"), &pk, compiler.as_ref(), &includes),
             }));
         }
     }
@@ -991,7 +1009,7 @@ fn main() {
                 &out,
                 &format!("mask_builder_{example}"),
                 &b.source,
-                nvcc.as_deref(),
+                compiler.as_ref(),
                 &includes,
             );
             builders.push(json!({
@@ -1052,7 +1070,7 @@ fn main() {
             .filter_map(|(tag, c)| {
                 let k = parallel_forward_block_sparse(&v, 128, 128, &c).ok()?;
                 let file = format!("sparse_{tag}_{example}");
-                Some(json!({ "tag": tag, "kernel": kernel_meta(&out, &file, &k, nvcc.as_deref(), &includes) }))
+                Some(json!({ "tag": tag, "kernel": kernel_meta(&out, &file, &k, compiler.as_ref(), &includes) }))
             })
             .collect();
             sparse.push(json!({
@@ -1060,19 +1078,19 @@ fn main() {
                 "dqk": 128,
                 "dv": 128,
                 "tiles": tiles,
-                "dense": kernel_meta(&out, &format!("sparse_dense_{example}"), &dense, nvcc.as_deref(), &includes),
-                "sparse": kernel_meta(&out, &format!("sparse_{example}"), &sk, nvcc.as_deref(), &includes),
-                "sparse_per_block": kernel_meta(&out, &format!("sparse_rb_{example}"), &sk_rb, nvcc.as_deref(), &includes),
+                "dense": kernel_meta(&out, &format!("sparse_dense_{example}"), &dense, compiler.as_ref(), &includes),
+                "sparse": kernel_meta(&out, &format!("sparse_{example}"), &sk, compiler.as_ref(), &includes),
+                "sparse_per_block": kernel_meta(&out, &format!("sparse_rb_{example}"), &sk_rb, compiler.as_ref(), &includes),
             }));
         }
     }
     // `--timeline`: each benchmark forward also built with its per-block
-    // timeline marks, for `bench/timeline.py` (nvcc checked at the start).
-    if let (true, Some(nvcc)) = (timeline, nvcc.as_deref()) {
+    // timeline marks, for `bench/timeline.py` (a compiler checked at the start).
+    if let (true, Some(compiler)) = (timeline, compiler.as_ref()) {
         for entry in &mut bench {
             if entry["kernel"].is_object() {
                 eprintln!("timeline build {} …", entry["workload"]);
-                add_timeline_cubin(&out, &mut entry["kernel"], nvcc, &includes);
+                add_timeline_cubin(&out, &mut entry["kernel"], compiler, &includes);
             }
             let workload = entry["workload"].clone();
             if let Some(tiles) = entry["tiles"].as_array_mut() {
@@ -1080,7 +1098,7 @@ fn main() {
                     let tag = tile["tiles"].as_str().unwrap_or_default().to_string();
                     if tile["kernel"].is_object() && timeline_tiles.contains(&tag) {
                         eprintln!("timeline build {workload} tile {tag} …");
-                        add_timeline_cubin(&out, &mut tile["kernel"], nvcc, &includes);
+                        add_timeline_cubin(&out, &mut tile["kernel"], compiler, &includes);
                     }
                 }
             }
@@ -1089,9 +1107,10 @@ fn main() {
     let (recurrent_cases, recurrent_bench) = if varlen_only || sweep_only || workloads.is_some() {
         (Vec::new(), Vec::new())
     } else {
-        recurrent::write_all(&out, &root, nvcc.as_deref(), &includes)
+        recurrent::write_all(&out, &root, compiler.as_ref(), &includes)
     };
     let all = json!({
+        "compiler": compiler.as_ref().map(CubinCompiler::describe),
         "cases": index,
         "bench": bench,
         "bwd_sweep": sweep,
@@ -1221,7 +1240,7 @@ fn write_case(
     case: &Case,
     v: &Variant,
     per_block: bool,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> Value {
     let [b, h, hkv, sq, skv, dqk, dv] = case.sizes;
@@ -1281,7 +1300,7 @@ fn write_case(
     let fwd = reference::forward(v, &inputs, Options::default()).expect("reference forward");
     let kernel = parallel_forward(v, dqk as u32, dv as u32, &cfg)
         .unwrap_or_else(|e| panic!("{}: {e}", case.id));
-    let km = kernel_meta(out, case.id, &kernel, nvcc, includes);
+    let km = kernel_meta(out, case.id, &kernel, compiler, includes);
     let write = |name: &str, data: Vec<u8>| {
         std::fs::write(out.join(format!("{}.{name}", case.id)), data).expect("write tensor")
     };
@@ -1316,10 +1335,10 @@ fn kernel_meta(
     out: &Path,
     file: &str,
     k: &KernelSource,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> Value {
-    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
+    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, compiler, includes);
     let args = args_meta_with_maps(&k.args, &k.tensor_maps);
     json!({
         "name": k.name,
@@ -1354,10 +1373,10 @@ fn backward_meta(
     out: &Path,
     file: &str,
     b: &BackwardSource,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> Value {
-    let (cu, cubin, ptxas) = compile_source(out, file, &b.source, nvcc, includes);
+    let (cu, cubin, ptxas) = compile_source(out, file, &b.source, compiler, includes);
     let launch = |l: &aec_compiler::Launch| {
         let grid = match l.grid {
             Grid::Rows { per_block } => json!({ "kind": "rows", "per_block": per_block }),
@@ -1380,22 +1399,67 @@ fn backward_meta(
     })
 }
 
-/// Writes `<file>.cu` and, with nvcc, compiles it to `<file>.sm_90a.cubin`;
-/// returns the source and cubin names and ptxas's resource lines.
+/// What builds the cubins (`--nvrtc` or `--nvcc <path>`).
+#[derive(Debug, Clone)]
+pub(crate) enum CubinCompiler {
+    /// NVRTC with the runtime's options: the build the runtime, `aec
+    /// compile` and the tuner ship.
+    Nvrtc,
+    /// nvcc at this path, `-O3`.
+    Nvcc(String),
+}
+
+impl CubinCompiler {
+    /// How `index.json` names it.
+    fn describe(&self) -> String {
+        match self {
+            CubinCompiler::Nvrtc => match aec::runtime::nvrtc_version() {
+                Ok((major, minor)) => format!("nvrtc {major}.{minor}"),
+                Err(_) => "nvrtc".into(),
+            },
+            CubinCompiler::Nvcc(path) => format!("nvcc ({path})"),
+        }
+    }
+
+    /// Compiles `cu` to the sm_90a cubin `target` with `defines` (`-D…`);
+    /// returns ptxas's log (panics with the compiler's log where it fails:
+    /// a generated kernel that does not compile is a bug to see at once).
+    fn cubin(&self, includes: &[String], cu: &Path, target: &Path, defines: &[&str]) -> String {
+        match self {
+            CubinCompiler::Nvcc(nvcc) => nvcc_cubin(nvcc, includes, cu, target, defines),
+            CubinCompiler::Nvrtc => {
+                use aec::runtime::{CompileOptions, compile};
+                let source = std::fs::read_to_string(cu).expect("read kernel source");
+                let mut opts = CompileOptions::new("sm_90a");
+                opts.include_dirs.extend(includes.iter().map(PathBuf::from));
+                opts.flags.push("--ptxas-options=-v".into());
+                opts.flags.extend(defines.iter().map(|d| d.to_string()));
+                let compiled = compile(&source, &opts)
+                    .unwrap_or_else(|e| panic!("NVRTC failed on {}:\n{e}", cu.display()));
+                std::fs::write(target, &compiled.cubin).expect("write cubin");
+                compiled.log
+            }
+        }
+    }
+}
+
+/// Writes `<file>.cu` and, with a compiler, compiles it to
+/// `<file>.sm_90a.cubin`; returns the source and cubin names and ptxas's
+/// resource lines.
 pub(crate) fn compile_source(
     out: &Path,
     file: &str,
     source: &str,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> (Value, Value, Value) {
     let cu = out.join(format!("{file}.cu"));
     std::fs::write(&cu, source).expect("write kernel source");
     let mut ptxas = Value::Null;
     let mut cubin = Value::Null;
-    if let Some(nvcc) = nvcc {
+    if let Some(compiler) = compiler {
         let target = out.join(format!("{file}.sm_90a.cubin"));
-        let log = nvcc_cubin(nvcc, includes, &cu, &target, &[]);
+        let log = compiler.cubin(includes, &cu, &target, &[]);
         ptxas = json!(
             log.lines()
                 .filter(|l| l.contains("registers") || l.contains("spill"))
@@ -1440,14 +1504,14 @@ fn nvcc_cubin(nvcc: &str, includes: &[String], cu: &Path, target: &Path, extra: 
 /// compiled again with `-DAEC_TIMELINE` (per-block `%globaltimer` marks,
 /// `templates/cuda/prelude.cu`) as `meta["timeline_cubin"]`, which
 /// `bench/timeline.py` loads.
-fn add_timeline_cubin(out: &Path, meta: &mut Value, nvcc: &str, includes: &[String]) {
+fn add_timeline_cubin(out: &Path, meta: &mut Value, compiler: &CubinCompiler, includes: &[String]) {
     let Some(source) = meta["source"].as_str() else {
         return;
     };
     let cu = out.join(source);
     let stem = source.strip_suffix(".cu").unwrap_or(source);
     let target = out.join(format!("{stem}.timeline.sm_90a.cubin"));
-    nvcc_cubin(nvcc, includes, &cu, &target, &["-DAEC_TIMELINE"]);
+    compiler.cubin(includes, &cu, &target, &["-DAEC_TIMELINE"]);
     meta["timeline_cubin"] = json!(target.file_name().and_then(|f| f.to_str()));
 }
 

@@ -4,7 +4,7 @@
 //! workloads.json the kernel in the default configuration and in the
 //! other Dv tilings (a small sweep the script times side by side).
 
-use crate::{as_bf16, as_f32, bf16_round, compile_source, load, normal};
+use crate::{CubinCompiler, as_bf16, as_f32, bf16_round, compile_source, load, normal};
 use aec_compiler::{
     ArgKind, Elem, Isa, RecurrentBackwardSource, RecurrentConfig, RecurrentGridX, RecurrentSource,
     RecurrentStepSource, recurrent_backward, recurrent_forward, recurrent_step,
@@ -130,14 +130,14 @@ const BENCH: &[(&str, &str)] = &[
 pub fn write_all(
     out: &Path,
     root: &Path,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> (Vec<Value>, Vec<Value>) {
     let mut cases = Vec::new();
     for case in CASES {
         eprintln!("recurrent case {} …", case.id);
         let v = load(root, case.example);
-        cases.push(write_case(out, case, &v, nvcc, includes));
+        cases.push(write_case(out, case, &v, compiler, includes));
     }
     let mut bench = Vec::new();
     for (workload, example) in BENCH {
@@ -169,7 +169,7 @@ pub fn write_all(
                     "workload": workload,
                     "config": tag,
                     "default": n == 0,
-                    "kernel": kernel_meta(out, &file, &k, nvcc, includes),
+                    "kernel": kernel_meta(out, &file, &k, compiler, includes),
                 }),
                 Err(e) => json!({ "workload": workload, "error": e.to_string() }),
             };
@@ -180,7 +180,7 @@ pub fn write_all(
         bench.push(match recurrent_backward(&v, dk, dv, &default, Isa::Sm90a) {
             Ok(b) => json!({
                 "workload": workload,
-                "backward": backward_meta(out, &file, &b, nvcc, includes),
+                "backward": backward_meta(out, &file, &b, compiler, includes),
             }),
             Err(e) => json!({ "workload": workload, "backward_error": e.to_string() }),
         });
@@ -189,7 +189,7 @@ pub fn write_all(
         bench.push(match recurrent_step(&v, dk, dv, Elem::Bf16) {
             Ok(k) => json!({
                 "workload": workload,
-                "decode": step_meta(out, &file, &k, nvcc, includes),
+                "decode": step_meta(out, &file, &k, compiler, includes),
             }),
             Err(e) => json!({ "workload": workload, "decode_error": e.to_string() }),
         });
@@ -203,10 +203,10 @@ fn step_meta(
     out: &Path,
     file: &str,
     k: &RecurrentStepSource,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> Value {
-    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
+    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, compiler, includes);
     let grid_x = k.grid_for(1, 1).map_or(0, |g| g.0);
     json!({
         "name": k.name,
@@ -240,11 +240,17 @@ fn backward_meta(
     out: &Path,
     file: &str,
     b: &RecurrentBackwardSource,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> Value {
-    let states = kernel_meta(out, &format!("{file}_states"), &b.states, nvcc, includes);
-    let (cu, cubin, ptxas) = compile_source(out, file, &b.source, nvcc, includes);
+    let states = kernel_meta(
+        out,
+        &format!("{file}_states"),
+        &b.states,
+        compiler,
+        includes,
+    );
+    let (cu, cubin, ptxas) = compile_source(out, file, &b.source, compiler, includes);
     let kernels: Vec<Value> = b
         .kernels
         .iter()
@@ -286,10 +292,10 @@ fn kernel_meta(
     out: &Path,
     file: &str,
     k: &RecurrentSource,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> Value {
-    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, nvcc, includes);
+    let (cu, cubin, ptxas) = compile_source(out, file, &k.source, compiler, includes);
     let args: Vec<Value> = k.args.iter().map(arg_meta).collect();
     json!({
         "name": k.name,
@@ -310,7 +316,7 @@ fn write_case(
     out: &Path,
     case: &Case,
     v: &Variant,
-    nvcc: Option<&str>,
+    compiler: Option<&CubinCompiler>,
     includes: &[String],
 ) -> Value {
     let [b, h, s, dk, dv] = case.sizes;
@@ -356,7 +362,7 @@ fn write_case(
     let cfg = RecurrentConfig::default_for(dk as u32, dv as u32, Elem::Bf16, Isa::Sm90a);
     let kernel = recurrent_forward(v, dk as u32, dv as u32, &cfg)
         .unwrap_or_else(|e| panic!("{}: {e}", case.id));
-    let km = kernel_meta(out, case.id, &kernel, nvcc, includes);
+    let km = kernel_meta(out, case.id, &kernel, compiler, includes);
     let write = |name: &str, data: Vec<u8>| {
         std::fs::write(out.join(format!("{}.{name}", case.id)), data).expect("write tensor")
     };
