@@ -2,7 +2,7 @@
 
     python bench/bwd_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--no-check]
 
-Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
+Each <cases_dir> comes from `aec-bench <cases_dir> --nvrtc --workloads
 <workload>` on a different build (copy shared/reference/workloads.json into
 it). On the same random inputs (the forward of the first build gives O and
 the row state), each build's three backward kernels run once and their dQ,

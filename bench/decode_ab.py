@@ -2,7 +2,7 @@
 
     python bench/decode_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--tiles tag,tag] [--parts]
 
-Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
+Each <cases_dir> comes from `aec-bench <cases_dir> --nvrtc --workloads
 <workload>` on a different build (copy shared/reference/workloads.json into
 it). The workload's default kernel of every build and cuDNN (SDPA's cuDNN
 backend) run on the same random inputs: each output's relative error

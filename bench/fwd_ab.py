@@ -2,7 +2,7 @@
 
     python bench/fwd_ab.py <workload> <rounds> <cases_dir> [<cases_dir> ...] [--no-check]
 
-Each <cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --workloads
+Each <cases_dir> comes from `aec-bench <cases_dir> --nvrtc --workloads
 <workload>` on a different build (copy shared/reference/workloads.json into
 it). On the same random inputs each build's forward runs once and its output
 is compared with cuDNN's (SDPA's cuDNN backend; for variants other than

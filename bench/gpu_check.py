@@ -2,7 +2,7 @@
 
     python bench/gpu_check.py <cases_dir> [--only id,id] [--no-bench] [--bench-only id,id] [--rounds N] [--round-tiles tag,tag]
 
-<cases_dir> is what `aec-bench <cases_dir> --nvcc …` wrote: per correctness
+<cases_dir> is what `aec-bench <cases_dir> --nvrtc` (or `--nvcc …`) wrote: per correctness
 case the kernel (cubin), bf16 inputs and the f64 reference interpreter's
 outputs; per benchmark workload a kernel. Our kernels are loaded through the
 CUDA driver (ctypes) into PyTorch's context, so they run in the same process,

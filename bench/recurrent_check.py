@@ -2,7 +2,7 @@
 
     python bench/recurrent_check.py <cases_dir> [--no-bench] [--fwd-only] [--default-only] [--only id,id]
 
-<cases_dir> is what `aec-bench <cases_dir> --nvcc …` wrote (its index.json's
+<cases_dir> is what `aec-bench <cases_dir> --nvrtc` (or `--nvcc …`) wrote (its index.json's
 `recurrent_cases` and `recurrent_bench`). Each case runs our forward on the
 case's bf16 inputs (with its initial state, if any) and compares the output,
 the final state and the final normaliser with the f64 reference
