@@ -9,22 +9,8 @@ use aec_compiler::{
 use aec_frontend::{Variant, parse_file, parse_str};
 use std::path::PathBuf;
 
-fn examples() -> Vec<(String, Variant)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("examples dir") {
-        let path = entry.expect("entry").path();
-        let src = std::fs::read_to_string(&path).expect("read example");
-        for inv in parse_file(&src).expect("rust file") {
-            let v = inv
-                .variant
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            out.push((path.file_stem().unwrap().to_string_lossy().into_owned(), v));
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
+mod common;
+use common::{example, examples};
 
 fn dims(v: &Variant) -> (u32, u32) {
     let fixed = |a: aec_frontend::ir::Axis, d: u32| {
@@ -453,14 +439,6 @@ fn generation_is_deterministic() {
             .source;
         assert_eq!(a, b, "{name}: two generations differ");
     }
-}
-
-fn example(name: &str) -> Variant {
-    examples()
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("example {name}"))
-        .1
 }
 
 #[test]

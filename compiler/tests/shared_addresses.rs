@@ -10,25 +10,11 @@ use aec_compiler::{
     BackwardConfig, Elem, ForwardConfig, Isa, RecurrentConfig, parallel_backward, parallel_forward,
     recurrent_backward, recurrent_forward,
 };
+use aec_frontend::Variant;
 use aec_frontend::ir::Axis;
-use aec_frontend::{Variant, parse_file};
-use std::path::PathBuf;
 
-fn examples() -> Vec<Variant> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("examples dir") {
-        let path = entry.expect("entry").path();
-        let src = std::fs::read_to_string(&path).expect("read example");
-        for inv in parse_file(&src).expect("rust file") {
-            out.push(
-                inv.variant
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-            );
-        }
-    }
-    out
-}
+mod common;
+use common::examples;
 
 /// The variant's fixed head dims, else 128.
 fn dims(v: &Variant) -> (u32, u32) {
@@ -97,7 +83,7 @@ fn the_checker_finds_pointer_arithmetic_inside_smem_u32() {
 #[test]
 fn parallel_kernels_form_shared_addresses_in_32_bits() {
     let mut checked = 0;
-    for v in examples() {
+    for (_, v) in examples() {
         if v.parallel().is_none() {
             continue;
         }
@@ -126,7 +112,7 @@ fn parallel_kernels_form_shared_addresses_in_32_bits() {
 #[test]
 fn recurrent_kernels_form_shared_addresses_in_32_bits() {
     let mut checked = 0;
-    for v in examples() {
+    for (_, v) in examples() {
         if v.recurrent().is_none() {
             continue;
         }
