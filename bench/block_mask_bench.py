@@ -3,7 +3,7 @@ FlexAttention's `create_block_mask`, in one process.
 
     python bench/block_mask_bench.py <cases_dir>
 
-<cases_dir> is what `aec-bench <cases_dir> --nvcc … --varlen-only` wrote (the
+<cases_dir> is what `aec-bench <cases_dir> --nvrtc --varlen-only` wrote (the
 builders of examples/softmax_causal.rs and examples/document_mask.rs). For
 each mask at s8192 in 128 × 128 blocks: the builder's time (one launch, the
 lists on the device) and Flex's `create_block_mask` (eager and with

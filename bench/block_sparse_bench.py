@@ -3,7 +3,7 @@ with the same BlockMask, in one process.
 
     python bench/block_sparse_bench.py <cases_dir>
 
-<cases_dir> is what `aec-bench <cases_dir> --nvcc … --varlen-only` wrote (its
+<cases_dir> is what `aec-bench <cases_dir> --nvrtc --varlen-only` wrote (its
 `sparse` entries: softmax and causal softmax, d128, the sm_90a default
 tiles, dense and block-sparse). Per workload, timed with triton's do_bench
 (median):

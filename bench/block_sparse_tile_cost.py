@@ -5,7 +5,7 @@ balance, timed per k and fitted as `per tile = fixed + per block x k`.
 
     python bench/block_sparse_tile_cost.py <cases_dir>     # KS=1,2,4 to pick k
 
-<cases_dir> is what `aec-bench <dir> --nvcc ... --varlen-only` wrote; the
+<cases_dir> is what `aec-bench <dir> --nvrtc --varlen-only` wrote; the
 softmax entry's default kernel and its other tiles are timed (triton's
 do_bench, median), per tile = time x SMs / tiles.
 """

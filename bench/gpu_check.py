@@ -970,7 +970,7 @@ def main():
     result = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                   commit=os.environ.get("AEC_COMMIT", "unknown"),
                   command=os.environ.get("AEC_COMMAND", "python bench/gpu_check.py " + " ".join(args)),
-                  compiler=index.get("compiler") or "unknown (cases built before aec-bench recorded it)",
+                  compiler=index.get("compiler", "unknown (cases built before aec-bench recorded it)"),
                   torch=torch.__version__, checks=checks, rows=rows)
     name = "results.json" if "--no-bench" not in args else "checks.json"
     with open(os.path.join(OUT, name), "w") as fh:

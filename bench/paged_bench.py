@@ -2,7 +2,7 @@
 
     python bench/paged_bench.py <cases_dir>
 
-<cases_dir> is what `aec-bench <cases_dir> --nvcc … --varlen-only` wrote (its
+<cases_dir> is what `aec-bench <cases_dir> --nvrtc --varlen-only` wrote (its
 `paged` entry: the decoding forward of examples/decode.rs, d128, over a
 contiguous and over a paged cache). Per workload (every sequence the same
 length, so both read the same keys), timed as CUDA-graph replays (gpu_check's
@@ -19,7 +19,7 @@ also at those KV split counts.
 PAGED_SHAPES=32x4096,16x8192: these batch × length shapes (32 heads, 8 KV
 heads) instead of the workloads below.
 AEC_PAGED_COMPARE=<dir>[:<dir>...]: also time the `paged` entries of those
-cases directories (earlier builds, `aec-bench <dir> --nvcc … --varlen-only`)
+cases directories (earlier builds, `aec-bench <dir> --nvrtc --varlen-only`)
 in the same process after this build's, their rows tagged `@<dir name>`
 (a comparison across processes or machines mixes in their differences).
 """

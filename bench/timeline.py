@@ -2,7 +2,7 @@
 
     python bench/timeline.py <cases_dir> <workload>[,<workload>...] [--launches N] [--tile TAG] [--tiles]
 
-<cases_dir> comes from `aec-bench <cases_dir> --nvcc ... --timeline` (add
+<cases_dir> comes from `aec-bench <cases_dir> --nvrtc --timeline` (add
 `--workloads ...` for a quick build): each benchmark forward is also built
 with -DAEC_TIMELINE, where thread 0 of every block records %globaltimer at
 the template's marks (templates/cuda/prelude.cu; the forward's marks:

@@ -2,7 +2,7 @@
 
     python bench/varlen_bench.py <cases_dir>
 
-<cases_dir> is what `aec-bench <cases_dir> --nvcc … --varlen-only` wrote (the
+<cases_dir> is what `aec-bench <cases_dir> --nvrtc --varlen-only` wrote (the
 varlen kernels of softmax and causal softmax at d128 and the dense kernels of
 the same variants). Per workload, a seeded batch of sequences of different
 lengths, timed (triton's do_bench, median) as:

@@ -11,8 +11,12 @@ fn aec_bench() -> Command {
 
 #[test]
 fn nvrtc_builds_the_benchmark_cubins_and_index_names_it() {
-    if !aec::runtime::nvrtc_present() {
-        let msg = "NVRTC not found: `aec-bench --nvrtc` untested";
+    let headers = aec::runtime::cuda_include_dirs()
+        .iter()
+        .any(|d| d.join("cuda_bf16.h").is_file());
+    if !aec::runtime::nvrtc_present() || !headers {
+        let msg =
+            "NVRTC or the CUDA headers (AEC_CUDA_INCLUDE) not found: `aec-bench --nvrtc` untested";
         assert!(!aec::runtime::toolchains_required(), "{msg}");
         eprintln!("skipped: {msg}");
         return;

@@ -879,9 +879,10 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% endmacro %}
 {% macro s_gemm_waited(k_tile) %}        {
             // S of this warpgroup's 64 rows, both operands read from the
-            // swizzled tiles (Q and {{ k_tile }}), issued and waited for.
+            // swizzled tiles (Q and the K tile at shared address {{ k_tile }}),
+            // issued and waited for.
             const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
-            const unsigned k_base = smem_u32({{ k_tile }});
+            const unsigned k_base = {{ k_tile }};
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
@@ -966,7 +967,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             float row_scale[NR];
             if (dw == 0) {
                 float s[MT][BN / 8][4];
-{% call s_gemm_waited("sK + cur * BN * SQS") %}{% endcall %}{% call block_scores(0) %}{% endcall %}
+{% call s_gemm_waited("smem_at(sK, cur * BN * SQS)") %}{% endcall %}{% call block_scores(0) %}{% endcall %}
                 pack_p(pr, pa);
                 // P's buffer once the second has read the last block's.
                 if (p_phase > 0) mbar_wait(smem_u32(&bar_p_free), (p_phase - 1) & 1);
@@ -1636,7 +1637,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% if wgmma %}        // S = Q · Kᵀ for this warpgroup's 64 rows and the block's BN keys,
         // both operands read from the swizzled tiles by the tensor cores.
         float s[MT][BN / 8][4];
-{% call s_gemm_waited("sKc") %}{% endcall %}{% else %}        // S = Q · Kᵀ for this warp's 16·MT rows and the block's BN keys; each
+{% call s_gemm_waited("smem_u32(sKc)") %}{% endcall %}{% else %}        // S = Q · Kᵀ for this warp's 16·MT rows and the block's BN keys; each
         // K fragment feeds MT MMAs.
         float s[MT][KW / 8][4];
 #pragma unroll

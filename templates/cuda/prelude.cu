@@ -64,10 +64,12 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 // The shared-memory address of base[index], the offset added in 32 bits.
-// Every shared address is formed this way, not as smem_at(base, index):
-// NVRTC (what the runtime compiles with) does that pointer arithmetic in 64
-// bits and narrows the sum, nvcc in 32; the 64-bit form cost NVRTC builds up
-// to 10% (bench/NOTES.md session 70 item 6, session 71 item 1).
+// Addresses handed to ldmatrix, cp.async, wgmma descriptors, mbarriers and
+// TMA are formed this way, never by smem_u32 of base + index: NVRTC (what the
+// runtime compiles with) does that pointer arithmetic in 64 bits and
+// narrows the sum, nvcc in 32; the 64-bit form cost NVRTC builds up to 10%
+// (bench/NOTES.md session 70 item 6, session 71 item 1). (A stage's tile
+// kept as a pointer, such as sKc, still costs one 64-bit add per stage.)
 template <typename T>
 __device__ __forceinline__ unsigned smem_at(const T* base, unsigned index) {
     return smem_u32(base) + index * static_cast<unsigned>(sizeof(T));
