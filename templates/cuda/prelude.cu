@@ -64,7 +64,7 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 // The shared-memory address of base[index], the offset added in 32 bits.
-// Addresses handed to ldmatrix, cp.async, wgmma descriptors, mbarriers and
+// Addresses handed to ldmatrix, cp.async, MMA descriptors, mbarriers and
 // TMA are formed this way, never by smem_u32 of base + index: NVRTC (what the
 // runtime compiles with) does that pointer arithmetic in 64 bits and
 // narrows the sum, nvcc in 32; the 64-bit form cost NVRTC builds up to 10%
