@@ -545,12 +545,13 @@ def run_bench(cases_dir, index, workloads):
                   + (f", {row['read_floor_fraction']:.2f} of the read floor" if "read_floor_fraction" in row else ""),
                   flush=True)
         rows.append(row)
-        # (The rows so far, kept where a run stopped at its time limit.)
-        with open(os.path.join(OUT, "rows.partial.json"), "w") as fh:
-            json.dump(rows, fh, indent=1)
         return row
 
     for entry in index["bench"]:
+        # (The rows of the workloads done so far, kept where a run stops at
+        # its time limit.)
+        with open(os.path.join(OUT, "rows.partial.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
         work = entry["workload"]
         w = wl[work]
         fl = flops_fwd(w)

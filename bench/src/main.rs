@@ -1421,20 +1421,27 @@ impl CubinCompiler {
         }
     }
 
-    /// Compiles `cu` to the sm_90a cubin `target` with `defines` (`-D…`);
-    /// returns ptxas's log (panics with the compiler's log where it fails:
-    /// a generated kernel that does not compile is a bug to see at once).
-    fn cubin(&self, includes: &[String], cu: &Path, target: &Path, defines: &[&str]) -> String {
+    /// Compiles `source` (written at `cu`, which nvcc reads) to the sm_90a
+    /// cubin `target` with `defines` (`-D…`); returns ptxas's log (panics
+    /// with the compiler's log where it fails: a generated kernel that does
+    /// not compile is a bug to see at once).
+    fn cubin(
+        &self,
+        includes: &[String],
+        cu: &Path,
+        source: &str,
+        target: &Path,
+        defines: &[&str],
+    ) -> String {
         match self {
             CubinCompiler::Nvcc(nvcc) => nvcc_cubin(nvcc, includes, cu, target, defines),
             CubinCompiler::Nvrtc => {
                 use aec::runtime::{CompileOptions, compile};
-                let source = std::fs::read_to_string(cu).expect("read kernel source");
                 let mut opts = CompileOptions::new("sm_90a");
                 opts.include_dirs.extend(includes.iter().map(PathBuf::from));
                 opts.flags.push("--ptxas-options=-v".into());
                 opts.flags.extend(defines.iter().map(|d| d.to_string()));
-                let compiled = compile(&source, &opts)
+                let compiled = compile(source, &opts)
                     .unwrap_or_else(|e| panic!("NVRTC failed on {}:\n{e}", cu.display()));
                 std::fs::write(target, &compiled.cubin).expect("write cubin");
                 compiled.log
@@ -1459,7 +1466,7 @@ pub(crate) fn compile_source(
     let mut cubin = Value::Null;
     if let Some(compiler) = compiler {
         let target = out.join(format!("{file}.sm_90a.cubin"));
-        let log = compiler.cubin(includes, &cu, &target, &[]);
+        let log = compiler.cubin(includes, &cu, source, &target, &[]);
         ptxas = json!(
             log.lines()
                 .filter(|l| l.contains("registers") || l.contains("spill"))
@@ -1511,7 +1518,8 @@ fn add_timeline_cubin(out: &Path, meta: &mut Value, compiler: &CubinCompiler, in
     let cu = out.join(source);
     let stem = source.strip_suffix(".cu").unwrap_or(source);
     let target = out.join(format!("{stem}.timeline.sm_90a.cubin"));
-    compiler.cubin(includes, &cu, &target, &["-DAEC_TIMELINE"]);
+    let text = std::fs::read_to_string(&cu).expect("read kernel source");
+    compiler.cubin(includes, &cu, &text, &target, &["-DAEC_TIMELINE"]);
     meta["timeline_cubin"] = json!(target.file_name().and_then(|f| f.to_str()));
 }
 
