@@ -2,7 +2,8 @@
 # Runs the Rust GPU tests (built here with
 #   cargo test --release --test gpu_forward --test gpu_backward --test gpu_recurrent --no-run
 # and copied to target/gpu-bin/) on a GPU machine from the repository root,
-# then compute-sanitizer memcheck and racecheck on small backward cases.
+# then compute-sanitizer memcheck and racecheck on small backward cases and
+# the cluster pair's multicast forward.
 # Logs go to $OUT (default /tmp/aec-out).
 set -u
 OUT=${OUT:-/tmp/aec-out}
@@ -25,6 +26,11 @@ if [ -n "${SAN:-}" ]; then
         >"$OUT/sanitizer-$tool-$case.log" 2>&1
       echo "$tool $case: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$case.log" | tail -1)"
     done
+    # The cluster pair's K/V multicast: copies into the peer's shared memory
+    # and arrivals on its barriers.
+    "$SAN" --tool $tool --error-exitcode 9 target/gpu-bin/gpu_forward gpu_forward_kv_multicast --exact --test-threads=1 \
+      >"$OUT/sanitizer-$tool-gpu_forward_kv_multicast.log" 2>&1
+    echo "$tool gpu_forward_kv_multicast: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-gpu_forward_kv_multicast.log" | tail -1)"
   done
 else
   echo "compute-sanitizer not found"

@@ -214,6 +214,78 @@ fn deeper_rings_compile_without_spills() {
     }
 }
 
+/// The cluster pair's K/V multicast (`ForwardConfig::kv_multicast`) where
+/// it applies — no mask or the plain causal one, TMA loads on dense rows,
+/// one Dv slice — compiles within the spill budget with the multicast TMA
+/// copy and the arrivals on the peer's barriers in the SASS; elsewhere
+/// (another mask, Dv split between blocks, the paged or variable-length
+/// rows) the kernel is the one without it.
+#[test]
+fn kv_multicast_forwards_compile() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    let with_multicast = |v: &Variant| {
+        let (dqk, dv) = common::head_dims(v);
+        ForwardConfig {
+            kv_multicast: true,
+            ..ForwardConfig::default_for(v, dqk, dv, Elem::Bf16, Isa::Sm90a)
+        }
+    };
+    for name in [
+        "deepseek",
+        "softmax",
+        "softmax_causal",
+        "diff_transformer",
+        "sigmoid",
+    ] {
+        let v = common::example(name);
+        let cfg = with_multicast(&v);
+        let line = check_config(name, &v, "sm_90a", &cfg, Rows::Dense);
+        assert!(line.ends_with("_mc"), "{line}");
+        let (dqk, dv) = common::head_dims(&v);
+        let kernel = parallel_forward(&v, dqk, dv, &cfg).unwrap();
+        assert!(
+            kernel.cluster_pairs && kernel.source.contains("__cluster_dims__(2, 1, 1)"),
+            "{name}: not launched in pairs"
+        );
+        let compiled = compile(&kernel.source, &CompileOptions::new("sm_90a")).unwrap();
+        let text = sass(&compiled.cubin).expect("cuobjdump");
+        for op in ["UTMALDG.3D.MULTICAST", "SYNCS.ARRIVE.TRANS64.RED"] {
+            assert!(text.contains(op), "{name}: no {op} in the SASS");
+        }
+        eprintln!("{line}");
+    }
+    // (RetNet's 256/512: Dv in two slices.)
+    for (name, rows, dims) in [
+        ("sliding_window", Rows::Dense, None),
+        ("retnet_parallel", Rows::Dense, Some((256, 512))),
+        ("softmax_causal", Rows::Paged, None),
+        ("softmax_causal", Rows::Varlen, None),
+    ] {
+        let v = common::example(name);
+        let (dqk, dv) = dims.unwrap_or_else(|| common::head_dims(&v));
+        let cfg = ForwardConfig {
+            kv_multicast: true,
+            ..ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a)
+        };
+        assert!(dims.is_none() || cfg.dv_split > 1, "{name}: {cfg:?}");
+        let kernel = match rows {
+            Rows::Paged => parallel_forward_paged(&v, dqk, dv, &cfg),
+            Rows::Varlen => parallel_forward_varlen(&v, dqk, dv, &cfg),
+            _ => parallel_forward(&v, dqk, dv, &cfg),
+        }
+        .unwrap();
+        assert!(
+            !kernel.cluster_pairs
+                && !kernel.name.contains("_mc")
+                && !kernel.source.contains("__cluster_dims__"),
+            "{name} ({rows:?}): `{}` takes the multicast",
+            kernel.name
+        );
+    }
+}
+
 /// Decoding with 64 or more query rows per KV head at d128 (MQA, 128 heads
 /// on one KV head) takes the sm_90a wgmma tile — one warpgroup on 128-key
 /// blocks in three stages — which compiles dense and paged within the

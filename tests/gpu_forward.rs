@@ -614,6 +614,7 @@ fn gpu_forward_three_consumer_warpgroups() {
                 stages,
                 q_in_registers: false,
                 late_epilogue: false,
+                kv_multicast: false,
                 ..base
             }),
             ..KernelOptions::default()
@@ -669,6 +670,117 @@ fn gpu_forward_three_consumer_warpgroups() {
                 &options,
             );
         }
+    }
+}
+
+/// The cluster pair's K/V multicast (`ForwardConfig::kv_multicast`, not a
+/// default): CTAs in clusters of two walking adjacent row-block pairs of one
+/// head in step, each copying half of every shared key block into both.
+/// At 512 rows (four row blocks a head) the pairing holds: under the causal
+/// mask with each tile's extra diagonal block solo (DeepSeek's 128 keys,
+/// softmax's with Q in registers and the late epilogue, DiffTransformer's
+/// 64-key blocks under 128 rows), without a mask at 700 and 300 keys (a
+/// partial last block) and with grouped KV heads. At 333 and 200 rows it
+/// does not (three and two row blocks): each CTA loads its own blocks, and
+/// at three heads of one pair an odd unit count leaves the grid's last CTA
+/// idle. (Small enough for the sanitizers; `…_many_units` runs the walk
+/// across tiles.)
+#[test]
+fn gpu_forward_kv_multicast() {
+    check_kv_multicast(
+        "gpu_forward_kv_multicast",
+        &[
+            (
+                "deepseek",
+                HeadDims::new(192, 128),
+                Shape::mha(1, 4, 512, 512),
+            ),
+            (
+                "deepseek",
+                HeadDims::new(192, 128),
+                Shape::mha(2, 3, 333, 333),
+            ),
+            (
+                "softmax_causal",
+                HeadDims::square(128),
+                Shape::mha(1, 4, 512, 512),
+            ),
+            (
+                "softmax_causal",
+                HeadDims::square(128),
+                Shape::new(1, 8, 2, 512, 512),
+            ),
+            (
+                "diff_transformer",
+                HeadDims::new(128, 256),
+                Shape::mha(1, 3, 512, 512),
+            ),
+            ("softmax", HeadDims::square(128), Shape::mha(1, 4, 512, 700)),
+            ("softmax", HeadDims::square(128), Shape::mha(1, 3, 200, 333)),
+            ("sigmoid", HeadDims::square(128), Shape::mha(1, 4, 512, 300)),
+        ],
+    );
+}
+
+/// [`gpu_forward_kv_multicast`] at 80 heads: 160 units on the persistent
+/// grid, so each CTA pair walks several units and the ring's phases, the
+/// pair's solo steps and the next tile's Q run across tiles.
+#[test]
+fn gpu_forward_kv_multicast_many_units() {
+    check_kv_multicast(
+        "gpu_forward_kv_multicast_many_units",
+        &[
+            (
+                "deepseek",
+                HeadDims::new(192, 128),
+                Shape::mha(2, 40, 512, 512),
+            ),
+            (
+                "softmax_causal",
+                HeadDims::square(128),
+                Shape::mha(2, 40, 512, 512),
+            ),
+            (
+                "softmax",
+                HeadDims::square(128),
+                Shape::mha(2, 40, 512, 700),
+            ),
+        ],
+    );
+}
+
+fn check_kv_multicast(test: &str, cases: &[(&str, HeadDims, Shape)]) {
+    for &(name, dims, shape) in cases {
+        let options = KernelOptions {
+            config: Some(ForwardConfig {
+                kv_multicast: true,
+                ..ForwardConfig::default_for(
+                    &example(name),
+                    dims.dqk,
+                    dims.dv,
+                    Elem::Bf16,
+                    Isa::Sm90a,
+                )
+            }),
+            ..KernelOptions::default()
+        };
+        if let Some(gpu) = common::gpu::prepare_with(test, name, shape, dims, (0.0, 1.0), &options)
+        {
+            let source = gpu.kernels.forward_source();
+            assert!(
+                source.name.ends_with("_mc") && source.source.contains("multicast::cluster"),
+                "{test}: `{}` is not the multicast kernel",
+                source.name
+            );
+        }
+        check_example_with(
+            &format!("{test} ({name}, {shape})"),
+            name,
+            shape,
+            dims,
+            (0.0, 1.0),
+            &options,
+        );
     }
 }
 
@@ -2457,6 +2569,7 @@ fn gpu_forward_packed_wgmma() {
             persistent: false,
             tma_loads: false,
             late_epilogue: false,
+            kv_multicast: false,
             q_in_registers: false,
             stages: 2,
             dv_split,

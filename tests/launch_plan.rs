@@ -84,6 +84,47 @@ fn check_arguments(name: &str, plan: &EntryPlan) {
     }
 }
 
+/// Kernels launched in clusters of two (`ForwardConfig::kv_multicast`):
+/// the plan's grid is the runtime's, even, a cluster per two SMs at most
+/// (an odd unit count gets one idle CTA; on an odd SM count the last
+/// cluster waits for a free pair of SMs).
+#[test]
+fn cluster_pair_grids_match_the_runtime() {
+    for name in ["deepseek", "softmax"] {
+        let v = common::example(name);
+        let (dqk, dv) = common::head_dims(&v);
+        let cfg = ForwardConfig {
+            kv_multicast: true,
+            ..ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a)
+        };
+        let k = parallel_forward(&v, dqk, dv, &cfg).unwrap();
+        assert!(k.cluster_pairs, "{name}: {}", k.name);
+        let plan = forward_plan(&v, &k);
+        for shape in [
+            [8, 16, 16, 2048, 2048],
+            [1, 3, 3, 200, 333],
+            [2, 40, 40, 512, 512],
+        ] {
+            let [b, h, hkv, sq, _] = shape;
+            for sms in [132, 131, 7, 1] {
+                let planned = grid(&plan.launches[0].grid, &vars_on(shape, 1, sms));
+                assert_eq!(
+                    Some(planned),
+                    k.launch_grid([b, h, hkv, sq], sms as u32, 1),
+                    "{name} {shape:?} on {sms} SMs"
+                );
+                assert!(
+                    planned.0.is_multiple_of(2) && planned.0 as u64 <= 2 * sms.div_ceil(2),
+                    "{planned:?}"
+                );
+            }
+        }
+        // 1 × 3 heads × one pair of row blocks: three units, four CTAs.
+        assert_eq!(k.launch_grid([1, 3, 3, 200], 132, 1), Some((4, 1, 1)));
+        assert_eq!(k.launch_grid([8, 16, 16, 2048], 131, 1), Some((132, 1, 1)));
+    }
+}
+
 #[test]
 fn plans_match_the_runtime_launch_logic() {
     let mut checked_splits = 0;

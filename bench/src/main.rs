@@ -429,7 +429,7 @@ fn main() {
     // (A flag first, `--help` among them, is not an output directory.)
     let Some(out) = args.first().filter(|a| !a.starts_with('-')) else {
         eprintln!(
-            "usage: gpu-cases <out_dir> [--nvrtc | --nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--decode-tiles] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--forward-tile m<rows>n<keys>s<stages>] [--timeline] [--timeline-tiles <tag,tag,...>]"
+            "usage: gpu-cases <out_dir> [--nvrtc | --nvcc <path-to-nvcc>] [-I <include dir>]... [--recurrent-only] [--varlen | --varlen-only] [--decode-tiles] [--fwd-sweep] [--bwd-sweep] [--workloads <id,id,...>] [--forward-tile m<rows>n<keys>s<stages>] [--kv-multicast] [--timeline] [--timeline-tiles <tag,tag,...>]"
         );
         std::process::exit(2);
     };
@@ -500,6 +500,9 @@ fn main() {
         }
         None => None,
     };
+    // `--kv-multicast`: the benchmark workloads' forwards with the cluster
+    // pair's K/V multicast (ForwardConfig::kv_multicast, where it applies).
+    let kv_multicast = args.iter().any(|a| a == "--kv-multicast");
     for case in CASES.iter().filter(|_| !no_parallel && workloads.is_none()) {
         eprintln!("case {} …", case.id);
         let v = load(&root, case.example);
@@ -528,8 +531,12 @@ fn main() {
                 stages,
                 q_in_registers: false,
                 late_epilogue: false,
+                kv_multicast: false,
                 ..cfg
             };
+        }
+        if kv_multicast {
+            cfg.kv_multicast = true;
         }
         if let Some((_, sizes)) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
             cfg = cfg.for_decoding_call(&v, *sizes, 132, *dqk, *dv, Isa::Sm90a);
@@ -813,6 +820,7 @@ fn main() {
             dv_warps: 1,
             tma_loads: true,
             late_epilogue: false,
+            kv_multicast: false,
         };
         // Q in registers.
         let rqp = |bm, bn, warps, stages| ForwardConfig {
@@ -822,6 +830,7 @@ fn main() {
         // The epilogue under the next tile's first S GEMM.
         let late = |cfg: ForwardConfig| ForwardConfig {
             late_epilogue: true,
+            kv_multicast: false,
             ..cfg
         };
         // (Earlier sessions' rows: `results/*-forward-sweep.json` and notes.)
@@ -1353,6 +1362,7 @@ fn kernel_meta(
         "dv_split": k.dv_split,
         "persistent": k.persistent,
         "tile_schedule": k.tile_schedule,
+        "cluster_pairs": k.cluster_pairs,
         "split_kv": k.split_kv,
         "combine": k.combine,
         "combine_threads": k.combine_threads(),

@@ -594,7 +594,19 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
                 .chain((k.dv_split > 1).then(|| c(k.dv_split)))
                 .chain([y.clone(), v("B")]),
         );
-        [SizeExpr::min(units, v(SMS)), c(1), c(1)]
+        // (Clusters of two: an even grid, a cluster per two multiprocessors.)
+        let blocks = if k.cluster_pairs {
+            SizeExpr::mul([
+                c(2),
+                SizeExpr::min(
+                    SizeExpr::ceil_div(units, c(2)),
+                    SizeExpr::ceil_div(v(SMS), c(2)),
+                ),
+            ])
+        } else {
+            SizeExpr::min(units, v(SMS))
+        };
+        [blocks, c(1), c(1)]
     } else {
         [x.clone(), y.clone(), v("B")]
     };

@@ -45,6 +45,7 @@ const CFG: ForwardConfig = ForwardConfig {
     dv_warps: 1,
     tma_loads: false,
     late_epilogue: false,
+    kv_multicast: false,
 };
 
 /// [`CFG`] with Dv split between blocks where one block cannot hold it
@@ -1371,6 +1372,7 @@ fn decoding_kernels_split_the_keys_where_the_grid_is_small() {
         persistent: false,
         tma_loads: false,
         late_epilogue: false,
+        kv_multicast: false,
         q_in_registers: false,
         ..ws
     };
@@ -1651,8 +1653,13 @@ fn warp_specialised_dense_forwards_load_by_tma_with_three_tensor_maps() {
     );
     assert!(
         k.source
-            .contains("tma_load_3d(smem_at(sV, st * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64")
+            .contains("KV_BOX(smem_at(sV, st * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64")
     );
+    // (Each box a plain TMA copy: no cluster pair's multicast here.)
+    assert!(k.source.contains(
+        "#define KV_BOX(dst, map, c0, n0, c2, bar, j) tma_load_3d(dst, map, c0, n0, c2, bar)"
+    ));
+    assert!(!k.source.contains("__cluster_dims__") && !k.cluster_pairs);
     assert!(
         !k.source
             .contains("load_tile_sw128<BN, DQK, NPWARPS * WARP>(sK")
@@ -1679,6 +1686,7 @@ fn warp_specialised_dense_forwards_load_by_tma_with_three_tensor_maps() {
             &ForwardConfig {
                 tma_loads: false,
                 late_epilogue: false,
+                kv_multicast: false,
                 ..cfg
             },
         )
@@ -1821,6 +1829,7 @@ fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
         128,
         &ForwardConfig {
             late_epilogue: false,
+            kv_multicast: false,
             ..cfg
         },
     )
@@ -1851,6 +1860,7 @@ fn q_register_tiles_finish_a_tile_beside_the_next_s_gemm() {
         128,
         &ForwardConfig {
             late_epilogue: true,
+            kv_multicast: false,
             ..ForwardConfig::varlen_default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a)
         },
     )
@@ -2097,7 +2107,9 @@ fn key_warpgroups_need_the_producer_and_a_deep_ring() {
     assert!(k.source.contains("for (int it = kw; it < n_iter;)"));
     assert!(
         k.source
-            .contains("mbar_init(smem_at(bar_empty, st), NWARPS / KEY_WARPS * WARP)")
+            .contains("mbar_init(smem_at(bar_empty, st), EMPTY_ARRIVALS)")
+            && k.source
+                .contains("#define EMPTY_ARRIVALS (NWARPS / KEY_WARPS * WARP)")
     );
     assert_eq!(k.source.matches("KEY_MERGE_SYNC();").count(), 1);
     for (what, cfg) in [

@@ -242,6 +242,7 @@ fn the_default_is_in_the_space() {
         let tile = |c: &ForwardConfig| ForwardConfig {
             q_in_registers: false,
             late_epilogue: false,
+            kv_multicast: false,
             ..*c
         };
         let same_tile = |c: &ForwardConfig| tile(c) == tile(&default);

@@ -166,6 +166,7 @@ mod tests {
             dv_warps: 1,
             tma_loads: false,
             late_epilogue: false,
+            kv_multicast: false,
         }
     }
 

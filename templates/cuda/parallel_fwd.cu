@@ -256,7 +256,8 @@
 
 {% include "cuda/prelude.cu" %}
 {% include "cuda/tile_layout.cu" %}
-{% if v_in_k %}static_assert(!tile_xor_rows<DQK>() || DV % 64 == 0, "V in K with XOR rows needs 64-column V slices");
+{% if kv_multicast %}{% include "cuda/kv_multicast.cu" %}
+{% endif %}{% if v_in_k %}static_assert(!tile_xor_rows<DQK>() || DV % 64 == 0, "V in K with XOR rows needs 64-column V slices");
 {% endif %}// Where a K/V tile's rows are: contiguous, or pages of a paged KV cache.
 #define KV_ROWS {% if paged %}kv_rows{% else %}Rows(){% endif %}
 // ---- the variant's regions -------------------------------------------------
@@ -449,8 +450,20 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% if wgmma && ws %}        // The K/V block of step `it`: last block first, so that under a causal
         // mask the diagonal tile (the one that needs masking) is the first,
         // with no P·V in flight, and the rest is one run of full tiles.
-#define KV_N0(it) ((n_end - 1 - (it)) * BN)
-{% else %}#define KV_N0(it) ((n_begin + (it)) * BN)
+{% if kv_multicast %}        // The blocks both CTAs of the cluster pair read (the lowest n_shared)
+        // and the order that keeps them at the same steps (see mc_on).
+        int n_shared = 0;
+        if (mc_on) {
+{% if causal %}            const int peer_pair = ((unit ^ 1) / DV_SPLIT) % n_pairs;
+            const int peer_rank = second ? n_rb - 1 - peer_pair : peer_pair;
+            n_shared = min(n_iter, kv_causal_key_end(peer_rank, n_rb, BM, BN, n_rows, Skv) - n_begin);
+{% else %}            n_shared = n_iter;
+{% endif %}        }
+        const bool extra_last = kv_extra_last(second);
+#define STEP_SHARED(it) kv_step_shared((it), n_iter, n_shared, extra_last)
+#define KV_N0(it) (kv_step_block((it), n_begin, n_end, n_shared, extra_last) * BN)
+{% else %}#define KV_N0(it) ((n_end - 1 - (it)) * BN)
+{% endif %}{% else %}#define KV_N0(it) ((n_begin + (it)) * BN)
 {% endif %}{% endif %}{% if !mask %}#define STEP_CLASS(it, n0) 2
 {% endif %}{% if wgmma && ws %}        // Whether the tile at key n0 needs no per-score validity.
 #define TILE_FULL(n0) ((n0) + BN <= Skv{% if mask %} && TILE_CLASS((n0), (n0) + BN - 1) == 2{% endif %})
@@ -1209,7 +1222,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     }
 }
 
-{% endif %}{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {{ kernel_name }}(
+{% endif %}{% endif %}extern "C" __global__ void __launch_bounds__(NT, 1) {% if kv_multicast %}__cluster_dims__(2, 1, 1) {% endif %}{{ kernel_name }}(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ rowout,
     {{ custom_args }}int B, int H, int Hkv, int Sq, int Skv{% if split_kv %},
@@ -1286,6 +1299,14 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     const int nbx = n_rb * DV_SPLIT, n_pairs = (n_rb + 1) / 2;
 {% if scheduled %}    const int n_tickets = n_rb * DV_SPLIT * NY * B;
 {% else %}    const int n_units = n_pairs * DV_SPLIT * NY * B;
+{% endif %}{% if kv_multicast %}    // K/V multicast across a cluster pair (ForwardConfig::kv_multicast,
+    // kv_multicast.cu): the pair's CTAs walk units 2u and 2u + 1 in step;
+    // each copies half the boxes of a key block both read into both CTAs'
+    // stage, and a stage goes back to either producer once both CTAs'
+    // consumers are done with it. Where the sizes do not pair up (mc_on
+    // false) each CTA loads every block itself, as without a cluster.
+    const unsigned crank = cluster_ctarank();
+    const bool mc_on = kv_pairs_line_up(n_rb, Sq, Skv, {% if causal %}true{% else %}false{% endif %}, BM, BN);
 {% endif %}
 {% else %}    const int nbx = gridDim.x;
 {% endif %}{% endif %}
@@ -1296,7 +1317,22 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // `q_free` once their last S GEMM of the tile has. Ring positions and
     // barrier phases run on across tiles{% endif %}.
     __shared__ __align__(8) unsigned long long bar_full[STAGES], bar_empty[STAGES], bar_q{% if persistent %}, bar_q_free{% endif %};
-{% if kv_bars %}    // A two-stage TMA ring: a stage's K and V land and go back on barriers
+{% if kv_multicast %}    // With the K/V multicast a stage goes back to both CTAs' producers: each
+    // thread arrives here and one lane per warp on the peer's barrier (an
+    // `empty` barrier counts this CTA's consumer threads and the peer's
+    // consumer warps).
+#define RELEASE_STAGE(bars, st)                                                \
+    do {                                                                       \
+        mbar_arrive(smem_at(bars, st));                                        \
+        if (mc_on) {                                                           \
+            __syncwarp();                                                      \
+            if (lane == 0) mbar_arrive_cluster(cluster_map(smem_at(bars, st), crank ^ 1u)); \
+        }                                                                      \
+    } while (0)
+#define EMPTY_ARRIVALS (NWARPS * WARP + (mc_on ? NWARPS : 0))
+{% else %}#define RELEASE_STAGE(bars, st) mbar_arrive(smem_at(bars, st))
+#define EMPTY_ARRIVALS (NWARPS / KEY_WARPS * WARP)  // (key warpgroups: one reads a stage)
+{% endif %}{% if kv_bars %}    // A two-stage TMA ring: a stage's K and V land and go back on barriers
     // of their own (`full`/`empty` for K, `full_v`/`empty_v` for V): K is
     // free once the block's S GEMM has read it, a step before its V, so the
     // producer loads the next K a step earlier (FlashAttention-3's separate
@@ -1304,15 +1340,15 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     // than they hide, bench/NOTES.md session 44). Otherwise both share
     // `full` and `empty`.
     __shared__ __align__(8) unsigned long long bar_full_v[STAGES], bar_empty_v[STAGES];
-#define RELEASE_K(st) mbar_arrive(smem_at(bar_empty, st))
-#define RELEASE_V(st) mbar_arrive(smem_at(bar_empty_v, st))
+#define RELEASE_K(st) RELEASE_STAGE(bar_empty, st)
+#define RELEASE_V(st) RELEASE_STAGE(bar_empty_v, st)
 #define WAIT_V(st, gi)                                        \
     do {                                                      \
         mbar_wait(smem_at(bar_full_v, st), ((gi) / STAGES) & 1);      \
         fence_proxy_async();                                  \
     } while (0)
 {% else %}#define RELEASE_K(st)
-#define RELEASE_V(st) mbar_arrive(smem_at(bar_empty, st))
+#define RELEASE_V(st) RELEASE_STAGE(bar_empty, st)
 #define WAIT_V(st, gi)
 {% endif %}{% if scheduled %}    __shared__ __align__(8) unsigned long long bar_ticket;
     __shared__ int4 s_ticket;
@@ -1322,12 +1358,16 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}{% if persistent %}        mbar_init(smem_u32(&bar_q_free), NWARPS * WARP);
 {% endif %}        for (int st = 0; st < STAGES; ++st) {
             mbar_init(smem_at(bar_full, st), {% if tma %}1{% else %}NPWARPS * WARP{% endif %});
-            mbar_init(smem_at(bar_empty, st), NWARPS / KEY_WARPS * WARP);  // (key warpgroups: one reads a stage)
+            mbar_init(smem_at(bar_empty, st), EMPTY_ARRIVALS);
 {% if kv_bars %}            mbar_init(smem_at(bar_full_v, st), 1);
-            mbar_init(smem_at(bar_empty_v, st), NWARPS / KEY_WARPS * WARP);
+            mbar_init(smem_at(bar_empty_v, st), EMPTY_ARRIVALS);
 {% endif %}        }
-    }
-    __syncthreads();
+{% if kv_multicast %}        fence_mbar_init_cluster();
+{% endif %}    }
+{% if kv_multicast %}    // The peer's barriers are initialised before any arrival or copy reaches them.
+    cluster_sync();
+{% else %}    __syncthreads();
+{% endif %}
     if (warp >= NWARPS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 {{ producer_regs }};\n");
         const int ptid = tid - NWARPS * WARP;
@@ -1363,7 +1403,16 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}        load_tile_sw128<BM, DQK, NPWARPS * WARP>(sQ, qg, m0, n_rows, ptid);
         mbar_arrive_cp_async(smem_u32(&bar_q));
 {% endif %}
-        // (Each step's key block is read a step ahead: a block-sparse list
+{% if kv_multicast %}        // A key block's box j (K's panels, then V's): where both CTAs of the
+        // pair read the block (STEP_SHARED), CTA j % 2 copies it into both;
+        // otherwise this CTA copies it for itself.
+#define KV_BOX(dst, map, c0, n0, c2, bar, j)                                          \
+    do {                                                                            \
+        if (!STEP_SHARED(it)) tma_load_3d(dst, map, c0, n0, c2, bar);               \
+        else if ((j) % 2 == (int)crank) tma_load_3d_multicast(dst, map, c0, n0, c2, bar, 3); \
+    } while (0)
+{% else %}#define KV_BOX(dst, map, c0, n0, c2, bar, j) tma_load_3d(dst, map, c0, n0, c2, bar)
+{% endif %}        // (Each step's key block is read a step ahead: a block-sparse list
         // read would otherwise stall the copies behind it.)
         int n0_next = n_iter > 0 ? KV_N0(0) : 0;
 {% if kv_bars %}#define ISSUE_V(gv, nv0)                                                                                      \
@@ -1373,7 +1422,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         if (ptid == 0) {                                                                                      \
             mbar_arrive_expect_tx(smem_at(bar_full_v, sv), BN * DV * (int)sizeof(elem_t));                            \
             for (int p = 0; p < DV / 64; ++p)                                                                 \
-                tma_load_3d(smem_at(sV, sv * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64, (nv0), b * Hkv + hk, smem_at(bar_full_v, sv)); \
+                KV_BOX(smem_at(sV, sv * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64, (nv0), b * Hkv + hk, smem_at(bar_full_v, sv), DQK / 64 + p); \
         }                                                                                                     \
     } while (0)
 {% endif %}        for (int it = 0; it < n_iter; ++it) {
@@ -1386,10 +1435,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
                 mbar_arrive_expect_tx(smem_at(bar_full, st), BN * {% if kv_bars %}DQK{% else %}(DQK + DV){% endif %} * (int)sizeof(elem_t));
 #pragma unroll
                 for (int p = 0; p < DQK / 64; ++p)
-                    tma_load_3d(smem_at(sK, st * BN * SQS + p * BN * 64), tm_k, p * 64, n0, b * Hkv + hk, smem_at(bar_full, st));
+                    KV_BOX(smem_at(sK, st * BN * SQS + p * BN * 64), tm_k, p * 64, n0, b * Hkv + hk, smem_at(bar_full, st), p);
 {% if !kv_bars %}#pragma unroll
                 for (int p = 0; p < DV / 64; ++p)
-                    tma_load_3d(smem_at(sV, st * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64, n0, b * Hkv + hk, smem_at(bar_full, st));
+                    KV_BOX(smem_at(sV, st * BN * SVS + p * BN * 64), tm_v, dv0 + p * 64, n0, b * Hkv + hk, smem_at(bar_full, st), DQK / 64 + p);
 {% endif %}            }
 {% if !q_regs %}            if (it == 0) ISSUE_Q();
 {% endif %}{% if kv_bars %}            // V after its K: a step waits for the previous block's V
@@ -1419,7 +1468,14 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% endif %}        ring += n_iter;
         ++lt;
     }
-        cp_async_wait_all();
+{% if kv_multicast %}        // Until both CTAs' consumers have handed every stage back, the peer's
+        // may still arrive on this CTA's barriers: the CTA stays till then.
+        if (mc_on)
+            for (int gi = max(0, ring - STAGES); gi < ring; ++gi) {
+                mbar_wait(smem_at(bar_empty, gi % STAGES), (gi / STAGES) & 1);
+{% if kv_bars %}                mbar_wait(smem_at(bar_empty_v, gi % STAGES), (gi / STAGES) & 1);
+{% endif %}            }
+{% endif %}        cp_async_wait_all();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 {{ consumer_regs }};\n");

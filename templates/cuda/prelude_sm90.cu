@@ -170,6 +170,42 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap& map, int
         ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
+// The same box into shared address `dst` of every CTA of the cluster in
+// `cta_mask`, each copy completing on the barrier at `bar` in its own CTA
+// (the same offsets in each): a cluster pair's K/V multicast.
+__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const TmaMap& map, int c0, int c1, int c2, unsigned bar,
+                                                      unsigned short cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
+        ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
+        : "memory");
+}
+// This CTA's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_ctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// The address of this CTA's shared `addr` in CTA `rank` of the cluster.
+__device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+// An arrival on a barrier of another CTA of the cluster (`cluster_map`'s
+// address), releasing this thread's prior accesses at cluster scope.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned remote_bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
+}
+// Makes this CTA's mbarrier initialisations visible to the cluster (before
+// the cluster barrier after which other CTAs may arrive on them).
+__device__ __forceinline__ void fence_mbar_init_cluster() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Every thread of every CTA of the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 // Brings the box at (c0, c1, c2) of the tensor `map` describes into L2 (no
 // shared memory, no barrier): a later tma_load_3d of it then reads L2.
 __device__ __forceinline__ void tma_prefetch_3d(const TmaMap& map, int c0, int c1, int c2) {

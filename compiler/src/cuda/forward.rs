@@ -148,6 +148,19 @@ pub struct ForwardConfig {
     /// (bench/NOTES.md session 36).
     #[serde(default)]
     pub late_epilogue: bool,
+    /// Persistent kernels on rows TMA loads, without a mask or under a plain
+    /// causal one, with one Dv slice and one key warp (ignored elsewhere):
+    /// CTAs run in clusters of two (`__cluster_dims__(2, 1, 1)`, grid
+    /// `2 · min(⌈units / 2⌉, ⌈SMs / 2⌉)`) that walk adjacent row-block pairs of one
+    /// head in step, and each key block both read comes from L2 once: each
+    /// CTA copies half its boxes into both CTAs' shared memory (TMA
+    /// multicast). Under a causal mask the extra diagonal block of one CTA
+    /// is placed so the pair's steps stay aligned, which needs `block_m` a
+    /// multiple of `block_n`. Sizes the pairing does not fit (row blocks per
+    /// head not a multiple of 4; under a causal mask `Sq ≠ Skv`) run
+    /// with each CTA loading its own blocks.
+    #[serde(default)]
+    pub kv_multicast: bool,
 }
 
 /// Whether [`ForwardConfig::late_epilogue`] pays for `variant` where Q is in
@@ -333,6 +346,7 @@ impl ForwardConfig {
             dv_warps: 1,
             tma_loads: warp_specialized,
             late_epilogue: q_in_registers && late_epilogue_pays(variant),
+            kv_multicast: false,
         };
         if cfg.warp_specialized {
             // As deep a ring as shared memory holds (up to 4): the pipelined
@@ -950,6 +964,10 @@ pub struct KernelSource {
     /// a static stride over pairs: its units are single row blocks
     /// ([`KernelSource::persistent_units`]).
     pub tile_schedule: bool,
+    /// A persistent kernel launched in clusters of two CTAs
+    /// ([`ForwardConfig::kv_multicast`]): its grid is even, at most one
+    /// cluster per two multiprocessors.
+    pub cluster_pairs: bool,
     /// The tensor maps the kernel takes ([`ArgKind::TensorMap`], in
     /// argument order); empty without TMA loads.
     pub tensor_maps: Vec<TensorMapSpec>,
@@ -1028,8 +1046,9 @@ impl KernelSource {
     /// The grid to launch with on a GPU with `sms` multiprocessors and
     /// `n_splits` KV splits: [`KernelSource::split_grid_for`], or for a
     /// persistent kernel `(min(units, sms), 1, 1)` (every block walks units
-    /// `blockIdx.x, blockIdx.x + gridDim.x, …`). `None` when it exceeds what
-    /// CUDA launches.
+    /// `blockIdx.x, blockIdx.x + gridDim.x, …`), in clusters of two
+    /// ([`KernelSource::cluster_pairs`]) `(2 · min(⌈units / 2⌉, ⌈sms / 2⌉), 1,
+    /// 1)`. `None` when it exceeds what CUDA launches.
     pub fn launch_grid(
         &self,
         sizes: [usize; 4],
@@ -1040,8 +1059,13 @@ impl KernelSource {
         if !self.persistent {
             return Some(grid);
         }
-        let units = self.persistent_units(sizes).min(sms.max(1) as usize);
-        Some((units as u32, 1, 1))
+        let units = self.persistent_units(sizes);
+        let blocks = if self.cluster_pairs {
+            2 * units.div_ceil(2).min((sms.max(1) as usize).div_ceil(2))
+        } else {
+            units.min(sms.max(1) as usize)
+        };
+        Some((blocks as u32, 1, 1))
     }
 
     /// How many KV splits to launch with for sizes `B, H, Hkv, Sq, Skv` on a
@@ -1598,6 +1622,8 @@ struct ForwardTemplate<'a> {
     tma: bool,
     /// K and V of a TMA ring's stage on barriers of their own (two stages).
     kv_bars: bool,
+    /// Clusters of two CTAs sharing K/V blocks by TMA multicast.
+    kv_multicast: bool,
     /// V read from the K tiles (shared K/V storage).
     v_in_k: bool,
     /// O is written 16 bytes per lane after a transpose across each quad
@@ -1760,6 +1786,17 @@ fn generate_forward(
         && !cfg.pack_gqa
         && !cfg.v_in_k;
     let late_epilogue = cfg.late_epilogue && tma && cfg.persistent;
+    let causal = par.mask.as_ref().is_some_and(implies_causal);
+    // The cluster pair's K/V multicast: the pairs' key walks line up only
+    // without a mask or under the plain causal one, whose extra diagonal
+    // blocks are whole key blocks where BN divides BM.
+    let kv_multicast = cfg.kv_multicast
+        && tma
+        && cfg.persistent
+        && cfg.dv_split == 1
+        && cfg.key_warps == 1
+        && par.mask.as_ref().is_none_or(is_causal)
+        && (!causal || cfg.block_m.is_multiple_of(cfg.block_n));
     if cfg.key_warps > 1 {
         combine_plan(online).map_err(|e| {
             CompileError(format!(
@@ -1824,6 +1861,7 @@ fn generate_forward(
         + if cfg.v_in_k { "_vk" } else { "" }
         + if tma { "_tma" } else { "" }
         + if late_epilogue { "_le" } else { "" }
+        + if kv_multicast { "_mc" } else { "" }
         + match layout {
             RowLayout::Dense => "",
             RowLayout::Varlen => "_varlen",
@@ -1857,7 +1895,7 @@ fn generate_forward(
         custom_args,
         params_init,
         state_init,
-        causal: par.mask.as_ref().is_some_and(implies_causal),
+        causal,
         packed: cfg.pack_gqa,
         mask_reads_head: reads(par.mask.as_ref(), |op| *op == Op::Index(Axis::H)),
         regions,
@@ -1883,6 +1921,7 @@ fn generate_forward(
             && cfg.key_warps == 1
             && !cfg.pack_gqa
             && !late_epilogue
+            && !kv_multicast
             && layout != RowLayout::BlockSparse
             && par.mask.as_ref().is_some_and(implies_causal),
         split_kv: cfg.split_kv,
@@ -1894,6 +1933,7 @@ fn generate_forward(
         tma,
         // (Measured faster with two stages only: bench/NOTES.md session 44.)
         kv_bars: tma && cfg.stages == 2,
+        kv_multicast,
         v_in_k: cfg.v_in_k,
         xor_rows: xor_rows(cfg, dv),
         // The transpose keeps a few more values live in the epilogue: at
@@ -1976,6 +2016,7 @@ fn generate_forward(
         split_state_words: nstate as u32 + 1,
         v_in_k: cfg.v_in_k,
         tile_schedule,
+        cluster_pairs: kv_multicast,
         tensor_maps,
     })
 }

@@ -252,6 +252,7 @@ pub fn hip_parallel_forward(
         split_state_words: nstate as u32 + 1,
         v_in_k: cfg.v_in_k,
         tile_schedule: false,
+        cluster_pairs: false,
     })
 }
 

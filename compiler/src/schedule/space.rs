@@ -251,6 +251,7 @@ fn cuda_forward_configs(
         dv_warps: 1,
         tma_loads: false,
         late_epilogue: false,
+        kv_multicast: false,
     };
     let mut out = Vec::new();
     for &dv_split in splits {
