@@ -1170,9 +1170,11 @@ impl KernelSource {
 /// is part of tuning keys, so a changed template never reuses old results.
 pub const TEMPLATE_TEXT: &str = concat!(
     include_str!("../../../templates/cuda/parallel_fwd.cu"),
+    include_str!("../../../templates/cuda/parallel_types.cu"),
     include_str!("../../../templates/cuda/prelude.cu"),
     include_str!("../../../templates/cuda/prelude_sm90.cu"),
     include_str!("../../../templates/cuda/tile_layout.cu"),
+    include_str!("../../../templates/cuda/kv_multicast.cu"),
 );
 
 /// The largest Dv one block computes: a warp's 16-row accumulator tile of
