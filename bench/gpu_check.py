@@ -168,7 +168,7 @@ class Kernel:
         return min(units, self.sms), 1, 1
 
     def kv_splits(self, sizes):
-        """KernelSource::kv_splits (compiler/src/cuda/forward.rs), the same rule:
+        """KernelSource::kv_splits (compiler/src/cuda/forward/source.rs), the same rule:
         the splits within one wave of resident blocks for which the busiest SM
         finishes first (split_cost, with the kernel's K/V bytes in flight and
         fixed work per block), the fewest among equals."""

@@ -1042,7 +1042,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 #define CMB_G ((CMB_TPR & -CMB_TPR) < WARP ? (CMB_TPR & -CMB_TPR) : WARP)
 #define CMB_ROWS {{ combine_rows }}
 #define COMBINE_CHUNK {{ combine_chunk }}
-// In the main kernel: fused_chunk_for in compiler/src/cuda/forward.rs.
+// In the main kernel: fused_chunk_for in compiler/src/cuda/forward/source.rs.
 #define FUSED_CHUNK {{ fused_chunk }}
 template <bool IN_KERNEL>
 __device__ __forceinline__ float4 partial_quad(const float* p) {

@@ -170,13 +170,13 @@ def show_size(expr):
 
 
 # K/V bytes a multiprocessor needs in flight for the DRAM to run at full
-# speed (KV_BYTES_IN_FLIGHT_PER_SM in compiler/src/cuda/forward.rs).
+# speed (KV_BYTES_IN_FLIGHT_PER_SM in compiler/src/cuda/forward/split_kv.rs).
 KV_BYTES_IN_FLIGHT_PER_SM = 64 * 1024
 
 
 def split_cost(blocks, key_blocks, splits, sms, per_sm=None, block_bytes_in_flight=0, block_fixed_work=0):
     """The busiest multiprocessor's time with `splits` KV splits (split_cost
-    in compiler/src/cuda/forward.rs), in key blocks × 1024: n =
+    in compiler/src/cuda/forward/split_kv.rs), in key blocks × 1024: n =
     ceil(blocks·splits / SMs) blocks of ceil(key_blocks / splits) key
     blocks plus `block_fixed_work` 1024ths of one (0: 1024), slower by 1 +
     0.078·(KV_BYTES_IN_FLIGHT_PER_SM / in_flight − 1)² where the blocks

@@ -407,11 +407,11 @@ static inline uint64_t aecl_clamp(uint64_t x, uint64_t lo, uint64_t hi)
 }
 
 /* K/V bytes a multiprocessor needs in flight for the DRAM to run at full
-   speed (KV_BYTES_IN_FLIGHT_PER_SM in compiler/src/cuda/forward.rs). */
+   speed (KV_BYTES_IN_FLIGHT_PER_SM in compiler/src/cuda/forward/split_kv.rs). */
 #define AECL_KV_BYTES_IN_FLIGHT_PER_SM (64u * 1024u)
 
 /* The busiest multiprocessor's time with `splits` KV splits (split_cost in
-   compiler/src/cuda/forward.rs), in key blocks * 1024: n = ceil(blocks *
+   compiler/src/cuda/forward/split_kv.rs), in key blocks * 1024: n = ceil(blocks *
    splits / SMs) blocks of ceil(key_blocks / splits) key blocks plus
    `fixed` 1024ths of one (0: 1024), slower by 1 + 0.078 *
    (AECL_KV_BYTES_IN_FLIGHT_PER_SM / bytes - 1)^2 where the blocks resident

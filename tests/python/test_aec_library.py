@@ -123,7 +123,7 @@ class KvSplits(unittest.TestCase):
         self.assertEqual(al.kv_splits_for(self.PLAN, wide, 132, 0, resident=3), 2)
 
     def test_split_cost(self):
-        # split_cost in compiler/src/cuda/forward.rs
+        # split_cost in compiler/src/cuda/forward/split_kv.rs
         # (bytes in flight not known: 32 KiB a block, one resident 8% slow).
         self.assertEqual(al.split_cost(32, 64, 8, 132, 3), 2 * 9 * 1024)
         self.assertEqual(al.split_cost(32, 64, 9, 132, 3), 3 * 9 * 1024)

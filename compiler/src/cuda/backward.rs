@@ -265,7 +265,7 @@ impl BackwardConfig {
     /// the same keys, in one or two blocks per key block, with or without
     /// shared scores; with or without the producer warpgroup, which loads by
     /// TMA), then on every target the `mma.sync` tiles whose warps divide
-    /// the head dims ([`tile_fits`]). Candidates the head dims or the
+    /// the head dims (`tile_fits`). Candidates the head dims or the
     /// shared memory do not take are in the list too: the generator refuses
     /// them with the reason ([`parallel_backward`]), which the tuner
     /// reports.

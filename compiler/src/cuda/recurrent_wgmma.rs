@@ -21,11 +21,11 @@ const WARPS: u32 = 8;
 /// Segments of a split chain are at least this many chunks long: all but
 /// the last also run once for the state alone (K and V read twice), which
 /// only pays off over a few chunks.
-const MIN_SEGMENT_CHUNKS: u64 = 4;
+pub const MIN_SEGMENT_CHUNKS: u64 = 4;
 
 /// At most this many segments per chain: the last one folds the states of
 /// all the others.
-const MAX_SEGMENTS: u64 = 16;
+pub const MAX_SEGMENTS: u64 = 16;
 
 /// How the wgmma forward's chains (one per Dv slice, head and sequence, each
 /// a walk over the whole sequence) are spread over the GPU.
