@@ -11,7 +11,9 @@
 
 mod common;
 
-use aec::compiler::hip::backward::{HipBackwardConfig, MAX_BACKWARD_DV, hip_parallel_backward};
+use aec::compiler::hip::backward::{
+    HipBackwardConfig, MAX_BACKWARD_DV, MAX_WAVE_DV, hip_parallel_backward,
+};
 use aec::compiler::hip::dialect::{Gfx, HipPrelude, MAX_LDS_BYTES};
 use aec::compiler::hip::forward::{HipForwardConfig, hip_parallel_forward};
 use aec::compiler::hip::recurrent::{
@@ -166,7 +168,9 @@ fn every_parallel_kernel_compiles_for_gfx90a_and_gfx942() {
 }
 
 /// Head dims the issue lists, f16 as well as bf16, and Dv above 256 split
-/// between workgroups (forward; the backward refuses it clearly), on both targets.
+/// between workgroups (forward) and between the waves of each 16 keys
+/// (backward), on both targets; RetNet's 256/512 backward too, and Dv past
+/// what two waves hold is refused clearly.
 #[test]
 fn head_dims_and_element_types_compile_for_both_targets() {
     if !toolchain_ready() {
@@ -186,13 +190,12 @@ fn head_dims_and_element_types_compile_for_both_targets() {
             let k = hip_parallel_forward(&v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
                 .unwrap_or_else(|e| panic!("{dqk}x{dv}: {e}"));
             let c = check_forward(&k, gfx);
-            if dv > MAX_BACKWARD_DV {
-                let cfg = HipBackwardConfig::default_for(dqk, dv, elem);
-                let err = hip_parallel_backward(&v, dqk, dv, &cfg, gfx, HipPrelude::Amdgcn)
-                    .expect_err("refused");
-                assert!(err.to_string().contains("Dv up to 256"), "{err}");
-                continue;
-            }
+            // (Dv 512: two waves share each 16 keys, each with half the columns.)
+            assert_eq!(
+                HipBackwardConfig::default_for(dqk, dv, elem).split_d,
+                if dv > MAX_WAVE_DV { 2 } else { 1 },
+                "{dqk}x{dv}"
+            );
             let b = check_backward(&v, dqk, dv, elem, gfx);
             let mnemonic = match elem {
                 Elem::Bf16 if gfx == Gfx::Gfx90a => "v_mfma_f32_16x16x16bf16_1k",
@@ -209,6 +212,19 @@ fn head_dims_and_element_types_compile_for_both_targets() {
             }
         }
     }
+    // RetNet's 256/512 backward, and a Dv split the waves cannot hold.
+    let retnet: Variant = common::example("retnet_parallel");
+    for gfx in [Gfx::Gfx90a, Gfx::Gfx942] {
+        check_backward(&retnet, 256, 512, Elem::Bf16, gfx);
+        let whole = HipBackwardConfig {
+            split_d: 1,
+            ..HipBackwardConfig::default_for(256, 512, Elem::Bf16)
+        };
+        let err = hip_parallel_backward(&retnet, 256, 512, &whole, gfx, HipPrelude::Amdgcn)
+            .expect_err("Dv 512 on one wave per 16 keys");
+        assert!(err.to_string().contains("split_d 2"), "{err}");
+    }
+    assert_eq!(MAX_BACKWARD_DV, 2 * MAX_WAVE_DV);
 }
 
 /// The recurrent forward of every recurrent example (RetNet, gated retention,

@@ -488,7 +488,65 @@ fn bwd(waves: u32) -> Option<HipBackwardConfig> {
         block_m: 32,
         waves,
         elem: Elem::Bf16,
+        split_d: 1,
     })
+}
+
+/// `waves` waves, two per 16 keys, each with half of the dK and dV columns.
+fn bwd_split(block_m: u32, waves: u32) -> Option<HipBackwardConfig> {
+    Some(HipBackwardConfig {
+        block_m,
+        waves,
+        elem: Elem::Bf16,
+        split_d: 2,
+    })
+}
+
+#[test]
+fn emulated_backward_with_dv_split_between_waves() {
+    // Dv above 256 (RetNet's 256/512, the default tile: two waves per 16
+    // keys, 16 query rows a step) and the split at small head dims, where
+    // the two waves' dP halves, dK/dV column slices, the owner's dS and the
+    // custom inputs' gradients (ALiBi's slopes, RetNet's decay: added by one
+    // wave only) all show up against the reference.
+    let retnet = HipBackwardConfig::default_for(256, 512, Elem::Bf16);
+    assert_eq!((retnet.split_d, retnet.block_m), (2, 16), "{retnet:?}");
+    check_with(
+        "retnet_parallel",
+        Shape::mha(1, 2, 23, 37),
+        HeadDims::new(256, 512),
+        (0.8, 0.99),
+        keep,
+        1,
+        Some(retnet),
+    );
+    check_with(
+        "softmax_causal",
+        Shape::mha(1, 2, 45, 70),
+        HeadDims::new(64, 128),
+        (0.0, 1.0),
+        keep,
+        1,
+        bwd_split(32, 4),
+    );
+    check_with(
+        "alibi",
+        Shape::mha(1, 2, 40, 40),
+        HeadDims::square(64),
+        (0.0, 0.5),
+        keep,
+        1,
+        bwd_split(16, 2),
+    );
+    check_with(
+        "softmax_gqa",
+        Shape::new(1, 4, 2, 33, 50),
+        HeadDims::new(64, 128),
+        (0.0, 1.0),
+        keep,
+        1,
+        bwd_split(32, 8),
+    );
 }
 
 #[test]

@@ -1123,7 +1123,7 @@ fn hip_kernels(
                 &v.name,
             )?;
             kernels.push(backward_json(
-                json!({ "block_m": bcfg.block_m, "waves": bcfg.waves, "elem": bcfg.elem.name() }),
+                json!({ "block_m": bcfg.block_m, "waves": bcfg.waves, "split_d": bcfg.split_d, "elem": bcfg.elem.name() }),
                 format!("kernels/{base}.hip"),
                 json!([build]),
                 (dqk, dv),

@@ -5,7 +5,8 @@
 // Three kernels, one argument list (as the CUDA backward):
 //   {{ h.kernel_name }}_pre   per query row (one wave): dO·O (when the variant
 //                           needs it), the modified q, a zeroed f32 dQ accumulator;
-//   {{ h.kernel_name }}_main  per KV block of BN keys (16 per wave): loops over the
+//   {{ h.kernel_name }}_main  per KV block of BN keys (16 per wave, or per SPLIT_D
+//                           waves that split its dK and dV columns): loops over the
 //                           query heads of its KV head and their query blocks,
 //                           recomputes S = Q·Kᵀ and dP = dO·Vᵀ with the wave's
 //                           K and V fragments in registers, forms P and dS from
@@ -18,9 +19,18 @@
 #define NWAVES {{ waves }}
 #define WAVE {{ h.wave_size }}
 #define NT (NWAVES * WAVE)
-#define BN (16 * NWAVES)
+// SPLIT_D waves share 16 keys (Dv above 256: a wave's dV and V fragments
+// would spill): each recomputes S, computes dP over its Dv slice (the
+// slices' sums exchanged through LDS) and accumulates its slice of dK's and
+// dV's columns; the first of them (the keys' owner) writes dS and adds the
+// custom inputs' gradients.
+#define SPLIT_D {{ split_d }}
+#define KEY_WAVES (NWAVES / SPLIT_D)
+#define BN (16 * KEY_WAVES)
 #define DQK {{ dqk }}
 #define DV {{ dv }}
+#define DKS (DQK / SPLIT_D)  // a wave's dK columns
+#define DVS (DV / SPLIT_D)   // a wave's V, dP and dV columns
 #define SQS (DQK + 8)  // Q and K tile row strides in LDS (16-byte rows)
 #define SVS (DV + 8)   // dO tile row stride
 #define SDS (BN + 4)   // dS tile row stride (8-byte fragments)
@@ -118,7 +128,9 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
     __shared__ __attribute__((aligned(16))) elem_t sdO[BM * SVS];
     __shared__ __attribute__((aligned(16))) elem_t sdS[BM * SDS];
     __shared__ float sRC[NRC_ARR * BM];
-    const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
+{% if split_d > 1 %}    // Each wave's partial dP over its Dv slice, for the other waves of its keys.
+    __shared__ float sdP[NWAVES * BM * 16];
+{% endif %}    const int tid = TID_X, wave = tid / WAVE, lane = tid % WAVE;
     const int col = lane % 16, grp = lane / 16;
     const int n0 = BID_X * BN, hk = BID_Y, b = BID_Z;
     const int group = H / Hkv;
@@ -126,8 +138,9 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
     const elem_t* kg = k + (long long)(b * Hkv + hk) * Skv * DQK;
     const elem_t* vg = v + (long long)(b * Hkv + hk) * Skv * DV;
     const elem_t* qsrc = {% if modify_q %}qmod{% else %}q{% endif %};
-    // Each wave is the only owner of its 16 keys (no split between waves).
-    const bool key_owner = true;
+    // Wave `wave` takes keys kw·16 … and column slice dsl of dK and dV.
+    const int kw = wave / SPLIT_D, dsl = wave % SPLIT_D;
+    const bool key_owner = dsl == 0;
     (void)key_owner;
 
     // K (modified) into LDS for dQ; this wave's K and V rows as Kᵀ and Vᵀ
@@ -143,18 +156,18 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
         }
     }
     block_sync();
-{% endif %}    const int jr = wave * 16;
-    frag4 kf[DQK / 16], vf[DV / 16];
+{% endif %}    const int jr = kw * 16;
+    frag4 kf[DQK / 16], vf[DVS / 16];
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; ++kk) kf[kk] = frag_load(sK + (jr + col) * SQS + kk * 16 + 4 * grp);
     {
         const int j = n0 + jr + col;
 #pragma unroll
-        for (int kk = 0; kk < DV / 16; ++kk) {
+        for (int kk = 0; kk < DVS / 16; ++kk) {
             elem_t x[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int d = kk * 16 + 4 * grp + e;
+                const int d = dsl * DVS + kk * 16 + 4 * grp + e;
 {% if modify_v %}                const Pt pt = {b, hk * group, hk, 0, j, d};
                 x[e] = j < Skv ? from_f32(modify_v(to_f32(vg[(long long)j * DV + d]), pt, P)) : (elem_t)0;
 {% else %}                x[e] = j < Skv ? vg[(long long)j * DV + d] : (elem_t)0;
@@ -190,11 +203,11 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
 
     // dK and dV of this wave's keys: lane holds rows jr + 4·grp + e, column
     // 16·t + col.
-    acc4 dk_acc[DQK / 16], dv_acc[DV / 16];
+    acc4 dk_acc[DKS / 16], dv_acc[DVS / 16];
 #pragma unroll
-    for (int t = 0; t < DQK / 16; ++t) dk_acc[t] = acc4{0.0f, 0.0f, 0.0f, 0.0f};
+    for (int t = 0; t < DKS / 16; ++t) dk_acc[t] = acc4{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int t = 0; t < DV / 16; ++t) dv_acc[t] = acc4{0.0f, 0.0f, 0.0f, 0.0f};
+    for (int t = 0; t < DVS / 16; ++t) dv_acc[t] = acc4{0.0f, 0.0f, 0.0f, 0.0f};
 
     for (int it = 0; it < iters; ++it) {
         const int h = hk * group + it / per_head;
@@ -235,9 +248,26 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
             for (int kk = 0; kk < DQK / 16; ++kk)
                 sacc[t] = mfma16(frag_load(sQ + (t * 16 + col) * SQS + kk * 16 + 4 * grp), kf[kk], sacc[t]);
 #pragma unroll
-            for (int kk = 0; kk < DV / 16; ++kk)
-                pacc[t] = mfma16(frag_load(sdO + (t * 16 + col) * SVS + kk * 16 + 4 * grp), vf[kk], pacc[t]);
+            for (int kk = 0; kk < DVS / 16; ++kk)
+                pacc[t] = mfma16(frag_load(sdO + (t * 16 + col) * SVS + dsl * DVS + kk * 16 + 4 * grp), vf[kk], pacc[t]);
         }
+{% if split_d > 1 %}        // dP over all of Dv: this wave's slice plus the others' (the same sum,
+        // in the same order, in every wave of these keys).
+#pragma unroll
+        for (int t = 0; t < BM / 16; ++t)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) sdP[(wave * BM + t * 16 + 4 * grp + c) * 16 + col] = pacc[t][c];
+        block_sync();
+#pragma unroll
+        for (int t = 0; t < BM / 16; ++t)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int x = 0; x < SPLIT_D; ++x) sum += sdP[((kw * SPLIT_D + x) * BM + t * 16 + 4 * grp + c) * 16 + col];
+                pacc[t][c] = sum;
+            }
+{% endif %}
         // P (into sacc) and the raw-score gradient dS (into pacc), element by element.
 {{ grad_decl }}#pragma unroll
         for (int t = 0; t < BM / 16; ++t) {
@@ -261,7 +291,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
                 ds = modify_scores_bwd(raw, ds, pt, P, gr);
 {{ grad_accum }}{% endif %}                sacc[t][c] = ok ? p : 0.0f;
                 pacc[t][c] = ds;
-                sdS[il * SDS + jr + col] = from_f32(ds);
+                if (key_owner) sdS[il * SDS + jr + col] = from_f32(ds);
             }
         }
 {{ grad_flush }}
@@ -272,11 +302,11 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
             const frag4 pa = frag_of(from_f32(sacc[t][0]), from_f32(sacc[t][1]), from_f32(sacc[t][2]), from_f32(sacc[t][3]));
             const frag4 da = frag_of(from_f32(pacc[t][0]), from_f32(pacc[t][1]), from_f32(pacc[t][2]), from_f32(pacc[t][3]));
 #pragma unroll
-            for (int dt = 0; dt < DV / 16; ++dt)
-                dv_acc[dt] = mfma16(pa, column4(sdO, t * 16 + 4 * grp, dt * 16 + col, SVS), dv_acc[dt]);
+            for (int dt = 0; dt < DVS / 16; ++dt)
+                dv_acc[dt] = mfma16(pa, column4(sdO, t * 16 + 4 * grp, dsl * DVS + dt * 16 + col, SVS), dv_acc[dt]);
 #pragma unroll
-            for (int dt = 0; dt < DQK / 16; ++dt)
-                dk_acc[dt] = mfma16(da, column4(sQ, t * 16 + 4 * grp, dt * 16 + col, SQS), dk_acc[dt]);
+            for (int dt = 0; dt < DKS / 16; ++dt)
+                dk_acc[dt] = mfma16(da, column4(sQ, t * 16 + 4 * grp, dsl * DKS + dt * 16 + col, SQS), dk_acc[dt]);
         }
         block_sync();  // sdS complete
 
@@ -306,8 +336,8 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
         if (j >= Skv) continue;
         const long long krow = (long long)(b * Hkv + hk) * Skv + j;
 #pragma unroll
-        for (int t = 0; t < DQK / 16; ++t) {
-            const int d = t * 16 + col;
+        for (int t = 0; t < DKS / 16; ++t) {
+            const int d = dsl * DKS + t * 16 + col;
             float x = dk_acc[t][e];
 {% if modify_k %}            {
                 float gr[NGRAD_K_ARR];
@@ -317,8 +347,8 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
 {% endif %}            dk[krow * DQK + d] = from_f32(x);
         }
 #pragma unroll
-        for (int t = 0; t < DV / 16; ++t) {
-            const int d = t * 16 + col;
+        for (int t = 0; t < DVS / 16; ++t) {
+            const int d = dsl * DVS + t * 16 + col;
             float x = dv_acc[t][e];
 {% if modify_v %}            {
                 float gr[NGRAD_V_ARR];

@@ -14,47 +14,77 @@ use aec_frontend::Variant;
 use aec_frontend::ir::{Axis, Op};
 use askama::Template;
 
-/// The largest Dv of the HIP backward: a wave holds dV (Dv/4 registers per
-/// lane) and its V fragments (Dv/8) for 16 keys; at 512 that spills.
-pub const MAX_BACKWARD_DV: u32 = 256;
+/// The largest Dv a wave of the HIP backward holds whole: dV (Dv/4 registers
+/// per lane) and its V fragments (Dv/8) for 16 keys; at 512 that spills, so
+/// above it waves split the columns ([`HipBackwardConfig::split_d`]).
+pub const MAX_WAVE_DV: u32 = 256;
+
+/// The largest Dv of the HIP backward: [`MAX_WAVE_DV`] per wave, two waves
+/// sharing each 16 keys.
+pub const MAX_BACKWARD_DV: u32 = 2 * MAX_WAVE_DV;
 
 /// Tile configuration of the HIP backward's main kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HipBackwardConfig {
     /// Query rows per step of the loop over query blocks (16, 32 or 64).
     pub block_m: u32,
-    /// Wavefronts per workgroup, 16 keys each.
+    /// Wavefronts per workgroup: 16 keys per `split_d` of them.
     pub waves: u32,
     pub elem: Elem,
+    /// Waves that share 16 keys (1 or 2): each recomputes their scores,
+    /// computes dP over its slice of Dv (the slices' sums exchanged through
+    /// LDS) and accumulates its slice of the dK and dV columns. 2 where Dv
+    /// is above [`MAX_WAVE_DV`].
+    pub split_d: u32,
 }
 
 impl HipBackwardConfig {
-    /// 32 query rows per step and the most waves (4, 2 or 1: 64, 32 or 16
-    /// keys per workgroup) whose tiles fit in a workgroup's LDS.
+    /// 32 query rows per step (16 where Dv is split between waves, whose dO
+    /// rows are twice as long) and the most waves (4, 2 or 1: 64, 32 or 16
+    /// keys per workgroup, halved by a split) whose tiles fit in a
+    /// workgroup's LDS.
     pub fn default_for(dqk: u32, dv: u32, elem: Elem) -> HipBackwardConfig {
+        let split_d = if dv > MAX_WAVE_DV { 2 } else { 1 };
+        let block_m = if split_d > 1 { 16 } else { 32 };
         let waves = [4, 2, 1]
             .into_iter()
-            .find(|&w| backward_lds_bytes(32, w, dqk, dv, 4) <= MAX_LDS_BYTES)
-            .unwrap_or(1);
+            .filter(|&w| w >= split_d)
+            .find(|&w| backward_lds_bytes(block_m, w, split_d, dqk, dv, 4) <= MAX_LDS_BYTES)
+            .unwrap_or(split_d);
         HipBackwardConfig {
-            block_m: 32,
+            block_m,
             waves,
             elem,
+            split_d,
         }
     }
 
     /// Keys per workgroup.
     pub fn block_n(&self) -> u32 {
-        16 * self.waves
+        16 * self.waves / self.split_d.max(1)
     }
 }
 
-/// LDS of the main kernel: K (all keys), Q and dO (one query block), dS and
-/// the row constants (`nrc` per query row).
-pub fn backward_lds_bytes(block_m: u32, waves: u32, dqk: u32, dv: u32, nrc: u32) -> u32 {
-    let bn = 16 * waves;
+/// LDS of the main kernel: K (all keys), Q and dO (one query block), dS, the
+/// row constants (`nrc` per query row) and, where `split_d` waves share
+/// keys, every wave's partial dP.
+pub fn backward_lds_bytes(
+    block_m: u32,
+    waves: u32,
+    split_d: u32,
+    dqk: u32,
+    dv: u32,
+    nrc: u32,
+) -> u32 {
+    let bn = 16 * waves / split_d.max(1);
+    let partial_dp = if split_d > 1 {
+        4 * waves * block_m * 16
+    } else {
+        0
+    };
     2 * (bn * (dqk + 8) + block_m * (dqk + 8) + block_m * (dv + 8) + block_m * (bn + 4))
         + 4 * nrc.max(1) * block_m
+        + partial_dp
 }
 
 /// The generated HIP backward and how to launch its three kernels (the
@@ -94,6 +124,7 @@ struct HipBackwardTemplate<'a> {
     h: HipHeader<'a>,
     bm: u32,
     waves: u32,
+    split_d: u32,
     dqk: u32,
     dv: u32,
     nstate: usize,
@@ -138,13 +169,26 @@ pub fn hip_parallel_backward(
     let par = parallel_inputs(variant, dqk, dv, "backward", MAX_DQK)?;
     if dv > MAX_BACKWARD_DV {
         return Err(CompileError(format!(
-            "the HIP backward takes Dv up to {MAX_BACKWARD_DV}, got {dv}: a wave keeps its keys' dV and V in registers, which spills above that (the split of Dv between waves is not implemented yet)"
+            "the HIP backward takes Dv up to {MAX_BACKWARD_DV}, got {dv}: a wave keeps its keys' dV and V slice in registers, up to {MAX_WAVE_DV} columns, and at most two waves share keys"
         )));
     }
-    if !matches!(cfg.block_m, 16 | 32 | 64) || !matches!(cfg.waves, 1 | 2 | 4 | 8) {
+    if !matches!(cfg.block_m, 16 | 32 | 64)
+        || !matches!(cfg.waves, 1 | 2 | 4 | 8)
+        || !matches!(cfg.split_d, 1 | 2)
+        || !cfg.waves.is_multiple_of(cfg.split_d)
+    {
         return Err(CompileError(format!(
-            "HIP backward tile block_m {} with {} waves is not supported: block_m must be 16, 32 or 64 and waves 1, 2, 4 or 8",
-            cfg.block_m, cfg.waves
+            "HIP backward tile block_m {} with {} waves, {} per 16 keys, is not supported: block_m must be 16, 32 or 64, waves 1, 2, 4 or 8, and split_d 1 or 2 dividing the waves",
+            cfg.block_m, cfg.waves, cfg.split_d
+        )));
+    }
+    if dv / cfg.split_d > MAX_WAVE_DV
+        || !dv.is_multiple_of(16 * cfg.split_d)
+        || !dqk.is_multiple_of(16 * cfg.split_d)
+    {
+        return Err(CompileError(format!(
+            "HIP backward with Dqk {dqk}, Dv {dv} split between {} waves: each wave's slice must be a multiple of 16 columns and hold at most {MAX_WAVE_DV} of Dv (split_d 2 above that)",
+            cfg.split_d
         )));
     }
     let BackwardRegions {
@@ -161,7 +205,7 @@ pub fn hip_parallel_backward(
         grad_q,
         ..
     } = backward_regions(variant, "            x = wave_sum(x);\n", false)?;
-    let lds = backward_lds_bytes(cfg.block_m, cfg.waves, dqk, dv, nrc as u32);
+    let lds = backward_lds_bytes(cfg.block_m, cfg.waves, cfg.split_d, dqk, dv, nrc as u32);
     if lds > MAX_LDS_BYTES {
         return Err(CompileError(format!(
             "HIP backward tile block_m {} with {} waves needs {lds} bytes of LDS for Dqk {dqk}, Dv {dv}; a workgroup has {MAX_LDS_BYTES}: use fewer waves or a smaller block_m",
@@ -175,17 +219,23 @@ pub fn hip_parallel_backward(
         init: params_init,
     } = custom_params(variant.customs.len(), true);
     let kernel_name = format!(
-        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}_{}",
+        "aec_bwd_{}_{}_d{dqk}x{dv}_m{}w{}{}_{}",
         variant.name.to_lowercase(),
         cfg.elem.name(),
         cfg.block_m,
         cfg.waves,
+        if cfg.split_d > 1 {
+            format!("sd{}", cfg.split_d)
+        } else {
+            String::new()
+        },
         gfx.name()
     );
     let t = HipBackwardTemplate {
         h: HipHeader::new(&variant.name, &kernel_name, cfg.elem, gfx, prelude),
         bm: cfg.block_m,
         waves: cfg.waves,
+        split_d: cfg.split_d,
         dqk,
         dv,
         nstate,
