@@ -164,7 +164,7 @@ class Kernel:
             units = ((x // split) + 1) // 2 * split * y * z
         if self.meta.get("cluster_pairs"):
             # Clusters of two: an even grid, a cluster per two SMs.
-            return 2 * min((units + 1) // 2, (self.sms + 1) // 2), 1, 1
+            return 2 * min((units + 1) // 2, self.sms // 2), 1, 1
         return min(units, self.sms), 1, 1
 
     def kv_splits(self, sizes):

@@ -87,6 +87,7 @@ fn eval(expr: &Value, sizes: &[(&str, u64)]) -> u64 {
                 "mul" => v.iter().product(),
                 "add" => v.iter().sum(),
                 "ceil_div" => v[0].div_ceil(v[1]),
+                "floor_div" => v[0] / v[1],
                 "min" => *v.iter().min().unwrap(),
                 "max" => *v.iter().max().unwrap(),
                 other => panic!("operation {other}"),

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 /// A size as an expression of the call's sizes (`B`, `H`, `Hkv`, `Sq`,
 /// `Skv`, `S`), `kv_splits` and, in launch grids only, [`SMS`] (the device's
 /// multiprocessor count). In JSON: a number, a name, or `{"mul": [..]}`,
-/// `{"ceil_div": [a, b]}`, `{"min": [a, b]}`.
+/// `{"ceil_div": [a, b]}`, `{"floor_div": [a, b]}`, `{"min": [a, b]}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum SizeExpr {
@@ -42,6 +42,9 @@ pub enum SizeOp {
     Mul(Vec<SizeExpr>),
     /// `ceil(a / b)`, b ≥ 1.
     CeilDiv(Box<SizeExpr>, Box<SizeExpr>),
+    /// `floor(a / b)`, b ≥ 1 (the clusters of two that `sms` multiprocessors
+    /// hold).
+    FloorDiv(Box<SizeExpr>, Box<SizeExpr>),
     /// The smaller of `a` and `b`.
     Min(Box<SizeExpr>, Box<SizeExpr>),
 }
@@ -70,6 +73,13 @@ impl SizeExpr {
         SizeExpr::Op(SizeOp::CeilDiv(Box::new(a), Box::new(b)))
     }
 
+    pub fn floor_div(a: SizeExpr, b: SizeExpr) -> SizeExpr {
+        if b == SizeExpr::Const(1) {
+            return a;
+        }
+        SizeExpr::Op(SizeOp::FloorDiv(Box::new(a), Box::new(b)))
+    }
+
     pub fn min(a: SizeExpr, b: SizeExpr) -> SizeExpr {
         SizeExpr::Op(SizeOp::Min(Box::new(a), Box::new(b)))
     }
@@ -87,6 +97,10 @@ impl SizeExpr {
                 let (a, b) = (a.eval(vars)?, b.eval(vars)?);
                 (b > 0).then(|| a.div_ceil(b))
             }
+            SizeExpr::Op(SizeOp::FloorDiv(a, b)) => {
+                let (a, b) = (a.eval(vars)?, b.eval(vars)?);
+                (b > 0).then(|| a / b)
+            }
             SizeExpr::Op(SizeOp::Min(a, b)) => Some(a.eval(vars)?.min(b.eval(vars)?)),
         }
     }
@@ -97,7 +111,7 @@ impl SizeExpr {
             SizeExpr::Const(_) => vec![],
             SizeExpr::Var(v) => vec![v.as_str()],
             SizeExpr::Op(SizeOp::Mul(ts)) => ts.iter().flat_map(|t| t.vars()).collect(),
-            SizeExpr::Op(SizeOp::CeilDiv(a, b) | SizeOp::Min(a, b)) => {
+            SizeExpr::Op(SizeOp::CeilDiv(a, b) | SizeOp::FloorDiv(a, b) | SizeOp::Min(a, b)) => {
                 let mut v = a.vars();
                 v.extend(b.vars());
                 v
@@ -121,6 +135,7 @@ impl std::fmt::Display for SizeExpr {
                 Ok(())
             }
             SizeExpr::Op(SizeOp::CeilDiv(a, b)) => write!(f, "ceil({a} / {b})"),
+            SizeExpr::Op(SizeOp::FloorDiv(a, b)) => write!(f, "floor({a} / {b})"),
             SizeExpr::Op(SizeOp::Min(a, b)) => write!(f, "min({a}, {b})"),
         }
     }
@@ -600,7 +615,7 @@ pub fn forward_plan(variant: &Variant, k: &KernelSource) -> EntryPlan {
                 c(2),
                 SizeExpr::min(
                     SizeExpr::ceil_div(units, c(2)),
-                    SizeExpr::ceil_div(v(SMS), c(2)),
+                    SizeExpr::floor_div(v(SMS), c(2)),
                 ),
             ])
         } else {

@@ -183,6 +183,13 @@ pub fn c_expr(e: &SizeExpr, var: &dyn Fn(&str) -> String) -> String {
                 c_expr(b, var)
             )
         }
+        SizeExpr::Op(SizeOp::FloorDiv(a, b)) => {
+            format!(
+                "aecl_floor_div({}, {}, &ovf)",
+                c_expr(a, var),
+                c_expr(b, var)
+            )
+        }
         SizeExpr::Op(SizeOp::Min(a, b)) => {
             format!("aecl_min({}, {})", c_expr(a, var), c_expr(b, var))
         }
@@ -2031,6 +2038,18 @@ mod tests {
         assert_eq!(
             c_expr(&g, &var),
             "aecl_min(aecl_mul(n_H, n_B, &ovf), n_sms)"
+        );
+        let pairs: SizeExpr = serde_json::from_value(
+            json!({"mul": [2, {"min": [{"ceil_div": ["units", 2]}, {"floor_div": ["sms", 2]}]}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            c_expr(&pairs, &var),
+            "aecl_mul(2u, aecl_min(aecl_ceil_div(n_units, 2u, &ovf), aecl_floor_div(n_sms, 2u, &ovf)), &ovf)"
+        );
+        assert_eq!(
+            pairs.to_string(),
+            "2 * min(ceil(units / 2), floor(sms / 2))"
         );
         assert_eq!(c_expr(&SizeExpr::Op(SizeOp::Mul(vec![])), &var), "1u");
         assert_eq!(

@@ -1330,8 +1330,13 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         }                                                                      \
     } while (0)
 #define EMPTY_ARRIVALS (NWARPS * WARP + (mc_on ? NWARPS : 0))
+    static_assert(KEY_WARPS == 1, "the multicast's empty barriers count every consumer warp's release");
+    // The producer's waits for a free stage acquire at cluster scope: the
+    // peer's consumers released it.
+#define WAIT_EMPTY(bar, parity) mbar_wait_cluster(bar, parity)
 {% else %}#define RELEASE_STAGE(bars, st) mbar_arrive(smem_at(bars, st))
 #define EMPTY_ARRIVALS (NWARPS / KEY_WARPS * WARP)  // (key warpgroups: one reads a stage)
+#define WAIT_EMPTY(bar, parity) mbar_wait(bar, parity)
 {% endif %}{% if kv_bars %}    // A two-stage TMA ring: a stage's K and V land and go back on barriers
     // of their own (`full`/`empty` for K, `full_v`/`empty_v` for V): K is
     // free once the block's S GEMM has read it, a step before its V, so the
@@ -1418,7 +1423,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
 {% if kv_bars %}#define ISSUE_V(gv, nv0)                                                                                      \
     do {                                                                                                      \
         const int sv = (gv) % STAGES;                                                                         \
-        if ((gv) >= STAGES) mbar_wait(smem_at(bar_empty_v, sv), ((gv) / STAGES - 1) & 1);                             \
+        if ((gv) >= STAGES) WAIT_EMPTY(smem_at(bar_empty_v, sv), ((gv) / STAGES - 1) & 1);                             \
         if (ptid == 0) {                                                                                      \
             mbar_arrive_expect_tx(smem_at(bar_full_v, sv), BN * DV * (int)sizeof(elem_t));                            \
             for (int p = 0; p < DV / 64; ++p)                                                                 \
@@ -1429,7 +1434,7 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
             const int gi = ring + it, st = gi % STAGES;
             const int n0 = n0_next;
             if (it + 1 < n_iter) n0_next = KV_N0(it + 1);
-            if (gi >= STAGES) mbar_wait(smem_at(bar_empty, st), (gi / STAGES - 1) & 1);
+            if (gi >= STAGES) WAIT_EMPTY(smem_at(bar_empty, st), (gi / STAGES - 1) & 1);
             if (ptid == 0 && it == 0) AEC_TILE_STAMP(lt, 7);
 {% if tma %}            if (ptid == 0) {
                 mbar_arrive_expect_tx(smem_at(bar_full, st), BN * {% if kv_bars %}DQK{% else %}(DQK + DV){% endif %} * (int)sizeof(elem_t));
@@ -1472,8 +1477,8 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         // may still arrive on this CTA's barriers: the CTA stays till then.
         if (mc_on)
             for (int gi = max(0, ring - STAGES); gi < ring; ++gi) {
-                mbar_wait(smem_at(bar_empty, gi % STAGES), (gi / STAGES) & 1);
-{% if kv_bars %}                mbar_wait(smem_at(bar_empty_v, gi % STAGES), (gi / STAGES) & 1);
+                WAIT_EMPTY(smem_at(bar_empty, gi % STAGES), (gi / STAGES) & 1);
+{% if kv_bars %}                WAIT_EMPTY(smem_at(bar_empty_v, gi % STAGES), (gi / STAGES) & 1);
 {% endif %}            }
 {% endif %}        cp_async_wait_all();
         return;

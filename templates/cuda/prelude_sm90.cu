@@ -197,6 +197,18 @@ __device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned remote_bar) {
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
 }
+// mbar_wait with acquire at cluster scope: for a phase that arrivals from
+// another CTA of the cluster complete (their release.cluster pairs with it).
+__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    }
+}
 // Makes this CTA's mbarrier initialisations visible to the cluster (before
 // the cluster barrier after which other CTAs may arrive on them).
 __device__ __forceinline__ void fence_mbar_init_cluster() {

@@ -123,7 +123,8 @@ class Error(ValueError):
 
 # --------------------------------------------------------------------------
 # Size expressions (SizeExpr in compiler/src/launch_plan.rs): a number, a
-# size name, {"mul": [e, ...]}, {"ceil_div": [a, b]} or {"min": [a, b]}.
+# size name, {"mul": [e, ...]}, {"ceil_div": [a, b]}, {"floor_div": [a, b]} or
+# {"min": [a, b]}.
 # Grids may also read `sms`, the device's multiprocessor count.
 
 
@@ -151,6 +152,11 @@ def eval_size(expr, sizes):
             if b < 1:
                 raise Error(f"size expression {show_size(expr)} divides by {b}")
             return -(-a // b)
+        if op == "floor_div" and isinstance(terms, list) and len(terms) == 2:
+            a, b = eval_size(terms[0], sizes), eval_size(terms[1], sizes)
+            if b < 1:
+                raise Error(f"size expression {show_size(expr)} divides by {b}")
+            return a // b
         if op == "min" and isinstance(terms, list) and len(terms) == 2:
             return min(eval_size(terms[0], sizes), eval_size(terms[1], sizes))
     raise Error(f"malformed size expression {expr!r}")
@@ -164,6 +170,8 @@ def show_size(expr):
             return " * ".join(show_size(t) for t in terms)
         if op == "ceil_div" and len(terms) == 2:
             return f"ceil({show_size(terms[0])} / {show_size(terms[1])})"
+        if op == "floor_div" and len(terms) == 2:
+            return f"floor({show_size(terms[0])} / {show_size(terms[1])})"
         if op == "min" and len(terms) == 2:
             return f"min({show_size(terms[0])}, {show_size(terms[1])})"
     return str(expr)

@@ -354,6 +354,16 @@ static inline uint64_t aecl_ceil_div(uint64_t a, uint64_t b, int *overflow)
     return a / b + (a % b != 0);
 }
 
+/* floor(a / b); b = 0 counts as an overflow. */
+static inline uint64_t aecl_floor_div(uint64_t a, uint64_t b, int *overflow)
+{
+    if (b == 0) {
+        *overflow = 1;
+        return 0;
+    }
+    return a / b;
+}
+
 static inline uint64_t aecl_min(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;

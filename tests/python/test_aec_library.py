@@ -57,6 +57,9 @@ class SizeExpressions(unittest.TestCase):
         self.assertEqual(al.eval_size({"ceil_div": ["Sq", 128]}, s), 1)
         self.assertEqual(al.eval_size({"ceil_div": [256, 128]}, s), 2)
         self.assertEqual(al.eval_size({"ceil_div": [257, 128]}, s), 3)
+        self.assertEqual(al.eval_size({"floor_div": [257, 128]}, s), 2)
+        self.assertEqual(al.eval_size({"floor_div": [131, 2]}, s), 65)
+        self.assertEqual(al.show_size({"floor_div": ["sms", 2]}), "floor(sms / 2)")
         self.assertEqual(al.eval_size({"mul": []}, s), 1)
 
     def test_the_rust_example(self):
@@ -70,6 +73,8 @@ class SizeExpressions(unittest.TestCase):
             al.eval_size("Skv", {"H": 1})
         with self.assertRaisesRegex(Error, "divides by 0"):
             al.eval_size({"ceil_div": ["H", 0]}, {"H": 1})
+        with self.assertRaisesRegex(Error, "divides by 0"):
+            al.eval_size({"floor_div": ["H", 0]}, {"H": 1})
         for bad in ({"add": [1, 2]}, {"ceil_div": [1]}, [1], True, -1, 1.5, None):
             with self.assertRaisesRegex(Error, "malformed size expression"):
                 al.eval_size(bad, {})

@@ -140,7 +140,7 @@ pub struct ForwardConfig {
     /// Persistent kernels on rows TMA loads, without a mask or under a plain
     /// causal one, with one Dv slice and one key warp (ignored elsewhere):
     /// CTAs run in clusters of two (`__cluster_dims__(2, 1, 1)`, grid
-    /// `2 · min(⌈units / 2⌉, ⌈SMs / 2⌉)`) that walk adjacent row-block pairs of one
+    /// `2 · min(⌈units / 2⌉, ⌊SMs / 2⌋)`) that walk adjacent row-block pairs of one
     /// head in step, and each key block both read comes from L2 once: each
     /// CTA copies half its boxes into both CTAs' shared memory (TMA
     /// multicast). Under a causal mask the extra diagonal block of one CTA

@@ -333,8 +333,10 @@ impl KernelSource {
     /// `n_splits` KV splits: [`KernelSource::split_grid_for`], or for a
     /// persistent kernel `(min(units, sms), 1, 1)` (every block walks units
     /// `blockIdx.x, blockIdx.x + gridDim.x, …`), in clusters of two
-    /// ([`KernelSource::cluster_pairs`]) `(2 · min(⌈units / 2⌉, ⌈sms / 2⌉), 1,
-    /// 1)`. `None` when it exceeds what CUDA launches.
+    /// ([`KernelSource::cluster_pairs`]) `(2 · min(⌈units / 2⌉, ⌊sms / 2⌋), 1,
+    /// 1)`: no more clusters than the multiprocessors hold at once (a
+    /// cluster left over would start only once another had walked all its
+    /// units). `None` when it exceeds what CUDA launches.
     pub fn launch_grid(
         &self,
         sizes: [usize; 4],
@@ -347,7 +349,7 @@ impl KernelSource {
         }
         let units = self.persistent_units(sizes);
         let blocks = if self.cluster_pairs {
-            2 * units.div_ceil(2).min((sms.max(1) as usize).div_ceil(2))
+            2 * units.div_ceil(2).min(sms as usize / 2)
         } else {
             units.min(sms.max(1) as usize)
         };
