@@ -3,7 +3,8 @@
 # machine, from the repository root: its GPU tests against the f64
 # reference, memcheck and racecheck on the small ones, then the benchmark
 # forwards with and without it in rotated rounds next to cuDNN (fwd_ab.py)
-# and DeepSeek's sustained energy a launch (power_ab.py). Built beforehand
+# and DeepSeek's sustained energy a launch (power_ab.py); first, how many of
+# its clusters the GPU holds at once (cluster_occupancy.py). Built beforehand
 # on a machine with Rust (T: the pinned CUDA toolchain's directory, see
 # bench/NOTES.md; abl/ is git-ignored and travels with `carry`):
 #   cargo test --release --test gpu_forward --no-run   # then copy the binary to target/gpu-bin/gpu_forward
@@ -14,7 +15,7 @@
 #   cp ../shared/reference/workloads.json abl/base/; cp ../shared/reference/workloads.json abl/mc/
 # Usage: bash bench/multicast_gpu.sh <base cases dir> <multicast cases dir> [rounds]
 # Logs go to $OUT (default /tmp/aec-out).
-set -u
+set -u -o pipefail
 BASE=${1:?usage: multicast_gpu.sh <base cases dir> <multicast cases dir> [rounds]}
 MC=${2:?usage: multicast_gpu.sh <base cases dir> <multicast cases dir> [rounds]}
 ROUNDS=${3:-5}
@@ -37,6 +38,8 @@ else
   echo "missing target/gpu-bin/gpu_forward"
   status=1
 fi
+# Whether the GPU holds the grid's floor(SMs / 2) clusters of each kernel at once.
+python3 bench/cluster_occupancy.py "$MC" 2>&1 | tee "$OUT/cluster_occupancy.txt" || status=1
 # Every benchmark workload both builds have, in rotated rounds: the relative
 # error against cuDNN first (fwd_ab.py stops on a disagreement).
 for w in $(python3 -c "import json,sys; print(' '.join(b['workload'] for b in json.load(open(sys.argv[1] + '/index.json'))['bench']))" "$MC"); do
