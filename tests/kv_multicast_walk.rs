@@ -63,9 +63,14 @@ static std::vector<Step> walk(int unit, int n_rb, bool causal, int bm, int bn, i
             }
         }
         const bool extra_last = kv_extra_last(second);
+        const KvWalk w = kv_walk(n_begin, n_end, n_shared, extra_last);
         std::vector<int> seen(n_end, 0);
         for (int it = 0; it < n_iter; ++it) {
-            const int blk = kv_step_block(it, n_begin, n_end, n_shared, extra_last);
+            // (The kernel's two-run form, and the plain definition beside it.)
+            const int blk = kv_walk_block(w, it);
+            CHECK(blk == kv_step_block(it, n_begin, n_end, n_shared, extra_last),
+                  "%s unit %d tile %d step %d: two-run walk at block %d, the definition at %d", what, unit, second,
+                  it, blk, kv_step_block(it, n_begin, n_end, n_shared, extra_last));
             CHECK(blk >= n_begin && blk < n_end, "%s unit %d tile %d step %d: block %d outside [%d, %d)", what, unit,
                   second, it, blk, n_begin, n_end);
             if (blk >= n_begin && blk < n_end) ++seen[blk];

@@ -51,3 +51,19 @@ AEC_HD int kv_step_block(int it, int n_begin, int n_end, int n_shared, bool extr
     if (extra_last && it < n_shared) return n_begin + n_shared - 1 - it;
     return n_end - 1 - (it - (extra_last ? n_shared : 0));
 }
+
+// The same walk as two descending runs, which the kernel's loops use: steps
+// below `cut` count down from block `top0`, the others from `top1` (three
+// values live through a tile's loops instead of five; the causal tile with
+// Q in registers spilled 4 bytes fewer).
+struct KvWalk {
+    int cut, top0, top1;
+};
+AEC_HD KvWalk kv_walk(int n_begin, int n_end, int n_shared, bool extra_last) {
+    KvWalk w;
+    w.cut = extra_last ? n_shared : 0;
+    w.top0 = n_begin + n_shared - 1;
+    w.top1 = n_end - 1 + w.cut;
+    return w;
+}
+AEC_HD int kv_walk_block(const KvWalk& w, int it) { return (it < w.cut ? w.top0 : w.top1) - it; }

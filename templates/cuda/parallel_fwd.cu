@@ -461,7 +461,8 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
 {% endif %}        }
         const bool extra_last = kv_extra_last(second);
 #define STEP_SHARED(it) kv_step_shared((it), n_iter, n_shared, extra_last)
-#define KV_N0(it) (kv_step_block((it), n_begin, n_end, n_shared, extra_last) * BN)
+        const KvWalk walk = kv_walk(n_begin, n_end, n_shared, extra_last);
+#define KV_N0(it) (kv_walk_block(walk, (it)) * BN)
 {% else %}#define KV_N0(it) ((n_end - 1 - (it)) * BN)
 {% endif %}{% else %}#define KV_N0(it) ((n_begin + (it)) * BN)
 {% endif %}{% endif %}{% if !mask %}#define STEP_CLASS(it, n0) 2
