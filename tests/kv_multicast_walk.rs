@@ -32,6 +32,14 @@ static long fails = 0;
         }                                                                         \
     } while (0)
 
+// The walk's plain definition, which the kernel's two-run form must equal:
+// the shared blocks (the lowest n_shared), last first, then where
+// `extra_last` the extra ones, last first; otherwise all, last first.
+static int plain_step_block(int it, int n_begin, int n_end, int n_shared, bool extra_last) {
+    if (extra_last && it < n_shared) return n_begin + n_shared - 1 - it;
+    return n_end - 1 - (it - (extra_last ? n_shared : 0));
+}
+
 struct Step {
     bool shared;
     int block;
@@ -68,9 +76,9 @@ static std::vector<Step> walk(int unit, int n_rb, bool causal, int bm, int bn, i
         for (int it = 0; it < n_iter; ++it) {
             // (The kernel's two-run form, and the plain definition beside it.)
             const int blk = kv_walk_block(w, it);
-            CHECK(blk == kv_step_block(it, n_begin, n_end, n_shared, extra_last),
+            CHECK(blk == plain_step_block(it, n_begin, n_end, n_shared, extra_last),
                   "%s unit %d tile %d step %d: two-run walk at block %d, the definition at %d", what, unit, second,
-                  it, blk, kv_step_block(it, n_begin, n_end, n_shared, extra_last));
+                  it, blk, plain_step_block(it, n_begin, n_end, n_shared, extra_last));
             CHECK(blk >= n_begin && blk < n_end, "%s unit %d tile %d step %d: block %d outside [%d, %d)", what, unit,
                   second, it, blk, n_begin, n_end);
             if (blk >= n_begin && blk < n_end) ++seen[blk];

@@ -535,9 +535,7 @@ fn main() {
                 ..cfg
             };
         }
-        if kv_multicast {
-            cfg.kv_multicast = true;
-        }
+        cfg.kv_multicast |= kv_multicast;
         if let Some((_, sizes)) = DECODE_SHAPES.iter().find(|(w, _)| w == workload) {
             cfg = cfg.for_decoding_call(&v, *sizes, 132, *dqk, *dv, Isa::Sm90a);
         }

@@ -44,18 +44,12 @@ AEC_HD bool kv_step_shared(int it, int n_iter, int n_shared, bool extra_last) {
     return extra_last ? it < n_shared : it >= n_iter - n_shared;
 }
 
-// The key block of step `it` of a walk over blocks [n_begin, n_end) whose
-// lowest `n_shared` are shared: last block first, with the extra blocks
-// after the shared ones where `extra_last`.
-AEC_HD int kv_step_block(int it, int n_begin, int n_end, int n_shared, bool extra_last) {
-    if (extra_last && it < n_shared) return n_begin + n_shared - 1 - it;
-    return n_end - 1 - (it - (extra_last ? n_shared : 0));
-}
-
-// The same walk as two descending runs, which the kernel's loops use: steps
-// below `cut` count down from block `top0`, the others from `top1` (three
-// values live through a tile's loops instead of five; the causal tile with
-// Q in registers spilled 4 bytes fewer).
+// The key blocks of a walk over [n_begin, n_end) whose lowest `n_shared`
+// are shared, last block first, with the extra blocks after the shared ones
+// where `extra_last`: two descending runs, steps below `cut` counting down
+// from block `top0`, the others from `top1` (three values live through a
+// tile's loops; the causal tile with Q in registers spilled 4 bytes fewer
+// than with the five the plain definition reads).
 struct KvWalk {
     int cut, top0, top1;
 };

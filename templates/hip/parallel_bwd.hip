@@ -141,7 +141,6 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_main(BWD_ARGS) {
     // Wave `wave` takes keys kw·16 … and column slice dsl of dK and dV.
     const int kw = wave / SPLIT_D, dsl = wave % SPLIT_D;
     const bool key_owner = dsl == 0;
-    (void)key_owner;
 
     // K (modified) into LDS for dQ; this wave's K and V rows as Kᵀ and Vᵀ
     // B-fragments in registers (lane: key jr + col, columns 16·kk + 4·grp + e).

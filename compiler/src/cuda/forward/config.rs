@@ -163,7 +163,7 @@ pub(crate) fn late_epilogue_pays(variant: &Variant) -> bool {
         .is_some_and(|p| p.mask.as_ref().is_none_or(is_causal) && p.modify_scores.is_none())
 }
 
-pub(super) fn one_warp() -> u32 {
+fn one_warp() -> u32 {
     1
 }
 
@@ -725,7 +725,7 @@ pub(crate) fn modifies_kv(variant: &Variant) -> bool {
 
 /// Whether `tile` is a valid configuration whose shared memory (with the
 /// producer's barriers where it has one) fits a block on `isa`.
-pub(super) fn tile_fits(tile: &ForwardConfig, dqk: u32, dv: u32, isa: Isa) -> bool {
+fn tile_fits(tile: &ForwardConfig, dqk: u32, dv: u32, isa: Isa) -> bool {
     let barriers = if tile.warp_specialized {
         WS_STATIC_SMEM
     } else {
@@ -751,7 +751,7 @@ pub(crate) fn smem_bytes(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
 /// warp specialisation ([`shares_p`]) hand over P and the row rescale instead
 /// (then the row state): a word per value and thread of one warpgroup. With
 /// warp specialisation each computes all of S: none.
-pub(super) fn dv_warp_exchange_bytes(cfg: &ForwardConfig) -> u32 {
+fn dv_warp_exchange_bytes(cfg: &ForwardConfig) -> u32 {
     if shares_p(cfg) {
         return 128 * p_exchange_words(cfg) * 4;
     }
@@ -830,7 +830,7 @@ pub(super) fn key_warp_scratch_bytes(cfg: &ForwardConfig, dv: u32, nstate: usize
 
 /// Whether each of the key warps can merge and write an equal share of a
 /// warp's 8-column O groups (`merge_key_warps` in the template).
-pub(super) fn key_warps_share_columns(cfg: &ForwardConfig, dv_total: u32) -> bool {
+fn key_warps_share_columns(cfg: &ForwardConfig, dv_total: u32) -> bool {
     cfg.warp_columns(dv_total)
         .is_multiple_of(8 * cfg.key_warps.max(1))
 }
@@ -843,19 +843,19 @@ pub fn wgmma_dims_ok(dqk: u32, dv: u32) -> bool {
 
 /// The largest Dqk of the persistent warp-specialised forward (and of the
 /// prefill defaults, [`wgmma_dims_ok`]).
-pub(super) const WS_PERSISTENT_MAX_DQK: u32 = 256;
+const WS_PERSISTENT_MAX_DQK: u32 = 256;
 
 /// Whether a `wgmma` kernel with a block per row block (the decoding tile of
 /// [`ForwardConfig::for_packed_rows`]) takes these head dims: Dqk up to
 /// [`MAX_FORWARD_DQK`] (MLA's latent cache, 576), `dv` one warpgroup's
 /// columns.
-pub(super) fn wgmma_decoding_dims_ok(dqk: u32, dv: u32) -> bool {
+fn wgmma_decoding_dims_ok(dqk: u32, dv: u32) -> bool {
     wgmma_dims_within(dqk, dv, MAX_FORWARD_DQK)
 }
 
 /// Head dims in 64-column panels, `dv` within one instruction's N and Dqk
 /// at most `max_dqk`.
-pub(super) fn wgmma_dims_within(dqk: u32, dv: u32, max_dqk: u32) -> bool {
+fn wgmma_dims_within(dqk: u32, dv: u32, max_dqk: u32) -> bool {
     dqk.is_multiple_of(PANEL_COLS) && dv.is_multiple_of(PANEL_COLS) && dv <= MAX_N && dqk <= max_dqk
 }
 
@@ -882,11 +882,7 @@ pub fn check_dv_split(split: u32, dv_total: u32) -> Result<(), CompileError> {
 
 /// [`check_dv_split`] where `dv_warps` warps share each block's slice: each
 /// warp's columns are what must fit.
-pub(super) fn check_dv_slices(
-    split: u32,
-    dv_warps: u32,
-    dv_total: u32,
-) -> Result<(), CompileError> {
+fn check_dv_slices(split: u32, dv_warps: u32, dv_total: u32) -> Result<(), CompileError> {
     let parts = split * dv_warps.max(1);
     if !matches!(split, 1 | 2 | 4)
         || !dv_total.is_multiple_of(parts)
