@@ -24,11 +24,14 @@
 {% else %}                const float sv = raw;
 {% endif %}{% call row_consts_of_point() %}{% endcall %}                float p, ds;
                 weight_and_grad(sv, pacc[t][c], rc, p, ds, P);
+                // (P stored before the score closure's backward: stored after
+                // it, ptxas kept all 32 weights in flight beside it and spilled
+                // them, RetNet 164 bytes.)
+                sacc[t][c] = ok ? p : 0.0f;
                 ds = ok ? ds : 0.0f;
 {% if modify_scores %}                float gr[NGRAD_S_ARR];
                 ds = modify_scores_bwd(raw, ds, pt, P, gr);
-{{ grad_accum }}{% endif %}                sacc[t][c] = ok ? p : 0.0f;
-                pacc[t][c] = ds;
+{{ grad_accum }}{% endif %}                pacc[t][c] = ds;
             }
         }
 {% endmacro %}
@@ -583,6 +586,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}            mbar_wait(smem_u32(&bar_dq_full), drained & 1);
             float* dqg = dq_acc + (Q_ROW0(h) + m0) * DQK;
             const int valid = min(DQ_ROWS, Sq - m0) * (DQK / 4);
+            // (Not unrolled: ptxas hoisted each unrolled copy's addresses out
+            // of the step loop, and they spilled under the producer's 24
+            // registers, 8-48 bytes per kernel.)
+#pragma unroll 1
             for (int x = ptid; x < valid; x += NPT) {
                 const int r = x / (DQK / 4), c = (x % (DQK / 4)) * 4;
 {% if kv_groups > 1 %}                // Only this block's dQ panels were staged (those of slots grp·2
@@ -810,11 +817,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% else %}{% call score_grads(true) %}{% endcall %}{% endif %}{{ grad_flush }}
         // dSᵀ to shared memory for dQ = dS·K{% if ds_k %}, stored as dS (K-major for the dQ GEMM:
         // 2-5% faster than reading the dSᵀ tile M-major, bench/NOTES.md session 47){% endif %}.
-{% if ds_k %}{% else if ws %}        // (The row is opaque to the compiler here so that the stores'
+{% if ds_k %}{% else if ws %}        // (The row read from the lane register here so that the stores'
         // swizzled offsets are formed per step: hoisted out of the loop, the
-        // eight of them spilled under the computing warps' 240 registers.)
-        int gr_ = g;
-        asm volatile("" : "+r"(gr_));
+        // eight of them spilled under the computing warps' 240 registers, and
+        // so did g itself, held from the kernel's start.)
+        const int gr_ = lane_id() / 4;
 {% else %}        const int gr_ = g;
 {% endif %}{% if dq_lag %}        // Both warpgroups must have read this buffer's last tile (two steps back).
         if (nds >= 2) mbar_wait(smem_at(bar_ds_empty, nds & 1), ((nds >> 1) - 1) & 1);
@@ -1003,6 +1010,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     }
 {% endif %}
     // dK and dV of this warp's keys, through the k and v modifications' backward.
+    {
+    // (The lane's row and column read again: held from the kernel's start
+    // across the step loop, they spilled under its register pressure.)
+    const int lane_e = lane_id(), g = lane_e / 4, t4 = lane_e % 4;
 {% if kv_split %}    // Slot s of warpgroup `slice` in group `grp` is panel (grp·2 + slice)·NKV + s of [dK | dV].
 #pragma unroll
     for (int s = 0; s < NKV; ++s) {
@@ -1080,7 +1091,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}            *reinterpret_cast<unsigned*>(dv + krow * DV + d) = pack2(x0, x1);
         }
     }
-{% endif %}{% if varlen %}    }  // the sequence's scope
+{% endif %}    }
+{% if varlen %}    }  // the sequence's scope
 {% endif %}}
 
 // POST_ELEMS consecutive dQ elements of one row per thread (16-byte loads

@@ -60,6 +60,14 @@ __device__ __forceinline__ unsigned long long aec_now() {
 #define AEC_TILE_MARK(t, k)
 #define AEC_TILE_VALUE(t, k, v)
 #endif
+// The lane index read from its special register where it is used. A value
+// derived from threadIdx.x at the kernel's start and used again after a long
+// loop is held (or spilled) across the loop; ptxas does not recompute it.
+__device__ __forceinline__ int lane_id() {
+    int lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    return lane;
+}
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }

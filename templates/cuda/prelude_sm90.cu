@@ -10,7 +10,11 @@
 // Element offset of (r, c) in such a tile.
 template <int ROWS>
 __device__ __forceinline__ int sw128_index(int r, int c) {
-    return (c / 64) * (ROWS * 64) + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8;
+    // (In unsigned arithmetic: r and c are never negative, and as ints the
+    // compiler kept sign fix-ups of every column's quotient and remainder,
+    // hoisted out of loops, where they took registers or spilled.)
+    const unsigned ur = r, uc = c;
+    return (int)((uc / 64) * (ROWS * 64) + ur * 64 + ((((uc % 64) / 8) ^ (ur % 8)) * 8) + uc % 8);
 }
 
 // Copies rows [row0, row0 + ROWS) of a [rows, COLS] matrix (rows GS elements
