@@ -1505,7 +1505,10 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
     int prev_m0 = 0, prev_dv0 = 0;
 {% endif %}{% call tile_loop(false) %}{% endcall %}
 {% if !persistent %}        const int bx = {% if split_kv %}blockIdx.x / n_splits{% else %}blockIdx.x{% endif %};
-{% endif %}{% call tile_setup() %}{% endcall %}
+{% endif %}        // (The lane's row and column read per tile: held from the kernel's
+        // start across the tile loop, one of them spilled, 4 bytes.)
+        const int lane = lane_id(), g = lane / 4, t4 = lane % 4;
+{% call tile_setup() %}{% endcall %}
         mbar_wait(smem_u32(&bar_q), lt & 1);
         AEC_TILE_MARK(lt, 0);
         AEC_TILE_VALUE(lt, 5, n_iter);
@@ -1524,11 +1527,14 @@ __device__ __forceinline__ void merge_if_last_split(const Params& P, const float
         warpgroup_sync(1 + warp / 4);
 {% endif %}{% endif %}{% if q_regs %}        // This warp's 16 rows of Q as wgmma A fragments, kept in registers: the
         // S GEMM then reads only K from shared memory.
+        // (The lane read here: with `lane`, ptxas formed the eight addresses
+        // once before the tile loop and spilled them, 28 bytes.)
         unsigned qf[DQK / 16][4];
+        const int q_lane = lane_id();
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; ++kk) {
-            const int row = wr * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-            const int col = kk * 16 + (lane / 16) * 8;
+            const int row = wr * 16 + ((q_lane / 8) % 2) * 8 + q_lane % 8;
+            const int col = kk * 16 + (q_lane / 16) * 8;
             ldmatrix_x4(TILE_ADDR(sQ, BM, DQK, row, col), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
         }
 {% if persistent %}        mbar_arrive(smem_u32(&bar_q_free));

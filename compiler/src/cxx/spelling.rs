@@ -1,6 +1,6 @@
 //! How the C++ templates (CUDA and HIP alike) spell the IR's scalars and
 //! operations. Both preludes define the helpers named here (`fast_exp2`,
-//! `fast_tanh`, `__expf`, `row_lanes_sum`, …) with the target's instructions.
+//! `fast_tanh`, `row_lanes_sum`, …) with the target's instructions.
 
 use aec_frontend::ir::{Binary, DType, Reduce, Unary};
 
@@ -29,10 +29,12 @@ pub fn float_lit(v: f64) -> String {
 pub fn unary(u: Unary, x: &str, dtype: DType) -> String {
     match u {
         Unary::Neg => format!("(-{x})"),
-        Unary::Exp => format!("__expf({x})"),
-        // The hardware approximation (2 ulp, denormal results flushed to
+        // The hardware approximations (2 ulp, denormal results flushed to
         // zero): `exp2f` adds range checks that cost three instructions per
-        // score in the online softmax.
+        // score in the online softmax; `__expf` keeps denormal results with a
+        // compare and two predicated multiplies per call, whose predicates
+        // spilled RetNet's per-score decay in the sm_90a backward (44 bytes).
+        Unary::Exp => format!("fast_exp2(({x}) * 1.44269504f)"),
         Unary::Exp2 => format!("fast_exp2({x})"),
         Unary::Log => format!("__logf({x})"),
         Unary::Log2 => format!("__log2f({x})"),
