@@ -124,20 +124,16 @@ fn every_parallel_kernel_compiles_for_sm80_and_sm90a() {
     }
 }
 
-/// Spill stores allowed per configuration, just above what NVRTC 13.0.88
-/// produces today (bench/NOTES.md), so a regression fails. One 16-row tile
-/// per warp with Dqk ≤ 128 must not spill. nvcc builds the same sources with
+/// Spill stores allowed per configuration on `arch`. Every forward this
+/// file builds for sm_90a compiles without spills (issue 4's compile check;
+/// bench/NOTES.md session 73). On sm_80, just above what NVRTC 13.0.88
+/// produces today (bench/NOTES.md), so a regression fails: one 16-row tile
+/// per warp with Dqk ≤ 128 must not spill; nvcc builds the same sources with
 /// fewer registers: its two-tile kernels do not spill at all.
-fn spill_budget(cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
-    if cfg.persistent {
-        // The tile loop's state (unit, ring position, tile count) costs the
-        // consumers a few registers: 8-60 bytes spill (sliding window 60).
-        if dqk + dv > 256 { 96 } else { 64 }
-    } else if cfg.wgmma {
-        // The consumer warpgroups get 232 registers (setmaxnreg). The loop
-        // over masked tiles holds P·V in flight next to the mask and the
-        // score modification: RetNet's per-score decay spills 24 bytes there.
-        if dqk + dv > 256 { 64 } else { 32 }
+fn spill_budget(arch: &str, cfg: &ForwardConfig, dqk: u32, dv: u32) -> u32 {
+    // (The warp-specialised, persistent and wgmma forms are sm_90a's.)
+    if arch == "sm_90a" {
+        0
     } else if dv > 128 {
         64
     } else if cfg.m_tiles() > 1 {
@@ -780,7 +776,7 @@ fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: 
             "{name} ({arch}): static shared memory shifts the tiles"
         );
     }
-    let allowed = spill_budget(&cfg, dqk, dv);
+    let allowed = spill_budget(arch, &cfg, dqk, dv);
     assert!(
         entry.performance_warnings.is_empty(),
         "{name} ({arch}): ptxas reports a performance loss: {:?}",
@@ -852,6 +848,19 @@ fn sm90a_main(b: &BackwardSource, what: &str) -> (ResourceUsage, Compiled) {
 /// 36 for ReLU. The row and element kernels must not spill.
 const BACKWARD_SPILL_BUDGET: u32 = 96;
 
+/// Spill stores allowed in the main kernel of an example's default backward
+/// on `arch`: none on sm_90a (issue 4's compile check), but for RetNet's
+/// 4 bytes (one value held across the step loop: every way tried to free
+/// its register moved the spill elsewhere, bench/NOTES.md session 73); the
+/// sm_80 kernels within [`BACKWARD_SPILL_BUDGET`].
+fn backward_spill_budget(name: &str, arch: &str) -> u32 {
+    match (arch, name) {
+        ("sm_90a", "retnet_parallel") => 4,
+        ("sm_90a", _) => 0,
+        _ => BACKWARD_SPILL_BUDGET,
+    }
+}
+
 fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
     let (dqk, dv) = common::head_dims(v);
     let cfg = BackwardConfig::for_variant(v, dqk, dv, Elem::Bf16, Isa::for_arch(arch));
@@ -903,7 +912,7 @@ fn check_backward(name: &str, v: &Variant, arch: &str, varlen: bool) -> String {
             "{name} ({arch}): `{small}` spills: {u:?}"
         );
     }
-    let allowed = BACKWARD_SPILL_BUDGET;
+    let allowed = backward_spill_budget(name, arch);
     assert!(
         main.spill_store_bytes <= allowed,
         "{name} ({arch}): backward main kernel spills {} bytes (allowed {allowed}): {main:?}",
@@ -1048,6 +1057,7 @@ fn every_head_dim_compiles_forward_and_backward() {
                         let c = compile(src, &CompileOptions::new(arch))
                             .unwrap_or_else(|e| panic!("{what} d{dqk}x{dv}: {e}"));
                         let usage = ptxas_resources(&c.ptx, arch).expect("ptxas");
+                        let mut spilled = Vec::new();
                         for n in &names {
                             let u = usage.iter().find(|u| &u.function == n).expect("entry");
                             assert!(
@@ -1055,6 +1065,7 @@ fn every_head_dim_compiles_forward_and_backward() {
                                 "{what} d{dqk}x{dv}: {} bytes spilled: {u:?}",
                                 u.spill_store_bytes
                             );
+                            spilled.push(u.spill_store_bytes);
                         }
                         let text = sass(&c.cubin).expect("cuobjdump");
                         let mma = if src.contains("wgmma.mma_async") {
@@ -1064,7 +1075,7 @@ fn every_head_dim_compiles_forward_and_backward() {
                         };
                         assert!(text.contains(mma), "{what} d{dqk}x{dv}: no {mma}");
                         eprintln!(
-                            "{what} d{dqk}x{dv} {elem:?} {arch}: ok ({})",
+                            "{what} d{dqk}x{dv} {elem:?} {arch}: ok ({}; {spilled:?} B spilled)",
                             names.join(", ")
                         );
                     }
