@@ -645,6 +645,15 @@ fn check_example_mma_sync(test: &str, name: &str, sizes: [usize; 5], initial: bo
     check_example_with(test, name, sizes, initial, &options, 1.0);
 }
 
+/// Every custom input of `call` multiplied by `scale`, the reference's too.
+fn scale_customs(call: &mut Call, scale: f64) {
+    for (name, host) in &mut call.customs {
+        host.iter_mut().for_each(|x| *x *= scale as f32);
+        let t = call.inputs.customs.get_mut(name.as_str()).expect("custom");
+        t.data = host.iter().map(|&x| f64::from(x)).collect();
+    }
+}
+
 /// [`check_example`] with `options` and every custom input multiplied by
 /// `custom_scale` (beyond its usual range: stronger gates).
 fn check_example_with(
@@ -663,11 +672,7 @@ fn check_example_with(
     let stream = device.stream();
     let seed = name.bytes().map(u64::from).sum::<u64>() * 7919 + (s * dk + dv) as u64;
     let mut call = random_call(&def, dims, shape, initial, seed);
-    for (name, host) in &mut call.customs {
-        host.iter_mut().for_each(|x| *x *= custom_scale as f32);
-        let t = call.inputs.customs.get_mut(name.as_str()).expect("custom");
-        t.data = host.iter().map(|&x| f64::from(x)).collect();
-    }
+    scale_customs(&mut call, custom_scale);
     let Uploaded {
         q,
         k,
@@ -744,6 +749,27 @@ fn gpu_recurrent_mamba2() {
     check_example_mma_sync(test, "mamba2", [1, 3, 200, 128, 64], false);
 }
 
+/// Mamba2 with A and dt 16 times their usual range: dt·A down to about
+/// −200, so that many steps' decays exp(dt·A) are 0 in f32 (log2 −inf,
+/// floored at −160 by `log2_decay`; their gradient through the decay is 0,
+/// `decay_grad_from_log`). Forward and backward match the f64 reference,
+/// no NaN or inf from −inf − −inf or dlog / 0.
+#[test]
+fn gpu_recurrent_mamba2_decays_below_f32() {
+    let test = "gpu_recurrent_mamba2_decays_below_f32";
+    let defaults = KernelOptions::default();
+    check_example_with(test, "mamba2", [1, 2, 150, 64, 64], true, &defaults, 16.0);
+    check_backward_with(
+        test,
+        "mamba2",
+        [1, 2, 150, 64, 64],
+        true,
+        true,
+        &defaults,
+        16.0,
+    );
+}
+
 /// The `mma.sync` forward with 32-step chunks, a point of the tile space
 /// the benchmark sweeps (`RecurrentConfig::mma_sync_space`): every
 /// recurrent example against the reference at lengths that are not
@@ -791,6 +817,7 @@ fn gpu_recurrent_chunks_of_32() {
         true,
         true,
         &chunk32("gated_retention", 64, 128),
+        1.0,
     );
 }
 
@@ -862,10 +889,19 @@ fn gpu_recurrent_rfa() {
 /// the initial state's and normaliser's with the reference interpreter's;
 /// with `seeds` the final state (and normaliser) also get random gradients.
 fn check_backward(test: &str, name: &str, sizes: [usize; 5], initial: bool, seeds: bool) {
-    check_backward_with(test, name, sizes, initial, seeds, &KernelOptions::default());
+    check_backward_with(
+        test,
+        name,
+        sizes,
+        initial,
+        seeds,
+        &KernelOptions::default(),
+        1.0,
+    );
 }
 
-/// [`check_backward`] of kernels compiled with `options`.
+/// [`check_backward`] of kernels compiled with `options`, every custom input
+/// multiplied by `custom_scale`.
 fn check_backward_with(
     test: &str,
     name: &str,
@@ -873,6 +909,7 @@ fn check_backward_with(
     initial: bool,
     seeds: bool,
     options: &KernelOptions,
+    custom_scale: f64,
 ) {
     let [b, h, s, dk, dv] = sizes;
     let Some((device, def, kernels, dims, shape)) = example_kernels(test, name, sizes, options)
@@ -881,7 +918,8 @@ fn check_backward_with(
     };
     let stream = device.stream();
     let seed = name.bytes().map(u64::from).sum::<u64>() * 104_729 + (s * dk + dv) as u64;
-    let call = random_call(&def, dims, shape, initial, seed);
+    let mut call = random_call(&def, dims, shape, initial, seed);
+    scale_customs(&mut call, custom_scale);
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let d_o: Vec<bf16> = (0..b * h * s * dv)
         .map(|_| bf16::from_f64(normal(&mut rng)))
@@ -2080,6 +2118,6 @@ fn gpu_recurrent_backward_tuning_keeps_a_tile_that_matches_the_reference() {
             recurrent_backward_config: Some(best),
             ..KernelOptions::default()
         };
-        check_backward_with(test, name, sizes, true, true, &options);
+        check_backward_with(test, name, sizes, true, true, &options, 1.0);
     }
 }

@@ -36,6 +36,8 @@ struct Call {
     dk: usize,
     dv: usize,
     initial: bool,
+    /// Where each custom input's values are drawn from, by name.
+    custom_range: fn(&str) -> (f64, f64),
 }
 
 impl Call {
@@ -218,7 +220,7 @@ impl RandomInputs {
             .customs
             .iter()
             .map(|c| {
-                let (lo, hi) = common::recurrent_custom_range(&c.name);
+                let (lo, hi) = (call.custom_range)(&c.name);
                 (
                     c.name.clone(),
                     c.axes.clone(),
@@ -480,6 +482,7 @@ fn batch(heads: usize, seqs: usize, len: usize, dk: usize, dv: usize, initial: b
         dk,
         dv,
         initial,
+        custom_range: common::recurrent_custom_range,
     }
 }
 
@@ -497,6 +500,28 @@ fn emulated_gated_retention() {
 #[test]
 fn emulated_mamba2() {
     check("mamba2", &batch(2, 2, 77, 32, 64, true), |_| {});
+}
+
+/// Mamba2's step sizes up to 60, so that about a quarter of the steps'
+/// decays exp(dt·A) lie below f32's smallest number (their log2 is −inf,
+/// and a chunk's prefix sums of log2 decays would then give −inf − −inf):
+/// the kernels floor a step's log2 decay at −160 (2^−160 is 0 in f32 all the
+/// same), and match the f64 reference, forward and backward.
+fn steps_past_underflow(name: &str) -> (f64, f64) {
+    match name {
+        "dt" => (0.01, 60.0),
+        other => common::recurrent_custom_range(other),
+    }
+}
+
+#[test]
+fn emulated_mamba2_decays_below_f32() {
+    let call = Call {
+        custom_range: steps_past_underflow,
+        ..batch(2, 2, 77, 32, 64, true)
+    };
+    check("mamba2", &call, |_| {});
+    check_backward("mamba2", &call);
 }
 
 #[test]
@@ -530,6 +555,7 @@ fn emulated_packed_sequences() {
             dk: 32,
             dv: 32,
             initial: true,
+            custom_range: common::recurrent_custom_range,
         };
         check(name, &call, |_| {});
     }
@@ -927,6 +953,7 @@ fn emulated_backward_dk_256_and_packed_sequences() {
         dk: 32,
         dv: 32,
         initial: true,
+        custom_range: common::recurrent_custom_range,
     };
     check_backward("mamba2", &call);
     // GLA at Dk 256 takes 32-step chunks; RFA packed, each sequence from its own state.

@@ -784,7 +784,7 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_decay(BWD_ARG
             const Pt pt = step_point(h, t, d, P);
             const float gv = decay_fn(pt, P);
             float gr[{{ grads_len }}];
-            decay_bwd(x / gv, pt, P, gr);
+            decay_bwd(decay_grad_from_log(x, gv), pt, P, gr);
 {{ grads_decay }}        }
     }
 }
@@ -814,7 +814,7 @@ extern "C" __global__ void __launch_bounds__(NT) {{ kernel_name }}_decay(BWD_ARG
             const Pt pt = step_point(h, t, 0, P);
             const float gv = decay_fn(pt, P);
             float gr[{{ grads_len }}];
-            decay_bwd(x / gv, pt, P, gr);
+            decay_bwd(decay_grad_from_log(x, gv), pt, P, gr);
 {{ grads_decay }}        }
         __syncthreads();
     }

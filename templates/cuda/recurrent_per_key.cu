@@ -23,7 +23,7 @@ __device__ __forceinline__ float block_log_prefix(float (&pre)[16], int col0, in
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         const int t = t0 + blk * 16 + i;
-        sum += t < P.seq_len ? log2f(decay_fn(step_point(h, t, col0 + c, P), P)) : 0.f;
+        sum += t < P.seq_len ? log2_decay(decay_fn(step_point(h, t, col0 + c, P), P)) : 0.f;
         pre[i] = sum;
     }
     return sum;

@@ -583,7 +583,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_decay(BWD_ARGS) {
             const Pt pt = step_point(h, t, d, P);
             const float gv = decay_fn(pt, P);
             float gr[{{ grads_len }}];
-            decay_bwd(x / gv, pt, P, gr);
+            decay_bwd(decay_grad_from_log(x, gv), pt, P, gr);
 {{ grads_decay }}        }
     }
 }
@@ -605,7 +605,7 @@ KERNEL LAUNCH_BOUNDS(NT) void {{ h.kernel_name }}_decay(BWD_ARGS) {
             const Pt pt = step_point(h, t, 0, P);
             const float gv = decay_fn(pt, P);
             float gr[{{ grads_len }}];
-            decay_bwd(x / gv, pt, P, gr);
+            decay_bwd(decay_grad_from_log(x, gv), pt, P, gr);
 {{ grads_decay }}        }
     }
 }

@@ -1,6 +1,22 @@
 {# What the HIP recurrent templates share before the variant's regions: the
    parameters, the point, the sequence of a workgroup and the helpers that
-   read tiles and build operands (needs params_fields). #}// The custom inputs (and, in the backward, their gradients) and the sizes; the
+   read tiles and build operands (needs params_fields). #}// log2 of a step's decay, floored at −160: a decay that underflows f32 is 0,
+// whose log2 −inf would make a chunk's prefix sums give −inf − −inf = NaN;
+// 2^−160 is 0 in f32 all the same. (A NaN, from a negative decay, stays NaN.)
+__device__ __forceinline__ float log2_decay(float g) {
+    const float l = __log2f(g);
+    return l < -160.0f ? -160.0f : l;
+}
+
+// The gradient of a step's decay from that of its log (d ln g = dg / g). Where
+// the decay is below f32's smallest normal number (0, its log floored, or a
+// denormal) the exact d ln g = g · dL/dg is below 1e-38 and none is passed on:
+// dlog / g there overflowed to inf (or was 0 / 0).
+__device__ __forceinline__ float decay_grad_from_log(float dlog, float g) {
+    return g >= 1.17549435e-38f ? dlog / g : 0.0f;
+}
+
+// The custom inputs (and, in the backward, their gradients) and the sizes; the
 // workgroup's sequence: its batch index in the inputs, first step and length
 // (a packed variable-length batch has every sequence in batch 0, one after
 // another along S).

@@ -24,7 +24,7 @@ __device__ __forceinline__ void modify_tile(elem_t* s, int t0, int col0, int h, 
 // The cumulative log2 decay of steps t0 … t0 + C − 1 into sL[0 … C − 1] by
 // one wave (a lane per step; 0 past the end of the sequence).
 __device__ __forceinline__ void decay_scan(float* sL, int t0, int h, const Params& P, int lane) {
-{% if decay %}    const float x = lane < C && t0 + lane < P.seq_len ? __log2f(decay_fn(step_point(h, t0 + lane, 0, P), P)) : 0.0f;
+{% if decay %}    const float x = lane < C && t0 + lane < P.seq_len ? log2_decay(decay_fn(step_point(h, t0 + lane, 0, P), P)) : 0.0f;
 {% else %}    const float x = 0.0f;
 {% endif %}    const float sum = wave_scan<false>(x, lane, C);
     if (lane < C) sL[lane] = sum;

@@ -6,7 +6,7 @@ __device__ __forceinline__ float block_log_prefix(float (&pre)[16], int d, int b
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         const int t = t0 + blk * 16 + i;
-        sum += t < P.seq_len ? __log2f(decay_fn(step_point(h, t, d, P), P)) : 0.0f;
+        sum += t < P.seq_len ? log2_decay(decay_fn(step_point(h, t, d, P), P)) : 0.0f;
         pre[i] = sum;
     }
     return sum;
