@@ -705,8 +705,9 @@ fn gpu_forward_kv_multicast() {
                 HeadDims::square(128),
                 Shape::mha(1, 4, 512, 512),
             ),
+            // (GQA: four query heads on each K/V head.)
             (
-                "softmax_causal",
+                "softmax_gqa",
                 HeadDims::square(128),
                 Shape::new(1, 8, 2, 512, 512),
             ),
