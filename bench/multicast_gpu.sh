@@ -15,7 +15,7 @@
 #   cp ../shared/reference/workloads.json abl/base/; cp ../shared/reference/workloads.json abl/mc/
 # Usage: bash bench/multicast_gpu.sh <base cases dir> <multicast cases dir> [rounds]
 # Logs go to $OUT (default /tmp/aec-out). Session 74 (H200): correct, and every
-# forward 12–31% slower with the multicast (bench/NOTES.md).
+# forward 14–31% slower with the multicast (bench/NOTES.md).
 set -u -o pipefail
 BASE=${1:?usage: multicast_gpu.sh <base cases dir> <multicast cases dir> [rounds]}
 MC=${2:?usage: multicast_gpu.sh <base cases dir> <multicast cases dir> [rounds]}

@@ -148,7 +148,7 @@ pub struct ForwardConfig {
     /// multiple of `block_n`. Sizes the pairing does not fit (row blocks per
     /// head not a multiple of 4; under a causal mask `Sq ≠ Skv`) run
     /// with each CTA loading its own blocks. Correct but slower: on an H200
-    /// every benchmark forward ran 12–31% slower with it, at 28% more
+    /// every benchmark forward ran 14–31% slower with it, at 28% more
     /// cycles for DeepSeek (bench/NOTES.md session 74), so no default, the
     /// runtime or the tuner picks it; it stays for
     /// measurement (`aec-bench --kv-multicast`).
