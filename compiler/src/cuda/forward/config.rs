@@ -150,8 +150,8 @@ pub struct ForwardConfig {
     /// with each CTA loading its own blocks. Correct but slower: on an H200
     /// every benchmark forward ran 14–31% slower with it, at 28% more
     /// cycles for DeepSeek (bench/NOTES.md session 74), so no default, the
-    /// runtime or the tuner picks it; it stays for
-    /// measurement (`aec-bench --kv-multicast`).
+    /// runtime or the tuner picks it; it stays for measurement
+    /// (`aec-bench --kv-multicast`).
     #[serde(default)]
     pub kv_multicast: bool,
 }
