@@ -360,7 +360,25 @@ __device__ __forceinline__ void fetch_stats(float (&st)[NSTAT_ARR], const float*
 {% endif %}    }
 }
 
-extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(BWD_ARGS) {
+{% if causal && !varlen %}// Under a causal mask key block 0 has the longest walk (every query block
+// sees it) and the last the shortest, while the blocks are dispatched in
+// launch order: they are numbered in windows of CAUSAL_HEADS (batch, KV head)
+// pairs, longest key blocks first within each, so concurrent blocks still
+// share their heads' Q and dO in L2 and the last blocks to start are short
+// ones. Block (x, y, z) of the grid takes key block bx (before the split into
+// KV_GROUPS) of KV head by in batch bz.
+__device__ __forceinline__ void causal_block_order(int x, int y, int z, int& bx, int& by, int& bz) {
+    const int heads = gridDim.y * gridDim.z;
+    const int lin = x + gridDim.x * (y + gridDim.y * z);
+    const int win = lin / (gridDim.x * CAUSAL_HEADS), in_win = lin % (gridDim.x * CAUSAL_HEADS);
+    const int wh = min(CAUSAL_HEADS, heads - win * CAUSAL_HEADS);
+    const int yz = win * CAUSAL_HEADS + in_win % wh;
+    bx = in_win / wh;
+    by = yz % gridDim.y;
+    bz = yz / gridDim.y;
+}
+
+{% endif %}extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(BWD_ARGS) {
     INIT_PARAMS
     extern __shared__ __align__(16) unsigned char smem_raw[];
 {% if dq_t %}    // Swizzled tiles start at 1024-byte boundaries. This kernel has no static
@@ -391,23 +409,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
     const int tid = threadIdx.x, warp = {% if dq_t %}__shfl_sync(0xffffffffu, tid / WARP, 0){% else %}tid / WARP{% endif %}, lane = tid % WARP;
 
     const int g = lane / 4, t4 = lane % 4;
-{% if causal && !varlen %}    // Under a causal mask key block 0 has the longest walk (every query block
-    // sees it) and the last the shortest, while the blocks are dispatched in
-    // launch order: they are numbered in windows of CAUSAL_HEADS (batch, KV
-    // head) pairs, longest key blocks first within each, so concurrent
-    // blocks still share their heads' Q and dO in L2 and the last blocks to
-    // start are short ones.
-    int bx, by, bz;
-    {
-        const int heads = gridDim.y * gridDim.z;
-        const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        const int win = lin / (gridDim.x * CAUSAL_HEADS), in_win = lin % (gridDim.x * CAUSAL_HEADS);
-        const int wh = min(CAUSAL_HEADS, heads - win * CAUSAL_HEADS);
-        const int yz = win * CAUSAL_HEADS + in_win % wh;
-        bx = in_win / wh;
-        by = yz % gridDim.y;
-        bz = yz / gridDim.y;
-    }
+{% if causal && !varlen %}    int bx, by, bz;
+    causal_block_order(blockIdx.x, blockIdx.y, blockIdx.z, bx, by, bz);
     // The groups of one key block are adjacent (they read the same K and V).
     const int grp = bx % KV_GROUPS;
     bx /= KV_GROUPS;
@@ -710,8 +713,11 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // queries (both operands K-major in the swizzled tiles).
         {
             // Warpgroups sharing keys (KSPLIT 2) read the same 64 rows.
-            const unsigned kb = smem_u32(sK) + (warp % KEY_WARPS / 4) * 64 * 128,
-                           vb = smem_u32(sV) + (warp % KEY_WARPS / 4) * 64 * 128;
+            // (The warpgroup's offset from %tid.x here, held from the kernel's
+            // start RetNet's d128 kernel spilled it; from the uniform warp
+            // index where there is one.)
+            const unsigned kv_off = {% if dq_t %}(warp % KEY_WARPS / 4) * 64 * 128{% else %}thread_index() / WARP % KEY_WARPS / 4 * 64 * 128{% endif %};
+            const unsigned kb = smem_u32(sK) + kv_off, vb = smem_u32(sV) + kv_off;
             const unsigned qb = smem_u32(sQc), ob = smem_u32(sdOc);
 {% if share %}            // Shared scores: warpgroup 0 computes Sᵀ, warpgroup 1 dPᵀ, each path
             // fencing and retiring only its own accumulator (a fence over the
@@ -777,8 +783,10 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         // dSᵀ tile too) and hands their packed A fragments back.
         // (One branch per warpgroup, each with its own barriers, so that the
         // compiler sees the two paths apart.)
+        // (The thread's column of sX from %tid.x here, not held from the
+        // kernel's start: the split kernel's 255 registers spilled it.)
         unsigned pa[BM / 16][4], da[BM / 16][4];
-        float* xs = sX + tid % 128;
+        float* xs = sX + thread_index() % 128;
         if (slice == 0) {
 #pragma unroll
             for (int t = 0; t < BM / 8; ++t)
@@ -820,9 +828,13 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% if ds_k %}{% else if ws %}        // (The row read from the lane register here so that the stores'
         // swizzled offsets are formed per step: hoisted out of the loop, the
         // eight of them spilled under the computing warps' 240 registers, and
-        // so did g itself, held from the kernel's start.)
-        const int gr_ = lane_id() / 4;
-{% else %}        const int gr_ = g;
+        // so did g itself, held from the kernel's start. The warp's first key
+        // likewise, from %tid.x: RetNet's d128 kernel spilled it next.)
+        const int gr_ = lane_id() / 4, t4_ = t4, jr_ = {% if dq_t %}jr{% else %}thread_index() / WARP % KEY_WARPS * 16{% endif %};
+{% else if wgmma %}        // (The warp's first key from %tid.x here: held from the kernel's
+        // start, the split kernel's 255 registers spilled it.)
+        const int gr_ = g, t4_ = t4, jr_ = thread_index() / WARP % KEY_WARPS * 16;
+{% else %}        const int gr_ = g, jr_ = jr, t4_ = t4;
 {% endif %}{% if dq_lag %}        // Both warpgroups must have read this buffer's last tile (two steps back).
         if (nds >= 2) mbar_wait(smem_at(bar_ds_empty, nds & 1), ((nds >> 1) - 1) & 1);
 {% endif %}#pragma unroll
@@ -836,8 +848,8 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
         }
 {% else %}        for (int t = 0; t < BM / 8; ++t) {
             if (slice != SCORE_SLICE) break;
-            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
-            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr + gr_ + 8, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr_ + gr_, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4_)) = pack2(pacc[t][0], pacc[t][1]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr_ + gr_ + 8, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4_)) = pack2(pacc[t][2], pacc[t][3]);
         }
 {% endif %}
 {% if dq_lag %}        fence_proxy_async();
@@ -1011,10 +1023,18 @@ extern "C" __global__ void __launch_bounds__(NT_MAIN, 1) {{ kernel_name }}_main(
 {% endif %}
     // dK and dV of this warp's keys, through the k and v modifications' backward.
     {
-    // (The lane's row and column read again: held from the kernel's start
-    // across the step loop, they spilled under its register pressure.)
+    // (The lane's row and column, and in the wgmma kernels without a uniform
+    // warp index the warp's first key, read again: held from the kernel's
+    // start across the step loop, they spilled under its register pressure.)
     const int lane_e = lane_id(), g = lane_e / 4, t4 = lane_e % 4;
-{% if kv_split %}    // Slot s of warpgroup `slice` in group `grp` is panel (grp·2 + slice)·NKV + s of [dK | dV].
+{% if wgmma && !dq_t %}    const int jr = thread_index() / WARP % KEY_WARPS * 16;
+{% endif %}{% if wgmma && causal && !varlen && !ws %}    // (The block's first K/V row derived again from its coordinates, read
+    // anew: held across the step loop, DeepSeek's split kernel without a
+    // producer warpgroup spilled it.)
+    int bx_e, hk_e, b_e;
+    causal_block_order(block_index_x(), block_index_y(), block_index_z(), bx_e, hk_e, b_e);
+    const long long k_row0 = (long long)(b_e * Hkv + hk_e) * Skv;
+{% endif %}{% if kv_split %}    // Slot s of warpgroup `slice` in group `grp` is panel (grp·2 + slice)·NKV + s of [dK | dV].
 #pragma unroll
     for (int s = 0; s < NKV; ++s) {
         const int gp = (grp * 2 + slice) * NKV + s;

@@ -68,6 +68,22 @@ __device__ __forceinline__ int lane_id() {
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
     return lane;
 }
+
+// The thread's index in the block and the block's in the grid, read
+// likewise where they are needed (volatile: ptxas neither hoists the read nor
+// keeps an earlier value alive across a loop).
+#define AEC_SPECIAL_REGISTER(fn, reg)                       \
+    __device__ __forceinline__ unsigned fn() {              \
+        unsigned r;                                         \
+        asm volatile("mov.u32 %0, %%" reg ";" : "=r"(r));   \
+        return r;                                           \
+    }
+AEC_SPECIAL_REGISTER(thread_index, "tid.x")
+AEC_SPECIAL_REGISTER(block_index_x, "ctaid.x")
+AEC_SPECIAL_REGISTER(block_index_y, "ctaid.y")
+AEC_SPECIAL_REGISTER(block_index_z, "ctaid.z")
+#undef AEC_SPECIAL_REGISTER
+
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
