@@ -23,10 +23,14 @@ if [ "${SANITIZE:-1}" = 0 ]; then
   echo "sanitizers skipped (SANITIZE=0)"
 elif [ -n "${SAN:-}" ]; then
   for tool in memcheck racecheck; do
-    # On sm_90a all four run the warp-specialised wgmma backward: a warpgroup per
-    # 64 keys, both on the same keys for DeepSeek's 192/128; ALiBi and the
-    # document mask add custom-input gradients and skipped tiles.
-    for case in gpu_backward_softmax_gqa gpu_backward_deepseek gpu_backward_alibi gpu_backward_document_mask; do
+    # On sm_90a the first four run the warp-specialised wgmma backward: a
+    # warpgroup per 64 keys, both on the same keys for DeepSeek's 192/128;
+    # ALiBi and the document mask add custom-input gradients and skipped
+    # tiles. RetNet's 256/512 runs the split kernel with shared scores (no
+    # producer), and the last the causal kernels without the producer: the
+    # paths whose thread and block indices session 75 re-reads.
+    for case in gpu_backward_softmax_gqa gpu_backward_deepseek gpu_backward_alibi gpu_backward_document_mask \
+        gpu_backward_retnet_parallel_dv512 gpu_backward_wgmma_without_producer; do
       "$SAN" --tool $tool --error-exitcode 9 target/gpu-bin/gpu_backward $case --exact --test-threads=1 \
         >"$OUT/sanitizer-$tool-$case.log" 2>&1
       echo "$tool $case: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool-$case.log" | tail -1)"
