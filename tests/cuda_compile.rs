@@ -1147,6 +1147,51 @@ fn tile_marks_compile_only_when_asked() {
     assert_eq!(timer_reads(&[]), (0, false));
 }
 
+/// The benchmark workloads' (prefill) sm_90a forwards at their head dims,
+/// as the benchmark generates them (`ForwardConfig::default_for`): HGMMA in
+/// the SASS and no spills (RetNet's 256/512, a Dv slice of 256 columns per
+/// warpgroup, spilled 8 B before session 75).
+#[test]
+fn benchmark_forward_kernels_compile_without_spills() {
+    if !common::cuda_toolchain_ready() {
+        return;
+    }
+    for (name, dqk, dv) in BENCHMARK_HEAD_DIMS {
+        let v = common::example(name);
+        let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
+        assert!(cfg.wgmma, "{name}: {cfg:?}");
+        let f = parallel_forward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let c = compile(&f.source, &CompileOptions::new("sm_90a"))
+            .unwrap_or_else(|e| panic!("{name} {dqk}x{dv}: {e}"));
+        let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
+        let u = usage
+            .iter()
+            .find(|u| u.function == f.name)
+            .unwrap_or_else(|| panic!("{name}: no entry `{}`", f.name));
+        assert_eq!(
+            u.spill_store_bytes, 0,
+            "{name} {dqk}x{dv} forward spills: {u:?}"
+        );
+        assert!(
+            sass(&c.cubin).expect("cuobjdump").contains("HGMMA"),
+            "{name} {dqk}x{dv}: no HGMMA"
+        );
+    }
+}
+
+/// The benchmark's parallel workloads: example and head dims
+/// (`shared/reference/workloads.json`).
+const BENCHMARK_HEAD_DIMS: [(&str, u32, u32); 8] = [
+    ("softmax", 128, 128),
+    ("softmax_causal", 128, 128),
+    ("softmax_gqa", 128, 128),
+    ("deepseek", 192, 128),
+    ("diff_transformer", 128, 256),
+    ("sigmoid", 128, 128),
+    ("relu", 64, 64),
+    ("retnet_parallel", 256, 512),
+];
+
 /// The sm_90a backward of each benchmark workload's variant at the
 /// workload's head dims (`shared/reference/workloads.json`), as the
 /// benchmark generates it (`BackwardConfig::for_variant`): no ptxas
@@ -1156,16 +1201,7 @@ fn benchmark_backward_kernels_report_no_performance_loss() {
     if !common::cuda_toolchain_ready() {
         return;
     }
-    for (name, dqk, dv) in [
-        ("softmax", 128, 128),
-        ("softmax_causal", 128, 128),
-        ("softmax_gqa", 128, 128),
-        ("deepseek", 192, 128),
-        ("diff_transformer", 128, 256),
-        ("sigmoid", 128, 128),
-        ("relu", 64, 64),
-        ("retnet_parallel", 256, 512),
-    ] {
+    for (name, dqk, dv) in BENCHMARK_HEAD_DIMS {
         let v = common::example(name);
         let cfg = BackwardConfig::for_variant(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
         let b = parallel_backward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));

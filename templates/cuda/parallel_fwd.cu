@@ -132,13 +132,18 @@
         fence_regs(pa);
         RELEASE_V(prev);
 {% endif %}{% call rescale_pack() %}{% endcall %}{% endmacro %}
+{# The warpgroup's index for its Q rows' descriptors. Where a Dv slice
+   leaves each warpgroup 256 O columns (RetNet's 256/512), through a
+   shuffle: the descriptors then live on the uniform datapath, where in
+   vector registers ptxas spilled the constant half of one (bench/NOTES.md
+   session 75). #}{% macro q_warpgroup() %}{% if dv_split > 1 %}__shfl_sync(0xffffffffu, wr / 4, 0){% else %}(wr / 4){% endif %}{% endmacro %}
 {% macro s_gemm() %}        {
             // S = Q · Kᵀ of stage `cur` for this warpgroup's 64 rows.
             const unsigned k_base = smem_at(sK, cur * BN * SQS);
 {% if q_regs %}#pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_rsk_n{{ bn }}(s[0], qf[kk], sw128_desc(k_base + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16), kk);
-{% else %}            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
+{% else %}            const unsigned q_base = smem_u32(sQ) + {% call q_warpgroup() %}{% endcall %} * 64 * 128;
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk)
                 wgmma_ss_n{{ bn }}(s[0], sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16),
@@ -895,7 +900,7 @@ __device__ __forceinline__ int4 take_ticket(int* counter, int n_tickets, const i
             // S of this warpgroup's 64 rows, both operands read from the
             // swizzled tiles (Q and the K tile at shared address {{ k_tile }}),
             // issued and waited for.
-            const unsigned q_base = smem_u32(sQ) + (wr / 4) * 64 * 128;
+            const unsigned q_base = smem_u32(sQ) + {% call q_warpgroup() %}{% endcall %} * 64 * 128;
             const unsigned k_base = {{ k_tile }};
             wgmma_fence();
 #pragma unroll
