@@ -591,6 +591,43 @@ fn gpu_forward_deepseek_two_stage_ring() {
     }
 }
 
+/// RetNet's benchmark dims, 256/512, on the default sm_90a tile: Dv in two
+/// slices of 256 columns between blocks, whose Q descriptors take the
+/// warpgroup index through a shuffle (`q_warpgroup`, bench/NOTES.md session
+/// 75). Causal by its decay mask, lengths that are not tile multiples,
+/// several tiles per persistent block at 60 heads. Skipped off sm_90.
+#[test]
+fn gpu_forward_dv_split_wgmma() {
+    let test = "gpu_forward_dv_split_wgmma";
+    let Some(device) = device(test) else { return };
+    if Isa::for_arch(device.arch()) != Isa::Sm90a {
+        eprintln!("{test}: skipped, the tile is sm_90a's");
+        return;
+    }
+    let dims = HeadDims::new(256, 512);
+    let cfg = ForwardConfig::default_for(
+        &example("retnet_parallel"),
+        256,
+        512,
+        Elem::Bf16,
+        Isa::Sm90a,
+    );
+    assert!(cfg.wgmma && cfg.dv_split == 2, "{cfg:?}");
+    for shape in [Shape::mha(1, 2, 150, 150), Shape::mha(1, 60, 200, 200)] {
+        check_example_with(
+            &format!("{test} {shape}"),
+            "retnet_parallel",
+            shape,
+            dims,
+            (0.8, 0.99),
+            &KernelOptions {
+                config: Some(cfg),
+                ..KernelOptions::default()
+            },
+        );
+    }
+}
+
 /// The 192-row tile: three consumer warpgroups beside the producer, on
 /// 160 registers each. DeepSeek's dims on 96- and 112-key blocks, causal
 /// softmax on 64-key blocks (two-stage rings whose first steps' blocks lie
