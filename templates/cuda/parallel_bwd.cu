@@ -212,6 +212,9 @@ static_assert(BM == 32, "paired steps are 32-query halves of 64 rows");
 #define NRC_ARR {{ nrc_arr }}
 #define KSPLIT {{ ksplit }}          // warps sharing 16 keys, each with a slice of Dqk and Dv for dK, dV
 #define KEY_WARPS (NWARPS / KSPLIT)
+// The warp's first key of the block (`jr`), formed again from %tid.x where
+// it is used: held from the kernel's start across the step loop, it spilled.
+#define WARP_KEY0() ((int)(thread_index() / WARP % KEY_WARPS * 16))
 #define DQKW (DQK / KSPLIT)         // dK columns per warp
 #define DVW (DV / KSPLIT)           // dV columns per warp
 #define RT (BM / 16)              // dQ: 16-row tiles of the query block
@@ -830,11 +833,11 @@ __device__ __forceinline__ void causal_block_order(int x, int y, int z, int& bx,
         // eight of them spilled under the computing warps' 240 registers, and
         // so did g itself, held from the kernel's start. The warp's first key
         // likewise, from %tid.x: RetNet's d128 kernel spilled it next.)
-        const int gr_ = lane_id() / 4, t4_ = t4, jr_ = {% if dq_t %}jr{% else %}thread_index() / WARP % KEY_WARPS * 16{% endif %};
+        const int gr_ = lane_id() / 4, jr_ = {% if dq_t %}jr{% else %}WARP_KEY0(){% endif %};
 {% else if wgmma %}        // (The warp's first key from %tid.x here: held from the kernel's
         // start, the split kernel's 255 registers spilled it.)
-        const int gr_ = g, t4_ = t4, jr_ = thread_index() / WARP % KEY_WARPS * 16;
-{% else %}        const int gr_ = g, jr_ = jr, t4_ = t4;
+        const int gr_ = g, jr_ = WARP_KEY0();
+{% else %}        const int gr_ = g, jr_ = jr;
 {% endif %}{% if dq_lag %}        // Both warpgroups must have read this buffer's last tile (two steps back).
         if (nds >= 2) mbar_wait(smem_at(bar_ds_empty, nds & 1), ((nds >> 1) - 1) & 1);
 {% endif %}#pragma unroll
@@ -848,8 +851,8 @@ __device__ __forceinline__ void causal_block_order(int x, int y, int z, int& bx,
         }
 {% else %}        for (int t = 0; t < BM / 8; ++t) {
             if (slice != SCORE_SLICE) break;
-            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr_ + gr_, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4_)) = pack2(pacc[t][0], pacc[t][1]);
-            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr_ + gr_ + 8, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4_)) = pack2(pacc[t][2], pacc[t][3]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr_ + gr_, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][0], pacc[t][1]);
+            *reinterpret_cast<unsigned*>(TILE_AT(sdSc, BN, BM, jr_ + gr_ + 8, {% if dq_pairs %}half * 32 + {% endif %}t * 8 + 2 * t4)) = pack2(pacc[t][2], pacc[t][3]);
         }
 {% endif %}
 {% if dq_lag %}        fence_proxy_async();
@@ -1027,7 +1030,7 @@ __device__ __forceinline__ void causal_block_order(int x, int y, int z, int& bx,
     // warp index the warp's first key, read again: held from the kernel's
     // start across the step loop, they spilled under its register pressure.)
     const int lane_e = lane_id(), g = lane_e / 4, t4 = lane_e % 4;
-{% if wgmma && !dq_t %}    const int jr = thread_index() / WARP % KEY_WARPS * 16;
+{% if wgmma && !dq_t %}    const int jr = WARP_KEY0();
 {% endif %}{% if wgmma && causal && !varlen && !ws %}    // (The block's first K/V row derived again from its coordinates, read
     // anew: held across the step loop, DeepSeek's split kernel without a
     // producer warpgroup spilled it.)
