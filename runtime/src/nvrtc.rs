@@ -81,6 +81,17 @@ impl CompileOptions {
         }
     }
 
+    /// Also asks ptxas (inside NVRTC) for each entry function's registers,
+    /// spills and shared memory: they come back in the log, read by
+    /// [`Compiled::resources`]. Changes no code, only the log (and so the
+    /// kernel cache's key).
+    pub fn with_resource_usage(mut self) -> CompileOptions {
+        if !self.flags.iter().any(|f| f == PTXAS_VERBOSE) {
+            self.flags.push(PTXAS_VERBOSE.into());
+        }
+        self
+    }
+
     /// The full NVRTC option list.
     pub fn nvrtc_options(&self) -> Vec<String> {
         let mut opts = vec![format!("--gpu-architecture={}", self.arch)];
@@ -101,8 +112,21 @@ pub struct Compiled {
     pub cubin: Vec<u8>,
     /// The PTX, without NVRTC's trailing NUL (ptxas rejects it).
     pub ptx: String,
-    /// NVRTC's log (warnings); usually empty.
+    /// NVRTC's log: warnings, usually empty, and with
+    /// [`CompileOptions::with_resource_usage`] ptxas's report.
     pub log: String,
+}
+
+/// The NVRTC option that passes `-v` to its ptxas.
+const PTXAS_VERBOSE: &str = "--ptxas-options=-v";
+
+impl Compiled {
+    /// Registers, spills and shared memory per entry function, from ptxas's
+    /// report in the log: empty unless compiled with
+    /// [`CompileOptions::with_resource_usage`] for a real architecture.
+    pub fn resources(&self) -> Vec<crate::ResourceUsage> {
+        crate::parse_ptxas_verbose(&self.log)
+    }
 }
 
 /// Compiles `source` with NVRTC. Works without a GPU; needs libnvrtc and,

@@ -69,7 +69,13 @@ pub fn parse_ptxas_verbose(output: &str) -> Vec<ResourceUsage> {
         let Some(u) = current.and_then(|i| all.get_mut(i)) else {
             continue;
         };
-        let body = info.unwrap_or(line);
+        // NVRTC's log (`--ptxas-options=-v`) prefixes the properties line
+        // with `ptxas         .`; ptxas itself indents it.
+        let body = info.unwrap_or_else(|| {
+            line.strip_prefix("ptxas").map_or(line, |r| {
+                r.trim_start().trim_start_matches('.').trim_start()
+            })
+        });
         for item in body.split(',') {
             let item = item.trim();
             let Some((n, what)) = leading_number(item) else {
@@ -117,6 +123,30 @@ fn leading_number(item: &str) -> Option<(u32, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NVRTC 13.0's log with `--ptxas-options=-v`: the properties line
+    /// starts with `ptxas .` instead of an indent.
+    #[test]
+    fn nvrtc_log_with_ptxas_verbose_parses() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+ptxas info    : Function properties for k\n\
+ptxas         .     256 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+ptxas info    : Used 32 registers, used 1 barriers, 256 bytes cumulative stack size\n\
+ptxas info    : Compile time = 22.054 ms\n";
+        let u = parse_ptxas_verbose(log);
+        assert_eq!(u.len(), 1);
+        assert_eq!(
+            (u[0].function.as_str(), u[0].arch.as_str()),
+            ("k", "sm_90a")
+        );
+        assert_eq!(
+            (u[0].registers, u[0].barriers, u[0].stack_frame_bytes),
+            (32, 1, 256)
+        );
+        assert_eq!((u[0].spill_store_bytes, u[0].spill_load_bytes), (8, 12));
+        assert!(u[0].spills());
+    }
 
     /// Real `ptxas -v -arch=sm_90a` output (CUDA 13.0.88): the note comes
     /// before every entry's lines.

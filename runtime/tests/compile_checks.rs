@@ -48,6 +48,10 @@ fn check_target(test: &str, arch: &str) {
     );
     assert!(!c.ptx.ends_with('\0'), "trailing NUL left in the PTX");
 
+    // NVRTC's own ptxas report (no ptxas binary needed) …
+    let own = compile(MMA, &CompileOptions::new(arch).with_resource_usage())
+        .expect("compiles with the resource report")
+        .resources();
     let usage = match ptxas_resources(&c.ptx, arch) {
         Ok(u) => u,
         Err(e @ RuntimeError::ToolMissing { .. }) => return common::skip_toolchain(test, e),
@@ -62,6 +66,28 @@ fn check_target(test: &str, arch: &str) {
     assert!(!mma.spills(), "the mma kernel spills: {mma:?}");
     assert_eq!(mma.shared_bytes, 0, "{mma:?}");
     assert!(usage.iter().any(|u| u.function == "to_bf16"), "{usage:?}");
+    // … says what the ptxas binary says, kernel for kernel.
+    let key = |u: &aec_runtime::ResourceUsage| {
+        (
+            u.function.clone(),
+            u.arch.clone(),
+            u.registers,
+            u.spill_store_bytes,
+            u.shared_bytes,
+        )
+    };
+    let (mut a, mut b): (Vec<_>, Vec<_>) = (
+        own.iter().map(key).collect(),
+        usage.iter().map(key).collect(),
+    );
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "NVRTC's report against ptxas's");
+    assert!(
+        c.resources().is_empty(),
+        "no report without with_resource_usage: {:?}",
+        c.resources()
+    );
 
     let sass = match sass(&c.cubin) {
         Ok(s) => s,
