@@ -136,6 +136,15 @@ fn compiles_an_example_into_a_library_deterministically() {
             let cubin =
                 std::fs::read(a.join(b["cubin"].as_str().expect("cubin path"))).expect("cubin");
             assert_eq!(&cubin[..4], b"\x7fELF");
+            // ptxas's report (through NVRTC) names each of the three entries.
+            let usage = b["report"]["usage"].as_array().expect("usage");
+            for l in launches {
+                let u = usage
+                    .iter()
+                    .find(|u| u["entry"] == l["entry"])
+                    .unwrap_or_else(|| panic!("{} not in {usage:?}", l["entry"]));
+                assert!(u["registers"].as_u64().unwrap() > 0, "{u}");
+            }
         }
     }
     let builds: Vec<&serde_json::Value> = [k, hopper]
@@ -153,6 +162,25 @@ fn compiles_an_example_into_a_library_deterministically() {
                 "{}: a cubin is an ELF file",
                 b["arch"]
             );
+            // The build's report: the forward's entry with its registers; the
+            // sm_90a forward spills nothing (the compile check's rule).
+            assert!(
+                b["report"]["compiler"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("nvrtc ")
+            );
+            let usage = b["report"]["usage"].as_array().expect("usage");
+            assert_eq!(usage.len(), 1, "{usage:?}");
+            let registers = usage[0]["registers"].as_u64().unwrap();
+            assert!(registers > 0 && registers <= 255, "{usage:?}");
+            if b["arch"] == "sm_90a" {
+                assert_eq!(usage[0]["entry"], hopper["entry"]);
+                assert_eq!(usage[0]["spill_store_bytes"], 0, "{usage:?}");
+                assert_eq!(usage[0]["spill_load_bytes"], 0, "{usage:?}");
+            } else {
+                assert_eq!(usage[0]["entry"], k["entry"]);
+            }
         }
     } else {
         assert!(

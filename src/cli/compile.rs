@@ -1145,7 +1145,9 @@ fn hip_kernels(
 }
 
 /// Writes `<name>.cu` and, with NVRTC, one cubin per architecture (h100 and
-/// h200 share sm_90a); returns the manifest's `builds`.
+/// h200 share sm_90a); returns the manifest's `builds`, each with ptxas's
+/// report of its entry functions (registers, spills, shared memory), and
+/// warns where an entry spills.
 fn write_and_compile(
     dir: &Path,
     name: &str,
@@ -1156,25 +1158,52 @@ fn write_and_compile(
 ) -> Result<Vec<Value>, String> {
     write(&dir.join(format!("{name}.cu")), source.as_bytes())?;
     let mut builds = Vec::new();
-    let mut built: Vec<(&str, Value)> = Vec::new();
+    let mut built: Vec<(&str, Value, Value)> = Vec::new();
     for t in targets {
         let arch = t.cuda_arch().expect("CUDA target");
-        let cubin = match built.iter().find(|(a, _)| *a == arch) {
-            Some((_, c)) => c.clone(),
+        let (cubin, report) = match built.iter().find(|(a, ..)| *a == arch) {
+            Some((_, c, r)) => (c.clone(), r.clone()),
             None if with_nvrtc => {
                 eprintln!("compiling {name} for {arch} …");
-                let compiled = compile(source, &CompileOptions::new(arch))
+                let compiled = compile(source, &CompileOptions::new(arch).with_resource_usage())
                     .map_err(|e| format!("`{variant}`: {e}"))?;
                 let file = format!("{name}.{arch}.cubin");
                 write(&dir.join(&file), &compiled.cubin)?;
-                Value::String(format!("kernels/{file}"))
+                let usage = compiled.resources();
+                for u in usage.iter().filter(|u| u.spills()) {
+                    eprintln!(
+                        "note: `{variant}`: {} spills on {arch}: {} bytes stored and {} loaded per thread \
+                         at {} registers (each build's `report` in the manifest lists its entries' resources)",
+                        u.function, u.spill_store_bytes, u.spill_load_bytes, u.registers
+                    );
+                }
+                let compiler = nvrtc_version()
+                    .map(|(a, b)| format!("nvrtc {a}.{b}"))
+                    .unwrap_or_else(|_| "nvrtc".into());
+                (
+                    Value::String(format!("kernels/{file}")),
+                    json!({ "compiler": compiler, "usage": usage.iter().map(usage_json).collect::<Vec<_>>() }),
+                )
             }
-            None => Value::Null,
+            None => (Value::Null, Value::Null),
         };
-        built.push((arch, cubin.clone()));
-        builds.push(json!({ "target": t.name(), "arch": arch, "cubin": cubin }));
+        built.push((arch, cubin.clone(), report.clone()));
+        let mut build = json!({ "target": t.name(), "arch": arch, "cubin": cubin });
+        if !report.is_null() {
+            build["report"] = report;
+        }
+        builds.push(build);
     }
     Ok(builds)
+}
+
+/// One entry function's resources in a CUDA build's `report`.
+fn usage_json(u: &aec::runtime::ResourceUsage) -> Value {
+    json!({
+        "entry": u.function, "registers": u.registers,
+        "spill_store_bytes": u.spill_store_bytes, "spill_load_bytes": u.spill_load_bytes,
+        "stack_frame_bytes": u.stack_frame_bytes, "shared_bytes": u.shared_bytes,
+    })
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
