@@ -12,9 +12,9 @@ use aec::run::{HeadDims, RecurrentDims, RecurrentShape, Shape};
 use aec::runtime::TuningCache;
 use aec::tune::dispatch::KernelDispatch;
 use aec::tune::{
-    KeyParts, PARALLEL_BACKWARD, Profiler, RECURRENT_FORWARD, TuneOptions, TuneProgress,
-    backward_key, entry_config, forward_key, rank_backward_plans, recurrent_key, tune_backward,
-    tune_forward, tune_recurrent, variant_hash,
+    KeyParts, PARALLEL_BACKWARD, PlanResources, Profiler, RECURRENT_FORWARD, TuneOptions,
+    TuneProgress, backward_key, entry_config, forward_key, rank_backward_plans, recurrent_key,
+    tune_backward, tune_forward, tune_recurrent, variant_hash,
 };
 
 fn example(name: &str) -> Variant {
@@ -1005,4 +1005,92 @@ fn small_grids_run_the_models_choice_untuned() {
         ),
         UntunedReason::DecodeRule
     );
+}
+
+/// A profiler that also knows its plans' registers and spills: here plans
+/// with shorter key blocks than the default's "spill".
+struct ReportingProfiler {
+    default_block_n: u32,
+}
+
+impl Profiler<ForwardConfig> for ReportingProfiler {
+    fn prepare(&mut self, _plans: &[ForwardConfig], _progress: &mut dyn FnMut(TuneProgress)) {}
+    fn measure(&mut self, plan: &ForwardConfig) -> Result<f64, String> {
+        Ok(100.0 + f64::from(plan.block_n))
+    }
+    fn resources(&self, plan: &ForwardConfig) -> Option<PlanResources> {
+        let spill = if plan.block_n < self.default_block_n {
+            16
+        } else {
+            0
+        };
+        Some(PlanResources {
+            registers: 100 + plan.block_n,
+            spill_store_bytes: spill,
+            spill_load_bytes: 2 * spill,
+        })
+    }
+}
+
+#[test]
+fn each_profiled_plan_carries_its_profilers_resource_report() {
+    let v = example("softmax");
+    let shape = Shape::mha(4, 16, 1000, 1000);
+    let dims = HeadDims::square(128);
+    let default = ForwardConfig::default_for(&v, 128, 128, Elem::Bf16, Isa::Sm90a);
+    let key = forward_key(&v, &variant_hash(&v), dims, shape, Elem::Bf16, &PARTS);
+    let mut p = ReportingProfiler {
+        default_block_n: default.block_n,
+    };
+    let r = tune_forward(
+        &v,
+        &DeviceConfig::named("h100").unwrap(),
+        dims,
+        shape,
+        Elem::Bf16,
+        key,
+        &TuneOptions {
+            top: 5,
+            ..TuneOptions::default()
+        },
+        &mut p,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(r.profiled.len(), 6);
+    for plan in &r.profiled {
+        let got = plan.resources.expect("every plan has the report");
+        assert_eq!(got.registers, 100 + plan.config.block_n, "{}", plan.label);
+        assert_eq!(
+            got.spills(),
+            plan.config.block_n < default.block_n,
+            "{}",
+            plan.label
+        );
+    }
+}
+
+/// A plan's report is the most of each figure over its entry functions.
+#[test]
+fn plan_resources_take_the_largest_figures_of_the_entries() {
+    let entry = |registers, store, load| aec::runtime::ResourceUsage {
+        function: "k".into(),
+        arch: "sm_90a".into(),
+        registers,
+        spill_store_bytes: store,
+        spill_load_bytes: load,
+        ..Default::default()
+    };
+    assert_eq!(PlanResources::of(&[]), None);
+    let r = PlanResources::of(&[entry(20, 0, 0), entry(168, 0, 0), entry(40, 8, 4)]).unwrap();
+    assert_eq!(
+        r,
+        PlanResources {
+            registers: 168,
+            spill_store_bytes: 8,
+            spill_load_bytes: 4
+        }
+    );
+    assert!(r.spills());
+    assert!(!PlanResources::of(&[entry(255, 0, 0)]).unwrap().spills());
 }

@@ -86,8 +86,8 @@ impl CompileOptions {
     /// [`Compiled::resources`]. Changes no code, only the log (and so the
     /// kernel cache's key).
     pub fn with_resource_usage(mut self) -> CompileOptions {
-        if !self.flags.iter().any(|f| f == PTXAS_VERBOSE) {
-            self.flags.push(PTXAS_VERBOSE.into());
+        if !self.flags.iter().any(|f| f == RESOURCE_USAGE_FLAG) {
+            self.flags.push(RESOURCE_USAGE_FLAG.into());
         }
         self
     }
@@ -117,8 +117,10 @@ pub struct Compiled {
     pub log: String,
 }
 
-/// The NVRTC option that passes `-v` to its ptxas.
-const PTXAS_VERBOSE: &str = "--ptxas-options=-v";
+/// The NVRTC option that passes `-v` to its ptxas: each entry function's
+/// resources in the log ([`Compiled::resources`]). For callers that build
+/// their flags without [`CompileOptions`] (`KernelOptions::nvrtc_flags`).
+pub const RESOURCE_USAGE_FLAG: &str = "--ptxas-options=-v";
 
 impl Compiled {
     /// Registers, spills and shared memory per entry function, from ptxas's

@@ -534,8 +534,21 @@ fn print_report<C>(shape: CallShape, r: &TuneReport<C>) {
         let model = p
             .model_micros
             .map_or("     -".to_string(), |m| format!("{m:6.1}"));
+        let resources = p.resources.map_or(String::new(), |r| {
+            if r.spills() {
+                format!(
+                    "  {} registers, spills {} B stored / {} B loaded",
+                    r.registers, r.spill_store_bytes, r.spill_load_bytes
+                )
+            } else {
+                format!("  {} registers", r.registers)
+            }
+        });
         match &p.measured {
-            Ok(t) => println!("  {:<40} model {model} µs  measured {t:8.1} µs", p.label),
+            Ok(t) => println!(
+                "  {:<40} model {model} µs  measured {t:8.1} µs{resources}",
+                p.label
+            ),
             Err(e) => println!("  {:<40} model {model} µs  rejected: {e}", p.label),
         }
     }
@@ -574,6 +587,9 @@ fn report_json<C>(shape: CallShape, r: &TuneReport<C>) -> serde_json::Value {
             "config": p.label, "model_us": p.model_micros,
             "measured_us": p.measured.as_ref().ok(),
             "rejected": p.measured.as_ref().err(),
+            "registers": p.resources.map(|r| r.registers),
+            "spill_store_bytes": p.resources.map(|r| r.spill_store_bytes),
+            "spill_load_bytes": p.resources.map(|r| r.spill_load_bytes),
         })).collect::<Vec<_>>(),
     })
 }

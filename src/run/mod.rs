@@ -374,15 +374,17 @@ fn compile_and_load(
 
 /// Compiles `code` for `device` into the kernel cache without loading it:
 /// NVRTC is thread-safe, so the tuner compiles its plans in parallel this
-/// way and loads them afterwards from the cache.
+/// way and loads them afterwards from the cache. Returns ptxas's report of
+/// the entry functions, which the log holds where the options' flags ask
+/// for it ([`crate::runtime::RESOURCE_USAGE_FLAG`]).
 pub(crate) fn warm_kernel_cache(
     device: &Device,
     code: &str,
     options: &KernelOptions,
-) -> Result<(), RuntimeError> {
+) -> Result<Vec<crate::runtime::ResourceUsage>, RuntimeError> {
     let mut opts = CompileOptions::new(device.arch());
     opts.flags.extend(options.nvrtc_flags.iter().cloned());
-    cache().compile(code, &opts).map(|_| ())
+    cache().compile(code, &opts).map(|c| c.resources())
 }
 
 /// The error of loading `what` (a module, or a kernel looked up in it) onto

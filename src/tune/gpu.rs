@@ -8,14 +8,14 @@
 //! it.
 
 pub use super::RecurrentPass;
-use super::{Profiler, TuneOptions, TuneProgress};
+use super::{PlanResources, Profiler, TuneOptions, TuneProgress};
 use crate::run::{
     ForwardOutput, HeadDims, KernelElement, KernelOptions, ParallelKernels, RecurrentDims,
     RecurrentKernels, RecurrentShape, Shape,
 };
 use aec_compiler::{BackwardConfig, ForwardConfig, Isa, RecurrentConfig};
 use aec_frontend::Variant;
-use aec_runtime::{Device, DeviceBuffer, Stream, time_ms};
+use aec_runtime::{Device, DeviceBuffer, RESOURCE_USAGE_FLAG, Stream, time_ms};
 use std::collections::HashMap;
 
 /// Largest relative difference (‖o − o_default‖ / ‖o_default‖) a plan's
@@ -99,7 +99,7 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
             dims,
             shape,
             options,
-            nvrtc_flags,
+            nvrtc_flags: with_resource_report(nvrtc_flags),
             stream,
             inputs,
             out: None,
@@ -133,6 +133,10 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
 }
 
 impl<T: KernelElement> Profiler for GpuProfiler<'_, T> {
+    fn resources(&self, plan: &ForwardConfig) -> Option<PlanResources> {
+        self.kernels.resources(plan)
+    }
+
     fn prepare(&mut self, plans: &[ForwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
         let (variant, device, dims) = (self.variant, self.device, self.dims);
         let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
@@ -226,12 +230,15 @@ fn median_micros(
 /// the kernel cache first, then loaded one by one) and taken by `measure`.
 struct PlanKernels<C, K> {
     compiled: HashMap<C, Result<K, String>>,
+    /// ptxas's report of each prepared plan's kernels.
+    resources: HashMap<C, PlanResources>,
 }
 
 impl<C, K> Default for PlanKernels<C, K> {
     fn default() -> Self {
         PlanKernels {
             compiled: HashMap::new(),
+            resources: HashMap::new(),
         }
     }
 }
@@ -249,11 +256,19 @@ impl<C: Copy + Eq + std::hash::Hash, K> PlanKernels<C, K> {
         source: impl Fn(&KernelOptions) -> Result<String, crate::run::Error> + Sync,
         compile: impl Fn(&KernelOptions) -> Result<K, crate::run::Error>,
     ) {
-        warm_in_parallel(device, &opts, progress, source);
-        for (plan, o) in plans.iter().zip(&opts) {
+        let reports = warm_in_parallel(device, &opts, progress, source);
+        for ((plan, o), report) in plans.iter().zip(&opts).zip(reports) {
             let loaded = compile(o).map_err(|e| format!("compile: {e}"));
             self.compiled.insert(*plan, loaded);
+            if let Some(r) = PlanResources::of(&report) {
+                self.resources.insert(*plan, r);
+            }
         }
+    }
+
+    /// What ptxas reported for `plan`'s kernels, where `prepare` compiled it.
+    fn resources(&self, plan: &C) -> Option<PlanResources> {
+        self.resources.get(plan).copied()
     }
 
     /// `plan`'s kernels: those `prepare` made, else compiled now.
@@ -356,14 +371,16 @@ fn input_sets<T: KernelElement>(
 }
 
 /// Generates (`source`) and compiles each of `opts` into the kernel cache,
-/// NVRTC in parallel, reporting each one done; errors are left to the loads
-/// that follow, which report them with context.
+/// NVRTC in parallel, reporting each one done; returns ptxas's report of
+/// each (empty where it failed: errors are left to the loads that follow,
+/// which report them with context).
 fn warm_in_parallel(
     device: &Device,
     opts: &[KernelOptions],
     progress: &mut dyn FnMut(TuneProgress),
     source: impl Fn(&KernelOptions) -> Result<String, crate::run::Error> + Sync,
-) {
+) -> Vec<Vec<aec_runtime::ResourceUsage>> {
+    let mut reports = vec![Vec::new(); opts.len()];
     let threads = std::thread::available_parallelism()
         .map_or(4, |n| n.get())
         .min(opts.len().max(1));
@@ -377,21 +394,33 @@ fn warm_in_parallel(
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(o) = opts.get(i) else { break };
-                    if let Ok(src) = source(o) {
-                        let _ = crate::run::warm_kernel_cache(device, &src, o);
-                    }
-                    let _ = tx.send(i);
+                    let report = source(o)
+                        .ok()
+                        .and_then(|src| crate::run::warm_kernel_cache(device, &src, o).ok())
+                        .unwrap_or_default();
+                    let _ = tx.send((i, report));
                 }
             });
         }
         drop(tx);
-        for (done, _) in rx.iter().enumerate() {
+        for (done, (i, report)) in rx.iter().enumerate() {
+            reports[i] = report;
             progress(TuneProgress::Compiled {
                 done: done + 1,
                 total: opts.len(),
             });
         }
     });
+    reports
+}
+
+/// The tuner's NVRTC flags: the caller's and ptxas's resource report, so
+/// that each plan's registers and spills are known without a ptxas binary.
+fn with_resource_report(mut flags: Vec<String>) -> Vec<String> {
+    if !flags.iter().any(|f| f == RESOURCE_USAGE_FLAG) {
+        flags.push(RESOURCE_USAGE_FLAG.into());
+    }
+    flags
 }
 
 /// One copy of the backward's inputs: the forward's inputs, its output by
@@ -472,7 +501,7 @@ impl<'a, T: KernelElement> BackwardGpuProfiler<'a, T> {
             device,
             dims,
             options,
-            nvrtc_flags,
+            nvrtc_flags: with_resource_report(nvrtc_flags),
             stream,
             sets,
             kernels: PlanKernels::default(),
@@ -516,6 +545,10 @@ impl<'a, T: KernelElement> BackwardGpuProfiler<'a, T> {
 }
 
 impl<T: KernelElement> Profiler<BackwardConfig> for BackwardGpuProfiler<'_, T> {
+    fn resources(&self, plan: &BackwardConfig) -> Option<PlanResources> {
+        self.kernels.resources(plan)
+    }
+
     fn prepare(&mut self, plans: &[BackwardConfig], progress: &mut dyn FnMut(TuneProgress)) {
         let (variant, device, dims) = (self.variant, self.device, self.dims);
         let opts: Vec<KernelOptions> = plans.iter().map(|c| self.kernel_options(*c)).collect();
@@ -619,7 +652,7 @@ impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
             shape,
             pass,
             options,
-            nvrtc_flags,
+            nvrtc_flags: with_resource_report(nvrtc_flags),
             stream,
             inputs,
             kernels: PlanKernels::default(),
@@ -720,6 +753,10 @@ impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
 }
 
 impl<T: KernelElement> Profiler<RecurrentConfig> for RecurrentGpuProfiler<'_, T> {
+    fn resources(&self, plan: &RecurrentConfig) -> Option<PlanResources> {
+        self.kernels.resources(plan)
+    }
+
     fn prepare(&mut self, plans: &[RecurrentConfig], progress: &mut dyn FnMut(TuneProgress)) {
         let (variant, device, dims) = (self.variant, self.device, self.dims);
         let isa = Isa::for_arch(device.arch());

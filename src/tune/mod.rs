@@ -83,6 +83,42 @@ impl Default for TuneOptions {
 pub trait Profiler<C = ForwardConfig> {
     fn prepare(&mut self, plans: &[C], progress: &mut dyn FnMut(TuneProgress));
     fn measure(&mut self, plan: &C) -> Result<f64, String>;
+    /// What the compiler reported for `plan`'s kernels, where known.
+    fn resources(&self, _plan: &C) -> Option<PlanResources> {
+        None
+    }
+}
+
+/// ptxas's report of a plan's kernels (NVRTC compiles them with
+/// `--ptxas-options=-v`): the largest figures among its entry functions, so
+/// that a plan that spills says so beside its time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanResources {
+    pub registers: u32,
+    pub spill_store_bytes: u32,
+    pub spill_load_bytes: u32,
+}
+
+impl PlanResources {
+    /// The most of each figure over `usage`'s entries; `None` for no report.
+    pub fn of(usage: &[aec_runtime::ResourceUsage]) -> Option<PlanResources> {
+        usage
+            .iter()
+            .map(|u| PlanResources {
+                registers: u.registers,
+                spill_store_bytes: u.spill_store_bytes,
+                spill_load_bytes: u.spill_load_bytes,
+            })
+            .reduce(|a, b| PlanResources {
+                registers: a.registers.max(b.registers),
+                spill_store_bytes: a.spill_store_bytes.max(b.spill_store_bytes),
+                spill_load_bytes: a.spill_load_bytes.max(b.spill_load_bytes),
+            })
+    }
+
+    pub fn spills(&self) -> bool {
+        self.spill_store_bytes > 0 || self.spill_load_bytes > 0
+    }
 }
 
 /// Progress of a tuning run, for a progress bar.
@@ -109,6 +145,8 @@ pub struct ProfiledPlan<C = ForwardConfig> {
     pub model_micros: Option<f64>,
     /// The measured median, µs, or why there is none.
     pub measured: Result<f64, String>,
+    /// Its kernels' registers and spills, where the profiler knows them.
+    pub resources: Option<PlanResources>,
 }
 
 /// The outcome of tuning one kernel for one shape bucket.
@@ -736,11 +774,13 @@ fn profile<C: Clone>(
             label: label.clone(),
             micros: measured.as_ref().ok().copied(),
         });
+        let resources = profiler.resources(&config);
         profiled.push(ProfiledPlan {
             config,
             label,
             model_micros,
             measured,
+            resources,
         });
     }
     confirm_the_lead(&mut profiled, profiler);
