@@ -1048,6 +1048,15 @@ fn hip_build(
             write(&dir.join(&name), &co.elf)?;
             let usage = hip_resources(&co.elf).ok().and_then(|r| {
                 r.into_iter().find(|r| r.name == entry).map(|r| {
+                    if r.scratch_bytes > 0 {
+                        eprintln!(
+                            "note: `{variant}`: {entry} uses {} bytes of scratch per work-item on {} \
+                             ({} VGPRs; spills or a stack; the build's `report` in the manifest has its resources)",
+                            r.scratch_bytes,
+                            gfx.name(),
+                            r.vgprs
+                        );
+                    }
                     json!({ "entry": entry, "vgprs": r.vgprs, "agprs": r.agprs, "sgprs": r.sgprs, "lds_bytes": r.lds_bytes,
                             "scratch_bytes": r.scratch_bytes, "waves_per_simd": r.waves_per_simd(waves) })
                 })
