@@ -349,7 +349,11 @@ fn build(args: &CompileArgs) -> Result<(), String> {
                     b.main.name
                 }
                 Err(e) => {
-                    eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
+                    eprintln!(
+                        "warning: `{}` ({file}): no backward kernels for {}: {e}",
+                        v.name,
+                        isa.arch()
+                    );
                     kernels.push(json!({
                         "pass": "backward",
                         "arch": isa.arch(),
@@ -830,7 +834,11 @@ fn recurrent_variant(
                 None => backwards.push((b, isa_targets, isa)),
             },
             Err(e) => {
-                eprintln!("warning: `{}` ({file}): no backward kernels: {e}", v.name);
+                eprintln!(
+                    "warning: `{}` ({file}): no backward kernels for {}: {e}",
+                    v.name,
+                    isa.arch()
+                );
                 kernels.push(json!({
                     "pass": "backward",
                     "arch": isa.arch(),
