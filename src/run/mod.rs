@@ -363,7 +363,9 @@ fn compile_and_load(
     options: &KernelOptions,
     what: &str,
 ) -> Result<Module, Error> {
-    let mut opts = CompileOptions::new(device.arch());
+    // With ptxas's report in the log, as the tuner's builds of the same
+    // source (`warm_kernel_cache`): one kernel-cache entry serves both.
+    let mut opts = CompileOptions::new(device.arch()).with_resource_usage();
     opts.flags.extend(options.nvrtc_flags.iter().cloned());
     let compiled = cache().compile(code, &opts).map_err(|e| Error::Runtime {
         during: format!("compiling {what} with NVRTC for {}", device.arch()),
@@ -375,14 +377,13 @@ fn compile_and_load(
 /// Compiles `code` for `device` into the kernel cache without loading it:
 /// NVRTC is thread-safe, so the tuner compiles its plans in parallel this
 /// way and loads them afterwards from the cache. Returns ptxas's report of
-/// the entry functions, which the log holds where the options' flags ask
-/// for it ([`crate::runtime::RESOURCE_USAGE_FLAG`]).
+/// the entry functions (every runtime build asks NVRTC for it).
 pub(crate) fn warm_kernel_cache(
     device: &Device,
     code: &str,
     options: &KernelOptions,
 ) -> Result<Vec<crate::runtime::ResourceUsage>, RuntimeError> {
-    let mut opts = CompileOptions::new(device.arch());
+    let mut opts = CompileOptions::new(device.arch()).with_resource_usage();
     opts.flags.extend(options.nvrtc_flags.iter().cloned());
     cache().compile(code, &opts).map(|c| c.resources())
 }

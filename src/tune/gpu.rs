@@ -15,7 +15,7 @@ use crate::run::{
 };
 use aec_compiler::{BackwardConfig, ForwardConfig, Isa, RecurrentConfig};
 use aec_frontend::Variant;
-use aec_runtime::{Device, DeviceBuffer, RESOURCE_USAGE_FLAG, Stream, time_ms};
+use aec_runtime::{Device, DeviceBuffer, Stream, time_ms};
 use std::collections::HashMap;
 
 /// Largest relative difference (‖o − o_default‖ / ‖o_default‖) a plan's
@@ -99,7 +99,7 @@ impl<'a, T: KernelElement> GpuProfiler<'a, T> {
             dims,
             shape,
             options,
-            nvrtc_flags: with_resource_report(nvrtc_flags),
+            nvrtc_flags,
             stream,
             inputs,
             out: None,
@@ -414,15 +414,6 @@ fn warm_in_parallel(
     reports
 }
 
-/// The tuner's NVRTC flags: the caller's and ptxas's resource report, so
-/// that each plan's registers and spills are known without a ptxas binary.
-fn with_resource_report(mut flags: Vec<String>) -> Vec<String> {
-    if !flags.iter().any(|f| f == RESOURCE_USAGE_FLAG) {
-        flags.push(RESOURCE_USAGE_FLAG.into());
-    }
-    flags
-}
-
 /// One copy of the backward's inputs: the forward's inputs, its output by
 /// the default forward kernels, and dO.
 struct BackwardSet<T: KernelElement> {
@@ -501,7 +492,7 @@ impl<'a, T: KernelElement> BackwardGpuProfiler<'a, T> {
             device,
             dims,
             options,
-            nvrtc_flags: with_resource_report(nvrtc_flags),
+            nvrtc_flags,
             stream,
             sets,
             kernels: PlanKernels::default(),
@@ -652,7 +643,7 @@ impl<'a, T: KernelElement> RecurrentGpuProfiler<'a, T> {
             shape,
             pass,
             options,
-            nvrtc_flags: with_resource_report(nvrtc_flags),
+            nvrtc_flags,
             stream,
             inputs,
             kernels: PlanKernels::default(),
