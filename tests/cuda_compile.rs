@@ -709,7 +709,18 @@ fn fused_combine_decoding_tiles_compile() {
 }
 
 fn check_config(name: &str, v: &Variant, arch: &str, cfg: &ForwardConfig, rows: Rows) -> String {
-    let (dqk, dv) = common::head_dims(v);
+    check_config_at(name, v, common::head_dims(v), arch, cfg, rows)
+}
+
+/// [`check_config`] at head dims other than the example's own.
+fn check_config_at(
+    name: &str,
+    v: &Variant,
+    (dqk, dv): (u32, u32),
+    arch: &str,
+    cfg: &ForwardConfig,
+    rows: Rows,
+) -> String {
     let cfg = *cfg;
     let generated = match rows {
         Rows::Dense => parallel_forward(v, dqk, dv, &cfg),
@@ -1160,22 +1171,15 @@ fn benchmark_forward_kernels_compile_without_spills() {
         let v = common::example(name);
         let cfg = ForwardConfig::default_for(&v, dqk, dv, Elem::Bf16, Isa::Sm90a);
         assert!(cfg.wgmma, "{name}: {cfg:?}");
-        let f = parallel_forward(&v, dqk, dv, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let c = compile(&f.source, &CompileOptions::new("sm_90a"))
-            .unwrap_or_else(|e| panic!("{name} {dqk}x{dv}: {e}"));
-        let usage = ptxas_resources(&c.ptx, "sm_90a").expect("ptxas");
-        let u = usage
-            .iter()
-            .find(|u| u.function == f.name)
-            .unwrap_or_else(|| panic!("{name}: no entry `{}`", f.name));
-        assert_eq!(
-            u.spill_store_bytes, 0,
-            "{name} {dqk}x{dv} forward spills: {u:?}"
+        let line = check_config_at(
+            &format!("{name} {dqk}x{dv}"),
+            &v,
+            (dqk, dv),
+            "sm_90a",
+            &cfg,
+            Rows::Dense,
         );
-        assert!(
-            sass(&c.cubin).expect("cuobjdump").contains("HGMMA"),
-            "{name} {dqk}x{dv}: no HGMMA"
-        );
+        eprintln!("{line}");
     }
 }
 

@@ -20,7 +20,7 @@ use aec::runtime::RuntimeError;
 use aec::{Error, check_shapes, forward_source};
 use common::example;
 use common::gpu::{
-    GpuCall, compiled, device, download_f64, prepare_def, prepare_with, rel_err, skip,
+    GpuCall, compiled, device, download_f64, prepare_def, prepare_with, rel_err, skip, sm90a_device,
 };
 
 // ---------------------------------------------------------------- helpers
@@ -599,9 +599,7 @@ fn gpu_forward_deepseek_two_stage_ring() {
 #[test]
 fn gpu_forward_dv_split_wgmma() {
     let test = "gpu_forward_dv_split_wgmma";
-    let Some(device) = device(test) else { return };
-    if Isa::for_arch(device.arch()) != Isa::Sm90a {
-        eprintln!("{test}: skipped, the tile is sm_90a's");
+    if sm90a_device(test, "the tile is sm_90a's").is_none() {
         return;
     }
     let dims = HeadDims::new(256, 512);
@@ -2591,9 +2589,7 @@ fn gpu_forward_latent_cache() {
 #[test]
 fn gpu_forward_packed_wgmma() {
     let test = "gpu_forward_packed_wgmma";
-    let Some(device) = device(test) else { return };
-    if Isa::for_arch(device.arch()) != Isa::Sm90a {
-        eprintln!("{test}: skipped, wgmma needs sm_90a");
+    if sm90a_device(test, "wgmma needs sm_90a").is_none() {
         return;
     }
     let tile =
@@ -3279,9 +3275,7 @@ fn cpu_block_mask_errors() {
 #[test]
 fn gpu_forward_decoding_forms_on_wgmma() {
     let test = "gpu_forward_decoding_forms_on_wgmma";
-    let Some(device) = device(test) else { return };
-    if Isa::for_arch(device.arch()) != Isa::Sm90a {
-        eprintln!("{test}: skipped, wgmma needs sm_90a");
+    if sm90a_device(test, "wgmma needs sm_90a").is_none() {
         return;
     }
     for (name, dv_wide) in [
@@ -3350,11 +3344,9 @@ fn decode_with_q_offset() -> aec::frontend::Variant {
 #[test]
 fn gpu_forward_packed_decoding_with_producer() {
     let test = "gpu_forward_packed_decoding_with_producer";
-    let Some(device) = device(test) else { return };
-    if Isa::for_arch(device.arch()) != Isa::Sm90a {
-        eprintln!("{test}: skipped, wgmma needs sm_90a");
+    let Some(device) = sm90a_device(test, "wgmma needs sm_90a") else {
         return;
-    }
+    };
     // A packed tile of `block_m` rows with the producer, `key_warps` key
     // warpgroups over each 64 of them.
     let tile = |def: &aec::frontend::Variant, block_m, block_n, stages, key_warps| {
@@ -3479,11 +3471,9 @@ fn gpu_forward_packed_decoding_with_producer() {
 #[test]
 fn gpu_forward_held_row_maximum() {
     let test = "gpu_forward_held_row_maximum";
-    let Some(device) = device(test) else { return };
-    if Isa::for_arch(device.arch()) != Isa::Sm90a {
-        eprintln!("{test}: skipped, only the wgmma tiles hold their maxima");
+    let Some(device) = sm90a_device(test, "only the wgmma tiles hold their maxima") else {
         return;
-    }
+    };
     // Softmax's online block.
     let online = "online {
             state { m = -inf, l = 0.0 }

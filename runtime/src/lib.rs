@@ -49,8 +49,7 @@ pub use hip_tools::{
 pub use launch::{Arg, Kernel, Module, Param};
 pub use memory::{DType, DeviceBuffer, Element};
 pub use nvrtc::{
-    CompileOptions, Compiled, RESOURCE_USAGE_FLAG, compile, cuda_include_dirs, nvrtc_present,
-    nvrtc_version,
+    CompileOptions, Compiled, compile, cuda_include_dirs, nvrtc_present, nvrtc_version,
 };
 pub use resources::{ResourceUsage, parse_ptxas_verbose};
 pub use stream::Stream;

@@ -118,9 +118,8 @@ pub struct Compiled {
 }
 
 /// The NVRTC option that passes `-v` to its ptxas: each entry function's
-/// resources in the log ([`Compiled::resources`]). For callers that build
-/// their flags without [`CompileOptions`] (`KernelOptions::nvrtc_flags`).
-pub const RESOURCE_USAGE_FLAG: &str = "--ptxas-options=-v";
+/// resources in the log ([`Compiled::resources`]).
+const RESOURCE_USAGE_FLAG: &str = "--ptxas-options=-v";
 
 impl Compiled {
     /// Registers, spills and shared memory per entry function, from ptxas's

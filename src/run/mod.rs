@@ -363,14 +363,12 @@ fn compile_and_load(
     options: &KernelOptions,
     what: &str,
 ) -> Result<Module, Error> {
-    // With ptxas's report in the log, as the tuner's builds of the same
-    // source (`warm_kernel_cache`): one kernel-cache entry serves both.
-    let mut opts = CompileOptions::new(device.arch()).with_resource_usage();
-    opts.flags.extend(options.nvrtc_flags.iter().cloned());
-    let compiled = cache().compile(code, &opts).map_err(|e| Error::Runtime {
-        during: format!("compiling {what} with NVRTC for {}", device.arch()),
-        source: e,
-    })?;
+    let compiled = cache()
+        .compile(code, &nvrtc_options(device, options))
+        .map_err(|e| Error::Runtime {
+            during: format!("compiling {what} with NVRTC for {}", device.arch()),
+            source: e,
+        })?;
     Module::load(device, &compiled.cubin).map_err(loading_error(device, what))
 }
 
@@ -383,9 +381,19 @@ pub(crate) fn warm_kernel_cache(
     code: &str,
     options: &KernelOptions,
 ) -> Result<Vec<crate::runtime::ResourceUsage>, RuntimeError> {
+    cache()
+        .compile(code, &nvrtc_options(device, options))
+        .map(|c| c.resources())
+}
+
+/// The NVRTC options of every runtime build, so that the tuner's warmed
+/// kernel-cache entries are the ones `compile_and_load` finds: `device`'s
+/// architecture, ptxas's resource report in the log (for the tuner) and
+/// the options' extra flags.
+fn nvrtc_options(device: &Device, options: &KernelOptions) -> CompileOptions {
     let mut opts = CompileOptions::new(device.arch()).with_resource_usage();
     opts.flags.extend(options.nvrtc_flags.iter().cloned());
-    cache().compile(code, &opts).map(|c| c.resources())
+    opts
 }
 
 /// The error of loading `what` (a module, or a kernel looked up in it) onto

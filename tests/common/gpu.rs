@@ -35,6 +35,18 @@ pub fn device(test: &str) -> Option<Device> {
     }
 }
 
+/// Device 0 where it runs the sm_90a kernels, else `None` after a skip line
+/// saying `why` the test is Hopper's (not an error under
+/// `AEC_REQUIRE_GPU=1`: other GPUs run the rest).
+pub fn sm90a_device(test: &str, why: &str) -> Option<Device> {
+    let device = device(test)?;
+    if Isa::for_arch(device.arch()) != Isa::Sm90a {
+        eprintln!("{test}: skipped, {why}");
+        return None;
+    }
+    Some(device)
+}
+
 /// `compile`'s result, or `None` after a skip line when NVRTC is missing.
 pub fn compiled<K>(test: &str, r: Result<K, Error>) -> Option<K> {
     match r {
