@@ -13,6 +13,9 @@ workload's generated forward source with that part removed, and its cubin:
   norescale  O's rescale after each block's online step
   noload     the producer's K/V copies after the CTA's first STAGES blocks
              (their barriers still complete; the consumers read stale tiles)
+  nonorm     the whole online normalisation: P is S as it comes (masked
+             scores clamped), the state never moves, O is never rescaled —
+             what the kernel's GEMMs and data movement cost on their own
 
 Each output is wrong by construction. Time them beside the unpatched build:
 `python bench/power_ab.py <workload> <rounds> <cases_dir> <out_dir>/e_* --seconds 3`;
@@ -29,12 +32,22 @@ PARTS = [
     ("halfs", [(r"(for \(int kk = 0; kk < )DQK / 16(; \+\+kk\)\s*wgmma_(?:ss|rsk)_n\d+\(s\[0\])",
                 r"\g<1>DQK / 32\g<2>", True)]),
     ("norescale", [(r"\n\s*acc\[0\]\[dt\]\[[0-3]\] \*= alpha\[[01]\];", "", True)]),
+    # The online step's two forms (a full block's and a masked block's) with
+    # their bodies replaced; alpha = 1 lets the compiler drop O's rescale.
+    ("nonorm", [
+        (r"(__device__ __forceinline__ void online_fwd\(.*?const Params& P\) \{\n).*?\n\}\n",
+         r"\g<1>    any = true;\n#pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = valid[e] ? s[e] : 0.0f;\n"
+         r"#pragma unroll\n    for (int f = 0; f < NSTATE_ARR; ++f) nst[f] = st[f];\n    alpha = 1.0f;\n}\n", True),
+        (r"(__device__ __forceinline__ void online_fwd_neg_inf\(.*?const Params& P\) \{\n).*?\n\}\n",
+         r"\g<1>#pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = fmaxf(s[e], -1.0e4f);\n"
+         r"#pragma unroll\n    for (int f = 0; f < NSTATE_ARR; ++f) nst[f] = st[f];\n    alpha = 1.0f;\n}\n", False),
+    ]),
     # K (or K and V on one barrier), then V where it has barriers of its own.
     ("noload", [
-        (r"if \(ptid == 0\) \{(\s*mbar_arrive_expect_tx\(&bar_full\[st\], BN \* )",
-         r"if (ptid == 0 && gi >= STAGES) mbar_arrive(&bar_full[st]); else if (ptid == 0) {\g<1>", True),
-        (r"if \(ptid == 0\) \{(\s*\\\s*mbar_arrive_expect_tx\(&bar_full_v\[sv\])",
-         r"if (ptid == 0 && (gv) >= STAGES) mbar_arrive(&bar_full_v[sv]); else if (ptid == 0) {\g<1>", False),
+        (r"if \(ptid == 0\) \{(\s*mbar_arrive_expect_tx\(smem_at\(bar_full, st\), BN \* )",
+         r"if (ptid == 0 && gi >= STAGES) mbar_arrive(smem_at(bar_full, st)); else if (ptid == 0) {\g<1>", True),
+        (r"if \(ptid == 0\) \{(\s*\\\s*mbar_arrive_expect_tx\(smem_at\(bar_full_v, sv\))",
+         r"if (ptid == 0 && (gv) >= STAGES) mbar_arrive(smem_at(bar_full_v, sv)); else if (ptid == 0) {\g<1>", False),
     ]),
 ]
 
@@ -64,7 +77,7 @@ def main():
     for part, subs in PARTS:
         patched = source
         for pattern, replacement, required in subs:
-            patched, n = re.subn(pattern, replacement, patched)
+            patched, n = re.subn(pattern, replacement, patched, flags=re.S)
             if n == 0 and required:
                 sys.exit(f"energy_parts: {part}: `{pattern}` is not in {name}.cu")
         d = os.path.join(out, "e_" + part)
