@@ -1,7 +1,20 @@
 """What bench/fwd_ab.py, bench/bwd_ab.py and bench/power_ab.py share: their
 command line, the forward builds and cuDNN's anchor, the timing and order of
-rotated rounds, and their report."""
+rotated rounds, and their report (and with bench/gemm_power.py, `take_flag`)."""
 import json, math, os, statistics, sys
+
+
+def take_flag(args, name, default, conv, doc):
+    """The value after `name` in `args` (removed from it) through `conv`, or
+    `default` without the flag; exits with `doc` where the value is missing."""
+    if name not in args:
+        return default
+    i = args.index(name)
+    if i + 1 >= len(args):
+        sys.exit(doc)
+    value = conv(args[i + 1])
+    del args[i:i + 2]
+    return value
 
 
 def command_line(doc):

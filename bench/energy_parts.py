@@ -25,6 +25,12 @@ changed: the patterns below follow templates/cuda/parallel_fwd.cu).
 """
 import json, os, re, shutil, subprocess, sys
 
+# An online-step function of the generated source (its signature kept as
+# group 1, its body matched whole), and the end `nonorm` gives it: the state
+# as it came, alpha 1.
+ONLINE_STEP = r"(__device__ __forceinline__ void {}\(.*?const Params& P\) \{{\n).*?\n\}}\n"
+STATE_UNMOVED = r"#pragma unroll\n    for (int f = 0; f < NSTATE_ARR; ++f) nst[f] = st[f];\n    alpha = 1.0f;\n}\n"
+
 # (part, [(pattern, replacement, required)]).
 PARTS = [
     ("noexp", [(r'asm\("ex2\.approx\.ftz\.f32 %0, %1;" : "=f"\(y\) : "f"\(x\)\);', "y = x;", True)]),
@@ -35,12 +41,11 @@ PARTS = [
     # The online step's two forms (a full block's and a masked block's) with
     # their bodies replaced; alpha = 1 lets the compiler drop O's rescale.
     ("nonorm", [
-        (r"(__device__ __forceinline__ void online_fwd\(.*?const Params& P\) \{\n).*?\n\}\n",
+        (ONLINE_STEP.format("online_fwd"),
          r"\g<1>    any = true;\n#pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = valid[e] ? s[e] : 0.0f;\n"
-         r"#pragma unroll\n    for (int f = 0; f < NSTATE_ARR; ++f) nst[f] = st[f];\n    alpha = 1.0f;\n}\n", True),
-        (r"(__device__ __forceinline__ void online_fwd_neg_inf\(.*?const Params& P\) \{\n).*?\n\}\n",
-         r"\g<1>#pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = fmaxf(s[e], -1.0e4f);\n"
-         r"#pragma unroll\n    for (int f = 0; f < NSTATE_ARR; ++f) nst[f] = st[f];\n    alpha = 1.0f;\n}\n", False),
+         + STATE_UNMOVED, True),
+        (ONLINE_STEP.format("online_fwd_neg_inf"),
+         r"\g<1>#pragma unroll\n    for (int e = 0; e < NE; ++e) p[e] = fmaxf(s[e], -1.0e4f);\n" + STATE_UNMOVED, False),
     ]),
     # K (or K and V on one barrier), then V where it has barriers of its own.
     ("noload", [

@@ -5,7 +5,7 @@
 Runs torch.matmul of two random N × N bf16 matrices (default 8192) back to
 back for S seconds (default 3) per round, while `nvidia-smi` samples the SM
 clock and power (power_ab.sustained), and prints TFLOP/s, clock, power and
-energy per TFLOP. With `--flop F` (an attention forward's executed FLOP, e.g.
+energy per GFLOP. With `--flop F` (an attention forward's executed FLOP, e.g.
 DeepSeek 192/128 causal b8 h16 s2048 on 128 × 128 tiles: 1.825e11) it also
 prints the time that work would take at the product's sustained rate: a
 floor for any kernel that does that work on the tensor cores at the cap,
@@ -16,26 +16,16 @@ import os, sys, time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def flag(args, name, default, conv):
-    if name not in args:
-        return default
-    i = args.index(name)
-    if i + 1 >= len(args):
-        sys.exit(__doc__)
-    value = conv(args[i + 1])
-    del args[i:i + 2]
-    return value
-
-
 def main():
+    sys.path.insert(0, HERE)
+    from ab_rounds import take_flag
     args = sys.argv[1:]
-    rounds = flag(args, "--rounds", 2, int)
-    seconds = flag(args, "--seconds", 3.0, float)
-    work = flag(args, "--flop", None, float)
+    rounds = take_flag(args, "--rounds", 2, int, __doc__)
+    seconds = take_flag(args, "--seconds", 3.0, float, __doc__)
+    work = take_flag(args, "--flop", None, float, __doc__)
     if len(args) > 1 or rounds < 1 or not seconds > 0:
         sys.exit(__doc__)
     n = int(args[0]) if args else 8192
-    sys.path.insert(0, HERE)
     import torch
     from power_ab import sustained
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

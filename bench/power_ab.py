@@ -47,17 +47,13 @@ def sustained(f, seconds):
 
 
 def main():
+    sys.path.insert(0, HERE)
+    import ab_rounds
     args = sys.argv[1:]
-    seconds = 3.0
-    if "--seconds" in args:
-        i = args.index("--seconds")
-        seconds = float(args[i + 1]) if i + 1 < len(args) else 0.0
-        del args[i:i + 2]
+    seconds = ab_rounds.take_flag(args, "--seconds", 3.0, float, __doc__)
     if not seconds > 0:
         sys.exit(__doc__)
     sys.argv = [sys.argv[0]] + args
-    sys.path.insert(0, HERE)
-    import ab_rounds
     wl_id, rounds, dirs, _ = ab_rounds.command_line(__doc__)
     import torch
     _, _, fns, cudnn = ab_rounds.forward_case("power_ab", wl_id, dirs)
